@@ -1,0 +1,88 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"strings"
+
+	"github.com/bandplane/bandplane/ingest/pricing"
+	"github.com/bandplane/bandplane/schema/chdb"
+)
+
+// stackFlags are the connection flags every command that talks to the stack shares.
+// Defaults match deploy/local (`make up`); BANDPLANE_* environment variables override
+// the defaults, flags override both.
+type stackFlags struct {
+	kafka    string
+	topic    string
+	dlqTopic string
+	ch       chdb.Config
+}
+
+func envOr(key, def string) string {
+	if v := os.Getenv(key); v != "" {
+		return v
+	}
+	return def
+}
+
+func (s *stackFlags) register(fs *flag.FlagSet) {
+	def := chdb.DefaultConfig()
+	fs.StringVar(&s.kafka, "kafka", envOr("BANDPLANE_KAFKA", "127.0.0.1:19092"), "Kafka bootstrap brokers, comma-separated (env BANDPLANE_KAFKA)")
+	fs.StringVar(&s.topic, "topic", envOr("BANDPLANE_TOPIC", "bandplane.events"), "events topic")
+	fs.StringVar(&s.dlqTopic, "dlq-topic", "", "dead-letter topic (default: <topic>.dlq)")
+	fs.StringVar(&s.ch.Addr, "clickhouse", envOr("BANDPLANE_CLICKHOUSE", def.Addr), "ClickHouse native address host:port (env BANDPLANE_CLICKHOUSE)")
+	fs.StringVar(&s.ch.Database, "clickhouse-db", envOr("BANDPLANE_CLICKHOUSE_DB", def.Database), "ClickHouse database (env BANDPLANE_CLICKHOUSE_DB)")
+	fs.StringVar(&s.ch.User, "clickhouse-user", envOr("BANDPLANE_CLICKHOUSE_USER", def.User), "ClickHouse user")
+	s.ch.Password = os.Getenv("BANDPLANE_CLICKHOUSE_PASSWORD")
+	fs.DurationVar(&s.ch.ReadTimeout, "clickhouse-timeout", def.ReadTimeout, "ClickHouse read timeout")
+	s.ch.DialTimeout, s.ch.MaxOpenConns = def.DialTimeout, def.MaxOpenConns
+}
+
+func (s *stackFlags) brokers() []string {
+	var out []string
+	for _, b := range strings.Split(s.kafka, ",") {
+		if b = strings.TrimSpace(b); b != "" {
+			out = append(out, b)
+		}
+	}
+	return out
+}
+
+func (s *stackFlags) dlq() string {
+	if s.dlqTopic != "" {
+		return s.dlqTopic
+	}
+	return s.topic + ".dlq"
+}
+
+// newFlagSet returns a flag set that reports errors and usage on e.stderr.
+func newFlagSet(e *env, name, args string) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(e.stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(e.stderr, "usage: bandplane %s %s\n\nflags:\n", name, args)
+		fs.PrintDefaults()
+	}
+	return fs
+}
+
+// parse parses flags; -h prints usage and exits 0, a bad flag exits 2.
+func parse(fs *flag.FlagSet, args []string) error {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return exitError{code: 0}
+		}
+		return exitError{code: 2}
+	}
+	return nil
+}
+
+func loadCatalog(path string) (*pricing.Catalog, error) {
+	if path == "" {
+		return pricing.Default(), nil
+	}
+	return pricing.Load(path)
+}

@@ -1,0 +1,211 @@
+// Package kafka is bandplane's side of the event bus: the producer the collector and the
+// routing core use, the consumer-group reader ingest runs on, topic creation, and
+// consumer lag. It wraps segmentio/kafka-go.
+package kafka
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	kafkago "github.com/segmentio/kafka-go"
+
+	"github.com/bandplane/bandplane/schema"
+)
+
+// Default topic names (design brief).
+const (
+	DefaultTopic    = "bandplane.events"
+	DefaultDLQTopic = "bandplane.events.dlq"
+)
+
+// ProducerConfig configures a Producer.
+type ProducerConfig struct {
+	Brokers      []string
+	Topic        string
+	BatchSize    int           // messages per partition batch
+	BatchTimeout time.Duration // how long a partial batch waits for more
+	WriteTimeout time.Duration
+}
+
+func (c ProducerConfig) Validate() error {
+	var errs []error
+	if len(c.Brokers) == 0 {
+		errs = append(errs, errors.New("no kafka brokers given (--kafka)"))
+	}
+	if c.Topic == "" {
+		errs = append(errs, errors.New("kafka topic is empty (--topic)"))
+	}
+	return errors.Join(errs...)
+}
+
+// Producer writes canonical events to a topic, keyed by room (or organization), and
+// returns only once every in-sync replica has acknowledged them.
+type Producer struct {
+	topic string
+	w     *kafkago.Writer
+}
+
+func NewProducer(cfg ProducerConfig) (*Producer, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.BatchSize <= 0 {
+		cfg.BatchSize = 5000
+	}
+	if cfg.BatchTimeout <= 0 {
+		cfg.BatchTimeout = 5 * time.Millisecond
+	}
+	if cfg.WriteTimeout <= 0 {
+		cfg.WriteTimeout = 30 * time.Second
+	}
+	return &Producer{topic: cfg.Topic, w: &kafkago.Writer{
+		Addr:         kafkago.TCP(cfg.Brokers...),
+		Topic:        cfg.Topic,
+		Balancer:     &kafkago.Hash{},
+		RequiredAcks: kafkago.RequireAll,
+		BatchSize:    cfg.BatchSize,
+		BatchBytes:   16 << 20,
+		BatchTimeout: cfg.BatchTimeout,
+		WriteTimeout: cfg.WriteTimeout,
+		MaxAttempts:  5,
+	}}, nil
+}
+
+// Produce marshals and writes events; it blocks until all are acknowledged or returns
+// an error naming the topic (some of the events may then have been written: callers
+// retry the whole call, which the event ids make harmless).
+func (p *Producer) Produce(ctx context.Context, events []schema.Event) error {
+	msgs := make([]kafkago.Message, len(events))
+	for i := range events {
+		b, err := json.Marshal(&events[i])
+		if err != nil {
+			return fmt.Errorf("cannot encode event %s: %w", events[i].ID, err)
+		}
+		msgs[i] = kafkago.Message{Key: []byte(events[i].Key()), Value: b}
+	}
+	return p.ProduceMessages(ctx, msgs)
+}
+
+// ProduceMessages writes prepared messages (the dead-letter path uses it to keep the raw
+// record and its headers).
+func (p *Producer) ProduceMessages(ctx context.Context, msgs []kafkago.Message) error {
+	if len(msgs) == 0 {
+		return nil
+	}
+	if err := p.w.WriteMessages(ctx, msgs...); err != nil {
+		return fmt.Errorf("cannot produce %d messages to topic %s: %w", len(msgs), p.topic, err)
+	}
+	return nil
+}
+
+func (p *Producer) Topic() string { return p.topic }
+
+func (p *Producer) Close() error { return p.w.Close() }
+
+// EnsureTopic creates topic with the given partition count if it does not exist.
+func EnsureTopic(ctx context.Context, brokers []string, topic string, partitions int) error {
+	c := &kafkago.Client{Addr: kafkago.TCP(brokers...), Timeout: 15 * time.Second}
+	resp, err := c.CreateTopics(ctx, &kafkago.CreateTopicsRequest{Topics: []kafkago.TopicConfig{{
+		Topic: topic, NumPartitions: partitions, ReplicationFactor: 1,
+	}}})
+	if err != nil {
+		return fmt.Errorf("cannot create topic %s on %s (is kafka running? `make up` starts it): %w", topic, strings.Join(brokers, ","), err)
+	}
+	if err := resp.Errors[topic]; err != nil && !errors.Is(err, kafkago.TopicAlreadyExists) {
+		return fmt.Errorf("cannot create topic %s: %w", topic, err)
+	}
+	return nil
+}
+
+// Lag is the number of records of topic not yet committed by group, per partition and
+// in total.
+func Lag(ctx context.Context, brokers []string, topic, group string) (total int64, perPartition map[int]int64, err error) {
+	c := &kafkago.Client{Addr: kafkago.TCP(brokers...), Timeout: 10 * time.Second}
+	md, err := c.Metadata(ctx, &kafkago.MetadataRequest{Topics: []string{topic}})
+	if err != nil {
+		return 0, nil, fmt.Errorf("cannot read metadata of topic %s: %w", topic, err)
+	}
+	if len(md.Topics) == 0 || md.Topics[0].Error != nil {
+		return 0, nil, fmt.Errorf("topic %s not found", topic)
+	}
+	var parts []int
+	var reqs []kafkago.OffsetRequest
+	for _, p := range md.Topics[0].Partitions {
+		parts = append(parts, p.ID)
+		reqs = append(reqs, kafkago.LastOffsetOf(p.ID))
+	}
+	ends, err := c.ListOffsets(ctx, &kafkago.ListOffsetsRequest{Topics: map[string][]kafkago.OffsetRequest{topic: reqs}})
+	if err != nil {
+		return 0, nil, fmt.Errorf("cannot list offsets of topic %s: %w", topic, err)
+	}
+	committed, err := c.OffsetFetch(ctx, &kafkago.OffsetFetchRequest{GroupID: group, Topics: map[string][]int{topic: parts}})
+	if err != nil {
+		return 0, nil, fmt.Errorf("cannot fetch offsets of group %s: %w", group, err)
+	}
+	done := map[int]int64{}
+	for _, p := range committed.Topics[topic] {
+		done[p.Partition] = p.CommittedOffset
+	}
+	perPartition = map[int]int64{}
+	for _, p := range ends.Topics[topic] {
+		c := done[p.Partition]
+		if c < 0 { // nothing committed yet
+			c = p.FirstOffset
+		}
+		if lag := p.LastOffset - c; lag > 0 {
+			perPartition[p.Partition] = lag
+			total += lag
+		} else {
+			perPartition[p.Partition] = 0
+		}
+	}
+	return total, perPartition, nil
+}
+
+// ReaderConfig configures the consumer-group reader ingest runs on.
+type ReaderConfig struct {
+	Brokers []string
+	Topic   string
+	GroupID string
+}
+
+// NewReader returns a consumer-group reader that starts at the oldest record when the
+// group has no committed offset, and commits only when asked (CommitMessages).
+func NewReader(cfg ReaderConfig) (*kafkago.Reader, error) {
+	var errs []error
+	if len(cfg.Brokers) == 0 {
+		errs = append(errs, errors.New("no kafka brokers given (--kafka)"))
+	}
+	if cfg.Topic == "" {
+		errs = append(errs, errors.New("kafka topic is empty (--topic)"))
+	}
+	if cfg.GroupID == "" {
+		errs = append(errs, errors.New("consumer group is empty (--group)"))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return kafkago.NewReader(kafkago.ReaderConfig{
+		Brokers:               cfg.Brokers,
+		Topic:                 cfg.Topic,
+		GroupID:               cfg.GroupID,
+		StartOffset:           kafkago.FirstOffset,
+		MinBytes:              1,
+		MaxBytes:              16 << 20,
+		MaxWait:               100 * time.Millisecond,
+		ReadBatchTimeout:      2 * time.Second,
+		QueueCapacity:         20000,
+		CommitInterval:        0, // synchronous commits, after the batch is in ClickHouse
+		HeartbeatInterval:     1 * time.Second,
+		SessionTimeout:        10 * time.Second,
+		RebalanceTimeout:      10 * time.Second,
+		JoinGroupBackoff:      500 * time.Millisecond,
+		WatchPartitionChanges: true,
+		ReadBackoffMin:        50 * time.Millisecond,
+		ReadBackoffMax:        1 * time.Second,
+	}), nil
+}

@@ -1,0 +1,122 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"time"
+
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+	"github.com/shopspring/decimal"
+)
+
+// HourKey names one hour of one organization in the rollup.
+type HourKey struct {
+	OrgID string
+	Hour  time.Time // truncated to the hour, UTC
+}
+
+type rollupKey struct {
+	owner, agent, room, model string
+	hour                      time.Time
+}
+
+// RefreshRollup rebuilds the hourly rollup of the given hours from usage FINAL, so a
+// replayed or repriced event is counted once. Groups that no longer exist in an hour (a
+// reprice moved a row from model "unknown" to a real model) are overwritten with zeros.
+// One query per organization spans its dirty hours.
+func (s *Store) RefreshRollup(ctx context.Context, keys []HourKey) error {
+	byOrg := map[string][]time.Time{}
+	for _, k := range keys {
+		byOrg[k.OrgID] = append(byOrg[k.OrgID], k.Hour.UTC().Truncate(time.Hour))
+	}
+	orgs := make([]string, 0, len(byOrg))
+	for o := range byOrg {
+		orgs = append(orgs, o)
+	}
+	sort.Strings(orgs)
+	for _, org := range orgs {
+		hours := byOrg[org]
+		sort.Slice(hours, func(i, j int) bool { return hours[i].Before(hours[j]) })
+		if err := s.refreshOrg(ctx, org, hours); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+const rollupCols = "hour, org_id, owner_id, agent_id, room_id, model, events, unpriced_events, input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, reasoning_tokens, cost, currency, version"
+
+type rollupRow struct {
+	key                                  rollupKey
+	events, unpriced, in, out, cr, cw, r uint64
+	cost                                 decimal.Decimal
+	currency                             string
+}
+
+func (s *Store) refreshOrg(ctx context.Context, org string, hours []time.Time) error {
+	want := map[time.Time]bool{}
+	for _, h := range hours {
+		want[h] = true
+	}
+	from, to := hours[0], hours[len(hours)-1].Add(time.Hour)
+	rows, err := s.conn.Query(ctx, `SELECT toStartOfHour(time) AS h, owner_id, agent_id, room_id, model,
+		count(), countIf(priced = 0), sum(input_tokens), sum(output_tokens), sum(cache_read_tokens),
+		sum(cache_write_tokens), sum(reasoning_tokens), sum(cost), any(currency)
+		FROM `+s.db+`.usage FINAL
+		WHERE org_id = ? AND time >= ? AND time < ?
+		GROUP BY h, owner_id, agent_id, room_id, model`, org, from, to)
+	if err != nil {
+		return fmt.Errorf("cannot aggregate %s.usage for org %q: %w", s.db, org, err)
+	}
+	var fresh []rollupRow
+	seen := map[rollupKey]bool{}
+	for rows.Next() {
+		var r rollupRow
+		if err := rows.Scan(&r.key.hour, &r.key.owner, &r.key.agent, &r.key.room, &r.key.model,
+			&r.events, &r.unpriced, &r.in, &r.out, &r.cr, &r.cw, &r.r, &r.cost, &r.currency); err != nil {
+			rows.Close()
+			return fmt.Errorf("cannot read usage aggregate for org %q: %w", org, err)
+		}
+		r.key.hour = r.key.hour.UTC()
+		if want[r.key.hour] {
+			fresh = append(fresh, r)
+			seen[r.key] = true
+		}
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	// Rows the rollup has now for those hours that the rebuild did not produce.
+	old, err := s.conn.Query(ctx, `SELECT hour, owner_id, agent_id, room_id, model
+		FROM `+s.db+`.usage_hourly FINAL WHERE org_id = ? AND hour >= ? AND hour < ? AND events > 0`, org, from, to)
+	if err != nil {
+		return fmt.Errorf("cannot read %s.usage_hourly for org %q: %w", s.db, org, err)
+	}
+	for old.Next() {
+		var k rollupKey
+		if err := old.Scan(&k.hour, &k.owner, &k.agent, &k.room, &k.model); err != nil {
+			old.Close()
+			return err
+		}
+		k.hour = k.hour.UTC()
+		if want[k.hour] && !seen[k] {
+			fresh = append(fresh, rollupRow{key: k, cost: decimal.Zero})
+		}
+	}
+	old.Close()
+	if err := old.Err(); err != nil {
+		return err
+	}
+	version := uint64(time.Now().UnixNano())
+	return s.sendRollup(ctx, org, fresh, version)
+}
+
+func (s *Store) sendRollup(ctx context.Context, org string, rows []rollupRow, version uint64) error {
+	return s.send(ctx, "usage_hourly", rollupCols, len(rows), func(b driver.Batch, i int) error {
+		r := &rows[i]
+		return b.Append(r.key.hour, org, r.key.owner, r.key.agent, r.key.room, r.key.model,
+			r.events, r.unpriced, r.in, r.out, r.cr, r.cw, r.r, r.cost, r.currency, version)
+	})
+}

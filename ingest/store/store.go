@@ -1,0 +1,238 @@
+// Package store writes ingest's batches into ClickHouse: the audit trail, usage facts,
+// dead letters and the directory snapshot, and keeps the hourly cost rollup rebuilt
+// from usage facts. Every write is idempotent, so a batch retried after a partial
+// failure or a replay never adds twice to what queries read (they read FINAL).
+package store
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+	"github.com/shopspring/decimal"
+)
+
+// EventRow is one audit-trail row.
+type EventRow struct {
+	ID, Type                                 string
+	Time                                     time.Time
+	OrgID, RoomID                            string
+	ActorID, ActorType, ActorHandle, OwnerID string
+	SubjectID, SubjectType, SubjectHandle    string
+	ExecutionID, Source                      string
+	SchemaVersion                            uint16
+	Data                                     string
+	IngestedAt                               time.Time
+	Partition                                int32
+	Offset                                   int64
+}
+
+// UsageRow is one usage fact; CostMicros is the cost in millionths of Currency.
+type UsageRow struct {
+	EventID                                      string
+	Time                                         time.Time
+	OrgID, OwnerID, AgentID, RoomID, ExecutionID string
+	Model                                        string
+	InputTokens, OutputTokens                    uint64
+	CacheReadTokens, CacheWriteTokens, Reasoning uint64
+	CostMicros                                   int64
+	Currency                                     string
+	Priced                                       bool
+	CatalogVersion                               string
+	Version                                      uint64
+}
+
+// DeadLetter is a record that could not be decoded or validated.
+type DeadLetter struct {
+	Time                    time.Time // the Kafka record's timestamp
+	Topic                   string
+	Partition               int32
+	Offset                  int64
+	Key, Raw, Stage, Reason string
+	ReceivedAt              time.Time
+}
+
+// DirectoryRow is the latest registration of an agent or a person.
+type DirectoryRow struct {
+	Kind                                          string // "agent" | "user"
+	ID, OrgID, Handle, Name, OwnerID, Model, Desc string
+	PersonalRegistryAccess, SharedWithOrg, Global bool
+	Listed, Suspended                             bool
+	EventID                                       string
+	UpdatedAt                                     time.Time
+	Version                                       uint64
+}
+
+// Batch is what one flush writes.
+type Batch struct {
+	Events      []EventRow
+	Usage       []UsageRow
+	DeadLetters []DeadLetter
+	Directory   []DirectoryRow
+}
+
+func (b *Batch) Len() int {
+	return len(b.Events) + len(b.DeadLetters)
+}
+
+// Store writes to one database.
+type Store struct {
+	conn driver.Conn
+	db   string
+}
+
+func New(conn driver.Conn, db string) *Store { return &Store{conn: conn, db: db} }
+
+func (s *Store) Conn() driver.Conn { return s.conn }
+func (s *Store) DB() string        { return s.db }
+
+// BatchInsert writes every table of the batch and returns once ClickHouse has
+// acknowledged all of them. Tables are written one after another; if one fails the
+// caller retries the whole batch, which the replacing tables make harmless.
+func (s *Store) BatchInsert(ctx context.Context, b *Batch) error {
+	if err := s.insertDirectory(ctx, b.Directory); err != nil {
+		return err
+	}
+	if err := s.insertEvents(ctx, b.Events); err != nil {
+		return err
+	}
+	if err := s.InsertUsage(ctx, b.Usage); err != nil {
+		return err
+	}
+	return s.insertDeadLetters(ctx, b.DeadLetters)
+}
+
+func ms(t time.Time) uint16 { return uint16(t.Nanosecond() / 1e6) }
+
+func micros(m int64) decimal.Decimal { return decimal.New(m, -6) }
+
+func b2u(b bool) uint8 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+func (s *Store) send(ctx context.Context, table, cols string, n int, appendRow func(driver.Batch, int) error) error {
+	if n == 0 {
+		return nil
+	}
+	batch, err := s.conn.PrepareBatch(ctx, "INSERT INTO "+s.db+"."+table+" ("+cols+")")
+	if err != nil {
+		return fmt.Errorf("cannot prepare insert into %s.%s: %w", s.db, table, err)
+	}
+	defer batch.Abort()
+	for i := 0; i < n; i++ {
+		if err := appendRow(batch, i); err != nil {
+			return fmt.Errorf("cannot append row %d to %s.%s: %w", i, s.db, table, err)
+		}
+	}
+	if err := batch.Send(); err != nil {
+		return fmt.Errorf("cannot insert %d rows into %s.%s: %w", n, s.db, table, err)
+	}
+	return nil
+}
+
+const eventCols = "id, type, time, time_ms, org_id, room_id, actor_id, actor_type, actor_handle, owner_id, subject_id, subject_type, subject_handle, execution_id, source, schema_version, data, ingested_at, kafka_partition, kafka_offset"
+
+func (s *Store) insertEvents(ctx context.Context, rows []EventRow) error {
+	return s.send(ctx, "events", eventCols, len(rows), func(b driver.Batch, i int) error {
+		r := &rows[i]
+		at := r.ActorType
+		if at == "" {
+			at = "system"
+		}
+		return b.Append(r.ID, r.Type, r.Time, ms(r.Time), r.OrgID, r.RoomID, r.ActorID, at, r.ActorHandle, r.OwnerID,
+			r.SubjectID, r.SubjectType, r.SubjectHandle, r.ExecutionID, r.Source, r.SchemaVersion, r.Data,
+			r.IngestedAt, r.Partition, r.Offset)
+	})
+}
+
+const usageCols = "event_id, time, time_ms, org_id, owner_id, agent_id, room_id, execution_id, model, input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, reasoning_tokens, cost, currency, priced, catalog_version, version"
+
+// InsertUsage writes usage facts (ingest, and reprice with higher versions).
+func (s *Store) InsertUsage(ctx context.Context, rows []UsageRow) error {
+	return s.send(ctx, "usage", usageCols, len(rows), func(b driver.Batch, i int) error {
+		r := &rows[i]
+		return b.Append(r.EventID, r.Time, ms(r.Time), r.OrgID, r.OwnerID, r.AgentID, r.RoomID, r.ExecutionID, r.Model,
+			r.InputTokens, r.OutputTokens, r.CacheReadTokens, r.CacheWriteTokens, r.Reasoning,
+			micros(r.CostMicros), r.Currency, b2u(r.Priced), r.CatalogVersion, r.Version)
+	})
+}
+
+func (s *Store) insertDeadLetters(ctx context.Context, rows []DeadLetter) error {
+	return s.send(ctx, "dead_letters", "time, topic, partition, offset, key, raw, stage, reason, received_at", len(rows), func(b driver.Batch, i int) error {
+		r := &rows[i]
+		return b.Append(r.Time, r.Topic, r.Partition, r.Offset, r.Key, r.Raw, r.Stage, r.Reason, r.ReceivedAt)
+	})
+}
+
+func (s *Store) insertDirectory(ctx context.Context, rows []DirectoryRow) error {
+	return s.send(ctx, "directory", "kind, id, org_id, handle, name, owner_id, model, description, personal_registry_access, shared_with_org, global, listed, suspended, event_id, updated_at, version", len(rows), func(b driver.Batch, i int) error {
+		r := &rows[i]
+		return b.Append(r.Kind, r.ID, r.OrgID, r.Handle, r.Name, r.OwnerID, r.Model, r.Desc,
+			b2u(r.PersonalRegistryAccess), b2u(r.SharedWithOrg), b2u(r.Global), b2u(r.Listed), b2u(r.Suspended),
+			r.EventID, r.UpdatedAt, r.Version)
+	})
+}
+
+// LoadDirectory reads the directory snapshot (latest row of each agent and person).
+func (s *Store) LoadDirectory(ctx context.Context) ([]DirectoryRow, error) {
+	rows, err := s.conn.Query(ctx, "SELECT toString(kind), id, org_id, handle, name, owner_id, model, description, personal_registry_access, shared_with_org, global, listed, suspended, event_id, updated_at, version FROM "+s.db+".directory FINAL")
+	if err != nil {
+		return nil, fmt.Errorf("cannot read %s.directory: %w", s.db, err)
+	}
+	defer rows.Close()
+	var out []DirectoryRow
+	for rows.Next() {
+		var r DirectoryRow
+		var pra, swo, glob, listed, susp uint8
+		if err := rows.Scan(&r.Kind, &r.ID, &r.OrgID, &r.Handle, &r.Name, &r.OwnerID, &r.Model, &r.Desc, &pra, &swo, &glob, &listed, &susp, &r.EventID, &r.UpdatedAt, &r.Version); err != nil {
+			return nil, fmt.Errorf("cannot read %s.directory: %w", s.db, err)
+		}
+		r.PersonalRegistryAccess, r.SharedWithOrg, r.Global, r.Listed, r.Suspended = pra == 1, swo == 1, glob == 1, listed == 1, susp == 1
+		out = append(out, r)
+	}
+	return out, rows.Err()
+}
+
+// UnattributedParties lists the actors and subjects of events stored without an
+// organization; the consumer reads it at start (org "" is a key prefix: cheap).
+func (s *Store) UnattributedParties(ctx context.Context) ([]string, error) {
+	rows, err := s.conn.Query(ctx, "SELECT DISTINCT if(actor_id != '', actor_id, subject_id) FROM "+s.db+".events WHERE org_id = ''")
+	if err != nil {
+		return nil, fmt.Errorf("cannot read unattributed parties from %s.events: %w", s.db, err)
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			return nil, err
+		}
+		out = append(out, id)
+	}
+	return out, rows.Err()
+}
+
+// UnattributedIDs returns which of ids are stored without an organization.
+func (s *Store) UnattributedIDs(ctx context.Context, ids []string) (map[string]bool, error) {
+	out := map[string]bool{}
+	if len(ids) == 0 {
+		return out, nil
+	}
+	rows, err := s.conn.Query(ctx, "SELECT DISTINCT id FROM "+s.db+".events WHERE org_id = '' AND has(?, id)", ids)
+	if err != nil {
+		return nil, fmt.Errorf("cannot look up unattributed events in %s.events: %w", s.db, err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			return nil, err
+		}
+		out[id] = true
+	}
+	return out, rows.Err()
+}

@@ -1,0 +1,84 @@
+// Package chdb owns bandplane's ClickHouse database: connecting, the embedded
+// versioned migrations, the schema-version check services run before they start, and
+// retention by partition drop. Everything here runs on ClickHouse 18.16 and on current
+// releases (see the version note in the design brief).
+package chdb
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"regexp"
+	"time"
+
+	"github.com/ClickHouse/clickhouse-go/v2"
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+)
+
+// Config says where the database is.
+type Config struct {
+	Addr         string // host:port of the native protocol
+	Database     string
+	User         string
+	Password     string
+	DialTimeout  time.Duration
+	ReadTimeout  time.Duration // set explicitly: the driver's default is minutes
+	MaxOpenConns int
+}
+
+// DefaultConfig matches deploy/local/clickhouse.sh.
+func DefaultConfig() Config {
+	return Config{
+		Addr:         "127.0.0.1:19000",
+		Database:     "bandplane",
+		User:         "default",
+		DialTimeout:  5 * time.Second,
+		ReadTimeout:  60 * time.Second,
+		MaxOpenConns: 8,
+	}
+}
+
+var identRe = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+// Validate reports every problem of the config at once.
+func (c Config) Validate() error {
+	var errs []error
+	if c.Addr == "" {
+		errs = append(errs, errors.New("clickhouse address is empty (--clickhouse)"))
+	}
+	if !identRe.MatchString(c.Database) {
+		errs = append(errs, fmt.Errorf("clickhouse database %q is not a plain identifier (--clickhouse-db)", c.Database))
+	}
+	if c.ReadTimeout <= 0 {
+		errs = append(errs, errors.New("clickhouse read timeout must be > 0"))
+	}
+	return errors.Join(errs...)
+}
+
+// Open connects and pings. The database itself need not exist yet (Migrate creates it),
+// so the connection's default database is left as "default" and every statement names
+// its tables as db.table.
+func Open(ctx context.Context, cfg Config) (driver.Conn, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.MaxOpenConns <= 0 {
+		cfg.MaxOpenConns = 8
+	}
+	conn, err := clickhouse.Open(&clickhouse.Options{
+		Addr:         []string{cfg.Addr},
+		Auth:         clickhouse.Auth{Database: "default", Username: cfg.User, Password: cfg.Password},
+		DialTimeout:  cfg.DialTimeout,
+		ReadTimeout:  cfg.ReadTimeout,
+		MaxOpenConns: cfg.MaxOpenConns,
+		MaxIdleConns: cfg.MaxOpenConns,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("cannot open clickhouse at %s: %w", cfg.Addr, err)
+	}
+	if err := conn.Ping(ctx); err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("cannot reach clickhouse at %s (is it running? `make up` starts it): %w", cfg.Addr, err)
+	}
+	return conn, nil
+}

@@ -1,0 +1,124 @@
+package chdb
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+)
+
+// Retention says how long each kind of data is kept. ClickHouse 18.16 has no TTL, so
+// retention drops whole partitions: daily ones for the audit trail and usage facts,
+// monthly ones for the rollup and dead letters (a month is dropped once all of it is
+// older than the limit). Zero keeps data forever.
+type Retention struct {
+	Events      time.Duration // events and usage (daily partitions)
+	Rollup      time.Duration // usage_hourly (monthly)
+	DeadLetters time.Duration // dead_letters (monthly)
+}
+
+// DefaultRetention keeps the audit trail 400 days, rollups 3 years, dead letters 90 days.
+func DefaultRetention() Retention {
+	return Retention{Events: 400 * 24 * time.Hour, Rollup: 3 * 365 * 24 * time.Hour, DeadLetters: 90 * 24 * time.Hour}
+}
+
+func (r Retention) Validate() error {
+	var errs []error
+	for name, d := range map[string]time.Duration{"--events": r.Events, "--rollup": r.Rollup, "--dead-letters": r.DeadLetters} {
+		if d < 0 {
+			errs = append(errs, fmt.Errorf("retention %s must not be negative, got %s", name, d))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Dropped is one partition that ApplyRetention dropped (or would drop, in a dry run).
+type Dropped struct {
+	Table     string `json:"table"`
+	Partition string `json:"partition"`
+}
+
+type partitioning struct {
+	table   string
+	monthly bool
+	keep    time.Duration
+}
+
+// ApplyRetention drops every partition whose newest possible row is older than now
+// minus the table's retention. With dryRun it only lists them.
+func ApplyRetention(ctx context.Context, conn driver.Conn, db string, r Retention, now time.Time, dryRun bool) ([]Dropped, error) {
+	if err := r.Validate(); err != nil {
+		return nil, err
+	}
+	tables := []partitioning{
+		{"events", false, r.Events},
+		{"usage", false, r.Events},
+		{"usage_hourly", true, r.Rollup},
+		{"dead_letters", true, r.DeadLetters},
+	}
+	var out []Dropped
+	for _, t := range tables {
+		if t.keep == 0 {
+			continue
+		}
+		cutoff := now.UTC().Add(-t.keep)
+		parts, err := partitions(ctx, conn, db, t.table)
+		if err != nil {
+			return out, err
+		}
+		for _, p := range parts {
+			end, err := partitionEnd(p, t.monthly)
+			if err != nil {
+				return out, fmt.Errorf("table %s.%s: %w", db, t.table, err)
+			}
+			if !end.After(cutoff) {
+				if !dryRun {
+					if err := conn.Exec(ctx, fmt.Sprintf("ALTER TABLE %s.%s DROP PARTITION %s", db, t.table, p)); err != nil {
+						return out, fmt.Errorf("cannot drop partition %s of %s.%s: %w", p, db, t.table, err)
+					}
+				}
+				out = append(out, Dropped{Table: t.table, Partition: p})
+			}
+		}
+	}
+	return out, nil
+}
+
+func partitions(ctx context.Context, conn driver.Conn, db, table string) ([]string, error) {
+	rows, err := conn.Query(ctx, "SELECT DISTINCT partition FROM system.parts WHERE database = ? AND table = ? AND active ORDER BY partition", db, table)
+	if err != nil {
+		return nil, fmt.Errorf("cannot list partitions of %s.%s: %w", db, table, err)
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var p string
+		if err := rows.Scan(&p); err != nil {
+			return nil, err
+		}
+		out = append(out, p)
+	}
+	return out, rows.Err()
+}
+
+// partitionEnd is the first instant after a YYYYMMDD or YYYYMM partition.
+func partitionEnd(p string, monthly bool) (time.Time, error) {
+	if _, err := strconv.Atoi(p); err != nil {
+		return time.Time{}, fmt.Errorf("unexpected partition id %q", p)
+	}
+	if monthly {
+		t, err := time.Parse("200601", p)
+		if err != nil {
+			return time.Time{}, fmt.Errorf("unexpected monthly partition id %q", p)
+		}
+		return t.AddDate(0, 1, 0), nil
+	}
+	t, err := time.Parse("20060102", p)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("unexpected daily partition id %q", p)
+	}
+	return t.AddDate(0, 0, 1), nil
+}

@@ -1,0 +1,220 @@
+// Package schema owns bandplane's event contract: the canonical, versioned event
+// envelope, its per-type data, the mapping from the platform's own frames, validation,
+// and (in schema/migrations) the ClickHouse tables the events land in.
+package schema
+
+import (
+	"encoding/json"
+	"time"
+)
+
+// Version is the schema_version this build writes. Decoders accept any version up to it.
+const Version = 1
+
+// ActorType is the kind of party that acted or was acted upon.
+type ActorType string
+
+const (
+	ActorAgent  ActorType = "agent"
+	ActorUser   ActorType = "user"
+	ActorSystem ActorType = "system"
+)
+
+// Party is the actor of an event, or its subject (the other party, where there is one).
+type Party struct {
+	ID     string    `json:"id"`
+	Type   ActorType `json:"type,omitempty"`
+	Handle string    `json:"handle,omitempty"` // without the leading '@'
+}
+
+// Event is the canonical envelope. Every event in Kafka and in the audit trail has this
+// shape; Data holds the per-type fields (see the *Data types) and any unknown extra
+// fields, kept as they came.
+type Event struct {
+	ID            string          `json:"id"`
+	Type          string          `json:"type"`
+	Time          time.Time       `json:"time"` // UTC, RFC 3339
+	OrgID         string          `json:"org_id,omitempty"`
+	RoomID        string          `json:"room_id,omitempty"`
+	Actor         Party           `json:"actor"`
+	Subject       *Party          `json:"subject,omitempty"`
+	ExecutionID   string          `json:"execution_id,omitempty"`
+	Source        string          `json:"source"`
+	SchemaVersion int             `json:"schema_version"`
+	Data          json.RawMessage `json:"data,omitempty"`
+}
+
+// Key is the Kafka partition key: the room, so that a room's events stay in order, or the
+// organization for events that belong to no room. Platform frames outside rooms carry
+// no organization (ingest enriches it later), so they fall back to the actor, then the
+// subject, which keeps each agent's contact and control events in order.
+func (e *Event) Key() string {
+	switch {
+	case e.RoomID != "":
+		return e.RoomID
+	case e.OrgID != "":
+		return e.OrgID
+	case e.Actor.ID != "":
+		return e.Actor.ID
+	case e.Subject != nil:
+		return e.Subject.ID
+	}
+	return ""
+}
+
+// Event types. Platform frames map `<noun>_<verb>` to `<noun>.<verb>`; see band.go.
+const (
+	TypeMessageCreated         = "message.created"
+	TypeMessageUpdated         = "message.updated"
+	TypeMessageDeleted         = "message.deleted"
+	TypeToolCall               = "event.tool_call"
+	TypeToolResult             = "event.tool_result"
+	TypeThought                = "event.thought"
+	TypeError                  = "event.error"
+	TypeTask                   = "event.task"
+	TypeAttention              = "event.attention"
+	TypeUsageReported          = "usage.reported"
+	TypeParticipantAdded       = "participant.added"
+	TypeParticipantRemoved     = "participant.removed"
+	TypeRoomAdded              = "room.added"
+	TypeRoomRemoved            = "room.removed"
+	TypeRoomDeleted            = "room.deleted"
+	TypeContactAdded           = "contact.added"
+	TypeContactRemoved         = "contact.removed"
+	TypeContactRequestReceived = "contact.request_received"
+	TypeContactRequestUpdated  = "contact.request_updated"
+	TypeAgentControl           = "agent.control"
+	TypeTaskCreated            = "task.created"
+	TypeTaskUpdated            = "task.updated"
+	TypeTaskDeleted            = "task.deleted"
+	TypeUserRegistered         = "user.registered"
+	TypeAgentRegistered        = "agent.registered"
+	TypeAgentUpdated           = "agent.updated"
+	TypePolicyDecided          = "policy.decided"
+)
+
+// Mention is one @mention of a message.
+type Mention struct {
+	ID     string `json:"id"`
+	Handle string `json:"handle"` // without '@'
+}
+
+// MessageData is the data of message.* events and of the non-text room events
+// (event.thought, event.error, event.task, event.attention).
+type MessageData struct {
+	Content     string    `json:"content"`
+	MessageType string    `json:"message_type,omitempty"`
+	Mentions    []Mention `json:"mentions,omitempty"`
+	ThreadID    string    `json:"thread_id,omitempty"`
+	// MessageID is the platform's id of the message (a frame's payload.id); the event's
+	// own id is derived from the whole frame, so an edit gets a new event id.
+	MessageID string `json:"message_id,omitempty"`
+	// Extra holds the payload fields the mapping does not know, as they came.
+	Extra json.RawMessage `json:"extra,omitempty"`
+}
+
+// ToolCallData is the data of event.tool_call.
+type ToolCallData struct {
+	ToolName   string          `json:"tool_name"`
+	ToolCallID string          `json:"tool_call_id,omitempty"`
+	Arguments  json.RawMessage `json:"arguments,omitempty"`
+	MessageID  string          `json:"message_id,omitempty"`
+	Extra      json.RawMessage `json:"extra,omitempty"`
+}
+
+// ToolResultData is the data of event.tool_result.
+type ToolResultData struct {
+	ToolName   string          `json:"tool_name,omitempty"`
+	ToolCallID string          `json:"tool_call_id,omitempty"`
+	IsError    bool            `json:"is_error"`
+	Output     json.RawMessage `json:"output,omitempty"`
+	MessageID  string          `json:"message_id,omitempty"`
+	Extra      json.RawMessage `json:"extra,omitempty"`
+}
+
+// UsageData is the data of usage.reported. ReasoningTokens and Model are set only when
+// the sender knows them; the model is otherwise taken from the agent's registration.
+type UsageData struct {
+	InputTokens      int64  `json:"input_tokens"`
+	OutputTokens     int64  `json:"output_tokens"`
+	CacheReadTokens  int64  `json:"cache_read_tokens"`
+	CacheWriteTokens int64  `json:"cache_write_tokens"`
+	ReasoningTokens  *int64 `json:"reasoning_tokens,omitempty"`
+	Model            string `json:"model,omitempty"`
+	MessageID        string `json:"message_id,omitempty"`
+	// Extra holds the payload fields the mapping does not know, as they came.
+	Extra json.RawMessage `json:"extra,omitempty"`
+}
+
+// ContactData is the data of contact.* events.
+type ContactData struct {
+	Status     string `json:"status,omitempty"` // pending | approved | rejected | cancelled
+	RequestID  string `json:"request_id,omitempty"`
+	FromHandle string `json:"from_handle,omitempty"`
+	ToHandle   string `json:"to_handle,omitempty"`
+	Handle     string `json:"handle,omitempty"` // the contact, for contact.added/removed
+	Message    string `json:"message,omitempty"`
+	// IsRemote is set when the platform says (is_remote, or its legacy alias is_external).
+	IsRemote *bool `json:"is_remote,omitempty"`
+	// Extra holds the payload fields the mapping does not know, as they came.
+	Extra json.RawMessage `json:"extra,omitempty"`
+}
+
+// AgentData is the data of agent.registered and agent.updated, sent by the routing core
+// in canonical form (the platform's frames carry no owner, organization or model). The
+// agent is the event's subject; the organization is the envelope's org_id.
+type AgentData struct {
+	Handle                 string `json:"handle"` // owner/slug
+	Name                   string `json:"name,omitempty"`
+	OwnerID                string `json:"owner_id"`
+	Model                  string `json:"model,omitempty"`
+	Description            string `json:"description,omitempty"`
+	PersonalRegistryAccess bool   `json:"personal_registry_access"`
+	SharedWithOrg          bool   `json:"shared_with_org"`
+	Global                 bool   `json:"global"`
+	Listed                 bool   `json:"listed"`
+	Suspended              bool   `json:"suspended"`
+}
+
+// UserData is the data of user.registered; the person is the event's subject.
+type UserData struct {
+	Handle string `json:"handle"`
+	Name   string `json:"name,omitempty"`
+}
+
+// TaskData is the data of task.* events.
+type TaskData struct {
+	TaskID   string `json:"task_id"`
+	Title    string `json:"title,omitempty"`
+	Status   string `json:"status,omitempty"`
+	Assignee string `json:"assignee_id,omitempty"`
+	// Extra holds the payload fields the mapping does not know, as they came.
+	Extra json.RawMessage `json:"extra,omitempty"`
+}
+
+// ParticipantData is the data of participant.added and participant.removed; the
+// participant is also the event's subject.
+type ParticipantData struct {
+	ParticipantID   string    `json:"participant_id"`
+	Name            string    `json:"name,omitempty"`
+	ParticipantType ActorType `json:"participant_type,omitempty"`
+	Handle          string    `json:"handle,omitempty"` // without '@'
+	// IsRemote is set when the platform says (is_remote, or its legacy alias is_external).
+	IsRemote *bool           `json:"is_remote,omitempty"`
+	Extra    json.RawMessage `json:"extra,omitempty"`
+}
+
+// RoomData is the data of room.added, room.removed and room.deleted; the room is the
+// envelope's room_id.
+type RoomData struct {
+	Title  string          `json:"title,omitempty"`
+	TaskID string          `json:"task_id,omitempty"`
+	Status string          `json:"status,omitempty"`
+	Extra  json.RawMessage `json:"extra,omitempty"`
+}
+
+// AgentControlData is the data of agent.control; the controlled agent is the actor.
+type AgentControlData struct {
+	Action string          `json:"action,omitempty"`
+	Extra  json.RawMessage `json:"extra,omitempty"`
+}
