@@ -120,3 +120,33 @@ func (s *Store) sendRollup(ctx context.Context, org string, rows []rollupRow, ve
 			r.events, r.unpriced, r.in, r.out, r.cr, r.cw, r.r, r.cost, r.currency, version)
 	})
 }
+
+// StaleHours lists the hours holding usage written after the rollup's last rebuild,
+// less margin (a batch can be written while a rebuild runs). After a crash these are
+// the hours the lost process had not rebuilt yet. With an empty rollup it lists every
+// hour that has usage.
+func (s *Store) StaleHours(ctx context.Context, margin time.Duration) ([]HourKey, error) {
+	var last uint64
+	if err := s.conn.QueryRow(ctx, "SELECT max(version) FROM "+s.db+".usage_hourly").Scan(&last); err != nil {
+		return nil, fmt.Errorf("cannot read the last rollup rebuild of %s: %w", s.db, err)
+	}
+	since := uint64(0)
+	if m := uint64(margin.Nanoseconds()); last > m {
+		since = last - m
+	}
+	rows, err := s.conn.Query(ctx, "SELECT DISTINCT org_id, toStartOfHour(time) FROM "+s.db+".usage WHERE version > ?", since)
+	if err != nil {
+		return nil, fmt.Errorf("cannot list stale rollup hours of %s: %w", s.db, err)
+	}
+	defer rows.Close()
+	var out []HourKey
+	for rows.Next() {
+		var k HourKey
+		if err := rows.Scan(&k.OrgID, &k.Hour); err != nil {
+			return nil, err
+		}
+		k.Hour = k.Hour.UTC()
+		out = append(out, k)
+	}
+	return out, rows.Err()
+}

@@ -200,20 +200,7 @@ func (s *Store) LoadDirectory(ctx context.Context) ([]DirectoryRow, error) {
 // UnattributedParties lists the actors and subjects of events stored without an
 // organization; the consumer reads it at start (org "" is a key prefix: cheap).
 func (s *Store) UnattributedParties(ctx context.Context) ([]string, error) {
-	rows, err := s.conn.Query(ctx, "SELECT DISTINCT if(actor_id != '', actor_id, subject_id) FROM "+s.db+".events WHERE org_id = ''")
-	if err != nil {
-		return nil, fmt.Errorf("cannot read unattributed parties from %s.events: %w", s.db, err)
-	}
-	defer rows.Close()
-	var out []string
-	for rows.Next() {
-		var id string
-		if err := rows.Scan(&id); err != nil {
-			return nil, err
-		}
-		out = append(out, id)
-	}
-	return out, rows.Err()
+	return s.strings(ctx, "SELECT DISTINCT if(actor_id != '', actor_id, subject_id) FROM "+s.db+".events WHERE org_id = ''")
 }
 
 // UnattributedIDs returns which of ids are stored without an organization.
@@ -233,6 +220,29 @@ func (s *Store) UnattributedIDs(ctx context.Context, ids []string) (map[string]b
 			return nil, err
 		}
 		out[id] = true
+	}
+	return out, rows.Err()
+}
+
+// UnpricedAgents lists the agents with usage stored without a price because no model
+// was known.
+func (s *Store) UnpricedAgents(ctx context.Context) ([]string, error) {
+	return s.strings(ctx, "SELECT DISTINCT agent_id FROM "+s.db+".usage FINAL WHERE priced = 0 AND model = 'unknown'")
+}
+
+func (s *Store) strings(ctx context.Context, q string, args ...any) ([]string, error) {
+	rows, err := s.conn.Query(ctx, q, args...)
+	if err != nil {
+		return nil, fmt.Errorf("cannot query %s: %w", s.db, err)
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var v string
+		if err := rows.Scan(&v); err != nil {
+			return nil, err
+		}
+		out = append(out, v)
 	}
 	return out, rows.Err()
 }

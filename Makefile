@@ -1,0 +1,34 @@
+# The two commands a fresh machine needs are `make run` and `make test` (README).
+SHELL := /bin/bash
+GO    ?= go
+BIN   := bin/bandplane
+
+.PHONY: build run test up down unit bench-ingest fuzz generate
+
+build:
+	$(GO) build -o $(BIN) ./cmd/bandplane
+
+# Installs and starts ClickHouse and Kafka if needed, applies the schema, runs
+# `bandplane serve` with a simulated workload; Ctrl-C stops what it started.
+run: build
+	deploy/local/with-deps.sh deploy/local/run.sh
+
+# Starts what the tests need, runs gofmt/vet and all tests, stops what it started.
+test:
+	deploy/local/with-deps.sh deploy/local/test.sh
+
+# Dependencies only, for development and benchmarks.
+up:
+	deploy/local/deps.sh up
+down:
+	deploy/local/deps.sh down
+
+# Unit tests only: no servers needed.
+unit:
+	$(GO) test -count=1 ./...
+
+bench-ingest: build
+	$(BIN) bench ingest --events 1000000
+
+fuzz:
+	$(GO) test -run '^$$' -fuzz FuzzDecode -fuzztime 60s ./schema/

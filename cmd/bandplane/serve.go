@@ -1,0 +1,236 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/bandplane/bandplane/ingest"
+	"github.com/bandplane/bandplane/ingest/kafka"
+	"github.com/bandplane/bandplane/ingest/store"
+	"github.com/bandplane/bandplane/schema/chdb"
+)
+
+func init() {
+	register("serve", "run the collector, the ingest consumer and the HTTP API", runServe)
+}
+
+type serveConfig struct {
+	stack        stackFlags
+	listen       string
+	group        string
+	partitions   int
+	token        string
+	batchSize    int
+	batchAge     time.Duration
+	catalog      string
+	rollupEvery  time.Duration
+	maxBody      int64
+	noConsumer   bool
+	readyTimeout time.Duration
+}
+
+func runServe(ctx context.Context, e *env, args []string) error {
+	fs := newFlagSet(e, "serve", "[flags]")
+	var c serveConfig
+	c.stack.register(fs)
+	fs.StringVar(&c.listen, "listen", envOr("BANDPLANE_LISTEN", "127.0.0.1:8080"), "HTTP listen address (collector, /metrics, /healthz, /readyz)")
+	fs.StringVar(&c.group, "group", "ingest", "Kafka consumer group of the ingest consumer")
+	fs.IntVar(&c.partitions, "partitions", 4, "partitions of the events topic when it has to be created")
+	fs.StringVar(&c.token, "collector-token", envOr("BANDPLANE_COLLECTOR_TOKEN", ""), "bearer token for POST /v1/events (env BANDPLANE_COLLECTOR_TOKEN); required")
+	fs.IntVar(&c.batchSize, "batch-size", 20000, "flush to ClickHouse after this many records")
+	fs.DurationVar(&c.batchAge, "batch-age", 500*time.Millisecond, "or when the oldest pending record is this old")
+	fs.StringVar(&c.catalog, "catalog", envOr("BANDPLANE_CATALOG", ""), "price catalog JSON file (default: the built-in catalog)")
+	fs.DurationVar(&c.rollupEvery, "rollup-interval", 2*time.Second, "how often touched hours of the cost rollup are rebuilt")
+	fs.Int64Var(&c.maxBody, "max-body", 16<<20, "largest accepted POST /v1/events body in bytes")
+	fs.BoolVar(&c.noConsumer, "no-consumer", false, "run the collector only (no ingest consumer)")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return serve(ctx, e.log, reg, c)
+}
+
+func serve(ctx context.Context, log *slog.Logger, reg *prometheus.Registry, c serveConfig) error {
+	cat, err := loadCatalog(c.catalog)
+	if err != nil {
+		return err
+	}
+	conn, err := chdb.Open(ctx, c.stack.ch)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	if err := chdb.CheckVersion(ctx, conn, c.stack.ch.Database); err != nil {
+		return err
+	}
+	brokers := c.stack.brokers()
+	for _, t := range []string{c.stack.topic, c.stack.dlq()} {
+		if err := kafka.EnsureTopic(ctx, brokers, t, c.partitions); err != nil {
+			return err
+		}
+	}
+	metrics := ingest.NewMetrics(reg)
+	st := store.New(conn, c.stack.ch.Database)
+
+	producer, err := kafka.NewProducer(kafka.ProducerConfig{Brokers: brokers, Topic: c.stack.topic})
+	if err != nil {
+		return err
+	}
+	defer producer.Close()
+	collector, err := ingest.NewCollector(ingest.CollectorConfig{Producer: producer, Token: c.token, MaxBodyBytes: c.maxBody, Logger: log, Metrics: metrics})
+	if err != nil {
+		return err
+	}
+
+	var consumer *ingest.Consumer
+	var rollup *ingest.Rollup
+	var reader interface{ Close() error }
+	var dlq *kafka.Producer
+	if !c.noConsumer {
+		dir := ingest.NewDirectory()
+		rows, err := st.LoadDirectory(ctx)
+		if err != nil {
+			return err
+		}
+		dir.Load(rows)
+		agents, people := dir.Len()
+		log.Info("directory loaded from clickhouse", "agents", agents, "people", people)
+		late, err := st.UnattributedParties(ctx)
+		if err != nil {
+			return err
+		}
+		unpriced, err := st.UnpricedAgents(ctx)
+		if err != nil {
+			return err
+		}
+		r, err := kafka.NewReader(kafka.ReaderConfig{Brokers: brokers, Topic: c.stack.topic, GroupID: c.group})
+		if err != nil {
+			return err
+		}
+		reader = r
+		dlq, err = kafka.NewProducer(kafka.ProducerConfig{Brokers: brokers, Topic: c.stack.dlq()})
+		if err != nil {
+			return err
+		}
+		rollup = ingest.NewRollup(st, dir, cat, c.rollupEvery, log, metrics)
+		consumer, err = ingest.New(ingest.Config{
+			Reader: r, DeadLetters: dlq, Storage: st, Directory: dir, Catalog: cat, Topic: c.stack.topic,
+			BatchSize: c.batchSize, BatchAge: c.batchAge, LateParties: late, UnpricedAgents: unpriced, AfterFlush: rollup.Mark, Logger: log, Metrics: metrics,
+		})
+		if err != nil {
+			return err
+		}
+	}
+
+	mux := http.NewServeMux()
+	mux.Handle("/v1/events", collector)
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
+		pctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+		defer cancel()
+		var problems []string
+		if err := conn.Ping(pctx); err != nil {
+			problems = append(problems, "clickhouse: "+err.Error())
+		}
+		if consumer != nil && !consumer.Healthy() {
+			problems = append(problems, "ingest: writes are failing and being retried")
+		}
+		if len(problems) > 0 {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			for _, p := range problems {
+				fmt.Fprintln(w, p)
+			}
+			return
+		}
+		fmt.Fprintln(w, "ready")
+	})
+	ln, err := net.Listen("tcp", c.listen)
+	if err != nil {
+		return fmt.Errorf("cannot listen on %s (--listen): %w", c.listen, err)
+	}
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	log.Info("serving", "addr", ln.Addr().String(), "topic", c.stack.topic, "group", c.group,
+		"clickhouse", c.stack.ch.Addr, "database", c.stack.ch.Database, "catalog_version", cat.Version())
+
+	// Workers stop in order: HTTP intake first, then the consumer flushes and commits,
+	// then the rollup catches up, then clients close (deferred above).
+	// Workers stop in order: HTTP intake first, then the consumer flushes and commits,
+	// then the rollup catches up on what the consumer flushed, then clients close
+	// (deferred above).
+	consumerCtx, stopConsumer := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopConsumer()
+	rollupCtx, stopRollup := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopRollup()
+	var consumers, rollups sync.WaitGroup
+	errc := make(chan error, 1)
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			errc <- fmt.Errorf("http server: %w", err)
+		}
+	}()
+	if consumer != nil {
+		consumers.Add(2)
+		go func() { defer consumers.Done(); _ = consumer.Run(consumerCtx) }()
+		go func() { defer consumers.Done(); pollLag(consumerCtx, log, brokers, c.stack.topic, c.group, metrics) }()
+		rollups.Add(1)
+		go func() { defer rollups.Done(); _ = rollup.Run(rollupCtx) }()
+	}
+	var runErr error
+	select {
+	case <-ctx.Done():
+		log.Info("shutting down")
+	case runErr = <-errc:
+		log.Error("stopping after error", "err", runErr)
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_ = srv.Shutdown(sctx)
+	if consumer != nil {
+		stopConsumer()
+		consumers.Wait()
+		stopRollup()
+		rollups.Wait()
+		_ = reader.Close()
+		_ = dlq.Close()
+	}
+	log.Info("stopped")
+	return runErr
+}
+
+func pollLag(ctx context.Context, log *slog.Logger, brokers []string, topic, group string, m *ingest.Metrics) {
+	t := time.NewTicker(5 * time.Second)
+	defer t.Stop()
+	var lastLog time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		lag, _, err := kafka.Lag(lctx, brokers, topic, group)
+		cancel()
+		if err != nil {
+			if ctx.Err() == nil && time.Since(lastLog) > time.Minute {
+				log.Warn("cannot read consumer lag", "err", err)
+				lastLog = time.Now()
+			}
+			continue
+		}
+		m.Lag.Set(float64(lag))
+	}
+}

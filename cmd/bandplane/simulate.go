@@ -1,0 +1,87 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/bandplane/bandplane/ingest"
+	"github.com/bandplane/bandplane/ingest/kafka"
+	"github.com/bandplane/bandplane/ingest/simulate"
+)
+
+func init() {
+	register("simulate", "send seeded, realistic platform traffic to Kafka or a collector", runSimulate)
+}
+
+func runSimulate(ctx context.Context, e *env, args []string) error {
+	fs := newFlagSet(e, "simulate", "[flags]")
+	var st stackFlags
+	st.register(fs)
+	cfg := simulate.DefaultConfig()
+	fs.Int64Var(&cfg.Seed, "seed", cfg.Seed, "random seed; the same flags (with --start) give the same events")
+	fs.IntVar(&cfg.Orgs, "orgs", cfg.Orgs, "organizations")
+	fs.IntVar(&cfg.OwnersPerOrg, "owners-per-org", cfg.OwnersPerOrg, "human accounts per organization")
+	fs.IntVar(&cfg.AgentsPerOwner, "agents-per-owner", cfg.AgentsPerOwner, "agents per owner")
+	fs.IntVar(&cfg.Rooms, "rooms", cfg.Rooms, "chat rooms")
+	fs.IntVar(&cfg.Events, "events", cfg.Events, "events to send, directory included (0 = until --duration or Ctrl-C)")
+	fs.Float64Var(&cfg.Rate, "rate", cfg.Rate, "events per second (0 = as fast as the destination accepts)")
+	fs.DurationVar(&cfg.Duration, "duration", cfg.Duration, "stop after this long (0 = no limit)")
+	fs.IntVar(&cfg.BatchSize, "batch-size", cfg.BatchSize, "events per produce call or HTTP request")
+	start := fs.String("start", "", "timestamp of the first event, RFC 3339 (default: now)")
+	collector := fs.String("collector", "", "send to this collector base URL (e.g. http://127.0.0.1:8080) instead of Kafka")
+	token := fs.String("collector-token", envOr("BANDPLANE_COLLECTOR_TOKEN", ""), "bearer token for --collector")
+	quiet := fs.Bool("quiet", false, "no progress lines on stderr")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if *start != "" {
+		t, err := time.Parse(time.RFC3339, *start)
+		if err != nil {
+			return fmt.Errorf("--start %q is not an RFC 3339 time: %w", *start, err)
+		}
+		cfg.Start = t
+	}
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	var sink simulate.Sink
+	dest := ""
+	if *collector != "" {
+		sink = simulate.NewHTTPSink(*collector, *token)
+		dest = *collector + "/v1/events"
+	} else {
+		if err := kafka.EnsureTopic(ctx, st.brokers(), st.topic, 4); err != nil {
+			return err
+		}
+		p, err := kafka.NewProducer(kafka.ProducerConfig{Brokers: st.brokers(), Topic: st.topic})
+		if err != nil {
+			return err
+		}
+		defer p.Close()
+		sink = ingest.ProducerSink{Producer: p}
+		dest = "kafka " + st.kafka + " topic " + st.topic
+	}
+	fmt.Fprintf(e.stderr, "simulate: sending to %s\n", dest)
+	began := time.Now()
+	var progress func(simulate.Summary)
+	if !*quiet {
+		progress = func(s simulate.Summary) {
+			el := time.Since(began).Seconds()
+			fmt.Fprintf(e.stderr, "simulate: %d events in %.0fs (%.0f/s), %d usage reports, cost %.4f %s\n",
+				s.Events, el, float64(s.Events)/max(el, 0.001), s.UsageEvents, float64(s.CostMicros)/1e6, s.Currency)
+		}
+	}
+	sum, err := simulate.Run(ctx, cfg, sink, progress)
+	b, jerr := json.Marshal(sum)
+	if jerr != nil {
+		return jerr
+	}
+	fmt.Fprintln(e.stdout, string(b))
+	if err != nil && !errors.Is(err, context.Canceled) {
+		return fmt.Errorf("stopped after %d events: %w", sum.Events, err)
+	}
+	return nil
+}

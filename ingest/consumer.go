@@ -1,0 +1,612 @@
+// Package ingest turns the event stream into the audit trail: it consumes the events
+// topic as a consumer group, decodes and validates each record (platform frame or
+// canonical event), enriches it from the directory and the price catalog, writes
+// batches to ClickHouse and only then commits offsets. Records it cannot use go to the
+// dead-letter topic and table with the reason. Delivery is at-least-once; the event id
+// makes it effectively-once in everything queries read.
+package ingest
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	kafkago "github.com/segmentio/kafka-go"
+
+	"github.com/bandplane/bandplane/ingest/pricing"
+	"github.com/bandplane/bandplane/ingest/store"
+	"github.com/bandplane/bandplane/schema"
+)
+
+// MessageReader is the consumer-group side of Kafka. FetchMessage blocks until a record
+// is available or ctx ends; CommitMessages commits, per partition, the offset after the
+// highest message given. *kafkago.Reader implements it.
+type MessageReader interface {
+	FetchMessage(ctx context.Context) (kafkago.Message, error)
+	CommitMessages(ctx context.Context, msgs ...kafkago.Message) error
+}
+
+// MessageWriter produces dead letters; it returns once they are acknowledged.
+type MessageWriter interface {
+	ProduceMessages(ctx context.Context, msgs []kafkago.Message) error
+}
+
+// Storage writes a batch durably: BatchInsert returns nil only once every row is
+// acknowledged by ClickHouse. It must be idempotent, because a failed batch is retried
+// whole and a replayed record is written again.
+type Storage interface {
+	BatchInsert(ctx context.Context, b *store.Batch) error
+	// UnattributedIDs returns which of ids are stored without an organization.
+	UnattributedIDs(ctx context.Context, ids []string) (map[string]bool, error)
+}
+
+// Config configures a Consumer.
+type Config struct {
+	Reader      MessageReader
+	DeadLetters MessageWriter // the dead-letter topic
+	Storage     Storage
+	Directory   *Directory
+	Catalog     *pricing.Catalog
+	Topic       string // the source topic, recorded with dead letters
+
+	BatchSize       int           // flush when this many records are pending
+	BatchAge        time.Duration // or when the oldest pending record is this old
+	RetryMin        time.Duration // first back-off after a failed write
+	RetryMax        time.Duration
+	ShutdownTimeout time.Duration // how long a graceful stop may take to flush and commit
+
+	// LateParties are the agents and people that already have events stored without an
+	// organization (store.UnattributedParties), read at start.
+	LateParties []string
+	// UnpricedAgents are the agents with usage stored unpriced for want of a model
+	// (store.UnpricedAgents), read at start; their registration triggers a reprice.
+	UnpricedAgents []string
+
+	// AfterFlush, if set, is called after each committed batch with the hours of usage
+	// it touched and the agents whose unpriced usage may now be priced (their
+	// registration arrived). The rollup worker uses it.
+	AfterFlush func(hours []store.HourKey, repriceAgents []string)
+
+	Logger  *slog.Logger
+	Metrics *Metrics
+}
+
+func (c *Config) Validate() error {
+	var errs []error
+	if c.Reader == nil {
+		errs = append(errs, errors.New("ingest: no Kafka reader"))
+	}
+	if c.DeadLetters == nil {
+		errs = append(errs, errors.New("ingest: no dead-letter writer"))
+	}
+	if c.Storage == nil {
+		errs = append(errs, errors.New("ingest: no storage"))
+	}
+	if c.Directory == nil {
+		errs = append(errs, errors.New("ingest: no directory"))
+	}
+	if c.Catalog == nil {
+		errs = append(errs, errors.New("ingest: no price catalog"))
+	}
+	if c.BatchSize <= 0 {
+		errs = append(errs, fmt.Errorf("ingest: batch size must be > 0, got %d (--batch-size)", c.BatchSize))
+	}
+	if c.BatchAge <= 0 {
+		errs = append(errs, fmt.Errorf("ingest: batch age must be > 0, got %s (--batch-age)", c.BatchAge))
+	}
+	return errors.Join(errs...)
+}
+
+// Consumer is the ingest pipeline of one process.
+type Consumer struct {
+	cfg     Config
+	log     *slog.Logger
+	m       *Metrics
+	healthy atomic.Bool // false while ClickHouse or the dead-letter topic refuses writes
+	// agents seen with usage that could not be priced because no model was known.
+	unpricedAgents map[string]bool
+	// parties (agents, people) with events stored without an organization.
+	late *partySet
+}
+
+type partySet struct {
+	mu sync.Mutex
+	m  map[string]bool
+}
+
+func (s *partySet) add(id string) {
+	s.mu.Lock()
+	s.m[id] = true
+	s.mu.Unlock()
+}
+
+func (s *partySet) has(id string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.m[id]
+}
+
+func New(cfg Config) (*Consumer, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.RetryMin <= 0 {
+		cfg.RetryMin = 100 * time.Millisecond
+	}
+	if cfg.RetryMax <= 0 {
+		cfg.RetryMax = 10 * time.Second
+	}
+	if cfg.ShutdownTimeout <= 0 {
+		cfg.ShutdownTimeout = 30 * time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Metrics == nil {
+		cfg.Metrics = NewMetrics(nil)
+	}
+	c := &Consumer{cfg: cfg, log: cfg.Logger.With("component", "ingest"), m: cfg.Metrics, unpricedAgents: map[string]bool{},
+		late: &partySet{m: map[string]bool{}}}
+	for _, id := range cfg.LateParties {
+		c.late.add(id)
+	}
+	for _, id := range cfg.UnpricedAgents {
+		c.unpricedAgents[id] = true
+	}
+	c.healthy.Store(true)
+	return c, nil
+}
+
+// Healthy reports whether the last write to ClickHouse and the dead-letter topic
+// succeeded (readiness).
+func (c *Consumer) Healthy() bool { return c.healthy.Load() }
+
+// pending is a batch being built: the rows and the messages they came from.
+type pending struct {
+	batch         store.Batch
+	last          map[int]kafkago.Message // highest message per partition, for the commit
+	records       int
+	dlq           []kafkago.Message
+	hours         map[store.HourKey]bool
+	repriceAgents []string
+	parked        []parked
+	recheck       []int // indexes into batch.Events of late-attributed events
+	first         time.Time
+}
+
+type parked struct {
+	ev  schema.Event
+	msg kafkago.Message
+}
+
+func newPending() *pending {
+	return &pending{last: map[int]kafkago.Message{}, hours: map[store.HourKey]bool{}}
+}
+
+// Run consumes until ctx ends, then flushes what it has fetched, commits, and returns
+// nil. It returns an error only if it cannot start. A record is committed only after it
+// (or its dead letter) is in ClickHouse.
+func (c *Consumer) Run(ctx context.Context) error {
+	fetched := make(chan kafkago.Message, c.cfg.BatchSize)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		c.fetchLoop(ctx, fetched)
+	}()
+
+	// One flusher writes batches in order while the next one is being built.
+	flushes := make(chan *pending, 1)
+	flusherDone := make(chan struct{})
+	// The flusher outlives ctx by ShutdownTimeout so that a graceful stop can finish.
+	flushCtx, cancelFlush := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelFlush()
+	go func() {
+		defer close(flusherDone)
+		for p := range flushes {
+			c.flush(flushCtx, p)
+		}
+	}()
+
+	p := newPending()
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	// handOff passes the pending batch to the flusher. While the flusher is still
+	// retrying the previous batch (ClickHouse down) this blocks, which stops fetching:
+	// back-pressure instead of unbounded memory. A stop request ends the wait and the
+	// batch is flushed by the shutdown path below.
+	handOff := func(stopping <-chan struct{}) {
+		timer.Stop()
+		if p.records == 0 {
+			return
+		}
+		c.resolveParked(p)
+		select {
+		case flushes <- p:
+			p = newPending()
+		case <-stopping:
+		}
+	}
+loop:
+	for {
+		select {
+		case <-ctx.Done():
+			break loop
+		case m := <-fetched:
+			if p.records == 0 {
+				p.first = time.Now()
+				timer.Reset(c.cfg.BatchAge)
+			}
+			c.add(p, m)
+			if p.records >= c.cfg.BatchSize {
+				handOff(ctx.Done())
+			}
+		case <-timer.C:
+			handOff(ctx.Done())
+		}
+	}
+	wg.Wait() // the fetch loop has stopped: nothing more arrives
+	for drained := false; !drained; {
+		select {
+		case m := <-fetched:
+			c.add(p, m)
+		default:
+			drained = true
+		}
+	}
+	c.log.Info("stopping: flushing and committing", "pending_records", p.records)
+	stopTimer := time.AfterFunc(c.cfg.ShutdownTimeout, cancelFlush)
+	defer stopTimer.Stop()
+	handOff(nil)
+	close(flushes)
+	<-flusherDone
+	return nil
+}
+
+func (c *Consumer) fetchLoop(ctx context.Context, out chan<- kafkago.Message) {
+	backoff := c.cfg.RetryMin
+	var lastLog time.Time
+	for {
+		m, err := c.cfg.Reader.FetchMessage(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			c.m.FetchErrors.Inc()
+			if time.Since(lastLog) > 10*time.Second {
+				c.log.Warn("cannot fetch from kafka, retrying", "err", err, "backoff", backoff)
+				lastLog = time.Now()
+			}
+			if !sleepCtx(ctx, backoff) {
+				return
+			}
+			backoff = min(backoff*2, c.cfg.RetryMax)
+			continue
+		}
+		backoff = c.cfg.RetryMin
+		select {
+		case out <- m:
+		case <-ctx.Done():
+			// Fetched but not handed over: not committed, so it is redelivered.
+			return
+		}
+	}
+}
+
+// add decodes, enriches and appends one record to the pending batch.
+func (c *Consumer) add(p *pending, m kafkago.Message) {
+	p.records++
+	if prev, ok := p.last[m.Partition]; !ok || m.Offset > prev.Offset {
+		p.last[m.Partition] = m
+	}
+	// A frame without a timestamp gets the record's: the same on every redelivery.
+	ev, err := schema.DecodeAt(m.Value, m.Time)
+	if err != nil {
+		c.deadLetter(p, m, stageOf(err), err.Error())
+		return
+	}
+	if IsDirectoryEvent(ev.Type) {
+		row, err := c.cfg.Directory.Apply(&ev)
+		if err != nil {
+			c.deadLetter(p, m, "enrich", err.Error())
+			return
+		}
+		p.batch.Directory = append(p.batch.Directory, row)
+		if c.unpricedAgents[row.ID] && row.Model != "" {
+			delete(c.unpricedAgents, row.ID)
+			p.repriceAgents = append(p.repriceAgents, row.ID)
+		}
+	}
+	if ev.OrgID == "" && c.unknownParty(&ev) {
+		// Its registration may be in this batch on another partition: decide at the end.
+		p.parked = append(p.parked, parked{ev: ev, msg: m})
+		return
+	}
+	c.toRows(p, &ev, m)
+}
+
+// party is who an event is attributed through: its actor, or its subject when it has
+// no actor (agent_rooms and room_participants frames).
+func party(ev *schema.Event) schema.Party {
+	if ev.Actor.ID == "" && ev.Subject != nil {
+		return *ev.Subject
+	}
+	return ev.Actor
+}
+
+// unknownParty says whether the event's agent or person is not in the directory yet.
+func (c *Consumer) unknownParty(ev *schema.Event) bool {
+	p := party(ev)
+	switch p.Type {
+	case schema.ActorAgent:
+		_, ok := c.cfg.Directory.Agent(p.ID)
+		return !ok
+	case schema.ActorUser:
+		_, ok := c.cfg.Directory.Person(p.ID)
+		return !ok
+	}
+	return false
+}
+
+// resolveParked turns the parked events into rows, with whatever the directory knows
+// now that the whole batch has been read.
+func (c *Consumer) resolveParked(p *pending) {
+	for i := range p.parked {
+		c.toRows(p, &p.parked[i].ev, p.parked[i].msg)
+	}
+	p.parked = nil
+}
+
+func (c *Consumer) toRows(p *pending, ev *schema.Event, m kafkago.Message) {
+	envelopeOrg := ev.OrgID
+	owner := c.enrich(ev)
+	if ev.OrgID == "" {
+		c.m.Unattributed.Inc()
+		c.late.add(party(ev).ID)
+	} else if envelopeOrg == "" && c.late.has(party(ev).ID) {
+		// This party has rows stored without an organization; if this event is one of
+		// them (a replay), it must keep org "" or it would be stored twice.
+		p.recheck = append(p.recheck, len(p.batch.Events))
+	}
+	if ev.Type == schema.TypeUsageReported {
+		u, err := c.usageRow(ev, owner)
+		if err != nil {
+			c.deadLetter(p, m, "validate", err.Error())
+			return
+		}
+		p.batch.Usage = append(p.batch.Usage, u)
+		p.hours[store.HourKey{OrgID: u.OrgID, Hour: u.Time.Truncate(time.Hour)}] = true
+	}
+	p.batch.Events = append(p.batch.Events, eventRow(ev, owner, m))
+	c.m.Records.WithLabelValues("stored").Inc()
+}
+
+// stageOf tells a record that is not JSON (or not an object) from one that is JSON but
+// breaks the contract.
+func stageOf(err error) string {
+	var fe *schema.FieldError
+	if errors.As(err, &fe) && fe.Field == "" && (strings.HasPrefix(fe.Reason, "invalid JSON") || strings.HasPrefix(fe.Reason, "expected a JSON object")) {
+		return "decode"
+	}
+	return "validate"
+}
+
+func (c *Consumer) deadLetter(p *pending, m kafkago.Message, stage, reason string) {
+	c.m.Records.WithLabelValues("dead_letter").Inc()
+	c.m.DeadLetters.WithLabelValues(stage).Inc()
+	topic := m.Topic
+	if topic == "" {
+		topic = c.cfg.Topic
+	}
+	p.batch.DeadLetters = append(p.batch.DeadLetters, store.DeadLetter{
+		Time: m.Time.UTC(), Topic: topic, Partition: int32(m.Partition), Offset: m.Offset,
+		Key: string(m.Key), Raw: string(m.Value), Stage: stage, Reason: reason, ReceivedAt: time.Now().UTC(),
+	})
+	p.dlq = append(p.dlq, kafkago.Message{Key: m.Key, Value: m.Value, Headers: []kafkago.Header{
+		{Key: "bandplane-reason", Value: []byte(reason)},
+		{Key: "bandplane-stage", Value: []byte(stage)},
+		{Key: "bandplane-source", Value: fmt.Appendf(nil, "%s/%d/%d", topic, m.Partition, m.Offset)},
+	}})
+}
+
+// enrich fills the organization from the directory when the event has none, and returns
+// the accountable person: an agent's owner, or the person who acted.
+func (c *Consumer) enrich(ev *schema.Event) (owner string) {
+	d := c.cfg.Directory
+	party := ev.Actor
+	if party.ID == "" && ev.Subject != nil {
+		party = *ev.Subject
+	}
+	switch party.Type {
+	case schema.ActorAgent:
+		if a, ok := d.Agent(party.ID); ok {
+			owner = a.OwnerID
+			if ev.OrgID == "" {
+				ev.OrgID = a.OrgID
+			}
+		}
+	case schema.ActorUser:
+		owner = party.ID
+		if p, ok := d.Person(party.ID); ok && ev.OrgID == "" {
+			ev.OrgID = p.OrgID
+		}
+	}
+	return owner
+}
+
+// Unknown is the model of usage whose model nobody reported or registered.
+const Unknown = "unknown"
+
+func (c *Consumer) usageRow(ev *schema.Event, owner string) (store.UsageRow, error) {
+	var u schema.UsageData
+	if err := json.Unmarshal(ev.Data, &u); err != nil {
+		return store.UsageRow{}, fmt.Errorf("data: cannot decode usage: %w", err)
+	}
+	model := u.Model
+	if model == "" {
+		if a, ok := c.cfg.Directory.Agent(ev.Actor.ID); ok {
+			model = a.Model
+		}
+	}
+	if model == "" {
+		model = Unknown
+		c.unpricedAgents[ev.Actor.ID] = true
+	}
+	row := PriceUsage(c.cfg.Catalog, store.UsageRow{
+		EventID: ev.ID, Time: ev.Time, OrgID: ev.OrgID, OwnerID: owner, AgentID: ev.Actor.ID,
+		RoomID: ev.RoomID, ExecutionID: ev.ExecutionID, Model: model,
+		InputTokens: uint64(u.InputTokens), OutputTokens: uint64(u.OutputTokens),
+		CacheReadTokens: uint64(u.CacheReadTokens), CacheWriteTokens: uint64(u.CacheWriteTokens),
+	}, u.ReasoningTokens)
+	if !row.Priced {
+		c.m.Unpriced.Inc()
+	}
+	return row, nil
+}
+
+// PriceUsage sets the cost, currency, catalog version and a fresh version of a usage
+// row. Ingest and reprice price the same way through it.
+func PriceUsage(cat *pricing.Catalog, r store.UsageRow, reasoning *int64) store.UsageRow {
+	if reasoning != nil {
+		r.Reasoning = uint64(*reasoning)
+	} else if r.Reasoning > 0 {
+		v := int64(r.Reasoning)
+		reasoning = &v
+	}
+	r.CostMicros, r.Priced = cat.Cost(r.Model, schema.UsageData{
+		InputTokens: int64(r.InputTokens), OutputTokens: int64(r.OutputTokens),
+		CacheReadTokens: int64(r.CacheReadTokens), CacheWriteTokens: int64(r.CacheWriteTokens),
+		ReasoningTokens: reasoning,
+	})
+	r.Currency, r.CatalogVersion = cat.Currency(), cat.Version()
+	r.Version = uint64(time.Now().UnixNano())
+	return r
+}
+
+func eventRow(ev *schema.Event, owner string, m kafkago.Message) store.EventRow {
+	r := store.EventRow{
+		ID: ev.ID, Type: ev.Type, Time: ev.Time, OrgID: ev.OrgID, RoomID: ev.RoomID,
+		ActorID: ev.Actor.ID, ActorType: string(ev.Actor.Type), ActorHandle: ev.Actor.Handle, OwnerID: owner,
+		ExecutionID: ev.ExecutionID, Source: ev.Source, SchemaVersion: uint16(ev.SchemaVersion),
+		Data: string(ev.Data), IngestedAt: time.Now().UTC(), Partition: int32(m.Partition), Offset: m.Offset,
+	}
+	if ev.Subject != nil {
+		r.SubjectID, r.SubjectType, r.SubjectHandle = ev.Subject.ID, string(ev.Subject.Type), ev.Subject.Handle
+	}
+	return r
+}
+
+// keepFirstAttribution resets to "" the organization of rechecked events that are
+// already stored without one. The dedupe key (org, time, id) must not change between
+// an event's first ingest and a replay; attributing old unattributed rows is a
+// separate, explicit repair.
+func (c *Consumer) keepFirstAttribution(ctx context.Context, p *pending) error {
+	ids := make([]string, len(p.recheck))
+	for i, idx := range p.recheck {
+		ids[i] = p.batch.Events[idx].ID
+	}
+	stored, err := c.cfg.Storage.UnattributedIDs(ctx, ids)
+	if err != nil {
+		return err
+	}
+	if len(stored) == 0 {
+		return nil
+	}
+	for _, idx := range p.recheck {
+		if e := &p.batch.Events[idx]; stored[e.ID] {
+			e.OrgID = ""
+		}
+	}
+	for i := range p.batch.Usage {
+		if u := &p.batch.Usage[i]; stored[u.EventID] {
+			u.OrgID = ""
+		}
+	}
+	return nil
+}
+
+// flush writes the dead letters to their topic, the batch to ClickHouse, and commits.
+// Writes are retried with back-off until they succeed or ctx ends (shutdown timeout);
+// in the latter case nothing is committed and the records are redelivered.
+func (c *Consumer) flush(ctx context.Context, p *pending) {
+	start := time.Now()
+	if !c.retry(ctx, "produce dead letters", func() error { return c.cfg.DeadLetters.ProduceMessages(ctx, p.dlq) }) {
+		return
+	}
+	if len(p.recheck) > 0 && !c.retry(ctx, "look up unattributed events", func() error { return c.keepFirstAttribution(ctx, p) }) {
+		return
+	}
+	if !c.retry(ctx, "insert batch into clickhouse", func() error {
+		// Usage versions are the write time: the rollup's catch-up after a crash looks
+		// for usage written after its last rebuild (Rollup.CatchUp).
+		v := uint64(time.Now().UnixNano())
+		for i := range p.batch.Usage {
+			p.batch.Usage[i].Version = v
+		}
+		return c.cfg.Storage.BatchInsert(ctx, &p.batch)
+	}) {
+		return
+	}
+	msgs := make([]kafkago.Message, 0, len(p.last))
+	for _, m := range p.last {
+		msgs = append(msgs, m)
+	}
+	if err := c.cfg.Reader.CommitMessages(ctx, msgs...); err != nil {
+		// The rows are stored; a redelivery is deduplicated by event id.
+		c.m.CommitErrors.Inc()
+		c.log.Warn("cannot commit offsets; records will be redelivered and deduplicated", "err", err, "records", p.records)
+	}
+	c.m.Batches.Inc()
+	c.m.BatchRows.Observe(float64(p.records))
+	c.m.FlushSeconds.Observe(time.Since(start).Seconds())
+	c.log.Debug("batch flushed", "records", p.records, "events", len(p.batch.Events), "dead_letters", len(p.batch.DeadLetters),
+		"usage", len(p.batch.Usage), "age_ms", time.Since(p.first).Milliseconds(), "flush_ms", time.Since(start).Milliseconds())
+	if c.cfg.AfterFlush != nil && (len(p.hours) > 0 || len(p.repriceAgents) > 0) {
+		hours := make([]store.HourKey, 0, len(p.hours))
+		for h := range p.hours {
+			hours = append(hours, h)
+		}
+		c.cfg.AfterFlush(hours, p.repriceAgents)
+	}
+}
+
+func (c *Consumer) retry(ctx context.Context, what string, f func() error) bool {
+	backoff := c.cfg.RetryMin
+	for attempt := 1; ; attempt++ {
+		err := f()
+		if err == nil {
+			if attempt > 1 {
+				c.log.Info("recovered", "op", what, "attempts", attempt)
+			}
+			c.healthy.Store(true)
+			return true
+		}
+		c.healthy.Store(false)
+		c.m.StoreErrors.Inc()
+		if attempt == 1 || attempt%10 == 0 {
+			c.log.Error("cannot "+what+", retrying", "err", err, "attempt", attempt, "backoff", backoff)
+		}
+		if !sleepCtx(ctx, backoff) {
+			c.log.Error("gave up: "+what+"; the batch is not committed and will be redelivered", "err", err)
+			return false
+		}
+		backoff = min(backoff*2, c.cfg.RetryMax)
+	}
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}

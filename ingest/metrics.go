@@ -1,0 +1,65 @@
+package ingest
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// Metrics are ingest's Prometheus metrics. They are created against the registry that
+// cmd/ builds and passes in; nothing registers globally.
+type Metrics struct {
+	Records         *prometheus.CounterVec // result: stored | dead_letter
+	DeadLetters     *prometheus.CounterVec // stage: decode | validate | enrich
+	Batches         prometheus.Counter
+	BatchRows       prometheus.Histogram
+	FlushSeconds    prometheus.Histogram
+	StoreErrors     prometheus.Counter
+	FetchErrors     prometheus.Counter
+	CommitErrors    prometheus.Counter
+	Unpriced        prometheus.Counter
+	Unattributed    prometheus.Counter
+	Lag             prometheus.Gauge
+	RollupErrors    prometheus.Counter
+	Repriced        prometheus.Counter
+	CollectorLines  *prometheus.CounterVec // result: accepted | rejected
+	CollectorErrors prometheus.Counter
+}
+
+// NewMetrics creates and registers the metrics; reg may be nil (tests).
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		Records: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "bandplane_ingest_records_total",
+			Help: "Kafka records handled by ingest, by result."}, []string{"result"}),
+		DeadLetters: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "bandplane_ingest_dead_letters_total",
+			Help: "Records sent to the dead-letter topic and table, by the stage that refused them."}, []string{"stage"}),
+		Batches: prometheus.NewCounter(prometheus.CounterOpts{Name: "bandplane_ingest_batches_total",
+			Help: "Batches written to ClickHouse and committed."}),
+		BatchRows: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "bandplane_ingest_batch_records",
+			Help: "Records per flushed batch.", Buckets: prometheus.ExponentialBuckets(1, 4, 10)}),
+		FlushSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "bandplane_ingest_flush_seconds",
+			Help: "Time to write a batch to ClickHouse and commit it, retries included.", Buckets: prometheus.ExponentialBuckets(0.005, 2, 14)}),
+		StoreErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: "bandplane_ingest_clickhouse_errors_total",
+			Help: "Failed ClickHouse writes (each is retried)."}),
+		FetchErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: "bandplane_ingest_kafka_fetch_errors_total",
+			Help: "Failed Kafka fetches (each is retried)."}),
+		CommitErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: "bandplane_ingest_kafka_commit_errors_total",
+			Help: "Failed offset commits (the records are redelivered and deduplicated)."}),
+		Unpriced: prometheus.NewCounter(prometheus.CounterOpts{Name: "bandplane_ingest_unpriced_usage_total",
+			Help: "Usage events stored without a price (unknown model)."}),
+		Unattributed: prometheus.NewCounter(prometheus.CounterOpts{Name: "bandplane_ingest_unattributed_events_total",
+			Help: "Events stored without an organization (actor not in the directory yet)."}),
+		Lag: prometheus.NewGauge(prometheus.GaugeOpts{Name: "bandplane_ingest_consumer_lag",
+			Help: "Records in the topic not yet committed by the ingest group."}),
+		RollupErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: "bandplane_ingest_rollup_errors_total",
+			Help: "Failed hourly rollup rebuilds (retried on the next tick)."}),
+		Repriced: prometheus.NewCounter(prometheus.CounterOpts{Name: "bandplane_ingest_repriced_total",
+			Help: "Usage facts whose cost was recomputed."}),
+		CollectorLines: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "bandplane_collector_lines_total",
+			Help: "Lines received by POST /v1/events, by result."}, []string{"result"}),
+		CollectorErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: "bandplane_collector_produce_errors_total",
+			Help: "Collector requests that failed to produce to Kafka."}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.Records, m.DeadLetters, m.Batches, m.BatchRows, m.FlushSeconds, m.StoreErrors,
+			m.FetchErrors, m.CommitErrors, m.Unpriced, m.Unattributed, m.Lag, m.RollupErrors, m.Repriced,
+			m.CollectorLines, m.CollectorErrors)
+	}
+	return m
+}

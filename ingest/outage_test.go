@@ -1,0 +1,136 @@
+package ingest_test
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/bandplane/bandplane/deploy/stacktest"
+	"github.com/bandplane/bandplane/ingest"
+	"github.com/bandplane/bandplane/ingest/simulate"
+)
+
+// Outage tests stop shared servers or kill processes, so `make test` runs them alone,
+// after the other tests, with BANDPLANE_OUTAGE_TESTS=1.
+func requireOutage(t *testing.T) {
+	stacktest.Require(t)
+	if os.Getenv("BANDPLANE_OUTAGE_TESTS") != "1" {
+		t.Skip("outage test: stops shared servers; `make test` runs it on its own")
+	}
+}
+
+// produceInBackground sends a paced workload and returns its summary on the channel.
+func (p *pipeline) produceInBackground(events int, rate float64, seed int64) <-chan simulate.Summary {
+	out := make(chan simulate.Summary, 1)
+	go func() {
+		cfg := simulate.DefaultConfig()
+		cfg.Events, cfg.Seed, cfg.Rate, cfg.BatchSize = events, seed, rate, 200
+		cfg.Start = time.Date(2026, 11, 3, 9, 0, 0, 0, time.UTC)
+		sum, err := simulate.Run(context.Background(), cfg, ingest.ProducerSink{Producer: p.producer}, nil)
+		if err != nil {
+			p.t.Errorf("simulate: %v", err)
+		}
+		out <- sum
+	}()
+	return out
+}
+
+func clickhouseScript(t *testing.T, cmd string) {
+	t.Helper()
+	c := exec.Command(filepath.Join(stacktest.RepoRoot(), "deploy", "local", "clickhouse.sh"), cmd)
+	out, err := c.CombinedOutput()
+	require.NoError(t, err, "clickhouse.sh %s: %s", cmd, out)
+}
+
+func TestIntegrationOutageClickHouseRestart(t *testing.T) {
+	requireOutage(t)
+	p := newPipeline(t)
+	p.start("ingest")
+	done := p.produceInBackground(12000, 3000, 11)
+	time.Sleep(1500 * time.Millisecond)
+	clickhouseScript(t, "stop")
+	t.Log("clickhouse stopped mid-stream")
+	// Make sure the stream went on while the database was down.
+	time.Sleep(3 * time.Second)
+	t.Cleanup(func() { clickhouseScript(t, "start") })
+	clickhouseScript(t, "start")
+	t.Log("clickhouse started again")
+	sum := <-done
+	p.waitSums(expected(sum), 120*time.Second)
+}
+
+func TestIntegrationOutageConsumerKilledMidBatch(t *testing.T) {
+	requireOutage(t)
+	bin := filepath.Join(t.TempDir(), "bandplane")
+	build := exec.Command("go", "build", "-o", bin, "./cmd/bandplane")
+	build.Dir = stacktest.RepoRoot()
+	out, err := build.CombinedOutput()
+	require.NoError(t, err, "go build: %s", out)
+
+	p := newPipeline(t)
+	serve := func() (*exec.Cmd, *strings.Builder) {
+		cmd := exec.Command(bin, "serve", "--topic", p.topic, "--dlq-topic", p.topic+"_dlq", "--clickhouse-db", p.db,
+			"--kafka", strings.Join(stacktest.Brokers(), ","), "--clickhouse", stacktest.ClickHouseAddr(),
+			"--listen", "127.0.0.1:0", "--collector-token", "t", "--batch-size", "3000", "--batch-age", "1s",
+			"--rollup-interval", "200ms")
+		var log strings.Builder
+		stderr, err := cmd.StderrPipe()
+		require.NoError(t, err)
+		require.NoError(t, cmd.Start())
+		started := make(chan struct{})
+		go func() {
+			s := bufio.NewScanner(stderr)
+			once := false
+			for s.Scan() {
+				log.WriteString(s.Text() + "\n")
+				if !once && strings.Contains(s.Text(), `"msg":"serving"`) {
+					once = true
+					close(started)
+				}
+			}
+		}()
+		select {
+		case <-started:
+		case <-time.After(60 * time.Second):
+			_ = cmd.Process.Kill()
+			t.Fatalf("bandplane serve did not start:\n%s", log.String())
+		}
+		return cmd, &log
+	}
+	first, _ := serve()
+	done := p.produceInBackground(15000, 3000, 12)
+	time.Sleep(2500 * time.Millisecond)
+	require.NoError(t, first.Process.Signal(syscall.SIGKILL))
+	_ = first.Wait()
+	t.Log("consumer killed with SIGKILL mid-stream")
+	time.Sleep(time.Second)
+	second, log := serve()
+	t.Cleanup(func() {
+		_ = second.Process.Signal(syscall.SIGTERM)
+		_ = second.Wait()
+	})
+	sum := <-done
+	var got sums
+	ok := stacktest.Eventually(t, 120*time.Second, 250*time.Millisecond, func() bool {
+		got = p.sums()
+		return got == expected(sum)
+	})
+	require.True(t, ok, "after the kill: got %+v, want %+v\nserve log:\n%s", got, expected(sum), tail(log.String(), 30))
+}
+
+func tail(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n") + fmt.Sprintf("\n(%d lines)", len(lines))
+}

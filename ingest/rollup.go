@@ -1,0 +1,183 @@
+package ingest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/bandplane/bandplane/ingest/pricing"
+	"github.com/bandplane/bandplane/ingest/store"
+)
+
+// Rollup keeps the hourly cost rollup current: the consumer marks the hours each batch
+// touched, and Run rebuilds them from usage facts every interval. It also reprices the
+// unpriced usage of agents whose registration arrived after their usage.
+type Rollup struct {
+	store    *store.Store
+	dir      *Directory
+	catalog  *pricing.Catalog
+	interval time.Duration
+	log      *slog.Logger
+	m        *Metrics
+
+	mu     sync.Mutex
+	dirty  map[store.HourKey]bool
+	agents map[string]bool
+}
+
+func NewRollup(st *store.Store, dir *Directory, cat *pricing.Catalog, interval time.Duration, log *slog.Logger, m *Metrics) *Rollup {
+	if interval <= 0 {
+		interval = 2 * time.Second
+	}
+	return &Rollup{store: st, dir: dir, catalog: cat, interval: interval, log: log.With("component", "rollup"), m: m,
+		dirty: map[store.HourKey]bool{}, agents: map[string]bool{}}
+}
+
+// Mark records work for the next tick; it matches Config.AfterFlush.
+func (r *Rollup) Mark(hours []store.HourKey, repriceAgents []string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, h := range hours {
+		r.dirty[h] = true
+	}
+	for _, a := range repriceAgents {
+		r.agents[a] = true
+	}
+}
+
+// CatchUp marks the hours a previous process may have left unbuilt (it stopped
+// between writing a batch and rebuilding the batch's hours).
+func (r *Rollup) CatchUp(ctx context.Context) error {
+	hours, err := r.store.StaleHours(ctx, time.Minute+2*r.interval)
+	if err != nil {
+		return err
+	}
+	r.Mark(hours, nil)
+	if len(hours) > 0 {
+		r.log.Info("rebuilding rollup hours written since the last rebuild", "hours", len(hours))
+	}
+	return nil
+}
+
+// Run catches up, then rebuilds marked hours every interval until ctx ends, then once
+// more.
+func (r *Rollup) Run(ctx context.Context) error {
+	if err := r.CatchUp(ctx); err != nil && ctx.Err() == nil {
+		r.m.RollupErrors.Inc()
+		r.log.Warn("cannot find stale rollup hours; rebuilding only what this process writes", "err", err)
+	}
+	t := time.NewTicker(r.interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+			defer cancel()
+			return r.Flush(fctx)
+		case <-t.C:
+			if err := r.Flush(ctx); err != nil && ctx.Err() == nil {
+				r.m.RollupErrors.Inc()
+				r.log.Warn("cannot rebuild rollup, will retry", "err", err)
+			}
+		}
+	}
+}
+
+// Flush does the pending work now. What fails stays marked.
+func (r *Rollup) Flush(ctx context.Context) error {
+	r.mu.Lock()
+	agents := r.agents
+	r.agents = map[string]bool{}
+	r.mu.Unlock()
+	var errs []error
+	for a := range agents {
+		res, err := Reprice(ctx, r.store, r.dir, r.catalog, store.UsageFilter{AgentID: a, UnpricedOnly: true})
+		if err != nil {
+			r.Mark(nil, []string{a})
+			errs = append(errs, err)
+			continue
+		}
+		r.m.Repriced.Add(float64(res.Changed))
+		if res.Changed > 0 {
+			r.log.Info("repriced usage of a newly registered agent", "agent_id", a, "rows", res.Changed)
+		}
+	}
+	r.mu.Lock()
+	keys := make([]store.HourKey, 0, len(r.dirty))
+	for k := range r.dirty {
+		keys = append(keys, k)
+	}
+	r.dirty = map[store.HourKey]bool{}
+	r.mu.Unlock()
+	if len(keys) > 0 {
+		if err := r.store.RefreshRollup(ctx, keys); err != nil {
+			r.Mark(keys, nil)
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// RepriceResult says what a reprice changed.
+type RepriceResult struct {
+	Scanned        int    `json:"scanned"`
+	Changed        int    `json:"changed"`
+	CostBefore     int64  `json:"cost_micros_before"`
+	CostAfter      int64  `json:"cost_micros_after"`
+	StillUnpriced  int    `json:"still_unpriced"`
+	CatalogVersion string `json:"catalog_version"`
+	HoursRebuilt   int    `json:"hours_rebuilt"`
+}
+
+// Reprice recomputes the cost of the usage facts that f selects with the catalog (and,
+// for usage whose model was unknown, the agent's registered model), writes the rows
+// that changed with a higher version so they replace the old ones, and rebuilds the
+// rollup hours they fall in. Running it twice changes nothing the second time.
+func Reprice(ctx context.Context, st *store.Store, dir *Directory, cat *pricing.Catalog, f store.UsageFilter) (RepriceResult, error) {
+	res := RepriceResult{CatalogVersion: cat.Version()}
+	hours := map[store.HourKey]bool{}
+	err := st.ScanUsage(ctx, f, 50000, func(rows []store.UsageRow) error {
+		var changed []store.UsageRow
+		for _, old := range rows {
+			res.Scanned++
+			res.CostBefore += old.CostMicros
+			nr := old
+			if nr.Model == Unknown || nr.Model == "" {
+				if a, ok := dir.Agent(nr.AgentID); ok && a.Model != "" {
+					nr.Model = a.Model
+				}
+			}
+			nr = PriceUsage(cat, nr, nil)
+			res.CostAfter += nr.CostMicros
+			if !nr.Priced {
+				res.StillUnpriced++
+			}
+			if nr.Model == old.Model && nr.CostMicros == old.CostMicros && nr.Priced == old.Priced &&
+				nr.Currency == old.Currency && nr.CatalogVersion == old.CatalogVersion {
+				continue
+			}
+			changed = append(changed, nr)
+			hours[store.HourKey{OrgID: nr.OrgID, Hour: nr.Time.Truncate(time.Hour)}] = true
+		}
+		if err := st.InsertUsage(ctx, changed); err != nil {
+			return err
+		}
+		res.Changed += len(changed)
+		return nil
+	})
+	if err != nil {
+		return res, fmt.Errorf("cannot reprice: %w", err)
+	}
+	keys := make([]store.HourKey, 0, len(hours))
+	for k := range hours {
+		keys = append(keys, k)
+	}
+	res.HoursRebuilt = len(keys)
+	if err := st.RefreshRollup(ctx, keys); err != nil {
+		return res, fmt.Errorf("repriced %d rows but cannot rebuild the rollup: %w", res.Changed, err)
+	}
+	return res, nil
+}

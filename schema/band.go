@@ -1,0 +1,882 @@
+package schema
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"math"
+	"strings"
+	"time"
+)
+
+// The platform's frames: {"topic": "<channel>:<id>", "event": "<noun>_<verb>",
+// "payload": {...}}, the payload exactly as the platform sends it to its SDKs.
+//
+// Topics and who the event is about:
+//
+//	chat_room:<room>          actor: the sender (sender_id, sender_type); room: payload.chat_room_id or <room>
+//	room_participants:<room>  actor: none (the platform does not say who added or removed);
+//	                          subject: the participant; room: <room>
+//	agent_rooms:<agent>       actor: the agent (it is the one added to or removed from the room,
+//	                          and the one observing it); room: payload.id
+//	agent_contacts:<agent>    actor: the agent whose contacts changed; subject: the contact, when
+//	                          the payload names one (contact_added, contact_removed)
+//	agent_control:<agent>     actor: the agent being controlled
+//	tasks:<user>              actor: the user
+//	user_rooms:<user>         actor: the user; room: payload.id (the human side of agent_rooms)
+//
+// Event names map `<noun>_<verb>` to `<noun>.<verb>`, splitting at the first underscore
+// (contact_request_received → contact.request_received), names that already have a dot
+// (agent.control) stay, and event_created becomes event.<message_type>, or usage.reported
+// for a task event whose metadata holds band_usage. Event names a topic is not known to
+// carry are mapped by the same rule, their payload kept under data.extra.
+
+// Topic kinds.
+const (
+	topicChatRoom         = "chat_room"
+	topicRoomParticipants = "room_participants"
+	topicAgentRooms       = "agent_rooms"
+	topicAgentContacts    = "agent_contacts"
+	topicAgentControl     = "agent_control"
+	topicTasks            = "tasks"
+	topicUserRooms        = "user_rooms"
+)
+
+func parseTopic(topic string) (kind, id string, err *FieldError) {
+	kind, id, ok := strings.Cut(topic, ":")
+	if !ok {
+		return "", "", fieldErr("topic", "malformed topic %q (want <channel>:<id>)", topic)
+	}
+	switch kind {
+	case topicChatRoom, topicRoomParticipants, topicAgentRooms, topicAgentContacts,
+		topicAgentControl, topicTasks, topicUserRooms:
+	default:
+		return "", "", fieldErr("topic", "unknown topic %q", topic)
+	}
+	if id == "" || strings.TrimSpace(id) != id || strings.Contains(id, ":") {
+		return "", "", fieldErr("topic", "malformed topic %q (want %s:<id>)", topic, kind)
+	}
+	return kind, id, nil
+}
+
+// frameType maps a frame's event name to a canonical type.
+func frameType(event string, p *payload) (string, *FieldError) {
+	if event == "" {
+		return "", fieldErr("event", "missing")
+	}
+	if strings.Contains(event, ".") {
+		if !isEventType(event) {
+			return "", fieldErr("event", "%q is not a lowercase noun.verb or noun_verb event", event)
+		}
+		return event, nil
+	}
+	if event == "event_created" {
+		mt, _ := p.m["message_type"].(string)
+		if mt == "" {
+			return "", fieldErr("payload.message_type", "missing (event_created needs it)")
+		}
+		if !isWord(mt) {
+			return "", fieldErr("payload.message_type", "%q is not a lowercase word", mt)
+		}
+		if mt == "task" {
+			if md, ok := p.m["metadata"].(map[string]any); ok {
+				if _, ok := md["band_usage"]; ok {
+					return TypeUsageReported, nil
+				}
+			}
+		}
+		return "event." + mt, nil
+	}
+	noun, verb, ok := strings.Cut(event, "_")
+	if !ok || !isWord(noun) || !isWord(verb) {
+		return "", fieldErr("event", "cannot map %q to a noun.verb type", event)
+	}
+	return noun + "." + verb, nil
+}
+
+func decodeFrame(w *wire, received time.Time) (Event, *FieldError) {
+	topic := *w.Topic
+	kind, topicID, ferr := parseTopic(topic)
+	if ferr != nil {
+		return Event{}, ferr
+	}
+	p, ferr := parsePayload(w.Payload)
+	if ferr != nil {
+		return Event{}, ferr
+	}
+	typ, ferr := frameType(w.Event, p)
+	if ferr != nil {
+		return Event{}, ferr
+	}
+	id, err := frameID(topic, w.Event, p.m)
+	if err != nil {
+		return Event{}, fieldErr("payload", "%v", err)
+	}
+	e := Event{ID: id, Type: typ, Source: SourceBand, SchemaVersion: Version}
+
+	if e.Time, ferr = frameTime(w, p, typ, received); ferr != nil {
+		return Event{}, ferr
+	}
+
+	noun, _, _ := strings.Cut(typ, ".")
+	roomFromID := noun == "room" && (kind == topicAgentRooms || kind == topicUserRooms)
+	if roomFromID {
+		if e.RoomID, ferr = p.str("id"); ferr != nil {
+			return Event{}, ferr
+		}
+	}
+	room, ferr := p.str("chat_room_id")
+	if ferr != nil {
+		return Event{}, ferr
+	}
+	if room != "" {
+		e.RoomID = room
+	}
+	switch kind {
+	case topicChatRoom:
+		if e.RoomID == "" {
+			e.RoomID = topicID
+		}
+		if e.Actor.ID, ferr = p.str("sender_id"); ferr != nil {
+			return Event{}, ferr
+		}
+		st, ferr := p.str("sender_type")
+		if ferr != nil {
+			return Event{}, ferr
+		}
+		e.Actor.Type = actorType(st)
+	case topicRoomParticipants:
+		if e.RoomID == "" {
+			e.RoomID = topicID
+		}
+		if noun == "room" {
+			// room_deleted: the payload's id is the room itself.
+			if rid, _ := p.m["id"].(string); rid == e.RoomID {
+				delete(p.m, "id")
+			}
+		}
+	case topicAgentRooms, topicAgentContacts, topicAgentControl:
+		e.Actor = Party{ID: topicID, Type: ActorAgent}
+	case topicTasks, topicUserRooms:
+		e.Actor = Party{ID: topicID, Type: ActorUser}
+	}
+
+	var data any
+	switch {
+	case typ == TypeToolCall:
+		data, ferr = toolCallData(p)
+	case typ == TypeToolResult:
+		data, ferr = toolResultData(p)
+	case typ == TypeUsageReported:
+		data, ferr = usageData(p)
+	case noun == "message" || noun == "event":
+		data, ferr = messageData(p)
+	case noun == "participant":
+		data, ferr = participantData(p, &e)
+	case noun == "room":
+		data, ferr = roomData(p)
+	case noun == "contact":
+		data, ferr = contactData(p, &e)
+	case noun == "task":
+		data, ferr = taskData(p)
+	case typ == TypeAgentControl:
+		data, ferr = controlData(p)
+	default:
+		data, ferr = struct {
+			Extra json.RawMessage `json:"extra,omitempty"`
+		}{p.extra()}, nil
+	}
+	if ferr != nil {
+		return Event{}, ferr
+	}
+	b, err := json.Marshal(data)
+	if err != nil {
+		return Event{}, fieldErr("payload", "%v", err)
+	}
+	if string(b) != "{}" {
+		e.Data = b
+	}
+	return e, nil
+}
+
+// frameTime is the time of the frame's event: the payload's own timestamp
+// (updated_at for an update, removed_at or deleted_at for a removal, else inserted_at or
+// created_at), else a relay's received_at or time on the frame, else received.
+func frameTime(w *wire, p *payload, typ string, received time.Time) (time.Time, *FieldError) {
+	_, verb, _ := strings.Cut(typ, ".")
+	var keys []string
+	switch {
+	case strings.HasSuffix(verb, "updated"):
+		keys = []string{"updated_at", "inserted_at", "created_at"}
+	case strings.HasSuffix(verb, "removed") || strings.HasSuffix(verb, "deleted"):
+		keys = []string{"removed_at", "deleted_at", "updated_at", "inserted_at", "created_at"}
+	default:
+		keys = []string{"inserted_at", "created_at", "updated_at"}
+	}
+	for _, k := range keys {
+		s, ok := p.m[k].(string)
+		if !ok {
+			continue
+		}
+		t, ferr := parseTime("payload."+k, s)
+		if ferr != nil {
+			return time.Time{}, ferr
+		}
+		delete(p.m, k)
+		// The other stamp says nothing more when it is the same.
+		for _, other := range [...]string{"inserted_at", "updated_at"} {
+			if o, ok := p.m[other].(string); ok && o == s {
+				delete(p.m, other)
+			}
+		}
+		return t, nil
+	}
+	if w.ReceivedAt != "" {
+		return parseTime("received_at", w.ReceivedAt)
+	}
+	if w.Time != "" {
+		return parseTime("time", w.Time)
+	}
+	if received.IsZero() {
+		received = time.Now()
+	}
+	return received.UTC(), nil
+}
+
+func actorType(platform string) ActorType {
+	switch platform {
+	case "":
+		return ""
+	case "User", "user":
+		return ActorUser
+	case "Agent", "agent":
+		return ActorAgent
+	case "System", "system":
+		return ActorSystem
+	}
+	return ActorType(strings.ToLower(platform))
+}
+
+// FrameID is the id of the event a frame maps to: a UUID (version 8 layout) made of
+// the first 16 bytes of the SHA-256 of the frame's canonical form, topic, event and
+// payload re-serialized with sorted keys. The same frame, however it is spaced or its
+// keys ordered, has the same id; any change to it (an edit, another event name) gives
+// another.
+func frameID(topic, event string, payload map[string]any) (string, error) {
+	canon, err := json.Marshal(map[string]any{"topic": topic, "event": event, "payload": payload})
+	if err != nil {
+		return "", err
+	}
+	sum := sha256.Sum256(canon)
+	var u [16]byte
+	copy(u[:], sum[:16])
+	u[6] = u[6]&0x0f | 0x80 // version 8
+	u[8] = u[8]&0x3f | 0x80 // RFC 9562 variant
+	var s [36]byte
+	hex.Encode(s[0:8], u[0:4])
+	s[8] = '-'
+	hex.Encode(s[9:13], u[4:6])
+	s[13] = '-'
+	hex.Encode(s[14:18], u[6:8])
+	s[18] = '-'
+	hex.Encode(s[19:23], u[8:10])
+	s[23] = '-'
+	hex.Encode(s[24:], u[10:])
+	return string(s[:]), nil
+}
+
+// payload is a frame's payload (or an object inside it), decoded with json.Number.
+// Reading a field consumes it; what is left over is the data's extra.
+type payload struct {
+	m    map[string]any
+	path string
+}
+
+func parsePayload(raw json.RawMessage) (*payload, *FieldError) {
+	t := bytes.TrimLeft(raw, " \t\r\n")
+	if len(t) == 0 || t[0] == 'n' {
+		return nil, fieldErr("payload", "missing")
+	}
+	if t[0] != '{' {
+		return nil, fieldErr("payload", "must be a JSON object, got %s", kindOf(t))
+	}
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber()
+	var m map[string]any
+	if err := dec.Decode(&m); err != nil {
+		return nil, jsonErr(err, "payload.")
+	}
+	return &payload{m: m, path: "payload"}, nil
+}
+
+func (p *payload) typeErr(key, want string, v any) *FieldError {
+	return fieldErr(p.path+"."+key, "expected %s, got %s", want, anyKind(v))
+}
+
+func anyKind(v any) string {
+	switch v.(type) {
+	case string:
+		return "string"
+	case json.Number:
+		return "number"
+	case bool:
+		return "boolean"
+	case []any:
+		return "array"
+	case map[string]any:
+		return "object"
+	case nil:
+		return "null"
+	}
+	return "unknown"
+}
+
+// str consumes a string field; a number is taken as its text, null or absent is "".
+func (p *payload) str(key string) (string, *FieldError) {
+	v, ok := p.m[key]
+	if !ok {
+		return "", nil
+	}
+	switch v := v.(type) {
+	case nil:
+	case string:
+		delete(p.m, key)
+		return v, nil
+	case json.Number:
+		delete(p.m, key)
+		return v.String(), nil
+	default:
+		return "", p.typeErr(key, "string", v)
+	}
+	delete(p.m, key)
+	return "", nil
+}
+
+// handle is str without the leading '@'.
+func (p *payload) handle(key string) (string, *FieldError) {
+	h, err := p.str(key)
+	return strings.TrimPrefix(h, "@"), err
+}
+
+func (p *payload) boolean(key string) (*bool, *FieldError) {
+	v, ok := p.m[key]
+	if !ok {
+		return nil, nil
+	}
+	switch v := v.(type) {
+	case nil:
+		delete(p.m, key)
+		return nil, nil
+	case bool:
+		delete(p.m, key)
+		return &v, nil
+	}
+	return nil, p.typeErr(key, "boolean", v)
+}
+
+// isRemote consumes is_remote and its legacy alias is_external; is_remote wins.
+func (p *payload) isRemote() (*bool, *FieldError) {
+	ext, err := p.boolean("is_external")
+	if err != nil {
+		return nil, err
+	}
+	r, err := p.boolean("is_remote")
+	if err != nil {
+		return nil, err
+	}
+	if r == nil {
+		r = ext
+	}
+	return r, nil
+}
+
+func (p *payload) int64(key string) (int64, bool, *FieldError) {
+	v, ok := p.m[key]
+	if !ok || v == nil {
+		delete(p.m, key)
+		return 0, false, nil
+	}
+	n, isNum := v.(json.Number)
+	if !isNum {
+		return 0, false, p.typeErr(key, "integer", v)
+	}
+	i, err := n.Int64()
+	if err != nil {
+		f, ferr := n.Float64()
+		if ferr != nil || f != math.Trunc(f) || math.Abs(f) > 1<<62 {
+			return 0, false, fieldErr(p.path+"."+key, "expected integer, got %s", n.String())
+		}
+		i = int64(f)
+	}
+	delete(p.m, key)
+	return i, true, nil
+}
+
+// object returns a nested object, not consumed: its fields are, one by one, and what is
+// left of it stays in the parent's extra.
+func (p *payload) object(key string) (*payload, *FieldError) {
+	v, ok := p.m[key]
+	if !ok || v == nil {
+		return nil, nil
+	}
+	m, isObj := v.(map[string]any)
+	if !isObj {
+		return nil, p.typeErr(key, "object", v)
+	}
+	return &payload{m: m, path: p.path + "." + key}, nil
+}
+
+// done drops a nested object from its parent once nothing is left of it.
+func (p *payload) done(key string, child *payload) {
+	if child != nil && len(child.m) == 0 {
+		delete(p.m, key)
+	}
+}
+
+// extra is what is left of the payload, as a JSON object, or nil.
+func (p *payload) extra() json.RawMessage {
+	if len(p.m) == 0 {
+		return nil
+	}
+	b, err := json.Marshal(p.m)
+	if err != nil { // cannot happen: the map came from JSON
+		return nil
+	}
+	return b
+}
+
+// rawJSON is a value as JSON; a string that holds JSON (tool arguments often come so)
+// is that JSON.
+func rawJSON(v any, stringMayHoldJSON bool) (json.RawMessage, error) {
+	if s, ok := v.(string); ok && stringMayHoldJSON {
+		if t := strings.TrimSpace(s); t != "" && (t[0] == '{' || t[0] == '[') && json.Valid([]byte(t)) {
+			return normalizeJSON([]byte(t)), nil
+		}
+	}
+	if v == nil {
+		return nil, nil
+	}
+	return json.Marshal(v)
+}
+
+// contentObject decodes a message's content when it is a JSON object (tool calls and
+// results carry their data so). It is not consumed.
+func (p *payload) contentObject() *payload {
+	s, ok := p.m["content"].(string)
+	if !ok {
+		return nil
+	}
+	t := strings.TrimSpace(s)
+	if t == "" || t[0] != '{' {
+		return nil
+	}
+	dec := json.NewDecoder(strings.NewReader(t))
+	dec.UseNumber()
+	var m map[string]any
+	if dec.Decode(&m) != nil || dec.More() {
+		return nil
+	}
+	return &payload{m: m, path: "payload.content"}
+}
+
+// first consumes the first of keys that is present and returns its value.
+func (p *payload) first(keys ...string) (any, bool) {
+	for _, k := range keys {
+		if v, ok := p.m[k]; ok {
+			delete(p.m, k)
+			return v, true
+		}
+	}
+	return nil, false
+}
+
+// firstStr is first for a string (or number) field.
+func (p *payload) firstStr(keys ...string) (string, *FieldError) {
+	for _, k := range keys {
+		if _, ok := p.m[k]; ok {
+			return p.str(k)
+		}
+	}
+	return "", nil
+}
+
+func messageData(p *payload) (MessageData, *FieldError) {
+	var d MessageData
+	var err *FieldError
+	if d.MessageID, err = p.str("id"); err != nil {
+		return d, err
+	}
+	if d.Content, err = p.str("content"); err != nil {
+		return d, err
+	}
+	if d.MessageType, err = p.str("message_type"); err != nil {
+		return d, err
+	}
+	if d.ThreadID, err = p.str("thread_id"); err != nil {
+		return d, err
+	}
+	md, err := p.object("metadata")
+	if err != nil {
+		return d, err
+	}
+	if md != nil {
+		if d.Mentions, err = mentions(md); err != nil {
+			return d, err
+		}
+		p.done("metadata", md)
+	}
+	d.Extra = p.extra()
+	return d, nil
+}
+
+func mentions(md *payload) ([]Mention, *FieldError) {
+	v, ok := md.m["mentions"]
+	if !ok || v == nil {
+		delete(md.m, "mentions")
+		return nil, nil
+	}
+	list, isList := v.([]any)
+	if !isList {
+		return nil, md.typeErr("mentions", "array", v)
+	}
+	out := make([]Mention, 0, len(list))
+	for _, item := range list {
+		switch item := item.(type) {
+		case string:
+			out = append(out, Mention{Handle: strings.TrimPrefix(item, "@")})
+		case map[string]any:
+			m := &payload{m: item, path: md.path + ".mentions[]"}
+			id, err := m.str("id")
+			if err != nil {
+				return nil, err
+			}
+			h, err := m.firstStr("handle", "username")
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, Mention{ID: id, Handle: strings.TrimPrefix(h, "@")})
+		default:
+			return nil, md.typeErr("mentions[]", "object", item)
+		}
+	}
+	delete(md.m, "mentions")
+	if len(out) == 0 {
+		return nil, nil
+	}
+	return out, nil
+}
+
+// toolCallData reads a tool call from the content JSON ({"name", "args",
+// "tool_call_id"}) or, failing that, from metadata.function ({"name", "arguments"}).
+func toolCallData(p *payload) (ToolCallData, *FieldError) {
+	var d ToolCallData
+	var err *FieldError
+	if d.MessageID, err = p.str("id"); err != nil {
+		return d, err
+	}
+	if c := p.contentObject(); c != nil {
+		if d.ToolName, err = c.firstStr("name", "tool_name"); err != nil {
+			return d, err
+		}
+		if d.ToolCallID, err = c.firstStr("tool_call_id", "id"); err != nil {
+			return d, err
+		}
+		if args, ok := c.first("args", "arguments", "input"); ok {
+			d.Arguments, _ = rawJSON(args, true)
+		}
+		delete(p.m, "content")
+		if len(c.m) > 0 {
+			p.m["content"] = c.m
+		}
+	}
+	md, err := p.object("metadata")
+	if err != nil {
+		return d, err
+	}
+	if md != nil {
+		if fn, err := md.object("function"); err != nil {
+			return d, err
+		} else if fn != nil {
+			name, err := fn.firstStr("name")
+			if err != nil {
+				return d, err
+			}
+			id, err := fn.firstStr("tool_call_id", "id")
+			if err != nil {
+				return d, err
+			}
+			args, hasArgs := fn.first("arguments", "args")
+			if d.ToolName == "" {
+				d.ToolName = name
+			}
+			if d.ToolCallID == "" {
+				d.ToolCallID = id
+			}
+			if d.Arguments == nil && hasArgs {
+				d.Arguments, _ = rawJSON(args, true)
+			}
+			md.done("function", fn)
+		}
+		if d.ToolCallID == "" {
+			if d.ToolCallID, err = md.str("tool_call_id"); err != nil {
+				return d, err
+			}
+		}
+		p.done("metadata", md)
+	}
+	if mt, _ := p.m["message_type"].(string); mt == "tool_call" {
+		delete(p.m, "message_type")
+	}
+	d.Extra = p.extra()
+	return d, nil
+}
+
+// toolResultData reads a tool result from the content JSON ({"name", "output",
+// "tool_call_id", "is_error"}; "result" is taken for "output"), then from metadata
+// (tool_call_id, tool_name or function.name, is_error). Content that is not a JSON
+// object is the output itself.
+func toolResultData(p *payload) (ToolResultData, *FieldError) {
+	var d ToolResultData
+	var err *FieldError
+	if d.MessageID, err = p.str("id"); err != nil {
+		return d, err
+	}
+	if c := p.contentObject(); c != nil {
+		if d.ToolName, err = c.firstStr("name", "tool_name"); err != nil {
+			return d, err
+		}
+		if d.ToolCallID, err = c.firstStr("tool_call_id", "id"); err != nil {
+			return d, err
+		}
+		isErr, err := c.boolean("is_error")
+		if err != nil {
+			return d, err
+		}
+		if isErr != nil {
+			d.IsError = *isErr
+		}
+		if out, ok := c.first("output", "result", "content"); ok {
+			d.Output, _ = rawJSON(out, false)
+		}
+		delete(p.m, "content")
+		if len(c.m) > 0 {
+			p.m["content"] = c.m
+		}
+	} else if s, ok := p.m["content"].(string); ok {
+		d.Output, _ = json.Marshal(s)
+		delete(p.m, "content")
+	}
+	md, err := p.object("metadata")
+	if err != nil {
+		return d, err
+	}
+	if md != nil {
+		if d.ToolCallID == "" {
+			if d.ToolCallID, err = md.str("tool_call_id"); err != nil {
+				return d, err
+			}
+		}
+		if d.ToolName == "" {
+			if d.ToolName, err = md.firstStr("tool_name", "name"); err != nil {
+				return d, err
+			}
+		}
+		if fn, err := md.object("function"); err != nil {
+			return d, err
+		} else if fn != nil && d.ToolName == "" {
+			if d.ToolName, err = fn.firstStr("name"); err != nil {
+				return d, err
+			}
+			md.done("function", fn)
+		}
+		if !d.IsError {
+			isErr, err := md.boolean("is_error")
+			if err != nil {
+				return d, err
+			}
+			d.IsError = isErr != nil && *isErr
+		}
+		p.done("metadata", md)
+	}
+	if mt, _ := p.m["message_type"].(string); mt == "tool_result" {
+		delete(p.m, "message_type")
+	}
+	d.Extra = p.extra()
+	return d, nil
+}
+
+// usageData reads metadata.band_usage. The message's text ("Token usage: …") stays in
+// extra.
+func usageData(p *payload) (UsageData, *FieldError) {
+	var d UsageData
+	var err *FieldError
+	if d.MessageID, err = p.str("id"); err != nil {
+		return d, err
+	}
+	md, err := p.object("metadata")
+	if err != nil {
+		return d, err
+	}
+	var u *payload
+	if md != nil {
+		if u, err = md.object("band_usage"); err != nil {
+			return d, err
+		}
+	}
+	if u == nil {
+		u = &payload{m: map[string]any{}, path: "payload.metadata.band_usage"}
+	}
+	for _, f := range [...]struct {
+		key string
+		dst *int64
+	}{
+		{"input_tokens", &d.InputTokens},
+		{"output_tokens", &d.OutputTokens},
+		{"cache_read_tokens", &d.CacheReadTokens},
+		{"cache_write_tokens", &d.CacheWriteTokens},
+	} {
+		if *f.dst, _, err = u.int64(f.key); err != nil {
+			return d, err
+		}
+	}
+	r, ok, err := u.int64("reasoning_tokens")
+	if err != nil {
+		return d, err
+	}
+	if ok {
+		d.ReasoningTokens = &r
+	}
+	if d.Model, err = u.str("model"); err != nil {
+		return d, err
+	}
+	if md != nil {
+		md.done("band_usage", u)
+		p.done("metadata", md)
+	}
+	if mt, _ := p.m["message_type"].(string); mt == "task" {
+		delete(p.m, "message_type")
+	}
+	d.Extra = p.extra()
+	return d, nil
+}
+
+// participantData reads a participant (also the event's subject).
+func participantData(p *payload, e *Event) (ParticipantData, *FieldError) {
+	var d ParticipantData
+	var err *FieldError
+	if d.ParticipantID, err = p.str("id"); err != nil {
+		return d, err
+	}
+	if d.Name, err = p.str("name"); err != nil {
+		return d, err
+	}
+	t, err := p.str("type")
+	if err != nil {
+		return d, err
+	}
+	d.ParticipantType = actorType(t)
+	if d.Handle, err = p.handle("handle"); err != nil {
+		return d, err
+	}
+	if d.IsRemote, err = p.isRemote(); err != nil {
+		return d, err
+	}
+	if d.ParticipantID != "" {
+		e.Subject = &Party{ID: d.ParticipantID, Type: d.ParticipantType, Handle: d.Handle}
+	}
+	d.Extra = p.extra()
+	return d, nil
+}
+
+func roomData(p *payload) (RoomData, *FieldError) {
+	var d RoomData
+	var err *FieldError
+	if d.Title, err = p.str("title"); err != nil {
+		return d, err
+	}
+	if d.TaskID, err = p.str("task_id"); err != nil {
+		return d, err
+	}
+	if d.Status, err = p.str("status"); err != nil {
+		return d, err
+	}
+	d.Extra = p.extra()
+	return d, nil
+}
+
+// contactData reads a contact request (its id is the request's) or a contact (its id,
+// type and handle are the event's subject).
+func contactData(p *payload, e *Event) (ContactData, *FieldError) {
+	var d ContactData
+	var err *FieldError
+	id, err := p.str("id")
+	if err != nil {
+		return d, err
+	}
+	if d.RequestID, err = p.str("request_id"); err != nil {
+		return d, err
+	}
+	if d.Status, err = p.str("status"); err != nil {
+		return d, err
+	}
+	if d.FromHandle, err = p.handle("from_handle"); err != nil {
+		return d, err
+	}
+	if d.ToHandle, err = p.handle("to_handle"); err != nil {
+		return d, err
+	}
+	if d.Handle, err = p.handle("handle"); err != nil {
+		return d, err
+	}
+	if d.Message, err = p.str("message"); err != nil {
+		return d, err
+	}
+	if d.IsRemote, err = p.isRemote(); err != nil {
+		return d, err
+	}
+	if strings.HasPrefix(e.Type, "contact.request") {
+		if d.RequestID == "" {
+			d.RequestID = id
+		} else if id != "" {
+			p.m["id"] = id
+		}
+	} else if id != "" {
+		t, err := p.str("type")
+		if err != nil {
+			return d, err
+		}
+		e.Subject = &Party{ID: id, Type: actorType(t), Handle: d.Handle}
+	}
+	d.Extra = p.extra()
+	return d, nil
+}
+
+func taskData(p *payload) (TaskData, *FieldError) {
+	var d TaskData
+	var err *FieldError
+	if d.TaskID, err = p.firstStr("task_id", "id"); err != nil {
+		return d, err
+	}
+	if d.Title, err = p.str("title"); err != nil {
+		return d, err
+	}
+	if d.Status, err = p.str("status"); err != nil {
+		return d, err
+	}
+	if d.Assignee, err = p.firstStr("assignee_id", "assignee"); err != nil {
+		return d, err
+	}
+	d.Extra = p.extra()
+	return d, nil
+}
+
+func controlData(p *payload) (AgentControlData, *FieldError) {
+	var d AgentControlData
+	var err *FieldError
+	if d.Action, err = p.firstStr("action", "command"); err != nil {
+		return d, err
+	}
+	d.Extra = p.extra()
+	return d, nil
+}

@@ -1,0 +1,184 @@
+package schema
+
+import (
+	_ "embed"
+	"encoding/json"
+	"strings"
+	"time"
+)
+
+// JSONSchema is the JSON Schema (draft 2020-12) of the canonical envelope.
+//
+//go:embed event.schema.json
+var JSONSchema []byte
+
+// SourceBand is the source of the events mapped from the platform's frames.
+const SourceBand = "band"
+
+// wire is one input line: a canonical event (it has "type") or a platform frame
+// ({"topic", "event", "payload"}). Decoding into it once serves both forms, so that a
+// canonical event is parsed once and straight into typed fields.
+type wire struct {
+	ID            string          `json:"id"`
+	Type          string          `json:"type"`
+	Time          string          `json:"time"`
+	OrgID         string          `json:"org_id"`
+	RoomID        string          `json:"room_id"`
+	Actor         Party           `json:"actor"`
+	Subject       *Party          `json:"subject"`
+	ExecutionID   string          `json:"execution_id"`
+	Source        string          `json:"source"`
+	SchemaVersion *int            `json:"schema_version"`
+	Data          json.RawMessage `json:"data"`
+
+	// Platform frame.
+	Topic      *string         `json:"topic"`
+	Event      string          `json:"event"`
+	Payload    json.RawMessage `json:"payload"`
+	ReceivedAt string          `json:"received_at"` // set by some relays; the time of last resort
+}
+
+// Decode parses one line, a canonical event or a platform frame, into a canonical,
+// validated Event: Time in UTC, SchemaVersion set to Version when absent, handles
+// without '@', Data compact. A frame's Source is "band" and its ID is derived from the
+// frame (see FrameID). Any error is a *FieldError.
+//
+// A frame that carries no time of its own (participant_added has none) gets the time it
+// is decoded; use DecodeAt to choose it.
+func Decode(line []byte) (Event, error) {
+	return DecodeAt(line, time.Time{})
+}
+
+// DecodeAt is Decode with the time to give a frame that carries none: received, or the
+// current time when received is zero. Canonical events always carry their own.
+func DecodeAt(line []byte, received time.Time) (Event, error) {
+	var w wire
+	if err := json.Unmarshal(line, &w); err != nil {
+		return Event{}, jsonErr(err, "")
+	}
+	var (
+		e   Event
+		err *FieldError
+	)
+	if w.Type == "" && w.Topic != nil {
+		e, err = decodeFrame(&w, received)
+		if err != nil {
+			return Event{}, err
+		}
+		if err := e.validate(true); err != nil {
+			return Event{}, err
+		}
+		return e, nil
+	}
+	e, err = decodeCanonical(&w)
+	if err != nil {
+		return Event{}, err
+	}
+	return e, nil
+}
+
+func decodeCanonical(w *wire) (Event, *FieldError) {
+	e := Event{
+		ID:            w.ID,
+		Type:          w.Type,
+		OrgID:         w.OrgID,
+		RoomID:        w.RoomID,
+		Actor:         w.Actor,
+		Subject:       w.Subject,
+		ExecutionID:   w.ExecutionID,
+		Source:        w.Source,
+		SchemaVersion: Version,
+	}
+	if w.ID == "" {
+		return Event{}, fieldErr("id", "missing")
+	}
+	if w.Type == "" {
+		return Event{}, fieldErr("type", "missing")
+	}
+	if w.Time == "" {
+		return Event{}, fieldErr("time", "missing")
+	}
+	t, err := parseTime("time", w.Time)
+	if err != nil {
+		return Event{}, err
+	}
+	e.Time = t
+	if w.SchemaVersion != nil && *w.SchemaVersion != 0 {
+		e.SchemaVersion = *w.SchemaVersion
+	}
+	e.Actor.Handle = strings.TrimPrefix(e.Actor.Handle, "@")
+	if e.Subject != nil {
+		e.Subject.Handle = strings.TrimPrefix(e.Subject.Handle, "@")
+	}
+	if len(w.Data) > 0 && string(w.Data) != "null" {
+		e.Data = normalizeJSON(w.Data)
+	}
+	if err := e.validate(true); err != nil {
+		return Event{}, err
+	}
+	return e, nil
+}
+
+// parseTime parses an RFC 3339 time, with or without fractional seconds; a time
+// without a zone is UTC. The result is in UTC.
+func parseTime(field, s string) (time.Time, *FieldError) {
+	t, err := time.Parse(time.RFC3339Nano, s)
+	if err != nil {
+		var err2 error
+		t, err2 = time.ParseInLocation("2006-01-02T15:04:05.999999999", s, time.UTC)
+		if err2 != nil {
+			return time.Time{}, fieldErr(field, "cannot parse %q as RFC 3339", s)
+		}
+	}
+	return t.UTC(), nil
+}
+
+// normalizeJSON returns valid JSON v in the form encoding/json writes a RawMessage:
+// without insignificant white space, and with <, >, &, U+2028 and U+2029 escaped in
+// strings. Decoding what Marshal wrote then gives back the same bytes. v is changed in
+// place when that needs no more room, and returned as is when it is already so.
+func normalizeJSON(v []byte) []byte {
+	clean := true
+	for _, c := range v {
+		if c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '<' || c == '>' || c == '&' || c == 0xE2 {
+			clean = false
+			break
+		}
+	}
+	if clean {
+		return v
+	}
+	const hex = "0123456789abcdef"
+	out := make([]byte, 0, len(v)+16)
+	inString, escaped := false, false
+	for i := 0; i < len(v); i++ {
+		c := v[i]
+		if !inString {
+			switch c {
+			case ' ', '\t', '\n', '\r':
+				continue
+			case '"':
+				inString = true
+			}
+			out = append(out, c)
+			continue
+		}
+		switch {
+		case escaped:
+			escaped = false
+		case c == '\\':
+			escaped = true
+		case c == '"':
+			inString = false
+		case c == '<' || c == '>' || c == '&':
+			out = append(out, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xF])
+			continue
+		case c == 0xE2 && i+2 < len(v) && v[i+1] == 0x80 && v[i+2]&^1 == 0xA8:
+			out = append(out, '\\', 'u', '2', '0', '2', hex[v[i+2]&0xF])
+			i += 2
+			continue
+		}
+		out = append(out, c)
+	}
+	return out
+}
