@@ -8,7 +8,6 @@ package ingest
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -365,7 +364,7 @@ func (c *Consumer) resolveParked(p *pending) {
 
 func (c *Consumer) toRows(p *pending, ev *schema.Event, m kafkago.Message) {
 	envelopeOrg := ev.OrgID
-	owner := c.enrich(ev)
+	owner := Enrich(ev, c.cfg.Directory)
 	if ev.OrgID == "" {
 		c.m.Unattributed.Inc()
 		c.late.add(party(ev).ID)
@@ -375,15 +374,21 @@ func (c *Consumer) toRows(p *pending, ev *schema.Event, m kafkago.Message) {
 		p.recheck = append(p.recheck, len(p.batch.Events))
 	}
 	if ev.Type == schema.TypeUsageReported {
-		u, err := c.usageRow(ev, owner)
+		u, err := UsageRow(ev, owner, c.cfg.Directory, c.cfg.Catalog)
 		if err != nil {
 			c.deadLetter(p, m, "validate", err.Error())
 			return
 		}
+		if u.Model == Unknown {
+			c.unpricedAgents[u.AgentID] = true
+		}
+		if !u.Priced {
+			c.m.Unpriced.Inc()
+		}
 		p.batch.Usage = append(p.batch.Usage, u)
 		p.hours[store.HourKey{OrgID: u.OrgID, Hour: u.Time.Truncate(time.Hour)}] = true
 	}
-	p.batch.Events = append(p.batch.Events, eventRow(ev, owner, m))
+	p.batch.Events = append(p.batch.Events, EventRow(ev, owner, int32(m.Partition), m.Offset))
 	c.m.Records.WithLabelValues("stored").Inc()
 }
 
@@ -413,93 +418,6 @@ func (c *Consumer) deadLetter(p *pending, m kafkago.Message, stage, reason strin
 		{Key: "bandplane-stage", Value: []byte(stage)},
 		{Key: "bandplane-source", Value: fmt.Appendf(nil, "%s/%d/%d", topic, m.Partition, m.Offset)},
 	}})
-}
-
-// enrich fills the organization from the directory when the event has none, and returns
-// the accountable person: an agent's owner, or the person who acted.
-func (c *Consumer) enrich(ev *schema.Event) (owner string) {
-	d := c.cfg.Directory
-	party := ev.Actor
-	if party.ID == "" && ev.Subject != nil {
-		party = *ev.Subject
-	}
-	switch party.Type {
-	case schema.ActorAgent:
-		if a, ok := d.Agent(party.ID); ok {
-			owner = a.OwnerID
-			if ev.OrgID == "" {
-				ev.OrgID = a.OrgID
-			}
-		}
-	case schema.ActorUser:
-		owner = party.ID
-		if p, ok := d.Person(party.ID); ok && ev.OrgID == "" {
-			ev.OrgID = p.OrgID
-		}
-	}
-	return owner
-}
-
-// Unknown is the model of usage whose model nobody reported or registered.
-const Unknown = "unknown"
-
-func (c *Consumer) usageRow(ev *schema.Event, owner string) (store.UsageRow, error) {
-	var u schema.UsageData
-	if err := json.Unmarshal(ev.Data, &u); err != nil {
-		return store.UsageRow{}, fmt.Errorf("data: cannot decode usage: %w", err)
-	}
-	model := u.Model
-	if model == "" {
-		if a, ok := c.cfg.Directory.Agent(ev.Actor.ID); ok {
-			model = a.Model
-		}
-	}
-	if model == "" {
-		model = Unknown
-		c.unpricedAgents[ev.Actor.ID] = true
-	}
-	row := PriceUsage(c.cfg.Catalog, store.UsageRow{
-		EventID: ev.ID, Time: ev.Time, OrgID: ev.OrgID, OwnerID: owner, AgentID: ev.Actor.ID,
-		RoomID: ev.RoomID, ExecutionID: ev.ExecutionID, Model: model,
-		InputTokens: uint64(u.InputTokens), OutputTokens: uint64(u.OutputTokens),
-		CacheReadTokens: uint64(u.CacheReadTokens), CacheWriteTokens: uint64(u.CacheWriteTokens),
-	}, u.ReasoningTokens)
-	if !row.Priced {
-		c.m.Unpriced.Inc()
-	}
-	return row, nil
-}
-
-// PriceUsage sets the cost, currency, catalog version and a fresh version of a usage
-// row. Ingest and reprice price the same way through it.
-func PriceUsage(cat *pricing.Catalog, r store.UsageRow, reasoning *int64) store.UsageRow {
-	if reasoning != nil {
-		r.Reasoning = uint64(*reasoning)
-	} else if r.Reasoning > 0 {
-		v := int64(r.Reasoning)
-		reasoning = &v
-	}
-	r.CostMicros, r.Priced = cat.Cost(r.Model, schema.UsageData{
-		InputTokens: int64(r.InputTokens), OutputTokens: int64(r.OutputTokens),
-		CacheReadTokens: int64(r.CacheReadTokens), CacheWriteTokens: int64(r.CacheWriteTokens),
-		ReasoningTokens: reasoning,
-	})
-	r.Currency, r.CatalogVersion = cat.Currency(), cat.Version()
-	r.Version = uint64(time.Now().UnixNano())
-	return r
-}
-
-func eventRow(ev *schema.Event, owner string, m kafkago.Message) store.EventRow {
-	r := store.EventRow{
-		ID: ev.ID, Type: ev.Type, Time: ev.Time, OrgID: ev.OrgID, RoomID: ev.RoomID,
-		ActorID: ev.Actor.ID, ActorType: string(ev.Actor.Type), ActorHandle: ev.Actor.Handle, OwnerID: owner,
-		ExecutionID: ev.ExecutionID, Source: ev.Source, SchemaVersion: uint16(ev.SchemaVersion),
-		Data: string(ev.Data), IngestedAt: time.Now().UTC(), Partition: int32(m.Partition), Offset: m.Offset,
-	}
-	if ev.Subject != nil {
-		r.SubjectID, r.SubjectType, r.SubjectHandle = ev.Subject.ID, string(ev.Subject.Type), ev.Subject.Handle
-	}
-	return r
 }
 
 // keepFirstAttribution resets to "" the organization of rechecked events that are

@@ -14,9 +14,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/bandplane/bandplane/graph"
 	"github.com/bandplane/bandplane/ingest"
 	"github.com/bandplane/bandplane/ingest/kafka"
 	"github.com/bandplane/bandplane/ingest/store"
+	"github.com/bandplane/bandplane/query"
 	"github.com/bandplane/bandplane/schema/chdb"
 )
 
@@ -114,7 +116,7 @@ func serve(ctx context.Context, log *slog.Logger, reg *prometheus.Registry, c se
 		if err != nil {
 			return err
 		}
-		r, err := kafka.NewReader(kafka.ReaderConfig{Brokers: brokers, Topic: c.stack.topic, GroupID: c.group})
+		r, err := kafka.NewReader(kafka.ReaderConfig{Brokers: brokers, Topic: c.stack.topic, GroupID: c.group, Logger: log})
 		if err != nil {
 			return err
 		}
@@ -135,6 +137,7 @@ func serve(ctx context.Context, log *slog.Logger, reg *prometheus.Registry, c se
 
 	mux := http.NewServeMux()
 	mux.Handle("/v1/events", collector)
+	mux.Handle("/graphql", graph.NewHandler(query.New(conn, c.stack.ch.Database), graph.WithLogger(log)))
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintln(w, "ok")

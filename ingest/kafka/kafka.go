@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"time"
 
@@ -68,7 +69,6 @@ func NewProducer(cfg ProducerConfig) (*Producer, error) {
 		Balancer:     &kafkago.Hash{},
 		RequiredAcks: kafkago.RequireAll,
 		BatchSize:    cfg.BatchSize,
-		BatchBytes:   16 << 20,
 		BatchTimeout: cfg.BatchTimeout,
 		WriteTimeout: cfg.WriteTimeout,
 		MaxAttempts:  5,
@@ -171,6 +171,7 @@ type ReaderConfig struct {
 	Brokers []string
 	Topic   string
 	GroupID string
+	Logger  *slog.Logger // kafka-go's errors are logged here at warn level; nil = discard
 }
 
 // NewReader returns a consumer-group reader that starts at the oldest record when the
@@ -189,7 +190,13 @@ func NewReader(cfg ReaderConfig) (*kafkago.Reader, error) {
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
+	var errLog kafkago.Logger
+	if cfg.Logger != nil {
+		l := cfg.Logger.With("component", "kafka-reader", "topic", cfg.Topic, "group", cfg.GroupID)
+		errLog = kafkago.LoggerFunc(func(msg string, args ...any) { l.Warn(fmt.Sprintf(msg, args...)) })
+	}
 	return kafkago.NewReader(kafkago.ReaderConfig{
+		ErrorLogger:           errLog,
 		Brokers:               cfg.Brokers,
 		Topic:                 cfg.Topic,
 		GroupID:               cfg.GroupID,

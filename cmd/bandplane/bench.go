@@ -1,0 +1,65 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"runtime/pprof"
+	"time"
+
+	"github.com/bandplane/bandplane/ingest/bench"
+)
+
+func init() {
+	register("bench", "measure the stack: `bench ingest` (see -h)", runBench)
+}
+
+func runBench(ctx context.Context, e *env, args []string) error {
+	if len(args) == 0 || args[0] != "ingest" {
+		fmt.Fprintln(e.stderr, "usage: bandplane bench ingest [flags]")
+		return exitError{code: 2}
+	}
+	return runBenchIngest(ctx, e, args[1:])
+}
+
+func runBenchIngest(ctx context.Context, e *env, args []string) error {
+	fs := newFlagSet(e, "bench ingest", "[flags]  (needs `make up`)")
+	var st stackFlags
+	st.register(fs)
+	cfg := bench.Config{}
+	fs.IntVar(&cfg.Events, "events", 1_000_000, "events in the workload")
+	fs.Int64Var(&cfg.Seed, "seed", 1, "simulator seed")
+	fs.IntVar(&cfg.BatchSize, "batch-size", 50000, "ClickHouse batch size, for both the raw inserts and the pipeline")
+	fs.DurationVar(&cfg.BatchAge, "batch-age", 500*time.Millisecond, "pipeline batch age")
+	fs.IntVar(&cfg.Partitions, "partitions", 4, "partitions of the benchmark topics")
+	fs.DurationVar(&cfg.Freshness, "freshness", 20*time.Second, "how long the freshness phase produces")
+	fs.IntVar(&cfg.ProbeEvery, "probe-every", 100, "time every n-th event of the freshness phase")
+	fs.BoolVar(&cfg.KeepData, "keep", false, "keep the benchmark databases")
+	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	cfg.Brokers, cfg.ClickHouse, cfg.Logger = st.brokers(), st.ch, e.log
+	cfg.Progress = func(format string, a ...any) {
+		fmt.Fprintf(e.stderr, "bench: "+format+"\n", a...)
+	}
+	if *cpuprofile != "" {
+		f, err := os.Create(*cpuprofile)
+		if err != nil {
+			return fmt.Errorf("cannot create --cpuprofile file: %w", err)
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
+	res, err := bench.Run(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	b, _ := json.Marshal(res)
+	fmt.Fprintln(e.stdout, string(b))
+	return nil
+}
