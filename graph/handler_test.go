@@ -1,0 +1,274 @@
+package graph_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/99designs/gqlgen/client"
+	"github.com/google/go-cmp/cmp"
+	"github.com/shopspring/decimal"
+
+	"github.com/bandplane/bandplane/graph"
+	"github.com/bandplane/bandplane/query"
+)
+
+// fakeQuerier records what the resolvers asked and validates like the real one, so
+// the API's error messages are the query package's.
+type fakeQuerier struct {
+	mu       sync.Mutex
+	costs    []query.CostRow
+	page     query.AuditPage
+	err      error
+	gotCost  query.CostQuery
+	gotAudit query.AuditQuery
+}
+
+func (f *fakeQuerier) Costs(_ context.Context, q query.CostQuery) ([]query.CostRow, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.gotCost = q
+	if err := q.Validate(); err != nil {
+		return nil, err
+	}
+	return f.costs, f.err
+}
+
+func (f *fakeQuerier) AuditEvents(_ context.Context, q query.AuditQuery) (query.AuditPage, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.gotAudit = q
+	if err := q.Validate(); err != nil {
+		return query.AuditPage{}, err
+	}
+	return f.page, f.err
+}
+
+// tokenAuth allows token "tok-<org>" to read org.
+type tokenAuth struct{}
+
+func (tokenAuth) AuthorizeOrg(_ context.Context, token, orgID string) error {
+	switch {
+	case token == "":
+		return fmt.Errorf("no bearer token: %w", graph.ErrUnauthenticated)
+	case token != "tok-"+orgID:
+		return fmt.Errorf("token may not read org %q: %w", orgID, graph.ErrForbidden)
+	}
+	return nil
+}
+
+var (
+	from = time.Date(2025, 3, 1, 0, 0, 0, 0, time.UTC)
+	to   = time.Date(2025, 3, 2, 0, 0, 0, 0, time.UTC)
+)
+
+const costsQuery = `query($org: ID!, $from: Time!, $to: Time!) {
+  costs(orgId: $org, from: $from, to: $to, groupBy: [DAY, AGENT]) {
+    day agentId ownerId events unpricedEvents inputTokens outputTokens cost currency
+  }
+}`
+
+func TestCosts(t *testing.T) {
+	fq := &fakeQuerier{costs: []query.CostRow{{
+		Day: from, AgentID: "agent-1", Events: 3, UnpricedEvents: 1, InputTokens: 5_000_000_000, OutputTokens: 80,
+		Cost: decimal.RequireFromString("2.0012345"), Currency: "USD",
+	}}}
+	c := client.New(graph.NewHandler(fq))
+	var resp struct{ Costs []map[string]any }
+	c.MustPost(costsQuery, &resp, client.Var("org", "org-a"), client.Var("from", from.Format(time.RFC3339)),
+		client.Var("to", "2025-03-02T01:00:00+01:00"))
+
+	wantQ := query.CostQuery{OrgID: "org-a", From: from, To: to, GroupBy: []string{"day", "agent"}}
+	if diff := cmp.Diff(wantQ, fq.gotCost, cmp.Comparer(time.Time.Equal)); diff != "" {
+		t.Errorf("query (-want +got):\n%s", diff)
+	}
+	want := []map[string]any{{
+		"day": "2025-03-01T00:00:00Z", "agentId": "agent-1", "ownerId": nil, // not grouped: null
+		"events": float64(3), "unpricedEvents": float64(1), "inputTokens": float64(5_000_000_000), "outputTokens": float64(80),
+		"cost": "2.001235", "currency": "USD",
+	}}
+	if diff := cmp.Diff(want, resp.Costs); diff != "" {
+		t.Errorf("costs (-want +got):\n%s", diff)
+	}
+}
+
+func TestAuditEventsArguments(t *testing.T) {
+	fq := &fakeQuerier{}
+	c := client.New(graph.NewHandler(fq))
+	var resp struct{ AuditEvents struct{ NextCursor *string } }
+	err := c.Post(`{ auditEvents(orgId: "org-a", from: "2025-03-01T00:00:00Z", to: "2025-03-02T00:00:00.5Z",
+		roomId: "r1", actorId: "a1", types: ["tool.called", "message.posted"], limit: 5, before: "PREV") { nextCursor } }`, &resp)
+	// The resolver passes the cursor through; the query package rejects it.
+	if err == nil || !strings.Contains(err.Error(), `before: malformed cursor \"PREV\"`) {
+		t.Errorf("error = %v, want the malformed cursor", err)
+	}
+	wantQ := query.AuditQuery{OrgID: "org-a", From: from, To: to.Add(500 * time.Millisecond), RoomID: "r1", ActorID: "a1",
+		Types: []string{"tool.called", "message.posted"}, Limit: 5, Before: "PREV"}
+	if diff := cmp.Diff(wantQ, fq.gotAudit); diff != "" {
+		t.Errorf("query (-want +got):\n%s", diff)
+	}
+}
+
+func TestAuditEventsPage(t *testing.T) {
+	at := time.Date(2025, 3, 1, 10, 0, 1, 100_000_000, time.UTC)
+	fq := &fakeQuerier{page: query.AuditPage{
+		Events: []query.Event{{ID: "e2", Type: "tool.called", Time: at, OrgID: "org-a", ActorType: "agent",
+			Data: `{"tool":"search"}`, IngestedAt: at, KafkaOffset: 42}},
+		NextCursor: "CURSOR",
+	}}
+	c := client.New(graph.NewHandler(fq))
+	var resp struct {
+		AuditEvents struct {
+			Events []struct {
+				ID, Type, Time, ActorType, Data string
+				KafkaOffset                     int64
+			}
+			NextCursor *string
+		}
+	}
+	c.MustPost(`{ auditEvents(orgId: "org-a", types: ["tool.called"]) { events { id type time actorType data kafkaOffset } nextCursor } }`, &resp)
+	wantQ := query.AuditQuery{OrgID: "org-a", Types: []string{"tool.called"}}
+	if diff := cmp.Diff(wantQ, fq.gotAudit); diff != "" {
+		t.Errorf("query (-want +got):\n%s", diff)
+	}
+	if len(resp.AuditEvents.Events) != 1 {
+		t.Fatalf("events = %+v", resp.AuditEvents.Events)
+	}
+	e := resp.AuditEvents.Events[0]
+	if e.ID != "e2" || e.Time != "2025-03-01T10:00:01.1Z" || e.Data != `{"tool":"search"}` || e.KafkaOffset != 42 || e.ActorType != "agent" {
+		t.Errorf("event = %+v", e)
+	}
+	if resp.AuditEvents.NextCursor == nil || *resp.AuditEvents.NextCursor != "CURSOR" {
+		t.Errorf("nextCursor = %v, want CURSOR", resp.AuditEvents.NextCursor)
+	}
+
+	fq.page.NextCursor = ""
+	c.MustPost(`{ auditEvents(orgId: "org-a") { nextCursor } }`, &resp)
+	if resp.AuditEvents.NextCursor != nil {
+		t.Errorf("nextCursor on the last page = %q, want null", *resp.AuditEvents.NextCursor)
+	}
+}
+
+type gqlError struct {
+	Message    string
+	Path       []any
+	Extensions map[string]any
+}
+
+// post sends a query and returns the errors of the response.
+func post(t *testing.T, h http.Handler, body string, header http.Header) (int, []gqlError) {
+	t.Helper()
+	req := httptest.NewRequest(http.MethodPost, "/graphql", strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	for k, v := range header {
+		req.Header[k] = v
+	}
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	var resp struct{ Errors []gqlError }
+	if rec.Code == http.StatusOK {
+		if err := json.Unmarshal(rec.Body.Bytes(), &resp); err != nil {
+			t.Fatalf("cannot decode %s: %v", rec.Body, err)
+		}
+	}
+	return rec.Code, resp.Errors
+}
+
+func gqlBody(q string) string {
+	b, _ := json.Marshal(map[string]string{"query": q})
+	return string(b)
+}
+
+func TestErrors(t *testing.T) {
+	var logs bytes.Buffer
+	fq := &fakeQuerier{}
+	h := graph.NewHandler(fq, graph.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+
+	_, errs := post(t, h, gqlBody(`{ costs(orgId: "org-a", from: "2025-03-02T00:00:00Z", to: "2025-03-01T00:00:00Z") { cost } }`), nil)
+	want := []gqlError{{Message: "to: must be after from (from 2025-03-02T00:00:00Z, to 2025-03-01T00:00:00Z)",
+		Path: []any{"costs"}, Extensions: map[string]any{"code": "BAD_USER_INPUT"}}}
+	if diff := cmp.Diff(want, errs); diff != "" {
+		t.Errorf("invalid query (-want +got):\n%s", diff)
+	}
+
+	fq.err = errors.New("cannot query audit events of org \"org-a\" from db.events: code 241: memory limit")
+	_, errs = post(t, h, gqlBody(`{ auditEvents(orgId: "org-a") { nextCursor } }`), nil)
+	want = []gqlError{{Message: "internal error", Path: []any{"auditEvents"}, Extensions: map[string]any{"code": "INTERNAL_SERVER_ERROR"}}}
+	if diff := cmp.Diff(want, errs); diff != "" {
+		t.Errorf("failure (-want +got):\n%s", diff)
+	}
+	if !strings.Contains(logs.String(), "memory limit") || !strings.Contains(logs.String(), "field=auditEvents") {
+		t.Errorf("the failure is not logged: %q", logs.String())
+	}
+}
+
+func TestAuthorizer(t *testing.T) {
+	fq := &fakeQuerier{}
+	h := graph.NewHandler(fq, graph.WithAuthorizer(tokenAuth{}))
+	body := gqlBody(`{ auditEvents(orgId: "org-a") { nextCursor } }`)
+	f := func(authorization string, wantStatus int, wantCode string) {
+		t.Helper()
+		header := http.Header{}
+		if authorization != "" {
+			header.Set("Authorization", authorization)
+		}
+		status, errs := post(t, h, body, header)
+		if status != wantStatus {
+			t.Fatalf("Authorization %q: status %d, want %d", authorization, status, wantStatus)
+		}
+		var code string
+		if len(errs) > 0 {
+			code, _ = errs[0].Extensions["code"].(string)
+		}
+		if code != wantCode {
+			t.Errorf("Authorization %q: error code %q (%+v), want %q", authorization, code, errs, wantCode)
+		}
+	}
+	f("", http.StatusOK, "UNAUTHENTICATED")
+	f("Bearer tok-org-b", http.StatusOK, "FORBIDDEN")
+	f("Bearer tok-org-a", http.StatusOK, "")
+	f("bearer tok-org-a", http.StatusOK, "")
+	f("Basic dTpw", http.StatusUnauthorized, "")
+	f("Bearer ", http.StatusUnauthorized, "")
+}
+
+func TestGET(t *testing.T) {
+	fq := &fakeQuerier{page: query.AuditPage{Events: []query.Event{{ID: "e1"}}}}
+	h := graph.NewHandler(fq)
+	req := httptest.NewRequest(http.MethodGet, "/graphql?query="+url.QueryEscape(`{ auditEvents(orgId: "org-a") { events { id } } }`), nil)
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	if want := `{"data":{"auditEvents":{"events":[{"id":"e1"}]}}}`; rec.Code != http.StatusOK || rec.Body.String() != want {
+		t.Errorf("GET: %d %s, want 200 %s", rec.Code, rec.Body, want)
+	}
+}
+
+func TestWebsocket(t *testing.T) {
+	fq := &fakeQuerier{costs: []query.CostRow{{Events: 1, Cost: decimal.New(5, -1), Currency: "USD"}}}
+	c := client.New(graph.NewHandler(fq, graph.WithAuthorizer(tokenAuth{})))
+	sub := c.WebsocketWithPayload(`{ costs(orgId: "org-a", from: "2025-03-01T00:00:00Z", to: "2025-03-02T00:00:00Z") { events cost currency } }`,
+		map[string]any{"Authorization": "Bearer tok-org-a"})
+	defer sub.Close()
+	var resp struct {
+		Costs []struct {
+			Events         int
+			Cost, Currency string
+		}
+	}
+	if err := sub.Next(&resp); err != nil {
+		t.Fatalf("query over websocket: %v", err)
+	}
+	if len(resp.Costs) != 1 || resp.Costs[0].Cost != "0.500000" || resp.Costs[0].Events != 1 {
+		t.Errorf("costs over websocket = %+v", resp.Costs)
+	}
+}

@@ -1,0 +1,165 @@
+package query
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+var (
+	t0 = time.Date(2025, 3, 1, 10, 0, 0, 0, time.UTC)
+	t1 = time.Date(2025, 3, 2, 10, 0, 0, 0, time.UTC)
+)
+
+func TestCostsSQL(t *testing.T) {
+	const aggs = "currency, sum(events) AS total_events, sum(unpriced_events) AS total_unpriced," +
+		" sum(input_tokens) AS total_input, sum(output_tokens) AS total_output," +
+		" sum(cache_read_tokens) AS total_cache_read, sum(cache_write_tokens) AS total_cache_write," +
+		" sum(reasoning_tokens) AS total_reasoning, sum(cost) AS total_cost"
+	const from = " FROM db1.usage_hourly FINAL WHERE org_id = ? AND hour >= ? AND hour < ?"
+	f := func(name string, q CostQuery, wantSQL string, wantArgs []any) {
+		t.Helper()
+		t.Run(name, func(t *testing.T) {
+			if err := q.Validate(); err != nil {
+				t.Fatalf("Validate: %v", err)
+			}
+			sql, args := costsSQL{db: "db1", q: q}.toSQL()
+			if diff := cmp.Diff(wantSQL, sql); diff != "" {
+				t.Errorf("sql (-want +got):\n%s", diff)
+			}
+			if diff := cmp.Diff(wantArgs, args); diff != "" {
+				t.Errorf("args (-want +got):\n%s", diff)
+			}
+		})
+	}
+	f("no grouping", CostQuery{OrgID: "o1", From: t0, To: t1},
+		"SELECT "+aggs+from+" GROUP BY currency HAVING total_events > 0 ORDER BY total_cost DESC, currency LIMIT 1000",
+		[]any{"o1", t0, t1})
+	f("agent and model", CostQuery{OrgID: "o1", From: t0, To: t1, GroupBy: []string{"agent", "model"}, Limit: 5},
+		"SELECT agent_id, model, "+aggs+from+" GROUP BY agent_id, model, currency HAVING total_events > 0"+
+			" ORDER BY total_cost DESC, agent_id, model, currency LIMIT 5",
+		[]any{"o1", t0, t1})
+	f("day first in order", CostQuery{OrgID: "o1", From: t0, To: t1, GroupBy: []string{"owner", "day"}},
+		"SELECT owner_id, toStartOfDay(hour), "+aggs+from+" GROUP BY owner_id, toStartOfDay(hour), currency HAVING total_events > 0"+
+			" ORDER BY toStartOfDay(hour), total_cost DESC, owner_id, currency LIMIT 1000",
+		[]any{"o1", t0, t1})
+	f("range widened to whole hours", CostQuery{OrgID: "o1", From: t0.Add(59 * time.Minute), To: t1.Add(time.Second), GroupBy: []string{"hour", "room"}},
+		"SELECT hour, room_id, "+aggs+from+" GROUP BY hour, room_id, currency HAVING total_events > 0"+
+			" ORDER BY hour, total_cost DESC, room_id, currency LIMIT 1000",
+		[]any{"o1", t0, t1.Add(time.Hour)})
+	f("non-UTC input", CostQuery{OrgID: "o1", From: t0.In(time.FixedZone("X", 3600)), To: t1.In(time.FixedZone("X", 3600))},
+		"SELECT "+aggs+from+" GROUP BY currency HAVING total_events > 0 ORDER BY total_cost DESC, currency LIMIT 1000",
+		[]any{"o1", t0, t1})
+}
+
+func TestCostQueryValidate(t *testing.T) {
+	f := func(q CostQuery, want ...string) {
+		t.Helper()
+		err := q.Validate()
+		if len(want) == 0 {
+			if err != nil {
+				t.Errorf("%+v: unexpected error %v", q, err)
+			}
+			return
+		}
+		if err == nil {
+			t.Fatalf("%+v: no error, want %q", q, want)
+		}
+		if !IsInvalid(err) {
+			t.Errorf("%v: IsInvalid = false", err)
+		}
+		got := strings.Split(err.Error(), "\n")
+		if diff := cmp.Diff(want, got); diff != "" {
+			t.Errorf("errors (-want +got):\n%s", diff)
+		}
+	}
+	f(CostQuery{OrgID: "o", From: t0, To: t1, GroupBy: []string{"owner", "agent", "room", "model", "hour", "day"}, Limit: MaxCostLimit})
+	f(CostQuery{From: t0, To: t1}, "org_id: required")
+	f(CostQuery{OrgID: "o"}, "from: required", "to: required")
+	f(CostQuery{OrgID: "o", From: t1, To: t0}, "to: must be after from (from 2025-03-02T10:00:00Z, to 2025-03-01T10:00:00Z)")
+	f(CostQuery{OrgID: "o", From: t0, To: t0}, "to: must be after from (from 2025-03-01T10:00:00Z, to 2025-03-01T10:00:00Z)")
+	f(CostQuery{OrgID: "o", From: t0, To: t1, GroupBy: []string{"foo"}},
+		`group_by: unknown dimension "foo" (want one of owner, agent, room, model, hour, day)`)
+	f(CostQuery{OrgID: "o", From: t0, To: t1, GroupBy: []string{"agent", "agent"}}, `group_by: dimension "agent" given twice`)
+	f(CostQuery{OrgID: "o", From: t0, To: t1, Limit: -1}, "limit: must be between 1 and 10000, got -1")
+	f(CostQuery{OrgID: "o", From: t0, To: t1, Limit: MaxCostLimit + 1}, "limit: must be between 1 and 10000, got 10001")
+}
+
+func TestAuditSQL(t *testing.T) {
+	const sel = "SELECT id, type, time, time_ms, org_id, room_id, actor_id, toString(actor_type), actor_handle," +
+		" owner_id, subject_id, subject_type, subject_handle, execution_id, source, schema_version, data," +
+		" ingested_at, kafka_partition, kafka_offset FROM db1.events FINAL WHERE org_id = ?"
+	const order = " ORDER BY time DESC, time_ms DESC, id DESC"
+	f := func(name string, q AuditQuery, wantSQL string, wantArgs []any) {
+		t.Helper()
+		t.Run(name, func(t *testing.T) {
+			if err := q.Validate(); err != nil {
+				t.Fatalf("Validate: %v", err)
+			}
+			sql, args := auditSQL{db: "db1", q: q}.toSQL()
+			if diff := cmp.Diff(wantSQL, sql); diff != "" {
+				t.Errorf("sql (-want +got):\n%s", diff)
+			}
+			if diff := cmp.Diff(wantArgs, args); diff != "" {
+				t.Errorf("args (-want +got):\n%s", diff)
+			}
+		})
+	}
+	f("org only", AuditQuery{OrgID: "o1"}, sel+order+" LIMIT 101", []any{"o1"})
+	f("every filter", AuditQuery{
+		OrgID: "o1", From: t0.Add(250 * time.Millisecond), To: t1.Add(999 * time.Millisecond),
+		RoomID: "r1", ActorID: "a1", Types: []string{"message.posted", "tool.called"}, Limit: 10,
+	},
+		sel+" AND time >= ? AND (time > ? OR time_ms >= ?) AND time <= ? AND (time < ? OR time_ms < ?)"+
+			" AND room_id = ? AND actor_id = ? AND has(?, type)"+order+" LIMIT 11",
+		[]any{"o1", t0, t0, uint16(250), t1, t1, uint16(999), "r1", "a1", []string{"message.posted", "tool.called"}})
+	before := cursor{sec: t1.Unix(), ms: 7, id: "ev-9"}.String()
+	f("before cursor", AuditQuery{OrgID: "o1", Before: before, Limit: MaxAuditLimit},
+		sel+" AND time <= ? AND (time < ? OR time_ms < ? OR (time_ms = ? AND id < ?))"+order+" LIMIT 10001",
+		[]any{"o1", t1, t1, uint16(7), uint16(7), "ev-9"})
+}
+
+func TestAuditQueryValidate(t *testing.T) {
+	f := func(q AuditQuery, want ...string) {
+		t.Helper()
+		err := q.Validate()
+		if len(want) == 0 {
+			if err != nil {
+				t.Errorf("%+v: unexpected error %v", q, err)
+			}
+			return
+		}
+		if err == nil {
+			t.Fatalf("%+v: no error, want %q", q, want)
+		}
+		if !IsInvalid(err) {
+			t.Errorf("%v: IsInvalid = false", err)
+		}
+		if diff := cmp.Diff(want, strings.Split(err.Error(), "\n")); diff != "" {
+			t.Errorf("errors (-want +got):\n%s", diff)
+		}
+	}
+	f(AuditQuery{OrgID: "o", From: t0})
+	f(AuditQuery{OrgID: "o", To: t0})
+	f(AuditQuery{}, "org_id: required")
+	f(AuditQuery{OrgID: "o", From: t1, To: t0}, "to: must be after from (from 2025-03-02T10:00:00Z, to 2025-03-01T10:00:00Z)")
+	f(AuditQuery{OrgID: "o", Types: []string{"a", ""}}, "types: entry 1 is empty")
+	f(AuditQuery{OrgID: "o", Limit: 10001}, "limit: must be between 1 and 10000, got 10001")
+	f(AuditQuery{OrgID: "o", Before: "!!"}, `before: malformed cursor "!!" (pass a nextCursor unchanged)`)
+	f(AuditQuery{OrgID: "o", Before: "djI6MTox"}, `before: malformed cursor "djI6MTox" (pass a nextCursor unchanged)`) // "v2:1:1"
+}
+
+func TestCursorRoundTrip(t *testing.T) {
+	e := Event{ID: "ev:with:colons", Time: time.Date(2025, 3, 1, 10, 0, 5, 123_000_000, time.UTC)}
+	s := cursorOf(e).String()
+	got, err := decodeCursor(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := cursor{sec: e.Time.Unix(), ms: 123, id: "ev:with:colons"}
+	if got != want {
+		t.Errorf("decodeCursor(%q) = %+v, want %+v", s, got, want)
+	}
+}
