@@ -239,3 +239,48 @@ func TestIntegrationPoisonRecordsGoToDeadLetters(t *testing.T) {
 		assert.Contains(t, got[pz.value], pz.reason, "dead letter for %s", pz.value)
 	}
 }
+
+func TestIntegrationLateRegistrationIsRepricedAndReplaysStillCountOnce(t *testing.T) {
+	p := newPipeline(t)
+	p.start("ingest")
+	ctx := context.Background()
+	usage := canonical("late-u1", "usage.reported", "agent-late", "agent", "", usageData)
+	msg := canonical("late-m1", "message.created", "agent-late", "agent", "", `{"content":"hello"}`)
+	produce := func(lines ...string) {
+		var msgs []kafkaMessage
+		for _, l := range lines {
+			msgs = append(msgs, kafkaMessage{Key: []byte("room-1"), Value: []byte(l)})
+		}
+		require.NoError(t, p.producer.ProduceMessages(ctx, msgs))
+	}
+	produce(usage, msg)
+	p.waitLag("ingest", 30*time.Second)
+	var priced uint8
+	var org, model string
+	require.NoError(t, p.conn.QueryRow(ctx, "SELECT priced, org_id, model FROM "+p.db+".usage FINAL").Scan(&priced, &org, &model))
+	require.Equal(t, uint8(0), priced, "no model is known yet")
+	require.Equal(t, "", org)
+	require.Equal(t, ingest.Unknown, model)
+
+	// The registration arrives later, in another batch: the usage gets priced.
+	produce(registration("agent-late", "owner-1", "org-9", "gpt-5-mini"))
+	want, ok := pricing.Default().Cost("gpt-5-mini", mustUsage(t, usageData))
+	require.True(t, ok)
+	var cost decimal.Decimal
+	require.True(t, stacktest.Eventually(t, 30*time.Second, 200*time.Millisecond, func() bool {
+		err := p.conn.QueryRow(ctx, "SELECT priced, model, cost FROM "+p.db+".usage FINAL").Scan(&priced, &model, &cost)
+		return err == nil && priced == 1
+	}), "usage was not repriced after the registration")
+	assert.Equal(t, "gpt-5-mini", model)
+	assert.Equal(t, want, cost.Shift(6).IntPart())
+
+	// Replaying the early events (now attributable) must not add rows to any sum.
+	produce(usage, msg)
+	p.waitLag("ingest", 30*time.Second)
+	time.Sleep(500 * time.Millisecond)
+	s := p.sums()
+	assert.Equal(t, uint64(3), s.Events, "two events and the registration, each once")
+	assert.Equal(t, uint64(1000), s.Input)
+	assert.Equal(t, want, s.CostMicros)
+	assert.Equal(t, want, s.RollupCostMicros)
+}

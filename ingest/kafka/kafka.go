@@ -136,7 +136,8 @@ func Lag(ctx context.Context, brokers []string, topic, group string) (total int6
 	var reqs []kafkago.OffsetRequest
 	for _, p := range md.Topics[0].Partitions {
 		parts = append(parts, p.ID)
-		reqs = append(reqs, kafkago.LastOffsetOf(p.ID))
+		// Both ends: a partition without a committed offset lags from its first offset.
+		reqs = append(reqs, kafkago.FirstOffsetOf(p.ID), kafkago.LastOffsetOf(p.ID))
 	}
 	ends, err := c.ListOffsets(ctx, &kafkago.ListOffsetsRequest{Topics: map[string][]kafkago.OffsetRequest{topic: reqs}})
 	if err != nil {

@@ -24,9 +24,13 @@ func (s *Store) ScanUsage(ctx context.Context, f UsageFilter, chunk int, fn func
 		FROM ` + s.db + `.usage FINAL WHERE time >= ? AND time < ?`
 	to := f.To
 	if to.IsZero() {
-		to = time.Date(2106, 1, 1, 0, 0, 0, 0, time.UTC) // DateTime's upper bound
+		to = time.Date(2100, 1, 1, 0, 0, 0, 0, time.UTC) // within DateTime on 18.16 (2106 wraps to 0)
 	}
-	args := []any{f.From.UTC(), to.UTC()}
+	from := f.From
+	if from.Before(time.Unix(0, 0)) {
+		from = time.Unix(0, 0) // DateTime's lower bound; a zero From means "from the start"
+	}
+	args := []any{from.UTC(), to.UTC()}
 	if f.AgentID != "" {
 		q += " AND agent_id = ?"
 		args = append(args, f.AgentID)
