@@ -39,6 +39,7 @@ type serveConfig struct {
 	maxBody      int64
 	noConsumer   bool
 	readyTimeout time.Duration
+	policy       policyFlags
 }
 
 func runServe(ctx context.Context, e *env, args []string) error {
@@ -55,6 +56,7 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	fs.DurationVar(&c.rollupEvery, "rollup-interval", 2*time.Second, "how often touched hours of the cost rollup are rebuilt")
 	fs.Int64Var(&c.maxBody, "max-body", 16<<20, "largest accepted POST /v1/events body in bytes")
 	fs.BoolVar(&c.noConsumer, "no-consumer", false, "run the collector only (no ingest consumer)")
+	c.policy.register(fs)
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -91,6 +93,11 @@ func serve(ctx context.Context, log *slog.Logger, reg *prometheus.Registry, c se
 	}
 	defer producer.Close()
 	collector, err := ingest.NewCollector(ingest.CollectorConfig{Producer: producer, Token: c.token, MaxBodyBytes: c.maxBody, Logger: log, Metrics: metrics})
+	if err != nil {
+		return err
+	}
+
+	policyAPI, replica, err := c.policy.build(ctx, log, reg, conn, c.stack, cat, producer)
 	if err != nil {
 		return err
 	}
@@ -137,6 +144,12 @@ func serve(ctx context.Context, log *slog.Logger, reg *prometheus.Registry, c se
 
 	mux := http.NewServeMux()
 	mux.Handle("/v1/events", collector)
+	if policyAPI != nil {
+		mux.Handle("/v1/decisions/", policyAPI)
+		mux.Handle("/v1/peers", policyAPI)
+		mux.Handle("/v1/policy/", policyAPI)
+		mux.Handle("/v1/agents/", policyAPI)
+	}
 	mux.Handle("/graphql", graph.NewHandler(query.New(conn, c.stack.ch.Database), graph.WithLogger(log)))
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
@@ -192,6 +205,21 @@ func serve(ctx context.Context, log *slog.Logger, reg *prometheus.Registry, c se
 		rollups.Add(1)
 		go func() { defer rollups.Done(); _ = rollup.Run(rollupCtx) }()
 	}
+	var policyWG sync.WaitGroup
+	if replica != nil {
+		ready := make(chan struct{})
+		replicaErr := make(chan error, 1)
+		policyWG.Add(2)
+		go func() { defer policyWG.Done(); replicaErr <- replica.Run(consumerCtx, ready) }()
+		go func() { defer policyWG.Done(); policyAPI.Watch(consumerCtx, 2*time.Second) }()
+		select {
+		case <-ready:
+			log.Info("policy directory ready", "policy_revision", policyAPI.Revision())
+		case err := <-replicaErr:
+			_ = srv.Close()
+			return fmt.Errorf("cannot start the policy replica: %w", err)
+		}
+	}
 	var runErr error
 	select {
 	case <-ctx.Done():
@@ -202,8 +230,9 @@ func serve(ctx context.Context, log *slog.Logger, reg *prometheus.Registry, c se
 	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	_ = srv.Shutdown(sctx)
+	stopConsumer()
+	policyWG.Wait()
 	if consumer != nil {
-		stopConsumer()
 		consumers.Wait()
 		stopRollup()
 		rollups.Wait()

@@ -1,0 +1,140 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/bandplane/bandplane/ingest/kafka"
+	"github.com/bandplane/bandplane/ingest/pricing"
+	"github.com/bandplane/bandplane/policy"
+	"github.com/bandplane/bandplane/policy/api"
+	"github.com/bandplane/bandplane/policy/replica"
+)
+
+func init() {
+	register("policy", "evaluate a policy decision offline: `policy eval` (see -h)", runPolicy)
+}
+
+// policyFlags configure the policy side of `serve`.
+type policyFlags struct {
+	disabled      bool
+	dir           string
+	group         string
+	token         string
+	operatorToken string
+	failOpen      string
+}
+
+func (p *policyFlags) register(fs *flag.FlagSet) {
+	host, _ := os.Hostname()
+	fs.BoolVar(&p.disabled, "no-policy", false, "do not serve policy decisions")
+	fs.StringVar(&p.dir, "policy-dir", envOr("BANDPLANE_POLICY_DIR", ""), "policy folder (Rego, tests, data.json), watched for changes (default: the built-in bundle)")
+	fs.StringVar(&p.group, "policy-group", "policy-"+host, "consumer group of this process's policy replica (one per process)")
+	fs.StringVar(&p.token, "decision-token", envOr("BANDPLANE_DECISION_TOKEN", ""), "bearer token for /v1/decisions and /v1/peers (env BANDPLANE_DECISION_TOKEN; empty = no auth)")
+	fs.StringVar(&p.operatorToken, "operator-token", envOr("BANDPLANE_OPERATOR_TOKEN", ""), "bearer token for reload, suspend and resume (env BANDPLANE_OPERATOR_TOKEN; empty = disabled)")
+	fs.StringVar(&p.failOpen, "fail-open", "", "comma-separated decisions that may grant access when their audit event cannot be written (default: none, all fail closed)")
+}
+
+func (p *policyFlags) engine(ctx context.Context, dir *policy.Directory) (*policy.Engine, error) {
+	cfg := policy.Config{Directory: dir}
+	if p.dir != "" {
+		cfg.Bundle = os.DirFS(p.dir)
+	}
+	e, err := policy.New(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("cannot load policies (--policy-dir %q): %w", p.dir, err)
+	}
+	return e, nil
+}
+
+func (p *policyFlags) build(ctx context.Context, log *slog.Logger, reg prometheus.Registerer, conn driver.Conn,
+	st stackFlags, cat *pricing.Catalog, auditor *kafka.Producer) (*api.API, *replica.Replica, error) {
+	if p.disabled {
+		return nil, nil, nil
+	}
+	dir := policy.NewDirectory()
+	eng, err := p.engine(ctx, dir)
+	if err != nil {
+		return nil, nil, err
+	}
+	failOpen := map[string]bool{}
+	for _, n := range strings.Split(p.failOpen, ",") {
+		if n = strings.TrimSpace(n); n != "" {
+			failOpen[n] = true
+		}
+	}
+	a, err := api.New(api.Config{Engine: eng, Auditor: auditor, FailOpen: failOpen, Token: p.token,
+		OperatorToken: p.operatorToken, BundleDir: p.dir, Logger: log, Registerer: reg})
+	if err != nil {
+		return nil, nil, err
+	}
+	r, err := replica.New(replica.Config{Directory: dir, Spend: eng.Spend(), Catalog: cat, Conn: conn,
+		Database: st.ch.Database, Brokers: st.brokers(), Topic: st.topic, GroupID: p.group, Logger: log})
+	if err != nil {
+		return nil, nil, err
+	}
+	return a, r, nil
+}
+
+func runPolicy(ctx context.Context, e *env, args []string) error {
+	if len(args) == 0 || args[0] != "eval" {
+		fmt.Fprintln(e.stderr, "usage: bandplane policy eval --directory FILE --decision NAME --input JSON")
+		return exitError{code: 2}
+	}
+	fs := newFlagSet(e, "policy eval", "--directory FILE --decision NAME --input JSON")
+	var p policyFlags
+	dirFile := fs.String("directory", "", "directory file (JSON, see policy/README.md); required")
+	decision := fs.String("decision", "", "peer_visible | add_participant | contact_request | send_message; required")
+	input := fs.String("input", "", "the decision's input as JSON, or @FILE; required")
+	fs.StringVar(&p.dir, "policy-dir", "", "policy folder (default: the built-in bundle)")
+	if err := parse(fs, args[1:]); err != nil {
+		return err
+	}
+	if *dirFile == "" || *decision == "" || *input == "" {
+		fs.Usage()
+		return exitError{code: 2}
+	}
+	raw := []byte(*input)
+	if name, ok := strings.CutPrefix(*input, "@"); ok {
+		b, err := os.ReadFile(name)
+		if err != nil {
+			return fmt.Errorf("cannot read --input file: %w", err)
+		}
+		raw = b
+	}
+	in, err := api.Input(*decision, raw)
+	if err != nil {
+		return err
+	}
+	snap, err := policy.LoadDirectoryFile(*dirFile)
+	if err != nil {
+		return err
+	}
+	dir := policy.NewDirectory()
+	if err := dir.Load(ctx, snap); err != nil {
+		return fmt.Errorf("cannot load directory file %s: %w", *dirFile, err)
+	}
+	eng, err := p.engine(ctx, dir)
+	if err != nil {
+		return err
+	}
+	a, err := api.New(api.Config{Engine: eng})
+	if err != nil {
+		return err
+	}
+	d, err := a.Decide(ctx, *decision, in)
+	if err != nil {
+		return err
+	}
+	b, _ := json.Marshal(d)
+	fmt.Fprintln(e.stdout, string(b))
+	return nil
+}

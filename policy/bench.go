@@ -1,0 +1,173 @@
+package policy
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"time"
+
+	"github.com/open-policy-agent/opa/v1/rego"
+)
+
+// LatencyResult is the in-process latency of one decision.
+type LatencyResult struct {
+	PerS  float64 `json:"per_s"`
+	P50Us float64 `json:"p50_us"`
+	P99Us float64 `json:"p99_us"`
+}
+
+// BareResult is the latency of the bare prepared OPA evaluation.
+type BareResult struct {
+	P50Us float64 `json:"p50_us"`
+	P99Us float64 `json:"p99_us"`
+}
+
+// BenchResult is what BenchPolicy measured.
+type BenchResult struct {
+	AddParticipant LatencyResult `json:"add_participant"`
+	SendMessage    LatencyResult `json:"send_message"`
+	BareOPA        BareResult    `json:"bare_opa"`
+	// OverheadRatio is add_participant p99 through Engine.Decide ÷ bare OPA p99.
+	OverheadRatio float64 `json:"overhead_ratio"`
+}
+
+// BenchPolicy builds a directory of agents agents (five per owner, 50 organizations)
+// and contacts random contacts, then measures n add_participant and n send_message
+// decisions through the Engine, and n bare prepared OPA evaluations of the same
+// add_participant queries on the same store (input as a Go map, no wrapper).
+func BenchPolicy(ctx context.Context, agents, contacts int, n int) (BenchResult, error) {
+	if agents < 2 || n < 1 || contacts < 0 {
+		return BenchResult{}, fmt.Errorf("cannot run policy benchmark: need agents >= 2 and n >= 1 (got %d, %d)", agents, n)
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	snap := benchDirectory(rng, agents, contacts)
+	dir := NewDirectory()
+	if err := dir.Load(ctx, snap); err != nil {
+		return BenchResult{}, fmt.Errorf("cannot run policy benchmark: %w", err)
+	}
+	e, err := New(ctx, Config{Directory: dir})
+	if err != nil {
+		return BenchResult{}, fmt.Errorf("cannot run policy benchmark: %w", err)
+	}
+
+	// Queries: an actor in a room adds a sibling, a contact or a stranger.
+	roomIDs := make([]string, 0, len(snap.Rooms))
+	for r := range snap.Rooms {
+		roomIDs = append(roomIDs, r)
+	}
+	slices.Sort(roomIDs)
+	adds := make([]AddInput, n)
+	msgs := make([]MessageInput, n)
+	for i := range n {
+		room := roomIDs[rng.IntN(len(roomIDs))]
+		members := snap.Rooms[room]
+		actor := members[rng.IntN(len(members))]
+		adds[i] = AddInput{Actor: actor, Room: room, Participant: snap.Agents[rng.IntN(len(snap.Agents))].ID}
+		msgs[i] = MessageInput{Agent: actor, Room: room, Tokens: 500, CostMicros: 1000}
+	}
+
+	var res BenchResult
+	for range min(n, 1000) { // warm up
+		if _, err := e.AddParticipant(ctx, adds[rng.IntN(n)]); err != nil {
+			return res, err
+		}
+	}
+	lat := make([]time.Duration, n)
+	start := time.Now()
+	for i, in := range adds {
+		t0 := time.Now()
+		if _, err := e.AddParticipant(ctx, in); err != nil {
+			return res, err
+		}
+		lat[i] = time.Since(t0)
+	}
+	res.AddParticipant = latency(lat, time.Since(start))
+
+	start = time.Now()
+	for i, in := range msgs {
+		t0 := time.Now()
+		if _, err := e.SendMessage(ctx, in); err != nil {
+			return res, err
+		}
+		lat[i] = time.Since(t0)
+	}
+	res.SendMessage = latency(lat, time.Since(start))
+
+	rev := e.rev.Load()
+	pq, err := rego.New(rego.Query("data.bandplane.add_participant.decision"),
+		rego.Compiler(rev.compiler), rego.Store(dir.Store()), rego.StrictBuiltinErrors(true)).PrepareForEval(ctx)
+	if err != nil {
+		return res, fmt.Errorf("cannot prepare bare query: %w", err)
+	}
+	inputs := make([]map[string]any, n)
+	for i, in := range adds {
+		inputs[i] = map[string]any{"actor": in.Actor, "room": in.Room, "participant": in.Participant}
+	}
+	for i := range min(n, 1000) {
+		if _, err := pq.Eval(ctx, rego.EvalInput(inputs[i])); err != nil {
+			return res, err
+		}
+	}
+	start = time.Now()
+	for i, in := range inputs {
+		t0 := time.Now()
+		rs, err := pq.Eval(ctx, rego.EvalInput(in))
+		if err != nil || len(rs) == 0 {
+			return res, fmt.Errorf("cannot evaluate bare query: %v (results %d)", err, len(rs))
+		}
+		lat[i] = time.Since(t0)
+	}
+	bare := latency(lat, time.Since(start))
+	res.BareOPA = BareResult{P50Us: bare.P50Us, P99Us: bare.P99Us}
+	if bare.P99Us > 0 {
+		res.OverheadRatio = res.AddParticipant.P99Us / bare.P99Us
+	}
+	return res, nil
+}
+
+func latency(lat []time.Duration, total time.Duration) LatencyResult {
+	s := slices.Clone(lat)
+	slices.Sort(s)
+	us := func(q float64) float64 {
+		return float64(s[min(len(s)-1, int(q*float64(len(s))))]) / float64(time.Microsecond)
+	}
+	return LatencyResult{PerS: float64(len(s)) / total.Seconds(), P50Us: us(0.50), P99Us: us(0.99)}
+}
+
+// benchDirectory: owners with five agents each, 50 organizations, 500 rooms of 6
+// (an owner and its agents' neighbours), random flags and contacts.
+func benchDirectory(rng *rand.Rand, agents, contacts int) Snapshot {
+	var s Snapshot
+	owners := max(1, agents/5)
+	for i := range owners {
+		s.People = append(s.People, Person{ID: fmt.Sprintf("u%d", i), Handle: fmt.Sprintf("user%d", i), Org: fmt.Sprintf("org%d", i%50)})
+	}
+	for i := range agents {
+		o := s.People[i%owners]
+		s.Agents = append(s.Agents, Agent{
+			ID: fmt.Sprintf("a%d", i), Handle: fmt.Sprintf("%s/agent-%d", o.Handle, i), Owner: o.ID, Org: o.Org,
+			RegistryAccess: rng.Float64() < 0.8, SharedWithOrg: rng.Float64() < 0.05, Global: rng.Float64() < 0.01,
+			Listed: true, Suspended: rng.Float64() < 0.01,
+		})
+	}
+	seen := map[[2]string]bool{}
+	for len(s.Contacts) < contacts {
+		a, b := s.Agents[rng.IntN(agents)].ID, s.Agents[rng.IntN(agents)].ID
+		if a == b || seen[[2]string{a, b}] || seen[[2]string{b, a}] {
+			continue
+		}
+		seen[[2]string{a, b}] = true
+		s.Contacts = append(s.Contacts, [2]string{a, b})
+	}
+	s.Rooms = map[string][]string{}
+	for r := range 500 {
+		o := s.People[rng.IntN(owners)]
+		members := []string{o.ID}
+		for range 5 {
+			members = append(members, s.Agents[rng.IntN(agents)].ID)
+		}
+		s.Rooms[fmt.Sprintf("room%d", r)] = members
+	}
+	return s
+}

@@ -1,0 +1,48 @@
+package policy
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+)
+
+// BenchmarkPolicy reports BenchPolicy on the directory: 10,000 agents, 50,000
+// contacts. Run: go test -run x -bench Policy ./policy/
+func BenchmarkPolicy(b *testing.B) {
+	for b.Loop() {
+		res, err := BenchPolicy(context.Background(), 10_000, 50_000, 20_000)
+		if err != nil {
+			b.Fatal(err)
+		}
+		out, _ := json.Marshal(res)
+		b.Logf("%s", out)
+		b.ReportMetric(res.AddParticipant.P99Us, "add_p99_us")
+		b.ReportMetric(res.SendMessage.P99Us, "send_p99_us")
+		b.ReportMetric(res.BareOPA.P99Us, "bare_p99_us")
+		b.ReportMetric(res.OverheadRatio, "overhead")
+	}
+}
+
+func BenchmarkAddParticipant(b *testing.B) {
+	ctx := context.Background()
+	e := exampleEngine(b)
+	in := AddInput{Actor: "a-architect", Room: "room-webhook-retries", Participant: "a-reviewer"}
+	b.ReportAllocs()
+	for b.Loop() {
+		if d, err := e.AddParticipant(ctx, in); err != nil || !d.Allow {
+			b.Fatal(err, d)
+		}
+	}
+}
+
+func BenchmarkPeerList(b *testing.B) {
+	ctx := context.Background()
+	e := exampleEngine(b)
+	in := PeerInput{Agent: "a-architect", Room: "room-webhook-retries"}
+	b.ReportAllocs()
+	for b.Loop() {
+		if d, err := e.PeerVisible(ctx, in); err != nil || !d.Allow {
+			b.Fatal(err, d)
+		}
+	}
+}

@@ -1,0 +1,497 @@
+package policy
+
+import (
+	"context"
+	"crypto/sha256"
+	"embed"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"maps"
+	"os"
+	"path"
+	"regexp"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/open-policy-agent/opa/v1/ast"
+	"github.com/open-policy-agent/opa/v1/cover"
+	"github.com/open-policy-agent/opa/v1/rego"
+	"github.com/open-policy-agent/opa/v1/tester"
+)
+
+//go:embed rego/*.rego rego/data.json
+var embedded embed.FS
+
+// DefaultBundle is the policy bundle compiled into the binary: the Rego policies, their
+// tests and data.json.
+func DefaultBundle() fs.FS {
+	sub, err := fs.Sub(embedded, "rego")
+	if err != nil {
+		panic(err) // the embed pattern above guarantees the directory
+	}
+	return sub
+}
+
+// Config configures an Engine.
+type Config struct {
+	// Directory is the replica the policies read. Required.
+	Directory *Directory
+	// Bundle holds the policies (*.rego), their tests (*_test.rego) and policy data
+	// (data.json). Nil means DefaultBundle().
+	Bundle fs.FS
+	// Limiter and Spend enforce send_message quotas. Nil means new empty ones.
+	Limiter *Limiter
+	Spend   *SpendTracker
+	// Now is the clock of the limiter and budgets. Nil means time.Now.
+	Now func() time.Time
+}
+
+// Validate reports what is missing.
+func (c *Config) Validate() error {
+	var errs []error
+	if c.Directory == nil {
+		errs = append(errs, errors.New("policy: no directory"))
+	}
+	return errors.Join(errs...)
+}
+
+// Engine evaluates the decisions against the directory with one compiled policy
+// revision at a time. Decide is safe for concurrent use; Reload swaps the revision
+// atomically, and a decision runs entirely on the revision it started with.
+type Engine struct {
+	dir     *Directory
+	limiter *Limiter
+	spend   *SpendTracker
+	now     func() time.Time
+
+	rev      atomic.Pointer[revision]
+	reloadMu sync.Mutex
+}
+
+// revision is an immutable compiled bundle with one prepared query per decision.
+type revision struct {
+	hash     string
+	compiler *ast.Compiler
+	queries  map[string]rego.PreparedEvalQuery
+	coverage float64
+	tests    int
+}
+
+// New loads, compiles and tests the bundle, and prepares the decisions. It refuses a
+// bundle whose Rego tests fail.
+func New(ctx context.Context, cfg Config) (*Engine, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("cannot create policy engine: %w", err)
+	}
+	e := &Engine{dir: cfg.Directory, limiter: cfg.Limiter, spend: cfg.Spend, now: cfg.Now}
+	if e.limiter == nil {
+		e.limiter = NewLimiter()
+	}
+	if e.spend == nil {
+		e.spend = NewSpendTracker()
+	}
+	if e.now == nil {
+		e.now = time.Now
+	}
+	b := cfg.Bundle
+	if b == nil {
+		b = DefaultBundle()
+	}
+	rev, err := e.build(ctx, b)
+	if err != nil {
+		return nil, fmt.Errorf("cannot create policy engine: %w", err)
+	}
+	e.rev.Store(rev)
+	return e, nil
+}
+
+// Directory returns the directory the engine reads.
+func (e *Engine) Directory() *Directory { return e.dir }
+
+// Limiter returns the rate limiter of send_message.
+func (e *Engine) Limiter() *Limiter { return e.limiter }
+
+// Spend returns the spend tracker of send_message budgets.
+func (e *Engine) Spend() *SpendTracker { return e.spend }
+
+// Revision returns the hash of the bundle serving decisions.
+func (e *Engine) Revision() string { return e.rev.Load().hash }
+
+// Reload compiles and tests the bundle and, if both succeed, makes it serve the next
+// decisions; decisions in flight finish on the old revision. On error the old revision
+// keeps serving. It returns the new revision hash.
+func (e *Engine) Reload(ctx context.Context, bundle fs.FS) (string, error) {
+	e.reloadMu.Lock()
+	defer e.reloadMu.Unlock()
+	rev, err := e.build(ctx, bundle)
+	if err != nil {
+		return "", fmt.Errorf("cannot reload policy bundle (keeping %s): %w", e.Revision(), err)
+	}
+	e.rev.Store(rev)
+	return rev.hash, nil
+}
+
+// ReloadDir is Reload of a bundle directory on disk.
+func (e *Engine) ReloadDir(ctx context.Context, dir string) (string, error) {
+	return e.Reload(ctx, os.DirFS(dir))
+}
+
+// Decide evaluates the named decision. input is a PeerInput, AddInput, ContactInput,
+// MessageInput (or a pointer to one), a map[string]any, json.RawMessage or ast.Value.
+// An evaluation error or an undefined result is a deny with reason eval_error or
+// undefined, not a Go error; the error is only for an unknown name or an input that
+// cannot be converted.
+func (e *Engine) Decide(ctx context.Context, name string, input any) (Decision, error) {
+	rev := e.rev.Load()
+	q, ok := rev.queries[name]
+	if !ok {
+		return Decision{}, fmt.Errorf("cannot decide %q: unknown decision (known: %s)", name, strings.Join(decisionNames, ", "))
+	}
+	v, err := inputValue(input)
+	if err != nil {
+		return Decision{}, fmt.Errorf("cannot decide %s: %w", name, err)
+	}
+	d := Decision{DecisionID: newDecisionID(), Name: name, PolicyRevision: rev.hash}
+	rs, err := q.Eval(ctx, rego.EvalParsedInput(v))
+	switch {
+	case err != nil:
+		d.Reasons = []Reason{{Code: CodeEvalError, Message: err.Error()}}
+		return d, nil
+	case len(rs) == 0 || len(rs[0].Expressions) == 0:
+		d.Reasons = []Reason{{Code: CodeUndefined, Message: name + " is undefined for this input"}}
+		return d, nil
+	}
+	decode(&d, rs[0].Expressions[0].Value)
+	if name == SendMessage && d.Allow {
+		e.enforce(&d, v)
+	}
+	return d, nil
+}
+
+// PeerVisible is Decide(ctx, "peer_visible", in).
+func (e *Engine) PeerVisible(ctx context.Context, in PeerInput) (Decision, error) {
+	return e.Decide(ctx, PeerVisible, in)
+}
+
+// AddParticipant is Decide(ctx, "add_participant", in).
+func (e *Engine) AddParticipant(ctx context.Context, in AddInput) (Decision, error) {
+	return e.Decide(ctx, AddParticipant, in)
+}
+
+// ContactRequest is Decide(ctx, "contact_request", in).
+func (e *Engine) ContactRequest(ctx context.Context, in ContactInput) (Decision, error) {
+	return e.Decide(ctx, ContactRequest, in)
+}
+
+// SendMessage is Decide(ctx, "send_message", in).
+func (e *Engine) SendMessage(ctx context.Context, in MessageInput) (Decision, error) {
+	return e.Decide(ctx, SendMessage, in)
+}
+
+// enforce applies the quota the policy returned: daily budgets first (they take
+// nothing), then the per-agent-room and per-agent rates.
+func (e *Engine) enforce(d *Decision, input ast.Value) {
+	q := d.Quota
+	if q == nil {
+		return
+	}
+	now := e.now()
+	tokens, cost := messageAmounts(input)
+	budgets := [...]struct {
+		scope        Scope
+		id           string
+		tokens, cost int64
+	}{
+		{ScopeAgent, d.Agent, q.TokensPerDayAgent, q.CostMicrosPerDayAgent},
+		{ScopeOwner, d.Owner, q.TokensPerDayOwner, q.CostMicrosPerDayOwner},
+		{ScopeOrg, d.Org, q.TokensPerDayOrg, q.CostMicrosPerDayOrg},
+	}
+	for _, b := range budgets {
+		spentTokens, spentCost := e.spend.Spent(b.scope, b.id, now)
+		if over(spentTokens, tokens, b.tokens) {
+			e.deny(d, CodeBudgetExceeded, untilNextDay(now),
+				fmt.Sprintf("%s %s spent %d of %d tokens today", b.scope, b.id, spentTokens, b.tokens))
+			return
+		}
+		if over(spentCost, cost, b.cost) {
+			e.deny(d, CodeBudgetExceeded, untilNextDay(now),
+				fmt.Sprintf("%s %s spent %d of %d cost micros today", b.scope, b.id, spentCost, b.cost))
+			return
+		}
+	}
+	window := time.Duration(q.WindowSeconds) * time.Second
+	roomKey := "r\x00" + d.Agent + "\x00" + roomOf(input)
+	if ok, retry := e.limiter.Allow(roomKey, int(q.MessagesPerWindowAgentRoom), window, now); !ok {
+		e.deny(d, CodeRateLimited, retry,
+			fmt.Sprintf("agent %s may post %d messages per %s in this room", d.Agent, q.MessagesPerWindowAgentRoom, window))
+		return
+	}
+	if ok, retry := e.limiter.Allow("a\x00"+d.Agent, int(q.MessagesPerWindowAgent), window, now); !ok {
+		e.limiter.undo(roomKey, int(q.MessagesPerWindowAgentRoom), window)
+		e.deny(d, CodeRateLimited, retry,
+			fmt.Sprintf("agent %s may post %d messages per %s", d.Agent, q.MessagesPerWindowAgent, window))
+	}
+}
+
+// over reports whether spending add on top of spent passes limit (0 = unlimited). With
+// nothing to add, reaching the limit is enough.
+func over(spent, add, limit int64) bool {
+	if limit <= 0 {
+		return false
+	}
+	if add > 0 {
+		return spent+add > limit
+	}
+	return spent >= limit
+}
+
+func (e *Engine) deny(d *Decision, code string, retry time.Duration, msg string) {
+	d.Allow = false
+	d.Reasons = []Reason{{Code: code, Message: msg}}
+	d.RetryAfterMs = max(1, (retry.Nanoseconds()+int64(time.Millisecond)-1)/int64(time.Millisecond))
+}
+
+func roomOf(v ast.Value) string {
+	if o, ok := v.(ast.Object); ok {
+		if t := o.Get(str("room")); t != nil {
+			if s, ok := t.Value.(ast.String); ok {
+				return string(s)
+			}
+		}
+	}
+	return ""
+}
+
+// build loads, compiles, tests and prepares a bundle.
+func (e *Engine) build(ctx context.Context, fsys fs.FS) (*revision, error) {
+	b, err := loadBundle(fsys)
+	if err != nil {
+		return nil, err
+	}
+	report, err := b.test(ctx)
+	if err != nil {
+		return nil, err
+	}
+	compiler := ast.NewCompiler().WithDefaultRegoVersion(ast.RegoV1)
+	if compiler.Compile(b.modules(false)); compiler.Failed() {
+		return nil, fmt.Errorf("cannot compile policy bundle: %w", compiler.Errors)
+	}
+	rev := &revision{hash: b.hash, compiler: compiler, queries: map[string]rego.PreparedEvalQuery{},
+		coverage: report.Coverage, tests: report.Passed}
+	for _, name := range decisionNames {
+		ref := ast.MustParseRef("data.bandplane." + name + ".decision")
+		if len(compiler.GetRulesExact(ref)) == 0 {
+			return nil, fmt.Errorf("cannot prepare decision %s: the bundle has no rule %s", name, ref)
+		}
+		pq, err := rego.New(
+			rego.ParsedQuery(ast.NewBody(ast.NewExpr(ast.NewTerm(ref)))),
+			rego.Compiler(compiler),
+			rego.Store(e.dir.store),
+			// A builtin error is an evaluation error (a deny with eval_error), not
+			// a silently undefined expression.
+			rego.StrictBuiltinErrors(true),
+		).PrepareForEval(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("cannot prepare decision %s: %w", name, err)
+		}
+		rev.queries[name] = pq
+	}
+	return rev, nil
+}
+
+// policyBundle is a parsed bundle.
+type policyBundle struct {
+	hash     string
+	policies map[string]*ast.Module // file name -> module, without tests
+	tests    map[string]*ast.Module
+	data     map[string]*ast.Module // generated from data.json files
+}
+
+func (b *policyBundle) modules(withTests bool) map[string]*ast.Module {
+	out := map[string]*ast.Module{}
+	for _, m := range []map[string]*ast.Module{b.policies, b.data} {
+		for k, v := range m {
+			out[k] = v
+		}
+	}
+	if withTests {
+		for k, v := range b.tests {
+			out[k] = v
+		}
+	}
+	return out
+}
+
+// loadBundle reads *.rego and data.json files. The hash covers exactly those files,
+// sorted by name: name, length and content of each.
+func loadBundle(fsys fs.FS) (*policyBundle, error) {
+	b := &policyBundle{policies: map[string]*ast.Module{}, tests: map[string]*ast.Module{}, data: map[string]*ast.Module{}}
+	var names []string
+	err := fs.WalkDir(fsys, ".", func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if !d.IsDir() && (strings.HasSuffix(p, ".rego") || path.Base(p) == "data.json") {
+			names = append(names, p)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("cannot list policy bundle: %w", err)
+	}
+	if len(names) == 0 {
+		return nil, errors.New("cannot load policy bundle: no .rego files")
+	}
+	slices.Sort(names)
+	h := sha256.New()
+	for _, name := range names {
+		src, err := fs.ReadFile(fsys, name)
+		if err != nil {
+			return nil, fmt.Errorf("cannot read policy file %s: %w", name, err)
+		}
+		var n [8]byte
+		h.Write([]byte(name))
+		binary.BigEndian.PutUint64(n[:], uint64(len(src)))
+		h.Write(n[:])
+		h.Write(src)
+		if path.Base(name) == "data.json" {
+			mods, err := dataModules(name, src)
+			if err != nil {
+				return nil, err
+			}
+			for k, m := range mods {
+				b.data[k] = m
+			}
+			continue
+		}
+		m, err := ast.ParseModuleWithOpts(name, string(src), ast.ParserOptions{RegoVersion: ast.RegoV1})
+		if err != nil {
+			return nil, fmt.Errorf("cannot parse policy file %s: %w", name, err)
+		}
+		if strings.HasSuffix(name, "_test.rego") {
+			b.tests[name] = m
+		} else {
+			b.policies[name] = m
+		}
+	}
+	b.hash = hex.EncodeToString(h.Sum(nil))
+	return b, nil
+}
+
+var ident = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+// dataModules turns a data.json into Rego modules, so the policy data is compiled into
+// the revision instead of living in the shared store: a revision is then immutable, and
+// a decision never mixes one revision's rules with another's data. The directory of
+// the file is its data path (as in OPA bundles); each top-level key becomes a package
+// and each key below it a rule: {"quotas": {"defaults": {...}}} is data.quotas.defaults.
+func dataModules(name string, src []byte) (map[string]*ast.Module, error) {
+	var doc map[string]map[string]json.RawMessage
+	if err := json.Unmarshal(src, &doc); err != nil {
+		return nil, fmt.Errorf("cannot parse policy data %s (want an object of objects): %w", name, err)
+	}
+	var prefix []string
+	if dir := path.Dir(name); dir != "." {
+		prefix = strings.Split(dir, "/")
+	}
+	out := map[string]*ast.Module{}
+	for pkg, rules := range doc {
+		segs := append(slices.Clone(prefix), pkg)
+		var sb strings.Builder
+		sb.WriteString("package " + strings.Join(segs, ".") + "\n\n")
+		for _, k := range slices.Sorted(maps.Keys(rules)) {
+			if !ident.MatchString(k) || ast.IsKeyword(k) {
+				return nil, fmt.Errorf("cannot use policy data key %q in %s: not a Rego identifier", k, name)
+			}
+			sb.WriteString(k + " := " + string(rules[k]) + "\n\n")
+		}
+		for _, s := range segs {
+			if !ident.MatchString(s) || ast.IsKeyword(s) {
+				return nil, fmt.Errorf("cannot use policy data path %q in %s: not a Rego identifier", s, name)
+			}
+		}
+		file := name + "#" + pkg + ".rego"
+		m, err := ast.ParseModuleWithOpts(file, sb.String(), ast.ParserOptions{RegoVersion: ast.RegoV1})
+		if err != nil {
+			return nil, fmt.Errorf("cannot convert policy data %s: %w", name, err)
+		}
+		out[file] = m
+	}
+	return out, nil
+}
+
+// TestReport is the outcome of a bundle's Rego tests.
+type TestReport struct {
+	Passed   int      `json:"passed"`
+	Failed   []string `json:"failed,omitempty"` // package.rule: reason
+	Coverage float64  `json:"coverage"`         // % of policy lines (tests and data excluded)
+	// NotCovered lists policy lines no test reached, as file:line.
+	NotCovered []string `json:"not_covered,omitempty"`
+}
+
+// TestBundle runs a bundle's Rego tests through OPA's test runner and measures line
+// coverage of the policies. It returns an error when a test fails or errs.
+func TestBundle(ctx context.Context, fsys fs.FS) (TestReport, error) {
+	b, err := loadBundle(fsys)
+	if err != nil {
+		return TestReport{}, err
+	}
+	return b.test(ctx)
+}
+
+func (b *policyBundle) test(ctx context.Context) (TestReport, error) {
+	cov := cover.New()
+	runner := tester.NewRunner().
+		SetDefaultRegoVersion(ast.RegoV1).
+		SetCoverageQueryTracer(cov).
+		SetModules(b.modules(true)).
+		SetTimeout(10 * time.Second)
+	ch, err := runner.RunTests(ctx, nil)
+	if err != nil {
+		return TestReport{}, fmt.Errorf("cannot compile policy bundle with its tests: %w", err)
+	}
+	var rep TestReport
+	for r := range ch {
+		switch {
+		case r.Skip:
+		case r.Error != nil:
+			rep.Failed = append(rep.Failed, fmt.Sprintf("%s.%s: %v", r.Package, r.Name, r.Error))
+		case r.Fail:
+			rep.Failed = append(rep.Failed, fmt.Sprintf("%s.%s: failed", r.Package, r.Name))
+		default:
+			rep.Passed++
+		}
+	}
+	slices.Sort(rep.Failed)
+	cr := cov.Report(b.policies)
+	var covered, notCovered int
+	for file := range b.policies {
+		fr, ok := cr.Files[file]
+		if !ok {
+			continue
+		}
+		covered += fr.CoveredLines
+		notCovered += fr.NotCoveredLines
+		for _, r := range fr.NotCovered {
+			for line := r.Start.Row; line <= r.End.Row; line++ {
+				rep.NotCovered = append(rep.NotCovered, fmt.Sprintf("%s:%d", file, line))
+			}
+		}
+	}
+	if covered+notCovered > 0 {
+		rep.Coverage = 100 * float64(covered) / float64(covered+notCovered)
+	}
+	slices.Sort(rep.NotCovered)
+	rep.NotCovered = slices.Compact(rep.NotCovered)
+	if len(rep.Failed) > 0 {
+		return rep, fmt.Errorf("cannot accept policy bundle: %d Rego tests failed: %s", len(rep.Failed), strings.Join(rep.Failed, "; "))
+	}
+	return rep, nil
+}

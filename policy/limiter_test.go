@@ -1,0 +1,72 @@
+package policy
+
+import (
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+)
+
+func TestLimiterGCRA(t *testing.T) {
+	l := NewLimiter()
+	now := time.Unix(1_000_000, 0)
+	for i := range 3 {
+		ok, _ := l.Allow("k", 3, time.Second, now)
+		assert.True(t, ok, "burst %d", i)
+	}
+	ok, retry := l.Allow("k", 3, time.Second, now)
+	assert.False(t, ok)
+	assert.InDelta(t, time.Second/3, retry, float64(time.Microsecond))
+	ok, _ = l.Allow("k", 3, time.Second, now.Add(retry))
+	assert.True(t, ok)
+	ok, _ = l.Allow("other", 3, time.Second, now)
+	assert.True(t, ok, "keys are independent")
+	ok, _ = l.Allow("k", 0, time.Second, now)
+	assert.True(t, ok, "0 is unlimited")
+	assert.Equal(t, 0, l.Sweep(now))
+	assert.Equal(t, 2, l.Sweep(now.Add(time.Hour)))
+}
+
+func TestLimiterConcurrentExact(t *testing.T) {
+	l := NewLimiter()
+	now := time.Unix(1_000_000, 0)
+	var allowed atomic.Int64
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			for range 1000 {
+				if ok, _ := l.Allow("k", 100, time.Minute, now); ok {
+					allowed.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	assert.Equal(t, int64(100), allowed.Load())
+}
+
+func TestSpendTracker(t *testing.T) {
+	s := NewSpendTracker()
+	day := time.Date(2026, 3, 1, 10, 0, 0, 0, time.UTC)
+	s.Add("a", "o", "g", 100, 5, day)
+	s.Add("a", "o", "", 50, 1, day.Add(time.Hour))
+	tok, cost := s.Spent(ScopeAgent, "a", day)
+	assert.Equal(t, [2]int64{150, 6}, [2]int64{tok, cost})
+	tok, _ = s.Spent(ScopeOrg, "g", day)
+	assert.Equal(t, int64(100), tok)
+	s.Add("a", "o", "g", 999, 0, day.Add(-24*time.Hour)) // yesterday's late event
+	tok, _ = s.Spent(ScopeAgent, "a", day)
+	assert.Equal(t, int64(150), tok)
+	s.Set(ScopeOwner, "o", 7, 8, day)
+	tok, cost = s.Spent(ScopeOwner, "o", day)
+	assert.Equal(t, [2]int64{7, 8}, [2]int64{tok, cost})
+	next := day.Add(24 * time.Hour)
+	tok, _ = s.Spent(ScopeAgent, "a", next)
+	assert.Zero(t, tok, "a new day reads zero")
+	s.Add("a", "o", "g", 1, 1, next)
+	tok, _ = s.Spent(ScopeAgent, "a", next)
+	assert.Equal(t, int64(1), tok)
+	assert.Equal(t, 14*time.Hour, untilNextDay(day))
+}

@@ -1,0 +1,381 @@
+// Package replica keeps the policy directory and the day's spend current from the audit
+// trail: on start it replays the governance events already in ClickHouse (agents,
+// people, contacts, contact requests, room membership) and sums the day's usage, then
+// follows the events topic from exactly where ClickHouse ends, as its own consumer
+// group. A restart therefore never replays the topic from the beginning.
+package replica
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+	kafkago "github.com/segmentio/kafka-go"
+	"github.com/shopspring/decimal"
+
+	"github.com/bandplane/bandplane/ingest/kafka"
+	"github.com/bandplane/bandplane/ingest/pricing"
+	"github.com/bandplane/bandplane/policy"
+	"github.com/bandplane/bandplane/schema"
+)
+
+// Config configures a Replica.
+type Config struct {
+	Directory *policy.Directory
+	Spend     *policy.SpendTracker
+	Catalog   *pricing.Catalog
+	Conn      driver.Conn
+	Database  string
+	Brokers   []string
+	Topic     string
+	GroupID   string // one group per policy process: every replica needs every partition
+	Logger    *slog.Logger
+	Now       func() time.Time
+}
+
+func (c *Config) Validate() error {
+	var errs []error
+	if c.Directory == nil || c.Spend == nil || c.Catalog == nil {
+		errs = append(errs, errors.New("replica: directory, spend tracker and catalog are required"))
+	}
+	if c.Conn == nil || c.Database == "" {
+		errs = append(errs, errors.New("replica: no ClickHouse connection"))
+	}
+	if len(c.Brokers) == 0 || c.Topic == "" || c.GroupID == "" {
+		errs = append(errs, errors.New("replica: kafka brokers, topic and group are required (--kafka, --topic, --policy-group)"))
+	}
+	return errors.Join(errs...)
+}
+
+// Replica applies governance events to the policy directory.
+type Replica struct {
+	cfg Config
+	log *slog.Logger
+
+	mu       sync.Mutex
+	requests map[string][2]string // contact request id -> (from, to)
+	applied  int64
+}
+
+func New(cfg Config) (*Replica, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	return &Replica{cfg: cfg, log: cfg.Logger.With("component", "policy-replica"), requests: map[string][2]string{}}, nil
+}
+
+// GovernanceTypes are the event types that change the directory.
+var GovernanceTypes = []string{
+	schema.TypeUserRegistered, schema.TypeAgentRegistered, schema.TypeAgentUpdated,
+	schema.TypeContactAdded, schema.TypeContactRemoved,
+	schema.TypeContactRequestReceived, schema.TypeContactRequestUpdated,
+	schema.TypeParticipantAdded, schema.TypeParticipantRemoved,
+	schema.TypeRoomAdded, schema.TypeRoomRemoved,
+}
+
+// Apply changes the directory (or the spend) for one event. Events of other types are
+// ignored. Applying an event twice leaves the directory as applying it once.
+func (r *Replica) Apply(ctx context.Context, ev *schema.Event) error {
+	d := r.cfg.Directory
+	switch ev.Type {
+	case schema.TypeUserRegistered:
+		var u schema.UserData
+		if err := unmarshal(ev, &u); err != nil {
+			return err
+		}
+		return d.UpsertPerson(ctx, policy.Person{ID: subjectID(ev), Handle: policy.NormalizeHandle(first(u.Handle, subjectHandle(ev))), Org: ev.OrgID})
+	case schema.TypeAgentRegistered, schema.TypeAgentUpdated:
+		var a schema.AgentData
+		if err := unmarshal(ev, &a); err != nil {
+			return err
+		}
+		return d.UpsertAgent(ctx, policy.Agent{
+			ID: subjectID(ev), Handle: policy.NormalizeHandle(a.Handle), Owner: a.OwnerID, Org: ev.OrgID, Model: a.Model,
+			RegistryAccess: a.PersonalRegistryAccess, SharedWithOrg: a.SharedWithOrg, Global: a.Global,
+			Listed: a.Listed, Suspended: a.Suspended,
+		})
+	case schema.TypeContactAdded:
+		if other := subjectID(ev); ev.Actor.ID != "" && other != "" {
+			return d.AddContact(ctx, ev.Actor.ID, other)
+		}
+	case schema.TypeContactRemoved:
+		if other := subjectID(ev); ev.Actor.ID != "" && other != "" {
+			return d.RemoveContact(ctx, ev.Actor.ID, other)
+		}
+	case schema.TypeContactRequestReceived, schema.TypeContactRequestUpdated:
+		return r.contactRequest(ctx, ev)
+	case schema.TypeParticipantAdded:
+		if ev.RoomID != "" && subjectID(ev) != "" {
+			return d.JoinRoom(ctx, ev.RoomID, subjectID(ev))
+		}
+	case schema.TypeParticipantRemoved:
+		if ev.RoomID != "" && subjectID(ev) != "" {
+			return d.LeaveRoom(ctx, ev.RoomID, subjectID(ev))
+		}
+	case schema.TypeRoomAdded:
+		if ev.RoomID != "" && ev.Actor.ID != "" {
+			return d.JoinRoom(ctx, ev.RoomID, ev.Actor.ID)
+		}
+	case schema.TypeRoomRemoved:
+		if ev.RoomID != "" && ev.Actor.ID != "" {
+			return d.LeaveRoom(ctx, ev.RoomID, ev.Actor.ID)
+		}
+	case schema.TypeUsageReported:
+		return r.usage(ev)
+	}
+	return nil
+}
+
+// contactRequest tracks pending requests. The platform sends them on the recipient's
+// channel (agent_contacts:<recipient>), naming the requester by handle.
+func (r *Replica) contactRequest(ctx context.Context, ev *schema.Event) error {
+	var c schema.ContactData
+	if err := unmarshal(ev, &c); err != nil {
+		return err
+	}
+	if c.RequestID == "" {
+		return nil
+	}
+	r.mu.Lock()
+	pair, known := r.requests[c.RequestID]
+	r.mu.Unlock()
+	if !known {
+		from, ok := r.cfg.Directory.ResolveHandle(c.FromHandle)
+		if !ok || ev.Actor.ID == "" {
+			return nil // a requester we do not know cannot be a peer either
+		}
+		pair = [2]string{from, ev.Actor.ID}
+		r.mu.Lock()
+		r.requests[c.RequestID] = pair
+		r.mu.Unlock()
+	}
+	switch c.Status {
+	case "", "pending":
+		return r.cfg.Directory.SetPending(ctx, policy.PendingRequest{ID: c.RequestID, From: pair[0], To: pair[1]})
+	case "approved":
+		if err := r.cfg.Directory.ClearPending(ctx, pair[0], pair[1]); err != nil {
+			return err
+		}
+		return r.cfg.Directory.AddContact(ctx, pair[0], pair[1])
+	default: // rejected, cancelled: final
+		return r.cfg.Directory.ClearPending(ctx, pair[0], pair[1])
+	}
+}
+
+// usage adds today's usage to the spend the send_message budgets read.
+func (r *Replica) usage(ev *schema.Event) error {
+	now := r.cfg.Now().UTC()
+	if ev.Time.UTC().Truncate(24*time.Hour) != now.Truncate(24*time.Hour) {
+		return nil
+	}
+	var u schema.UsageData
+	if err := unmarshal(ev, &u); err != nil {
+		return err
+	}
+	a, _ := r.cfg.Directory.Agent(ev.Actor.ID)
+	model := first(u.Model, a.Model)
+	cost, _ := r.cfg.Catalog.Cost(model, u)
+	org := first(ev.OrgID, a.Org)
+	r.cfg.Spend.Add(ev.Actor.ID, a.Owner, org, u.InputTokens+u.OutputTokens+u.CacheReadTokens+u.CacheWriteTokens, cost, ev.Time)
+	return nil
+}
+
+func unmarshal(ev *schema.Event, v any) error {
+	if len(ev.Data) == 0 {
+		return nil
+	}
+	if err := json.Unmarshal(ev.Data, v); err != nil {
+		return fmt.Errorf("cannot decode data of %s event %s: %w", ev.Type, ev.ID, err)
+	}
+	return nil
+}
+
+func subjectID(ev *schema.Event) string {
+	if ev.Subject == nil {
+		return ""
+	}
+	return ev.Subject.ID
+}
+
+func subjectHandle(ev *schema.Event) string {
+	if ev.Subject == nil {
+		return ""
+	}
+	return ev.Subject.Handle
+}
+
+func first(vs ...string) string {
+	for _, v := range vs {
+		if v != "" {
+			return v
+		}
+	}
+	return ""
+}
+
+// Bootstrap replays the governance events stored in ClickHouse in time order, adds the
+// day's usage to the spend, and returns, per partition, the offset after the last
+// record ClickHouse holds: where the stream must continue.
+func (r *Replica) Bootstrap(ctx context.Context) (map[int]int64, error) {
+	db, conn := r.cfg.Database, r.cfg.Conn
+	start := time.Now()
+	rows, err := conn.Query(ctx, `SELECT id, type, time, time_ms, org_id, room_id, actor_id, toString(actor_type), actor_handle,
+		subject_id, subject_type, subject_handle, data
+		FROM `+db+`.events FINAL WHERE has(?, type) ORDER BY time, time_ms, kafka_partition, kafka_offset`, GovernanceTypes)
+	if err != nil {
+		return nil, fmt.Errorf("cannot read governance events from %s.events: %w", db, err)
+	}
+	n := 0
+	for rows.Next() {
+		var ev schema.Event
+		var ms uint16
+		var subj schema.Party
+		var data string
+		var at, st string
+		if err := rows.Scan(&ev.ID, &ev.Type, &ev.Time, &ms, &ev.OrgID, &ev.RoomID, &ev.Actor.ID, &at, &ev.Actor.Handle,
+			&subj.ID, &st, &subj.Handle, &data); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("cannot read governance events from %s.events: %w", db, err)
+		}
+		ev.Time = ev.Time.UTC().Add(time.Duration(ms) * time.Millisecond)
+		ev.Actor.Type, subj.Type = schema.ActorType(at), schema.ActorType(st)
+		if subj.ID != "" {
+			ev.Subject = &subj
+		}
+		ev.Data = json.RawMessage(data)
+		if err := r.Apply(ctx, &ev); err != nil {
+			r.log.Warn("skipping a governance event that cannot be applied", "event_id", ev.ID, "err", err)
+		}
+		n++
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	if err := r.bootstrapSpend(ctx); err != nil {
+		return nil, err
+	}
+	offsets := map[int]int64{}
+	orows, err := conn.Query(ctx, "SELECT kafka_partition, max(kafka_offset) FROM "+db+".events GROUP BY kafka_partition")
+	if err != nil {
+		return nil, fmt.Errorf("cannot read ingested offsets from %s.events: %w", db, err)
+	}
+	defer orows.Close()
+	for orows.Next() {
+		var p int32
+		var o int64
+		if err := orows.Scan(&p, &o); err != nil {
+			return nil, err
+		}
+		offsets[int(p)] = o + 1
+	}
+	r.log.Info("directory bootstrapped from clickhouse", "governance_events", n, "took", time.Since(start).String(), "resume_offsets", fmt.Sprint(offsets))
+	return offsets, orows.Err()
+}
+
+func (r *Replica) bootstrapSpend(ctx context.Context) error {
+	day := r.cfg.Now().UTC().Truncate(24 * time.Hour)
+	rows, err := r.cfg.Conn.Query(ctx, `SELECT agent_id, owner_id, org_id,
+		sum(input_tokens + output_tokens + cache_read_tokens + cache_write_tokens), sum(cost)
+		FROM `+r.cfg.Database+`.usage FINAL WHERE time >= ? GROUP BY agent_id, owner_id, org_id`, day)
+	if err != nil {
+		return fmt.Errorf("cannot read today's spend from %s.usage: %w", r.cfg.Database, err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var agent, owner, org string
+		var tokens uint64
+		var cost decimal.Decimal
+		if err := rows.Scan(&agent, &owner, &org, &tokens, &cost); err != nil {
+			return fmt.Errorf("cannot read today's spend: %w", err)
+		}
+		r.cfg.Spend.Add(agent, owner, org, int64(tokens), cost.Shift(6).IntPart(), day)
+	}
+	return rows.Err()
+}
+
+// Run bootstraps, then consumes the topic from where ClickHouse ended until ctx ends.
+// ready is closed once the bootstrap is done (decisions may then be served).
+func (r *Replica) Run(ctx context.Context, ready chan<- struct{}) error {
+	offsets, err := r.Bootstrap(ctx)
+	if err != nil {
+		return err
+	}
+	if err := r.seekGroup(ctx, offsets); err != nil {
+		return err
+	}
+	if ready != nil {
+		close(ready)
+	}
+	reader, err := kafka.NewReader(kafka.ReaderConfig{Brokers: r.cfg.Brokers, Topic: r.cfg.Topic, GroupID: r.cfg.GroupID, Logger: r.cfg.Logger})
+	if err != nil {
+		return err
+	}
+	defer reader.Close()
+	var lastCommit time.Time
+	var pending []kafkago.Message
+	for {
+		m, err := reader.FetchMessage(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			r.log.Warn("cannot fetch governance events, retrying", "err", err)
+			time.Sleep(time.Second)
+			continue
+		}
+		if ev, err := schema.DecodeAt(m.Value, m.Time); err == nil {
+			// Enrichment is ingest's job; the replica needs the organization of usage
+			// only, which it takes from the directory.
+			if err := r.Apply(ctx, &ev); err != nil {
+				r.log.Warn("cannot apply governance event", "event_id", ev.ID, "err", err)
+			}
+		}
+		pending = append(pending, m)
+		// Commits only report progress (lag): the start position comes from ClickHouse.
+		if time.Since(lastCommit) > time.Second {
+			_ = reader.CommitMessages(ctx, pending...)
+			pending, lastCommit = pending[:0], time.Now()
+		}
+	}
+}
+
+// seekGroup sets the group's committed offsets to where ClickHouse ends, so the reader
+// starts there. The group must have no active member (one group per policy process).
+func (r *Replica) seekGroup(ctx context.Context, offsets map[int]int64) error {
+	c := &kafkago.Client{Addr: kafkago.TCP(r.cfg.Brokers...), Timeout: 10 * time.Second}
+	md, err := c.Metadata(ctx, &kafkago.MetadataRequest{Topics: []string{r.cfg.Topic}})
+	if err != nil || len(md.Topics) == 0 {
+		return fmt.Errorf("cannot read metadata of topic %s: %v", r.cfg.Topic, err)
+	}
+	var commits []kafkago.OffsetCommit
+	for _, p := range md.Topics[0].Partitions {
+		commits = append(commits, kafkago.OffsetCommit{Partition: p.ID, Offset: offsets[p.ID]})
+	}
+	resp, err := c.OffsetCommit(ctx, &kafkago.OffsetCommitRequest{
+		GroupID: r.cfg.GroupID, GenerationID: -1, Topics: map[string][]kafkago.OffsetCommit{r.cfg.Topic: commits},
+	})
+	if err != nil {
+		return fmt.Errorf("cannot position policy group %s on topic %s: %w", r.cfg.GroupID, r.cfg.Topic, err)
+	}
+	for _, ps := range resp.Topics {
+		for _, p := range ps {
+			if p.Error != nil {
+				return fmt.Errorf("cannot position policy group %s (is another process using it? each policy process needs its own --policy-group): partition %d: %w",
+					r.cfg.GroupID, p.Partition, p.Error)
+			}
+		}
+	}
+	return nil
+}
