@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -54,6 +55,7 @@ type Config struct {
 	Catalog     *pricing.Catalog
 	Topic       string // the source topic, recorded with dead letters
 
+	Decoders        int           // goroutines decoding records (default GOMAXPROCS)
 	BatchSize       int           // flush when this many records are pending
 	BatchAge        time.Duration // or when the oldest pending record is this old
 	RetryMin        time.Duration // first back-off after a failed write
@@ -141,6 +143,9 @@ func New(cfg Config) (*Consumer, error) {
 	if cfg.RetryMax <= 0 {
 		cfg.RetryMax = 10 * time.Second
 	}
+	if cfg.Decoders <= 0 {
+		cfg.Decoders = runtime.GOMAXPROCS(0)
+	}
 	if cfg.ShutdownTimeout <= 0 {
 		cfg.ShutdownTimeout = 30 * time.Second
 	}
@@ -192,7 +197,7 @@ func newPending() *pending {
 // nil. It returns an error only if it cannot start. A record is committed only after it
 // (or its dead letter) is in ClickHouse.
 func (c *Consumer) Run(ctx context.Context) error {
-	fetched := make(chan kafkago.Message, c.cfg.BatchSize)
+	fetched := make(chan record, c.cfg.BatchSize)
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
@@ -268,10 +273,66 @@ loop:
 	return nil
 }
 
-func (c *Consumer) fetchLoop(ctx context.Context, out chan<- kafkago.Message) {
+// record is a fetched message, already decoded: decoding is pure and the costliest
+// step, so the fetch goroutine does it while the main loop enriches and batches.
+type record struct {
+	msg kafkago.Message
+	ev  schema.Event
+	err error
+}
+
+// fetchLoop fetches records and hands them to out decoded, in fetch order. Decoding is
+// spread over Decoders goroutines: records are dealt to them round-robin and collected
+// in the same round-robin order, so order is kept without sequence numbers. It returns
+// once every goroutine it started has stopped; what was fetched but not handed over
+// when ctx ends is simply not committed, and is redelivered.
+func (c *Consumer) fetchLoop(ctx context.Context, out chan<- record) {
+	n := c.cfg.Decoders
+	ins := make([]chan kafkago.Message, n)
+	outs := make([]chan record, n)
+	var decoders sync.WaitGroup
+	for i := range n {
+		ins[i], outs[i] = make(chan kafkago.Message, 512), make(chan record, 512)
+		decoders.Add(1)
+		go func(in <-chan kafkago.Message, res chan<- record) {
+			defer decoders.Done()
+			defer close(res)
+			for m := range in {
+				// A frame without a timestamp gets the record's: the same on every redelivery.
+				ev, err := schema.DecodeAt(m.Value, m.Time)
+				select {
+				case res <- record{msg: m, ev: ev, err: err}:
+				case <-ctx.Done():
+				}
+			}
+		}(ins[i], outs[i])
+	}
+	merged := make(chan struct{})
+	go func() {
+		defer close(merged)
+		for i := 0; ; i++ {
+			r, ok := <-outs[i%n]
+			if !ok {
+				return
+			}
+			select {
+			case out <- r:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	defer func() {
+		for _, in := range ins {
+			close(in)
+		}
+		decoders.Wait()
+		<-merged
+	}()
+
 	backoff := c.cfg.RetryMin
 	var lastLog time.Time
-	for {
+	for i := 0; ; {
 		m, err := c.cfg.Reader.FetchMessage(ctx)
 		if err != nil {
 			if ctx.Err() != nil {
@@ -290,22 +351,21 @@ func (c *Consumer) fetchLoop(ctx context.Context, out chan<- kafkago.Message) {
 		}
 		backoff = c.cfg.RetryMin
 		select {
-		case out <- m:
+		case ins[i%n] <- m:
+			i++
 		case <-ctx.Done():
-			// Fetched but not handed over: not committed, so it is redelivered.
 			return
 		}
 	}
 }
 
-// add decodes, enriches and appends one record to the pending batch.
-func (c *Consumer) add(p *pending, m kafkago.Message) {
+// add enriches a decoded record and appends it to the pending batch.
+func (c *Consumer) add(p *pending, r record) {
+	m, ev, err := r.msg, r.ev, r.err
 	p.records++
 	if prev, ok := p.last[m.Partition]; !ok || m.Offset > prev.Offset {
 		p.last[m.Partition] = m
 	}
-	// A frame without a timestamp gets the record's: the same on every redelivery.
-	ev, err := schema.DecodeAt(m.Value, m.Time)
 	if err != nil {
 		c.deadLetter(p, m, stageOf(err), err.Error())
 		return

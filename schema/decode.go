@@ -53,7 +53,7 @@ func Decode(line []byte) (Event, error) {
 // current time when received is zero. Canonical events always carry their own.
 func DecodeAt(line []byte, received time.Time) (Event, error) {
 	var w wire
-	if err := json.Unmarshal(line, &w); err != nil {
+	if err := unmarshal(line, &w); err != nil {
 		return Event{}, jsonErr(err, "")
 	}
 	var (

@@ -205,7 +205,7 @@ func (e *Event) validateData() *FieldError {
 			return nil
 		}
 		var mentions []Mention
-		if err := json.Unmarshal(raw, &mentions); err != nil {
+		if err := unmarshal(raw, &mentions); err != nil {
 			fe := jsonErr(err, "data.mentions")
 			if fe.Field == "" {
 				fe.Field = "data.mentions"
@@ -225,7 +225,7 @@ func decodeData(data []byte, v any) *FieldError {
 	if len(data) == 0 {
 		return nil
 	}
-	if err := json.Unmarshal(data, v); err != nil {
+	if err := unmarshal(data, v); err != nil {
 		fe := jsonErr(err, "data.")
 		if fe.Field == "" {
 			fe.Field = "data"
