@@ -17,6 +17,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	kafkago "github.com/segmentio/kafka-go"
 
 	"github.com/bandplane/bandplane/ingest/pricing"
@@ -113,7 +114,8 @@ type Consumer struct {
 	// agents seen with usage that could not be priced because no model was known.
 	unpricedAgents map[string]bool
 	// parties (agents, people) with events stored without an organization.
-	late *partySet
+	late   *partySet
+	stored prometheus.Counter // m.Records{result="stored"}, looked up once
 }
 
 type partySet struct {
@@ -163,6 +165,7 @@ func New(cfg Config) (*Consumer, error) {
 	for _, id := range cfg.UnpricedAgents {
 		c.unpricedAgents[id] = true
 	}
+	c.stored = c.m.Records.WithLabelValues("stored")
 	c.healthy.Store(true)
 	return c, nil
 }
@@ -189,8 +192,9 @@ type parked struct {
 	msg kafkago.Message
 }
 
-func newPending() *pending {
-	return &pending{last: map[int]kafkago.Message{}, hours: map[store.HourKey]bool{}}
+func newPending(size int) *pending {
+	return &pending{last: map[int]kafkago.Message{}, hours: map[store.HourKey]bool{},
+		batch: store.Batch{Events: make([]store.EventRow, 0, size)}}
 }
 
 // Run consumes until ctx ends, then flushes what it has fetched, commits, and returns
@@ -218,7 +222,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		}
 	}()
 
-	p := newPending()
+	p := newPending(c.cfg.BatchSize)
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	// handOff passes the pending batch to the flusher. While the flusher is still
@@ -233,7 +237,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		c.resolveParked(p)
 		select {
 		case flushes <- p:
-			p = newPending()
+			p = newPending(c.cfg.BatchSize)
 		case <-stopping:
 		}
 	}
@@ -449,7 +453,7 @@ func (c *Consumer) toRows(p *pending, ev *schema.Event, m kafkago.Message) {
 		p.hours[store.HourKey{OrgID: u.OrgID, Hour: u.Time.Truncate(time.Hour)}] = true
 	}
 	p.batch.Events = append(p.batch.Events, EventRow(ev, owner, int32(m.Partition), m.Offset))
-	c.m.Records.WithLabelValues("stored").Inc()
+	c.stored.Inc()
 }
 
 // stageOf tells a record that is not JSON (or not an object) from one that is JSON but

@@ -1,7 +1,6 @@
 package ingest
 
 import (
-	"encoding/json"
 	"fmt"
 	"time"
 
@@ -38,8 +37,8 @@ func Enrich(ev *schema.Event, dir *Directory) (owner string) {
 // event's, else the agent's registered one, else Unknown (then the row is unpriced).
 func UsageRow(ev *schema.Event, owner string, dir *Directory, cat *pricing.Catalog) (store.UsageRow, error) {
 	var u schema.UsageData
-	if err := json.Unmarshal(ev.Data, &u); err != nil {
-		return store.UsageRow{}, fmt.Errorf("data: cannot decode usage: %w", err)
+	if err := schema.DecodeData(ev.Data, &u); err != nil {
+		return store.UsageRow{}, fmt.Errorf("cannot decode usage: %w", err)
 	}
 	model := u.Model
 	if model == "" {

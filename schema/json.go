@@ -20,3 +20,12 @@ func unmarshal(b []byte, v any) error {
 	reflect.ValueOf(v).Elem().SetZero() // drop what the failed attempt filled in
 	return json.Unmarshal(b, v)
 }
+
+// DecodeData decodes an event's data into v (e.g. *UsageData) the way validation does:
+// fast, with encoding/json's error when it fails.
+func DecodeData(data []byte, v any) error {
+	if err := decodeData(data, v); err != nil {
+		return err
+	}
+	return nil
+}

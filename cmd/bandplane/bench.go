@@ -34,6 +34,7 @@ func runBenchIngest(ctx context.Context, e *env, args []string) error {
 	fs.DurationVar(&cfg.BatchAge, "batch-age", 500*time.Millisecond, "pipeline batch age")
 	fs.IntVar(&cfg.Partitions, "partitions", 4, "partitions of the benchmark topics")
 	fs.DurationVar(&cfg.Freshness, "freshness", 20*time.Second, "how long the freshness phase produces")
+	fs.DurationVar(&cfg.RollupInterval, "rollup-interval", 10*time.Second, "rollup rebuild interval, as serve's")
 	fs.IntVar(&cfg.ProbeEvery, "probe-every", 100, "time every n-th event of the freshness phase")
 	fs.BoolVar(&cfg.KeepData, "keep", false, "keep the benchmark databases")
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the whole run to this file")

@@ -53,7 +53,7 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	fs.IntVar(&c.batchSize, "batch-size", 20000, "flush to ClickHouse after this many records")
 	fs.DurationVar(&c.batchAge, "batch-age", 500*time.Millisecond, "or when the oldest pending record is this old")
 	fs.StringVar(&c.catalog, "catalog", envOr("BANDPLANE_CATALOG", ""), "price catalog JSON file (default: the built-in catalog)")
-	fs.DurationVar(&c.rollupEvery, "rollup-interval", 2*time.Second, "how often touched hours of the cost rollup are rebuilt")
+	fs.DurationVar(&c.rollupEvery, "rollup-interval", 10*time.Second, "how often touched hours of the cost rollup are rebuilt (each rebuild re-reads those hours with FINAL)")
 	fs.Int64Var(&c.maxBody, "max-body", 16<<20, "largest accepted POST /v1/events body in bytes")
 	fs.BoolVar(&c.noConsumer, "no-consumer", false, "run the collector only (no ingest consumer)")
 	c.policy.register(fs)

@@ -30,18 +30,19 @@ import (
 
 // Config of one benchmark run.
 type Config struct {
-	Events     int
-	Seed       int64
-	BatchSize  int
-	BatchAge   time.Duration
-	Partitions int
-	Freshness  time.Duration // how long the freshness phase produces
-	ProbeEvery int           // every n-th event of the freshness phase is timed
-	Brokers    []string
-	ClickHouse chdb.Config // Database is a prefix: each phase uses its own database
-	KeepData   bool
-	Logger     *slog.Logger
-	Progress   func(format string, args ...any)
+	Events         int
+	Seed           int64
+	BatchSize      int
+	BatchAge       time.Duration
+	Partitions     int
+	Freshness      time.Duration // how long the freshness phase produces
+	RollupInterval time.Duration // as bandplane serve --rollup-interval
+	ProbeEvery     int           // every n-th event of the freshness phase is timed
+	Brokers        []string
+	ClickHouse     chdb.Config // Database is a prefix: each phase uses its own database
+	KeepData       bool
+	Logger         *slog.Logger
+	Progress       func(format string, args ...any)
 }
 
 func (c *Config) Validate() error {
@@ -302,7 +303,7 @@ func newPipeline(ctx context.Context, cfg Config, conn driver.Conn, suffix strin
 	st := store.New(conn, p.db)
 	m := ingest.NewMetrics(nil)
 	dir := ingest.NewDirectory()
-	rollup := ingest.NewRollup(st, dir, pricing.Default(), 2*time.Second, cfg.Logger, m)
+	rollup := ingest.NewRollup(st, dir, pricing.Default(), cfg.RollupInterval, cfg.Logger, m)
 	c, err := ingest.New(ingest.Config{
 		Reader: p.reader, DeadLetters: p.dlq, Storage: st, Directory: dir, Catalog: pricing.Default(), Topic: p.topic,
 		BatchSize: cfg.BatchSize, BatchAge: cfg.BatchAge, AfterFlush: rollup.Mark, Logger: cfg.Logger, Metrics: m,

@@ -136,18 +136,51 @@ func (s *Store) send(ctx context.Context, table, cols string, n int, appendRow f
 
 const eventCols = "id, type, time, time_ms, org_id, room_id, actor_id, actor_type, actor_handle, owner_id, subject_id, subject_type, subject_handle, execution_id, source, schema_version, data, ingested_at, kafka_partition, kafka_offset"
 
+// insertEvents appends the audit trail column by column: one Append per column
+// instead of twenty boxed values per row, which halves the client's CPU per row (the
+// events table carries most of ingest's volume).
 func (s *Store) insertEvents(ctx context.Context, rows []EventRow) error {
-	return s.send(ctx, "events", eventCols, len(rows), func(b driver.Batch, i int) error {
+	if len(rows) == 0 {
+		return nil
+	}
+	n := len(rows)
+	var (
+		id, typ, org, room, actor, actorType, actorHandle, owner = strs(n), strs(n), strs(n), strs(n), strs(n), strs(n), strs(n), strs(n)
+		subj, subjType, subjHandle, exec, source, data           = strs(n), strs(n), strs(n), strs(n), strs(n), strs(n)
+		times, ingested                                          = make([]time.Time, n), make([]time.Time, n)
+		millis, version                                          = make([]uint16, n), make([]uint16, n)
+		partition                                                = make([]int32, n)
+		offset                                                   = make([]int64, n)
+	)
+	for i := range rows {
 		r := &rows[i]
 		at := r.ActorType
 		if at == "" {
 			at = "system"
 		}
-		return b.Append(r.ID, r.Type, r.Time, ms(r.Time), r.OrgID, r.RoomID, r.ActorID, at, r.ActorHandle, r.OwnerID,
-			r.SubjectID, r.SubjectType, r.SubjectHandle, r.ExecutionID, r.Source, r.SchemaVersion, r.Data,
-			r.IngestedAt, r.Partition, r.Offset)
-	})
+		id[i], typ[i], times[i], millis[i], org[i], room[i] = r.ID, r.Type, r.Time, ms(r.Time), r.OrgID, r.RoomID
+		actor[i], actorType[i], actorHandle[i], owner[i] = r.ActorID, at, r.ActorHandle, r.OwnerID
+		subj[i], subjType[i], subjHandle[i], exec[i], source[i] = r.SubjectID, r.SubjectType, r.SubjectHandle, r.ExecutionID, r.Source
+		version[i], data[i], ingested[i], partition[i], offset[i] = r.SchemaVersion, r.Data, r.IngestedAt, r.Partition, r.Offset
+	}
+	batch, err := s.conn.PrepareBatch(ctx, "INSERT INTO "+s.db+".events ("+eventCols+")")
+	if err != nil {
+		return fmt.Errorf("cannot prepare insert into %s.events: %w", s.db, err)
+	}
+	defer batch.Abort()
+	for i, col := range []any{id, typ, times, millis, org, room, actor, actorType, actorHandle, owner,
+		subj, subjType, subjHandle, exec, source, version, data, ingested, partition, offset} {
+		if err := batch.Column(i).Append(col); err != nil {
+			return fmt.Errorf("cannot append column %d of %s.events: %w", i, s.db, err)
+		}
+	}
+	if err := batch.Send(); err != nil {
+		return fmt.Errorf("cannot insert %d rows into %s.events: %w", n, s.db, err)
+	}
+	return nil
 }
+
+func strs(n int) []string { return make([]string, n) }
 
 const usageCols = "event_id, time, time_ms, org_id, owner_id, agent_id, room_id, execution_id, model, input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, reasoning_tokens, cost, currency, priced, catalog_version, version"
 
