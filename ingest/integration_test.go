@@ -2,9 +2,6 @@ package ingest_test
 
 import (
 	"context"
-	"log/slog"
-	"os"
-	"sync"
 	"testing"
 	"time"
 
@@ -18,7 +15,6 @@ import (
 	"github.com/bandplane/bandplane/ingest/kafka"
 	"github.com/bandplane/bandplane/ingest/pricing"
 	"github.com/bandplane/bandplane/ingest/simulate"
-	"github.com/bandplane/bandplane/ingest/store"
 )
 
 // pipeline is a real ingest consumer on a unique topic and database.
@@ -28,16 +24,7 @@ type pipeline struct {
 	conn     driver.Conn
 	db       string
 	producer *kafka.Producer
-	dir      *ingest.Directory
-	cancel   context.CancelFunc
-	done     sync.WaitGroup
-}
-
-func testLogger(t *testing.T) *slog.Logger {
-	if os.Getenv("BANDPLANE_TEST_LOG") != "" {
-		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	}
-	return slog.New(slog.DiscardHandler)
+	stopFn   func()
 }
 
 // newPipeline creates the topic and database; start runs the consumer.
@@ -53,44 +40,12 @@ func newPipeline(t *testing.T) *pipeline {
 }
 
 func (p *pipeline) start(group string) {
-	t := p.t
-	ctx, cancel := context.WithCancel(context.Background())
-	p.cancel = cancel
-	reader, err := kafka.NewReader(kafka.ReaderConfig{Brokers: stacktest.Brokers(), Topic: p.topic, GroupID: group})
-	require.NoError(t, err)
-	dlqTopic := p.topic + "_dlq"
-	require.NoError(t, kafka.EnsureTopic(ctx, stacktest.Brokers(), dlqTopic, 1))
-	dlq, err := kafka.NewProducer(kafka.ProducerConfig{Brokers: stacktest.Brokers(), Topic: dlqTopic})
-	require.NoError(t, err)
-	st := store.New(p.conn, p.db)
-	p.dir = ingest.NewDirectory()
-	rows, err := st.LoadDirectory(ctx)
-	require.NoError(t, err)
-	p.dir.Load(rows)
-	late, err := st.UnattributedParties(ctx)
-	require.NoError(t, err)
-	unpriced, err := st.UnpricedAgents(ctx)
-	require.NoError(t, err)
-	log := testLogger(t)
-	m := ingest.NewMetrics(nil)
-	rollup := ingest.NewRollup(st, p.dir, pricing.Default(), 200*time.Millisecond, log, m)
-	c, err := ingest.New(ingest.Config{
-		Reader: reader, DeadLetters: dlq, Storage: st, Directory: p.dir, Catalog: pricing.Default(), Topic: p.topic,
-		BatchSize: 2000, BatchAge: 200 * time.Millisecond, RetryMin: 50 * time.Millisecond, RetryMax: 1 * time.Second,
-		LateParties: late, UnpricedAgents: unpriced, AfterFlush: rollup.Mark, Logger: log, Metrics: m,
-	})
-	require.NoError(t, err)
-	p.done.Add(2)
-	go func() { defer p.done.Done(); _ = c.Run(ctx) }()
-	go func() { defer p.done.Done(); _ = rollup.Run(ctx) }()
-	t.Cleanup(func() { p.stop(); reader.Close(); dlq.Close() })
+	p.stopFn = stacktest.RunIngest(p.t, p.topic, p.conn, p.db, group)
 }
 
 func (p *pipeline) stop() {
-	if p.cancel != nil {
-		p.cancel()
-		p.done.Wait()
-		p.cancel = nil
+	if p.stopFn != nil {
+		p.stopFn()
 	}
 }
 

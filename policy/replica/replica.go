@@ -43,6 +43,12 @@ func (c *Config) Validate() error {
 	if c.Directory == nil || c.Spend == nil || c.Catalog == nil {
 		errs = append(errs, errors.New("replica: directory, spend tracker and catalog are required"))
 	}
+	return errors.Join(errs...)
+}
+
+// validateSources checks what Bootstrap and Run read from; Apply needs neither.
+func (c *Config) validateSources() error {
+	var errs []error
 	if c.Conn == nil || c.Database == "" {
 		errs = append(errs, errors.New("replica: no ClickHouse connection"))
 	}
@@ -228,6 +234,9 @@ func first(vs ...string) string {
 // day's usage to the spend, and returns, per partition, the offset after the last
 // record ClickHouse holds: where the stream must continue.
 func (r *Replica) Bootstrap(ctx context.Context) (map[int]int64, error) {
+	if err := r.cfg.validateSources(); err != nil {
+		return nil, err
+	}
 	db, conn := r.cfg.Database, r.cfg.Conn
 	start := time.Now()
 	rows, err := conn.Query(ctx, `SELECT id, type, time, time_ms, org_id, room_id, actor_id, toString(actor_type), actor_handle,

@@ -1,0 +1,91 @@
+package replica_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/bandplane/bandplane/ingest/pricing"
+	"github.com/bandplane/bandplane/policy"
+	"github.com/bandplane/bandplane/policy/replica"
+	"github.com/bandplane/bandplane/schema"
+)
+
+// apply decodes each line as ingest would and applies it.
+func apply(t *testing.T, r *replica.Replica, lines ...string) {
+	t.Helper()
+	for _, l := range lines {
+		ev, err := schema.Decode([]byte(l))
+		require.NoError(t, err, l)
+		require.NoError(t, r.Apply(context.Background(), &ev))
+	}
+}
+
+func newReplica(t *testing.T, now time.Time) (*replica.Replica, *policy.Directory, *policy.SpendTracker) {
+	dir, spend := policy.NewDirectory(), policy.NewSpendTracker()
+	// Apply needs no servers (Bootstrap and Run do).
+	r, err := replica.New(replica.Config{Directory: dir, Spend: spend, Catalog: pricing.Default(), Now: func() time.Time { return now }})
+	require.NoError(t, err)
+	return r, dir, spend
+}
+
+const (
+	alice     = `{"id":"u1","type":"user.registered","time":"2026-11-02T09:00:00Z","org_id":"acme","actor":{"id":"sys","type":"system"},"subject":{"id":"u-alice","type":"user"},"source":"t","data":{"handle":"alice"}}`
+	partner   = `{"id":"u2","type":"user.registered","time":"2026-11-02T09:00:00Z","org_id":"other","actor":{"id":"sys","type":"system"},"subject":{"id":"u-partner","type":"user"},"source":"t","data":{"handle":"partner"}}`
+	architect = `{"id":"a1","type":"agent.registered","time":"2026-11-02T09:00:01Z","org_id":"acme","actor":{"id":"u-alice","type":"user"},"subject":{"id":"a-arch","type":"agent"},"source":"t","data":{"handle":"alice/architect","owner_id":"u-alice","model":"gpt-5-mini","personal_registry_access":true,"listed":true}}`
+	reviewer  = `{"id":"a2","type":"agent.registered","time":"2026-11-02T09:00:01Z","org_id":"other","actor":{"id":"u-partner","type":"user"},"subject":{"id":"a-rev","type":"agent"},"source":"t","data":{"handle":"partner/reviewer","owner_id":"u-partner","model":"gpt-5-mini","personal_registry_access":true,"listed":true}}`
+)
+
+func TestApplyBuildsTheDirectoryFromEvents(t *testing.T) {
+	r, dir, _ := newReplica(t, time.Now())
+	apply(t, r, alice, partner, architect, reviewer,
+		`{"topic":"agent_contacts:a-rev","event":"contact_request_received","payload":{"id":"req-1","from_handle":"@alice/architect","status":"pending","inserted_at":"2026-11-02T10:00:00Z"}}`)
+	snap := dir.Snapshot()
+	require.Len(t, snap.Pending, 1)
+	assert.Equal(t, policy.PendingRequest{ID: "req-1", From: "a-arch", To: "a-rev"}, snap.Pending[0])
+	assert.Empty(t, snap.Contacts)
+
+	apply(t, r, `{"topic":"agent_contacts:a-rev","event":"contact_request_updated","payload":{"id":"req-1","from_handle":"alice/architect","status":"approved","inserted_at":"2026-11-02T10:00:00Z","updated_at":"2026-11-02T10:05:00Z"}}`)
+	snap = dir.Snapshot()
+	assert.Empty(t, snap.Pending, "approved is final")
+	require.Len(t, snap.Contacts, 1)
+
+	apply(t, r,
+		`{"topic":"room_participants:room-1","event":"participant_added","payload":{"id":"a-arch","name":"Architect","type":"Agent","inserted_at":"2026-11-02T10:06:00Z"}}`,
+		`{"topic":"agent_rooms:a-rev","event":"room_added","payload":{"id":"room-1","title":"Webhook Retries","inserted_at":"2026-11-02T10:07:00Z"}}`)
+	assert.ElementsMatch(t, []string{"a-arch", "a-rev"}, dir.Snapshot().Rooms["room-1"])
+
+	apply(t, r,
+		`{"topic":"agent_rooms:a-rev","event":"room_removed","payload":{"id":"room-1","title":"Webhook Retries","inserted_at":"2026-11-02T10:08:00Z"}}`,
+		`{"topic":"agent_contacts:a-arch","event":"contact_removed","payload":{"id":"a-rev","handle":"partner/reviewer","type":"Agent","inserted_at":"2026-11-02T10:09:00Z"}}`)
+	snap = dir.Snapshot()
+	assert.Equal(t, []string{"a-arch"}, snap.Rooms["room-1"])
+	assert.Empty(t, snap.Contacts)
+}
+
+func TestRejectedRequestIsCleared(t *testing.T) {
+	r, dir, _ := newReplica(t, time.Now())
+	apply(t, r, alice, partner, architect, reviewer,
+		`{"topic":"agent_contacts:a-rev","event":"contact_request_received","payload":{"id":"req-2","from_handle":"alice/architect","status":"pending","inserted_at":"2026-11-02T10:00:00Z"}}`,
+		`{"topic":"agent_contacts:a-rev","event":"contact_request_updated","payload":{"id":"req-2","from_handle":"alice/architect","status":"rejected","inserted_at":"2026-11-02T10:00:00Z","updated_at":"2026-11-02T10:01:00Z"}}`)
+	snap := dir.Snapshot()
+	assert.Empty(t, snap.Pending)
+	assert.Empty(t, snap.Contacts)
+}
+
+func TestUsageOfTodayCountsTowardsBudgets(t *testing.T) {
+	now := time.Date(2026, 11, 2, 12, 0, 0, 0, time.UTC)
+	r, _, spend := newReplica(t, now)
+	apply(t, r, alice, architect,
+		`{"id":"u-1","type":"usage.reported","time":"2026-11-02T11:00:00Z","room_id":"room-1","actor":{"id":"a-arch","type":"agent"},"source":"t","data":{"input_tokens":1000,"output_tokens":100,"cache_read_tokens":0,"cache_write_tokens":0}}`,
+		`{"id":"u-2","type":"usage.reported","time":"2026-11-01T11:00:00Z","room_id":"room-1","actor":{"id":"a-arch","type":"agent"},"source":"t","data":{"input_tokens":5000,"output_tokens":100,"cache_read_tokens":0,"cache_write_tokens":0}}`)
+	tokens, cost := spend.Spent(policy.ScopeAgent, "a-arch", now)
+	assert.Equal(t, int64(1100), tokens, "yesterday's usage does not count")
+	want, _ := pricing.Default().Cost("gpt-5-mini", schema.UsageData{InputTokens: 1000, OutputTokens: 100})
+	assert.Equal(t, want, cost)
+	orgTokens, _ := spend.Spent(policy.ScopeOrg, "acme", now)
+	assert.Equal(t, int64(1100), orgTokens, "frames carry no org: it comes from the directory")
+}
