@@ -1,11 +1,14 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"flag"
 	"fmt"
 	"os"
 	"strings"
+
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
 	"github.com/bandplane/bandplane/ingest/pricing"
 	"github.com/bandplane/bandplane/schema/chdb"
@@ -78,6 +81,19 @@ func parse(fs *flag.FlagSet, args []string) error {
 		return exitError{code: 2}
 	}
 	return nil
+}
+
+// openDB connects to ClickHouse and refuses a schema older than this build needs.
+func (s *stackFlags) openDB(ctx context.Context) (driver.Conn, error) {
+	conn, err := chdb.Open(ctx, s.ch)
+	if err != nil {
+		return nil, err
+	}
+	if err := chdb.CheckVersion(ctx, conn, s.ch.Database); err != nil {
+		conn.Close()
+		return nil, err
+	}
+	return conn, nil
 }
 
 func loadCatalog(path string) (*pricing.Catalog, error) {

@@ -50,14 +50,11 @@ func runRetention(ctx context.Context, e *env, args []string) error {
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	conn, err := chdb.Open(ctx, st.ch)
+	conn, err := st.openDB(ctx)
 	if err != nil {
 		return err
 	}
 	defer conn.Close()
-	if err := chdb.CheckVersion(ctx, conn, st.ch.Database); err != nil {
-		return err
-	}
 	dropped, err := chdb.ApplyRetention(ctx, conn, st.ch.Database, r, time.Now(), *dry)
 	out := map[string]any{"dry_run": *dry, "dropped": dropped}
 	if dropped == nil {

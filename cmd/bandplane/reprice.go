@@ -8,7 +8,6 @@ import (
 
 	"github.com/bandplane/bandplane/ingest"
 	"github.com/bandplane/bandplane/ingest/store"
-	"github.com/bandplane/bandplane/schema/chdb"
 )
 
 func init() {
@@ -47,14 +46,11 @@ func runReprice(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	conn, err := chdb.Open(ctx, st.ch)
+	conn, err := st.openDB(ctx)
 	if err != nil {
 		return err
 	}
 	defer conn.Close()
-	if err := chdb.CheckVersion(ctx, conn, st.ch.Database); err != nil {
-		return err
-	}
 	s := store.New(conn, st.ch.Database)
 	dir := ingest.NewDirectory()
 	rows, err := s.LoadDirectory(ctx)

@@ -19,7 +19,6 @@ import (
 	"github.com/bandplane/bandplane/ingest/kafka"
 	"github.com/bandplane/bandplane/ingest/store"
 	"github.com/bandplane/bandplane/query"
-	"github.com/bandplane/bandplane/schema/chdb"
 )
 
 func init() {
@@ -70,14 +69,11 @@ func serve(ctx context.Context, log *slog.Logger, reg *prometheus.Registry, c se
 	if err != nil {
 		return err
 	}
-	conn, err := chdb.Open(ctx, c.stack.ch)
+	conn, err := c.stack.openDB(ctx)
 	if err != nil {
 		return err
 	}
 	defer conn.Close()
-	if err := chdb.CheckVersion(ctx, conn, c.stack.ch.Database); err != nil {
-		return err
-	}
 	brokers := c.stack.brokers()
 	for _, t := range []string{c.stack.topic, c.stack.dlq()} {
 		if err := kafka.EnsureTopic(ctx, brokers, t, c.partitions); err != nil {
