@@ -32,39 +32,74 @@ type BenchResult struct {
 	OverheadRatio float64 `json:"overhead_ratio"`
 }
 
-// BenchPolicy builds a directory of agents agents (five per owner, 50 organizations)
-// and contacts random contacts, then measures n add_participant and n send_message
-// decisions through the Engine, and n bare prepared OPA evaluations of the same
-// add_participant queries on the same store (input as a Go map, no wrapper).
-func BenchPolicy(ctx context.Context, agents, contacts int, n int) (BenchResult, error) {
-	if agents < 2 || n < 1 || contacts < 0 {
-		return BenchResult{}, fmt.Errorf("cannot run policy benchmark: need agents >= 2 and n >= 1 (got %d, %d)", agents, n)
+// BenchSetup is the benchmark's directory and engine, and the inputs drawn from it. The
+// CLI reuses it to drive the same directory over HTTP.
+type BenchSetup struct {
+	Engine   *Engine
+	Snapshot Snapshot
+	rooms    []string // sorted room ids
+	rng      *rand.Rand
+}
+
+// NewBenchSetup builds a directory of agents agents (five per owner, 50 organizations),
+// contacts random contacts and 500 rooms, and an engine on the built-in bundle.
+func NewBenchSetup(ctx context.Context, agents, contacts int) (*BenchSetup, error) {
+	if agents < 2 || contacts < 0 || contacts > agents*(agents-1)/2 {
+		return nil, fmt.Errorf("cannot build policy benchmark directory: need agents >= 2 and 0 <= contacts <= agents*(agents-1)/2 (got %d agents, %d contacts)", agents, contacts)
 	}
 	rng := rand.New(rand.NewPCG(1, 2))
 	snap := benchDirectory(rng, agents, contacts)
 	dir := NewDirectory()
 	if err := dir.Load(ctx, snap); err != nil {
-		return BenchResult{}, fmt.Errorf("cannot run policy benchmark: %w", err)
+		return nil, fmt.Errorf("cannot build policy benchmark directory: %w", err)
 	}
 	e, err := New(ctx, Config{Directory: dir})
 	if err != nil {
+		return nil, fmt.Errorf("cannot build policy benchmark engine: %w", err)
+	}
+	rooms := make([]string, 0, len(snap.Rooms))
+	for r := range snap.Rooms {
+		rooms = append(rooms, r)
+	}
+	slices.Sort(rooms)
+	return &BenchSetup{Engine: e, Snapshot: snap, rooms: rooms, rng: rng}, nil
+}
+
+// AddInputs returns n add_participant inputs: a member of a room adds a random agent (a
+// sibling, a contact, a stranger, sometimes someone already in the room).
+func (s *BenchSetup) AddInputs(n int) []AddInput {
+	adds := make([]AddInput, n)
+	for i := range adds {
+		room := s.rooms[s.rng.IntN(len(s.rooms))]
+		members := s.Snapshot.Rooms[room]
+		actor := members[s.rng.IntN(len(members))]
+		adds[i] = AddInput{Actor: actor, Room: room, Participant: s.Snapshot.Agents[s.rng.IntN(len(s.Snapshot.Agents))].ID}
+	}
+	return adds
+}
+
+// BenchPolicy builds the benchmark directory (NewBenchSetup), then measures n
+// add_participant and n send_message decisions through the Engine, and n bare prepared
+// OPA evaluations of the same add_participant query on the same store and inputs.
+func BenchPolicy(ctx context.Context, agents, contacts int, n int) (BenchResult, error) {
+	if n < 1 {
+		return BenchResult{}, fmt.Errorf("cannot run policy benchmark: need n >= 1 (got %d)", n)
+	}
+	s, err := NewBenchSetup(ctx, agents, contacts)
+	if err != nil {
 		return BenchResult{}, fmt.Errorf("cannot run policy benchmark: %w", err)
 	}
+	return s.Measure(ctx, n)
+}
 
-	// Queries: an actor in a room adds a sibling, a contact or a stranger.
-	roomIDs := make([]string, 0, len(snap.Rooms))
-	for r := range snap.Rooms {
-		roomIDs = append(roomIDs, r)
-	}
-	slices.Sort(roomIDs)
-	adds := make([]AddInput, n)
+// Measure measures n decisions of each kind on the setup's engine (see BenchPolicy).
+func (s *BenchSetup) Measure(ctx context.Context, n int) (BenchResult, error) {
+	e, rng := s.Engine, s.rng
+	dir := e.Directory()
+	adds := s.AddInputs(n)
 	msgs := make([]MessageInput, n)
-	for i := range n {
-		room := roomIDs[rng.IntN(len(roomIDs))]
-		members := snap.Rooms[room]
-		actor := members[rng.IntN(len(members))]
-		adds[i] = AddInput{Actor: actor, Room: room, Participant: snap.Agents[rng.IntN(len(snap.Agents))].ID}
-		msgs[i] = MessageInput{Agent: actor, Room: room, Tokens: 500, CostMicros: 1000}
+	for i, a := range adds {
+		msgs[i] = MessageInput{Agent: a.Actor, Room: a.Room, Tokens: 500, CostMicros: 1000}
 	}
 
 	var res BenchResult

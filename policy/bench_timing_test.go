@@ -46,3 +46,23 @@ func BenchmarkPeerList(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkAddParticipantLarge is add_participant on the directory (10,000
+// agents, 50,000 contacts) with varied inputs, for profiling:
+// go test -run x -bench AddParticipantLarge -cpuprofile cpu.out ./policy/
+func BenchmarkAddParticipantLarge(b *testing.B) {
+	ctx := context.Background()
+	s, err := NewBenchSetup(ctx, 10_000, 50_000)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ins := s.AddInputs(4096)
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		if _, err := s.Engine.AddParticipant(ctx, ins[i%len(ins)]); err != nil {
+			b.Fatal(err)
+		}
+		i++
+	}
+}

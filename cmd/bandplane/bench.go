@@ -12,15 +12,20 @@ import (
 )
 
 func init() {
-	register("bench", "measure the stack: `bench ingest` (see -h)", runBench)
+	register("bench", "measure the stack: `bench ingest`, `bench policy` (see -h)", runBench)
 }
 
 func runBench(ctx context.Context, e *env, args []string) error {
-	if len(args) == 0 || args[0] != "ingest" {
-		fmt.Fprintln(e.stderr, "usage: bandplane bench ingest [flags]")
-		return exitError{code: 2}
+	if len(args) > 0 {
+		switch args[0] {
+		case "ingest":
+			return runBenchIngest(ctx, e, args[1:])
+		case "policy":
+			return runBenchPolicy(ctx, e, args[1:])
+		}
 	}
-	return runBenchIngest(ctx, e, args[1:])
+	fmt.Fprintln(e.stderr, "usage: bandplane bench ingest|policy [flags]")
+	return exitError{code: 2}
 }
 
 func runBenchIngest(ctx context.Context, e *env, args []string) error {

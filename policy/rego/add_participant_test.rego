@@ -98,3 +98,18 @@ test_invalid_input if {
 	codes(d) == {"invalid_input"}
 	not d.allow
 }
+
+test_agent_adds_its_owner if {
+	d := add_participant.decision with input as {"actor": "a-architect", "room": room, "participant": "u-alice"}
+		with data.directory as fixture.directory
+		with data.directory.rooms as {"room-webhook-retries": {"a-architect": true}}
+	d.allow
+	d.reason == "owner"
+}
+
+test_registry_access_off_limits_grants if {
+	d := add_participant.decision with input as {"actor": "a-closed", "room": room, "participant": "a-reviewer"}
+		with data.directory as fixture.directory
+		with data.directory.rooms as {"room-webhook-retries": {"a-closed": true}}
+	codes(d) == {"not_peer"}
+}

@@ -16,9 +16,6 @@ else := "person" if dir.people[id]
 
 handle(id) := object.get(dir.agents, [id, "handle"], object.get(dir.people, [id, "handle"], ""))
 
-org(id) := dir.agents[id].org if dir.agents[id]
-else := dir.people[id].org
-
 suspended(id) if dir.agents[id].suspended == true
 
 in_room(room, id) if dir.rooms[room][id] == true
@@ -57,27 +54,6 @@ agent_grant(a, c) := "owner" if {
 	dir.agents[c].shared_with_org == true
 	dir.agents[c].org == dir.agents[a].org
 }
-
-# person_grant is why a person p may add c to a room: p owns c, c is p's contact, c is
-# a global agent, or c is shared with p's organization.
-person_grant(p, c) := "owned" if {
-	c != p
-	dir.agents[c].owner == p
-} else := "contact" if {
-	c != p
-	dir.contacts[p][c] == true
-} else := "global" if {
-	c != p
-	dir.agents[c].global == true
-} else := "org_shared" if {
-	c != p
-	dir.agents[c].shared_with_org == true
-	dir.agents[c].org == dir.people[p].org
-}
-
-# grant dispatches on the actor's kind.
-grant(actor, c) := agent_grant(actor, c) if dir.agents[actor]
-else := person_grant(actor, c) if dir.people[actor]
 
 # agent_candidates are the ids that may be peers of agent a, taken from the indexes
 # (owner, contacts, and the registry sets) instead of scanning every agent.
