@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/bandplane/bandplane/schema"
 	"io/fs"
 	"maps"
 	"os"
@@ -158,7 +159,7 @@ func (e *Engine) Decide(ctx context.Context, name string, input any) (Decision, 
 	if err != nil {
 		return Decision{}, fmt.Errorf("cannot decide %s: %w", name, err)
 	}
-	d := Decision{DecisionID: newDecisionID(), Name: name, PolicyRevision: rev.hash}
+	d := Decision{DecisionID: schema.NewID(), Name: name, PolicyRevision: rev.hash}
 	rs, err := q.Eval(ctx, rego.EvalParsedInput(v))
 	switch {
 	case err != nil:

@@ -2,6 +2,7 @@ package schema
 
 import (
 	"bytes"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -271,8 +272,21 @@ func frameID(topic, event string, payload map[string]any) (string, error) {
 	sum := sha256.Sum256(canon)
 	var u [16]byte
 	copy(u[:], sum[:16])
-	u[6] = u[6]&0x0f | 0x80 // version 8
-	u[8] = u[8]&0x3f | 0x80 // RFC 9562 variant
+	return formatUUID(u, 8), nil
+}
+
+// NewID returns a random event id: a UUID, version 4. Events bandplane itself writes
+// (policy decisions, operator actions) use it.
+func NewID() string {
+	var u [16]byte
+	_, _ = rand.Read(u[:]) // never fails (crypto/rand since Go 1.24)
+	return formatUUID(u, 4)
+}
+
+// formatUUID sets the version and the RFC 9562 variant of u and formats it.
+func formatUUID(u [16]byte, version byte) string {
+	u[6] = u[6]&0x0f | version<<4
+	u[8] = u[8]&0x3f | 0x80
 	var s [36]byte
 	hex.Encode(s[0:8], u[0:4])
 	s[8] = '-'
@@ -283,7 +297,7 @@ func frameID(topic, event string, payload map[string]any) (string, error) {
 	hex.Encode(s[19:23], u[8:10])
 	s[23] = '-'
 	hex.Encode(s[24:], u[10:])
-	return string(s[:]), nil
+	return string(s[:])
 }
 
 // payload is a frame's payload (or an object inside it), decoded with json.Number.

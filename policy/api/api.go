@@ -6,7 +6,6 @@ package api
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/hex"
@@ -372,22 +371,13 @@ func eventIDs(evs []schema.Event) []string {
 	return out
 }
 
-func newID() string {
-	var b [16]byte
-	_, _ = rand.Read(b[:])
-	b[6] = b[6]&0x0f | 0x40
-	b[8] = b[8]&0x3f | 0x80
-	h := hex.EncodeToString(b[:])
-	return h[:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:]
-}
-
 func agentUpdated(ag policy.Agent) schema.Event {
 	data, _ := json.Marshal(schema.AgentData{
 		Handle: ag.Handle, OwnerID: ag.Owner, Model: ag.Model, PersonalRegistryAccess: ag.RegistryAccess,
 		SharedWithOrg: ag.SharedWithOrg, Global: ag.Global, Listed: ag.Listed, Suspended: ag.Suspended,
 	})
 	return schema.Event{
-		ID: newID(), Type: schema.TypeAgentUpdated, Time: time.Now().UTC(), OrgID: ag.Org,
+		ID: schema.NewID(), Type: schema.TypeAgentUpdated, Time: time.Now().UTC(), OrgID: ag.Org,
 		Actor:   schema.Party{ID: "operator", Type: schema.ActorSystem},
 		Subject: &schema.Party{ID: ag.ID, Type: schema.ActorAgent, Handle: ag.Handle},
 		Source:  "bandplane-policy", SchemaVersion: schema.Version, Data: data,
@@ -398,7 +388,7 @@ func agentUpdated(ag policy.Agent) schema.Event {
 func agentControl(ag policy.Agent, action, reason string) schema.Event {
 	data, _ := json.Marshal(map[string]string{"action": action, "reason": reason})
 	return schema.Event{
-		ID: newID(), Type: schema.TypeAgentControl, Time: time.Now().UTC(), OrgID: ag.Org,
+		ID: schema.NewID(), Type: schema.TypeAgentControl, Time: time.Now().UTC(), OrgID: ag.Org,
 		Actor:   schema.Party{ID: "operator", Type: schema.ActorSystem},
 		Subject: &schema.Party{ID: ag.ID, Type: schema.ActorAgent, Handle: ag.Handle},
 		Source:  "bandplane-policy", SchemaVersion: schema.Version, Data: data,
