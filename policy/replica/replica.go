@@ -321,7 +321,7 @@ func (r *Replica) Run(ctx context.Context, ready chan<- struct{}) error {
 	if err != nil {
 		return err
 	}
-	if err := r.seekGroup(ctx, offsets); err != nil {
+	if err := r.seekGroupWhenFree(ctx, offsets); err != nil {
 		return err
 	}
 	if ready != nil {
@@ -360,6 +360,29 @@ func (r *Replica) Run(ctx context.Context, ready chan<- struct{}) error {
 	}
 }
 
+// seekGroupWhenFree retries seekGroup while the group still has a member: after a
+// crash, the dead process stays a member until its session times out (10 s), and a
+// restart must wait for that rather than fail.
+func (r *Replica) seekGroupWhenFree(ctx context.Context, offsets map[int]int64) error {
+	deadline := time.Now().Add(60 * time.Second)
+	for attempt := 1; ; attempt++ {
+		err := r.seekGroup(ctx, offsets)
+		if err == nil || !errors.Is(err, errGroupBusy) || time.Now().After(deadline) {
+			return err
+		}
+		if attempt == 1 {
+			r.log.Info("policy group still has a member (a previous process?); waiting for its session to expire", "group", r.cfg.GroupID)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+var errGroupBusy = errors.New("group has an active member")
+
 // seekGroup sets the group's committed offsets to where ClickHouse ends, so the reader
 // starts there. The group must have no active member (one group per policy process).
 func (r *Replica) seekGroup(ctx context.Context, offsets map[int]int64) error {
@@ -381,8 +404,12 @@ func (r *Replica) seekGroup(ctx context.Context, offsets map[int]int64) error {
 	for _, ps := range resp.Topics {
 		for _, p := range ps {
 			if p.Error != nil {
+				err := p.Error
+				if errors.Is(err, kafkago.UnknownMemberId) || errors.Is(err, kafkago.RebalanceInProgress) || errors.Is(err, kafkago.IllegalGeneration) {
+					err = fmt.Errorf("%w: %w", errGroupBusy, err)
+				}
 				return fmt.Errorf("cannot position policy group %s (is another process using it? each policy process needs its own --policy-group): partition %d: %w",
-					r.cfg.GroupID, p.Partition, p.Error)
+					r.cfg.GroupID, p.Partition, err)
 			}
 		}
 	}
