@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -140,11 +141,21 @@ func serve(ctx context.Context, log *slog.Logger, reg *prometheus.Registry, c se
 
 	mux := http.NewServeMux()
 	mux.Handle("/v1/events", collector)
+	// Until the replica has loaded the directory, a decision would be taken on an empty
+	// one (deny everything): answer 503 instead, and say so in /readyz.
+	var policyReady atomic.Bool
 	if policyAPI != nil {
-		mux.Handle("/v1/decisions/", policyAPI)
-		mux.Handle("/v1/peers", policyAPI)
-		mux.Handle("/v1/policy/", policyAPI)
-		mux.Handle("/v1/agents/", policyAPI)
+		gated := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if !policyReady.Load() {
+				w.Header().Set("Retry-After", "1")
+				http.Error(w, `{"error":"the policy directory is still loading from ClickHouse; retry"}`, http.StatusServiceUnavailable)
+				return
+			}
+			policyAPI.ServeHTTP(w, r)
+		})
+		for _, p := range []string{"/v1/decisions/", "/v1/peers", "/v1/policy/", "/v1/agents/"} {
+			mux.Handle(p, gated)
+		}
 	}
 	mux.Handle("/graphql", graph.NewHandler(query.New(conn, c.stack.ch.Database), graph.WithLogger(log)))
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
@@ -160,6 +171,9 @@ func serve(ctx context.Context, log *slog.Logger, reg *prometheus.Registry, c se
 		}
 		if consumer != nil && !consumer.Healthy() {
 			problems = append(problems, "ingest: writes are failing and being retried")
+		}
+		if policyAPI != nil && !policyReady.Load() {
+			problems = append(problems, "policy: the directory is still loading")
 		}
 		if len(problems) > 0 {
 			w.WriteHeader(http.StatusServiceUnavailable)
@@ -210,6 +224,7 @@ func serve(ctx context.Context, log *slog.Logger, reg *prometheus.Registry, c se
 		go func() { defer policyWG.Done(); policyAPI.Watch(consumerCtx, 2*time.Second) }()
 		select {
 		case <-ready:
+			policyReady.Store(true)
 			log.Info("policy directory ready", "policy_revision", policyAPI.Revision())
 		case err := <-replicaErr:
 			_ = srv.Close()
