@@ -114,25 +114,9 @@ type Consumer struct {
 	// agents seen with usage that could not be priced because no model was known.
 	unpricedAgents map[string]bool
 	// parties (agents, people) with events stored without an organization.
-	late   *partySet
+	// unpricedAgents and late are owned by the Run goroutine (add, toRows).
+	late   map[string]bool
 	stored prometheus.Counter // m.Records{result="stored"}, looked up once
-}
-
-type partySet struct {
-	mu sync.Mutex
-	m  map[string]bool
-}
-
-func (s *partySet) add(id string) {
-	s.mu.Lock()
-	s.m[id] = true
-	s.mu.Unlock()
-}
-
-func (s *partySet) has(id string) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.m[id]
 }
 
 func New(cfg Config) (*Consumer, error) {
@@ -158,9 +142,9 @@ func New(cfg Config) (*Consumer, error) {
 		cfg.Metrics = NewMetrics(nil)
 	}
 	c := &Consumer{cfg: cfg, log: cfg.Logger.With("component", "ingest"), m: cfg.Metrics, unpricedAgents: map[string]bool{},
-		late: &partySet{m: map[string]bool{}}}
+		late: map[string]bool{}}
 	for _, id := range cfg.LateParties {
-		c.late.add(id)
+		c.late[id] = true
 	}
 	for _, id := range cfg.UnpricedAgents {
 		c.unpricedAgents[id] = true
@@ -431,8 +415,8 @@ func (c *Consumer) toRows(p *pending, ev *schema.Event, m kafkago.Message) {
 	owner := Enrich(ev, c.cfg.Directory)
 	if ev.OrgID == "" {
 		c.m.Unattributed.Inc()
-		c.late.add(party(ev).ID)
-	} else if envelopeOrg == "" && c.late.has(party(ev).ID) {
+		c.late[party(ev).ID] = true
+	} else if envelopeOrg == "" && c.late[party(ev).ID] {
 		// This party has rows stored without an organization; if this event is one of
 		// them (a replay), it must keep org "" or it would be stored twice.
 		p.recheck = append(p.recheck, len(p.batch.Events))
@@ -518,13 +502,13 @@ func (c *Consumer) keepFirstAttribution(ctx context.Context, p *pending) error {
 // in the latter case nothing is committed and the records are redelivered.
 func (c *Consumer) flush(ctx context.Context, p *pending) {
 	start := time.Now()
-	if !c.retry(ctx, "produce dead letters", func() error { return c.cfg.DeadLetters.ProduceMessages(ctx, p.dlq) }) {
+	if !c.retry(ctx, "produce dead letters", c.m.DLQErrors, func() error { return c.cfg.DeadLetters.ProduceMessages(ctx, p.dlq) }) {
 		return
 	}
-	if len(p.recheck) > 0 && !c.retry(ctx, "look up unattributed events", func() error { return c.keepFirstAttribution(ctx, p) }) {
+	if len(p.recheck) > 0 && !c.retry(ctx, "look up unattributed events", c.m.StoreErrors, func() error { return c.keepFirstAttribution(ctx, p) }) {
 		return
 	}
-	if !c.retry(ctx, "insert batch into clickhouse", func() error {
+	if !c.retry(ctx, "insert batch into clickhouse", c.m.StoreErrors, func() error {
 		// Usage versions are the write time: the rollup's catch-up after a crash looks
 		// for usage written after its last rebuild (Rollup.CatchUp).
 		v := uint64(time.Now().UnixNano())
@@ -558,7 +542,7 @@ func (c *Consumer) flush(ctx context.Context, p *pending) {
 	}
 }
 
-func (c *Consumer) retry(ctx context.Context, what string, f func() error) bool {
+func (c *Consumer) retry(ctx context.Context, what string, failures prometheus.Counter, f func() error) bool {
 	backoff := c.cfg.RetryMin
 	for attempt := 1; ; attempt++ {
 		err := f()
@@ -570,7 +554,7 @@ func (c *Consumer) retry(ctx context.Context, what string, f func() error) bool 
 			return true
 		}
 		c.healthy.Store(false)
-		c.m.StoreErrors.Inc()
+		failures.Inc()
 		if attempt == 1 || attempt%10 == 0 {
 			c.log.Error("cannot "+what+", retrying", "err", err, "attempt", attempt, "backoff", backoff)
 		}

@@ -24,7 +24,6 @@ type pipeline struct {
 	conn     driver.Conn
 	db       string
 	producer *kafka.Producer
-	stopFn   func()
 }
 
 // newPipeline creates the topic and database; start runs the consumer.
@@ -40,13 +39,7 @@ func newPipeline(t *testing.T) *pipeline {
 }
 
 func (p *pipeline) start(group string) {
-	p.stopFn = stacktest.RunIngest(p.t, p.topic, p.conn, p.db, group)
-}
-
-func (p *pipeline) stop() {
-	if p.stopFn != nil {
-		p.stopFn()
-	}
+	stacktest.RunIngest(p.t, p.topic, p.conn, p.db, group)
 }
 
 // simulate produces a seeded workload to the topic and returns the simulator's summary.

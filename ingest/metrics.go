@@ -11,6 +11,7 @@ type Metrics struct {
 	BatchRows       prometheus.Histogram
 	FlushSeconds    prometheus.Histogram
 	StoreErrors     prometheus.Counter
+	DLQErrors       prometheus.Counter
 	FetchErrors     prometheus.Counter
 	CommitErrors    prometheus.Counter
 	Unpriced        prometheus.Counter
@@ -37,6 +38,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Time to write a batch to ClickHouse and commit it, retries included.", Buckets: prometheus.ExponentialBuckets(0.005, 2, 14)}),
 		StoreErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: "bandplane_ingest_clickhouse_errors_total",
 			Help: "Failed ClickHouse writes (each is retried)."}),
+		DLQErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: "bandplane_ingest_dead_letter_produce_errors_total",
+			Help: "Failed writes to the dead-letter topic (each is retried)."}),
 		FetchErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: "bandplane_ingest_kafka_fetch_errors_total",
 			Help: "Failed Kafka fetches (each is retried)."}),
 		CommitErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: "bandplane_ingest_kafka_commit_errors_total",
@@ -57,7 +60,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Collector requests that failed to produce to Kafka."}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.Records, m.DeadLetters, m.Batches, m.BatchRows, m.FlushSeconds, m.StoreErrors,
+		reg.MustRegister(m.Records, m.DeadLetters, m.Batches, m.BatchRows, m.FlushSeconds, m.StoreErrors, m.DLQErrors,
 			m.FetchErrors, m.CommitErrors, m.Unpriced, m.Unattributed, m.Lag, m.RollupErrors, m.Repriced,
 			m.CollectorLines, m.CollectorErrors)
 	}

@@ -27,19 +27,18 @@ func init() {
 }
 
 type serveConfig struct {
-	stack        stackFlags
-	listen       string
-	group        string
-	partitions   int
-	token        string
-	batchSize    int
-	batchAge     time.Duration
-	catalog      string
-	rollupEvery  time.Duration
-	maxBody      int64
-	noConsumer   bool
-	readyTimeout time.Duration
-	policy       policyFlags
+	stack       stackFlags
+	listen      string
+	group       string
+	partitions  int
+	token       string
+	batchSize   int
+	batchAge    time.Duration
+	catalog     string
+	rollupEvery time.Duration
+	maxBody     int64
+	noConsumer  bool
+	policy      policyFlags
 }
 
 func runServe(ctx context.Context, e *env, args []string) error {
@@ -99,44 +98,16 @@ func serve(ctx context.Context, log *slog.Logger, reg *prometheus.Registry, c se
 		return err
 	}
 
-	var consumer *ingest.Consumer
-	var rollup *ingest.Rollup
-	var reader interface{ Close() error }
-	var dlq *kafka.Producer
+	var pipeline *ingest.Pipeline
 	if !c.noConsumer {
-		dir := ingest.NewDirectory()
-		rows, err := st.LoadDirectory(ctx)
-		if err != nil {
-			return err
-		}
-		dir.Load(rows)
-		agents, people := dir.Len()
-		log.Info("directory loaded from clickhouse", "agents", agents, "people", people)
-		late, err := st.UnattributedParties(ctx)
-		if err != nil {
-			return err
-		}
-		unpriced, err := st.UnpricedAgents(ctx)
-		if err != nil {
-			return err
-		}
-		r, err := kafka.NewReader(kafka.ReaderConfig{Brokers: brokers, Topic: c.stack.topic, GroupID: c.group, Logger: log})
-		if err != nil {
-			return err
-		}
-		reader = r
-		dlq, err = kafka.NewProducer(kafka.ProducerConfig{Brokers: brokers, Topic: c.stack.dlq()})
-		if err != nil {
-			return err
-		}
-		rollup = ingest.NewRollup(st, dir, cat, c.rollupEvery, log, metrics)
-		consumer, err = ingest.New(ingest.Config{
-			Reader: r, DeadLetters: dlq, Storage: st, Directory: dir, Catalog: cat, Topic: c.stack.topic,
-			BatchSize: c.batchSize, BatchAge: c.batchAge, LateParties: late, UnpricedAgents: unpriced, AfterFlush: rollup.Mark, Logger: log, Metrics: metrics,
+		pipeline, err = ingest.NewPipeline(ctx, ingest.PipelineConfig{
+			Brokers: brokers, Topic: c.stack.topic, DLQTopic: c.stack.dlq(), GroupID: c.group, Store: st, Catalog: cat,
+			BatchSize: c.batchSize, BatchAge: c.batchAge, RollupInterval: c.rollupEvery, Logger: log, Metrics: metrics,
 		})
 		if err != nil {
 			return err
 		}
+		defer pipeline.Close()
 	}
 
 	mux := http.NewServeMux()
@@ -169,7 +140,7 @@ func serve(ctx context.Context, log *slog.Logger, reg *prometheus.Registry, c se
 		if err := conn.Ping(pctx); err != nil {
 			problems = append(problems, "clickhouse: "+err.Error())
 		}
-		if consumer != nil && !consumer.Healthy() {
+		if pipeline != nil && !pipeline.Healthy() {
 			problems = append(problems, "ingest: writes are failing and being retried")
 		}
 		if policyAPI != nil && !policyReady.Load() {
@@ -192,28 +163,21 @@ func serve(ctx context.Context, log *slog.Logger, reg *prometheus.Registry, c se
 	log.Info("serving", "addr", ln.Addr().String(), "topic", c.stack.topic, "group", c.group,
 		"clickhouse", c.stack.ch.Addr, "database", c.stack.ch.Database, "catalog_version", cat.Version())
 
-	// Workers stop in order: HTTP intake first, then the consumer flushes and commits,
-	// then the rollup catches up, then clients close (deferred above).
-	// Workers stop in order: HTTP intake first, then the consumer flushes and commits,
-	// then the rollup catches up on what the consumer flushed, then clients close
+	// Workers stop in order: HTTP intake first, then the pipeline (the consumer flushes
+	// and commits, then the rollup catches up) and the policy replica, then clients close
 	// (deferred above).
 	consumerCtx, stopConsumer := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopConsumer()
-	rollupCtx, stopRollup := context.WithCancel(context.WithoutCancel(ctx))
-	defer stopRollup()
-	var consumers, rollups sync.WaitGroup
 	errc := make(chan error, 1)
 	go func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			errc <- fmt.Errorf("http server: %w", err)
 		}
 	}()
-	if consumer != nil {
-		consumers.Add(2)
-		go func() { defer consumers.Done(); _ = consumer.Run(consumerCtx) }()
-		go func() { defer consumers.Done(); pollLag(consumerCtx, log, brokers, c.stack.topic, c.group, metrics) }()
-		rollups.Add(1)
-		go func() { defer rollups.Done(); _ = rollup.Run(rollupCtx) }()
+	var pipelineWG sync.WaitGroup
+	if pipeline != nil {
+		pipelineWG.Add(1)
+		go func() { defer pipelineWG.Done(); pipeline.Run(consumerCtx) }()
 	}
 	var policyWG sync.WaitGroup
 	if replica != nil {
@@ -243,37 +207,7 @@ func serve(ctx context.Context, log *slog.Logger, reg *prometheus.Registry, c se
 	_ = srv.Shutdown(sctx)
 	stopConsumer()
 	policyWG.Wait()
-	if consumer != nil {
-		consumers.Wait()
-		stopRollup()
-		rollups.Wait()
-		_ = reader.Close()
-		_ = dlq.Close()
-	}
+	pipelineWG.Wait()
 	log.Info("stopped")
 	return runErr
-}
-
-func pollLag(ctx context.Context, log *slog.Logger, brokers []string, topic, group string, m *ingest.Metrics) {
-	t := time.NewTicker(5 * time.Second)
-	defer t.Stop()
-	var lastLog time.Time
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		lag, _, err := kafka.Lag(lctx, brokers, topic, group)
-		cancel()
-		if err != nil {
-			if ctx.Err() == nil && time.Since(lastLog) > time.Minute {
-				log.Warn("cannot read consumer lag", "err", err)
-				lastLog = time.Now()
-			}
-			continue
-		}
-		m.Lag.Set(float64(lag))
-	}
 }

@@ -274,10 +274,9 @@ type pipeline struct {
 	db       string
 	topic    string
 	producer *kafka.Producer
-	reader   *kafkago.Reader
-	dlq      *kafka.Producer
+	ingest   *ingest.Pipeline
 	cancel   context.CancelFunc
-	wg       sync.WaitGroup
+	done     chan struct{}
 }
 
 func newPipeline(ctx context.Context, cfg Config, conn driver.Conn, suffix string) (*pipeline, error) {
@@ -294,28 +293,19 @@ func newPipeline(ctx context.Context, cfg Config, conn driver.Conn, suffix strin
 	if p.producer, err = kafka.NewProducer(kafka.ProducerConfig{Brokers: cfg.Brokers, Topic: p.topic, BatchSize: 10000}); err != nil {
 		return nil, err
 	}
-	if p.dlq, err = kafka.NewProducer(kafka.ProducerConfig{Brokers: cfg.Brokers, Topic: p.topic + ".dlq"}); err != nil {
-		return nil, err
-	}
-	if p.reader, err = kafka.NewReader(kafka.ReaderConfig{Brokers: cfg.Brokers, Topic: p.topic, GroupID: "bench", Logger: cfg.Logger}); err != nil {
-		return nil, err
-	}
-	st := store.New(conn, p.db)
-	m := ingest.NewMetrics(nil)
-	dir := ingest.NewDirectory()
-	rollup := ingest.NewRollup(st, dir, pricing.Default(), cfg.RollupInterval, cfg.Logger, m)
-	c, err := ingest.New(ingest.Config{
-		Reader: p.reader, DeadLetters: p.dlq, Storage: st, Directory: dir, Catalog: pricing.Default(), Topic: p.topic,
-		BatchSize: cfg.BatchSize, BatchAge: cfg.BatchAge, AfterFlush: rollup.Mark, Logger: cfg.Logger, Metrics: m,
+	// The same pipeline `bandplane serve` runs, with the benchmark's batching.
+	p.ingest, err = ingest.NewPipeline(ctx, ingest.PipelineConfig{
+		Brokers: cfg.Brokers, Topic: p.topic, DLQTopic: p.topic + ".dlq", GroupID: "bench",
+		Store: store.New(conn, p.db), Catalog: pricing.Default(), BatchSize: cfg.BatchSize, BatchAge: cfg.BatchAge,
+		RollupInterval: cfg.RollupInterval, Logger: cfg.Logger,
 	})
 	if err != nil {
+		p.producer.Close()
 		return nil, err
 	}
 	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	p.cancel = cancel
-	p.wg.Add(2)
-	go func() { defer p.wg.Done(); _ = c.Run(rctx) }()
-	go func() { defer p.wg.Done(); _ = rollup.Run(rctx) }()
+	p.cancel, p.done = cancel, make(chan struct{})
+	go func() { defer close(p.done); p.ingest.Run(rctx) }()
 	if err := p.warmUp(ctx); err != nil {
 		p.close()
 		return nil, err
@@ -336,9 +326,8 @@ func (p *pipeline) warmUp(ctx context.Context) error {
 
 func (p *pipeline) close() {
 	p.cancel()
-	p.wg.Wait()
-	p.reader.Close()
-	p.dlq.Close()
+	<-p.done
+	_ = p.ingest.Close()
 	p.producer.Close()
 	c := &kafkago.Client{Addr: kafkago.TCP(p.cfg.Brokers...), Timeout: 10 * time.Second}
 	_, _ = c.DeleteTopics(context.Background(), &kafkago.DeleteTopicsRequest{Topics: []string{p.topic, p.topic + ".dlq"}})

@@ -72,10 +72,6 @@ type Batch struct {
 	Directory   []DirectoryRow
 }
 
-func (b *Batch) Len() int {
-	return len(b.Events) + len(b.DeadLetters)
-}
-
 // Store writes to one database.
 type Store struct {
 	conn driver.Conn
@@ -83,9 +79,6 @@ type Store struct {
 }
 
 func New(conn driver.Conn, db string) *Store { return &Store{conn: conn, db: db} }
-
-func (s *Store) Conn() driver.Conn { return s.conn }
-func (s *Store) DB() string        { return s.db }
 
 // BatchInsert writes every table of the batch and returns once ClickHouse has
 // acknowledged all of them. Tables are written one after another; if one fails the

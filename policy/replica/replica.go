@@ -65,7 +65,6 @@ type Replica struct {
 
 	mu       sync.Mutex
 	requests map[string][2]string // contact request id -> (from, to)
-	applied  int64
 }
 
 func New(cfg Config) (*Replica, error) {

@@ -1,0 +1,146 @@
+package ingest
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+	"time"
+
+	kafkago "github.com/segmentio/kafka-go"
+
+	"github.com/bandplane/bandplane/ingest/kafka"
+	"github.com/bandplane/bandplane/ingest/pricing"
+	"github.com/bandplane/bandplane/ingest/store"
+)
+
+// PipelineConfig configures a Pipeline: where to read, where to write, and the
+// consumer's batching.
+type PipelineConfig struct {
+	Brokers        []string
+	Topic          string
+	DLQTopic       string
+	GroupID        string
+	Store          *store.Store
+	Catalog        *pricing.Catalog
+	BatchSize      int
+	BatchAge       time.Duration
+	RollupInterval time.Duration
+	RetryMin       time.Duration // 0: the consumer's default
+	RetryMax       time.Duration
+	Logger         *slog.Logger
+	Metrics        *Metrics
+}
+
+// Pipeline is ingest as a process runs it: the consumer group reader, the consumer,
+// the dead-letter producer, the rollup and the lag gauge, wired together.
+// `bandplane serve`, the benchmark and the integration tests all run this one.
+type Pipeline struct {
+	cfg      PipelineConfig
+	reader   *kafkago.Reader
+	dlq      *kafka.Producer
+	consumer *Consumer
+	rollup   *Rollup
+}
+
+// NewPipeline loads what the consumer needs to know from ClickHouse (the directory,
+// the parties with unattributed events, the agents with unpriced usage) and opens its
+// Kafka reader and dead-letter producer. Close releases them.
+func NewPipeline(ctx context.Context, cfg PipelineConfig) (*Pipeline, error) {
+	if cfg.Store == nil || cfg.Catalog == nil {
+		return nil, errors.New("ingest pipeline: store and catalog are required")
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Metrics == nil {
+		cfg.Metrics = NewMetrics(nil)
+	}
+	st := cfg.Store
+	dir := NewDirectory()
+	rows, err := st.LoadDirectory(ctx)
+	if err != nil {
+		return nil, err
+	}
+	dir.Load(rows)
+	late, err := st.UnattributedParties(ctx)
+	if err != nil {
+		return nil, err
+	}
+	unpriced, err := st.UnpricedAgents(ctx)
+	if err != nil {
+		return nil, err
+	}
+	agents, people := dir.Len()
+	cfg.Logger.Info("ingest state loaded from clickhouse", "agents", agents, "people", people,
+		"unattributed_parties", len(late), "agents_with_unpriced_usage", len(unpriced))
+
+	p := &Pipeline{cfg: cfg}
+	if p.reader, err = kafka.NewReader(kafka.ReaderConfig{Brokers: cfg.Brokers, Topic: cfg.Topic, GroupID: cfg.GroupID, Logger: cfg.Logger}); err != nil {
+		return nil, err
+	}
+	if p.dlq, err = kafka.NewProducer(kafka.ProducerConfig{Brokers: cfg.Brokers, Topic: cfg.DLQTopic}); err != nil {
+		p.reader.Close()
+		return nil, err
+	}
+	p.rollup = NewRollup(st, dir, cfg.Catalog, cfg.RollupInterval, cfg.Logger, cfg.Metrics)
+	p.consumer, err = New(Config{
+		Reader: p.reader, DeadLetters: p.dlq, Storage: st, Directory: dir, Catalog: cfg.Catalog, Topic: cfg.Topic,
+		BatchSize: cfg.BatchSize, BatchAge: cfg.BatchAge, RetryMin: cfg.RetryMin, RetryMax: cfg.RetryMax,
+		LateParties: late, UnpricedAgents: unpriced, AfterFlush: p.rollup.Mark, Logger: cfg.Logger, Metrics: cfg.Metrics,
+	})
+	if err != nil {
+		p.Close()
+		return nil, err
+	}
+	return p, nil
+}
+
+// Healthy reports whether the consumer's last writes succeeded (readiness).
+func (p *Pipeline) Healthy() bool { return p.consumer.Healthy() }
+
+// Run consumes until ctx ends, then stops in order: the consumer flushes and commits,
+// then the rollup rebuilds what that last flush touched.
+func (p *Pipeline) Run(ctx context.Context) {
+	rollupCtx, stopRollup := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopRollup()
+	var consumer, rollup sync.WaitGroup
+	consumer.Add(2)
+	go func() { defer consumer.Done(); _ = p.consumer.Run(ctx) }()
+	go func() { defer consumer.Done(); p.pollLag(ctx) }()
+	rollup.Add(1)
+	go func() { defer rollup.Done(); _ = p.rollup.Run(rollupCtx) }()
+	consumer.Wait()
+	stopRollup()
+	rollup.Wait()
+}
+
+// Close releases the Kafka reader (leaving the group) and the dead-letter producer.
+func (p *Pipeline) Close() error {
+	return errors.Join(p.reader.Close(), p.dlq.Close())
+}
+
+// pollLag keeps bandplane_ingest_consumer_lag current.
+func (p *Pipeline) pollLag(ctx context.Context) {
+	t := time.NewTicker(5 * time.Second)
+	defer t.Stop()
+	var lastLog time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		lag, _, err := kafka.Lag(lctx, p.cfg.Brokers, p.cfg.Topic, p.cfg.GroupID)
+		cancel()
+		if err != nil {
+			if ctx.Err() == nil && time.Since(lastLog) > time.Minute {
+				p.cfg.Logger.Warn("cannot read consumer lag", "err", err)
+				lastLog = time.Now()
+			}
+			continue
+		}
+		p.cfg.Metrics.Lag.Set(float64(lag))
+	}
+}
