@@ -194,61 +194,61 @@ func messageAmounts(v ast.Value) (tokens, cost int64) {
 	return get("tokens"), get("cost_micros")
 }
 
-// decode fills d from the policy's decision object. A result that is not an object or
-// lacks a boolean allow is an undefined decision: deny.
-func decode(d *Decision, v any) {
-	m, ok := v.(map[string]any)
+// decode fills d from the policy's decision object, read straight from the AST (the
+// evaluation skips OPA's conversion to Go maps). A result that is not an object or lacks
+// a boolean allow is an undefined decision: deny.
+func decode(d *Decision, v ast.Value) {
+	m, ok := v.(ast.Object)
 	if !ok {
-		d.Reasons = []Reason{{Code: CodeUndefined, Message: fmt.Sprintf("%s returned %T, not an object", d.Name, v)}}
+		d.Reasons = []Reason{{Code: CodeUndefined, Message: fmt.Sprintf("%s returned %s, not an object", d.Name, ast.ValueName(v))}}
 		return
 	}
-	allow, ok := m["allow"].(bool)
+	allow, ok := get(m, "allow").(ast.Boolean)
 	if !ok {
 		d.Reasons = []Reason{{Code: CodeUndefined, Message: d.Name + " returned no boolean allow"}}
 		return
 	}
-	d.Allow = allow
-	if rs, ok := m["reasons"].([]any); ok {
-		d.Reasons = make([]Reason, 0, len(rs))
-		for _, r := range rs {
-			if rm, ok := r.(map[string]any); ok {
-				d.Reasons = append(d.Reasons, Reason{Code: asString(rm["code"]), Message: asString(rm["message"])})
+	d.Allow = bool(allow)
+	if rs, ok := get(m, "reasons").(*ast.Array); ok {
+		d.Reasons = make([]Reason, 0, rs.Len())
+		rs.Foreach(func(t *ast.Term) {
+			if r, ok := t.Value.(ast.Object); ok {
+				d.Reasons = append(d.Reasons, Reason{Code: getString(r, "code"), Message: getString(r, "message")})
 			}
-		}
+		})
 	}
-	d.IsContact, _ = m["is_contact"].(bool)
-	d.Via = asString(m["reason"])
-	if ps, ok := m["peers"].([]any); ok {
-		d.Peers = make([]Peer, 0, len(ps))
-		for _, p := range ps {
-			if pm, ok := p.(map[string]any); ok {
-				ic, _ := pm["is_contact"].(bool)
-				d.Peers = append(d.Peers, Peer{ID: asString(pm["id"]), Kind: asString(pm["kind"]),
-					Handle: asString(pm["handle"]), IsContact: ic, Reason: asString(pm["reason"])})
+	d.IsContact = getBool(m, "is_contact")
+	d.Via = getString(m, "reason")
+	if ps, ok := get(m, "peers").(*ast.Array); ok {
+		d.Peers = make([]Peer, 0, ps.Len())
+		ps.Foreach(func(t *ast.Term) {
+			if p, ok := t.Value.(ast.Object); ok {
+				d.Peers = append(d.Peers, Peer{ID: getString(p, "id"), Kind: getString(p, "kind"),
+					Handle: getString(p, "handle"), IsContact: getBool(p, "is_contact"), Reason: getString(p, "reason")})
 			}
-		}
+		})
 		slices.SortFunc(d.Peers, func(a, b Peer) int { return strings.Compare(a.ID, b.ID) })
 	}
-	d.Status = asString(m["status"])
-	d.HTTPStatus = int(asInt(m["http_status"]))
-	d.Code = asString(m["code"])
-	d.Message = asString(m["message"])
-	d.Recipient = asString(m["recipient"])
-	d.RequestID = asString(m["request_id"])
-	d.Agent = asString(m["agent"])
-	d.Owner = asString(m["owner"])
-	d.Org = asString(m["org"])
-	if q, ok := m["quota"].(map[string]any); ok {
+	d.Status = getString(m, "status")
+	d.HTTPStatus = int(getInt(m, "http_status"))
+	d.Code = getString(m, "code")
+	d.Message = getString(m, "message")
+	d.Recipient = getString(m, "recipient")
+	d.RequestID = getString(m, "request_id")
+	d.Agent = getString(m, "agent")
+	d.Owner = getString(m, "owner")
+	d.Org = getString(m, "org")
+	if q, ok := get(m, "quota").(ast.Object); ok {
 		d.Quota = &Quota{
-			WindowSeconds:              asInt(q["window_seconds"]),
-			MessagesPerWindowAgent:     asInt(q["messages_per_window_agent"]),
-			MessagesPerWindowAgentRoom: asInt(q["messages_per_window_agent_room"]),
-			TokensPerDayAgent:          asInt(q["tokens_per_day_agent"]),
-			TokensPerDayOwner:          asInt(q["tokens_per_day_owner"]),
-			TokensPerDayOrg:            asInt(q["tokens_per_day_org"]),
-			CostMicrosPerDayAgent:      asInt(q["cost_micros_per_day_agent"]),
-			CostMicrosPerDayOwner:      asInt(q["cost_micros_per_day_owner"]),
-			CostMicrosPerDayOrg:        asInt(q["cost_micros_per_day_org"]),
+			WindowSeconds:              getInt(q, "window_seconds"),
+			MessagesPerWindowAgent:     getInt(q, "messages_per_window_agent"),
+			MessagesPerWindowAgentRoom: getInt(q, "messages_per_window_agent_room"),
+			TokensPerDayAgent:          getInt(q, "tokens_per_day_agent"),
+			TokensPerDayOwner:          getInt(q, "tokens_per_day_owner"),
+			TokensPerDayOrg:            getInt(q, "tokens_per_day_org"),
+			CostMicrosPerDayAgent:      getInt(q, "cost_micros_per_day_agent"),
+			CostMicrosPerDayOwner:      getInt(q, "cost_micros_per_day_owner"),
+			CostMicrosPerDayOrg:        getInt(q, "cost_micros_per_day_org"),
 		}
 	}
 	if d.Reasons == nil {
@@ -256,26 +256,35 @@ func decode(d *Decision, v any) {
 	}
 }
 
-func asString(v any) string {
-	s, _ := v.(string)
-	return s
+// get is o[key], or nil.
+func get(o ast.Object, key string) ast.Value {
+	if t := o.Get(ast.InternedTerm(key)); t != nil {
+		return t.Value
+	}
+	return nil
 }
 
-func asInt(v any) int64 {
-	switch n := v.(type) {
-	case json.Number:
-		if i, err := n.Int64(); err == nil {
-			return i
-		}
-		if f, err := n.Float64(); err == nil {
-			return int64(f)
-		}
-	case int64:
-		return n
-	case int:
-		return int64(n)
-	case float64:
-		return int64(n)
+func getString(o ast.Object, key string) string {
+	s, _ := get(o, key).(ast.String)
+	return string(s)
+}
+
+func getBool(o ast.Object, key string) bool {
+	b, _ := get(o, key).(ast.Boolean)
+	return bool(b)
+}
+
+// getInt is o[key] as an integer; a fraction is truncated, anything else is 0.
+func getInt(o ast.Object, key string) int64 {
+	n, ok := get(o, key).(ast.Number)
+	if !ok {
+		return 0
+	}
+	if i, ok := n.Int64(); ok {
+		return i
+	}
+	if f, ok := n.Float64(); ok {
+		return int64(f)
 	}
 	return 0
 }

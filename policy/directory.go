@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/open-policy-agent/opa/v1/ast"
 	"github.com/open-policy-agent/opa/v1/storage"
 	"github.com/open-policy-agent/opa/v1/storage/inmem"
 )
@@ -114,6 +115,9 @@ type Directory struct {
 	owned     map[string]map[string]bool
 	global    map[string]bool
 	orgShared map[string]map[string]bool
+	// records holds each agent's and person's facts record (see facts.go), rebuilt
+	// whenever the agent or person changes.
+	records map[string]*ast.Term
 }
 
 // NewDirectory returns an empty directory with its own OPA store.
@@ -138,6 +142,7 @@ func (d *Directory) reset() {
 	d.owned = map[string]map[string]bool{}
 	d.global = map[string]bool{}
 	d.orgShared = map[string]map[string]bool{}
+	d.records = map[string]*ast.Term{}
 }
 
 // Load replaces the whole directory with the snapshot (bootstrap, tests, files).
@@ -282,6 +287,7 @@ func (d *Directory) Suspend(ctx context.Context, agent string, suspended bool) e
 		}
 		a.Suspended = suspended
 		d.agents[agent] = a
+		d.records[agent] = agentRecord(a)
 		t.add(storage.AddOp, docPath("agents", agent, "suspended"), suspended)
 		return nil
 	})
@@ -404,6 +410,7 @@ func (d *Directory) upsertPerson(t *patches, p Person) error {
 		return err
 	}
 	d.people[p.ID] = p
+	d.records[p.ID] = personRecord(p)
 	t.add(storage.AddOp, docPath("people", p.ID), personDoc(p))
 	return nil
 }
@@ -441,6 +448,7 @@ func (d *Directory) upsertAgent(t *patches, a Agent) error {
 		setIn(t, "org_shared", d.orgShared, a.Org, a.ID, true)
 	}
 	d.agents[a.ID] = a
+	d.records[a.ID] = agentRecord(a)
 	t.add(storage.AddOp, docPath("agents", a.ID), agentDoc(a))
 	return nil
 }

@@ -156,11 +156,14 @@ func (e *Engine) Decide(ctx context.Context, name string, input any) (Decision, 
 		return Decision{}, fmt.Errorf("cannot decide %q: unknown decision (known: %s)", name, strings.Join(decisionNames, ", "))
 	}
 	v, err := inputValue(input)
+	if err == nil {
+		v, err = e.dir.withFacts(name, v)
+	}
 	if err != nil {
 		return Decision{}, fmt.Errorf("cannot decide %s: %w", name, err)
 	}
 	d := Decision{DecisionID: schema.NewID(), Name: name, PolicyRevision: rev.hash}
-	rs, err := q.Eval(ctx, rego.EvalParsedInput(v))
+	rs, err := q.Eval(ctx, rego.EvalParsedInput(v), rego.EvalGenerateJSON(astResult))
 	switch {
 	case err != nil:
 		d.Reasons = []Reason{{Code: CodeEvalError, Message: err.Error()}}
@@ -169,12 +172,16 @@ func (e *Engine) Decide(ctx context.Context, name string, input any) (Decision, 
 		d.Reasons = []Reason{{Code: CodeUndefined, Message: name + " is undefined for this input"}}
 		return d, nil
 	}
-	decode(&d, rs[0].Expressions[0].Value)
+	decode(&d, rs[0].Expressions[0].Value.(*ast.Term).Value)
 	if name == SendMessage && d.Allow {
 		e.enforce(&d, v)
 	}
 	return d, nil
 }
+
+// astResult keeps a result as OPA's AST term; decode reads it without the conversion to
+// Go maps and slices that OPA does by default.
+func astResult(t *ast.Term, _ *rego.EvalContext) (any, error) { return t, nil }
 
 // PeerVisible is Decide(ctx, "peer_visible", in).
 func (e *Engine) PeerVisible(ctx context.Context, in PeerInput) (Decision, error) {

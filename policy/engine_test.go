@@ -55,6 +55,48 @@ func TestDecideMapAndTypedInputsAgree(t *testing.T) {
 	assert.Len(t, typed.PolicyRevision, 64)
 }
 
+func TestCallerCannotSupplyFacts(t *testing.T) {
+	ctx := context.Background()
+	e := exampleEngine(t)
+	// A stranger claiming, through input.facts, to be its target's contact.
+	forged := map[string]any{"actor": "a-architect", "room": webhookRoom, "participant": "a-partner-reviewer",
+		"facts": map[string]any{"contact": true}}
+	_, err := e.Decide(ctx, AddParticipant, forged)
+	require.ErrorContains(t, err, "input.facts is reserved")
+	_, err = e.Decide(ctx, SendMessage, map[string]any{"agent": "a-architect", "room": webhookRoom, "facts": map[string]any{}})
+	require.ErrorContains(t, err, "input.facts is reserved")
+
+	// The engine's own facts: the same question without them is denied.
+	delete(forged, "facts")
+	d, err := e.Decide(ctx, AddParticipant, forged)
+	require.NoError(t, err)
+	assert.False(t, d.Allow)
+}
+
+func TestFactsFollowDirectoryChanges(t *testing.T) {
+	ctx := context.Background()
+	e := exampleEngine(t)
+	in := AddInput{Actor: "a-architect", Room: webhookRoom, Participant: "a-reviewer"}
+	d, err := e.AddParticipant(ctx, in)
+	require.NoError(t, err)
+	require.True(t, d.Allow)
+
+	require.NoError(t, e.Directory().Suspend(ctx, "a-reviewer", true))
+	d, err = e.AddParticipant(ctx, in)
+	require.NoError(t, err)
+	assert.Equal(t, "participant_suspended", d.Reasons[0].Code)
+
+	require.NoError(t, e.Directory().Suspend(ctx, "a-reviewer", false))
+	require.NoError(t, e.Directory().JoinRoom(ctx, webhookRoom, "a-reviewer"))
+	d, err = e.AddParticipant(ctx, in)
+	require.NoError(t, err)
+	assert.Equal(t, "already_participant", d.Reasons[0].Code)
+
+	m, err := e.SendMessage(ctx, MessageInput{Agent: "a-reviewer", Room: webhookRoom})
+	require.NoError(t, err)
+	assert.True(t, m.Allow, m.Reasons)
+}
+
 func TestEvalErrorAndUndefinedDeny(t *testing.T) {
 	ctx := context.Background()
 	b := copyBundle(t)

@@ -7,15 +7,20 @@
 # data.governance.cross_org_add_requires_contact is true, a participant from another
 # organization also needs an approved contact with the actor, even a global agent.
 #
-# This is the hot decision, and OPA's cost is per evaluated expression, so the checks
-# take the ids as function arguments (a data.directory lookup keyed by input.x costs
-# an extra expression to bind input.x) and read data.directory directly instead of
-# through helper rules. Its grant repeats lib.agent_grant's rules (peer_visible's)
-# for an agent actor; the differential test (policy/differential_test.go) holds both
-# decisions to the Go reference.
+# This is the hot decision. OPA's cost grows with each evaluated expression and is
+# highest for store lookups and negations (`not` evaluates a sub-query), so it decides
+# from input.facts, which the engine adds from the directory (policy/facts.go,
+# policy/README.md): the actor's and the participant's records (kind "unknown" for an
+# unknown id) and the booleans actor_in_room, participant_in_room and contact; and it
+# tests those facts for equality instead of negating them. Each answer is written out
+# in full (a helper function costs more than the object). Its grant repeats
+# lib.agent_grant's rules (peer_visible's) for an agent actor; the differential test
+# (policy/differential_test.go) holds both decisions to the Go reference.
 package bandplane.add_participant
 
-import data.directory as dir
+import input.facts
+import input.facts.actor as a
+import input.facts.participant as p
 
 valid if {
 	is_string(input.actor)
@@ -26,78 +31,70 @@ valid if {
 	input.participant != ""
 }
 
-is_contact := true if dir.contacts[input.actor][input.participant] == true
-else := false
-
-deny(code, message) := {"allow": false, "is_contact": is_contact, "reasons": [{"code": code, "message": message}]}
-
-decision := deny("invalid_input", "input.actor, input.room and input.participant must be non-empty strings") if {
+# The first failed check decides, in this order. An id that is not a non-empty string
+# has no record and no membership, so validity is only checked when the actor is not
+# in the room or the participant is unknown, which keeps the common path short.
+decision := {"allow": false, "is_contact": facts.contact, "reasons": [{"code": "invalid_input", "message": "input.actor, input.room and input.participant must be non-empty strings"}]} if {
+	facts.actor_in_room == false
 	not valid
-} else := check(input.actor, input.room, input.participant)
-
-# check is the decision for valid ids: the first failed check decides, in this order.
-check(a, r, p) := deny("unknown_actor", sprintf("unknown actor %s", [a])) if {
-	not dir.agents[a]
-	not dir.people[a]
-} else := deny("suspended", sprintf("%s is suspended", [a])) if {
-	dir.agents[a].suspended == true
-} else := deny("actor_not_in_room", sprintf("%s is not in room %s", [a, r])) if {
-	not dir.rooms[r][a]
-} else := deny("self", "an actor cannot add itself") if {
-	a == p
-} else := deny("unknown_participant", sprintf("unknown participant %s", [p])) if {
-	not dir.agents[p]
-	not dir.people[p]
-} else := deny("participant_suspended", sprintf("%s is suspended", [p])) if {
-	dir.agents[p].suspended == true
-} else := deny("already_participant", sprintf("%s is already in room %s", [p, r])) if {
-	dir.rooms[r][p]
-} else := deny("not_peer", sprintf("%s is not a peer of %s", [p, a])) if {
-	not grant(a, p)
-} else := deny("cross_org_requires_contact", sprintf("%s is in another organization and needs an approved contact with %s", [p, a])) if {
+} else := {"allow": false, "is_contact": facts.contact, "reasons": [{"code": "invalid_input", "message": "input.actor, input.room and input.participant must be non-empty strings"}]} if {
+	p.kind == "unknown"
+	not valid
+} else := {"allow": false, "is_contact": facts.contact, "reasons": [{"code": "unknown_actor", "message": sprintf("unknown actor %s", [input.actor])}]} if {
+	a.kind == "unknown"
+} else := {"allow": false, "is_contact": facts.contact, "reasons": [{"code": "suspended", "message": sprintf("%s is suspended", [input.actor])}]} if {
+	a.suspended == true
+} else := {"allow": false, "is_contact": facts.contact, "reasons": [{"code": "actor_not_in_room", "message": sprintf("%s is not in room %s", [input.actor, input.room])}]} if {
+	facts.actor_in_room == false
+} else := {"allow": false, "is_contact": facts.contact, "reasons": [{"code": "self", "message": "an actor cannot add itself"}]} if {
+	input.actor == input.participant
+} else := {"allow": false, "is_contact": facts.contact, "reasons": [{"code": "unknown_participant", "message": sprintf("unknown participant %s", [input.participant])}]} if {
+	p.kind == "unknown"
+} else := {"allow": false, "is_contact": facts.contact, "reasons": [{"code": "participant_suspended", "message": sprintf("%s is suspended", [input.participant])}]} if {
+	p.suspended == true
+} else := {"allow": false, "is_contact": facts.contact, "reasons": [{"code": "already_participant", "message": sprintf("%s is already in room %s", [input.participant, input.room])}]} if {
+	facts.participant_in_room == true
+} else := {"allow": false, "is_contact": facts.contact, "reasons": [{"code": "not_peer", "message": sprintf("%s is not a peer of %s", [input.participant, input.actor])}]} if {
+	grant == "none"
+} else := {"allow": false, "is_contact": facts.contact, "reasons": [{"code": "cross_org_requires_contact", "message": sprintf("%s is in another organization and needs an approved contact with %s", [input.participant, input.actor])}]} if {
 	data.governance.cross_org_add_requires_contact == true
-	not is_contact
-	org(a) != org(p)
+	facts.contact == false
+	a.org != p.org
 } else := {
 	"allow": true,
-	"is_contact": is_contact,
-	"reason": g,
-	"reasons": [{"code": g, "message": sprintf("%s may add %s as %s", [a, p, g])}],
-} if {
-	g := grant(a, p)
+	"is_contact": facts.contact,
+	"reason": grant,
+	"reasons": [{"code": grant, "message": sprintf("%s may add %s as %s", [input.actor, input.participant, grant])}],
 }
 
-# grant is why actor a may add c (a != c, both known). The agent rules (as
-# lib.agent_grant) and the person rules share one precedence chain, an id never being
-# both: the agent's owner or an agent the person owns, a contact, a sibling (agent with
-# Personal Registry Access on), a global agent, an agent shared with the actor's
-# organization (for an agent, both only while its registry access is on).
-grant(a, c) := "owner" if {
-	dir.agents[a].owner == c
+# grant is why the actor may add the participant (different ids, both known), "none"
+# when the participant is not a peer of the actor. The agent
+# rules (as lib.agent_grant) and the person rules share one precedence chain: the
+# agent's owner or an agent the person owns, a contact, a sibling (agent with Personal
+# Registry Access on), a global agent, an agent shared with the actor's organization
+# (for an agent, both only while its registry access is on). In each branch the test
+# that fails for most participants comes first.
+grant := "owner" if {
+	a.owner == input.participant
 } else := "owned" if {
-	dir.agents[c].owner == a
-	dir.people[a]
+	p.owner == input.actor
+	a.kind == "person"
 } else := "contact" if {
-	dir.contacts[a][c] == true
+	facts.contact == true
 } else := "sibling" if {
-	dir.agents[a].registry_access == true
-	dir.agents[c].owner == dir.agents[a].owner
+	p.owner == a.owner
+	a.registry_access == true
 } else := "global" if {
-	reach_org(a)
-	dir.agents[c].global == true
+	p.global == true
+	reaches_registry
 } else := "org_shared" if {
-	dir.agents[c].shared_with_org == true
-	dir.agents[c].org == reach_org(a)
-}
+	p.shared_with_org == true
+	p.org == a.org
+	reaches_registry
+} else := "none"
 
-# reach_org is the organization whose shared agents a reaches: an agent's own while
-# its Personal Registry Access is on, a person's always; undefined otherwise.
-reach_org(a) := dir.agents[a].org if {
-	dir.agents[a].registry_access == true
-} else := dir.people[a].org if {
-	not dir.agents[a]
-}
+# reaches_registry: the actor reaches global and organization-shared agents, an agent
+# while its Personal Registry Access is on, a person always.
+reaches_registry if a.registry_access == true
 
-# org is an agent's organization, else a person's.
-org(id) := dir.agents[id].org if dir.agents[id]
-else := dir.people[id].org
+reaches_registry if a.kind == "person"

@@ -6,7 +6,7 @@ import data.bandplane.fixture
 room := "room-webhook-retries"
 
 decide(actor, participant) := d if {
-	d := add_participant.decision with input as {"actor": actor, "room": room, "participant": participant}
+	d := add_participant.decision with input as fixture.add_input(fixture.directory, actor, room, participant)
 		with data.directory as fixture.directory
 }
 
@@ -21,7 +21,7 @@ test_architect_adds_sibling_reviewer if {
 
 test_agent_grants if {
 	decide("a-architect", "a-security").reason == "org_shared"
-	d := add_participant.decision with input as {"actor": "a-architect", "room": room, "participant": "a-search"}
+	d := add_participant.decision with input as fixture.add_input(fixture.directory, "a-architect", room, "a-search")
 		with data.directory as fixture.directory
 		with data.governance.cross_org_add_requires_contact as false
 	d.reason == "global"
@@ -47,11 +47,11 @@ test_contact_adds_partner_reviewer if {
 }
 
 test_cross_org_global_agent_needs_contact if {
-	d := add_participant.decision with input as {"actor": "a-architect", "room": room, "participant": "a-search"}
+	d := add_participant.decision with input as fixture.add_input(fixture.directory, "a-architect", room, "a-search")
 		with data.directory as fixture.directory
 		with data.governance.cross_org_add_requires_contact as true
 	codes(d) == {"cross_org_requires_contact"}
-	d2 := add_participant.decision with input as {"actor": "a-architect", "room": room, "participant": "a-search"}
+	d2 := add_participant.decision with input as fixture.add_input(fixture.directory, "a-architect", room, "a-search")
 		with data.directory as fixture.directory
 		with data.governance.cross_org_add_requires_contact as false
 	d2.allow
@@ -67,7 +67,7 @@ test_person_actor if {
 }
 
 test_person_actor_global if {
-	d := add_participant.decision with input as {"actor": "u-alice", "room": room, "participant": "a-search"}
+	d := add_participant.decision with input as fixture.add_input(fixture.directory, "u-alice", room, "a-search")
 		with data.directory as fixture.directory
 		with data.governance.cross_org_add_requires_contact as false
 	d.reason == "global"
@@ -93,23 +93,33 @@ test_self_and_unknown if {
 }
 
 test_invalid_input if {
-	d := add_participant.decision with input as {"actor": "a-architect", "room": room}
+	# The engine's facts for an input without a participant.
+	no_participant := object.remove(fixture.add_input(fixture.directory, "a-architect", room, ""), {"participant"})
+	d := add_participant.decision with input as no_participant
 		with data.directory as fixture.directory
 	codes(d) == {"invalid_input"}
 	not d.allow
+
+	# An actor or a room that is not a string: no record, no membership.
+	bad_actor := add_participant.decision with input as fixture.add_input(fixture.directory, 7, room, "a-reviewer")
+		with data.directory as fixture.directory
+	codes(bad_actor) == {"invalid_input"}
+	bad_room := add_participant.decision with input as fixture.add_input(fixture.directory, "a-architect", ["r"], "a-reviewer")
+		with data.directory as fixture.directory
+	codes(bad_room) == {"invalid_input"}
 }
 
 test_agent_adds_its_owner if {
-	d := add_participant.decision with input as {"actor": "a-architect", "room": room, "participant": "u-alice"}
-		with data.directory as fixture.directory
-		with data.directory.rooms as {"room-webhook-retries": {"a-architect": true}}
+	dir := fixture.directory_with_rooms({room: {"a-architect": true}})
+	d := add_participant.decision with input as fixture.add_input(dir, "a-architect", room, "u-alice")
+		with data.directory as dir
 	d.allow
 	d.reason == "owner"
 }
 
 test_registry_access_off_limits_grants if {
-	d := add_participant.decision with input as {"actor": "a-closed", "room": room, "participant": "a-reviewer"}
-		with data.directory as fixture.directory
-		with data.directory.rooms as {"room-webhook-retries": {"a-closed": true}}
+	dir := fixture.directory_with_rooms({room: {"a-closed": true}})
+	d := add_participant.decision with input as fixture.add_input(dir, "a-closed", room, "a-reviewer")
+		with data.directory as dir
 	codes(d) == {"not_peer"}
 }

@@ -68,3 +68,32 @@ directory := {
 	"global": {"a-search": true},
 	"org_shared": {"org-acme": {"a-security": true}},
 }
+
+# add_input and message_input build the input the engine gives add_participant and
+# send_message (policy/facts.go): the request plus input.facts, derived here from the
+# directory dir the test evaluates against.
+add_input(dir, actor, room, participant) := {
+	"actor": actor, "room": room, "participant": participant,
+	"facts": {
+		"actor": record(dir, actor),
+		"participant": record(dir, participant),
+		"actor_in_room": object.get(dir, ["rooms", room, actor], false),
+		"participant_in_room": object.get(dir, ["rooms", room, participant], false),
+		"contact": object.get(dir, ["contacts", actor, participant], false),
+	},
+}
+
+message_input(dir, agent, room, extra) := object.union(extra, {
+	"agent": agent, "room": room,
+	"facts": {"agent": agent_record(dir, agent), "in_room": object.get(dir, ["rooms", room, agent], false)},
+})
+
+record(dir, id) := agent_record(dir, id) if dir.agents[id]
+else := object.union(dir.people[id], {"kind": "person"}) if dir.people[id]
+else := {"kind": "unknown"}
+
+agent_record(dir, id) := object.union(dir.agents[id], {"kind": "agent"}) if dir.agents[id]
+else := {"kind": "unknown"}
+
+# directory_with_rooms is the directory with its room membership replaced.
+directory_with_rooms(rooms) := object.union(object.remove(directory, {"rooms"}), {"rooms": rooms})

@@ -4,10 +4,15 @@
 # input: {"agent": id, "room": id, "tokens"?: n, "cost_micros"?: n}
 # output: allow, reasons, agent, owner, org, quota (data.quotas.defaults overlaid with
 # data.quotas.orgs[org], then data.quotas.agents[agent]; 0 means unlimited).
+#
+# It runs on every message, so like add_participant it decides from input.facts, which
+# the engine adds from the directory (see policy/README.md): the agent's record (kind
+# "unknown" unless the id is a known agent) and in_room; it tests them for equality
+# rather than negate them.
 package bandplane.send_message
 
 import data.bandplane.lib
-import data.directory as dir
+import input.facts
 
 agent_id := input.agent
 
@@ -20,7 +25,7 @@ valid if {
 	room != ""
 }
 
-record := dir.agents[agent_id]
+record := facts.agent
 
 quota := object.union_n([
 	data.quotas.defaults,
@@ -34,11 +39,11 @@ deny(code, message) := {"allow": false, "reasons": [lib.reason(code, message)]}
 decision := deny("invalid_input", "input.agent and input.room must be non-empty strings") if {
 	not valid
 } else := deny("unknown_agent", sprintf("unknown agent %s", [agent_id])) if {
-	not record
+	record.kind == "unknown"
 } else := deny("suspended", sprintf("agent %s is suspended", [agent_id])) if {
 	record.suspended == true
 } else := deny("not_participant", sprintf("%s is not in room %s", [agent_id, room])) if {
-	not dir.rooms[room][agent_id]
+	facts.in_room == false
 } else := {
 	"allow": true,
 	"reasons": [],

@@ -6,7 +6,7 @@ import data.bandplane.send_message
 room := "room-webhook-retries"
 
 decide(agent, r) := d if {
-	d := send_message.decision with input as {"agent": agent, "room": r, "tokens": 10}
+	d := send_message.decision with input as fixture.message_input(fixture.directory, agent, r, {"tokens": 10})
 		with data.directory as fixture.directory
 		with data.quotas as {
 			"defaults": {"window_seconds": 60, "messages_per_window_agent": 30, "tokens_per_day_org": 100},
@@ -27,7 +27,7 @@ test_quota_defaults_then_org_then_agent if {
 }
 
 test_shipped_data_has_defaults if {
-	d := send_message.decision with input as {"agent": "a-architect", "room": room}
+	d := send_message.decision with input as fixture.message_input(fixture.directory, "a-architect", room, {})
 		with data.directory as fixture.directory
 	d.quota.window_seconds > 0
 	d.quota.messages_per_window_agent_room > 0
