@@ -3,7 +3,7 @@ SHELL := /bin/bash
 GO    ?= go
 BIN   := bin/bandplane
 
-.PHONY: build run test up down unit bench-ingest fuzz generate
+.PHONY: build run test up down unit bench-ingest bench-policy fuzz generate
 
 build:
 	$(GO) build -o $(BIN) ./cmd/bandplane
@@ -29,6 +29,12 @@ unit:
 
 bench-ingest: build
 	$(BIN) bench ingest --events 1000000
+
+# In process and over HTTP without audit, then over HTTP with each decision audited to
+# Kafka (needs `make up`).
+bench-policy: build
+	$(BIN) bench policy
+	$(BIN) bench policy --audit --n 1000
 
 fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzDecode -fuzztime 60s ./schema/

@@ -93,7 +93,14 @@ func serve(ctx context.Context, log *slog.Logger, reg *prometheus.Registry, c se
 		return err
 	}
 
-	policyAPI, replica, err := c.policy.build(ctx, log, reg, conn, c.stack, cat, producer)
+	// The policy API writes its audit events one decision at a time: its own producer,
+	// sized for that (the writer connects on first use, so it costs nothing unused).
+	auditor, err := kafka.NewProducer(kafka.ProducerConfig{Brokers: brokers, Topic: c.stack.topic, BatchSize: kafka.AuditBatchSize})
+	if err != nil {
+		return err
+	}
+	defer auditor.Close()
+	policyAPI, replica, err := c.policy.build(ctx, log, reg, conn, c.stack, cat, auditor)
 	if err != nil {
 		return err
 	}
