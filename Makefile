@@ -30,11 +30,10 @@ unit:
 bench-ingest: build
 	$(BIN) bench ingest --events 1000000
 
-# In process and over HTTP without audit, then over HTTP with each decision audited to
-# Kafka (needs `make up`).
+# In process, over HTTP without audit, and over HTTP with each decision audited to
+# Kafka, in one run (needs `make up`).
 bench-policy: build
-	$(BIN) bench policy
-	$(BIN) bench policy --audit --n 1000
+	$(BIN) bench policy --audit
 
 fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzDecode -fuzztime 60s ./schema/

@@ -2,6 +2,7 @@ package policy
 
 import (
 	"context"
+	"crypto/sha256"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -31,6 +32,10 @@ type BenchResult struct {
 	BareOPA        BareResult    `json:"bare_opa"`
 	// OverheadRatio is add_participant p99 through Engine.Decide ÷ bare OPA p99.
 	OverheadRatio float64 `json:"overhead_ratio"`
+	// ReferenceCPU is a fixed CPU task (48 SHA-256 of one 1 KiB buffer, which stays in the
+	// L1 cache; about as long as a decision) timed in the same loop: the tail the machine
+	// itself adds to anything that short.
+	ReferenceCPU BareResult `json:"reference_cpu"`
 }
 
 // BenchSetup is the benchmark's directory and engine, and the inputs drawn from it. The
@@ -95,9 +100,9 @@ func BenchPolicy(ctx context.Context, agents, contacts int, n int) (BenchResult,
 }
 
 // Measure measures n decisions of each kind on the setup's engine (see BenchPolicy).
-// Each add_participant decision is timed next to a bare evaluation, alternately, so both
-// see the same machine (a noisy 2-vCPU VM here) and the overhead ratio compares like
-// with like.
+// Each add_participant decision is timed next to a bare evaluation and a fixed CPU task,
+// alternately, so all three see the same machine (a noisy 2-vCPU VM here): the overhead
+// ratio compares like with like, and the task's tail shows the machine's own.
 func (s *BenchSetup) Measure(ctx context.Context, n int) (BenchResult, error) {
 	e := s.Engine
 	dir := e.Directory()
@@ -147,6 +152,8 @@ func (s *BenchSetup) Measure(ctx context.Context, n int) (BenchResult, error) {
 
 	lat := make([]time.Duration, n)
 	bareLat := make([]time.Duration, n)
+	refLat := make([]time.Duration, n)
+	refBuf := make([]byte, 1<<10)
 	for i, in := range adds {
 		t0 := time.Now()
 		if _, err := e.AddParticipant(ctx, in); err != nil {
@@ -158,11 +165,17 @@ func (s *BenchSetup) Measure(ctx context.Context, n int) (BenchResult, error) {
 		if err := bare(inputs[(i+n/2)%n]); err != nil {
 			return res, err
 		}
-		lat[i], bareLat[i] = t1.Sub(t0), time.Since(t1)
+		t2 := time.Now()
+		for range 48 {
+			sha256.Sum256(refBuf)
+		}
+		lat[i], bareLat[i], refLat[i] = t1.Sub(t0), t2.Sub(t1), time.Since(t2)
 	}
 	res.AddParticipant = latency(lat)
 	b := latency(bareLat)
 	res.BareOPA = BareResult{P50Us: b.P50Us, P99Us: b.P99Us}
+	ref := latency(refLat)
+	res.ReferenceCPU = BareResult{P50Us: ref.P50Us, P99Us: ref.P99Us}
 	if b.P99Us > 0 {
 		res.OverheadRatio = res.AddParticipant.P99Us / b.P99Us
 	}

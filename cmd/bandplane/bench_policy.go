@@ -22,14 +22,21 @@ import (
 )
 
 // benchPolicyResult is the JSON line of `bench policy`: the in-process latencies of
-// policy.BenchPolicy, then the decision API over loopback HTTP.
+// policy.BenchPolicy, then the decision API over loopback HTTP, without audit and, with
+// --audit, in the same run, with each decision audited to Kafka.
 type benchPolicyResult struct {
 	policy.BenchResult
-	HTTPPerS    float64 `json:"http_per_s"` // 200 answers per second
-	HTTPAudit   bool    `json:"http_audit"` // each decision was audited to Kafka
-	HTTPClients int     `json:"http_clients"`
-	HTTPOK      int64   `json:"http_ok"`
-	HTTPFailed  int64   `json:"http_failed"` // transport errors and non-200 answers
+	HTTPPerS    float64     `json:"http_per_s"` // = HTTP.PerS
+	HTTP        httpResult  `json:"http"`
+	HTTPAudited *httpResult `json:"http_audited,omitempty"`
+}
+
+// httpResult is one HTTP phase: add_participant decisions answered 200 per second.
+type httpResult struct {
+	PerS    float64 `json:"per_s"`
+	Clients int     `json:"clients"`
+	OK      int64   `json:"ok"`
+	Failed  int64   `json:"failed"` // transport errors and non-200 answers
 }
 
 func runBenchPolicy(ctx context.Context, e *env, args []string) error {
@@ -37,26 +44,21 @@ func runBenchPolicy(ctx context.Context, e *env, args []string) error {
 	agents := fs.Int("agents", 10_000, "agents in the benchmark directory")
 	contacts := fs.Int("contacts", 50_000, "random contacts in the benchmark directory")
 	n := fs.Int("n", 20_000, "decisions per in-process measurement (add_participant, send_message, bare OPA)")
-	clients := fs.Int("http-clients", 0, "concurrent HTTP clients (0 = 8 without --audit, 256 with: an audited decision waits for Kafka's acknowledgement)")
-	duration := fs.Duration("http-duration", 10*time.Second, "how long the measured HTTP phase runs")
-	warmup := fs.Duration("http-warmup", 2*time.Second, "how long the same HTTP load runs, unmeasured, before it")
-	maxRequests := fs.Int64("http-requests", 0, "stop the HTTP phase after this many requests too (0 = no limit)")
-	audit := fs.Bool("audit", false, "audit each HTTP decision to Kafka through the real producer (needs `make up`)")
+	clients := fs.Int("http-clients", 8, "concurrent HTTP clients without audit")
+	auditClients := fs.Int("http-audit-clients", 256, "concurrent HTTP clients with --audit (an audited decision waits for Kafka's acknowledgement)")
+	duration := fs.Duration("http-duration", 10*time.Second, "how long each measured HTTP phase runs")
+	warmup := fs.Duration("http-warmup", 2*time.Second, "how long the same HTTP load runs, unmeasured, before each phase")
+	maxRequests := fs.Int64("http-requests", 0, "end each HTTP phase after about this many answers too (0 = no limit)")
+	audit := fs.Bool("audit", false, "also measure HTTP with each decision audited to Kafka through the real producer (needs `make up`)")
 	brokers := fs.String("kafka", envOr("BANDPLANE_KAFKA", "127.0.0.1:19092"), "Kafka bootstrap brokers for --audit, comma-separated (env BANDPLANE_KAFKA)")
 	topic := fs.String("audit-topic", "bandplane.bench.decisions", "topic the --audit events go to (kept apart from the events topic)")
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	if *n < 1 || *duration <= 0 || *warmup < 0 || *clients < 0 {
-		return fmt.Errorf("need --n >= 1, --http-duration > 0, --http-warmup >= 0 and --http-clients >= 0 (got %d, %s, %s, %d)",
-			*n, *duration, *warmup, *clients)
-	}
-	if *clients == 0 {
-		*clients = 8
-		if *audit {
-			*clients = 256
-		}
+	if *n < 1 || *duration <= 0 || *warmup < 0 || *clients < 1 || *auditClients < 1 {
+		return fmt.Errorf("need --n >= 1, --http-duration > 0, --http-warmup >= 0, --http-clients >= 1 and --http-audit-clients >= 1 (got %d, %s, %s, %d, %d)",
+			*n, *duration, *warmup, *clients, *auditClients)
 	}
 	if *cpuprofile != "" {
 		f, err := os.Create(*cpuprofile)
@@ -71,19 +73,9 @@ func runBenchPolicy(ctx context.Context, e *env, args []string) error {
 	}
 	progress := func(format string, a ...any) { fmt.Fprintf(e.stderr, "bench: "+format+"\n", a...) }
 
-	progress("building a directory of %d agents and %d contacts", *agents, *contacts)
-	setup, err := policy.NewBenchSetup(ctx, *agents, *contacts)
-	if err != nil {
-		return err
-	}
-	progress("in process: %d add_participant, %d send_message and %d bare OPA evaluations", *n, *n, *n)
-	inproc, err := setup.Measure(ctx, *n)
-	if err != nil {
-		return err
-	}
-	res := benchPolicyResult{BenchResult: inproc, HTTPAudit: *audit, HTTPClients: *clients}
-
-	cfg := api.Config{Engine: setup.Engine, Logger: e.log}
+	// Check the broker first: a missing stack should fail in a second, not after the
+	// in-process phase.
+	var auditor *kafka.Producer
 	if *audit {
 		bs := splitBrokers(*brokers)
 		if err := kafka.EnsureTopic(ctx, bs, *topic, 4); err != nil {
@@ -94,20 +86,46 @@ func runBenchPolicy(ctx context.Context, e *env, args []string) error {
 			return fmt.Errorf("cannot create the audit producer: %w", err)
 		}
 		defer p.Close()
-		cfg.Auditor = p // only here: a nil *kafka.Producer in the interface would not be "no audit"
+		auditor = p
 	}
-	a, err := api.New(cfg)
+
+	progress("building a directory of %d agents and %d contacts", *agents, *contacts)
+	setup, err := policy.NewBenchSetup(ctx, *agents, *contacts)
 	if err != nil {
 		return err
 	}
-	progress("HTTP: %d clients for %s (audit=%v)", *clients, *duration, *audit)
-	ok, failed, elapsed, err := driveDecisions(ctx, a, setup.AddInputs(4096), *clients, *warmup, *duration, *maxRequests)
+	progress("in process: %d add_participant, %d send_message and %d bare OPA evaluations", *n, *n, *n)
+	inproc, err := setup.Measure(ctx, *n)
 	if err != nil {
 		return err
 	}
-	res.HTTPOK, res.HTTPFailed = ok, failed
-	res.HTTPPerS = float64(ok) / elapsed.Seconds()
-	progress("HTTP: %d ok, %d failed in %s", ok, failed, elapsed.Round(time.Millisecond))
+	res := benchPolicyResult{BenchResult: inproc}
+	inputs := setup.AddInputs(4096)
+
+	phase := func(cfg api.Config, clients int, what string) (httpResult, error) {
+		a, err := api.New(cfg)
+		if err != nil {
+			return httpResult{}, err
+		}
+		progress("HTTP %s: %d clients, %s warm-up, %s measured", what, clients, *warmup, *duration)
+		ok, failed, elapsed, err := driveDecisions(ctx, a, inputs, clients, *warmup, *duration, *maxRequests)
+		if err != nil {
+			return httpResult{}, err
+		}
+		progress("HTTP %s: %d ok, %d failed in %s", what, ok, failed, elapsed.Round(time.Millisecond))
+		return httpResult{PerS: float64(ok) / elapsed.Seconds(), Clients: clients, OK: ok, Failed: failed}, nil
+	}
+	if res.HTTP, err = phase(api.Config{Engine: setup.Engine, Logger: e.log}, *clients, "without audit"); err != nil {
+		return err
+	}
+	res.HTTPPerS = res.HTTP.PerS
+	if auditor != nil {
+		r, err := phase(api.Config{Engine: setup.Engine, Logger: e.log, Auditor: auditor}, *auditClients, "audited to "+*topic)
+		if err != nil {
+			return err
+		}
+		res.HTTPAudited = &r
+	}
 
 	b, err := json.Marshal(res)
 	if err != nil {

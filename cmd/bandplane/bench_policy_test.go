@@ -27,12 +27,13 @@ func TestBenchPolicySmall(t *testing.T) {
 		assert.Positive(t, l, name)
 	}
 	assert.Positive(t, res.OverheadRatio)
-	assert.Positive(t, res.HTTPOK)
-	assert.Zero(t, res.HTTPFailed)
+	assert.Positive(t, res.HTTP.OK)
+	assert.Zero(t, res.HTTP.Failed)
 	assert.Positive(t, res.HTTPPerS)
-	assert.False(t, res.HTTPAudit)
-	assert.Equal(t, 4, res.HTTPClients)
-	assert.Contains(t, errOut.String(), "bench: HTTP: 4 clients")
+	assert.Equal(t, res.HTTP.PerS, res.HTTPPerS)
+	assert.Nil(t, res.HTTPAudited)
+	assert.Equal(t, 4, res.HTTP.Clients)
+	assert.Contains(t, errOut.String(), "bench: HTTP without audit: 4 clients")
 }
 
 func TestBenchPolicyRefusesBadFlags(t *testing.T) {
@@ -50,17 +51,18 @@ func TestIntegrationBenchPolicyAudit(t *testing.T) {
 	var out, errOut bytes.Buffer
 	code := run([]string{"bench", "policy", "--agents", "200", "--contacts", "400", "--n", "200", "--audit",
 		"--kafka", strings.Join(stacktest.Brokers(), ","), "--audit-topic", topic,
-		"--http-clients", "16", "--http-warmup", "200ms", "--http-duration", "500ms"}, strings.NewReader(""), &out, &errOut)
+		"--http-clients", "2", "--http-audit-clients", "16", "--http-warmup", "200ms", "--http-duration", "500ms"}, strings.NewReader(""), &out, &errOut)
 	require.Equal(t, 0, code, errOut.String())
 	var res benchPolicyResult
 	require.NoError(t, json.Unmarshal(out.Bytes(), &res), out.String())
-	assert.True(t, res.HTTPAudit)
-	assert.Positive(t, res.HTTPOK)
-	assert.Zero(t, res.HTTPFailed)
+	require.NotNil(t, res.HTTPAudited)
+	assert.Positive(t, res.HTTPAudited.OK)
+	assert.Zero(t, res.HTTPAudited.Failed)
+	assert.Equal(t, 16, res.HTTPAudited.Clients)
 
 	total, _, err := kafka.Lag(context.Background(), stacktest.Brokers(), topic, "nobody-"+topic)
 	require.NoError(t, err)
 	// Warm-up and measured decisions were all audited (the group never committed, so
 	// its lag is the topic's size).
-	assert.GreaterOrEqual(t, total, res.HTTPOK)
+	assert.GreaterOrEqual(t, total, res.HTTPAudited.OK)
 }

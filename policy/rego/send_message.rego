@@ -11,43 +11,40 @@
 # rather than negate them.
 package bandplane.send_message
 
-import data.bandplane.lib
 import input.facts
-
-agent_id := input.agent
-
-room := input.room
+import input.facts.agent as record
 
 valid if {
-	is_string(agent_id)
-	agent_id != ""
-	is_string(room)
-	room != ""
+	is_string(input.agent)
+	input.agent != ""
+	is_string(input.room)
+	input.room != ""
 }
-
-record := facts.agent
 
 quota := object.union_n([
 	data.quotas.defaults,
 	object.get(data.quotas.orgs, record.org, {}),
-	object.get(data.quotas.agents, agent_id, {}),
+	object.get(data.quotas.agents, input.agent, {}),
 ])
 
-deny(code, message) := {"allow": false, "reasons": [lib.reason(code, message)]}
-
-# The first failed check decides.
-decision := deny("invalid_input", "input.agent and input.room must be non-empty strings") if {
-	not valid
-} else := deny("unknown_agent", sprintf("unknown agent %s", [agent_id])) if {
+# The first failed check decides. An agent or a room that is not a non-empty string has
+# no record or no membership, so validity is only checked then (as in add_participant).
+decision := {"allow": false, "reasons": [{"code": "invalid_input", "message": "input.agent and input.room must be non-empty strings"}]} if {
 	record.kind == "unknown"
-} else := deny("suspended", sprintf("agent %s is suspended", [agent_id])) if {
+	not valid
+} else := {"allow": false, "reasons": [{"code": "invalid_input", "message": "input.agent and input.room must be non-empty strings"}]} if {
+	facts.in_room == false
+	not valid
+} else := {"allow": false, "reasons": [{"code": "unknown_agent", "message": sprintf("unknown agent %s", [input.agent])}]} if {
+	record.kind == "unknown"
+} else := {"allow": false, "reasons": [{"code": "suspended", "message": sprintf("agent %s is suspended", [input.agent])}]} if {
 	record.suspended == true
-} else := deny("not_participant", sprintf("%s is not in room %s", [agent_id, room])) if {
+} else := {"allow": false, "reasons": [{"code": "not_participant", "message": sprintf("%s is not in room %s", [input.agent, input.room])}]} if {
 	facts.in_room == false
 } else := {
 	"allow": true,
 	"reasons": [],
-	"agent": agent_id,
+	"agent": input.agent,
 	"owner": record.owner,
 	"org": record.org,
 	"quota": quota,

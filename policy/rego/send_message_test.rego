@@ -46,4 +46,5 @@ test_not_participant if {
 test_unknown_and_invalid if {
 	codes(decide("nobody", room)) == {"unknown_agent"}
 	codes(decide("a-architect", "")) == {"invalid_input"}
+	codes(decide(7, room)) == {"invalid_input"}
 }
