@@ -124,7 +124,7 @@ func (s *BenchSetup) Measure(ctx context.Context, n int) (BenchResult, error) {
 	for i, in := range adds {
 		v, err := inputValue(in)
 		if err == nil {
-			v, err = dir.withFacts(AddParticipant, v)
+			v, err = dir.withFacts(AddParticipant, v, true)
 		}
 		if err != nil {
 			return res, fmt.Errorf("cannot build bare input: %w", err)

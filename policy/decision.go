@@ -195,61 +195,84 @@ func messageAmounts(v ast.Value) (tokens, cost int64) {
 }
 
 // decode fills d from the policy's decision object, read straight from the AST (the
-// evaluation skips OPA's conversion to Go maps). A result that is not an object or lacks
-// a boolean allow is an undefined decision: deny.
+// evaluation skips OPA's conversion to Go maps) in one pass over its keys. A result that
+// is not an object or lacks a boolean allow is an undefined decision: deny.
 func decode(d *Decision, v ast.Value) {
 	m, ok := v.(ast.Object)
 	if !ok {
 		d.Reasons = []Reason{{Code: CodeUndefined, Message: fmt.Sprintf("%s returned %s, not an object", d.Name, ast.ValueName(v))}}
 		return
 	}
-	allow, ok := get(m, "allow").(ast.Boolean)
-	if !ok {
-		d.Reasons = []Reason{{Code: CodeUndefined, Message: d.Name + " returned no boolean allow"}}
-		return
-	}
-	d.Allow = bool(allow)
-	if rs, ok := get(m, "reasons").(*ast.Array); ok {
-		d.Reasons = make([]Reason, 0, rs.Len())
-		rs.Foreach(func(t *ast.Term) {
-			if r, ok := t.Value.(ast.Object); ok {
-				d.Reasons = append(d.Reasons, Reason{Code: getString(r, "code"), Message: getString(r, "message")})
+	hasAllow := false
+	m.Foreach(func(k, t *ast.Term) {
+		key, _ := k.Value.(ast.String)
+		switch v := t.Value; key {
+		case "allow":
+			b, ok := v.(ast.Boolean)
+			d.Allow, hasAllow = bool(b), ok
+		case "reasons":
+			if rs, ok := v.(*ast.Array); ok {
+				d.Reasons = make([]Reason, 0, rs.Len())
+				rs.Foreach(func(t *ast.Term) {
+					if r, ok := t.Value.(ast.Object); ok {
+						d.Reasons = append(d.Reasons, Reason{Code: getString(r, "code"), Message: getString(r, "message")})
+					}
+				})
 			}
-		})
-	}
-	d.IsContact = getBool(m, "is_contact")
-	d.Via = getString(m, "reason")
-	if ps, ok := get(m, "peers").(*ast.Array); ok {
-		d.Peers = make([]Peer, 0, ps.Len())
-		ps.Foreach(func(t *ast.Term) {
-			if p, ok := t.Value.(ast.Object); ok {
-				d.Peers = append(d.Peers, Peer{ID: getString(p, "id"), Kind: getString(p, "kind"),
-					Handle: getString(p, "handle"), IsContact: getBool(p, "is_contact"), Reason: getString(p, "reason")})
+		case "is_contact":
+			b, _ := v.(ast.Boolean)
+			d.IsContact = bool(b)
+		case "reason":
+			d.Via = asString(v)
+		case "peers":
+			if ps, ok := v.(*ast.Array); ok {
+				d.Peers = make([]Peer, 0, ps.Len())
+				ps.Foreach(func(t *ast.Term) {
+					if p, ok := t.Value.(ast.Object); ok {
+						d.Peers = append(d.Peers, Peer{ID: getString(p, "id"), Kind: getString(p, "kind"),
+							Handle: getString(p, "handle"), IsContact: getBool(p, "is_contact"), Reason: getString(p, "reason")})
+					}
+				})
+				slices.SortFunc(d.Peers, func(a, b Peer) int { return strings.Compare(a.ID, b.ID) })
 			}
-		})
-		slices.SortFunc(d.Peers, func(a, b Peer) int { return strings.Compare(a.ID, b.ID) })
-	}
-	d.Status = getString(m, "status")
-	d.HTTPStatus = int(getInt(m, "http_status"))
-	d.Code = getString(m, "code")
-	d.Message = getString(m, "message")
-	d.Recipient = getString(m, "recipient")
-	d.RequestID = getString(m, "request_id")
-	d.Agent = getString(m, "agent")
-	d.Owner = getString(m, "owner")
-	d.Org = getString(m, "org")
-	if q, ok := get(m, "quota").(ast.Object); ok {
-		d.Quota = &Quota{
-			WindowSeconds:              getInt(q, "window_seconds"),
-			MessagesPerWindowAgent:     getInt(q, "messages_per_window_agent"),
-			MessagesPerWindowAgentRoom: getInt(q, "messages_per_window_agent_room"),
-			TokensPerDayAgent:          getInt(q, "tokens_per_day_agent"),
-			TokensPerDayOwner:          getInt(q, "tokens_per_day_owner"),
-			TokensPerDayOrg:            getInt(q, "tokens_per_day_org"),
-			CostMicrosPerDayAgent:      getInt(q, "cost_micros_per_day_agent"),
-			CostMicrosPerDayOwner:      getInt(q, "cost_micros_per_day_owner"),
-			CostMicrosPerDayOrg:        getInt(q, "cost_micros_per_day_org"),
+		case "status":
+			d.Status = asString(v)
+		case "http_status":
+			d.HTTPStatus = int(asInt(v))
+		case "code":
+			d.Code = asString(v)
+		case "message":
+			d.Message = asString(v)
+		case "recipient":
+			d.Recipient = asString(v)
+		case "request_id":
+			d.RequestID = asString(v)
+		case "agent":
+			d.Agent = asString(v)
+		case "owner":
+			d.Owner = asString(v)
+		case "org":
+			d.Org = asString(v)
+		case "quota":
+			if q, ok := v.(ast.Object); ok {
+				d.Quota = &Quota{
+					WindowSeconds:              getInt(q, "window_seconds"),
+					MessagesPerWindowAgent:     getInt(q, "messages_per_window_agent"),
+					MessagesPerWindowAgentRoom: getInt(q, "messages_per_window_agent_room"),
+					TokensPerDayAgent:          getInt(q, "tokens_per_day_agent"),
+					TokensPerDayOwner:          getInt(q, "tokens_per_day_owner"),
+					TokensPerDayOrg:            getInt(q, "tokens_per_day_org"),
+					CostMicrosPerDayAgent:      getInt(q, "cost_micros_per_day_agent"),
+					CostMicrosPerDayOwner:      getInt(q, "cost_micros_per_day_owner"),
+					CostMicrosPerDayOrg:        getInt(q, "cost_micros_per_day_org"),
+				}
+			}
 		}
+	})
+	if !hasAllow {
+		*d = Decision{DecisionID: d.DecisionID, Name: d.Name, PolicyRevision: d.PolicyRevision,
+			Reasons: []Reason{{Code: CodeUndefined, Message: d.Name + " returned no boolean allow"}}}
+		return
 	}
 	if d.Reasons == nil {
 		d.Reasons = []Reason{}
@@ -264,19 +287,23 @@ func get(o ast.Object, key string) ast.Value {
 	return nil
 }
 
-func getString(o ast.Object, key string) string {
-	s, _ := get(o, key).(ast.String)
-	return string(s)
-}
+func getString(o ast.Object, key string) string { return asString(get(o, key)) }
 
 func getBool(o ast.Object, key string) bool {
 	b, _ := get(o, key).(ast.Boolean)
 	return bool(b)
 }
 
-// getInt is o[key] as an integer; a fraction is truncated, anything else is 0.
-func getInt(o ast.Object, key string) int64 {
-	n, ok := get(o, key).(ast.Number)
+func getInt(o ast.Object, key string) int64 { return asInt(get(o, key)) }
+
+func asString(v ast.Value) string {
+	s, _ := v.(ast.String)
+	return string(s)
+}
+
+// asInt is v as an integer; a fraction is truncated, anything else is 0.
+func asInt(v ast.Value) int64 {
+	n, ok := v.(ast.Number)
 	if !ok {
 		return 0
 	}

@@ -157,7 +157,8 @@ func (e *Engine) Decide(ctx context.Context, name string, input any) (Decision, 
 	}
 	v, err := inputValue(input)
 	if err == nil {
-		v, err = e.dir.withFacts(name, v)
+		_, shared := input.(ast.Value) // every other input was converted into a new value
+		v, err = e.dir.withFacts(name, v, !shared)
 	}
 	if err != nil {
 		return Decision{}, fmt.Errorf("cannot decide %s: %w", name, err)

@@ -8,6 +8,7 @@ import (
 	"testing/fstest"
 	"time"
 
+	"github.com/open-policy-agent/opa/v1/ast"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -71,6 +72,15 @@ func TestCallerCannotSupplyFacts(t *testing.T) {
 	d, err := e.Decide(ctx, AddParticipant, forged)
 	require.NoError(t, err)
 	assert.False(t, d.Allow)
+}
+
+func TestDecideLeavesACallersASTInputAlone(t *testing.T) {
+	e := exampleEngine(t)
+	in := ast.MustParseTerm(`{"actor": "a-architect", "room": "room-webhook-retries", "participant": "a-reviewer"}`).Value
+	d, err := e.Decide(context.Background(), AddParticipant, in)
+	require.NoError(t, err)
+	assert.True(t, d.Allow)
+	assert.Nil(t, in.(ast.Object).Get(ast.StringTerm("facts")), "the engine's facts went into the caller's value")
 }
 
 func TestFactsFollowDirectoryChanges(t *testing.T) {

@@ -45,8 +45,9 @@ var errCallerFacts = errors.New("input.facts is reserved for the facts the engin
 
 // withFacts returns the input of decision name with its facts added. Other decisions,
 // and inputs that are not objects (the policy denies them as invalid), pass unchanged.
-// The caller's value is not modified.
-func (d *Directory) withFacts(name string, v ast.Value) (ast.Value, error) {
+// An owned input (built for this decision) gets the facts inserted; any other is copied
+// first, so a caller's value is never modified.
+func (d *Directory) withFacts(name string, v ast.Value, owned bool) (ast.Value, error) {
 	if name != AddParticipant && name != SendMessage {
 		return v, nil
 	}
@@ -63,10 +64,13 @@ func (d *Directory) withFacts(name string, v ast.Value) (ast.Value, error) {
 	} else {
 		facts = d.messageFacts(stringAt(in, factAgent), stringAt(in, keyRoom))
 	}
-	out := ast.NewObjectWithCapacity(in.Len() + 1)
-	in.Foreach(func(k, v *ast.Term) { out.Insert(k, v) })
-	out.Insert(factsKey, facts)
-	return out, nil
+	if !owned {
+		out := ast.NewObjectWithCapacity(in.Len() + 1)
+		in.Foreach(func(k, v *ast.Term) { out.Insert(k, v) })
+		in = out
+	}
+	in.Insert(factsKey, facts)
+	return in, nil
 }
 
 func (d *Directory) addFacts(actor, room, participant string) *ast.Term {
