@@ -183,7 +183,8 @@ func TestReload(t *testing.T) {
 }
 
 // TestConcurrentDecisionsMutationsReloads runs decisions while the directory changes
-// and bundles swap; run with -race.
+// and bundles swap; run with -race. The last change leaves a-reviewer out of the room
+// and not suspended.
 func TestConcurrentDecisionsMutationsReloads(t *testing.T) {
 	ctx := context.Background()
 	e := exampleEngine(t)
@@ -204,10 +205,16 @@ func TestConcurrentDecisionsMutationsReloads(t *testing.T) {
 					t.Error(err, d)
 					return
 				}
+				if _, err := e.SendMessage(ctx, MessageInput{Agent: "a-reviewer", Room: webhookRoom}); err != nil {
+					t.Error(err)
+					return
+				}
 			}
 		})
 	}
 	for i := range 50 {
+		// The facts' records are rebuilt on every change of an agent.
+		require.NoError(t, dir.Suspend(ctx, "a-reviewer", i%3 == 0))
 		if i%2 == 0 {
 			require.NoError(t, dir.JoinRoom(ctx, webhookRoom, "a-reviewer"))
 		} else {

@@ -30,15 +30,15 @@ import (
 // know (and for an id that is not a non-empty string).
 
 var (
-	factsKey             = ast.InternedTerm("facts")
-	factActor            = ast.InternedTerm("actor")
-	factParticipant      = ast.InternedTerm("participant")
-	factActorInRoom      = ast.InternedTerm("actor_in_room")
-	factParticipantInRom = ast.InternedTerm("participant_in_room")
-	factContact          = ast.InternedTerm("contact")
-	factAgent            = ast.InternedTerm("agent")
-	factInRoom           = ast.InternedTerm("in_room")
-	keyRoom              = ast.InternedTerm("room")
+	factsKey              = ast.InternedTerm("facts")
+	factActor             = ast.InternedTerm("actor")
+	factParticipant       = ast.InternedTerm("participant")
+	factActorInRoom       = ast.InternedTerm("actor_in_room")
+	factParticipantInRoom = ast.InternedTerm("participant_in_room")
+	factContact           = ast.InternedTerm("contact")
+	factAgent             = ast.InternedTerm("agent")
+	factInRoom            = ast.InternedTerm("in_room")
+	keyRoom               = ast.InternedTerm("room")
 )
 
 var errCallerFacts = errors.New("input.facts is reserved for the facts the engine adds from the directory; remove it from the input")
@@ -81,7 +81,7 @@ func (d *Directory) addFacts(actor, room, participant string) *ast.Term {
 		ast.Item(factActor, d.record(actor)),
 		ast.Item(factParticipant, d.record(participant)),
 		ast.Item(factActorInRoom, ast.InternedTerm(members[actor])),
-		ast.Item(factParticipantInRom, ast.InternedTerm(members[participant])),
+		ast.Item(factParticipantInRoom, ast.InternedTerm(members[participant])),
 		ast.Item(factContact, ast.InternedTerm(d.contacts[actor][participant])),
 	)
 }
