@@ -23,6 +23,7 @@ import (
 
 	"github.com/open-policy-agent/opa/v1/ast"
 	"github.com/open-policy-agent/opa/v1/cover"
+	"github.com/open-policy-agent/opa/v1/metrics"
 	"github.com/open-policy-agent/opa/v1/rego"
 	"github.com/open-policy-agent/opa/v1/tester"
 )
@@ -164,7 +165,7 @@ func (e *Engine) Decide(ctx context.Context, name string, input any) (Decision, 
 		return Decision{}, fmt.Errorf("cannot decide %s: %w", name, err)
 	}
 	d := Decision{DecisionID: schema.NewID(), Name: name, PolicyRevision: rev.hash}
-	rs, err := q.Eval(ctx, rego.EvalParsedInput(v), rego.EvalGenerateJSON(astResult))
+	rs, err := q.Eval(ctx, rego.EvalParsedInput(v), rego.EvalGenerateJSON(astResult), noMetrics)
 	switch {
 	case err != nil:
 		d.Reasons = []Reason{{Code: CodeEvalError, Message: err.Error()}}
@@ -179,6 +180,10 @@ func (e *Engine) Decide(ctx context.Context, name string, input any) (Decision, 
 	}
 	return d, nil
 }
+
+// noMetrics spares each evaluation the metrics OPA would otherwise allocate for it (the
+// engine reads none).
+var noMetrics = rego.EvalMetrics(metrics.NoOp())
 
 // astResult keeps a result as OPA's AST term; decode reads it without the conversion to
 // Go maps and slices that OPA does by default.
