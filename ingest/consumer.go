@@ -164,7 +164,6 @@ type pending struct {
 	last          map[int]kafkago.Message // highest message per partition, for the commit
 	records       int
 	dlq           []kafkago.Message
-	hours         map[store.HourKey]bool
 	repriceAgents []string
 	parked        []parked
 	recheck       []int // indexes into batch.Events of late-attributed events
@@ -177,8 +176,7 @@ type parked struct {
 }
 
 func newPending(size int) *pending {
-	return &pending{last: map[int]kafkago.Message{}, hours: map[store.HourKey]bool{},
-		batch: store.Batch{Events: make([]store.EventRow, 0, size)}}
+	return &pending{last: map[int]kafkago.Message{}, batch: store.Batch{Events: make([]store.EventRow, 0, size)}}
 }
 
 // Run consumes until ctx ends, then flushes what it has fetched, commits, and returns
@@ -434,7 +432,6 @@ func (c *Consumer) toRows(p *pending, ev *schema.Event, m kafkago.Message) {
 			c.m.Unpriced.Inc()
 		}
 		p.batch.Usage = append(p.batch.Usage, u)
-		p.hours[store.HourKey{OrgID: u.OrgID, Hour: u.Time.Truncate(time.Hour)}] = true
 	}
 	p.batch.Events = append(p.batch.Events, EventRow(ev, owner, int32(m.Partition), m.Offset))
 	c.stored.Inc()
@@ -533,13 +530,24 @@ func (c *Consumer) flush(ctx context.Context, p *pending) {
 	c.m.FlushSeconds.Observe(time.Since(start).Seconds())
 	c.log.Debug("batch flushed", "records", p.records, "events", len(p.batch.Events), "dead_letters", len(p.batch.DeadLetters),
 		"usage", len(p.batch.Usage), "age_ms", time.Since(p.first).Milliseconds(), "flush_ms", time.Since(start).Milliseconds())
-	if c.cfg.AfterFlush != nil && (len(p.hours) > 0 || len(p.repriceAgents) > 0) {
-		hours := make([]store.HourKey, 0, len(p.hours))
-		for h := range p.hours {
-			hours = append(hours, h)
-		}
-		c.cfg.AfterFlush(hours, p.repriceAgents)
+	if c.cfg.AfterFlush != nil && (len(p.batch.Usage) > 0 || len(p.repriceAgents) > 0) {
+		c.cfg.AfterFlush(usageHours(p.batch.Usage), p.repriceAgents)
 	}
+}
+
+// usageHours lists the (organization, hour) keys of usage rows as they were stored:
+// read after keepFirstAttribution, which may have moved a replayed row back to org "".
+func usageHours(rows []store.UsageRow) []store.HourKey {
+	seen := map[store.HourKey]bool{}
+	var out []store.HourKey
+	for _, u := range rows {
+		k := store.HourKey{OrgID: u.OrgID, Hour: u.Time.Truncate(time.Hour)}
+		if !seen[k] {
+			seen[k] = true
+			out = append(out, k)
+		}
+	}
+	return out
 }
 
 func (c *Consumer) retry(ctx context.Context, what string, failures prometheus.Counter, f func() error) bool {

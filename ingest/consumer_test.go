@@ -245,9 +245,18 @@ func TestConsumerKeepsFirstAttributionOnReplay(t *testing.T) {
 	// replay of u1 must keep org "" so that ClickHouse collapses the two copies.
 	st := &fakeStorage{unattributed: map[string]bool{"u1": true}}
 	h := &harness{reader: newFakeReader(), storage: st, dlq: &fakeDLQ{}, done: make(chan struct{}), offset: map[int]int64{}}
+	var mu sync.Mutex
+	marked := map[string]bool{} // org of each hour the rollup was told to rebuild
 	c, err := ingest.New(ingest.Config{
 		Reader: h.reader, DeadLetters: h.dlq, Storage: st, Directory: ingest.NewDirectory(), Catalog: pricing.Default(),
 		BatchSize: 3, BatchAge: time.Hour, LateParties: []string{"agent-7"},
+		AfterFlush: func(hours []store.HourKey, _ []string) {
+			mu.Lock()
+			defer mu.Unlock()
+			for _, k := range hours {
+				marked[k.OrgID] = true
+			}
+		},
 	})
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -269,6 +278,12 @@ func TestConsumerKeepsFirstAttributionOnReplay(t *testing.T) {
 	}
 	assert.Equal(t, "", orgs["u1"], "a replay keeps its first attribution")
 	assert.Equal(t, "org-9", orgs["u2"], "a new event is attributed")
+	// The rollup must rebuild the hours where the rows were stored: u1's under org "".
+	// (Found by TestIntegrationOutageKafkaRestart: the hour was marked under the
+	// agent's organization, and the rollup kept u1 unpriced.)
+	mu.Lock()
+	defer mu.Unlock()
+	assert.Equal(t, map[string]bool{"": true, "org-9": true}, marked)
 }
 
 func TestConsumerGracefulStopFlushesAndCommits(t *testing.T) {

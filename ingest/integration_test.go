@@ -44,9 +44,14 @@ func (p *pipeline) start(group string) {
 
 // simulate produces a seeded workload to the topic and returns the simulator's summary.
 func (p *pipeline) simulate(events int, seed int64) simulate.Summary {
+	return p.simulateFrom(events, seed, time.Date(2026, 11, 2, 9, 0, 0, 0, time.UTC))
+}
+
+// simulateFrom is simulate with the workload's clock starting at start.
+func (p *pipeline) simulateFrom(events int, seed int64, start time.Time) simulate.Summary {
 	cfg := simulate.DefaultConfig()
 	cfg.Events, cfg.Seed = events, seed
-	cfg.Start = time.Date(2026, 11, 2, 9, 0, 0, 0, time.UTC)
+	cfg.Start = start
 	sum, err := simulate.Run(context.Background(), cfg, ingest.ProducerSink{Producer: p.producer}, nil)
 	require.NoError(p.t, err)
 	require.Equal(p.t, events, sum.Events)
@@ -99,7 +104,36 @@ func (p *pipeline) waitSums(want sums, timeout time.Duration) {
 	})
 	if !ok {
 		assert.Equal(p.t, want, got, "database sums never matched the simulator's summary")
+		p.logRollupDiff()
 		p.t.FailNow()
+	}
+}
+
+// logRollupDiff logs the (org, hour, agent, model) groups where the rollup disagrees
+// with usage FINAL, to tell a missed rebuild from a wrong one.
+func (p *pipeline) logRollupDiff() {
+	rows, err := p.conn.Query(context.Background(), `SELECT org_id, h, agent_id, model, ue, re, toString(uc), toString(rc) FROM
+		(SELECT org_id, toStartOfHour(time) AS h, agent_id, model, count() AS ue, sum(cost) AS uc
+		 FROM `+p.db+`.usage FINAL GROUP BY org_id, h, agent_id, model)
+		FULL OUTER JOIN
+		(SELECT org_id, hour AS h, agent_id, model, sum(events) AS re, sum(cost) AS rc
+		 FROM `+p.db+`.usage_hourly FINAL GROUP BY org_id, h, agent_id, model)
+		USING (org_id, h, agent_id, model) WHERE ue != re OR uc != rc ORDER BY h LIMIT 20`)
+	if err != nil {
+		p.t.Logf("cannot compare rollup with usage: %v", err)
+		return
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var org, agent, model, uc, rc string
+		var h time.Time
+		var ue, re uint64
+		if err := rows.Scan(&org, &h, &agent, &model, &ue, &re, &uc, &rc); err != nil {
+			p.t.Logf("cannot read rollup difference: %v", err)
+			return
+		}
+		p.t.Logf("rollup differs: org %q hour %s agent %s model %q: usage %d events cost %s, rollup %d events cost %s",
+			org, h.UTC().Format(time.RFC3339), agent, model, ue, uc, re, rc)
 	}
 }
 

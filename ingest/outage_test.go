@@ -68,6 +68,42 @@ func TestIntegrationOutageClickHouseRestart(t *testing.T) {
 	p.waitSums(expected(sum), 120*time.Second)
 }
 
+func kafkaScript(t *testing.T, cmd string) {
+	t.Helper()
+	c := exec.Command(filepath.Join(stacktest.RepoRoot(), "deploy", "local", "kafka.sh"), cmd)
+	out, err := c.CombinedOutput()
+	require.NoError(t, err, "kafka.sh %s: %s", cmd, out)
+}
+
+// TestIntegrationOutageKafkaRestart stops the broker while the consumer works through a
+// backlog (its fetches and offset commits fail), starts it again, and produces more:
+// everything is counted exactly once.
+func TestIntegrationOutageKafkaRestart(t *testing.T) {
+	requireOutage(t)
+	p := newPipeline(t)
+	before := p.simulate(20000, 13) // the backlog, produced while the broker is up
+	p.start("ingest")
+	time.Sleep(300 * time.Millisecond)
+	kafkaScript(t, "stop")
+	t.Logf("kafka stopped while the consumer was working (%d of %d events stored)", p.rawCount("events"), before.Events)
+	t.Cleanup(func() { kafkaScript(t, "start") })
+	time.Sleep(4 * time.Second)
+	kafkaScript(t, "start")
+	t.Log("kafka started again")
+	after := p.simulateFrom(5000, 14, time.Date(2026, 11, 4, 9, 0, 0, 0, time.UTC))
+	p.waitSums(plus(expected(before), expected(after)), 180*time.Second)
+}
+
+func plus(a, b sums) sums {
+	return sums{
+		Events: a.Events + b.Events, Input: a.Input + b.Input, Output: a.Output + b.Output,
+		CacheRead: a.CacheRead + b.CacheRead, CacheWrite: a.CacheWrite + b.CacheWrite,
+		CostMicros: a.CostMicros + b.CostMicros, Unpriced: a.Unpriced + b.Unpriced,
+		RollupInput: a.RollupInput + b.RollupInput, RollupOutput: a.RollupOutput + b.RollupOutput,
+		RollupCostMicros: a.RollupCostMicros + b.RollupCostMicros, RollupEvents: a.RollupEvents + b.RollupEvents,
+	}
+}
+
 func TestIntegrationOutageConsumerKilledMidBatch(t *testing.T) {
 	requireOutage(t)
 	bin := filepath.Join(t.TempDir(), "bandplane")
