@@ -25,8 +25,9 @@ const (
 
 // AuditBatchSize is the BatchSize for a producer of audit events written one decision
 // at a time (the policy API's): kafka-go reserves room for BatchSize messages in every
-// batch it starts, and such batches hold tens of events, so the default of 5,000 made
-// the audit path allocate ~750 KB per batch (measured with bench policy --audit).
+// batch it starts (5,000 × ~150-byte slots = ~750 KB with the default), and such
+// batches hold tens of events. In a CPU profile of bench policy --audit that slice was
+// 5% of the process's CPU time with the default.
 const AuditBatchSize = 64
 
 // ProducerConfig configures a Producer.
