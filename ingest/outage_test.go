@@ -44,11 +44,12 @@ func (p *pipeline) produceInBackground(events int, rate float64, seed int64) <-c
 	return out
 }
 
-func clickhouseScript(t *testing.T, cmd string) {
+// stackScript runs deploy/local/<server>.sh cmd (start, stop) on the shared servers.
+func stackScript(t *testing.T, server, cmd string) {
 	t.Helper()
-	c := exec.Command(filepath.Join(stacktest.RepoRoot(), "deploy", "local", "clickhouse.sh"), cmd)
+	c := exec.Command(filepath.Join(stacktest.RepoRoot(), "deploy", "local", server+".sh"), cmd)
 	out, err := c.CombinedOutput()
-	require.NoError(t, err, "clickhouse.sh %s: %s", cmd, out)
+	require.NoError(t, err, "%s.sh %s: %s", server, cmd, out)
 }
 
 func TestIntegrationOutageClickHouseRestart(t *testing.T) {
@@ -57,22 +58,15 @@ func TestIntegrationOutageClickHouseRestart(t *testing.T) {
 	p.start("ingest")
 	done := p.produceInBackground(12000, 3000, 11)
 	time.Sleep(1500 * time.Millisecond)
-	clickhouseScript(t, "stop")
+	stackScript(t, "clickhouse", "stop")
 	t.Log("clickhouse stopped mid-stream")
 	// Make sure the stream went on while the database was down.
 	time.Sleep(3 * time.Second)
-	t.Cleanup(func() { clickhouseScript(t, "start") })
-	clickhouseScript(t, "start")
+	t.Cleanup(func() { stackScript(t, "clickhouse", "start") })
+	stackScript(t, "clickhouse", "start")
 	t.Log("clickhouse started again")
 	sum := <-done
 	p.waitSums(expected(sum), 120*time.Second)
-}
-
-func kafkaScript(t *testing.T, cmd string) {
-	t.Helper()
-	c := exec.Command(filepath.Join(stacktest.RepoRoot(), "deploy", "local", "kafka.sh"), cmd)
-	out, err := c.CombinedOutput()
-	require.NoError(t, err, "kafka.sh %s: %s", cmd, out)
 }
 
 // TestIntegrationOutageKafkaRestart stops the broker while the consumer works through a
@@ -84,11 +78,11 @@ func TestIntegrationOutageKafkaRestart(t *testing.T) {
 	before := p.simulate(20000, 13) // the backlog, produced while the broker is up
 	p.start("ingest")
 	time.Sleep(300 * time.Millisecond)
-	kafkaScript(t, "stop")
+	stackScript(t, "kafka", "stop")
 	t.Logf("kafka stopped while the consumer was working (%d of %d events stored)", p.rawCount("events"), before.Events)
-	t.Cleanup(func() { kafkaScript(t, "start") })
+	t.Cleanup(func() { stackScript(t, "kafka", "start") })
 	time.Sleep(4 * time.Second)
-	kafkaScript(t, "start")
+	stackScript(t, "kafka", "start")
 	t.Log("kafka started again")
 	after := p.simulateFrom(5000, 14, time.Date(2026, 11, 4, 9, 0, 0, 0, time.UTC))
 	p.waitSums(plus(expected(before), expected(after)), 180*time.Second)

@@ -50,17 +50,11 @@ func runBenchIngest(ctx context.Context, e *env, args []string) error {
 	cfg.Progress = func(format string, a ...any) {
 		fmt.Fprintf(e.stderr, "bench: "+format+"\n", a...)
 	}
-	if *cpuprofile != "" {
-		f, err := os.Create(*cpuprofile)
-		if err != nil {
-			return fmt.Errorf("cannot create --cpuprofile file: %w", err)
-		}
-		defer f.Close()
-		if err := pprof.StartCPUProfile(f); err != nil {
-			return err
-		}
-		defer pprof.StopCPUProfile()
+	stopProfile, err := startCPUProfile(*cpuprofile)
+	if err != nil {
+		return err
 	}
+	defer stopProfile()
 	res, err := bench.Run(ctx, cfg)
 	if err != nil {
 		return err
@@ -68,4 +62,21 @@ func runBenchIngest(ctx context.Context, e *env, args []string) error {
 	b, _ := json.Marshal(res)
 	fmt.Fprintln(e.stdout, string(b))
 	return nil
+}
+
+// startCPUProfile writes a CPU profile of the rest of the run to path (the benches'
+// --cpuprofile); with an empty path it does nothing. Call stop when the run ends.
+func startCPUProfile(path string) (stop func(), err error) {
+	if path == "" {
+		return func() {}, nil
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("cannot create --cpuprofile file: %w", err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("cannot start the CPU profile: %w", err)
+	}
+	return func() { pprof.StopCPUProfile(); f.Close() }, nil
 }

@@ -44,9 +44,12 @@ func (s *stackFlags) register(fs *flag.FlagSet) {
 	s.ch.DialTimeout, s.ch.MaxOpenConns = def.DialTimeout, def.MaxOpenConns
 }
 
-func (s *stackFlags) brokers() []string {
+func (s *stackFlags) brokers() []string { return splitBrokers(s.kafka) }
+
+// splitBrokers reads a comma-separated broker list, ignoring blanks.
+func splitBrokers(list string) []string {
 	var out []string
-	for _, b := range strings.Split(s.kafka, ",") {
+	for _, b := range strings.Split(list, ",") {
 		if b = strings.TrimSpace(b); b != "" {
 			out = append(out, b)
 		}
