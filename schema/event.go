@@ -91,6 +91,13 @@ const (
 	TypeAgentRegistered        = "agent.registered"
 	TypeAgentUpdated           = "agent.updated"
 	TypePolicyDecided          = "policy.decided"
+	// An operator's suspension of an agent and its lifting (bandplane's own; see
+	// OwnType). Only these change the operator's suspension; agent.updated never does.
+	TypeAgentSuspended = "agent.suspended"
+	TypeAgentResumed   = "agent.resumed"
+	TypeKeyCreated     = "key.created"
+	TypeKeyRevoked     = "key.revoked"
+	TypeAuditSealed    = "audit.sealed"
 )
 
 // Mention is one @mention of a message.

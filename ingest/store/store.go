@@ -147,10 +147,7 @@ func (s *Store) insertEvents(ctx context.Context, rows []EventRow) error {
 	)
 	for i := range rows {
 		r := &rows[i]
-		at := r.ActorType
-		if at == "" {
-			at = "system"
-		}
+		at := StoredActorType(r.ActorType)
 		id[i], typ[i], times[i], millis[i], org[i], room[i] = r.ID, r.Type, r.Time, ms(r.Time), r.OrgID, r.RoomID
 		actor[i], actorType[i], actorHandle[i], owner[i] = r.ActorID, at, r.ActorHandle, r.OwnerID
 		subj[i], subjType[i], subjHandle[i], exec[i], source[i] = r.SubjectID, r.SubjectType, r.SubjectHandle, r.ExecutionID, r.Source

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"embed"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io/fs"
 	"sort"
@@ -12,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ClickHouse/clickhouse-go/v2"
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 )
 
@@ -130,7 +132,7 @@ func Migrate(ctx context.Context, conn driver.Conn, db string) (MigrateResult, e
 			continue
 		}
 		for i, stmt := range m.Statements {
-			if err := conn.Exec(ctx, strings.ReplaceAll(stmt, "{db}", db)); err != nil {
+			if err := conn.Exec(ctx, strings.ReplaceAll(stmt, "{db}", db)); err != nil && !alreadyAdded(stmt, err) {
 				return res, fmt.Errorf("cannot apply migration %03d_%s (statement %d) to %s: %w", m.Version, m.Name, i+1, db, err)
 			}
 		}
@@ -148,6 +150,15 @@ func Migrate(ctx context.Context, conn driver.Conn, db string) (MigrateResult, e
 		res.Applied = append(res.Applied, fmt.Sprintf("%03d_%s", m.Version, m.Name))
 	}
 	return res, nil
+}
+
+// alreadyAdded says whether err is an ADD COLUMN finding its column there: 18.16 has
+// no ADD COLUMN IF NOT EXISTS, so a migration that stopped half-way and is run again
+// meets the columns it already added (code 44, "column with this name already
+// exists").
+func alreadyAdded(stmt string, err error) bool {
+	var ex *clickhouse.Exception
+	return strings.Contains(stmt, "ADD COLUMN") && errors.As(err, &ex) && ex.Code == 44
 }
 
 // SchemaVersion is the newest migration recorded in db, or 0 if none is.
