@@ -57,7 +57,7 @@ func randomDirectory(rng *rand.Rand) Snapshot {
 			ID: fmt.Sprintf("a%d", i), Owner: owner.ID, Org: owner.Org,
 			Handle:         fmt.Sprintf("%s/a%d", owner.Handle, i),
 			RegistryAccess: rng.Float64() < 0.7, SharedWithOrg: rng.Float64() < 0.3,
-			Global: rng.Float64() < 0.15, Listed: rng.Float64() < 0.85, Suspended: rng.Float64() < 0.1,
+			Global: rng.Float64() < 0.15, Listed: rng.Float64() < 0.85, Suspended: rng.Float64() < 0.05, OperatorSuspended: rng.Float64() < 0.05,
 		}
 		if rng.Float64() < 0.1 {
 			a.Org = org()
@@ -134,12 +134,19 @@ func buildByMutations(ctx context.Context, rng *rand.Rand, d *Directory, s Snaps
 		if rng.IntN(2) == 0 {
 			must(d.UpsertAgent(ctx, detour))
 		}
+		// The operator's suspension is applied before or after the registration, and an
+		// update claiming otherwise never changes it.
 		final := a
-		final.Suspended = false
+		final.OperatorSuspended = !a.OperatorSuspended
+		early := rng.IntN(2) == 0
+		if early {
+			must(d.Suspend(ctx, a.ID, a.OperatorSuspended))
+		}
 		must(d.UpsertAgent(ctx, final))
-		if a.Suspended {
-			must(d.Suspend(ctx, a.ID, true))
-		} else if rng.IntN(4) == 0 {
+		if !early {
+			must(d.Suspend(ctx, a.ID, a.OperatorSuspended))
+		}
+		if !a.OperatorSuspended && rng.IntN(4) == 0 {
 			must(d.Suspend(ctx, a.ID, true))
 			must(d.Suspend(ctx, a.ID, false))
 		}

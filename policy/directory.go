@@ -32,9 +32,18 @@ type Agent struct {
 	Global         bool `json:"global"`
 	// Listed is "listed in the directory"; an unlisted agent is not contactable.
 	// Missing in a directory file means true.
-	Listed    bool `json:"listed"`
-	Suspended bool `json:"suspended"` // set by an operator
+	Listed bool `json:"listed"`
+	// Suspended is the platform's own flag (agent.registered, agent.updated).
+	Suspended bool `json:"suspended"`
+	// OperatorSuspended is an operator's suspension (agent.suspended, agent.resumed):
+	// the directory keeps it apart from the registration, so no agent.updated from the
+	// platform lifts it; only a resume does. The policies see one flag, "suspended",
+	// set when either is.
+	OperatorSuspended bool `json:"operator_suspended,omitempty"`
 }
+
+// IsSuspended says whether the policies treat the agent as suspended.
+func (a Agent) IsSuspended() bool { return a.Suspended || a.OperatorSuspended }
 
 // UnmarshalJSON applies the platform's defaults: Personal Registry Access and directory
 // listing are on unless the file says otherwise.
@@ -118,6 +127,9 @@ type Directory struct {
 	// records holds each agent's and person's facts record (see facts.go), rebuilt
 	// whenever the agent or person changes.
 	records map[string]*ast.Term
+	// suspended holds the operator's suspensions by agent id, also of agents not
+	// registered (yet): a suspension replayed before its agent's registration holds.
+	suspended map[string]bool
 }
 
 // NewDirectory returns an empty directory with its own OPA store.
@@ -143,6 +155,7 @@ func (d *Directory) reset() {
 	d.global = map[string]bool{}
 	d.orgShared = map[string]map[string]bool{}
 	d.records = map[string]*ast.Term{}
+	d.suspended = map[string]bool{}
 }
 
 // Load replaces the whole directory with the snapshot (bootstrap, tests, files).
@@ -156,6 +169,9 @@ func (d *Directory) Load(ctx context.Context, s Snapshot) error {
 		errs = append(errs, d.upsertPerson(t, p))
 	}
 	for _, a := range s.Agents {
+		if a.OperatorSuspended {
+			d.suspended[a.ID] = true
+		}
 		errs = append(errs, d.upsertAgent(t, a))
 	}
 	for _, c := range s.Contacts {
@@ -278,17 +294,38 @@ func (d *Directory) LeaveRoom(ctx context.Context, room, participant string) err
 	})
 }
 
-// Suspend sets or clears an operator's suspension of an agent.
+// DeleteRoom forgets a room and its membership (room.deleted).
+func (d *Directory) DeleteRoom(ctx context.Context, room string) error {
+	return d.mutate(ctx, "delete room "+room, func(t *patches) error {
+		if _, ok := d.rooms[room]; ok {
+			delete(d.rooms, room)
+			t.add(storage.RemoveOp, docPath("rooms", room), nil)
+		}
+		return nil
+	})
+}
+
+// Suspend sets or clears an operator's suspension of an agent. It holds for an agent
+// that is not registered yet, from its registration on; registrations and updates
+// never change it.
 func (d *Directory) Suspend(ctx context.Context, agent string, suspended bool) error {
 	return d.mutate(ctx, "suspend agent "+agent, func(t *patches) error {
+		if agent == "" {
+			return errors.New("agent without id")
+		}
+		if suspended {
+			d.suspended[agent] = true
+		} else {
+			delete(d.suspended, agent)
+		}
 		a, ok := d.agents[agent]
 		if !ok {
-			return fmt.Errorf("unknown agent %q", agent)
+			return nil
 		}
-		a.Suspended = suspended
+		a.OperatorSuspended = suspended
 		d.agents[agent] = a
 		d.records[agent] = agentRecord(a)
-		t.add(storage.AddOp, docPath("agents", agent, "suspended"), suspended)
+		t.add(storage.AddOp, docPath("agents", agent, "suspended"), a.IsSuspended())
 		return nil
 	})
 }
@@ -383,7 +420,7 @@ func agentDoc(a Agent) map[string]any {
 		"shared_with_org": a.SharedWithOrg,
 		"global":          a.Global,
 		"listed":          a.Listed,
-		"suspended":       a.Suspended,
+		"suspended":       a.IsSuspended(),
 	}
 }
 
@@ -420,6 +457,7 @@ func (d *Directory) upsertAgent(t *patches, a Agent) error {
 		return fmt.Errorf("agent %q without id or owner", a.ID)
 	}
 	a.Handle = NormalizeHandle(a.Handle)
+	a.OperatorSuspended = d.suspended[a.ID]
 	if _, ok := d.people[a.ID]; ok {
 		return fmt.Errorf("id %q is a person", a.ID)
 	}

@@ -255,15 +255,16 @@ func (e *Engine) enforce(d *Decision, input ast.Value) {
 }
 
 // over reports whether spending add on top of spent passes limit (0 = unlimited). With
-// nothing to add, reaching the limit is enough.
+// nothing to add, reaching the limit is enough. It never computes spent+add, which
+// could wrap: an estimate of math.MaxInt64 tokens is over any limit, never under it.
 func over(spent, add, limit int64) bool {
 	if limit <= 0 {
 		return false
 	}
-	if add > 0 {
-		return spent+add > limit
+	if spent >= limit {
+		return true
 	}
-	return spent >= limit
+	return add > 0 && add > limit-spent
 }
 
 func (e *Engine) deny(d *Decision, code string, retry time.Duration, msg string) {

@@ -3,6 +3,7 @@ package policy
 import (
 	"context"
 	"io/fs"
+	"math"
 	"sync"
 	"testing"
 	"testing/fstest"
@@ -281,7 +282,13 @@ func TestMutationsAreSeenImmediately(t *testing.T) {
 	_, ok = dir.ResolveHandle("@nobody")
 	assert.False(t, ok)
 
-	assert.ErrorContains(t, dir.Suspend(ctx, "nobody", true), `cannot suspend agent nobody: unknown agent "nobody"`)
+	// An operator's suspension of an agent not registered yet holds from its registration.
+	require.NoError(t, dir.Suspend(ctx, "a-later", true))
+	require.NoError(t, dir.UpsertAgent(ctx, Agent{ID: "a-later", Owner: "u-bob", Handle: "bob/later-agent", Listed: true}))
+	later, ok := dir.Agent("a-later")
+	require.True(t, ok)
+	assert.True(t, later.IsSuspended())
+	assert.ErrorContains(t, dir.Suspend(ctx, "", true), "agent without id")
 	assert.ErrorContains(t, dir.UpsertAgent(ctx, Agent{ID: "a-x", Owner: "u-bob", Handle: "alice/coder-agent"}), "belongs to a-coder")
 }
 
@@ -350,6 +357,20 @@ func TestSendMessageLimits(t *testing.T) {
 	d, err = e.SendMessage(ctx, msg)
 	require.NoError(t, err)
 	assert.True(t, d.Allow, "%+v", d)
+
+	// An estimate too big to add is over every budget, never wrapped into an allow.
+	huge := msg
+	huge.Tokens = math.MaxInt64
+	d, err = e.SendMessage(ctx, huge)
+	require.NoError(t, err)
+	assert.False(t, d.Allow, "%+v", d)
+	assert.Equal(t, CodeBudgetExceeded, d.Reasons[0].Code)
+	huge = msg
+	huge.CostMicros = math.MaxInt64
+	d, err = e.SendMessage(ctx, huge)
+	require.NoError(t, err)
+	assert.False(t, d.Allow, "%+v", d)
+	assert.Equal(t, CodeBudgetExceeded, d.Reasons[0].Code)
 
 	// Suspension is the policy's deny.
 	require.NoError(t, dir.Suspend(ctx, "a-coder", true))

@@ -135,7 +135,7 @@ func agentRecord(a Agent) *ast.Term {
 		ast.Item(ast.InternedTerm("shared_with_org"), ast.InternedTerm(a.SharedWithOrg)),
 		ast.Item(ast.InternedTerm("global"), ast.InternedTerm(a.Global)),
 		ast.Item(ast.InternedTerm("listed"), ast.InternedTerm(a.Listed)),
-		ast.Item(ast.InternedTerm("suspended"), ast.InternedTerm(a.Suspended)),
+		ast.Item(ast.InternedTerm("suspended"), ast.InternedTerm(a.IsSuspended())),
 	)
 }
 

@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -168,8 +169,27 @@ func (s *SpendTracker) Add(agent, owner, org string, tokens, costMicros int64, a
 			continue
 		}
 		c := d.counter(k)
-		c.tokens.Add(tokens)
-		c.cost.Add(costMicros)
+		saturatingAdd(&c.tokens, tokens)
+		saturatingAdd(&c.cost, costMicros)
+	}
+}
+
+// saturatingAdd adds a non-negative n to v, stopping at math.MaxInt64: a total that
+// wrapped negative would read as "nothing spent" and lift every budget for the day.
+// Negative n is ignored (spend never shrinks).
+func saturatingAdd(v *atomic.Int64, n int64) {
+	if n <= 0 {
+		return
+	}
+	for {
+		old := v.Load()
+		next := old + n
+		if next < old {
+			next = math.MaxInt64
+		}
+		if v.CompareAndSwap(old, next) {
+			return
+		}
 	}
 }
 

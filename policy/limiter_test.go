@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"math"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -69,4 +70,37 @@ func TestSpendTracker(t *testing.T) {
 	tok, _ = s.Spent(ScopeAgent, "a", next)
 	assert.Equal(t, int64(1), tok)
 	assert.Equal(t, 14*time.Hour, untilNextDay(day))
+}
+
+func TestSpendTrackerSaturates(t *testing.T) {
+	s := NewSpendTracker()
+	day := time.Date(2026, 3, 1, 10, 0, 0, 0, time.UTC)
+	s.Add("a", "o", "g", math.MaxInt64, math.MaxInt64, day)
+	s.Add("a", "o", "g", math.MaxInt64, 1, day)
+	s.Add("a", "o", "g", -5, -5, day) // ignored: spend never shrinks
+	tok, cost := s.Spent(ScopeOrg, "g", day)
+	assert.Equal(t, [2]int64{math.MaxInt64, math.MaxInt64}, [2]int64{tok, cost}, "a total stops at the top instead of wrapping")
+}
+
+func TestOverNeverWraps(t *testing.T) {
+	for _, tc := range []struct {
+		spent, add, limit int64
+		want              bool
+	}{
+		{0, 0, 0, false},               // unlimited
+		{0, math.MaxInt64, 0, false},   // unlimited, however big
+		{0, 100, 100, false},           // exactly the limit
+		{0, 101, 100, true},            // one over
+		{50, 50, 100, false},           // fills it
+		{50, 51, 100, true},            // one over
+		{100, 0, 100, true},            // reached, nothing to add
+		{99, 0, 100, false},            // not reached
+		{1, math.MaxInt64, 100, true},  // would wrap: denied
+		{99, math.MaxInt64, 100, true}, // would wrap: denied
+		{math.MaxInt64, 1, 100, true},  // saturated total
+		{0, math.MaxInt64, math.MaxInt64, false},
+		{1, math.MaxInt64, math.MaxInt64, true},
+	} {
+		assert.Equal(t, tc.want, over(tc.spent, tc.add, tc.limit), "%+v", tc)
+	}
 }

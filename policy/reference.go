@@ -56,7 +56,7 @@ func (r *Reference) exists(id string) bool {
 	return agent || person
 }
 
-func (r *Reference) suspended(id string) bool { return r.agents[id].Suspended }
+func (r *Reference) suspended(id string) bool { return r.agents[id].IsSuspended() }
 
 func (r *Reference) orgOf(id string) (string, bool) {
 	if a, ok := r.agents[id]; ok {

@@ -80,15 +80,6 @@ func New(cfg Config) (*Replica, error) {
 	return &Replica{cfg: cfg, log: cfg.Logger.With("component", "policy-replica"), requests: map[string][2]string{}}, nil
 }
 
-// GovernanceTypes are the event types that change the directory.
-var GovernanceTypes = []string{
-	schema.TypeUserRegistered, schema.TypeAgentRegistered, schema.TypeAgentUpdated,
-	schema.TypeContactAdded, schema.TypeContactRemoved,
-	schema.TypeContactRequestReceived, schema.TypeContactRequestUpdated,
-	schema.TypeParticipantAdded, schema.TypeParticipantRemoved,
-	schema.TypeRoomAdded, schema.TypeRoomRemoved,
-}
-
 // Apply changes the directory (or the spend) for one event. Events of other types are
 // ignored. Applying an event twice leaves the directory as applying it once.
 func (r *Replica) Apply(ctx context.Context, ev *schema.Event) error {
@@ -136,6 +127,16 @@ func (r *Replica) Apply(ctx context.Context, ev *schema.Event) error {
 		if ev.RoomID != "" && ev.Actor.ID != "" {
 			return d.LeaveRoom(ctx, ev.RoomID, ev.Actor.ID)
 		}
+	case schema.TypeRoomDeleted:
+		if ev.RoomID != "" {
+			return d.DeleteRoom(ctx, ev.RoomID)
+		}
+	case schema.TypeAgentSuspended, schema.TypeAgentResumed:
+		// An operator's action, written by bandplane's policy API only (the collector
+		// refuses these types from every client).
+		if id := subjectID(ev); id != "" {
+			return d.Suspend(ctx, id, ev.Type == schema.TypeAgentSuspended)
+		}
 	case schema.TypeUsageReported:
 		return r.usage(ev)
 	}
@@ -165,6 +166,12 @@ func (r *Replica) contactRequest(ctx context.Context, ev *schema.Event) error {
 		r.requests[c.RequestID] = pair
 		r.mu.Unlock()
 	}
+	if c.Status != "" && c.Status != "pending" {
+		// Final: the request id is never looked up again, so it is not kept.
+		r.mu.Lock()
+		delete(r.requests, c.RequestID)
+		r.mu.Unlock()
+	}
 	switch c.Status {
 	case "", "pending":
 		return r.cfg.Directory.SetPending(ctx, policy.PendingRequest{ID: c.RequestID, From: pair[0], To: pair[1]})
@@ -192,7 +199,14 @@ func (r *Replica) usage(ev *schema.Event) error {
 	model := first(u.Model, a.Model)
 	cost, _ := r.cfg.Catalog.Cost(model, u)
 	org := first(ev.OrgID, a.Org)
-	r.cfg.Spend.Add(ev.Actor.ID, a.Owner, org, u.InputTokens+u.OutputTokens+u.CacheReadTokens+u.CacheWriteTokens, cost, ev.Time)
+	agent, owner := ev.Actor.ID, a.Owner
+	if a.Org != "" && org != a.Org {
+		// Usage stamped with another organization than the agent's registration (an
+		// org-scoped ingest key writing as an agent it does not own) counts against that
+		// organization only, never against the agent's or its owner's budgets.
+		agent, owner = "", ""
+	}
+	r.cfg.Spend.Add(agent, owner, org, u.InputTokens+u.OutputTokens+u.CacheReadTokens+u.CacheWriteTokens, cost, ev.Time)
 	return nil
 }
 
@@ -240,7 +254,7 @@ func (r *Replica) Bootstrap(ctx context.Context) (map[int]int64, error) {
 	start := time.Now()
 	rows, err := conn.Query(ctx, `SELECT id, type, time, time_ms, org_id, room_id, actor_id, toString(actor_type), actor_handle,
 		subject_id, subject_type, subject_handle, data
-		FROM `+db+`.events FINAL WHERE has(?, type) ORDER BY time, time_ms, kafka_partition, kafka_offset`, GovernanceTypes)
+		FROM `+db+`.events FINAL WHERE has(?, type) ORDER BY time, time_ms, kafka_partition, kafka_offset`, schema.GovernanceTypes)
 	if err != nil {
 		return nil, fmt.Errorf("cannot read governance events from %s.events: %w", db, err)
 	}

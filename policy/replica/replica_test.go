@@ -89,3 +89,49 @@ func TestUsageOfTodayCountsTowardsBudgets(t *testing.T) {
 	orgTokens, _ := spend.Spent(policy.ScopeOrg, "acme", now)
 	assert.Equal(t, int64(1100), orgTokens, "frames carry no org: it comes from the directory")
 }
+
+func TestOperatorSuspensionSurvivesPlatformUpdates(t *testing.T) {
+	r, dir, _ := newReplica(t, time.Now())
+	suspend := `{"id":"s1","type":"agent.suspended","time":"2026-11-02T09:10:00Z","org_id":"acme","actor":{"id":"key-op","type":"system"},"subject":{"id":"a-arch","type":"agent"},"source":"bandplane-policy","data":{"reason":"chatty"}}`
+	update := `{"id":"a3","type":"agent.updated","time":"2026-11-02T09:11:00Z","org_id":"acme","actor":{"id":"u-alice","type":"user"},"subject":{"id":"a-arch","type":"agent"},"source":"t","data":{"handle":"alice/architect","owner_id":"u-alice","model":"gpt-5-mini","personal_registry_access":true,"listed":true,"suspended":false}}`
+	resume := `{"id":"s2","type":"agent.resumed","time":"2026-11-02T09:12:00Z","org_id":"acme","actor":{"id":"key-op","type":"system"},"subject":{"id":"a-arch","type":"agent"},"source":"bandplane-policy"}`
+
+	apply(t, r, alice, architect, suspend, update)
+	a, ok := dir.Agent("a-arch")
+	require.True(t, ok)
+	assert.True(t, a.IsSuspended(), "the platform's update (suspended: false) must not lift the operator's suspension: %+v", a)
+	assert.True(t, a.OperatorSuspended)
+
+	apply(t, r, resume)
+	a, _ = dir.Agent("a-arch")
+	assert.False(t, a.IsSuspended(), "only a resume lifts it: %+v", a)
+
+	// A suspension replayed before the agent's registration (bootstrap order) holds
+	// once the agent registers.
+	r2, dir2, _ := newReplica(t, time.Now())
+	apply(t, r2, alice, suspend, architect, update)
+	a, _ = dir2.Agent("a-arch")
+	assert.True(t, a.IsSuspended())
+}
+
+func TestRoomDeletedForgetsMembership(t *testing.T) {
+	r, dir, _ := newReplica(t, time.Now())
+	apply(t, r, alice, architect,
+		`{"topic":"room_participants:room-9","event":"participant_added","payload":{"id":"a-arch","name":"Architect","type":"Agent","inserted_at":"2026-11-02T10:06:00Z"}}`)
+	require.Contains(t, dir.Snapshot().Rooms, "room-9")
+	apply(t, r, `{"id":"rd","type":"room.deleted","time":"2026-11-02T10:07:00Z","room_id":"room-9","actor":{"id":"sys","type":"system"},"source":"t"}`)
+	assert.NotContains(t, dir.Snapshot().Rooms, "room-9")
+}
+
+func TestUsageUnderAnotherOrgSparesTheAgentsBudget(t *testing.T) {
+	now := time.Date(2026, 11, 2, 12, 0, 0, 0, time.UTC)
+	r, _, spend := newReplica(t, now)
+	apply(t, r, alice, architect,
+		`{"id":"u-9","type":"usage.reported","time":"2026-11-02T11:00:00Z","org_id":"mallory","room_id":"room-1","actor":{"id":"a-arch","type":"agent"},"source":"t","data":{"input_tokens":1000,"output_tokens":0,"cache_read_tokens":0,"cache_write_tokens":0}}`)
+	tokens, _ := spend.Spent(policy.ScopeAgent, "a-arch", now)
+	assert.Zero(t, tokens, "usage stamped with another organization must not eat acme's agent budget")
+	tokens, _ = spend.Spent(policy.ScopeOwner, "u-alice", now)
+	assert.Zero(t, tokens)
+	tokens, _ = spend.Spent(policy.ScopeOrg, "mallory", now)
+	assert.Equal(t, int64(1000), tokens, "it counts against the organization it was written for")
+}
