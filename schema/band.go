@@ -6,7 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
-	"math"
+	"fmt"
 	"strings"
 	"time"
 )
@@ -47,16 +47,16 @@ const (
 func parseTopic(topic string) (kind, id string, err *FieldError) {
 	kind, id, ok := strings.Cut(topic, ":")
 	if !ok {
-		return "", "", fieldErr("topic", "malformed topic %q (want <channel>:<id>)", topic)
+		return "", "", fieldErr("topic", "malformed topic %s (want <channel>:<id>)", quoteShort(topic))
 	}
 	switch kind {
 	case topicChatRoom, topicRoomParticipants, topicAgentRooms, topicAgentContacts,
 		topicAgentControl, topicTasks, topicUserRooms:
 	default:
-		return "", "", fieldErr("topic", "unknown topic %q", topic)
+		return "", "", fieldErr("topic", "unknown topic %s", quoteShort(topic))
 	}
 	if id == "" || strings.TrimSpace(id) != id || strings.Contains(id, ":") {
-		return "", "", fieldErr("topic", "malformed topic %q (want %s:<id>)", topic, kind)
+		return "", "", fieldErr("topic", "malformed topic %s (want %s:<id>)", quoteShort(topic), kind)
 	}
 	return kind, id, nil
 }
@@ -68,7 +68,7 @@ func frameType(event string, p *payload) (string, *FieldError) {
 	}
 	if strings.Contains(event, ".") {
 		if !isEventType(event) {
-			return "", fieldErr("event", "%q is not a lowercase noun.verb or noun_verb event", event)
+			return "", fieldErr("event", "%s is not a lowercase noun.verb or noun_verb event", quoteShort(event))
 		}
 		return event, nil
 	}
@@ -78,7 +78,7 @@ func frameType(event string, p *payload) (string, *FieldError) {
 			return "", fieldErr("payload.message_type", "missing (event_created needs it)")
 		}
 		if !isWord(mt) {
-			return "", fieldErr("payload.message_type", "%q is not a lowercase word", mt)
+			return "", fieldErr("payload.message_type", "%s is not a lowercase word", quoteShort(mt))
 		}
 		if mt == "task" {
 			if md, ok := p.m["metadata"].(map[string]any); ok {
@@ -91,7 +91,7 @@ func frameType(event string, p *payload) (string, *FieldError) {
 	}
 	noun, verb, ok := strings.Cut(event, "_")
 	if !ok || !isWord(noun) || !isWord(verb) {
-		return "", fieldErr("event", "cannot map %q to a noun.verb type", event)
+		return "", fieldErr("event", "cannot map %s to a noun.verb type", quoteShort(event))
 	}
 	return noun + "." + verb, nil
 }
@@ -195,6 +195,12 @@ func decodeFrame(w *wire, received time.Time) (Event, *FieldError) {
 	if err != nil {
 		return Event{}, fieldErr("payload", "%v", err)
 	}
+	// The canonical event must decode again under the same rules (ingest reads it back
+	// from Kafka): payload fields left over move a level down, under data.extra, so a
+	// frame within the limit can map to an event beyond it.
+	if fe := checkJSON(b, 1, "data"); fe != nil {
+		return Event{}, fieldErr("payload", "too deeply nested once mapped to the canonical event (its fields move a level down, under data.extra): %s", fe)
+	}
 	if string(b) != "{}" {
 		e.Data = b
 	}
@@ -220,7 +226,7 @@ func frameTime(w *wire, p *payload, typ string, received time.Time) (time.Time, 
 		if !ok {
 			continue
 		}
-		t, ferr := parseTime("payload."+k, s)
+		t, ferr := parseCheckedTime("payload."+k, s)
 		if ferr != nil {
 			return time.Time{}, ferr
 		}
@@ -234,15 +240,23 @@ func frameTime(w *wire, p *payload, typ string, received time.Time) (time.Time, 
 		return t, nil
 	}
 	if w.ReceivedAt != "" {
-		return parseTime("received_at", w.ReceivedAt)
+		return parseCheckedTime("received_at", w.ReceivedAt)
 	}
 	if w.Time != "" {
-		return parseTime("time", w.Time)
+		return parseCheckedTime("time", w.Time)
 	}
 	if received.IsZero() {
 		received = time.Now()
 	}
 	return received.UTC(), nil
+}
+
+func parseCheckedTime(field, s string) (time.Time, *FieldError) {
+	t, fe := parseTime(field, s)
+	if fe == nil {
+		fe = checkTime(field, t)
+	}
+	return t, fe
 }
 
 func actorType(platform string) ActorType {
@@ -405,26 +419,87 @@ func (p *payload) isRemote() (*bool, *FieldError) {
 	return r, nil
 }
 
-func (p *payload) int64(key string) (int64, bool, *FieldError) {
-	v, ok := p.m[key]
-	if !ok || v == nil {
+// tokens consumes a token count: an integer in [0, MaxTokens]. A number written with
+// a fraction or an exponent is taken when its value is an integer (1200.0, 1.2e3:
+// senders that hold counts as floating point write them so); the value is read exactly
+// from the text, never through a float64. Absent or null is 0, not ok.
+func (p *payload) tokens(key string) (n int64, ok bool, fe *FieldError) {
+	v, present := p.m[key]
+	if !present || v == nil {
 		delete(p.m, key)
 		return 0, false, nil
 	}
-	n, isNum := v.(json.Number)
+	num, isNum := v.(json.Number)
 	if !isNum {
 		return 0, false, p.typeErr(key, "integer", v)
 	}
-	i, err := n.Int64()
-	if err != nil {
-		f, ferr := n.Float64()
-		if ferr != nil || f != math.Trunc(f) || math.Abs(f) > 1<<62 {
-			return 0, false, fieldErr(p.path+"."+key, "expected integer, got %s", n.String())
-		}
-		i = int64(f)
+	text := num.String()
+	u, neg, integer, big := integerValue(text, MaxTokens)
+	switch {
+	case !integer:
+		return 0, false, fieldErr(p.path+"."+key, "expected integer, got %s", shortNumber(text))
+	case neg && (u != 0 || big):
+		return 0, false, fieldErr(p.path+"."+key, "negative token count %s", shortNumber(text))
+	case big:
+		return 0, false, fieldErr(p.path+"."+key, "%s is above the cap of %d tokens", shortNumber(text), MaxTokens)
 	}
 	delete(p.m, key)
-	return i, true, nil
+	return int64(u), true, nil
+}
+
+// shortNumber is a number's text for an error message: a client can send a number as
+// long as its line.
+func shortNumber(s string) string {
+	if len(s) <= 32 {
+		return s
+	}
+	return s[:32] + fmt.Sprintf("… (%d digits)", len(s))
+}
+
+// integerValue reads the JSON number s exactly: its magnitude u when that is at most
+// limit (else big), its sign, and whether it is an integer at all.
+func integerValue(s string, limit uint64) (u uint64, neg, integer, big bool) {
+	if strings.HasPrefix(s, "-") {
+		neg, s = true, s[1:]
+	}
+	mant, exp, hasExp := strings.Cut(s, "e")
+	if !hasExp {
+		mant, exp, _ = strings.Cut(s, "E")
+	}
+	intPart, frac, _ := strings.Cut(mant, ".")
+	e := 0
+	if exp != "" {
+		eneg := exp[0] == '-'
+		for _, c := range strings.TrimLeft(exp, "+-") {
+			if e < 1_000_000_000 { // saturate: any exponent this large decides alone
+				e = e*10 + int(c-'0')
+			}
+		}
+		if eneg {
+			e = -e
+		}
+	}
+	digits := strings.TrimLeft(intPart+frac, "0")
+	if digits == "" {
+		return 0, neg, true, false
+	}
+	e -= len(frac)
+	trimmed := strings.TrimRight(digits, "0")
+	e += len(digits) - len(trimmed)
+	digits = trimmed
+	if e < 0 {
+		return 0, neg, false, false
+	}
+	if len(digits)+e > 19 {
+		return 0, neg, true, true
+	}
+	for _, c := range digits {
+		u = u*10 + uint64(c-'0')
+	}
+	for ; e > 0; e-- {
+		u *= 10
+	}
+	return u, neg, true, u > limit
 }
 
 // object returns a nested object, not consumed: its fields are, one by one, and what is
@@ -461,10 +536,11 @@ func (p *payload) extra() json.RawMessage {
 }
 
 // rawJSON is a value as JSON; a string that holds JSON (tool arguments often come so)
-// is that JSON.
-func rawJSON(v any, stringMayHoldJSON bool) (json.RawMessage, error) {
+// is that JSON, when it passes the guard with `outer` levels above it where it lands
+// (else it stays a string): the canonical event must decode again under the same rules.
+func rawJSON(v any, stringMayHoldJSON bool, outer int) (json.RawMessage, error) {
 	if s, ok := v.(string); ok && stringMayHoldJSON {
-		if t := strings.TrimSpace(s); t != "" && (t[0] == '{' || t[0] == '[') && json.Valid([]byte(t)) {
+		if t := strings.TrimSpace(s); t != "" && (t[0] == '{' || t[0] == '[') && checkJSON([]byte(t), outer, "") == nil {
 			return normalizeJSON([]byte(t)), nil
 		}
 	}
@@ -475,14 +551,15 @@ func rawJSON(v any, stringMayHoldJSON bool) (json.RawMessage, error) {
 }
 
 // contentObject decodes a message's content when it is a JSON object (tool calls and
-// results carry their data so). It is not consumed.
+// results carry their data so) that passes the guard where what is left of it lands,
+// data.extra.content, three levels down. It is not consumed.
 func (p *payload) contentObject() *payload {
 	s, ok := p.m["content"].(string)
 	if !ok {
 		return nil
 	}
 	t := strings.TrimSpace(s)
-	if t == "" || t[0] != '{' {
+	if t == "" || t[0] != '{' || checkJSON([]byte(t), 3, "") != nil {
 		return nil
 	}
 	dec := json.NewDecoder(strings.NewReader(t))
@@ -581,6 +658,10 @@ func mentions(md *payload) ([]Mention, *FieldError) {
 	return out, nil
 }
 
+// argumentsOuter is how many levels are above data.arguments (and data.output): the
+// envelope and data.
+const argumentsOuter = 2
+
 // toolCallData reads a tool call from the content JSON ({"name", "args",
 // "tool_call_id"}) or, failing that, from metadata.function ({"name", "arguments"}).
 func toolCallData(p *payload) (ToolCallData, *FieldError) {
@@ -597,7 +678,7 @@ func toolCallData(p *payload) (ToolCallData, *FieldError) {
 			return d, err
 		}
 		if args, ok := c.first("args", "arguments", "input"); ok {
-			d.Arguments, _ = rawJSON(args, true)
+			d.Arguments, _ = rawJSON(args, true, argumentsOuter)
 		}
 		delete(p.m, "content")
 		if len(c.m) > 0 {
@@ -628,7 +709,7 @@ func toolCallData(p *payload) (ToolCallData, *FieldError) {
 				d.ToolCallID = id
 			}
 			if d.Arguments == nil && hasArgs {
-				d.Arguments, _ = rawJSON(args, true)
+				d.Arguments, _ = rawJSON(args, true, argumentsOuter)
 			}
 			md.done("function", fn)
 		}
@@ -671,7 +752,7 @@ func toolResultData(p *payload) (ToolResultData, *FieldError) {
 			d.IsError = *isErr
 		}
 		if out, ok := c.first("output", "result", "content"); ok {
-			d.Output, _ = rawJSON(out, false)
+			d.Output, _ = rawJSON(out, false, argumentsOuter)
 		}
 		delete(p.m, "content")
 		if len(c.m) > 0 {
@@ -750,11 +831,11 @@ func usageData(p *payload) (UsageData, *FieldError) {
 		{"cache_read_tokens", &d.CacheReadTokens},
 		{"cache_write_tokens", &d.CacheWriteTokens},
 	} {
-		if *f.dst, _, err = u.int64(f.key); err != nil {
+		if *f.dst, _, err = u.tokens(f.key); err != nil {
 			return d, err
 		}
 	}
-	r, ok, err := u.int64("reasoning_tokens")
+	r, ok, err := u.tokens("reasoning_tokens")
 	if err != nil {
 		return d, err
 	}

@@ -43,6 +43,11 @@ type wire struct {
 // without '@', Data compact. A frame's Source is "band" and its ID is derived from the
 // frame (see FrameID). Any error is a *FieldError.
 //
+// The line first passes CheckJSON (at most MaxDepth levels, no duplicate keys, valid
+// UTF-8, no lone surrogates) before any decoder sees it; the event then passes
+// Validate, limits included. So whatever Decode returns, marshalled and decoded again,
+// gives the same event: ingest decodes the canonical form from Kafka with these rules.
+//
 // A frame that carries no time of its own (participant_added has none) gets the time it
 // is decoded; use DecodeAt to choose it.
 func Decode(line []byte) (Event, error) {
@@ -52,6 +57,9 @@ func Decode(line []byte) (Event, error) {
 // DecodeAt is Decode with the time to give a frame that carries none: received, or the
 // current time when received is zero. Canonical events always carry their own.
 func DecodeAt(line []byte, received time.Time) (Event, error) {
+	if fe := checkJSON(line, 0, ""); fe != nil {
+		return Event{}, fe
+	}
 	var w wire
 	if err := unmarshal(line, &w); err != nil {
 		return Event{}, jsonErr(err, "")
@@ -127,7 +135,7 @@ func parseTime(field, s string) (time.Time, *FieldError) {
 		var err2 error
 		t, err2 = time.ParseInLocation("2006-01-02T15:04:05.999999999", s, time.UTC)
 		if err2 != nil {
-			return time.Time{}, fieldErr(field, "cannot parse %q as RFC 3339", s)
+			return time.Time{}, fieldErr(field, "cannot parse %s as RFC 3339", quoteShort(s))
 		}
 	}
 	return t.UTC(), nil

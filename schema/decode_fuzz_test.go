@@ -4,12 +4,15 @@ import (
 	"encoding/json"
 	"errors"
 	"os"
+	"strings"
 	"testing"
 )
 
 // FuzzDecode: Decode never panics, fails only with a *FieldError, is deterministic, and
 // what it returns is valid and survives a round trip: json.Marshal of the event, decoded
-// again, gives the same event, byte for byte in Data.
+// again, gives the same event, byte for byte in Data. A line the guard refuses is refused
+// with the guard's error; an accepted line passed the guard, and so does its canonical
+// form.
 func FuzzDecode(f *testing.F) {
 	if b, err := os.ReadFile("testdata/band/frames.ndjson"); err == nil {
 		for _, line := range splitLines(b) {
@@ -22,15 +25,32 @@ func FuzzDecode(f *testing.F) {
 	f.Add([]byte(`{"topic":"chat_room:r","event":"event_created","payload":{"id":"e","content":"x","message_type":"tool_result","metadata":{"function":{"name":"f","arguments":"{\"a\":1}"}},"sender_id":"a","sender_type":"Agent","inserted_at":"2026-02-09T10:31:00.1"}}`))
 	f.Add([]byte(`{"topic":"room_participants:r","event":"participant_added","payload":{"id":"p","type":"User","handle":"@alice","is_external":true},"received_at":"2026-02-09T10:31:00Z"}`))
 	f.Add([]byte(`{"topic":"foo:bar","event":"x_y","payload":{}}`))
+	// Hostile lines: the guard's and the limits' refusals.
+	f.Add(deepLine(MaxDepth))
+	f.Add(deepLine(MaxDepth + 1))
+	f.Add([]byte(`{"id":"e","ID":"f","type":"message.created","time":"2026-02-09T10:31:00Z","actor":{"id":"a"},"source":"s"}`))
+	f.Add([]byte(`{"id":"e\ud800","type":"message.created","time":"2026-02-09T10:31:00Z","actor":{"id":"a"},"source":"s"}`))
+	f.Add([]byte("{\"id\":\"e\xff\",\"type\":\"message.created\",\"time\":\"2026-02-09T10:31:00Z\",\"actor\":{\"id\":\"a\"},\"source\":\"s\"}"))
+	f.Add([]byte(`{"id":"e","type":"usage.reported","time":"9999-02-09T10:31:00Z","actor":{"id":"a"},"source":"s","data":{"input_tokens":1000000001}}`))
+	f.Add([]byte(`{"topic":"chat_room:r","event":"event_created","payload":{"id":"e","message_type":"task","metadata":{"band_usage":{"input_tokens":1.2e3,"output_tokens":-0}},"sender_id":"a","inserted_at":"2026-02-09T10:00:00Z"}}`))
+	f.Add([]byte(`{"topic":"chat_room:r","event":"event_created","payload":{"message_type":"tool_call","content":"{\"name\":\"f\",\"args\":\"[[[[{\\\"a\\\":1}]]]]\"}","sender_id":"a","inserted_at":"2026-02-09T10:00:00Z"}}`))
+	f.Add(frame("chat_room:r", "message_created", `{"id":"m","content":"x","sender_id":"u","inserted_at":"2026-02-09T10:00:00Z","deep":`+strings.Repeat("[", MaxDepth-2)+strings.Repeat("]", MaxDepth-2)+`}`))
 
 	f.Fuzz(func(t *testing.T, line []byte) {
 		e, err := DecodeAt(line, received)
+		guard := CheckJSON(line)
 		if err != nil {
 			var fe *FieldError
 			if !errors.As(err, &fe) {
 				t.Fatalf("error %T is not a *FieldError: %v", err, err)
 			}
+			if guard != nil && guard.Error() != err.Error() {
+				t.Fatalf("the guard says %q, Decode %q", guard, err)
+			}
 			return
+		}
+		if guard != nil {
+			t.Fatalf("Decode accepted what the guard refuses (%v)", guard)
 		}
 		if err := e.Validate(); err != nil {
 			t.Fatalf("Decode returned an invalid event: %v\n%+v", err, e)
@@ -45,6 +65,9 @@ func FuzzDecode(f *testing.F) {
 		b, err := json.Marshal(e)
 		if err != nil {
 			t.Fatalf("marshal: %v\n%+v", err, e)
+		}
+		if err := CheckJSON(b); err != nil {
+			t.Fatalf("the canonical form does not pass the guard: %v\n%s", err, b)
 		}
 		rt, err := Decode(b)
 		if err != nil {

@@ -176,7 +176,7 @@ func TestDecodeErrors(t *testing.T) {
 		{"unparseable time", with("time", "yesterday"), `time: cannot parse "yesterday" as RFC 3339`},
 		{"time not a string", with("time", 1700000000), "time: expected string, got number"},
 		{"zero time", with("time", "0001-01-01T00:00:00Z"), "time: zero time"},
-		{"time before year 1 in UTC", with("time", "0001-01-01T00:30:00+01:00"), "time: year 0 out of range"},
+		{"time before year 1 in UTC", with("time", "0001-01-01T00:30:00+01:00"), "time: 0000-12-31T23:30:00Z is outside [1970-01-01T00:00:00Z, 2105-12-31T23:59:59.999Z]"},
 		{"newer schema_version", with("schema_version", 2), "schema_version: version 2 is newer than the supported version 1"},
 		{"negative schema_version", with("schema_version", -1), "schema_version: version -1 is not positive"},
 		{"fractional schema_version", with("schema_version", 1.5), "schema_version: expected integer, got number 1.5"},
@@ -292,15 +292,51 @@ func TestDecodeDoubleAtHandle(t *testing.T) {
 	assert.EqualError(t, err, `subject.handle: invalid handle "@alice"`)
 }
 
-func TestTopLevelValue(t *testing.T) {
-	data := []byte(` { "a" : [1, {"mentions": 2}, "x\"]"] , "s":"mentions","n":-1.5e3,"t":true, "mentions" : [ {"id":"x","handle":"y"} ] , "z":null } `)
-	assert.Equal(t, `[ {"id":"x","handle":"y"} ]`, string(topLevelValue(data, "mentions")))
-	assert.Equal(t, `-1.5e3`, string(topLevelValue(data, "n")))
-	assert.Equal(t, `true`, string(topLevelValue(data, "t")))
-	assert.Equal(t, `null`, string(topLevelValue(data, "z")))
-	assert.Equal(t, `"mentions"`, string(topLevelValue(data, "s")))
-	assert.Equal(t, `[1, {"mentions": 2}, "x\"]"]`, string(topLevelValue(data, "a")))
-	assert.Nil(t, topLevelValue(data, "nope"))
-	assert.Nil(t, topLevelValue([]byte(`{"a":{"mentions":[1]}}`), "mentions"))
-	assert.Nil(t, topLevelValue([]byte(`[]`), "mentions"))
+func TestMembers(t *testing.T) {
+	all := func(data string) map[string]string {
+		got := map[string]string{}
+		it := members{data: []byte(data)}
+		for {
+			k, plain, v, ok := it.next()
+			if !ok {
+				return got
+			}
+			got[string(k)+map[bool]string{true: "", false: " (escaped)"}[plain]] = string(v)
+		}
+	}
+	data := ` { "a" : [1, {"mentions": 2}, "x\"]"] , "s":"mentions","n":-1.5e3,"t":true, "mentions" : [ {"id":"x","handle":"y"} ] , "z":null, "\u006d":{}, "é":1 } `
+	assert.Equal(t, map[string]string{
+		"a": `[1, {"mentions": 2}, "x\"]"]`, "s": `"mentions"`, "n": "-1.5e3", "t": "true",
+		"mentions": `[ {"id":"x","handle":"y"} ]`, "z": "null", `\u006d (escaped)`: "{}", "é (escaped)": "1",
+	}, all(data))
+	assert.Empty(t, all(`[]`))
+	assert.Empty(t, all(`{}`))
+	assert.Empty(t, all(``))
+
+	for _, tc := range []struct {
+		key   string
+		plain bool
+		want  bool
+	}{
+		{"message_id", true, true}, {"MESSAGE_ID", true, true}, {"Message_Id", true, true},
+		{"message_i", true, false}, {"message_idx", true, false}, {"message-id", true, false},
+		{`message\u005fid`, false, true}, {`MESSAGE\u005FID`, false, true},
+		{"meſſage_id", false, true}, // U+017F folds to s, as encoding/json matches it
+		{`message\u005fi`, false, false}, {`message\u005fidd`, false, false},
+	} {
+		assert.Equal(t, tc.want, keyIs([]byte(tc.key), tc.plain, "message_id"), tc.key)
+	}
+}
+
+func TestSkipString(t *testing.T) {
+	for _, s := range []string{
+		`""`, `"a"`, `"\""`, `"\\"`, `"\\\""`, `"a\\\\"`,
+		`"` + strings.Repeat("x", 16) + `\""`, `"` + strings.Repeat("x", 15) + `\\"`, `"` + strings.Repeat("x", 40) + `\\\"\\"`,
+		`"` + strings.Repeat(`\"`, 30) + `"`, `"` + strings.Repeat("é", 30) + `"`,
+	} {
+		require.True(t, json.Valid([]byte(s)), s)
+		for _, tail := range []string{"", `,"b"`, `:1}`} {
+			assert.Equal(t, len(s), skipString([]byte(s+tail), 0), s+tail)
+		}
+	}
 }

@@ -23,9 +23,9 @@ const (
 	// cache write, reasoning): 10^9, some 500 times the largest context window of any
 	// model. The cap is what keeps every sum exact (README, "Limits"): an hourly rollup
 	// group would need 1.8·10^10 reports in one hour to overflow its UInt64 token sums,
-	// and with prices capped at pricing.MaxPricePerMillion the cost of one report stays
-	// under 4·10^9, far inside Decimal(18,6), while the rollup sums cost in
-	// Decimal(38,6).
+	// and with prices capped at pricing.MaxPricePerMillion one report costs at most
+	// 5·10^9 units (all five kinds at the cap, reasoning billed apart), far inside
+	// Decimal(18,6), while the rollup sums cost in Decimal(38,6).
 	MaxTokens = 1_000_000_000
 )
 

@@ -10,7 +10,7 @@
 //	   "effective": "2025-09-29"}]}
 //
 // Prices are decimal strings (JSON numbers are accepted too) with at most 9 decimal
-// places, in the catalog's currency per million tokens. input and output prices are
+// places, in the catalog's currency per million tokens, at most MaxPricePerMillion. input and output prices are
 // required; a missing cache_read or cache_write price bills those tokens at the input
 // price. reasoning_per_mtok is optional, see below. Unknown fields are ignored.
 //
@@ -32,6 +32,12 @@
 // so tokens × price is an exact integer count of 10⁻¹⁵ units, i.e. 10⁻⁹ micro-units. The
 // per-kind products are summed exactly in 128 bits and the total is rounded once per
 // event, half up, to the micro-unit (10⁻⁶ of the currency unit).
+//
+// With every count at most schema.MaxTokens (10⁹) and every price at most
+// MaxPricePerMillion (10⁶), one kind costs at most 10⁹ units and a report of five kinds
+// (input, output, both cache kinds, reasoning when billed apart) at most 5·10⁹ units,
+// 5·10¹⁵ micro-units: far inside an int64 and inside the Decimal(18,6) (< 10¹² units)
+// of a usage row.
 package pricing
 
 import (
@@ -60,6 +66,11 @@ const nanoPerUnit = 1_000_000_000
 
 // maxScale is the most decimal places a price may have.
 const maxScale = 9
+
+// MaxPricePerMillion is the highest price a catalog may set, in currency units per
+// million tokens (any kind): 1,000,000, some 10,000 times the dearest list price today.
+// With schema.MaxTokens it bounds the cost of one report (see the package doc).
+const MaxPricePerMillion = 1_000_000
 
 // Price is one model's prices, in nano-units of the currency per million tokens.
 type Price struct {
@@ -266,6 +277,9 @@ func parsePrice(a amount, required bool) (int64, error) {
 	}
 	if d.IsNegative() {
 		return 0, fmt.Errorf("%q is negative", a.s)
+	}
+	if d.GreaterThan(decimal.NewFromInt(MaxPricePerMillion)) {
+		return 0, fmt.Errorf("%q is above the cap of %d per million tokens", a.s, MaxPricePerMillion)
 	}
 	if -d.Exponent() > maxScale && !d.Equal(d.Truncate(maxScale)) {
 		return 0, fmt.Errorf("%q has more than %d decimal places", a.s, maxScale)

@@ -1,9 +1,11 @@
 package pricing
 
 import (
+	"fmt"
 	"math"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/bandplane/bandplane/schema"
@@ -125,6 +127,60 @@ func TestParseErrors(t *testing.T) {
 	assert.ErrorContains(t, err, "invalid catalog JSON")
 	_, err = Parse([]byte(`{"version":"1","currency":"USD","models":[]}`))
 	assert.ErrorContains(t, err, "models: empty")
+}
+
+func TestPriceCap(t *testing.T) {
+	model := func(field, price string) string {
+		prices := map[string]string{"input_per_mtok": "1", "output_per_mtok": "1"}
+		prices[field] = price
+		var b strings.Builder
+		b.WriteString(`{"version":"v","currency":"USD","models":[{"model":"m","effective":"2026-01-01"`)
+		for k, v := range prices {
+			b.WriteString(`,"` + k + `":` + v)
+		}
+		b.WriteString(`}]}`)
+		return b.String()
+	}
+	for _, field := range []string{"input_per_mtok", "output_per_mtok", "cache_read_per_mtok", "cache_write_per_mtok", "reasoning_per_mtok"} {
+		for _, ok := range []string{`"1000000"`, `"1000000.000000000"`, `1000000`, `"999999.999999999"`, `1e6`} {
+			_, err := Parse([]byte(model(field, ok)))
+			assert.NoError(t, err, "%s %s", field, ok)
+		}
+		for _, bad := range []string{`"1000000.000000001"`, `"1000001"`, `1e7`, `"99999999999999999999999"`} {
+			_, err := Parse([]byte(model(field, bad)))
+			s := strings.Trim(bad, `"`) // the text as the error quotes it
+			assert.EqualError(t, err, fmt.Sprintf(`model "m": %s: %q is above the cap of 1000000 per million tokens`, field, s), "%s %s", field, bad)
+		}
+	}
+}
+
+// TestCostAtTheCaps: the dearest report the limits allow (every count at
+// schema.MaxTokens, every price at MaxPricePerMillion, reasoning billed apart) is priced
+// exactly, with no overflow path, and fits a usage row's Decimal(18,6).
+func TestCostAtTheCaps(t *testing.T) {
+	const max = `"1000000"`
+	c, err := Parse([]byte(`{"version":"v","currency":"USD","models":[
+		{"model":"dear","input_per_mtok":` + max + `,"output_per_mtok":` + max + `,"cache_read_per_mtok":` + max + `,"cache_write_per_mtok":` + max + `,"reasoning_per_mtok":` + max + `,"effective":"2026-01-01"},
+		{"model":"dear-no-reasoning","input_per_mtok":` + max + `,"output_per_mtok":` + max + `,"cache_read_per_mtok":` + max + `,"cache_write_per_mtok":` + max + `,"effective":"2026-01-01"}]}`))
+	require.NoError(t, err)
+	n := int64(schema.MaxTokens)
+	u := schema.UsageData{InputTokens: n, OutputTokens: n, CacheReadTokens: n, CacheWriteTokens: n, ReasoningTokens: &n}
+
+	got, ok := c.Cost("dear", u)
+	require.True(t, ok, "priced")
+	// 5 kinds × 10^9 tokens × 10^6 units / 10^6 tokens = 5·10^9 units = 5·10^15 micro-units.
+	assert.Equal(t, int64(5_000_000_000_000_000), got)
+	const decimal18x6 = 1_000_000_000_000_000_000 // Decimal(18,6) holds less than 10^12 units: 10^18 micro-units
+	assert.Less(t, got, int64(decimal18x6))
+
+	got, ok = c.Cost("dear-no-reasoning", u)
+	require.True(t, ok, "priced")
+	assert.Equal(t, int64(4_000_000_000_000_000), got, "reasoning inside output: not billed again")
+
+	// One token at the cap price is exactly one currency unit: 10^6 micro-units.
+	got, ok = c.Cost("dear", schema.UsageData{OutputTokens: 1})
+	require.True(t, ok)
+	assert.Equal(t, int64(1_000_000), got)
 }
 
 func TestLoad(t *testing.T) {
