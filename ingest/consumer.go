@@ -7,19 +7,24 @@
 package ingest
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"runtime"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 	kafkago "github.com/segmentio/kafka-go"
 
+	"github.com/bandplane/bandplane/ingest/kafka"
 	"github.com/bandplane/bandplane/ingest/pricing"
 	"github.com/bandplane/bandplane/ingest/store"
 	"github.com/bandplane/bandplane/schema"
@@ -40,12 +45,33 @@ type MessageWriter interface {
 
 // Storage writes a batch durably: BatchInsert returns nil only once every row is
 // acknowledged by ClickHouse. It must be idempotent, because a failed batch is retried
-// whole and a replayed record is written again.
+// and a replayed record is written again. An error for which store.Permanent is true
+// means ClickHouse refuses the rows themselves: the consumer then splits the batch.
 type Storage interface {
 	BatchInsert(ctx context.Context, b *store.Batch) error
-	// UnattributedIDs returns which of ids are stored without an organization.
-	UnattributedIDs(ctx context.Context, ids []string) (map[string]bool, error)
+	// StoredEvents returns the stored audit-trail rows whose replacing key
+	// (organization, time in seconds, id) is one of keys.
+	StoredEvents(ctx context.Context, keys []store.EventKey) ([]store.EventRow, error)
 }
+
+// Defaults of the horizons of the consumer's memory (Config.LateHorizon,
+// Config.UnpricedHorizon).
+const (
+	DefaultLateHorizon     = time.Hour
+	DefaultUnpricedHorizon = 24 * time.Hour
+)
+
+// MaxReasonBytes bounds the reason of a dead letter (it travels as a Kafka header and
+// is stored beside the record); a longer one is cut at a UTF-8 boundary.
+const MaxReasonBytes = 1 << 10
+
+// maxDeadLetterKeyBytes bounds the key of a dead letter: a record's key is normally a
+// room id (schema.MaxIDBytes), but a record produced by anything else may carry more.
+const maxDeadLetterKeyBytes = 1 << 10
+
+// ReasonIDReused starts the reason of a record dead-lettered because its event id is
+// stored (or earlier in its batch) with other content.
+const ReasonIDReused = "id reused with different content"
 
 // Config configures a Consumer.
 type Config struct {
@@ -55,6 +81,10 @@ type Config struct {
 	Directory   *Directory
 	Catalog     *pricing.Catalog
 	Topic       string // the source topic, recorded with dead letters
+	// DeadLetterMaxBytes is the dead-letter writer's message limit: a dead letter that
+	// would be larger is sent and stored with its raw record cut (default
+	// kafka.MaxMessageBytes).
+	DeadLetterMaxBytes int
 
 	Decoders        int           // goroutines decoding records (default GOMAXPROCS)
 	BatchSize       int           // flush when this many records are pending
@@ -63,12 +93,25 @@ type Config struct {
 	RetryMax        time.Duration
 	ShutdownTimeout time.Duration // how long a graceful stop may take to flush and commit
 
-	// LateParties are the agents and people that already have events stored without an
-	// organization (store.UnattributedParties), read at start.
-	LateParties []string
+	// LateHorizon is how long the consumer remembers a party (agent, person) after it
+	// last stored an event of it without an organization (default
+	// DefaultLateHorizon). Within it, a replay of such an event keeps org "" and
+	// collapses with the stored row; records are committed right after they are
+	// stored, so a redelivery is of the last uncommitted batches, well within an hour.
+	// A replay from further back (a client re-posting day-old events after the agent
+	// registered) is stored a second time, attributed.
+	LateHorizon time.Duration
+	// UnpricedHorizon is how long the consumer remembers an agent after it last stored
+	// usage of it that could not be priced for want of a model (default
+	// DefaultUnpricedHorizon). A registration within it reprices that usage
+	// automatically; after it, `bandplane reprice` still does.
+	UnpricedHorizon time.Duration
+	// LateParties are the parties with events stored without an organization within
+	// LateHorizon (store.UnattributedParties), each with the last time, read at start.
+	LateParties map[string]time.Time
 	// UnpricedAgents are the agents with usage stored unpriced for want of a model
-	// (store.UnpricedAgents), read at start; their registration triggers a reprice.
-	UnpricedAgents []string
+	// within UnpricedHorizon (store.UnpricedAgents), read at start.
+	UnpricedAgents map[string]time.Time
 
 	// AfterFlush, if set, is called after each committed batch with the hours of usage
 	// it touched and the agents whose unpriced usage may now be priced (their
@@ -102,6 +145,12 @@ func (c *Config) Validate() error {
 	if c.BatchAge <= 0 {
 		errs = append(errs, fmt.Errorf("ingest: batch age must be > 0, got %s (--batch-age)", c.BatchAge))
 	}
+	if c.LateHorizon < 0 || c.UnpricedHorizon < 0 {
+		errs = append(errs, fmt.Errorf("ingest: horizons must be >= 0, got late %s, unpriced %s", c.LateHorizon, c.UnpricedHorizon))
+	}
+	if c.DeadLetterMaxBytes != 0 && c.DeadLetterMaxBytes < 4*MaxReasonBytes {
+		errs = append(errs, fmt.Errorf("ingest: dead-letter message limit must be >= %d bytes, got %d", 4*MaxReasonBytes, c.DeadLetterMaxBytes))
+	}
 	return errors.Join(errs...)
 }
 
@@ -111,12 +160,13 @@ type Consumer struct {
 	log     *slog.Logger
 	m       *Metrics
 	healthy atomic.Bool // false while ClickHouse or the dead-letter topic refuses writes
-	// agents seen with usage that could not be priced because no model was known.
-	unpricedAgents map[string]bool
-	// parties (agents, people) with events stored without an organization.
-	// unpricedAgents and late are owned by the Run goroutine (add, toRows).
-	late   map[string]bool
-	stored prometheus.Counter // m.Records{result="stored"}, looked up once
+	now     func() time.Time
+	// unpriced holds the agents seen with usage that could not be priced because no
+	// model was known; late the parties (agents, people) with events stored without an
+	// organization. Both are owned by the Run goroutine (add, toRows).
+	unpriced *expiring
+	late     *expiring
+	stored   prometheus.Counter // m.Records{result="stored"}, looked up once
 }
 
 func New(cfg Config) (*Consumer, error) {
@@ -135,19 +185,28 @@ func New(cfg Config) (*Consumer, error) {
 	if cfg.ShutdownTimeout <= 0 {
 		cfg.ShutdownTimeout = 30 * time.Second
 	}
+	if cfg.LateHorizon == 0 {
+		cfg.LateHorizon = DefaultLateHorizon
+	}
+	if cfg.UnpricedHorizon == 0 {
+		cfg.UnpricedHorizon = DefaultUnpricedHorizon
+	}
+	if cfg.DeadLetterMaxBytes == 0 {
+		cfg.DeadLetterMaxBytes = kafka.MaxMessageBytes
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	if cfg.Metrics == nil {
 		cfg.Metrics = NewMetrics(nil)
 	}
-	c := &Consumer{cfg: cfg, log: cfg.Logger.With("component", "ingest"), m: cfg.Metrics, unpricedAgents: map[string]bool{},
-		late: map[string]bool{}}
-	for _, id := range cfg.LateParties {
-		c.late[id] = true
+	c := &Consumer{cfg: cfg, log: cfg.Logger.With("component", "ingest"), m: cfg.Metrics, now: time.Now,
+		unpriced: newExpiring(cfg.UnpricedHorizon), late: newExpiring(cfg.LateHorizon)}
+	for id, at := range cfg.LateParties {
+		c.late.mark(id, at)
 	}
-	for _, id := range cfg.UnpricedAgents {
-		c.unpricedAgents[id] = true
+	for id, at := range cfg.UnpricedAgents {
+		c.unpriced.mark(id, at)
 	}
 	c.stored = c.m.Records.WithLabelValues("stored")
 	c.healthy.Store(true)
@@ -158,12 +217,20 @@ func New(cfg Config) (*Consumer, error) {
 // succeeded (readiness).
 func (c *Consumer) Healthy() bool { return c.healthy.Load() }
 
-// pending is a batch being built: the rows and the messages they came from.
+// pending is a batch being built: the records fetched, in fetch order, and the rows
+// made of them. Each row remembers its record (the *Rec slices, parallel to the
+// batch's tables), so that a batch ClickHouse refuses can be split by record.
 type pending struct {
-	batch         store.Batch
-	last          map[int]kafkago.Message // highest message per partition, for the commit
-	records       int
-	dlq           []kafkago.Message
+	batch    store.Batch
+	msgs     []kafkago.Message // every record of the batch
+	evRec    []int32           // evRec[i] is the record of batch.Events[i]; and so on
+	usageRec []int32
+	dirRec   []int32
+	dlRec    []int32
+	dlq      []kafkago.Message       // the dead-letter messages, parallel to batch.DeadLetters
+	last     map[int]kafkago.Message // highest message per partition, for the commit
+	replays  int                     // records whose event was stored already, same content
+
 	repriceAgents []string
 	parked        []parked
 	recheck       []int // indexes into batch.Events of late-attributed events
@@ -172,16 +239,18 @@ type pending struct {
 
 type parked struct {
 	ev  schema.Event
-	msg kafkago.Message
+	rec int32
 }
 
 func newPending(size int) *pending {
-	return &pending{last: map[int]kafkago.Message{}, batch: store.Batch{Events: make([]store.EventRow, 0, size)}}
+	return &pending{last: map[int]kafkago.Message{}, msgs: make([]kafkago.Message, 0, size),
+		batch: store.Batch{Events: make([]store.EventRow, 0, size)}, evRec: make([]int32, 0, size)}
 }
 
 // Run consumes until ctx ends, then flushes what it has fetched, commits, and returns
 // nil. It returns an error only if it cannot start. A record is committed only after it
-// (or its dead letter) is in ClickHouse.
+// (or its dead letter) is in ClickHouse, and so is every record fetched before it from
+// its partition.
 func (c *Consumer) Run(ctx context.Context) error {
 	fetched := make(chan record, c.cfg.BatchSize)
 	var wg sync.WaitGroup
@@ -199,8 +268,14 @@ func (c *Consumer) Run(ctx context.Context) error {
 	defer cancelFlush()
 	go func() {
 		defer close(flusherDone)
+		stopped := false
 		for p := range flushes {
-			c.flush(flushCtx, p)
+			// Once a batch could not be stored (the shutdown timeout ended its retries),
+			// no later batch may be committed: its offsets would pass the records of the
+			// one that was not stored.
+			if !stopped && !c.flush(flushCtx, p) {
+				stopped = true
+			}
 		}
 	}()
 
@@ -213,7 +288,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	// batch is flushed by the shutdown path below.
 	handOff := func(stopping <-chan struct{}) {
 		timer.Stop()
-		if p.records == 0 {
+		if len(p.msgs) == 0 {
 			return
 		}
 		c.resolveParked(p)
@@ -229,12 +304,12 @@ loop:
 		case <-ctx.Done():
 			break loop
 		case m := <-fetched:
-			if p.records == 0 {
+			if len(p.msgs) == 0 {
 				p.first = time.Now()
 				timer.Reset(c.cfg.BatchAge)
 			}
 			c.add(p, m)
-			if p.records >= c.cfg.BatchSize {
+			if len(p.msgs) >= c.cfg.BatchSize {
 				handOff(ctx.Done())
 			}
 		case <-timer.C:
@@ -250,7 +325,7 @@ loop:
 			drained = true
 		}
 	}
-	c.log.Info("stopping: flushing and committing", "pending_records", p.records)
+	c.log.Info("stopping: flushing and committing", "pending_records", len(p.msgs))
 	stopTimer := time.AfterFunc(c.cfg.ShutdownTimeout, cancelFlush)
 	defer stopTimer.Stop()
 	handOff(nil)
@@ -270,8 +345,13 @@ type record struct {
 // fetchLoop fetches records and hands them to out decoded, in fetch order. Decoding is
 // spread over Decoders goroutines: records are dealt to them round-robin and collected
 // in the same round-robin order, so order is kept without sequence numbers. It returns
-// once every goroutine it started has stopped; what was fetched but not handed over
-// when ctx ends is simply not committed, and is redelivered.
+// once every goroutine it started has stopped.
+//
+// What reaches out is always a gap-free prefix of what was fetched: when ctx ends, a
+// decoder that cannot hand over its record stops for good (it does not go on with the
+// next one, which would arrive in the record's place), and the merger stops at the
+// first decoder that has stopped. What was fetched but not handed over is not
+// committed, and is redelivered.
 func (c *Consumer) fetchLoop(ctx context.Context, out chan<- record) {
 	n := c.cfg.Decoders
 	ins := make([]chan kafkago.Message, n)
@@ -289,6 +369,7 @@ func (c *Consumer) fetchLoop(ctx context.Context, out chan<- record) {
 				select {
 				case res <- record{msg: m, ev: ev, err: err}:
 				case <-ctx.Done():
+					return // the records after this one must not take its place
 				}
 			}
 		}(ins[i], outs[i])
@@ -299,7 +380,7 @@ func (c *Consumer) fetchLoop(ctx context.Context, out chan<- record) {
 		for i := 0; ; i++ {
 			r, ok := <-outs[i%n]
 			if !ok {
-				return
+				return // that decoder stopped: record i is missing, so nothing after it may follow
 			}
 			select {
 			case out <- r:
@@ -348,32 +429,49 @@ func (c *Consumer) fetchLoop(ctx context.Context, out chan<- record) {
 // add enriches a decoded record and appends it to the pending batch.
 func (c *Consumer) add(p *pending, r record) {
 	m, ev, err := r.msg, r.ev, r.err
-	p.records++
+	rec := int32(len(p.msgs))
+	p.msgs = append(p.msgs, m)
 	if prev, ok := p.last[m.Partition]; !ok || m.Offset > prev.Offset {
 		p.last[m.Partition] = m
 	}
+	now := c.now()
+	c.sweep(now)
 	if err != nil {
-		c.deadLetter(p, m, stageOf(err), err.Error())
+		c.deadLetter(p, rec, stageOf(err), err.Error())
 		return
 	}
-	if IsDirectoryEvent(ev.Type) {
+	if schema.IsDirectoryType(ev.Type) {
 		row, err := c.cfg.Directory.Apply(&ev)
 		if err != nil {
-			c.deadLetter(p, m, "enrich", err.Error())
+			c.deadLetter(p, rec, "enrich", err.Error())
 			return
 		}
 		p.batch.Directory = append(p.batch.Directory, row)
-		if c.unpricedAgents[row.ID] && row.Model != "" {
-			delete(c.unpricedAgents, row.ID)
+		p.dirRec = append(p.dirRec, rec)
+		if row.Model != "" && c.unpriced.has(row.ID, now) {
+			c.unpriced.remove(row.ID)
 			p.repriceAgents = append(p.repriceAgents, row.ID)
 		}
 	}
 	if ev.OrgID == "" && c.unknownParty(&ev) {
 		// Its registration may be in this batch on another partition: decide at the end.
-		p.parked = append(p.parked, parked{ev: ev, msg: m})
+		p.parked = append(p.parked, parked{ev: ev, rec: rec})
 		return
 	}
-	c.toRows(p, &ev, m)
+	c.toRows(p, &ev, rec, now)
+}
+
+// sweep forgets the parties and agents whose horizon has passed, and keeps the gauges
+// of what is remembered current.
+func (c *Consumer) sweep(now time.Time) {
+	if n, ok := c.late.sweep(now); ok {
+		c.m.Forgotten.WithLabelValues("late").Add(float64(n))
+		c.m.Remembered.WithLabelValues("late").Set(float64(c.late.len()))
+	}
+	if n, ok := c.unpriced.sweep(now); ok {
+		c.m.Forgotten.WithLabelValues("unpriced").Add(float64(n))
+		c.m.Remembered.WithLabelValues("unpriced").Set(float64(c.unpriced.len()))
+	}
 }
 
 // party is who an event is attributed through: its actor, or its subject when it has
@@ -402,19 +500,21 @@ func (c *Consumer) unknownParty(ev *schema.Event) bool {
 // resolveParked turns the parked events into rows, with whatever the directory knows
 // now that the whole batch has been read.
 func (c *Consumer) resolveParked(p *pending) {
+	now := c.now()
 	for i := range p.parked {
-		c.toRows(p, &p.parked[i].ev, p.parked[i].msg)
+		c.toRows(p, &p.parked[i].ev, p.parked[i].rec, now)
 	}
 	p.parked = nil
 }
 
-func (c *Consumer) toRows(p *pending, ev *schema.Event, m kafkago.Message) {
+func (c *Consumer) toRows(p *pending, ev *schema.Event, rec int32, now time.Time) {
 	envelopeOrg := ev.OrgID
 	owner := Enrich(ev, c.cfg.Directory)
+	pid := party(ev).ID
 	if ev.OrgID == "" {
 		c.m.Unattributed.Inc()
-		c.late[party(ev).ID] = true
-	} else if envelopeOrg == "" && c.late[party(ev).ID] {
+		c.late.mark(pid, now)
+	} else if envelopeOrg == "" && c.late.has(pid, now) {
 		// This party has rows stored without an organization; if this event is one of
 		// them (a replay), it must keep org "" or it would be stored twice.
 		p.recheck = append(p.recheck, len(p.batch.Events))
@@ -422,19 +522,20 @@ func (c *Consumer) toRows(p *pending, ev *schema.Event, m kafkago.Message) {
 	if ev.Type == schema.TypeUsageReported {
 		u, err := UsageRow(ev, owner, c.cfg.Directory, c.cfg.Catalog)
 		if err != nil {
-			c.deadLetter(p, m, "validate", err.Error())
+			c.deadLetter(p, rec, "validate", err.Error())
 			return
 		}
 		if u.Model == Unknown {
-			c.unpricedAgents[u.AgentID] = true
+			c.unpriced.mark(u.AgentID, now)
 		}
 		if !u.Priced {
 			c.m.Unpriced.Inc()
 		}
 		p.batch.Usage = append(p.batch.Usage, u)
+		p.usageRec = append(p.usageRec, rec)
 	}
-	p.batch.Events = append(p.batch.Events, EventRow(ev, owner, int32(m.Partition), m.Offset))
-	c.stored.Inc()
+	p.batch.Events = append(p.batch.Events, EventRow(ev, owner, int32(p.msgs[rec].Partition), p.msgs[rec].Offset))
+	p.evRec = append(p.evRec, rec)
 }
 
 // stageOf tells a record that is not JSON (or not an object) from one that is JSON but
@@ -447,96 +548,499 @@ func stageOf(err error) string {
 	return "validate"
 }
 
-func (c *Consumer) deadLetter(p *pending, m kafkago.Message, stage, reason string) {
-	c.m.Records.WithLabelValues("dead_letter").Inc()
-	c.m.DeadLetters.WithLabelValues(stage).Inc()
+// deadLetter adds the dead letter of record rec to the batch (the record has no other
+// rows).
+func (c *Consumer) deadLetter(p *pending, rec int32, stage, reason string) {
+	dl, msg := c.newDeadLetter(p.msgs[rec], stage, reason)
+	p.batch.DeadLetters = append(p.batch.DeadLetters, dl)
+	p.dlq = append(p.dlq, msg)
+	p.dlRec = append(p.dlRec, rec)
+}
+
+// newDeadLetter makes the row and the Kafka message of a dead letter. The reason is cut
+// to MaxReasonBytes and the time is clamped into DateTime's range (a record's timestamp
+// is whatever its producer set). A dead letter whose message would exceed
+// DeadLetterMaxBytes carries only the start of its raw record, in the topic and in the
+// table alike, marked: header bandplane-truncated (the full size), raw_truncated = 1;
+// raw_bytes is always the full size.
+func (c *Consumer) newDeadLetter(m kafkago.Message, stage, reason string) (store.DeadLetter, kafkago.Message) {
 	topic := m.Topic
 	if topic == "" {
 		topic = c.cfg.Topic
 	}
-	p.batch.DeadLetters = append(p.batch.DeadLetters, store.DeadLetter{
-		Time: m.Time.UTC(), Topic: topic, Partition: int32(m.Partition), Offset: m.Offset,
-		Key: string(m.Key), Raw: string(m.Value), Stage: stage, Reason: reason, ReceivedAt: time.Now().UTC(),
-	})
-	p.dlq = append(p.dlq, kafkago.Message{Key: m.Key, Value: m.Value, Headers: []kafkago.Header{
+	reason = truncateUTF8(reason, MaxReasonBytes)
+	key := m.Key
+	if len(key) > maxDeadLetterKeyBytes {
+		key = key[:maxDeadLetterKeyBytes]
+	}
+	msg := kafkago.Message{Key: key, Value: m.Value, Headers: []kafkago.Header{
 		{Key: "bandplane-reason", Value: []byte(reason)},
 		{Key: "bandplane-stage", Value: []byte(stage)},
 		{Key: "bandplane-source", Value: fmt.Appendf(nil, "%s/%d/%d", topic, m.Partition, m.Offset)},
-	}})
+	}}
+	dl := store.DeadLetter{
+		Time: clampTime(m.Time), Topic: topic, Partition: int32(m.Partition), Offset: m.Offset,
+		Key: string(key), Stage: stage, Reason: reason, RawBytes: uint64(len(m.Value)), ReceivedAt: c.now().UTC(),
+	}
+	if kafka.MessageSize(&msg) > c.cfg.DeadLetterMaxBytes {
+		msg.Value = nil
+		msg.Headers = append(msg.Headers, kafkago.Header{Key: "bandplane-truncated", Value: strconv.AppendInt(nil, int64(len(m.Value)), 10)})
+		keep := max(c.cfg.DeadLetterMaxBytes-kafka.MessageSize(&msg), 0)
+		msg.Value = []byte(truncateUTF8(string(m.Value), keep))
+		dl.RawTruncated = true
+		c.m.DeadLettersTruncated.Inc()
+	}
+	dl.Raw = string(msg.Value)
+	return dl, msg
 }
 
-// keepFirstAttribution resets to "" the organization of rechecked events that are
-// already stored without one. The dedupe key (org, time, id) must not change between
-// an event's first ingest and a replay; attributing old unattributed rows is a
-// separate, explicit repair.
-func (c *Consumer) keepFirstAttribution(ctx context.Context, p *pending) error {
-	ids := make([]string, len(p.recheck))
-	for i, idx := range p.recheck {
-		ids[i] = p.batch.Events[idx].ID
+// truncateUTF8 cuts s to at most n bytes, backing off to the start of a UTF-8 sequence
+// so that a valid string stays valid.
+func truncateUTF8(s string, n int) string {
+	if len(s) <= n {
+		return s
 	}
-	stored, err := c.cfg.Storage.UnattributedIDs(ctx, ids)
-	if err != nil {
-		return err
+	cut := n
+	for cut > 0 && cut > n-utf8.UTFMax && !utf8.RuneStart(s[cut]) {
+		cut--
 	}
-	if len(stored) == 0 {
-		return nil
+	if !utf8.RuneStart(s[cut]) { // not UTF-8 there at all: cut at the byte
+		cut = n
 	}
-	for _, idx := range p.recheck {
-		if e := &p.batch.Events[idx]; stored[e.ID] {
-			e.OrgID = ""
-		}
-	}
-	for i := range p.batch.Usage {
-		if u := &p.batch.Usage[i]; stored[u.EventID] {
-			u.OrgID = ""
-		}
-	}
-	return nil
+	return s[:cut]
 }
 
-// flush writes the dead letters to their topic, the batch to ClickHouse, and commits.
-// Writes are retried with back-off until they succeed or ctx ends (shutdown timeout);
-// in the latter case nothing is committed and the records are redelivered.
-func (c *Consumer) flush(ctx context.Context, p *pending) {
+// clampTime moves t into what a DateTime column holds.
+func clampTime(t time.Time) time.Time {
+	switch {
+	case t.Before(schema.MinTime):
+		return schema.MinTime
+	case t.After(schema.MaxTime):
+		return schema.MaxTime.Truncate(time.Second)
+	}
+	return t.UTC()
+}
+
+// errStopped says a write was given up because its context ended (the shutdown
+// timeout): the batch is not committed and will be redelivered.
+var errStopped = errors.New("stopped before the write succeeded")
+
+// flush stores a batch and commits it: it looks up which of its events are stored
+// already (replays are not written again, reused ids are dead-lettered), produces the
+// dead letters to their topic, writes the batch to ClickHouse, splitting it until the
+// records ClickHouse refuses are isolated and dead-lettered, and commits. Transient
+// failures are retried with back-off until they succeed or ctx ends (shutdown
+// timeout); flush then returns false, nothing is committed and the records are
+// redelivered.
+func (c *Consumer) flush(ctx context.Context, p *pending) bool {
 	start := time.Now()
-	if !c.retry(ctx, "produce dead letters", c.m.DLQErrors, func() error { return c.cfg.DeadLetters.ProduceMessages(ctx, p.dlq) }) {
-		return
+	if len(p.batch.Events) > 0 && !c.checkStored(ctx, p) {
+		return false
 	}
-	if len(p.recheck) > 0 && !c.retry(ctx, "look up unattributed events", c.m.StoreErrors, func() error { return c.keepFirstAttribution(ctx, p) }) {
-		return
+	looked := time.Now()
+	if !c.produceDeadLetters(ctx, p.dlq) {
+		return false
 	}
-	if !c.retry(ctx, "insert batch into clickhouse", c.m.StoreErrors, func() error {
-		// Usage versions are the write time: the rollup's catch-up after a crash looks
-		// for usage written after its last rebuild (Rollup.CatchUp).
-		v := uint64(time.Now().UnixNano())
-		for i := range p.batch.Usage {
-			p.batch.Usage[i].Version = v
-		}
-		return c.cfg.Storage.BatchInsert(ctx, &p.batch)
-	}) {
-		return
+	failed, ok := c.insert(ctx, p)
+	if !ok {
+		return false
+	}
+	inserted := time.Now()
+	if len(failed) > 0 && !c.storeRefused(ctx, p, failed) {
+		return false
 	}
 	msgs := make([]kafkago.Message, 0, len(p.last))
 	for _, m := range p.last {
 		msgs = append(msgs, m)
 	}
 	if err := c.cfg.Reader.CommitMessages(ctx, msgs...); err != nil {
-		// The rows are stored; a redelivery is deduplicated by event id.
+		// The rows are stored; a redelivery is recognised as a replay.
 		c.m.CommitErrors.Inc()
-		c.log.Warn("cannot commit offsets; records will be redelivered and deduplicated", "err", err, "records", p.records)
+		c.log.Warn("cannot commit offsets; records will be redelivered and deduplicated", "err", err, "records", len(p.msgs))
 	}
+	deadLetters := 0
+	for _, dl := range p.batch.DeadLetters {
+		c.m.DeadLetters.WithLabelValues(dl.Stage).Inc()
+		deadLetters++
+	}
+	for _, f := range failed {
+		if f.ownDeadLetter < 0 {
+			c.m.DeadLetters.WithLabelValues("store").Inc()
+			deadLetters++
+		}
+	}
+	c.m.Records.WithLabelValues("dead_letter").Add(float64(deadLetters))
+	c.m.Records.WithLabelValues("replayed").Add(float64(p.replays))
+	c.stored.Add(float64(len(p.msgs) - deadLetters - p.replays))
 	c.m.Batches.Inc()
-	c.m.BatchRows.Observe(float64(p.records))
+	c.m.BatchRows.Observe(float64(len(p.msgs)))
 	c.m.FlushSeconds.Observe(time.Since(start).Seconds())
-	c.log.Debug("batch flushed", "records", p.records, "events", len(p.batch.Events), "dead_letters", len(p.batch.DeadLetters),
-		"usage", len(p.batch.Usage), "age_ms", time.Since(p.first).Milliseconds(), "flush_ms", time.Since(start).Milliseconds())
+	c.log.Debug("batch flushed", "records", len(p.msgs), "events", len(p.batch.Events), "dead_letters", deadLetters,
+		"replays", p.replays, "usage", len(p.batch.Usage), "age_ms", time.Since(p.first).Milliseconds(), "flush_ms", time.Since(start).Milliseconds(),
+		"lookup_ms", looked.Sub(start).Milliseconds(), "insert_ms", inserted.Sub(looked).Milliseconds())
 	if c.cfg.AfterFlush != nil && (len(p.batch.Usage) > 0 || len(p.repriceAgents) > 0) {
 		c.cfg.AfterFlush(usageHours(p.batch.Usage), p.repriceAgents)
 	}
+	return true
+}
+
+// checkStored looks up, in one query, which of the batch's events are stored already
+// under the same replacing key (organization, second, id), and:
+//   - keeps the first attribution of a replayed event that was stored without an
+//     organization (its organization and owner as stored), so that it collapses with
+//     the stored row instead of being stored again under its organization;
+//   - drops the event row of a replay (same ContentDigest as the stored row): the
+//     original keeps its ingested_at, owner and Kafka coordinates, and seals stay
+//     valid; the record's usage and directory rows are still written (idempotent);
+//   - dead-letters a record whose event reuses a stored id with other content: the
+//     original is never replaced;
+//   - within the batch, keeps one row of identical duplicates and dead-letters a later
+//     event that reuses an earlier one's id with other content.
+//
+// It returns false only if the lookup was given up (shutdown). A lookup that
+// ClickHouse refuses for good is logged and the batch is written unchecked, as before
+// this check existed, rather than stalled.
+func (c *Consumer) checkStored(ctx context.Context, p *pending) bool {
+	ev := p.batch.Events
+	keys := make([]store.EventKey, 0, len(ev)+len(p.recheck))
+	for i := range ev {
+		keys = append(keys, store.KeyOf(&ev[i]))
+	}
+	for _, i := range p.recheck {
+		k := store.KeyOf(&ev[i])
+		k.OrgID = ""
+		keys = append(keys, k)
+	}
+	var stored []store.EventRow
+	err := c.retry(ctx, "look up stored events", c.m.StoreErrors, store.Permanent, func() (err error) {
+		stored, err = c.cfg.Storage.StoredEvents(ctx, keys)
+		return err
+	})
+	if errors.Is(err, errStopped) {
+		return false
+	}
+	if err != nil {
+		c.m.LookupErrors.Inc()
+		c.log.Error("cannot look up which events are stored; writing the batch unchecked", "err", err, "events", len(ev))
+		return true
+	}
+	byKey := make(map[store.EventKey][]int, len(stored))
+	for i := range stored {
+		k := store.KeyOf(&stored[i])
+		byKey[k] = append(byKey[k], i)
+	}
+
+	if len(p.recheck) > 0 && len(stored) > 0 {
+		usageOf := make(map[int32]int, len(p.usageRec))
+		for i, rec := range p.usageRec {
+			usageOf[rec] = i
+		}
+		for _, i := range p.recheck {
+			k := store.KeyOf(&ev[i])
+			k.OrgID = ""
+			rows := byKey[k]
+			if len(rows) == 0 {
+				continue
+			}
+			owner := stored[rows[0]].OwnerID
+			ev[i].OrgID, ev[i].OwnerID = "", owner
+			if u, ok := usageOf[p.evRec[i]]; ok {
+				p.batch.Usage[u].OrgID, p.batch.Usage[u].OwnerID = "", owner
+			}
+		}
+	}
+
+	// Record order decides which of two events with the same key is the later one;
+	// parked events were appended after the others.
+	order := make([]int, len(ev))
+	for i := range order {
+		order[i] = i
+	}
+	if !slices.IsSortedFunc(order, func(a, b int) int { return cmp.Compare(p.evRec[a], p.evRec[b]) }) {
+		slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(p.evRec[a], p.evRec[b]) })
+	}
+	drop := make([]bool, len(ev))
+	reject := map[int32]string{}
+	first := make(map[store.EventKey]int, len(ev))
+	for _, i := range order {
+		e := &ev[i]
+		k := store.KeyOf(e)
+		if rows := byKey[k]; len(rows) > 0 {
+			d := e.ContentDigest()
+			same := false
+			for _, j := range rows {
+				if stored[j].ContentDigest() == d {
+					same = true
+					break
+				}
+			}
+			if same {
+				drop[i] = true
+				p.replays++
+			} else {
+				reject[p.evRec[i]] = fmt.Sprintf("%s: event %s of org %q at %s is already stored with other content; the stored event is kept",
+					ReasonIDReused, e.ID, e.OrgID, e.Time.UTC().Format(time.RFC3339Nano))
+			}
+			continue
+		}
+		if j, ok := first[k]; ok {
+			if ev[j].ContentDigest() == e.ContentDigest() {
+				drop[i] = true
+				p.replays++
+			} else {
+				reject[p.evRec[i]] = fmt.Sprintf("%s: event %s of org %q at %s comes earlier in the same batch with other content; the earlier event is kept",
+					ReasonIDReused, e.ID, e.OrgID, e.Time.UTC().Format(time.RFC3339Nano))
+			}
+			continue
+		}
+		first[k] = i
+	}
+	if len(reject) == 0 && p.replays == 0 {
+		return true
+	}
+	p.batch.Events, p.evRec = compact(p.batch.Events, p.evRec, func(i int, rec int32) bool { return drop[i] || reject[rec] != "" })
+	if len(reject) > 0 {
+		gone := func(_ int, rec int32) bool { return reject[rec] != "" }
+		p.batch.Usage, p.usageRec = compact(p.batch.Usage, p.usageRec, gone)
+		p.batch.Directory, p.dirRec = compact(p.batch.Directory, p.dirRec, gone)
+		recs := make([]int32, 0, len(reject))
+		for rec := range reject {
+			recs = append(recs, rec)
+		}
+		slices.Sort(recs)
+		for _, rec := range recs {
+			c.m.IDReused.Inc()
+			c.log.Warn("dead-lettering an event that reuses a stored id with other content", "reason", reject[rec],
+				"partition", p.msgs[rec].Partition, "offset", p.msgs[rec].Offset)
+			c.deadLetter(p, rec, "store", reject[rec])
+		}
+	}
+	p.recheck = nil // indexes into the events before compaction
+	return true
+}
+
+// compact removes the rows (and their record indexes) for which gone is true.
+func compact[T any](rows []T, recs []int32, gone func(i int, rec int32) bool) ([]T, []int32) {
+	n := 0
+	for i := range rows {
+		if gone(i, recs[i]) {
+			continue
+		}
+		rows[n], recs[n] = rows[i], recs[i]
+		n++
+	}
+	return rows[:n], recs[:n]
+}
+
+// produceDeadLetters writes dead-letter messages to their topic. A refusal for size
+// (each was sized to fit DeadLetterMaxBytes, so the topic's own limit must be lower:
+// EnsureTopic raises it at start) is answered by sending them once more without their
+// raw records; if even that is refused, they are in ClickHouse only, and logged.
+func (c *Consumer) produceDeadLetters(ctx context.Context, msgs []kafkago.Message) bool {
+	if len(msgs) == 0 {
+		return true
+	}
+	err := c.retry(ctx, "produce dead letters", c.m.DLQErrors, kafka.IsMessageTooLarge, func() error { return c.cfg.DeadLetters.ProduceMessages(ctx, msgs) })
+	if err == nil {
+		return true
+	}
+	if errors.Is(err, errStopped) {
+		return false
+	}
+	c.m.DLQErrors.Inc()
+	c.log.Error("the dead-letter topic refuses dead letters for their size; sending them without their raw records", "err", err, "dead_letters", len(msgs))
+	bare := make([]kafkago.Message, len(msgs))
+	for i, m := range msgs {
+		bare[i] = kafkago.Message{Key: m.Key, Headers: append(slices.Clip(m.Headers),
+			kafkago.Header{Key: "bandplane-truncated", Value: strconv.AppendInt(nil, int64(len(m.Value)), 10)})}
+	}
+	err = c.retry(ctx, "produce dead letters without raw records", c.m.DLQErrors, kafka.IsMessageTooLarge, func() error { return c.cfg.DeadLetters.ProduceMessages(ctx, bare) })
+	if errors.Is(err, errStopped) {
+		return false
+	}
+	if err != nil {
+		c.m.DLQErrors.Inc()
+		c.log.Error("cannot produce dead letters to their topic; they are stored in clickhouse only", "err", err, "dead_letters", len(msgs))
+	}
+	return true
+}
+
+// refused is a record that ClickHouse refuses on its own.
+type refused struct {
+	rec           int32
+	err           error
+	ownDeadLetter int // index into batch.DeadLetters when what is refused is the record's dead letter, else -1
+}
+
+// insert writes the batch. When ClickHouse refuses it for good (store.Permanent), the
+// batch is bisected by record, and each half written the same way, until the records
+// it refuses are isolated: k bad records among n cost about 2·k·log2(n) inserts, and
+// everything else is stored. It returns the isolated records, or false if it was given
+// up (shutdown). ingested_at and the usage versions are set at each attempt, so a batch
+// that waited in retries gets the time it was written.
+//
+// BatchInsert writes its tables one after another (directory, events, usage, dead
+// letters), so an isolated record may have rows in the tables written before the one
+// that refused it (its directory row, or its event when its usage row is refused); the
+// dead letter says which table refused what.
+func (c *Consumer) insert(ctx context.Context, p *pending) ([]refused, bool) {
+	var out []refused
+	all := [2]int32{0, int32(len(p.msgs))}
+	spans := [][2]int32{all}
+	for len(spans) > 0 {
+		s := spans[len(spans)-1]
+		spans = spans[:len(spans)-1]
+		b := &p.batch
+		if s != all {
+			b = p.slice(s[0], s[1])
+		}
+		if len(b.Events)+len(b.Usage)+len(b.Directory)+len(b.DeadLetters) == 0 {
+			continue
+		}
+		err := c.retry(ctx, "insert batch into clickhouse", c.m.StoreErrors, store.Permanent, func() error {
+			c.stamp(b)
+			return c.cfg.Storage.BatchInsert(ctx, b)
+		})
+		if err == nil {
+			continue
+		}
+		if errors.Is(err, errStopped) {
+			return nil, false
+		}
+		c.m.InsertRejections.Inc()
+		if s[1]-s[0] > 1 {
+			if s == all {
+				c.log.Warn("clickhouse refuses the batch; splitting it to isolate the records it refuses", "err", err, "records", len(p.msgs))
+			}
+			mid := s[0] + (s[1]-s[0])/2
+			spans = append(spans, [2]int32{mid, s[1]}, [2]int32{s[0], mid}) // the first half first
+			continue
+		}
+		r := refused{rec: s[0], err: err, ownDeadLetter: -1}
+		for i, rec := range p.dlRec {
+			if rec == s[0] {
+				r.ownDeadLetter = i
+			}
+		}
+		c.log.Warn("clickhouse refuses a record; dead-lettering it", "err", err,
+			"partition", p.msgs[s[0]].Partition, "offset", p.msgs[s[0]].Offset)
+		out = append(out, r)
+	}
+	return out, true
+}
+
+// stamp sets the write time of an insert attempt: ingested_at of the events (the
+// sealer's watermark) and the usage versions (the rollup's catch-up after a crash
+// looks for usage written after its last rebuild, Rollup.CatchUp).
+func (c *Consumer) stamp(b *store.Batch) {
+	now := c.now().UTC()
+	for i := range b.Events {
+		b.Events[i].IngestedAt = now
+	}
+	v := uint64(now.UnixNano())
+	for i := range b.Usage {
+		b.Usage[i].Version = v
+	}
+}
+
+// slice is the part of the batch made of records [lo, hi).
+func (p *pending) slice(lo, hi int32) *store.Batch {
+	in := func(rec int32) bool { return rec >= lo && rec < hi }
+	b := &store.Batch{}
+	for i, rec := range p.evRec {
+		if in(rec) {
+			b.Events = append(b.Events, p.batch.Events[i])
+		}
+	}
+	for i, rec := range p.usageRec {
+		if in(rec) {
+			b.Usage = append(b.Usage, p.batch.Usage[i])
+		}
+	}
+	for i, rec := range p.dirRec {
+		if in(rec) {
+			b.Directory = append(b.Directory, p.batch.Directory[i])
+		}
+	}
+	for i, rec := range p.dlRec {
+		if in(rec) {
+			b.DeadLetters = append(b.DeadLetters, p.batch.DeadLetters[i])
+		}
+	}
+	return b
+}
+
+// storeRefused dead-letters the records ClickHouse refuses (stage store, with
+// ClickHouse's error as the reason): to the topic, then to the table. A record whose
+// refused row was its own dead letter is stored again without its raw record. It
+// returns false only if it was given up (shutdown).
+func (c *Consumer) storeRefused(ctx context.Context, p *pending, failed []refused) bool {
+	var fresh []store.DeadLetter
+	var msgs []kafkago.Message
+	for _, f := range failed {
+		if f.ownDeadLetter >= 0 {
+			continue
+		}
+		dl, msg := c.newDeadLetter(p.msgs[f.rec], "store", f.err.Error())
+		fresh = append(fresh, dl)
+		msgs = append(msgs, msg)
+	}
+	if !c.produceDeadLetters(ctx, msgs) {
+		return false
+	}
+	if len(fresh) > 0 {
+		err := c.retry(ctx, "insert dead letters into clickhouse", c.m.StoreErrors, store.Permanent, func() error {
+			return c.cfg.Storage.BatchInsert(ctx, &store.Batch{DeadLetters: fresh})
+		})
+		if errors.Is(err, errStopped) {
+			return false
+		}
+		if err != nil {
+			for _, dl := range fresh {
+				if !c.storeDeadLetter(ctx, dl, len(fresh) == 1, err) {
+					return false
+				}
+			}
+		}
+	}
+	for _, f := range failed {
+		if f.ownDeadLetter >= 0 && !c.storeDeadLetter(ctx, p.batch.DeadLetters[f.ownDeadLetter], true, f.err) {
+			return false
+		}
+	}
+	return true
+}
+
+// storeDeadLetter stores one dead letter that ClickHouse refused together with others:
+// alone (unless that was tried already), then without its raw record, and if even
+// that is refused it is logged at error level and counted in
+// bandplane_ingest_dropped_total. It returns false only if it was given up (shutdown).
+func (c *Consumer) storeDeadLetter(ctx context.Context, dl store.DeadLetter, triedAlone bool, err error) bool {
+	bare := dl
+	bare.Raw, bare.RawTruncated = "", true
+	tries := []store.DeadLetter{dl, bare}
+	if triedAlone {
+		tries = tries[1:]
+	}
+	for _, try := range tries {
+		err = c.retry(ctx, "insert a dead letter into clickhouse", c.m.StoreErrors, store.Permanent, func() error {
+			return c.cfg.Storage.BatchInsert(ctx, &store.Batch{DeadLetters: []store.DeadLetter{try}})
+		})
+		if err == nil {
+			return true
+		}
+		if errors.Is(err, errStopped) {
+			return false
+		}
+	}
+	c.m.Dropped.Inc()
+	c.log.Error("cannot store a dead letter, even without its raw record; it is dropped", "err", err, "topic", dl.Topic,
+		"partition", dl.Partition, "offset", dl.Offset, "stage", dl.Stage, "reason", dl.Reason)
+	return true
 }
 
 // usageHours lists the (organization, hour) keys of usage rows as they were stored:
-// read after keepFirstAttribution, which may have moved a replayed row back to org "".
+// read after checkStored, which may have moved a replayed row back to org "".
 func usageHours(rows []store.UsageRow) []store.HourKey {
 	seen := map[store.HourKey]bool{}
 	var out []store.HourKey
@@ -550,7 +1054,10 @@ func usageHours(rows []store.UsageRow) []store.HourKey {
 	return out
 }
 
-func (c *Consumer) retry(ctx context.Context, what string, failures prometheus.Counter, f func() error) bool {
+// retry runs f until it succeeds, fails for good (permanent(err), then that error is
+// returned at once), or ctx ends (errStopped). Other failures are retried with
+// exponential back-off between RetryMin and RetryMax.
+func (c *Consumer) retry(ctx context.Context, what string, failures prometheus.Counter, permanent func(error) bool, f func() error) error {
 	backoff := c.cfg.RetryMin
 	for attempt := 1; ; attempt++ {
 		err := f()
@@ -559,7 +1066,11 @@ func (c *Consumer) retry(ctx context.Context, what string, failures prometheus.C
 				c.log.Info("recovered", "op", what, "attempts", attempt)
 			}
 			c.healthy.Store(true)
-			return true
+			return nil
+		}
+		if permanent != nil && permanent(err) && ctx.Err() == nil {
+			c.healthy.Store(true) // the server answers; it is the data it refuses
+			return err
 		}
 		c.healthy.Store(false)
 		failures.Inc()
@@ -568,7 +1079,7 @@ func (c *Consumer) retry(ctx context.Context, what string, failures prometheus.C
 		}
 		if !sleepCtx(ctx, backoff) {
 			c.log.Error("gave up: "+what+"; the batch is not committed and will be redelivered", "err", err)
-			return false
+			return errStopped
 		}
 		backoff = min(backoff*2, c.cfg.RetryMax)
 	}

@@ -5,15 +5,22 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand/v2"
+	"strings"
 	"sync"
 	"testing"
 	"time"
+	"unicode/utf8"
 
+	"github.com/ClickHouse/clickhouse-go/v2"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	kafkago "github.com/segmentio/kafka-go"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/bandplane/bandplane/ingest"
+	"github.com/bandplane/bandplane/ingest/kafka"
 	"github.com/bandplane/bandplane/ingest/pricing"
 	"github.com/bandplane/bandplane/ingest/store"
 	"github.com/bandplane/bandplane/schema"
@@ -58,12 +65,18 @@ func (r *fakeReader) commit(p int) int64 {
 	return r.committed[p]
 }
 
+// fakeStorage keeps what it is given. refuse, if set, is asked about every batch
+// first: a non-nil answer fails the insert and nothing of the batch is kept.
 type fakeStorage struct {
-	mu           sync.Mutex
-	failures     int // fail this many inserts first
-	attempts     int
-	batches      []store.Batch
-	unattributed map[string]bool
+	mu       sync.Mutex
+	failures int // fail this many inserts first, transiently
+	attempts int
+	refuse   func(b *store.Batch) error
+	batches  []store.Batch
+	// preStored are rows stored before the test (StoredEvents finds them, and the
+	// events of the stored batches).
+	preStored []store.EventRow
+	lookups   int
 }
 
 func (s *fakeStorage) BatchInsert(_ context.Context, b *store.Batch) error {
@@ -74,29 +87,44 @@ func (s *fakeStorage) BatchInsert(_ context.Context, b *store.Batch) error {
 		s.failures--
 		return errors.New("clickhouse: connection refused")
 	}
-	s.batches = append(s.batches, *b)
+	if s.refuse != nil {
+		if err := s.refuse(b); err != nil {
+			return err
+		}
+	}
+	s.batches = append(s.batches, cloneBatch(b))
 	return nil
 }
 
-func (s *fakeStorage) UnattributedIDs(_ context.Context, ids []string) (map[string]bool, error) {
-	out := map[string]bool{}
-	for _, id := range ids {
-		if s.unattributed[id] {
-			out[id] = true
+func cloneBatch(b *store.Batch) store.Batch {
+	return store.Batch{
+		Events: append([]store.EventRow(nil), b.Events...), Usage: append([]store.UsageRow(nil), b.Usage...),
+		DeadLetters: append([]store.DeadLetter(nil), b.DeadLetters...), Directory: append([]store.DirectoryRow(nil), b.Directory...),
+	}
+}
+
+func (s *fakeStorage) StoredEvents(_ context.Context, keys []store.EventKey) ([]store.EventRow, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.lookups++
+	want := map[store.EventKey]bool{}
+	for _, k := range keys {
+		want[k] = true
+	}
+	var out []store.EventRow
+	rows := append([]store.EventRow(nil), s.preStored...)
+	for _, b := range s.batches {
+		rows = append(rows, b.Events...)
+	}
+	for i := range rows {
+		if want[store.KeyOf(&rows[i])] {
+			out = append(out, rows[i])
 		}
 	}
 	return out, nil
 }
 
-func (s *fakeStorage) events() []store.EventRow {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	var out []store.EventRow
-	for _, b := range s.batches {
-		out = append(out, b.Events...)
-	}
-	return out
-}
+func (s *fakeStorage) events() []store.EventRow { return s.all().Events }
 
 func (s *fakeStorage) all() store.Batch {
 	s.mu.Lock()
@@ -123,21 +151,43 @@ func (d *fakeDLQ) ProduceMessages(_ context.Context, msgs []kafkago.Message) err
 	return nil
 }
 
+func (d *fakeDLQ) all() []kafkago.Message {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return append([]kafkago.Message(nil), d.msgs...)
+}
+
+func header(m kafkago.Message, key string) (string, bool) {
+	for _, h := range m.Headers {
+		if h.Key == key {
+			return string(h.Value), true
+		}
+	}
+	return "", false
+}
+
 type harness struct {
 	reader  *fakeReader
 	storage *fakeStorage
 	dlq     *fakeDLQ
+	metrics *ingest.Metrics
 	cancel  context.CancelFunc
 	done    chan struct{}
 	offset  map[int]int64
 }
 
 func startConsumer(t *testing.T, batchSize int, age time.Duration, storage *fakeStorage) *harness {
-	h := &harness{reader: newFakeReader(), storage: storage, dlq: &fakeDLQ{}, done: make(chan struct{}), offset: map[int]int64{}}
-	c, err := ingest.New(ingest.Config{
+	return startWith(t, storage, func(c *ingest.Config) { c.BatchSize, c.BatchAge = batchSize, age })
+}
+
+func startWith(t *testing.T, storage *fakeStorage, mod func(*ingest.Config)) *harness {
+	h := &harness{reader: newFakeReader(), storage: storage, dlq: &fakeDLQ{}, metrics: ingest.NewMetrics(nil), done: make(chan struct{}), offset: map[int]int64{}}
+	cfg := ingest.Config{
 		Reader: h.reader, DeadLetters: h.dlq, Storage: storage, Directory: ingest.NewDirectory(), Catalog: pricing.Default(),
-		Topic: "events", BatchSize: batchSize, BatchAge: age, RetryMin: time.Millisecond, RetryMax: 5 * time.Millisecond,
-	})
+		Topic: "events", BatchSize: 100, BatchAge: time.Hour, RetryMin: time.Millisecond, RetryMax: 5 * time.Millisecond, Metrics: h.metrics,
+	}
+	mod(&cfg)
+	c, err := ingest.New(cfg)
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	h.cancel = cancel
@@ -156,7 +206,8 @@ func (h *harness) stop() {
 	<-h.done
 }
 
-func canonical(id, typ, actor, actorType, org, data string) string {
+// eventLine is a canonical event on 2026-11-02 at 10:00:00.250 in room-1.
+func eventLine(id, typ, actor, actorType, org, data string) string {
 	return fmt.Sprintf(`{"id":%q,"type":%q,"time":"2026-11-02T10:00:00.250Z","org_id":%q,"room_id":"room-1","actor":{"id":%q,"type":%q},"source":"test","schema_version":1,"data":%s}`,
 		id, typ, org, actor, actorType, data)
 }
@@ -172,7 +223,7 @@ func TestConsumerFlushesOnSizeAndCommitsAfterInsert(t *testing.T) {
 	st := &fakeStorage{}
 	h := startConsumer(t, 3, time.Hour, st)
 	for i := 0; i < 3; i++ {
-		h.send(0, canonical(fmt.Sprintf("e%d", i), "message.created", "u1", "user", "org-1", `{"content":"hi"}`))
+		h.send(0, eventLine(fmt.Sprintf("e%d", i), "message.created", "u1", "user", "org-1", `{"content":"hi"}`))
 	}
 	require.Eventually(t, func() bool { return h.reader.commit(0) == 3 }, 5*time.Second, 5*time.Millisecond)
 	assert.Len(t, st.events(), 3, "the commit must follow the insert of all three")
@@ -181,7 +232,7 @@ func TestConsumerFlushesOnSizeAndCommitsAfterInsert(t *testing.T) {
 func TestConsumerFlushesOnAge(t *testing.T) {
 	st := &fakeStorage{}
 	h := startConsumer(t, 1000, 20*time.Millisecond, st)
-	h.send(1, canonical("e1", "message.created", "u1", "user", "org-1", `{"content":"hi"}`))
+	h.send(1, eventLine("e1", "message.created", "u1", "user", "org-1", `{"content":"hi"}`))
 	require.Eventually(t, func() bool { return h.reader.commit(1) == 1 }, 5*time.Second, 5*time.Millisecond)
 	assert.Len(t, st.events(), 1)
 }
@@ -189,7 +240,7 @@ func TestConsumerFlushesOnAge(t *testing.T) {
 func TestConsumerRetriesAndDoesNotCommitUntilStored(t *testing.T) {
 	st := &fakeStorage{failures: 5}
 	h := startConsumer(t, 1, time.Hour, st)
-	h.send(0, canonical("e1", "message.created", "u1", "user", "org-1", `{"content":"hi"}`))
+	h.send(0, eventLine("e1", "message.created", "u1", "user", "org-1", `{"content":"hi"}`))
 	require.Eventually(t, func() bool { return h.reader.commit(0) == 1 }, 5*time.Second, time.Millisecond)
 	st.mu.Lock()
 	defer st.mu.Unlock()
@@ -201,8 +252,8 @@ func TestConsumerDeadLettersPoisonAndKeepsGoing(t *testing.T) {
 	st := &fakeStorage{}
 	h := startConsumer(t, 3, time.Hour, st)
 	h.send(0, `{"topic":"chat_room:r1"`)
-	h.send(0, canonical("bad", "usage.reported", "a1", "agent", "org-1", `{"input_tokens":-5,"output_tokens":1,"cache_read_tokens":0,"cache_write_tokens":0}`))
-	h.send(0, canonical("ok", "message.created", "u1", "user", "org-1", `{"content":"hi"}`))
+	h.send(0, eventLine("bad", "usage.reported", "a1", "agent", "org-1", `{"input_tokens":-5,"output_tokens":1,"cache_read_tokens":0,"cache_write_tokens":0}`))
+	h.send(0, eventLine("ok", "message.created", "u1", "user", "org-1", `{"content":"hi"}`))
 	require.Eventually(t, func() bool { return h.reader.commit(0) == 3 }, 5*time.Second, 5*time.Millisecond)
 	all := st.all()
 	require.Len(t, all.Events, 1)
@@ -211,13 +262,16 @@ func TestConsumerDeadLettersPoisonAndKeepsGoing(t *testing.T) {
 	assert.Equal(t, "decode", all.DeadLetters[0].Stage)
 	assert.Contains(t, all.DeadLetters[0].Reason, "invalid JSON")
 	assert.Equal(t, int64(0), all.DeadLetters[0].Offset)
+	assert.Equal(t, uint64(len(`{"topic":"chat_room:r1"`)), all.DeadLetters[0].RawBytes)
+	assert.False(t, all.DeadLetters[0].RawTruncated)
 	assert.Equal(t, "validate", all.DeadLetters[1].Stage)
 	assert.Contains(t, all.DeadLetters[1].Reason, "data.input_tokens")
-	h.dlq.mu.Lock()
-	defer h.dlq.mu.Unlock()
-	require.Len(t, h.dlq.msgs, 2)
-	assert.Equal(t, `{"topic":"chat_room:r1"`, string(h.dlq.msgs[0].Value), "the raw record goes to the DLQ unchanged")
-	assert.Equal(t, "bandplane-reason", h.dlq.msgs[0].Headers[0].Key)
+	msgs := h.dlq.all()
+	require.Len(t, msgs, 2)
+	assert.Equal(t, `{"topic":"chat_room:r1"`, string(msgs[0].Value), "the raw record goes to the DLQ unchanged")
+	assert.Equal(t, "bandplane-reason", msgs[0].Headers[0].Key)
+	_, truncated := header(msgs[0], "bandplane-truncated")
+	assert.False(t, truncated)
 }
 
 func TestConsumerResolvesRegistrationLaterInTheSameBatch(t *testing.T) {
@@ -225,7 +279,7 @@ func TestConsumerResolvesRegistrationLaterInTheSameBatch(t *testing.T) {
 	h := startConsumer(t, 2, time.Hour, st)
 	// Usage from an agent the directory does not know yet (its registration is on
 	// another partition, read later in the same batch).
-	h.send(0, canonical("u1", "usage.reported", "agent-7", "agent", "", usageData))
+	h.send(0, eventLine("u1", "usage.reported", "agent-7", "agent", "", usageData))
 	h.send(1, registration("agent-7", "owner-1", "org-9", "gpt-5-mini"))
 	require.Eventually(t, func() bool { return h.reader.commit(0) == 1 && h.reader.commit(1) == 1 }, 5*time.Second, 5*time.Millisecond)
 	all := st.all()
@@ -240,44 +294,53 @@ func TestConsumerResolvesRegistrationLaterInTheSameBatch(t *testing.T) {
 	require.Len(t, all.Directory, 1)
 }
 
+// storedRow is the row ingest stores for line when its party is not in the directory.
+func storedRow(t *testing.T, line string, partition int32, offset int64) store.EventRow {
+	t.Helper()
+	ev, err := schema.Decode([]byte(line))
+	require.NoError(t, err)
+	return ingest.EventRow(&ev, "", partition, offset)
+}
+
 func TestConsumerKeepsFirstAttributionOnReplay(t *testing.T) {
-	// "u1" was stored earlier without an organization; now the agent is known, and a
-	// replay of u1 must keep org "" so that ClickHouse collapses the two copies.
-	st := &fakeStorage{unattributed: map[string]bool{"u1": true}}
-	h := &harness{reader: newFakeReader(), storage: st, dlq: &fakeDLQ{}, done: make(chan struct{}), offset: map[int]int64{}}
+	// "u1" was stored earlier without an organization (and without an owner); now the
+	// agent is known, and a replay of u1 must keep org "" and owner "" so that it is
+	// recognised as the stored event and its usage row collapses with the stored one.
+	u1 := eventLine("u1", "usage.reported", "agent-7", "agent", "", usageData)
+	st := &fakeStorage{preStored: []store.EventRow{storedRow(t, u1, 1, 0)}}
 	var mu sync.Mutex
 	marked := map[string]bool{} // org of each hour the rollup was told to rebuild
-	c, err := ingest.New(ingest.Config{
-		Reader: h.reader, DeadLetters: h.dlq, Storage: st, Directory: ingest.NewDirectory(), Catalog: pricing.Default(),
-		BatchSize: 3, BatchAge: time.Hour, LateParties: []string{"agent-7"},
-		AfterFlush: func(hours []store.HourKey, _ []string) {
+	h := startWith(t, st, func(c *ingest.Config) {
+		c.BatchSize = 3
+		c.LateParties = map[string]time.Time{"agent-7": time.Now()}
+		c.AfterFlush = func(hours []store.HourKey, _ []string) {
 			mu.Lock()
 			defer mu.Unlock()
 			for _, k := range hours {
 				marked[k.OrgID] = true
 			}
-		},
+		}
 	})
-	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	h.cancel = cancel
-	go func() { defer close(h.done); _ = c.Run(ctx) }()
-	t.Cleanup(h.stop)
 	h.send(0, registration("agent-7", "owner-1", "org-9", "gpt-5-mini"))
-	h.send(1, canonical("u1", "usage.reported", "agent-7", "agent", "", usageData))
-	h.send(1, canonical("u2", "usage.reported", "agent-7", "agent", "", usageData))
+	h.send(1, u1)
+	h.send(1, eventLine("u2", "usage.reported", "agent-7", "agent", "", usageData))
 	require.Eventually(t, func() bool { return h.reader.commit(1) == 2 }, 5*time.Second, 5*time.Millisecond)
-	orgs := map[string]string{}
+	usage := map[string]store.UsageRow{}
 	for _, u := range st.all().Usage {
-		orgs[u.EventID] = u.OrgID
+		usage[u.EventID] = u
 	}
-	for _, e := range st.all().Events {
+	assert.Equal(t, "", usage["u1"].OrgID, "a replay keeps its first attribution")
+	assert.Equal(t, "", usage["u1"].OwnerID, "and its first owner")
+	assert.Equal(t, "org-9", usage["u2"].OrgID, "a new event is attributed")
+	assert.Equal(t, "owner-1", usage["u2"].OwnerID)
+	var ids []string
+	for _, e := range st.events() {
+		ids = append(ids, e.ID)
 		if e.Type == "usage.reported" {
-			assert.Equal(t, orgs[e.ID], e.OrgID, "event and usage rows of %s must agree", e.ID)
+			assert.Equal(t, usage[e.ID].OrgID, e.OrgID, "event and usage rows of %s must agree", e.ID)
 		}
 	}
-	assert.Equal(t, "", orgs["u1"], "a replay keeps its first attribution")
-	assert.Equal(t, "org-9", orgs["u2"], "a new event is attributed")
+	assert.ElementsMatch(t, []string{"reg-agent-7", "u2"}, ids, "the replayed event row is not written again")
 	// The rollup must rebuild the hours where the rows were stored: u1's under org "".
 	// (Found by TestIntegrationOutageKafkaRestart: the hour was marked under the
 	// agent's organization, and the rollup kept u1 unpriced.)
@@ -289,13 +352,379 @@ func TestConsumerKeepsFirstAttributionOnReplay(t *testing.T) {
 func TestConsumerGracefulStopFlushesAndCommits(t *testing.T) {
 	st := &fakeStorage{}
 	h := startConsumer(t, 1000, time.Hour, st)
-	h.send(0, canonical("e1", "message.created", "u1", "user", "org-1", `{"content":"hi"}`))
-	h.send(0, canonical("e2", "message.created", "u1", "user", "org-1", `{"content":"hi"}`))
+	h.send(0, eventLine("e1", "message.created", "u1", "user", "org-1", `{"content":"hi"}`))
+	h.send(0, eventLine("e2", "message.created", "u1", "user", "org-1", `{"content":"hi"}`))
 	require.Eventually(t, func() bool { return len(h.reader.msgs) == 0 }, time.Second, time.Millisecond)
 	time.Sleep(20 * time.Millisecond) // let the consumer take them into its batch
 	h.stop()
 	assert.Equal(t, int64(2), h.reader.commit(0))
 	assert.Len(t, st.events(), 2)
+}
+
+// streamReader is an endless stream over three partitions: FetchMessage never waits.
+// Every seventh record is not JSON (a dead letter), the others are distinct events.
+type streamReader struct {
+	mu        sync.Mutex
+	n         int
+	next      [3]int64
+	committed map[int]int64
+}
+
+func (r *streamReader) FetchMessage(ctx context.Context) (kafkago.Message, error) {
+	if err := ctx.Err(); err != nil {
+		return kafkago.Message{}, err
+	}
+	r.mu.Lock()
+	p := r.n % 3
+	r.n++
+	off := r.next[p]
+	r.next[p]++
+	r.mu.Unlock()
+	v := fmt.Appendf(nil, `{"id":"p%d-%d","type":"message.created","time":"2026-11-02T10:00:00Z","org_id":"o","room_id":"r","actor":{"id":"u","type":"user"},"source":"t","schema_version":1,"data":{}}`, p, off)
+	if off%7 == 3 {
+		v = []byte(`{"not json`)
+	}
+	return kafkago.Message{Topic: "events", Partition: p, Offset: off, Value: v}, nil
+}
+
+func (r *streamReader) CommitMessages(_ context.Context, msgs ...kafkago.Message) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, m := range msgs {
+		r.committed[m.Partition] = max(r.committed[m.Partition], m.Offset+1)
+	}
+	return nil
+}
+
+// TestConsumerShutdownCommitsOnlyStoredRecords cancels the consumer under load, many
+// times: a committed offset must never pass a record that was not stored (as a row or
+// a dead letter). Before the fix a decoder dropped the record it held on cancel and
+// went on with the next one, which the merger then handed over in its place.
+func TestConsumerShutdownCommitsOnlyStoredRecords(t *testing.T) {
+	const runs = 200
+	rng := rand.New(rand.NewPCG(1, 2))
+	committedRuns := 0
+	for run := range runs {
+		r := &streamReader{committed: map[int]int64{}}
+		st := &fakeStorage{}
+		c, err := ingest.New(ingest.Config{
+			Reader: r, DeadLetters: &fakeDLQ{}, Storage: st, Directory: ingest.NewDirectory(), Catalog: pricing.Default(),
+			Topic: "events", Decoders: 4, BatchSize: 1 + rng.IntN(40), BatchAge: time.Millisecond,
+			RetryMin: time.Millisecond, RetryMax: time.Millisecond,
+		})
+		require.NoError(t, err)
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { defer close(done); _ = c.Run(ctx) }()
+		time.Sleep(time.Duration(rng.IntN(3000)) * time.Microsecond)
+		cancel()
+		<-done
+
+		stored := map[[2]int64]bool{}
+		for _, e := range st.all().Events {
+			stored[[2]int64{int64(e.Partition), e.Offset}] = true
+		}
+		for _, d := range st.all().DeadLetters {
+			stored[[2]int64{int64(d.Partition), d.Offset}] = true
+		}
+		for p, next := range r.committed {
+			if next > 0 {
+				committedRuns++
+			}
+			for off := int64(0); off < next; off++ {
+				if !stored[[2]int64{int64(p), off}] {
+					t.Fatalf("run %d: partition %d committed up to %d, but offset %d was never stored", run, p, next, off)
+				}
+			}
+		}
+	}
+	assert.Greater(t, committedRuns, runs/2, "most runs should have committed something, or the test proves nothing")
+}
+
+func TestConsumerSetsIngestedAtWhenTheInsertIsAttempted(t *testing.T) {
+	var mu sync.Mutex
+	var attempts []time.Time
+	refusals := 3
+	st := &fakeStorage{}
+	st.refuse = func(b *store.Batch) error {
+		mu.Lock()
+		defer mu.Unlock()
+		attempts = append(attempts, time.Now())
+		if refusals > 0 {
+			refusals--
+			return &clickhouse.Exception{Code: 210, Message: "Connection reset by peer"} // transient
+		}
+		return nil
+	}
+	h := startWith(t, st, func(c *ingest.Config) {
+		c.BatchSize, c.RetryMin, c.RetryMax = 1, 40*time.Millisecond, 40*time.Millisecond
+	})
+	built := time.Now()
+	h.send(0, eventLine("e1", "message.created", "u1", "user", "org-1", `{"content":"hi"}`))
+	require.Eventually(t, func() bool { return h.reader.commit(0) == 1 }, 5*time.Second, time.Millisecond)
+	ev := st.events()
+	require.Len(t, ev, 1)
+	mu.Lock()
+	defer mu.Unlock()
+	require.Len(t, attempts, 4)
+	assert.False(t, ev[0].IngestedAt.Before(attempts[3].Add(-5*time.Millisecond)), "ingested_at %s is the last attempt's (%s)", ev[0].IngestedAt, attempts[3])
+	assert.Greater(t, ev[0].IngestedAt.Sub(built), 100*time.Millisecond, "three retries of 40 ms passed since the row was built")
+}
+
+// refuseRoom refuses, for good, every batch holding an event of room "poison-room", as
+// ClickHouse does with a MATERIALIZED throwIf(room_id = 'poison-room') column.
+func refuseRoom(b *store.Batch) error {
+	for _, e := range b.Events {
+		if e.RoomID == "poison-room" {
+			return fmt.Errorf("cannot insert %d rows into db.events: %w", len(b.Events),
+				&clickhouse.Exception{Code: 395, Message: "Value passed to 'throwIf' function is non zero"})
+		}
+	}
+	return nil
+}
+
+func TestConsumerIsolatesTheRecordsClickHouseRefuses(t *testing.T) {
+	st := &fakeStorage{refuse: refuseRoom}
+	h := startWith(t, st, func(c *ingest.Config) { c.BatchSize, c.BatchAge = 64, 50*time.Millisecond })
+	poison := map[int64]bool{9: true, 40: true}
+	for i := range 64 {
+		line := eventLine(fmt.Sprintf("e%d", i), "message.created", "u1", "user", "org-1", `{"content":"hi"}`)
+		if poison[int64(i)] {
+			line = strings.Replace(line, `"room-1"`, `"poison-room"`, 1)
+		}
+		h.send(0, line)
+	}
+	require.Eventually(t, func() bool { return h.reader.commit(0) == 64 }, 5*time.Second, time.Millisecond)
+	all := st.all()
+	assert.Len(t, all.Events, 62, "everything but the two refused records is stored")
+	for _, e := range all.Events {
+		assert.NotEqual(t, "poison-room", e.RoomID)
+	}
+	require.Len(t, all.DeadLetters, 2)
+	for _, d := range all.DeadLetters {
+		assert.True(t, poison[d.Offset], "offset %d", d.Offset)
+		assert.Equal(t, "store", d.Stage)
+		assert.Contains(t, d.Reason, "code: 395")
+		assert.Contains(t, d.Reason, "throwIf")
+		assert.Contains(t, d.Raw, "poison-room", "the raw record is kept")
+	}
+	msgs := h.dlq.all()
+	require.Len(t, msgs, 2)
+	stage, _ := header(msgs[0], "bandplane-stage")
+	assert.Equal(t, "store", stage)
+	st.mu.Lock()
+	attempts := st.attempts
+	st.mu.Unlock()
+	// 2 bad records among 64: at most 2·2·log2(64) = 24 inserts, plus the dead letters.
+	assert.LessOrEqual(t, attempts, 26)
+	assert.Equal(t, float64(2), counterValue(t, h.metrics.DeadLetters.WithLabelValues("store")))
+	assert.Equal(t, float64(62), counterValue(t, h.metrics.Records.WithLabelValues("stored")))
+
+	// Ingest goes on.
+	h.send(0, eventLine("after", "message.created", "u1", "user", "org-1", `{"content":"hi"}`))
+	require.Eventually(t, func() bool { return h.reader.commit(0) == 65 }, 5*time.Second, time.Millisecond)
+}
+
+func TestConsumerRetriesTransientErrorsWithoutSplitting(t *testing.T) {
+	for _, ex := range []*clickhouse.Exception{
+		{Code: 60, Message: "Table db.events doesn't exist."},
+		{Code: 16, Message: "There is no column poison in table"},
+		{Code: 252, Message: "Too many parts (300). Merges are processing significantly slower than inserts."},
+		{Code: 241, Message: "Memory limit (for query) exceeded"},
+		{Code: 999, Message: "Coordination::Exception: Session expired"},
+	} {
+		t.Run(fmt.Sprint(ex.Code), func(t *testing.T) {
+			left := 3
+			st := &fakeStorage{}
+			st.refuse = func(b *store.Batch) error {
+				if left > 0 {
+					left--
+					return ex
+				}
+				return nil
+			}
+			h := startWith(t, st, func(c *ingest.Config) { c.BatchSize = 4 })
+			for i := range 4 {
+				h.send(0, eventLine(fmt.Sprintf("e%d", i), "message.created", "u1", "user", "org-1", `{"content":"hi"}`))
+			}
+			require.Eventually(t, func() bool { return h.reader.commit(0) == 4 }, 5*time.Second, time.Millisecond)
+			all := st.all()
+			assert.Len(t, all.Events, 4)
+			assert.Empty(t, all.DeadLetters, "a transient error never dead-letters")
+			st.mu.Lock()
+			defer st.mu.Unlock()
+			assert.Equal(t, 4, st.attempts, "the whole batch retried: three failures, then success")
+		})
+	}
+}
+
+func TestConsumerDeadLetterRefusedByClickHouse(t *testing.T) {
+	t.Run("stored without its raw record", func(t *testing.T) {
+		st := &fakeStorage{}
+		st.refuse = func(b *store.Batch) error {
+			for _, d := range b.DeadLetters {
+				if strings.Contains(d.Raw, "toxic") {
+					return &clickhouse.Exception{Code: 131, Message: "String too large"}
+				}
+			}
+			return nil
+		}
+		h := startWith(t, st, func(c *ingest.Config) { c.BatchSize = 3 })
+		h.send(0, `{"toxic`)
+		h.send(0, eventLine("e1", "message.created", "u1", "user", "org-1", `{"content":"hi"}`))
+		h.send(0, `{"also bad`)
+		require.Eventually(t, func() bool { return h.reader.commit(0) == 3 }, 5*time.Second, time.Millisecond)
+		all := st.all()
+		assert.Len(t, all.Events, 1)
+		require.Len(t, all.DeadLetters, 2)
+		byOffset := map[int64]store.DeadLetter{}
+		for _, d := range all.DeadLetters {
+			byOffset[d.Offset] = d
+		}
+		assert.Equal(t, "", byOffset[0].Raw)
+		assert.True(t, byOffset[0].RawTruncated)
+		assert.Equal(t, uint64(len(`{"toxic`)), byOffset[0].RawBytes)
+		assert.Equal(t, "decode", byOffset[0].Stage)
+		assert.Equal(t, `{"also bad`, byOffset[2].Raw)
+		assert.Zero(t, counterValue(t, h.metrics.Dropped))
+	})
+	t.Run("dropped when even that is refused", func(t *testing.T) {
+		st := &fakeStorage{}
+		st.refuse = func(b *store.Batch) error {
+			if len(b.DeadLetters) > 0 {
+				return &clickhouse.Exception{Code: 6, Message: "Cannot parse"}
+			}
+			return nil
+		}
+		h := startWith(t, st, func(c *ingest.Config) { c.BatchSize = 2 })
+		h.send(0, `{"bad`)
+		h.send(0, eventLine("e1", "message.created", "u1", "user", "org-1", `{"content":"hi"}`))
+		require.Eventually(t, func() bool { return h.reader.commit(0) == 2 }, 5*time.Second, time.Millisecond)
+		assert.Len(t, st.events(), 1)
+		assert.Equal(t, float64(1), counterValue(t, h.metrics.Dropped))
+		assert.Len(t, h.dlq.all(), 1, "it still went to the dead-letter topic")
+	})
+}
+
+func TestConsumerReplayIsNotWrittenAgainAndAReusedIDIsDeadLettered(t *testing.T) {
+	orig := eventLine("e1", "message.created", "u1", "user", "org-1", `{"content":"original"}`)
+	stored := storedRow(t, orig, 0, 0)
+	stored.OwnerID, stored.IngestedAt = "u1", time.Date(2026, 11, 2, 10, 0, 1, 0, time.UTC)
+	st := &fakeStorage{preStored: []store.EventRow{stored}}
+	h := startWith(t, st, func(c *ingest.Config) { c.BatchSize = 6 })
+	h.send(0, orig)                                                                                          // a replay
+	h.send(0, eventLine("e1", "message.created", "u1", "user", "org-1", `{"content":"forged"}`))             // the same key, other content
+	h.send(0, eventLine("e2", "message.created", "u1", "user", "org-1", `{"content":"twice"}`))              // new
+	h.send(0, eventLine("e2", "message.created", "u1", "user", "org-1", `{"content":"twice"}`))              // its duplicate in the batch
+	h.send(0, eventLine("e3", "message.created", "u1", "user", "org-1", `{"content":"first"}`))              // new
+	h.send(0, eventLine("e3", "message.created", "u1", "user", "org-1", `{"content":"second, other data"}`)) // reuses it in the batch
+	require.Eventually(t, func() bool { return h.reader.commit(0) == 6 }, 5*time.Second, time.Millisecond)
+	all := st.all()
+	var got []string
+	for _, e := range all.Events {
+		got = append(got, e.ID+":"+e.Data)
+	}
+	assert.ElementsMatch(t, []string{`e2:{"content":"twice"}`, `e3:{"content":"first"}`}, got)
+	require.Len(t, all.DeadLetters, 2)
+	for _, d := range all.DeadLetters {
+		assert.Equal(t, "store", d.Stage)
+		assert.True(t, strings.HasPrefix(d.Reason, ingest.ReasonIDReused), d.Reason)
+	}
+	assert.Equal(t, int64(1), all.DeadLetters[0].Offset)
+	assert.Contains(t, all.DeadLetters[0].Reason, "event e1")
+	assert.Contains(t, all.DeadLetters[0].Raw, "forged")
+	assert.Equal(t, int64(5), all.DeadLetters[1].Offset)
+	assert.Contains(t, all.DeadLetters[1].Reason, "event e3")
+	assert.Equal(t, float64(2), counterValue(t, h.metrics.Records.WithLabelValues("replayed")))
+	assert.Equal(t, float64(2), counterValue(t, h.metrics.IDReused))
+	st.mu.Lock()
+	assert.Equal(t, 1, st.lookups, "one lookup per batch")
+	st.mu.Unlock()
+
+	// The same id at another time or in another organization is another event.
+	h.send(0, strings.Replace(eventLine("e1", "message.created", "u1", "user", "org-1", `{"content":"later"}`), "10:00:00.250", "10:00:07.000", 1))
+	h.send(0, eventLine("e1", "message.created", "u1", "user", "org-2", `{"content":"elsewhere"}`))
+	for range 4 {
+		h.send(0, eventLine(fmt.Sprintf("f%d", h.offset[0]), "message.created", "u1", "user", "org-1", `{}`))
+	}
+	require.Eventually(t, func() bool { return h.reader.commit(0) == 12 }, 5*time.Second, time.Millisecond)
+	assert.Len(t, st.all().DeadLetters, 2)
+	assert.Len(t, st.events(), 8)
+}
+
+func TestDeadLetterLimits(t *testing.T) {
+	const limit = 64 << 10
+	st := &fakeStorage{}
+	h := startWith(t, st, func(c *ingest.Config) { c.BatchSize, c.DeadLetterMaxBytes = 3, limit })
+	// A record over the limit, whose reason is over MaxReasonBytes: a field name of
+	// 3000 × "é" makes the reason long and multi-byte.
+	long := `{"` + strings.Repeat("é", 3000) + `":` + strings.Repeat("1", 2*limit)
+	base := time.Date(2026, 11, 2, 10, 0, 0, 0, time.UTC)
+	h.reader.msgs <- kafkago.Message{Topic: "events", Partition: 0, Offset: 0, Key: []byte(strings.Repeat("k", 5000)), Value: []byte(long), Time: base}
+	h.reader.msgs <- kafkago.Message{Topic: "events", Partition: 0, Offset: 1, Value: []byte(`{"x"`), Time: time.Date(1, 1, 1, 0, 0, 0, 0, time.UTC)}
+	h.reader.msgs <- kafkago.Message{Topic: "events", Partition: 0, Offset: 2, Value: []byte(`{"y"`), Time: time.Date(3000, 1, 1, 0, 0, 0, 0, time.UTC)}
+	require.Eventually(t, func() bool { return h.reader.commit(0) == 3 }, 5*time.Second, time.Millisecond)
+	dls := st.all().DeadLetters
+	require.Len(t, dls, 3)
+	big := dls[0]
+	assert.True(t, big.RawTruncated)
+	assert.Equal(t, uint64(len(long)), big.RawBytes)
+	assert.Less(t, len(big.Raw), limit)
+	assert.True(t, strings.HasPrefix(long, big.Raw))
+	assert.LessOrEqual(t, len(big.Reason), ingest.MaxReasonBytes)
+	assert.True(t, utf8.ValidString(big.Reason), "the reason is cut at a UTF-8 boundary")
+	assert.LessOrEqual(t, len(big.Key), 1024)
+	assert.Equal(t, schema.MinTime, dls[1].Time, "a timestamp before 1970 is clamped")
+	assert.Equal(t, schema.MaxTime.Truncate(time.Second), dls[2].Time, "a timestamp after 2105 is clamped")
+	assert.Equal(t, base, big.Time)
+
+	msgs := h.dlq.all()
+	require.Len(t, msgs, 3)
+	m := msgs[0]
+	assert.LessOrEqual(t, kafka.MessageSize(&m), limit, "the dead letter fits the writer's limit")
+	assert.Greater(t, kafka.MessageSize(&m), limit-64, "and uses it")
+	size, ok := header(m, "bandplane-truncated")
+	assert.True(t, ok)
+	assert.Equal(t, fmt.Sprint(len(long)), size)
+	assert.Equal(t, big.Raw, string(m.Value))
+	reason, _ := header(m, "bandplane-reason")
+	assert.Equal(t, big.Reason, reason)
+	assert.Equal(t, float64(1), counterValue(t, h.metrics.DeadLettersTruncated))
+}
+
+// tooLargeDLQ refuses any message with a value, as a topic whose own limit is lower
+// than the writer's would.
+type tooLargeDLQ struct{ fakeDLQ }
+
+func (d *tooLargeDLQ) ProduceMessages(ctx context.Context, msgs []kafkago.Message) error {
+	for _, m := range msgs {
+		if len(m.Value) > 0 {
+			return fmt.Errorf("cannot produce: %w", kafkago.WriteErrors{kafkago.MessageSizeTooLarge})
+		}
+	}
+	return d.fakeDLQ.ProduceMessages(ctx, msgs)
+}
+
+func TestConsumerDeadLetterTopicRefusingForSizeNeverStalls(t *testing.T) {
+	st := &fakeStorage{}
+	dlq := &tooLargeDLQ{}
+	h := startWith(t, st, func(c *ingest.Config) { c.BatchSize, c.DeadLetters = 1, dlq })
+	h.send(0, `{"bad`)
+	require.Eventually(t, func() bool { return h.reader.commit(0) == 1 }, 5*time.Second, time.Millisecond)
+	msgs := dlq.all()
+	require.Len(t, msgs, 1)
+	assert.Empty(t, msgs[0].Value)
+	size, _ := header(msgs[0], "bandplane-truncated")
+	assert.Equal(t, "5", size)
+	require.Len(t, st.all().DeadLetters, 1)
+	assert.Equal(t, `{"bad`, st.all().DeadLetters[0].Raw, "the table still has the record")
+}
+
+func counterValue(t *testing.T, c prometheus.Metric) float64 {
+	t.Helper()
+	var m dto.Metric
+	require.NoError(t, c.Write(&m))
+	return m.GetCounter().GetValue()
 }
 
 func mustUsage(t *testing.T, data string) (u schema.UsageData) {

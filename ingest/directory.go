@@ -81,11 +81,6 @@ func (d *Directory) putLocked(r store.DirectoryRow) bool {
 	return true
 }
 
-// IsDirectoryEvent says whether ev changes the directory.
-func IsDirectoryEvent(t string) bool {
-	return t == schema.TypeAgentRegistered || t == schema.TypeAgentUpdated || t == schema.TypeUserRegistered
-}
-
 // Apply records a directory event and returns the snapshot row to store. An older
 // registration arriving after a newer one is stored but does not change the directory.
 // The version is the event time in milliseconds.

@@ -2,10 +2,12 @@ package ingest_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+	kafkago "github.com/segmentio/kafka-go"
 	"github.com/shopspring/decimal"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -71,7 +73,8 @@ type sums struct {
 func (p *pipeline) sums() sums {
 	ctx := context.Background()
 	var s sums
-	require.NoError(p.t, p.conn.QueryRow(ctx, "SELECT count() FROM "+p.db+".events FINAL").Scan(&s.Events))
+	// The simulator's events: the seals' own announcements (audit.sealed) are not among them.
+	require.NoError(p.t, p.conn.QueryRow(ctx, "SELECT count() FROM "+p.db+".events FINAL WHERE type != 'audit.sealed'").Scan(&s.Events))
 	var cost, rcost decimal.Decimal
 	require.NoError(p.t, p.conn.QueryRow(ctx, `SELECT sum(input_tokens), sum(output_tokens), sum(cache_read_tokens),
 		sum(cache_write_tokens), sum(cost), countIf(priced = 0) FROM `+p.db+`.usage FINAL`).
@@ -226,8 +229,8 @@ func TestIntegrationLateRegistrationIsRepricedAndReplaysStillCountOnce(t *testin
 	p := newPipeline(t)
 	p.start("ingest")
 	ctx := context.Background()
-	usage := canonical("late-u1", "usage.reported", "agent-late", "agent", "", usageData)
-	msg := canonical("late-m1", "message.created", "agent-late", "agent", "", `{"content":"hello"}`)
+	usage := eventLine("late-u1", "usage.reported", "agent-late", "agent", "", usageData)
+	msg := eventLine("late-m1", "message.created", "agent-late", "agent", "", `{"content":"hello"}`)
 	produce := func(lines ...string) {
 		var msgs []kafkaMessage
 		for _, l := range lines {
@@ -265,4 +268,185 @@ func TestIntegrationLateRegistrationIsRepricedAndReplaysStillCountOnce(t *testin
 	assert.Equal(t, uint64(1000), s.Input)
 	assert.Equal(t, want, s.CostMicros)
 	assert.Equal(t, want, s.RollupCostMicros)
+}
+
+// produceLines writes raw lines to the pipeline's topic, all keyed by one room (one
+// partition, in order).
+func (p *pipeline) produceLines(lines ...string) {
+	p.t.Helper()
+	msgs := make([]kafkaMessage, len(lines))
+	for i, l := range lines {
+		msgs[i] = kafkaMessage{Key: []byte("room-1"), Value: []byte(l)}
+	}
+	require.NoError(p.t, p.producer.ProduceMessages(context.Background(), msgs))
+}
+
+func (p *pipeline) count(q string, args ...any) uint64 {
+	p.t.Helper()
+	var n uint64
+	require.NoError(p.t, p.conn.QueryRow(context.Background(), q, args...).Scan(&n))
+	return n
+}
+
+// lineAt is a message.created event at a given time.
+func lineAt(id, org string, at time.Time, room, content string) string {
+	return fmt.Sprintf(`{"id":%q,"type":"message.created","time":%q,"org_id":%q,"room_id":%q,"actor":{"id":"u1","type":"user"},"source":"test","schema_version":1,"data":{"content":%q}}`,
+		id, at.UTC().Format(time.RFC3339Nano), org, room, content)
+}
+
+type deadLetterRow struct {
+	Raw, Stage, Reason string
+	Offset             int64
+	RawBytes           uint64
+	RawTruncated       uint8
+}
+
+func (p *pipeline) deadLetters() []deadLetterRow {
+	p.t.Helper()
+	rows, err := p.conn.Query(context.Background(), "SELECT raw, stage, reason, offset, raw_bytes, raw_truncated FROM "+p.db+".dead_letters FINAL ORDER BY offset")
+	require.NoError(p.t, err)
+	defer rows.Close()
+	var out []deadLetterRow
+	for rows.Next() {
+		var d deadLetterRow
+		require.NoError(p.t, rows.Scan(&d.Raw, &d.Stage, &d.Reason, &d.Offset, &d.RawBytes, &d.RawTruncated))
+		out = append(out, d)
+	}
+	require.NoError(p.t, rows.Err())
+	return out
+}
+
+// readDeadLetterTopic reads n messages from the pipeline's dead-letter topic.
+func (p *pipeline) readDeadLetterTopic(n int) []kafkago.Message {
+	p.t.Helper()
+	r := kafkago.NewReader(kafkago.ReaderConfig{Brokers: stacktest.Brokers(), Topic: p.topic + "_dlq", Partition: 0, MaxWait: 100 * time.Millisecond})
+	defer r.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var out []kafkago.Message
+	for len(out) < n {
+		m, err := r.ReadMessage(ctx)
+		require.NoError(p.t, err, "read %d of %d dead letters from the topic", len(out), n)
+		out = append(out, m)
+	}
+	return out
+}
+
+// TestIntegrationRefusedRowIsIsolatedAndIngestGoesOn gives the events table a column
+// that refuses one room (a constraint ClickHouse enforces for good), sends one such
+// record among many good ones: everything else lands, that record is dead-lettered
+// with ClickHouse's reason, and ingest continues with later records.
+func TestIntegrationRefusedRowIsIsolatedAndIngestGoesOn(t *testing.T) {
+	p := newPipeline(t)
+	ctx := context.Background()
+	require.NoError(t, p.conn.Exec(ctx, "ALTER TABLE "+p.db+".events ADD COLUMN poison UInt8 MATERIALIZED throwIf(room_id = 'poison-room')"))
+	p.start("ingest")
+	at := time.Now().UTC().Add(-time.Hour).Truncate(time.Millisecond)
+	var lines []string
+	for i := range 400 {
+		room := "room-1"
+		if i == 217 {
+			room = "poison-room"
+		}
+		lines = append(lines, lineAt(fmt.Sprintf("g%d", i), "org-1", at.Add(time.Duration(i)*time.Millisecond), room, "hello"))
+	}
+	p.produceLines(lines...)
+	p.waitLag("ingest", 60*time.Second)
+	assert.Equal(t, uint64(399), p.count("SELECT count() FROM "+p.db+".events FINAL"), "everything but the refused record landed")
+	assert.Zero(t, p.count("SELECT count() FROM "+p.db+".events WHERE id = 'g217'"))
+	dls := p.deadLetters()
+	require.Len(t, dls, 1)
+	d := dls[0]
+	assert.Equal(t, "store", d.Stage)
+	assert.Contains(t, d.Reason, "code: 395")
+	assert.Contains(t, d.Reason, "throwIf")
+	assert.Equal(t, lines[217], d.Raw)
+	assert.Equal(t, uint64(len(lines[217])), d.RawBytes)
+	assert.Zero(t, d.RawTruncated)
+	m := p.readDeadLetterTopic(1)[0]
+	assert.Equal(t, lines[217], string(m.Value))
+	stage := ""
+	for _, h := range m.Headers {
+		if h.Key == "bandplane-stage" {
+			stage = string(h.Value)
+		}
+	}
+	assert.Equal(t, "store", stage)
+
+	// Ingest goes on with later records.
+	p.produceLines(lineAt("after-1", "org-1", at, "room-1", "later"), lineAt("after-2", "org-1", at, "room-1", "later"))
+	p.waitLag("ingest", 30*time.Second)
+	assert.Equal(t, uint64(401), p.count("SELECT count() FROM "+p.db+".events FINAL"))
+	assert.Len(t, p.deadLetters(), 1)
+}
+
+// TestIntegrationReusedIDNeverReplacesTheOriginal: a later event with the same id,
+// organization and time but other data is dead-lettered and the original stays; the
+// identical event again is a replay: no dead letter, no second row.
+func TestIntegrationReusedIDNeverReplacesTheOriginal(t *testing.T) {
+	p := newPipeline(t)
+	p.start("ingest")
+	at := time.Now().UTC().Add(-time.Hour).Truncate(time.Millisecond)
+	orig := lineAt("evt-1", "org-1", at, "room-1", "the original")
+	p.produceLines(orig)
+	p.waitLag("ingest", 30*time.Second)
+	require.Equal(t, uint64(1), p.count("SELECT count() FROM "+p.db+".events"))
+	var ingested time.Time
+	require.NoError(t, p.conn.QueryRow(context.Background(), "SELECT ingested_at FROM "+p.db+".events").Scan(&ingested))
+
+	p.produceLines(lineAt("evt-1", "org-1", at, "room-1", "a forgery"))
+	p.waitLag("ingest", 30*time.Second)
+	var data string
+	require.NoError(t, p.conn.QueryRow(context.Background(), "SELECT data FROM "+p.db+".events FINAL").Scan(&data))
+	assert.Contains(t, data, "the original")
+	assert.Equal(t, uint64(1), p.count("SELECT count() FROM "+p.db+".events"), "the forgery was never written")
+	dls := p.deadLetters()
+	require.Len(t, dls, 1)
+	assert.Equal(t, "store", dls[0].Stage)
+	assert.Contains(t, dls[0].Reason, ingest.ReasonIDReused)
+	assert.Contains(t, dls[0].Reason, "evt-1")
+	assert.Contains(t, dls[0].Raw, "a forgery")
+
+	time.Sleep(1100 * time.Millisecond) // a rewrite would show a later ingested_at
+	p.produceLines(orig)
+	p.waitLag("ingest", 30*time.Second)
+	assert.Len(t, p.deadLetters(), 1, "a replay is not a reuse")
+	assert.Equal(t, uint64(1), p.count("SELECT count() FROM "+p.db+".events"), "a replay is not written again")
+	var again time.Time
+	require.NoError(t, p.conn.QueryRow(context.Background(), "SELECT ingested_at FROM "+p.db+".events").Scan(&again))
+	assert.Equal(t, ingested, again, "the original keeps its ingested_at")
+}
+
+// TestIntegrationBatchSpanning250DaysLandsWhole: one batch of events and usage over
+// 250 daily partitions (current ClickHouse refuses more than 100 in one INSERT block).
+func TestIntegrationBatchSpanning250DaysLandsWhole(t *testing.T) {
+	p := newPipeline(t)
+	reg := registration("agent-d", "owner-1", "org-1", "gpt-5-mini")
+	start := time.Now().UTC().AddDate(0, 0, -260).Truncate(time.Hour)
+	lines := []string{reg}
+	for d := range 250 {
+		at := start.AddDate(0, 0, d)
+		lines = append(lines, lineAt(fmt.Sprintf("m%d", d), "org-1", at, "room-1", "daily"))
+		lines = append(lines, fmt.Sprintf(`{"id":"u%d","type":"usage.reported","time":%q,"org_id":"org-1","room_id":"room-1","actor":{"id":"agent-d","type":"agent"},"source":"test","schema_version":1,"data":%s}`,
+			d, at.Add(time.Minute).Format(time.RFC3339Nano), usageData))
+	}
+	p.produceLines(lines...) // before the consumer starts: one batch
+	p.start("ingest")
+	p.waitLag("ingest", 60*time.Second)
+	assert.Equal(t, uint64(501), p.count("SELECT count() FROM "+p.db+".events FINAL"))
+	assert.Equal(t, uint64(250), p.count("SELECT count() FROM "+p.db+".usage FINAL"))
+	assert.Equal(t, uint64(250), p.count("SELECT uniqExact(partition) FROM system.parts WHERE database = ? AND table = 'usage' AND active", p.db))
+	assert.Empty(t, p.deadLetters())
+	require.True(t, stacktest.Eventually(t, 30*time.Second, 200*time.Millisecond, func() bool {
+		return p.count("SELECT sum(events) FROM "+p.db+".usage_hourly FINAL") == 250
+	}), "the rollup covers every day")
+	rows, err := p.conn.Query(context.Background(), "SELECT min_block_number, uniqExact(partition) FROM system.parts WHERE database = ? AND table = 'events' AND active GROUP BY min_block_number", p.db)
+	require.NoError(t, err)
+	defer rows.Close()
+	for rows.Next() {
+		var block int64
+		var parts uint64
+		require.NoError(t, rows.Scan(&block, &parts))
+		assert.LessOrEqual(t, parts, uint64(100), "insert %d", block)
+	}
 }

@@ -5,8 +5,8 @@ import "github.com/prometheus/client_golang/prometheus"
 // Metrics are ingest's Prometheus metrics. They are created against the registry that
 // cmd/ builds and passes in; nothing registers globally.
 type Metrics struct {
-	Records         *prometheus.CounterVec // result: stored | dead_letter
-	DeadLetters     *prometheus.CounterVec // stage: decode | validate | enrich
+	Records         *prometheus.CounterVec // result: stored | dead_letter | replayed
+	DeadLetters     *prometheus.CounterVec // stage: decode | validate | enrich | store
 	Batches         prometheus.Counter
 	BatchRows       prometheus.Histogram
 	FlushSeconds    prometheus.Histogram
@@ -21,6 +21,14 @@ type Metrics struct {
 	Repriced        prometheus.Counter
 	CollectorLines  *prometheus.CounterVec // result: accepted | rejected
 	CollectorErrors prometheus.Counter
+
+	InsertRejections     prometheus.Counter
+	IDReused             prometheus.Counter
+	LookupErrors         prometheus.Counter
+	DeadLettersTruncated prometheus.Counter
+	Dropped              prometheus.Counter
+	Forgotten            *prometheus.CounterVec // set: late | unpriced
+	Remembered           *prometheus.GaugeVec   // set: late | unpriced
 }
 
 // NewMetrics creates and registers the metrics; reg may be nil (tests).
@@ -58,11 +66,26 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Lines received by POST /v1/events, by result."}, []string{"result"}),
 		CollectorErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: "bandplane_collector_produce_errors_total",
 			Help: "Collector requests that failed to produce to Kafka."}),
+		InsertRejections: prometheus.NewCounter(prometheus.CounterOpts{Name: "bandplane_ingest_insert_rejections_total",
+			Help: "Inserts ClickHouse refused for their data (not retried: the batch is split to isolate the records it refuses)."}),
+		IDReused: prometheus.NewCounter(prometheus.CounterOpts{Name: "bandplane_ingest_id_reused_total",
+			Help: "Records dead-lettered because their event id is stored (or earlier in the batch) with other content."}),
+		LookupErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: "bandplane_ingest_lookup_errors_total",
+			Help: "Batches written without checking which events are stored, because ClickHouse refused the lookup for good."}),
+		DeadLettersTruncated: prometheus.NewCounter(prometheus.CounterOpts{Name: "bandplane_ingest_dead_letters_truncated_total",
+			Help: "Dead letters sent and stored with their raw record cut to fit the dead-letter message limit."}),
+		Dropped: prometheus.NewCounter(prometheus.CounterOpts{Name: "bandplane_ingest_dropped_total",
+			Help: "Dead letters ClickHouse refused even without their raw record: logged at error level, not stored."}),
+		Forgotten: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "bandplane_ingest_forgotten_total",
+			Help: "Entries of the consumer's memory dropped after their horizon, by set (late: parties with unattributed events; unpriced: agents with unpriced usage)."}, []string{"set"}),
+		Remembered: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "bandplane_ingest_remembered",
+			Help: "Entries in the consumer's memory, by set (late, unpriced), as of its last sweep."}, []string{"set"}),
 	}
 	if reg != nil {
 		reg.MustRegister(m.Records, m.DeadLetters, m.Batches, m.BatchRows, m.FlushSeconds, m.StoreErrors, m.DLQErrors,
 			m.FetchErrors, m.CommitErrors, m.Unpriced, m.Unattributed, m.Lag, m.RollupErrors, m.Repriced,
-			m.CollectorLines, m.CollectorErrors)
+			m.CollectorLines, m.CollectorErrors, m.InsertRejections, m.IDReused, m.LookupErrors, m.DeadLettersTruncated, m.Dropped,
+			m.Forgotten, m.Remembered)
 	}
 	return m
 }

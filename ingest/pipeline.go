@@ -28,8 +28,12 @@ type PipelineConfig struct {
 	RollupInterval time.Duration
 	RetryMin       time.Duration // 0: the consumer's default
 	RetryMax       time.Duration
-	Logger         *slog.Logger
-	Metrics        *Metrics
+	// LateHorizon and UnpricedHorizon bound the consumer's memory (Config); 0: the
+	// defaults. The state read at start is restricted to them too.
+	LateHorizon     time.Duration
+	UnpricedHorizon time.Duration
+	Logger          *slog.Logger
+	Metrics         *Metrics
 }
 
 // Pipeline is ingest as a process runs it: the consumer group reader, the consumer,
@@ -44,8 +48,9 @@ type Pipeline struct {
 }
 
 // NewPipeline loads what the consumer needs to know from ClickHouse (the directory,
-// the parties with unattributed events, the agents with unpriced usage) and opens its
-// Kafka reader and dead-letter producer. Close releases them.
+// the parties with unattributed events and the agents with unpriced usage, each within
+// its horizon) and opens its Kafka reader and dead-letter producer. Close releases
+// them.
 func NewPipeline(ctx context.Context, cfg PipelineConfig) (*Pipeline, error) {
 	if cfg.Store == nil || cfg.Catalog == nil {
 		return nil, errors.New("ingest pipeline: store and catalog are required")
@@ -63,11 +68,18 @@ func NewPipeline(ctx context.Context, cfg PipelineConfig) (*Pipeline, error) {
 		return nil, err
 	}
 	dir.Load(rows)
-	late, err := st.UnattributedParties(ctx)
+	if cfg.LateHorizon <= 0 {
+		cfg.LateHorizon = DefaultLateHorizon
+	}
+	if cfg.UnpricedHorizon <= 0 {
+		cfg.UnpricedHorizon = DefaultUnpricedHorizon
+	}
+	now := time.Now()
+	late, err := st.UnattributedParties(ctx, now.Add(-cfg.LateHorizon))
 	if err != nil {
 		return nil, err
 	}
-	unpriced, err := st.UnpricedAgents(ctx)
+	unpriced, err := st.UnpricedAgents(ctx, now.Add(-cfg.UnpricedHorizon))
 	if err != nil {
 		return nil, err
 	}
@@ -87,6 +99,7 @@ func NewPipeline(ctx context.Context, cfg PipelineConfig) (*Pipeline, error) {
 	p.consumer, err = New(Config{
 		Reader: p.reader, DeadLetters: p.dlq, Storage: st, Directory: dir, Catalog: cfg.Catalog, Topic: cfg.Topic,
 		BatchSize: cfg.BatchSize, BatchAge: cfg.BatchAge, RetryMin: cfg.RetryMin, RetryMax: cfg.RetryMax,
+		DeadLetterMaxBytes: kafka.MaxMessageBytes, LateHorizon: cfg.LateHorizon, UnpricedHorizon: cfg.UnpricedHorizon,
 		LateParties: late, UnpricedAgents: unpriced, AfterFlush: p.rollup.Mark, Logger: cfg.Logger, Metrics: cfg.Metrics,
 	})
 	if err != nil {

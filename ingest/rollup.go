@@ -106,14 +106,25 @@ func (r *Rollup) Flush(ctx context.Context) error {
 		}
 	}
 	r.mu.Lock()
-	keys := make([]store.HourKey, 0, len(r.dirty))
+	byOrg := map[string][]store.HourKey{}
 	for k := range r.dirty {
-		keys = append(keys, k)
+		byOrg[k.OrgID] = append(byOrg[k.OrgID], k)
 	}
 	r.dirty = map[store.HourKey]bool{}
 	r.mu.Unlock()
-	if len(keys) > 0 {
-		if err := r.store.RefreshRollup(ctx, keys); err != nil {
+	// One organization at a time, so that one that fails does not hold back the others.
+	for org, keys := range byOrg {
+		err := r.store.RefreshRollup(ctx, keys)
+		switch {
+		case err == nil:
+		case store.Permanent(err):
+			// Retrying cannot help (the caps on tokens and prices make an overflow
+			// impossible, so this is a bug or a hand-edited table): say so loudly and
+			// drop the hours rather than retry them every tick forever.
+			r.m.RollupErrors.Inc()
+			r.log.Error("clickhouse refuses the rollup rebuild; these hours stay as they are until a reprice rebuilds them",
+				"err", err, "org_id", org, "hours", len(keys))
+		default:
 			r.Mark(keys, nil)
 			errs = append(errs, err)
 		}

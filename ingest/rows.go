@@ -76,7 +76,9 @@ func PriceUsage(cat *pricing.Catalog, r store.UsageRow, reasoning *int64) store.
 	return r
 }
 
-// EventRow builds the audit-trail row of an event read from partition at offset.
+// EventRow builds the audit-trail row of an event read from partition at offset. Its
+// IngestedAt is the time it was built; the consumer sets it again at each insert
+// attempt, so that it is when the row was written.
 func EventRow(ev *schema.Event, owner string, partition int32, offset int64) store.EventRow {
 	r := store.EventRow{
 		ID: ev.ID, Type: ev.Type, Time: ev.Time, OrgID: ev.OrgID, RoomID: ev.RoomID,
@@ -94,7 +96,7 @@ func EventRow(ev *schema.Event, owner string, partition int32, offset int64) sto
 // update dir first, then the event is enriched and priced. The benchmark builds its raw
 // rows with it.
 func Rows(ev *schema.Event, dir *Directory, cat *pricing.Catalog) (store.EventRow, *store.UsageRow, error) {
-	if IsDirectoryEvent(ev.Type) {
+	if schema.IsDirectoryType(ev.Type) {
 		if _, err := dir.Apply(ev); err != nil {
 			return store.EventRow{}, nil, err
 		}

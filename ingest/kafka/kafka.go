@@ -5,10 +5,12 @@ package kafka
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"strings"
 	"time"
 
@@ -17,11 +19,64 @@ import (
 	"github.com/bandplane/bandplane/schema"
 )
 
-// Default topic names (design brief).
+// Default topic names.
 const (
 	DefaultTopic    = "bandplane.events"
 	DefaultDLQTopic = "bandplane.events.dlq"
 )
+
+// Message limits, set on both sides: the writers refuse a message larger than
+// MaxMessageBytes before sending it (kafka-go's BatchBytes, which also caps a batch),
+// and EnsureTopic gives every topic a max.message.bytes of TopicMaxMessageBytes, so the
+// broker never refuses what a writer accepted.
+const (
+	// MaxMessageBytes is the largest message a Producer writes, counted as kafka-go
+	// counts it (MessageSize: key, value, headers and the record's fields).
+	MaxMessageBytes = 1 << 20
+	// TopicMaxMessageBytes is the topics' max.message.bytes: the broker checks the
+	// record batch as sent (compressed, with its header), and LZ4 can grow
+	// incompressible data by 0.4%; 64 KiB covers both.
+	TopicMaxMessageBytes = MaxMessageBytes + 64<<10
+	// MaxEventBytes is the largest JSON value of one event that is always accepted:
+	// its message (key ≤ schema.MaxIDBytes, the record's fields) fits MaxMessageBytes,
+	// and so does its dead letter (the same value plus the headers ingest adds, whose
+	// reason is capped at 1 KiB). The collector refuses a longer line as a line error.
+	MaxEventBytes = MaxMessageBytes - MessageReserveBytes
+	// MessageReserveBytes is what MaxEventBytes leaves of MaxMessageBytes for the key,
+	// the record's fields and the dead-letter headers.
+	MessageReserveBytes = 4 << 10
+)
+
+// MessageSize is the size kafka-go counts for m against MaxMessageBytes.
+func MessageSize(m *kafkago.Message) int {
+	n := 4 + 1 + 1 + 4 + len(m.Key) + 4 + len(m.Value) + 8 // kafka-go's Message.size
+	n += varintLen(len(m.Headers))
+	for _, h := range m.Headers {
+		n += varintLen(len(h.Key)) + len(h.Key) + varintLen(len(h.Value)) + len(h.Value)
+	}
+	return n
+}
+
+func varintLen(n int) int { return len(binary.AppendVarint(nil, int64(n))) }
+
+// IsMessageTooLarge says whether err is a message refused for its size, by the writer
+// (MaxMessageBytes) or by the broker (the topic's max.message.bytes): retrying the same
+// message cannot succeed.
+func IsMessageTooLarge(err error) bool {
+	var tooLarge kafkago.MessageTooLargeError
+	if errors.As(err, &tooLarge) || errors.Is(err, kafkago.MessageSizeTooLarge) {
+		return true
+	}
+	var we kafkago.WriteErrors
+	if errors.As(err, &we) {
+		for _, e := range we {
+			if e != nil && IsMessageTooLarge(e) {
+				return true
+			}
+		}
+	}
+	return false
+}
 
 // AuditBatchSize is the BatchSize for a producer of audit events written one decision
 // at a time (the policy API's): kafka-go reserves room for BatchSize messages in every
@@ -79,6 +134,7 @@ func NewProducer(cfg ProducerConfig) (*Producer, error) {
 		// shares the machine's disk with ClickHouse (measured with bench ingest).
 		Compression:  kafkago.Lz4,
 		BatchSize:    cfg.BatchSize,
+		BatchBytes:   MaxMessageBytes,
 		BatchTimeout: cfg.BatchTimeout,
 		WriteTimeout: cfg.WriteTimeout,
 		MaxAttempts:  5,
@@ -116,19 +172,75 @@ func (p *Producer) Topic() string { return p.topic }
 
 func (p *Producer) Close() error { return p.w.Close() }
 
-// EnsureTopic creates topic with the given partition count if it does not exist.
+// EnsureTopic creates topic with the given partition count and a max.message.bytes of
+// TopicMaxMessageBytes if it does not exist, and raises max.message.bytes to that on an
+// existing topic that has less (a topic created before the limit was set, or by hand).
 func EnsureTopic(ctx context.Context, brokers []string, topic string, partitions int) error {
 	c := &kafkago.Client{Addr: kafkago.TCP(brokers...), Timeout: 15 * time.Second}
+	limit := strconv.Itoa(TopicMaxMessageBytes)
 	resp, err := c.CreateTopics(ctx, &kafkago.CreateTopicsRequest{Topics: []kafkago.TopicConfig{{
 		Topic: topic, NumPartitions: partitions, ReplicationFactor: 1,
+		ConfigEntries: []kafkago.ConfigEntry{{ConfigName: "max.message.bytes", ConfigValue: limit}},
 	}}})
 	if err != nil {
 		return fmt.Errorf("cannot create topic %s on %s (is kafka running? `make up` starts it): %w", topic, strings.Join(brokers, ","), err)
 	}
-	if err := resp.Errors[topic]; err != nil && !errors.Is(err, kafkago.TopicAlreadyExists) {
+	err = resp.Errors[topic]
+	if err == nil {
+		return nil
+	}
+	if !errors.Is(err, kafkago.TopicAlreadyExists) {
 		return fmt.Errorf("cannot create topic %s: %w", topic, err)
 	}
+	have, err := TopicMessageLimit(ctx, brokers, topic)
+	if err != nil {
+		return err
+	}
+	if have >= TopicMaxMessageBytes {
+		return nil
+	}
+	// Incremental: a plain AlterConfigs would reset every other setting of the topic.
+	ar, err := c.IncrementalAlterConfigs(ctx, &kafkago.IncrementalAlterConfigsRequest{Resources: []kafkago.IncrementalAlterConfigsRequestResource{{
+		ResourceType: kafkago.ResourceTypeTopic, ResourceName: topic,
+		Configs: []kafkago.IncrementalAlterConfigsRequestConfig{{Name: "max.message.bytes", Value: limit, ConfigOperation: kafkago.ConfigOperationSet}},
+	}}})
+	if err == nil {
+		for _, r := range ar.Resources {
+			if r.Error != nil {
+				err = r.Error
+			}
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("cannot raise max.message.bytes of topic %s from %d to %s: %w", topic, have, limit, err)
+	}
 	return nil
+}
+
+// TopicMessageLimit reads the max.message.bytes in force for topic.
+func TopicMessageLimit(ctx context.Context, brokers []string, topic string) (int, error) {
+	c := &kafkago.Client{Addr: kafkago.TCP(brokers...), Timeout: 15 * time.Second}
+	resp, err := c.DescribeConfigs(ctx, &kafkago.DescribeConfigsRequest{Resources: []kafkago.DescribeConfigRequestResource{{
+		ResourceType: kafkago.ResourceTypeTopic, ResourceName: topic, ConfigNames: []string{"max.message.bytes"},
+	}}})
+	if err != nil {
+		return 0, fmt.Errorf("cannot read the configuration of topic %s: %w", topic, err)
+	}
+	for _, r := range resp.Resources {
+		if r.Error != nil {
+			return 0, fmt.Errorf("cannot read the configuration of topic %s: %w", topic, r.Error)
+		}
+		for _, e := range r.ConfigEntries {
+			if e.ConfigName == "max.message.bytes" {
+				n, err := strconv.Atoi(e.ConfigValue)
+				if err != nil {
+					return 0, fmt.Errorf("topic %s has max.message.bytes %q: %w", topic, e.ConfigValue, err)
+				}
+				return n, nil
+			}
+		}
+	}
+	return 0, fmt.Errorf("topic %s reports no max.message.bytes", topic)
 }
 
 // Lag is the number of records of topic not yet committed by group, per partition and

@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sort"
 	"time"
 
@@ -24,7 +25,8 @@ type rollupKey struct {
 // RefreshRollup rebuilds the hourly rollup of the given hours from usage FINAL, so a
 // replayed or repriced event is counted once. Groups that no longer exist in an hour (a
 // reprice moved a row from model "unknown" to a real model) are overwritten with zeros.
-// One query per organization spans its dirty hours.
+// It reads one query per organization and day of dirty hours, and writes one insert per
+// organization.
 func (s *Store) RefreshRollup(ctx context.Context, keys []HourKey) error {
 	byOrg := map[string][]time.Time{}
 	for _, k := range keys {
@@ -38,6 +40,7 @@ func (s *Store) RefreshRollup(ctx context.Context, keys []HourKey) error {
 	for _, org := range orgs {
 		hours := byOrg[org]
 		sort.Slice(hours, func(i, j int) bool { return hours[i].Before(hours[j]) })
+		hours = slices.CompactFunc(hours, time.Time.Equal)
 		if err := s.refreshOrg(ctx, org, hours); err != nil {
 			return err
 		}
@@ -54,7 +57,31 @@ type rollupRow struct {
 	currency                             string
 }
 
+// refreshOrg rebuilds the given hours of one organization (sorted), reading one day
+// at a time: FINAL reads every part in its range at once, and on 18.16 that costs
+// megabytes of buffers per part (a rebuild spanning 250 daily partitions was refused
+// at the 4 GiB memory limit); a day is a partition, so a query reads only its parts.
 func (s *Store) refreshOrg(ctx context.Context, org string, hours []time.Time) error {
+	var fresh []rollupRow
+	for start := 0; start < len(hours); {
+		end := start + 1
+		for end < len(hours) && DayPartition(hours[end]) == DayPartition(hours[start]) {
+			end++
+		}
+		rows, err := s.rebuildHours(ctx, org, hours[start:end])
+		if err != nil {
+			return err
+		}
+		fresh = append(fresh, rows...)
+		start = end
+	}
+	version := uint64(time.Now().UnixNano())
+	return s.sendRollup(ctx, org, fresh, version)
+}
+
+// rebuildHours computes the rollup rows of the given hours of one organization, all
+// in one day, from usage FINAL.
+func (s *Store) rebuildHours(ctx context.Context, org string, hours []time.Time) ([]rollupRow, error) {
 	want := map[time.Time]bool{}
 	for _, h := range hours {
 		want[h] = true
@@ -67,7 +94,7 @@ func (s *Store) refreshOrg(ctx context.Context, org string, hours []time.Time) e
 		WHERE org_id = ? AND time >= ? AND time < ?
 		GROUP BY h, owner_id, agent_id, room_id, model`, org, from, to)
 	if err != nil {
-		return fmt.Errorf("cannot aggregate %s.usage for org %q: %w", s.db, org, err)
+		return nil, fmt.Errorf("cannot aggregate %s.usage for org %q from %s: %w", s.db, org, from.Format(time.RFC3339), err)
 	}
 	var fresh []rollupRow
 	seen := map[rollupKey]bool{}
@@ -76,7 +103,7 @@ func (s *Store) refreshOrg(ctx context.Context, org string, hours []time.Time) e
 		if err := rows.Scan(&r.key.hour, &r.key.owner, &r.key.agent, &r.key.room, &r.key.model,
 			&r.events, &r.unpriced, &r.in, &r.out, &r.cr, &r.cw, &r.r, &r.cost, &r.currency); err != nil {
 			rows.Close()
-			return fmt.Errorf("cannot read usage aggregate for org %q: %w", org, err)
+			return nil, fmt.Errorf("cannot read usage aggregate for org %q: %w", org, err)
 		}
 		r.key.hour = r.key.hour.UTC()
 		if want[r.key.hour] {
@@ -86,19 +113,19 @@ func (s *Store) refreshOrg(ctx context.Context, org string, hours []time.Time) e
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
-		return err
+		return nil, err
 	}
 	// Rows the rollup has now for those hours that the rebuild did not produce.
 	old, err := s.conn.Query(ctx, `SELECT hour, owner_id, agent_id, room_id, model
 		FROM `+s.db+`.usage_hourly FINAL WHERE org_id = ? AND hour >= ? AND hour < ? AND events > 0`, org, from, to)
 	if err != nil {
-		return fmt.Errorf("cannot read %s.usage_hourly for org %q: %w", s.db, org, err)
+		return nil, fmt.Errorf("cannot read %s.usage_hourly for org %q: %w", s.db, org, err)
 	}
 	for old.Next() {
 		var k rollupKey
 		if err := old.Scan(&k.hour, &k.owner, &k.agent, &k.room, &k.model); err != nil {
 			old.Close()
-			return err
+			return nil, err
 		}
 		k.hour = k.hour.UTC()
 		if want[k.hour] && !seen[k] {
@@ -106,15 +133,11 @@ func (s *Store) refreshOrg(ctx context.Context, org string, hours []time.Time) e
 		}
 	}
 	old.Close()
-	if err := old.Err(); err != nil {
-		return err
-	}
-	version := uint64(time.Now().UnixNano())
-	return s.sendRollup(ctx, org, fresh, version)
+	return fresh, old.Err()
 }
 
 func (s *Store) sendRollup(ctx context.Context, org string, rows []rollupRow, version uint64) error {
-	return s.send(ctx, "usage_hourly", rollupCols, len(rows), func(b driver.Batch, i int) error {
+	return s.send(ctx, "usage_hourly", rollupCols, len(rows), func(i int) uint32 { return MonthPartition(rows[i].key.hour) }, func(b driver.Batch, i int) error {
 		r := &rows[i]
 		return b.Append(r.key.hour, org, r.key.owner, r.key.agent, r.key.room, r.key.model,
 			r.events, r.unpriced, r.in, r.out, r.cr, r.cw, r.r, r.cost, r.currency, version)

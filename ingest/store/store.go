@@ -43,13 +43,15 @@ type UsageRow struct {
 	Version                                      uint64
 }
 
-// DeadLetter is a record that could not be decoded or validated.
+// DeadLetter is a record that could not be decoded, validated or stored.
 type DeadLetter struct {
-	Time                    time.Time // the Kafka record's timestamp
+	Time                    time.Time // the Kafka record's timestamp, within DateTime's range
 	Topic                   string
 	Partition               int32
 	Offset                  int64
 	Key, Raw, Stage, Reason string
+	RawBytes                uint64 // the raw record's full size
+	RawTruncated            bool   // Raw holds only the start of the record
 	ReceivedAt              time.Time
 }
 
@@ -107,10 +109,29 @@ func b2u(b bool) uint8 {
 	return 0
 }
 
-func (s *Store) send(ctx context.Context, table, cols string, n int, appendRow func(driver.Batch, int) error) error {
+// send inserts n rows into table, one INSERT per block of at most
+// MaxPartitionsPerBlock partitions (partition gives a row's; nil for an unpartitioned
+// table).
+func (s *Store) send(ctx context.Context, table, cols string, n int, partition func(i int) uint32, appendRow func(driver.Batch, int) error) error {
 	if n == 0 {
 		return nil
 	}
+	var blocks [][]int
+	if partition != nil {
+		blocks = PartitionBlocks(n, partition, MaxPartitionsPerBlock)
+	}
+	if blocks == nil {
+		return s.sendBlock(ctx, table, cols, n, appendRow)
+	}
+	for _, idx := range blocks {
+		if err := s.sendBlock(ctx, table, cols, len(idx), func(b driver.Batch, i int) error { return appendRow(b, idx[i]) }); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (s *Store) sendBlock(ctx context.Context, table, cols string, n int, appendRow func(driver.Batch, int) error) error {
 	batch, err := s.conn.PrepareBatch(ctx, "INSERT INTO "+s.db+"."+table+" ("+cols+")")
 	if err != nil {
 		return fmt.Errorf("cannot prepare insert into %s.%s: %w", s.db, table, err)
@@ -118,7 +139,7 @@ func (s *Store) send(ctx context.Context, table, cols string, n int, appendRow f
 	defer batch.Abort()
 	for i := 0; i < n; i++ {
 		if err := appendRow(batch, i); err != nil {
-			return fmt.Errorf("cannot append row %d to %s.%s: %w", i, s.db, table, err)
+			return fmt.Errorf("cannot append row %d to %s.%s: %w", i, s.db, table, &ValueError{Table: s.db + "." + table, Err: err})
 		}
 	}
 	if err := batch.Send(); err != nil {
@@ -129,13 +150,28 @@ func (s *Store) send(ctx context.Context, table, cols string, n int, appendRow f
 
 const eventCols = "id, type, time, time_ms, org_id, room_id, actor_id, actor_type, actor_handle, owner_id, subject_id, subject_type, subject_handle, execution_id, source, schema_version, data, ingested_at, kafka_partition, kafka_offset"
 
-// insertEvents appends the audit trail column by column: one Append per column
-// instead of twenty boxed values per row, which halves the client's CPU per row (the
-// events table carries most of ingest's volume).
+// insertEvents writes the audit trail, one INSERT per block of at most
+// MaxPartitionsPerBlock days.
 func (s *Store) insertEvents(ctx context.Context, rows []EventRow) error {
 	if len(rows) == 0 {
 		return nil
 	}
+	blocks := PartitionBlocks(len(rows), func(i int) uint32 { return DayPartition(rows[i].Time) }, MaxPartitionsPerBlock)
+	if blocks == nil {
+		return s.insertEventBlock(ctx, rows)
+	}
+	for _, idx := range blocks {
+		if err := s.insertEventBlock(ctx, pick(rows, idx)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// insertEventBlock appends the rows column by column: one Append per column instead
+// of twenty boxed values per row, which halves the client's CPU per row (the events
+// table carries most of ingest's volume).
+func (s *Store) insertEventBlock(ctx context.Context, rows []EventRow) error {
 	n := len(rows)
 	var (
 		id, typ, org, room, actor, actorType, actorHandle, owner = strs(n), strs(n), strs(n), strs(n), strs(n), strs(n), strs(n), strs(n)
@@ -161,7 +197,7 @@ func (s *Store) insertEvents(ctx context.Context, rows []EventRow) error {
 	for i, col := range []any{id, typ, times, millis, org, room, actor, actorType, actorHandle, owner,
 		subj, subjType, subjHandle, exec, source, version, data, ingested, partition, offset} {
 		if err := batch.Column(i).Append(col); err != nil {
-			return fmt.Errorf("cannot append column %d of %s.events: %w", i, s.db, err)
+			return fmt.Errorf("cannot append column %d of %s.events: %w", i, s.db, &ValueError{Table: s.db + ".events", Err: err})
 		}
 	}
 	if err := batch.Send(); err != nil {
@@ -176,7 +212,7 @@ const usageCols = "event_id, time, time_ms, org_id, owner_id, agent_id, room_id,
 
 // InsertUsage writes usage facts (ingest, and reprice with higher versions).
 func (s *Store) InsertUsage(ctx context.Context, rows []UsageRow) error {
-	return s.send(ctx, "usage", usageCols, len(rows), func(b driver.Batch, i int) error {
+	return s.send(ctx, "usage", usageCols, len(rows), func(i int) uint32 { return DayPartition(rows[i].Time) }, func(b driver.Batch, i int) error {
 		r := &rows[i]
 		return b.Append(r.EventID, r.Time, ms(r.Time), r.OrgID, r.OwnerID, r.AgentID, r.RoomID, r.ExecutionID, r.Model,
 			r.InputTokens, r.OutputTokens, r.CacheReadTokens, r.CacheWriteTokens, r.Reasoning,
@@ -185,14 +221,15 @@ func (s *Store) InsertUsage(ctx context.Context, rows []UsageRow) error {
 }
 
 func (s *Store) insertDeadLetters(ctx context.Context, rows []DeadLetter) error {
-	return s.send(ctx, "dead_letters", "time, topic, partition, offset, key, raw, stage, reason, received_at", len(rows), func(b driver.Batch, i int) error {
-		r := &rows[i]
-		return b.Append(r.Time, r.Topic, r.Partition, r.Offset, r.Key, r.Raw, r.Stage, r.Reason, r.ReceivedAt)
-	})
+	return s.send(ctx, "dead_letters", "time, topic, partition, offset, key, raw, stage, reason, raw_bytes, raw_truncated, received_at", len(rows),
+		func(i int) uint32 { return MonthPartition(rows[i].Time) }, func(b driver.Batch, i int) error {
+			r := &rows[i]
+			return b.Append(r.Time, r.Topic, r.Partition, r.Offset, r.Key, r.Raw, r.Stage, r.Reason, r.RawBytes, b2u(r.RawTruncated), r.ReceivedAt)
+		})
 }
 
 func (s *Store) insertDirectory(ctx context.Context, rows []DirectoryRow) error {
-	return s.send(ctx, "directory", "kind, id, org_id, handle, name, owner_id, model, description, personal_registry_access, shared_with_org, global, listed, suspended, event_id, updated_at, version", len(rows), func(b driver.Batch, i int) error {
+	return s.send(ctx, "directory", "kind, id, org_id, handle, name, owner_id, model, description, personal_registry_access, shared_with_org, global, listed, suspended, event_id, updated_at, version", len(rows), nil, func(b driver.Batch, i int) error {
 		r := &rows[i]
 		return b.Append(r.Kind, r.ID, r.OrgID, r.Handle, r.Name, r.OwnerID, r.Model, r.Desc,
 			b2u(r.PersonalRegistryAccess), b2u(r.SharedWithOrg), b2u(r.Global), b2u(r.Listed), b2u(r.Suspended),
@@ -220,52 +257,38 @@ func (s *Store) LoadDirectory(ctx context.Context) ([]DirectoryRow, error) {
 	return out, rows.Err()
 }
 
-// UnattributedParties lists the actors and subjects of events stored without an
-// organization; the consumer reads it at start (org "" is a key prefix: cheap).
-func (s *Store) UnattributedParties(ctx context.Context) ([]string, error) {
-	return s.strings(ctx, "SELECT DISTINCT if(actor_id != '', actor_id, subject_id) FROM "+s.db+".events WHERE org_id = ''")
+// UnattributedParties returns the actors and subjects of events stored without an
+// organization since the given time (ingested_at), each with the last time one was
+// stored. The consumer reads it at start; org "" is a key prefix, so the scan is cheap.
+func (s *Store) UnattributedParties(ctx context.Context, since time.Time) (map[string]time.Time, error) {
+	return s.lastSeen(ctx, "SELECT if(actor_id != '', actor_id, subject_id) AS party, toUInt64(max(ingested_at)) * 1000000000 FROM "+s.db+
+		".events WHERE org_id = '' AND ingested_at >= ? GROUP BY party", since.UTC())
 }
 
-// UnattributedIDs returns which of ids are stored without an organization.
-func (s *Store) UnattributedIDs(ctx context.Context, ids []string) (map[string]bool, error) {
-	out := map[string]bool{}
-	if len(ids) == 0 {
-		return out, nil
-	}
-	rows, err := s.conn.Query(ctx, "SELECT DISTINCT id FROM "+s.db+".events WHERE org_id = '' AND has(?, id)", ids)
-	if err != nil {
-		return nil, fmt.Errorf("cannot look up unattributed events in %s.events: %w", s.db, err)
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var id string
-		if err := rows.Scan(&id); err != nil {
-			return nil, err
-		}
-		out[id] = true
-	}
-	return out, rows.Err()
+// UnpricedAgents returns the agents with usage written without a price because no
+// model was known, since the given time (a usage row's version is its write time),
+// each with the last such write. It reads without FINAL: an agent whose usage was
+// repriced since may be listed, which costs one reprice that changes nothing.
+func (s *Store) UnpricedAgents(ctx context.Context, since time.Time) (map[string]time.Time, error) {
+	return s.lastSeen(ctx, "SELECT agent_id, max(version) FROM "+s.db+
+		".usage WHERE priced = 0 AND model = 'unknown' AND version >= ? GROUP BY agent_id", uint64(max(since.UnixNano(), 0)))
 }
 
-// UnpricedAgents lists the agents with usage stored without a price because no model
-// was known.
-func (s *Store) UnpricedAgents(ctx context.Context) ([]string, error) {
-	return s.strings(ctx, "SELECT DISTINCT agent_id FROM "+s.db+".usage FINAL WHERE priced = 0 AND model = 'unknown'")
-}
-
-func (s *Store) strings(ctx context.Context, q string, args ...any) ([]string, error) {
+// lastSeen runs q, whose rows are (key, UInt64 nanoseconds since 1970).
+func (s *Store) lastSeen(ctx context.Context, q string, args ...any) (map[string]time.Time, error) {
 	rows, err := s.conn.Query(ctx, q, args...)
 	if err != nil {
 		return nil, fmt.Errorf("cannot query %s: %w", s.db, err)
 	}
 	defer rows.Close()
-	var out []string
+	out := map[string]time.Time{}
 	for rows.Next() {
-		var v string
-		if err := rows.Scan(&v); err != nil {
-			return nil, err
+		var k string
+		var ns uint64
+		if err := rows.Scan(&k, &ns); err != nil {
+			return nil, fmt.Errorf("cannot read from %s: %w", s.db, err)
 		}
-		out = append(out, v)
+		out[k] = time.Unix(0, int64(ns)).UTC()
 	}
 	return out, rows.Err()
 }
