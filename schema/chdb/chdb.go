@@ -1,7 +1,9 @@
 // Package chdb owns bandplane's ClickHouse database: connecting, the embedded
 // versioned migrations, the schema-version check services run before they start, and
 // retention by partition drop. Everything here runs on ClickHouse 18.16 and on current
-// releases (see the version note in the design brief).
+// releases: it avoids what 18.16 lacks (DateTime64, TTL, Map, LowCardinality, window
+// functions, ADD COLUMN IF NOT EXISTS) and what current releases refuse (a JOIN
+// subquery without an alias, positional ORDER BY, an INSERT block over 100 partitions).
 package chdb
 
 import (

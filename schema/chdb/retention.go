@@ -49,6 +49,13 @@ type partitioning struct {
 
 // ApplyRetention drops every partition whose newest possible row is older than now
 // minus the table's retention. With dryRun it only lists them.
+//
+// Before it drops a table's partitions it records the cut in retention_cuts: before is
+// the end of the newest partition it drops, so every row it removes is older than
+// that. Verify (ingest/seal) treats sealed events older than the latest cut as expired,
+// not missing. The cut is written first so that a run stopped half-way never leaves
+// dropped rows without one; a cut whose drops failed only excuses rows that are still
+// there.
 func ApplyRetention(ctx context.Context, conn driver.Conn, db string, r Retention, now time.Time, dryRun bool) ([]Dropped, error) {
 	if err := r.Validate(); err != nil {
 		return nil, err
@@ -69,22 +76,81 @@ func ApplyRetention(ctx context.Context, conn driver.Conn, db string, r Retentio
 		if err != nil {
 			return out, err
 		}
+		var drop []string
+		var before time.Time
 		for _, p := range parts {
 			end, err := partitionEnd(p, t.monthly)
 			if err != nil {
 				return out, fmt.Errorf("table %s.%s: %w", db, t.table, err)
 			}
 			if !end.After(cutoff) {
-				if !dryRun {
-					if err := conn.Exec(ctx, fmt.Sprintf("ALTER TABLE %s.%s DROP PARTITION %s", db, t.table, p)); err != nil {
-						return out, fmt.Errorf("cannot drop partition %s of %s.%s: %w", p, db, t.table, err)
-					}
+				drop = append(drop, p)
+				if end.After(before) {
+					before = end
 				}
-				out = append(out, Dropped{Table: t.table, Partition: p})
 			}
+		}
+		if len(drop) == 0 {
+			continue
+		}
+		if !dryRun {
+			if err := recordCut(ctx, conn, db, t.table, before, now, len(drop)); err != nil {
+				return out, err
+			}
+		}
+		for _, p := range drop {
+			if !dryRun {
+				if err := conn.Exec(ctx, fmt.Sprintf("ALTER TABLE %s.%s DROP PARTITION %s", db, t.table, p)); err != nil {
+					return out, fmt.Errorf("cannot drop partition %s of %s.%s: %w", p, db, t.table, err)
+				}
+			}
+			out = append(out, Dropped{Table: t.table, Partition: p})
 		}
 	}
 	return out, nil
+}
+
+// Cut is one retention run's drop of a table's partitions: every row it removed was
+// older than Before.
+type Cut struct {
+	Table      string
+	Before     time.Time
+	At         time.Time
+	Partitions uint64
+}
+
+func recordCut(ctx context.Context, conn driver.Conn, db, table string, before, at time.Time, partitions int) error {
+	b, err := conn.PrepareBatch(ctx, "INSERT INTO "+db+".retention_cuts (table_name, before, at, partitions)")
+	if err != nil {
+		return fmt.Errorf("cannot prepare insert into %s.retention_cuts: %w", db, err)
+	}
+	defer b.Abort()
+	if err := b.Append(table, before.UTC(), at.UTC(), uint64(partitions)); err != nil {
+		return fmt.Errorf("cannot record the retention cut of %s.%s: %w", db, table, err)
+	}
+	if err := b.Send(); err != nil {
+		return fmt.Errorf("cannot record the retention cut of %s.%s in %s.retention_cuts: %w", db, table, db, err)
+	}
+	return nil
+}
+
+// RetentionCuts lists the recorded cuts of a table, oldest first.
+func RetentionCuts(ctx context.Context, conn driver.Conn, db, table string) ([]Cut, error) {
+	rows, err := conn.Query(ctx, "SELECT table_name, before, at, partitions FROM "+db+".retention_cuts WHERE table_name = ? ORDER BY at, before", table)
+	if err != nil {
+		return nil, fmt.Errorf("cannot read %s.retention_cuts: %w", db, err)
+	}
+	defer rows.Close()
+	var out []Cut
+	for rows.Next() {
+		var c Cut
+		if err := rows.Scan(&c.Table, &c.Before, &c.At, &c.Partitions); err != nil {
+			return nil, fmt.Errorf("cannot read a row of %s.retention_cuts: %w", db, err)
+		}
+		c.Before, c.At = c.Before.UTC(), c.At.UTC()
+		out = append(out, c)
+	}
+	return out, rows.Err()
 }
 
 func partitions(ctx context.Context, conn driver.Conn, db, table string) ([]string, error) {

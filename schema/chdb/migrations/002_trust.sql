@@ -19,7 +19,9 @@ ORDER BY id;
 -- organization. A seal commits to its entries (seal_entries) by root, to the previous
 -- seal of the organization by prev, and is signed with the audit key (Ed25519).
 -- through is the ingest watermark: every event row ingested before it was sealed by
--- this seal or an earlier one.
+-- this seal or an earlier one. Two sealers may write seal n+1 from the same head (a
+-- fork): hash is part of the key so both are kept, and verify accepts both (see
+-- ingest/seal); an ALTER … UPDATE cannot change a key column.
 CREATE TABLE IF NOT EXISTS {db}.seals (
     org_id     String,
     seq        UInt64,
@@ -34,18 +36,20 @@ CREATE TABLE IF NOT EXISTS {db}.seals (
     key_id     String,
     signature  String
 ) ENGINE = ReplacingMergeTree()
-ORDER BY (org_id, seq);
+ORDER BY (org_id, seq, hash);
 
--- The events each seal covers, with the digest of each event's content as sealed.
+-- The events each seal covers (seal = the seal's hash), with the digest of each
+-- event's content as sealed.
 CREATE TABLE IF NOT EXISTS {db}.seal_entries (
     org_id  String,
     seq     UInt64,
+    seal    String,
     time    DateTime('UTC'),
     time_ms UInt16,
     id      String,
     digest  String
 ) ENGINE = ReplacingMergeTree()
-ORDER BY (org_id, seq, id);
+ORDER BY (org_id, seq, seal, id, time);
 
 -- Partitions dropped by `bandplane retention`: verify treats sealed events older than
 -- the latest cut of their table as expired, not missing.
