@@ -3,31 +3,55 @@ package graph
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"strings"
+
+	"github.com/bandplane/bandplane/policy/keys"
 )
 
-// Authorizer decides whether the caller holding token may read orgID's data. It is
-// asked before every query, may block on a token store, and returns nil to allow, or
-// an error wrapping ErrUnauthenticated (no or unknown token) or ErrForbidden (the token
-// is not valid for orgID). token is "" when the request carried none.
-//
-// Per-organization bearer tokens are a later issue; until then the server allows
-// everything (AllowAll).
-type Authorizer interface {
-	AuthorizeOrg(ctx context.Context, token, orgID string) error
-}
+// Every field is authorized with the request's API key (README, "Keys and roles"): the
+// key must have one of the field's roles, and may read only its own organization (a
+// platform key, org '*', may name any). The roles of each field are in graph/README.md.
+var (
+	// readers may read costs and usage.
+	readers = []keys.Role{keys.RoleViewer, keys.RoleManager, keys.RoleCompliance, keys.RoleAdmin}
+	// auditors may read the audit trail, message content included.
+	auditors = []keys.Role{keys.RoleCompliance, keys.RoleAdmin}
+)
 
-// Errors an Authorizer returns; the API reports them as UNAUTHENTICATED and FORBIDDEN.
+// Errors of authorize; the API reports them as UNAUTHENTICATED and FORBIDDEN.
 var (
 	ErrUnauthenticated = errors.New("unauthenticated")
 	ErrForbidden       = errors.New("forbidden")
 )
 
-// AllowAll is the Authorizer used until tokens exist: every caller may read every org.
-type AllowAll struct{}
+// authorize checks the request's key against a field that reads orgID's data.
+func (r *Resolver) authorize(ctx context.Context, orgID string, roles []keys.Role) error {
+	token := tokenFrom(ctx)
+	if token == "" {
+		return fmt.Errorf("no API key: send Authorization: Bearer <key> (over WebSocket: in the init payload): %w", ErrUnauthenticated)
+	}
+	k, ok := r.auth.Lookup(ctx, token)
+	if !ok {
+		return fmt.Errorf("unknown or revoked API key: %w", ErrUnauthenticated)
+	}
+	if !k.Has(roles...) {
+		return fmt.Errorf("key %s has role %s; this field needs one of %s: %w", k.ID, k.Role, roleList(roles), ErrForbidden)
+	}
+	if !k.MayActOn(orgID) {
+		return fmt.Errorf("key %s of organization %q may not read organization %q: %w", k.ID, k.Org, orgID, ErrForbidden)
+	}
+	return nil
+}
 
-func (AllowAll) AuthorizeOrg(context.Context, string, string) error { return nil }
+func roleList(roles []keys.Role) string {
+	s := make([]string, len(roles))
+	for i, r := range roles {
+		s[i] = string(r)
+	}
+	return strings.Join(s, ", ")
+}
 
 type tokenKey struct{}
 
@@ -55,15 +79,16 @@ func parseBearer(v string) (string, error) {
 	return token, nil
 }
 
-// bearer reads the optional Authorization header of HTTP requests and of the
-// WebSocket upgrade. Browsers cannot set headers on a WebSocket, so the transport's
-// init payload may carry it instead (see NewHandler).
+// bearer reads the Authorization header of HTTP requests and of the WebSocket upgrade.
+// Browsers cannot set headers on a WebSocket, so the transport's init payload may carry
+// it instead (see NewHandler). Whether a key is needed is the field's business: a
+// request without one gets UNAUTHENTICATED from every field that reads data.
 func bearer(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		token, err := parseBearer(r.Header.Get("Authorization"))
 		if err != nil {
-			w.Header().Set("WWW-Authenticate", "Bearer")
-			http.Error(w, err.Error(), http.StatusUnauthorized)
+			w.Header().Set("WWW-Authenticate", `Bearer realm="bandplane"`)
+			keys.WriteError(w, http.StatusUnauthorized, "unauthenticated", err.Error())
 			return
 		}
 		next.ServeHTTP(w, r.WithContext(withToken(r.Context(), token)))

@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -20,6 +19,7 @@ import (
 	"github.com/shopspring/decimal"
 
 	"github.com/bandplane/bandplane/graph"
+	"github.com/bandplane/bandplane/policy/keys"
 	"github.com/bandplane/bandplane/query"
 )
 
@@ -54,17 +54,32 @@ func (f *fakeQuerier) AuditEvents(_ context.Context, q query.AuditQuery) (query.
 	return f.page, f.err
 }
 
-// tokenAuth allows token "tok-<org>" to read org.
-type tokenAuth struct{}
+// fakeKeys is a key store: tokens are "tok-<name>".
+type fakeKeys map[string]keys.Key
 
-func (tokenAuth) AuthorizeOrg(_ context.Context, token, orgID string) error {
-	switch {
-	case token == "":
-		return fmt.Errorf("no bearer token: %w", graph.ErrUnauthenticated)
-	case token != "tok-"+orgID:
-		return fmt.Errorf("token may not read org %q: %w", orgID, graph.ErrForbidden)
-	}
-	return nil
+func (f fakeKeys) Lookup(_ context.Context, token string) (keys.Key, bool) {
+	k, ok := f[token]
+	return k, ok
+}
+
+var testKeys = fakeKeys{
+	"tok-admin":        {ID: "k-admin", Org: keys.PlatformOrg, Role: keys.RoleAdmin},
+	"tok-a-compliance": {ID: "k-a-comp", Org: "org-a", Role: keys.RoleCompliance},
+	"tok-a-viewer":     {ID: "k-a-view", Org: "org-a", Role: keys.RoleViewer},
+	"tok-b-compliance": {ID: "k-b-comp", Org: "org-b", Role: keys.RoleCompliance},
+	"tok-a-ingest":     {ID: "k-a-ingest", Org: "org-a", Role: keys.RoleIngest},
+}
+
+// newHandler is the API with the test keys, sending the platform admin's key when a
+// request carries none.
+func newHandler(q graph.Querier, opts ...graph.Option) http.Handler {
+	h := graph.NewHandler(q, testKeys, opts...)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Authorization") == "" {
+			r.Header.Set("Authorization", "Bearer tok-admin")
+		}
+		h.ServeHTTP(w, r)
+	})
 }
 
 var (
@@ -83,7 +98,7 @@ func TestCosts(t *testing.T) {
 		Day: from, AgentID: "agent-1", Events: 3, UnpricedEvents: 1, InputTokens: 5_000_000_000, OutputTokens: 80,
 		Cost: decimal.RequireFromString("2.0012345"), Currency: "USD",
 	}}}
-	c := client.New(graph.NewHandler(fq))
+	c := client.New(newHandler(fq))
 	var resp struct{ Costs []map[string]any }
 	c.MustPost(costsQuery, &resp, client.Var("org", "org-a"), client.Var("from", from.Format(time.RFC3339)),
 		client.Var("to", "2025-03-02T01:00:00+01:00"))
@@ -104,7 +119,7 @@ func TestCosts(t *testing.T) {
 
 func TestAuditEventsArguments(t *testing.T) {
 	fq := &fakeQuerier{}
-	c := client.New(graph.NewHandler(fq))
+	c := client.New(newHandler(fq))
 	var resp struct{ AuditEvents struct{ NextCursor *string } }
 	err := c.Post(`{ auditEvents(orgId: "org-a", from: "2025-03-01T00:00:00Z", to: "2025-03-02T00:00:00.5Z",
 		roomId: "r1", actorId: "a1", types: ["tool.called", "message.posted"], limit: 5, before: "PREV") { nextCursor } }`, &resp)
@@ -126,7 +141,7 @@ func TestAuditEventsPage(t *testing.T) {
 			Data: `{"tool":"search"}`, IngestedAt: at, KafkaOffset: 42}},
 		NextCursor: "CURSOR",
 	}}
-	c := client.New(graph.NewHandler(fq))
+	c := client.New(newHandler(fq))
 	var resp struct {
 		AuditEvents struct {
 			Events []struct {
@@ -192,7 +207,7 @@ func gqlBody(q string) string {
 func TestErrors(t *testing.T) {
 	var logs bytes.Buffer
 	fq := &fakeQuerier{}
-	h := graph.NewHandler(fq, graph.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	h := newHandler(fq, graph.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
 
 	_, errs := post(t, h, gqlBody(`{ costs(orgId: "org-a", from: "2025-03-02T00:00:00Z", to: "2025-03-01T00:00:00Z") { cost } }`), nil)
 	want := []gqlError{{Message: "to: must be after from (from 2025-03-02T00:00:00Z, to 2025-03-01T00:00:00Z)",
@@ -214,37 +229,80 @@ func TestErrors(t *testing.T) {
 
 func TestAuthorizer(t *testing.T) {
 	fq := &fakeQuerier{}
-	h := graph.NewHandler(fq, graph.WithAuthorizer(tokenAuth{}))
-	body := gqlBody(`{ auditEvents(orgId: "org-a") { nextCursor } }`)
-	f := func(authorization string, wantStatus int, wantCode string) {
-		t.Helper()
-		header := http.Header{}
-		if authorization != "" {
-			header.Set("Authorization", authorization)
-		}
-		status, errs := post(t, h, body, header)
-		if status != wantStatus {
-			t.Fatalf("Authorization %q: status %d, want %d", authorization, status, wantStatus)
-		}
-		var code string
-		if len(errs) > 0 {
-			code, _ = errs[0].Extensions["code"].(string)
-		}
-		if code != wantCode {
-			t.Errorf("Authorization %q: error code %q (%+v), want %q", authorization, code, errs, wantCode)
+	h := graph.NewHandler(fq, testKeys)
+	audit := gqlBody(`{ auditEvents(orgId: "org-a") { nextCursor } }`)
+	costs := gqlBody(`{ costs(orgId: "org-a", from: "2025-03-01T00:00:00Z", to: "2025-03-02T00:00:00Z") { events } }`)
+	for _, tc := range []struct {
+		name, body, authorization string
+		wantStatus                int
+		wantCode, wantMessage     string
+	}{
+		{"no key", audit, "", http.StatusOK, "UNAUTHENTICATED", "no API key"},
+		{"unknown key", audit, "Bearer tok-nobody", http.StatusOK, "UNAUTHENTICATED", "unknown or revoked"},
+		{"another organization", audit, "Bearer tok-b-compliance", http.StatusOK, "FORBIDDEN", `may not read organization "org-a"`},
+		{"viewer reads no audit trail", audit, "Bearer tok-a-viewer", http.StatusOK, "FORBIDDEN", "needs one of compliance, admin"},
+		{"ingest key reads nothing", costs, "Bearer tok-a-ingest", http.StatusOK, "FORBIDDEN", "has role ingest"},
+		{"compliance reads its org", audit, "Bearer tok-a-compliance", http.StatusOK, "", ""},
+		{"viewer reads costs", costs, "Bearer tok-a-viewer", http.StatusOK, "", ""},
+		{"scheme in any case", audit, "bearer tok-a-compliance", http.StatusOK, "", ""},
+		{"platform admin names an org", audit, "Bearer tok-admin", http.StatusOK, "", ""},
+		{"not bearer", audit, "Basic dTpw", http.StatusUnauthorized, "", ""},
+		{"empty bearer", audit, "Bearer ", http.StatusUnauthorized, "", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			header := http.Header{}
+			if tc.authorization != "" {
+				header.Set("Authorization", tc.authorization)
+			}
+			status, errs := post(t, h, tc.body, header)
+			if status != tc.wantStatus {
+				t.Fatalf("status %d, want %d", status, tc.wantStatus)
+			}
+			var code, msg string
+			if len(errs) > 0 {
+				code, _ = errs[0].Extensions["code"].(string)
+				msg = errs[0].Message
+			}
+			if code != tc.wantCode || !strings.Contains(msg, tc.wantMessage) {
+				t.Errorf("error %q %q (%+v), want %q containing %q", code, msg, errs, tc.wantCode, tc.wantMessage)
+			}
+			if tc.wantCode != "" && fq.gotAudit.OrgID != "" {
+				t.Errorf("the query ran although the key was refused: %+v", fq.gotAudit)
+			}
+			fq.gotAudit = query.AuditQuery{}
+		})
+	}
+}
+
+func TestLimits(t *testing.T) {
+	fq := &fakeQuerier{}
+	h := newHandler(fq, graph.WithLimits(graph.Limits{MaxBodyBytes: 200, MaxTokens: 50, MaxComplexity: 3}))
+	req := httptest.NewRequest(http.MethodPost, "/graphql", strings.NewReader(`{"query":"`+strings.Repeat(" ", 300)+`{ __typename }"}`))
+	req.Header.Set("Content-Type", "application/json")
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	if rec.Code != http.StatusRequestEntityTooLarge || !strings.Contains(rec.Body.String(), "larger than 200 bytes") {
+		t.Errorf("oversized body: %d %s", rec.Code, rec.Body)
+	}
+	// Deep nesting is refused by the parser's token limit, before it recurses far, and
+	// aliases count towards complexity.
+	for _, tc := range []struct{ name, query, want string }{
+		{"deep", strings.Repeat("{a", 40) + strings.Repeat("}", 40), "token limit"},
+		{"aliases", `{ a: auditEvents(orgId: "org-a") { nextCursor } b: auditEvents(orgId: "org-a") { nextCursor } }`, "complexity"},
+	} {
+		req := httptest.NewRequest(http.MethodPost, "/graphql", strings.NewReader(gqlBody(tc.query)))
+		req.Header.Set("Content-Type", "application/json")
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		if !strings.Contains(rec.Body.String(), tc.want) {
+			t.Errorf("%s query: %d %s, want %q", tc.name, rec.Code, rec.Body, tc.want)
 		}
 	}
-	f("", http.StatusOK, "UNAUTHENTICATED")
-	f("Bearer tok-org-b", http.StatusOK, "FORBIDDEN")
-	f("Bearer tok-org-a", http.StatusOK, "")
-	f("bearer tok-org-a", http.StatusOK, "")
-	f("Basic dTpw", http.StatusUnauthorized, "")
-	f("Bearer ", http.StatusUnauthorized, "")
 }
 
 func TestGET(t *testing.T) {
 	fq := &fakeQuerier{page: query.AuditPage{Events: []query.Event{{ID: "e1"}}}}
-	h := graph.NewHandler(fq)
+	h := newHandler(fq)
 	req := httptest.NewRequest(http.MethodGet, "/graphql?query="+url.QueryEscape(`{ auditEvents(orgId: "org-a") { events { id } } }`), nil)
 	rec := httptest.NewRecorder()
 	h.ServeHTTP(rec, req)
@@ -255,9 +313,9 @@ func TestGET(t *testing.T) {
 
 func TestWebsocket(t *testing.T) {
 	fq := &fakeQuerier{costs: []query.CostRow{{Events: 1, Cost: decimal.New(5, -1), Currency: "USD"}}}
-	c := client.New(graph.NewHandler(fq, graph.WithAuthorizer(tokenAuth{})))
+	c := client.New(graph.NewHandler(fq, testKeys))
 	sub := c.WebsocketWithPayload(`{ costs(orgId: "org-a", from: "2025-03-01T00:00:00Z", to: "2025-03-02T00:00:00Z") { events cost currency } }`,
-		map[string]any{"Authorization": "Bearer tok-org-a"})
+		map[string]any{"Authorization": "Bearer tok-a-viewer"})
 	defer sub.Close()
 	var resp struct {
 		Costs []struct {

@@ -13,6 +13,7 @@ import (
 	"github.com/vektah/gqlparser/v2/gqlerror"
 
 	"github.com/bandplane/bandplane/graph/model"
+	"github.com/bandplane/bandplane/policy/keys"
 	"github.com/bandplane/bandplane/query"
 )
 
@@ -29,12 +30,8 @@ var _ Querier = (*query.Querier)(nil)
 // Resolver is gqlgen's root resolver.
 type Resolver struct {
 	q    Querier
-	auth Authorizer
+	auth keys.Authenticator
 	log  *slog.Logger
-}
-
-func (r *Resolver) authorize(ctx context.Context, orgID string) error {
-	return r.auth.AuthorizeOrg(ctx, tokenFrom(ctx), orgID)
 }
 
 // fail turns err into what the client sees: its own mistakes and authorization

@@ -16,7 +16,7 @@ import (
 
 // Costs is the resolver for the costs field.
 func (r *queryResolver) Costs(ctx context.Context, orgID string, from time.Time, to time.Time, groupBy []model.CostDimension) ([]model.CostRow, error) {
-	if err := r.authorize(ctx, orgID); err != nil {
+	if err := r.authorize(ctx, orgID, readers); err != nil {
 		return nil, r.fail(ctx, err)
 	}
 	q := query.CostQuery{OrgID: orgID, From: from, To: to}
@@ -36,7 +36,7 @@ func (r *queryResolver) Costs(ctx context.Context, orgID string, from time.Time,
 
 // AuditEvents is the resolver for the auditEvents field.
 func (r *queryResolver) AuditEvents(ctx context.Context, orgID string, from *time.Time, to *time.Time, roomID *string, actorID *string, types []string, limit *int, before *string) (*model.AuditPage, error) {
-	if err := r.authorize(ctx, orgID); err != nil {
+	if err := r.authorize(ctx, orgID, auditors); err != nil {
 		return nil, r.fail(ctx, err)
 	}
 	page, err := r.q.AuditEvents(ctx, query.AuditQuery{

@@ -3,15 +3,18 @@ package ingest
 import (
 	"bytes"
 	"context"
-	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
-	"strings"
+	"time"
 
+	kafkago "github.com/segmentio/kafka-go"
+
+	"github.com/bandplane/bandplane/ingest/kafka"
+	"github.com/bandplane/bandplane/policy/keys"
 	"github.com/bandplane/bandplane/schema"
 )
 
@@ -20,6 +23,20 @@ import (
 // been written; retrying the whole call is harmless because ids are idempotency keys).
 type Producer interface {
 	Produce(ctx context.Context, events []schema.Event) error
+}
+
+// MessageProducer is Producer for events the caller has encoded already (the collector
+// encodes each line once, to hold it to the message limit). *kafka.Producer implements
+// both.
+type MessageProducer interface {
+	ProduceMessages(ctx context.Context, msgs []kafkago.Message) error
+}
+
+// Registrations says which organization an agent or a person is registered in; the
+// collector reads it to keep an organization's key from writing as another
+// organization's party. *policy.Directory implements it.
+type Registrations interface {
+	OrgOf(id string) (org string, known bool)
 }
 
 // Reject is one input line that was refused, and why.
@@ -48,7 +65,8 @@ func DecodeLines(lines [][]byte) ([]schema.Event, []Reject) {
 }
 
 // ProducerSink sends lines the way the collector does, without HTTP: decode, validate,
-// produce. The simulator uses it to write to Kafka directly.
+// produce. The simulator uses it to write to Kafka directly (as the routing core would:
+// with the rights of a platform key).
 type ProducerSink struct{ Producer Producer }
 
 func (s ProducerSink) Send(ctx context.Context, lines [][]byte) error {
@@ -59,11 +77,29 @@ func (s ProducerSink) Send(ctx context.Context, lines [][]byte) error {
 	return s.Producer.Produce(ctx, events)
 }
 
+// Defaults of the collector's limits (serve's flags).
+const (
+	DefaultMaxBodyBytes = 16 << 20
+	DefaultMaxEventAge  = 400 * 24 * time.Hour // the events retention (bandplane retention --events)
+	DefaultMaxClockSkew = time.Hour
+)
+
 // CollectorConfig configures the HTTP collector.
 type CollectorConfig struct {
-	Producer     Producer
-	Token        string // bearer token clients must send
-	MaxBodyBytes int64
+	Producer MessageProducer
+	// Auth authenticates every request; the key needs the ingest role.
+	Auth keys.Authenticator
+	// Registrations, when set, refuses lines of an organization's key whose actor or
+	// subject is registered in another organization.
+	Registrations Registrations
+	MaxBodyBytes  int64 // default DefaultMaxBodyBytes; larger bodies are answered 413
+	// MaxEventBytes bounds one encoded event (default kafka.MaxEventBytes): a larger
+	// line is a line error, never a request-wide 503.
+	MaxEventBytes int
+	// Events older than MaxEventAge or more than MaxClockSkew in the future are refused.
+	MaxEventAge  time.Duration    // default DefaultMaxEventAge
+	MaxClockSkew time.Duration    // default DefaultMaxClockSkew
+	Now          func() time.Time // default time.Now
 	Logger       *slog.Logger
 	Metrics      *Metrics
 }
@@ -73,28 +109,58 @@ func (c *CollectorConfig) Validate() error {
 	if c.Producer == nil {
 		errs = append(errs, errors.New("collector: no producer"))
 	}
-	if c.Token == "" {
-		errs = append(errs, errors.New("collector: no bearer token (--collector-token or BANDPLANE_COLLECTOR_TOKEN)"))
+	if c.Auth == nil {
+		errs = append(errs, errors.New("collector: no key store to authenticate with"))
+	}
+	if c.MaxBodyBytes < 0 {
+		errs = append(errs, fmt.Errorf("collector: --max-body must be > 0, got %d", c.MaxBodyBytes))
+	}
+	if c.MaxEventBytes < 0 || c.MaxEventBytes > kafka.MaxEventBytes {
+		errs = append(errs, fmt.Errorf("collector: the event size limit must be between 1 and %d (Kafka's message limit), got %d", kafka.MaxEventBytes, c.MaxEventBytes))
+	}
+	if c.MaxEventAge < 0 {
+		errs = append(errs, fmt.Errorf("collector: --max-event-age must be > 0, got %s", c.MaxEventAge))
+	}
+	if c.MaxClockSkew < 0 {
+		errs = append(errs, fmt.Errorf("collector: --max-clock-skew must be >= 0, got %s", c.MaxClockSkew))
 	}
 	return errors.Join(errs...)
 }
 
 // Collector serves POST /v1/events: a JSON array or NDJSON of canonical events or
-// platform frames. Valid lines are produced to Kafka; the answer counts accepted and
-// rejected lines and gives each rejected line's reason. A request is all-or-nothing
-// towards Kafka only in the sense that a produce failure answers 503 and the client
-// retries the whole request, which event ids make harmless.
+// platform frames. Each line is decoded, validated and held to the key's rights; valid
+// lines are produced to Kafka; the answer counts accepted and rejected lines and gives
+// each rejected line's reason. A produce failure answers 503 and the client retries the
+// whole request, which event ids make harmless.
+//
+// The key's rights (README, "Keys and roles"): nobody writes bandplane's own types or
+// sources; only platform keys write directory and governance types; an organization's
+// key writes events of its organization only (an event without org_id gets the key's),
+// and not as a party registered in another organization.
 type Collector struct {
-	cfg CollectorConfig
-	log *slog.Logger
+	cfg     CollectorConfig
+	log     *slog.Logger
+	handler http.Handler
 }
 
 func NewCollector(cfg CollectorConfig) (*Collector, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	if cfg.MaxBodyBytes <= 0 {
-		cfg.MaxBodyBytes = 16 << 20
+	if cfg.MaxBodyBytes == 0 {
+		cfg.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if cfg.MaxEventBytes == 0 {
+		cfg.MaxEventBytes = kafka.MaxEventBytes
+	}
+	if cfg.MaxEventAge == 0 {
+		cfg.MaxEventAge = DefaultMaxEventAge
+	}
+	if cfg.MaxClockSkew == 0 {
+		cfg.MaxClockSkew = DefaultMaxClockSkew
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
@@ -102,7 +168,9 @@ func NewCollector(cfg CollectorConfig) (*Collector, error) {
 	if cfg.Metrics == nil {
 		cfg.Metrics = NewMetrics(nil)
 	}
-	return &Collector{cfg: cfg, log: cfg.Logger.With("component", "collector")}, nil
+	c := &Collector{cfg: cfg, log: cfg.Logger.With("component", "collector")}
+	c.handler = keys.Require(cfg.Auth, keys.RoleIngest)(http.HandlerFunc(c.collect))
+	return c, nil
 }
 
 // CollectorResponse is the JSON answer of POST /v1/events.
@@ -111,65 +179,152 @@ type CollectorResponse struct {
 	Rejected int      `json:"rejected"`
 	Errors   []Reject `json:"errors,omitempty"`
 	Error    string   `json:"error,omitempty"`
+	Code     string   `json:"code,omitempty"`
 }
 
 const maxListedRejects = 1000
 
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(v)
-}
-
 func (c *Collector) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodPost {
 		w.Header().Set("Allow", http.MethodPost)
-		writeJSON(w, http.StatusMethodNotAllowed, CollectorResponse{Error: "use POST"})
+		keys.WriteJSON(w, http.StatusMethodNotAllowed, CollectorResponse{Error: "use POST", Code: "method_not_allowed"})
 		return
 	}
-	auth := r.Header.Get("Authorization")
-	token, ok := strings.CutPrefix(auth, "Bearer ")
-	if !ok || subtle.ConstantTimeCompare([]byte(token), []byte(c.cfg.Token)) != 1 {
-		w.Header().Set("WWW-Authenticate", `Bearer realm="bandplane"`)
-		writeJSON(w, http.StatusUnauthorized, CollectorResponse{Error: "missing or wrong bearer token"})
-		return
-	}
+	c.handler.ServeHTTP(w, r)
+}
+
+func (c *Collector) collect(w http.ResponseWriter, r *http.Request) {
+	key, _ := keys.FromContext(r.Context())
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, c.cfg.MaxBodyBytes))
 	if err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
-			writeJSON(w, http.StatusRequestEntityTooLarge, CollectorResponse{Error: fmt.Sprintf("request body is larger than %d bytes; send smaller batches", c.cfg.MaxBodyBytes)})
+			keys.WriteJSON(w, http.StatusRequestEntityTooLarge, CollectorResponse{Code: "too_large",
+				Error: fmt.Sprintf("request body is larger than %d bytes (--max-body); send smaller batches", c.cfg.MaxBodyBytes)})
 			return
 		}
-		writeJSON(w, http.StatusBadRequest, CollectorResponse{Error: "cannot read request body: " + err.Error()})
+		keys.WriteJSON(w, http.StatusBadRequest, CollectorResponse{Code: "bad_request", Error: "cannot read request body: " + err.Error()})
 		return
 	}
 	lines, err := splitBody(body)
 	if err != nil {
-		writeJSON(w, http.StatusBadRequest, CollectorResponse{Error: err.Error()})
+		keys.WriteJSON(w, http.StatusBadRequest, CollectorResponse{Code: "bad_request", Error: err.Error()})
 		return
 	}
-	events, rejects := DecodeLines(lines)
-	resp := CollectorResponse{Accepted: len(events), Rejected: len(rejects), Errors: rejects}
+	now := c.cfg.Now()
+	msgs := make([]kafkago.Message, 0, len(lines))
+	var rejects []Reject
+	for i, l := range lines {
+		if len(bytes.TrimSpace(l)) == 0 {
+			continue
+		}
+		m, err := c.line(key, l, now)
+		if err != nil {
+			rejects = append(rejects, Reject{Line: i + 1, Reason: err.Error()})
+			continue
+		}
+		msgs = append(msgs, m)
+	}
+	if len(msgs) == 0 && len(rejects) == 0 {
+		keys.WriteJSON(w, http.StatusBadRequest, CollectorResponse{Code: "bad_request", Error: "the request body holds no events (NDJSON or a JSON array of events)"})
+		return
+	}
+	resp := CollectorResponse{Accepted: len(msgs), Rejected: len(rejects), Errors: rejects}
 	if len(resp.Errors) > maxListedRejects {
 		resp.Errors = resp.Errors[:maxListedRejects]
 	}
 	c.cfg.Metrics.CollectorLines.WithLabelValues("rejected").Add(float64(len(rejects)))
-	if len(events) > 0 {
-		if err := c.cfg.Producer.Produce(r.Context(), events); err != nil {
+	if len(msgs) > 0 {
+		if err := c.cfg.Producer.ProduceMessages(r.Context(), msgs); err != nil {
 			c.cfg.Metrics.CollectorErrors.Inc()
-			c.log.Error("cannot produce collected events", "err", err, "events", len(events))
-			writeJSON(w, http.StatusServiceUnavailable, CollectorResponse{Rejected: len(rejects), Errors: resp.Errors,
+			c.log.Error("cannot produce collected events", "err", err, "events", len(msgs), "key_id", key.ID)
+			w.Header().Set("Retry-After", "1")
+			keys.WriteJSON(w, http.StatusServiceUnavailable, CollectorResponse{Rejected: len(rejects), Errors: resp.Errors, Code: "unavailable",
 				Error: "cannot write to kafka, nothing from this request is guaranteed stored; retry: " + err.Error()})
 			return
 		}
-		c.cfg.Metrics.CollectorLines.WithLabelValues("accepted").Add(float64(len(events)))
+		c.cfg.Metrics.CollectorLines.WithLabelValues("accepted").Add(float64(len(msgs)))
 	}
 	status := http.StatusOK
-	if len(events) == 0 && len(rejects) > 0 {
+	if len(msgs) == 0 {
 		status = http.StatusBadRequest
+		resp.Code, resp.Error = "rejected", fmt.Sprintf("all %d lines were refused; each one's reason is in errors", len(rejects))
 	}
-	writeJSON(w, status, resp)
+	keys.WriteJSON(w, status, resp)
+}
+
+// line decodes one line, holds it to the key's rights and the accepted time window,
+// and encodes it as the message to produce.
+func (c *Collector) line(key keys.Key, l []byte, now time.Time) (kafkago.Message, error) {
+	ev, err := schema.DecodeAt(l, now)
+	if err != nil {
+		return kafkago.Message{}, err
+	}
+	if err := c.mayWrite(key, &ev); err != nil {
+		return kafkago.Message{}, err
+	}
+	if oldest := now.Add(-c.cfg.MaxEventAge); ev.Time.Before(oldest) {
+		return kafkago.Message{}, fmt.Errorf("time: %s is older than the accepted window of %s (--max-event-age)",
+			ev.Time.Format(time.RFC3339Nano), c.cfg.MaxEventAge)
+	}
+	if newest := now.Add(c.cfg.MaxClockSkew); ev.Time.After(newest) {
+		return kafkago.Message{}, fmt.Errorf("time: %s is more than %s ahead of the collector's clock (%s; --max-clock-skew)",
+			ev.Time.Format(time.RFC3339Nano), c.cfg.MaxClockSkew, now.UTC().Format(time.RFC3339))
+	}
+	b, err := json.Marshal(&ev)
+	if err != nil {
+		return kafkago.Message{}, fmt.Errorf("cannot encode the event: %w", err)
+	}
+	if len(b) > c.cfg.MaxEventBytes {
+		return kafkago.Message{}, fmt.Errorf("the event is %d bytes once encoded, more than the %d bytes one Kafka message may carry; send its content in smaller events",
+			len(b), c.cfg.MaxEventBytes)
+	}
+	return kafkago.Message{Key: []byte(ev.Key()), Value: b}, nil
+}
+
+// mayWrite holds an event to the key's rights; an organization's event without org_id
+// is stamped with the key's organization.
+func (c *Collector) mayWrite(key keys.Key, ev *schema.Event) error {
+	if schema.OwnType(ev.Type) {
+		return fmt.Errorf("type: %q is written only by bandplane itself, never through the collector", ev.Type)
+	}
+	if schema.OwnSource(ev.Source) {
+		return fmt.Errorf("source: %q is reserved for the events bandplane itself writes", ev.Source)
+	}
+	if key.Platform() {
+		return nil
+	}
+	if schema.PlatformOnlyType(ev.Type) {
+		return fmt.Errorf("type: %q changes the directory or governance and needs a platform ingest key (--org '*'); key %s belongs to organization %q",
+			ev.Type, key.ID, key.Org)
+	}
+	if ev.OrgID == "" {
+		ev.OrgID = key.Org
+	} else if ev.OrgID != key.Org {
+		return fmt.Errorf("org_id: %q is not the organization of key %s (%q)", ev.OrgID, key.ID, key.Org)
+	}
+	if c.cfg.Registrations == nil {
+		return nil
+	}
+	for _, p := range [...]struct {
+		field string
+		id    string
+	}{{"actor.id", ev.Actor.ID}, {"subject.id", subjectID(ev)}} {
+		if p.id == "" {
+			continue
+		}
+		if org, known := c.cfg.Registrations.OrgOf(p.id); known && org != key.Org {
+			return fmt.Errorf("%s: %q is registered in another organization than key %s's (%q)", p.field, p.id, key.ID, key.Org)
+		}
+	}
+	return nil
+}
+
+func subjectID(ev *schema.Event) string {
+	if ev.Subject == nil {
+		return ""
+	}
+	return ev.Subject.ID
 }
 
 // splitBody returns the lines of an NDJSON body, or the elements of a JSON array (each
@@ -177,15 +332,78 @@ func (c *Collector) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 func splitBody(body []byte) ([][]byte, error) {
 	trimmed := bytes.TrimSpace(body)
 	if len(trimmed) > 0 && trimmed[0] == '[' {
-		var elems []json.RawMessage
-		if err := json.Unmarshal(trimmed, &elems); err != nil {
-			return nil, fmt.Errorf("body starts with '[' but is not a JSON array: %v", err)
-		}
-		out := make([][]byte, len(elems))
-		for i, e := range elems {
-			out[i] = e
-		}
-		return out, nil
+		return splitArray(trimmed)
 	}
 	return bytes.Split(body, []byte("\n")), nil
+}
+
+// splitArray returns the elements of a JSON array without decoding them: a scan that
+// tracks strings and bracket depth as counters, so no nesting can make it recurse. Each
+// element is then decoded (and guarded) as a line.
+func splitArray(b []byte) ([][]byte, error) {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("body starts with '[' but is not a JSON array: "+format, args...)
+	}
+	var out [][]byte
+	depth, start := 0, -1
+	inString, escaped := false, false
+	for i := 0; i < len(b); i++ {
+		ch := b[i]
+		if inString {
+			switch {
+			case escaped:
+				escaped = false
+			case ch == '\\':
+				escaped = true
+			case ch == '"':
+				inString = false
+			}
+			continue
+		}
+		switch ch {
+		case '"':
+			inString = true
+		case '[', '{':
+			depth++
+			if depth == 2 && start < 0 {
+				start = i
+			}
+			continue
+		case ']', '}':
+			depth--
+			if depth < 0 {
+				return nil, bad("unbalanced %q at offset %d", ch, i)
+			}
+			if depth == 0 {
+				if ch != ']' {
+					return nil, bad("unbalanced %q at offset %d", ch, i)
+				}
+				if start >= 0 {
+					out = append(out, bytes.TrimSpace(b[start:i]))
+				} else if len(out) > 0 {
+					return nil, bad("trailing ',' before offset %d", i)
+				}
+				if rest := bytes.TrimSpace(b[i+1:]); len(rest) > 0 {
+					return nil, bad("unexpected data after the array at offset %d", i+1)
+				}
+				return out, nil
+			}
+			continue
+		case ',':
+			if depth == 1 {
+				if start < 0 {
+					return nil, bad("empty element before offset %d", i)
+				}
+				out = append(out, bytes.TrimSpace(b[start:i]))
+				start = -1
+				continue
+			}
+		case ' ', '\t', '\r', '\n':
+			continue
+		}
+		if depth == 1 && start < 0 {
+			start = i
+		}
+	}
+	return nil, bad("it ends before its closing ']'")
 }

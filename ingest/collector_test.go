@@ -10,11 +10,15 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
+	kafkago "github.com/segmentio/kafka-go"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/bandplane/bandplane/ingest"
+	"github.com/bandplane/bandplane/ingest/kafka"
+	"github.com/bandplane/bandplane/policy/keys"
 	"github.com/bandplane/bandplane/schema"
 )
 
@@ -24,20 +28,65 @@ type fakeProducer struct {
 	err    error
 }
 
-func (p *fakeProducer) Produce(_ context.Context, evs []schema.Event) error {
+func (p *fakeProducer) ProduceMessages(_ context.Context, msgs []kafkago.Message) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.err != nil {
 		return p.err
 	}
-	p.events = append(p.events, evs...)
+	for _, m := range msgs {
+		var ev schema.Event
+		if err := json.Unmarshal(m.Value, &ev); err != nil {
+			return err
+		}
+		if string(m.Key) != ev.Key() {
+			return errors.New("message key is not the event's partition key")
+		}
+		p.events = append(p.events, ev)
+	}
 	return nil
 }
 
-func collect(t *testing.T, prod *fakeProducer, maxBody int64, token, body string) (int, ingest.CollectorResponse) {
+// fakeKeys is a key store: a token maps to its key.
+type fakeKeys map[string]keys.Key
+
+func (f fakeKeys) Lookup(_ context.Context, token string) (keys.Key, bool) {
+	k, ok := f[token]
+	return k, ok
+}
+
+var collectorKeys = fakeKeys{
+	"s3cret":     {ID: "k-platform", Org: keys.PlatformOrg, Role: keys.RoleIngest},
+	"acme":       {ID: "k-acme", Org: "org-acme", Role: keys.RoleIngest},
+	"acme-admin": {ID: "k-acme-admin", Org: "org-acme", Role: keys.RoleAdmin},
+}
+
+// registrations: agent-acme is registered in org-acme, agent-other in org-other.
+type registrations map[string]string
+
+func (r registrations) OrgOf(id string) (string, bool) {
+	org, ok := r[id]
+	return org, ok
+}
+
+// now is the collector's clock in these tests: the sample frames are from 2025-11 and
+// 2026-02, inside the default window.
+var now = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+
+func newCollector(t *testing.T, prod *fakeProducer, mod func(*ingest.CollectorConfig)) *ingest.Collector {
 	t.Helper()
-	c, err := ingest.NewCollector(ingest.CollectorConfig{Producer: prod, Token: "s3cret", MaxBodyBytes: maxBody})
+	cfg := ingest.CollectorConfig{Producer: prod, Auth: collectorKeys, Now: func() time.Time { return now },
+		Registrations: registrations{"agent-acme": "org-acme", "agent-other": "org-other"}}
+	if mod != nil {
+		mod(&cfg)
+	}
+	c, err := ingest.NewCollector(cfg)
 	require.NoError(t, err)
+	return c
+}
+
+func post(t *testing.T, c http.Handler, token, body string) (int, ingest.CollectorResponse) {
+	t.Helper()
 	req := httptest.NewRequest(http.MethodPost, "/v1/events", strings.NewReader(body))
 	if token != "" {
 		req.Header.Set("Authorization", "Bearer "+token)
@@ -49,10 +98,26 @@ func collect(t *testing.T, prod *fakeProducer, maxBody int64, token, body string
 	return rec.Code, resp
 }
 
+func collect(t *testing.T, prod *fakeProducer, maxBody int64, token, body string) (int, ingest.CollectorResponse) {
+	t.Helper()
+	return post(t, newCollector(t, prod, func(c *ingest.CollectorConfig) { c.MaxBodyBytes = maxBody }), token, body)
+}
+
 func sharedFrames(t *testing.T) []string {
 	b, err := os.ReadFile("../schema/testdata/band/frames.ndjson")
 	require.NoError(t, err)
 	return strings.Split(strings.TrimSpace(string(b)), "\n")
+}
+
+// canonical is a message.created event of the given org and actor.
+func canonical(id, org, actor string) string {
+	ev := map[string]any{"id": id, "type": "message.created", "time": "2026-03-01T11:00:00Z", "room_id": "r1",
+		"actor": map[string]any{"id": actor, "type": "agent"}, "source": "sdk", "data": map[string]any{"content": "hi"}}
+	if org != "" {
+		ev["org_id"] = org
+	}
+	b, _ := json.Marshal(ev)
+	return string(b)
 }
 
 func TestCollectorAcceptsValidLinesAndReportsEachRejected(t *testing.T) {
@@ -82,8 +147,8 @@ func TestCollectorAcceptsValidLinesAndReportsEachRejected(t *testing.T) {
 func TestCollectorAcceptsAJSONArray(t *testing.T) {
 	frames := sharedFrames(t)
 	prod := &fakeProducer{}
-	code, resp := collect(t, prod, 0, "s3cret", "["+strings.Join(frames, ",")+"]")
-	assert.Equal(t, http.StatusOK, code)
+	code, resp := collect(t, prod, 0, "s3cret", " [ "+strings.Join(frames, " ,\n")+" ] ")
+	assert.Equal(t, http.StatusOK, code, "%+v", resp)
 	assert.Equal(t, len(frames), resp.Accepted)
 	assert.Zero(t, resp.Rejected)
 }
@@ -97,19 +162,139 @@ func TestCollectorErrors(t *testing.T) {
 		code              int
 		contains          string
 	}{
-		{"no token", "", frames[0], 0, nil, http.StatusUnauthorized, "bearer token"},
-		{"wrong token", "nope", frames[0], 0, nil, http.StatusUnauthorized, "bearer token"},
+		{"no key", "", frames[0], 0, nil, http.StatusUnauthorized, "API key"},
+		{"unknown key", "nope", frames[0], 0, nil, http.StatusUnauthorized, "unknown"},
+		{"wrong role", "acme-admin", frames[0], 0, nil, http.StatusForbidden, "ingest"},
 		{"too large", "s3cret", frames[0], 10, nil, http.StatusRequestEntityTooLarge, "larger than 10 bytes"},
 		{"all invalid", "s3cret", "{}\n[1]", 0, nil, http.StatusBadRequest, ""},
+		{"empty", "s3cret", "\n\n", 0, nil, http.StatusBadRequest, "no events"},
+		{"empty array", "s3cret", "[]", 0, nil, http.StatusBadRequest, "no events"},
 		{"kafka down", "s3cret", frames[0], 0, errors.New("broker unreachable"), http.StatusServiceUnavailable, "broker unreachable"},
 		{"bad array", "s3cret", "[1,", 0, nil, http.StatusBadRequest, "not a JSON array"},
+		{"array trailing comma", "s3cret", "[" + frames[0] + ",]", 0, nil, http.StatusBadRequest, "trailing ','"},
+		{"array empty element", "s3cret", "[," + frames[0] + "]", 0, nil, http.StatusBadRequest, "empty element"},
+		{"array then data", "s3cret", "[" + frames[0] + "] x", 0, nil, http.StatusBadRequest, "after the array"},
+		{"array unbalanced", "s3cret", "[" + frames[0] + "}]", 0, nil, http.StatusBadRequest, "unbalanced"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			prod := &fakeProducer{err: tc.prodErr}
 			code, resp := collect(t, prod, tc.maxBody, tc.token, tc.body)
-			assert.Equal(t, tc.code, code)
+			assert.Equal(t, tc.code, code, "%+v", resp)
 			assert.Contains(t, resp.Error, tc.contains)
+			assert.NotEmpty(t, resp.Code, "every error carries a code")
 			assert.Empty(t, prod.events)
 		})
 	}
+}
+
+func TestCollectorMethod(t *testing.T) {
+	c := newCollector(t, &fakeProducer{}, nil)
+	req := httptest.NewRequest(http.MethodGet, "/v1/events", nil)
+	rec := httptest.NewRecorder()
+	c.ServeHTTP(rec, req)
+	assert.Equal(t, http.StatusMethodNotAllowed, rec.Code)
+	assert.Equal(t, http.MethodPost, rec.Header().Get("Allow"))
+}
+
+// TestCollectorWriteRights: each line is held to the key's rights, and the good lines
+// of the same request land.
+func TestCollectorWriteRights(t *testing.T) {
+	agentReg := `{"id":"reg1","type":"agent.registered","time":"2026-03-01T10:00:00Z","org_id":"org-acme","actor":{"id":"u1","type":"user"},"subject":{"id":"agent-acme","type":"agent"},"source":"platform","data":{"handle":"alice/bot","owner_id":"u1"}}`
+	own := func(typ string) string {
+		return `{"id":"o-` + typ + `","type":"` + typ + `","time":"2026-03-01T10:00:00Z","org_id":"org-acme","actor":{"id":"x","type":"system"},"source":"platform","data":{}}`
+	}
+	for _, tc := range []struct {
+		name, token, line string
+		reason            string // "" = accepted
+	}{
+		{"platform writes a registration", "s3cret", agentReg, ""},
+		{"org key writes no registration", "acme", agentReg, "needs a platform ingest key"},
+		{"org key writes no contact", "acme", `{"topic":"agent_contacts:agent-acme","event":"contact_added","payload":{"id":"c1","handle":"bob/bot","type":"Agent","inserted_at":"2026-02-09T10:35:00Z"}}`, "needs a platform ingest key"},
+		{"org key writes no participant", "acme", `{"topic":"room_participants:r1","event":"participant_added","payload":{"id":"agent-acme","name":"x","type":"Agent"}}`, "needs a platform ingest key"},
+		{"org key adds itself to no room", "acme", `{"topic":"agent_rooms:agent-acme","event":"room_added","payload":{"id":"r9","title":"t","inserted_at":"2026-02-09T10:35:00Z"}}`, "needs a platform ingest key"},
+		{"nobody writes policy.decided", "s3cret", own("policy.decided"), "written only by bandplane"},
+		{"nobody writes agent.control", "s3cret", own("agent.control"), "written only by bandplane"},
+		{"nobody writes agent.suspended", "s3cret", own("agent.suspended"), "written only by bandplane"},
+		{"nobody writes agent.resumed", "s3cret", own("agent.resumed"), "written only by bandplane"},
+		{"nobody writes key.created", "s3cret", own("key.created"), "written only by bandplane"},
+		{"nobody writes audit.sealed", "s3cret", own("audit.sealed"), "written only by bandplane"},
+		{"nobody writes budget.set", "acme", own("budget.set"), "written only by bandplane"},
+		{"agent_control frames are bandplane's", "s3cret", `{"topic":"agent_control:agent-acme","event":"agent.control","payload":{"action":"stop","inserted_at":"2026-02-09T10:35:00Z"}}`, "written only by bandplane"},
+		{"nobody uses bandplane's sources", "s3cret", strings.Replace(canonical("e1", "org-acme", "agent-acme"), `"source":"sdk"`, `"source":"bandplane-policy"`, 1), "reserved"},
+		{"org key writes its org", "acme", canonical("e2", "org-acme", "agent-acme"), ""},
+		{"org key writes no other org", "acme", canonical("e3", "org-other", "agent-other"), `org_id: "org-other" is not the organization`},
+		{"org key writes no other org's agent", "acme", canonical("e4", "", "agent-other"), `actor.id: "agent-other" is registered in another organization`},
+		{"org key writes an unknown agent", "acme", canonical("e5", "", "agent-new"), ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			prod := &fakeProducer{}
+			good := canonical("good-"+tc.name, "org-acme", "agent-acme")
+			code, resp := post(t, newCollector(t, prod, nil), tc.token, good+"\n"+tc.line)
+			assert.Equal(t, http.StatusOK, code, "%+v", resp)
+			if tc.reason == "" {
+				assert.Equal(t, 2, resp.Accepted, "%+v", resp)
+				return
+			}
+			assert.Equal(t, 1, resp.Accepted, "the good line beside it lands: %+v", resp)
+			require.Len(t, resp.Errors, 1)
+			assert.Equal(t, 2, resp.Errors[0].Line)
+			assert.Contains(t, resp.Errors[0].Reason, tc.reason)
+		})
+	}
+}
+
+func TestCollectorStampsTheKeysOrganization(t *testing.T) {
+	prod := &fakeProducer{}
+	frames := sharedFrames(t)
+	code, resp := post(t, newCollector(t, prod, nil), "acme", canonical("e1", "", "agent-new")+"\n"+frames[0])
+	require.Equal(t, http.StatusOK, code, "%+v", resp)
+	require.Len(t, prod.events, 2)
+	for _, ev := range prod.events {
+		assert.Equal(t, "org-acme", ev.OrgID, "an organization's event without org_id is its key's")
+	}
+}
+
+func TestCollectorTimeWindow(t *testing.T) {
+	at := func(ts string) string {
+		return strings.Replace(canonical("t-"+ts, "", "a"), "2026-03-01T11:00:00Z", ts, 1)
+	}
+	for _, tc := range []struct {
+		time, reason string
+	}{
+		{"2026-03-01T12:59:59Z", ""},                      // within the skew
+		{"2026-03-01T13:00:01Z", "--max-clock-skew"},      // beyond it
+		{"2025-02-01T00:00:00Z", ""},                      // 393 days old
+		{"2025-01-01T00:00:00Z", "--max-event-age"},       // over 400 days
+		{"9999-01-01T00:00:00Z", "time"},                  // DateTime cannot hold it
+		{"1971-01-01T00:00:00Z", "--max-event-age"},       // far too old
+		{"2026-03-01T17:30:00+05:00", ""},                 // 12:30Z: the zone is honoured
+		{"2026-03-01T19:00:00+05:00", "--max-clock-skew"}, // 14:00Z
+	} {
+		prod := &fakeProducer{}
+		code, resp := post(t, newCollector(t, prod, nil), "s3cret", at(tc.time))
+		if tc.reason == "" {
+			assert.Equal(t, http.StatusOK, code, "%s: %+v", tc.time, resp)
+			continue
+		}
+		assert.Equal(t, http.StatusBadRequest, code, tc.time)
+		require.Len(t, resp.Errors, 1, tc.time)
+		assert.Contains(t, resp.Errors[0].Reason, tc.reason, tc.time)
+	}
+}
+
+func TestCollectorEventSizeIsALineError(t *testing.T) {
+	prod := &fakeProducer{}
+	c := newCollector(t, prod, func(c *ingest.CollectorConfig) { c.MaxEventBytes = 2000 })
+	big := strings.Replace(canonical("big", "", "a"), `"content":"hi"`, `"content":"`+strings.Repeat("x", 3000)+`"`, 1)
+	// < > & are escaped when encoded: a line under the limit can encode over it.
+	escaped := strings.Replace(canonical("esc", "", "a"), `"content":"hi"`, `"content":"`+strings.Repeat("<", 400)+`"`, 1)
+	code, resp := post(t, c, "s3cret", canonical("ok", "", "a")+"\n"+big+"\n"+escaped)
+	assert.Equal(t, http.StatusOK, code, "one oversized line is never a request-wide 503")
+	assert.Equal(t, 1, resp.Accepted)
+	require.Len(t, resp.Errors, 2)
+	for _, e := range resp.Errors {
+		assert.Contains(t, e.Reason, "more than the 2000 bytes")
+	}
+	_, err := ingest.NewCollector(ingest.CollectorConfig{Producer: prod, Auth: collectorKeys, MaxEventBytes: kafka.MaxEventBytes + 1})
+	assert.ErrorContains(t, err, "Kafka's message limit")
 }

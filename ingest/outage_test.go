@@ -3,6 +3,8 @@ package ingest_test
 import (
 	"bufio"
 	"context"
+	"crypto/ed25519"
+	"crypto/rand"
 	"fmt"
 	"os"
 	"os/exec"
@@ -12,11 +14,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"github.com/stretchr/testify/require"
 
 	"github.com/bandplane/bandplane/deploy/stacktest"
 	"github.com/bandplane/bandplane/ingest"
+	"github.com/bandplane/bandplane/ingest/seal"
 	"github.com/bandplane/bandplane/ingest/simulate"
+	"github.com/bandplane/bandplane/schema"
 )
 
 // Outage tests stop shared servers or kill processes, so `make test` runs them alone,
@@ -27,6 +32,44 @@ func requireOutage(t *testing.T) {
 		t.Skip("outage test: stops shared servers; `make test` runs it on its own")
 	}
 }
+
+// sealAlong seals the pipeline's trail every second while the test runs, as serve
+// --audit-key does; the returned check stops it (after its last seal) and verifies the
+// trail: an outage must never raise a false alarm.
+func (p *pipeline) sealAlong() (check func()) {
+	p.t.Helper()
+	_, key, err := ed25519.GenerateKey(rand.Reader)
+	require.NoError(p.t, err)
+	s, err := seal.New(seal.Config{Conn: p.conn, Database: p.db, Key: key, Producer: discard{}, Every: time.Second,
+		Settle: time.Second, Logger: stacktest.Logger()})
+	require.NoError(p.t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = s.Run(ctx) }()
+	p.t.Cleanup(cancel)
+	return func() {
+		p.t.Helper()
+		cancel()
+		<-done
+		verifyTrail(p.t, p.conn, p.db, key.Public().(ed25519.PublicKey))
+	}
+}
+
+// verifyTrail checks the sealed trail and fails on any problem.
+func verifyTrail(t *testing.T, conn driver.Conn, db string, pub ed25519.PublicKey) {
+	t.Helper()
+	rep, err := seal.Verify(context.Background(), conn, db, pub, seal.Filter{})
+	require.NoError(t, err)
+	require.Empty(t, rep.Problems, "the outage raised an alarm in the sealed trail")
+	require.Positive(t, rep.SealedEvents)
+	t.Logf("verify: %d seals, %d events sealed, %d not sealed yet", rep.Seals, rep.SealedEvents, rep.UnsealedEvents)
+}
+
+// discard is a seal.Producer that drops the seals' announcements (these tests compare
+// the trail with the simulator's events only).
+type discard struct{}
+
+func (discard) Produce(context.Context, []schema.Event) error { return nil }
 
 // produceInBackground sends a paced workload and returns its summary on the channel.
 func (p *pipeline) produceInBackground(events int, rate float64, seed int64) <-chan simulate.Summary {
@@ -56,6 +99,7 @@ func TestIntegrationOutageClickHouseRestart(t *testing.T) {
 	requireOutage(t)
 	p := newPipeline(t)
 	p.start("ingest")
+	sealed := p.sealAlong()
 	done := p.produceInBackground(12000, 3000, 11)
 	time.Sleep(1500 * time.Millisecond)
 	stackScript(t, "clickhouse", "stop")
@@ -67,6 +111,7 @@ func TestIntegrationOutageClickHouseRestart(t *testing.T) {
 	t.Log("clickhouse started again")
 	sum := <-done
 	p.waitSums(expected(sum), 120*time.Second)
+	sealed()
 }
 
 // TestIntegrationOutageKafkaRestart stops the broker while the consumer works through a
@@ -77,6 +122,7 @@ func TestIntegrationOutageKafkaRestart(t *testing.T) {
 	p := newPipeline(t)
 	before := p.simulate(20000, 13) // the backlog, produced while the broker is up
 	p.start("ingest")
+	sealed := p.sealAlong()
 	time.Sleep(300 * time.Millisecond)
 	stackScript(t, "kafka", "stop")
 	t.Logf("kafka stopped while the consumer was working (%d of %d events stored)", p.rawCount("events"), before.Events)
@@ -86,6 +132,7 @@ func TestIntegrationOutageKafkaRestart(t *testing.T) {
 	t.Log("kafka started again")
 	after := p.simulateFrom(5000, 14, time.Date(2026, 11, 4, 9, 0, 0, 0, time.UTC))
 	p.waitSums(plus(expected(before), expected(after)), 180*time.Second)
+	sealed()
 }
 
 func plus(a, b sums) sums {
@@ -107,11 +154,13 @@ func TestIntegrationOutageConsumerKilledMidBatch(t *testing.T) {
 	require.NoError(t, err, "go build: %s", out)
 
 	p := newPipeline(t)
+	auditKey := filepath.Join(t.TempDir(), "audit.key")
+	require.NoError(t, seal.GenerateKey(auditKey))
 	serve := func() (*exec.Cmd, *strings.Builder) {
 		cmd := exec.Command(bin, "serve", "--topic", p.topic, "--dlq-topic", p.topic+"_dlq", "--clickhouse-db", p.db,
 			"--kafka", strings.Join(stacktest.Brokers(), ","), "--clickhouse", stacktest.ClickHouseAddr(),
-			"--listen", "127.0.0.1:0", "--collector-token", "t", "--batch-size", "3000", "--batch-age", "1s",
-			"--rollup-interval", "200ms")
+			"--listen", "127.0.0.1:0", "--batch-size", "3000", "--batch-age", "1s",
+			"--rollup-interval", "200ms", "--audit-key", auditKey, "--seal-every", "1s")
 		var log strings.Builder
 		stderr, err := cmd.StderrPipe()
 		require.NoError(t, err)
@@ -144,10 +193,15 @@ func TestIntegrationOutageConsumerKilledMidBatch(t *testing.T) {
 	t.Log("consumer killed with SIGKILL mid-stream")
 	time.Sleep(time.Second)
 	second, log := serve()
-	t.Cleanup(func() {
-		_ = second.Process.Signal(syscall.SIGTERM)
-		_ = second.Wait()
-	})
+	stopped := false
+	stop := func() {
+		if !stopped {
+			stopped = true
+			_ = second.Process.Signal(syscall.SIGTERM)
+			_ = second.Wait()
+		}
+	}
+	t.Cleanup(stop)
 	sum := <-done
 	var got sums
 	ok := stacktest.Eventually(t, 120*time.Second, 250*time.Millisecond, func() bool {
@@ -155,6 +209,11 @@ func TestIntegrationOutageConsumerKilledMidBatch(t *testing.T) {
 		return got == expected(sum)
 	})
 	require.True(t, ok, "after the kill: got %+v, want %+v\nserve log:\n%s", got, expected(sum), tail(log.String(), 30))
+	// A clean stop seals what is left; the kill and the redelivery raised no alarm.
+	stop()
+	pub, err := seal.LoadPublicKey(auditKey + ".pub")
+	require.NoError(t, err)
+	verifyTrail(t, p.conn, p.db, pub)
 }
 
 func tail(s string, n int) string {

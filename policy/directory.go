@@ -234,6 +234,19 @@ func (d *Directory) Agent(id string) (Agent, bool) {
 	return a, ok
 }
 
+// OrgOf returns the organization an agent or a person is registered in.
+func (d *Directory) OrgOf(id string) (org string, known bool) {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	if a, ok := d.agents[id]; ok {
+		return a.Org, true
+	}
+	if p, ok := d.people[id]; ok {
+		return p.Org, true
+	}
+	return "", false
+}
+
 // ResolveHandle returns the id of the agent or person with the handle, given with or
 // without "@", in any case.
 func (d *Directory) ResolveHandle(handle string) (string, bool) {

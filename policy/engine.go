@@ -9,7 +9,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/bandplane/bandplane/schema"
 	"io/fs"
 	"maps"
 	"os"
@@ -26,6 +25,8 @@ import (
 	"github.com/open-policy-agent/opa/v1/metrics"
 	"github.com/open-policy-agent/opa/v1/rego"
 	"github.com/open-policy-agent/opa/v1/tester"
+
+	"github.com/bandplane/bandplane/schema"
 )
 
 //go:embed rego/*.rego rego/data.json
@@ -123,6 +124,21 @@ func (e *Engine) Limiter() *Limiter { return e.limiter }
 // Spend returns the spend tracker of send_message budgets.
 func (e *Engine) Spend() *SpendTracker { return e.spend }
 
+// Compiler returns the compiled policies of the revision serving now, for tools that
+// evaluate the bundle directly (bench policy times the bare OPA evaluation with it).
+func (e *Engine) Compiler() *ast.Compiler { return e.rev.Load().compiler }
+
+// EvalInput returns input as decision name evaluates it: converted to OPA's value, with
+// the facts the engine adds from the directory (see facts.go).
+func (e *Engine) EvalInput(name string, input any) (ast.Value, error) {
+	v, err := inputValue(input)
+	if err != nil {
+		return nil, err
+	}
+	_, shared := input.(ast.Value) // every other input was converted into a new value
+	return e.dir.withFacts(name, v, !shared)
+}
+
 // Revision returns the hash of the bundle serving decisions.
 func (e *Engine) Revision() string { return e.rev.Load().hash }
 
@@ -156,11 +172,7 @@ func (e *Engine) Decide(ctx context.Context, name string, input any) (Decision, 
 	if !ok {
 		return Decision{}, fmt.Errorf("cannot decide %q: unknown decision (known: %s)", name, strings.Join(decisionNames, ", "))
 	}
-	v, err := inputValue(input)
-	if err == nil {
-		_, shared := input.(ast.Value) // every other input was converted into a new value
-		v, err = e.dir.withFacts(name, v, !shared)
-	}
+	v, err := e.EvalInput(name, input)
 	if err != nil {
 		return Decision{}, fmt.Errorf("cannot decide %s: %w", name, err)
 	}

@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"context"
 	"math"
 	"sync"
 	"sync/atomic"
@@ -78,6 +79,27 @@ func (l *Limiter) Sweep(now time.Time) (removed int) {
 		return true
 	})
 	return removed
+}
+
+// Run sweeps the limiter every interval until ctx ends, so that its memory follows the
+// agents and rooms active in the last window, not every one ever seen.
+func (l *Limiter) Run(ctx context.Context, every time.Duration) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-t.C:
+			l.Sweep(now)
+		}
+	}
+}
+
+// Len is the number of keys the limiter holds.
+func (l *Limiter) Len() (n int) {
+	l.tats.Range(func(_, _ any) bool { n++; return true })
+	return n
 }
 
 // Scope is what a spend budget counts against.

@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"fmt"
 	"math"
 	"sync"
 	"sync/atomic"
@@ -103,4 +104,19 @@ func TestOverNeverWraps(t *testing.T) {
 	} {
 		assert.Equal(t, tc.want, over(tc.spent, tc.add, tc.limit), "%+v", tc)
 	}
+}
+
+// TestLimiterMemoryIsBounded: under churn of agents and rooms, sweeping keeps only the
+// keys of the last window.
+func TestLimiterMemoryIsBounded(t *testing.T) {
+	l := NewLimiter()
+	start := time.Unix(1_000_000, 0)
+	for i := range 100_000 {
+		now := start.Add(time.Duration(i) * time.Millisecond) // 1,000 new keys a second
+		l.Allow(fmt.Sprintf("agent-%d", i), 10, time.Second, now)
+		if i%1000 == 999 {
+			l.Sweep(now)
+		}
+	}
+	assert.LessOrEqual(t, l.Len(), 2_000, "only keys of about the last second remain")
 }

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"os"
 	"runtime/pprof"
@@ -59,9 +58,7 @@ func runBenchIngest(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	b, _ := json.Marshal(res)
-	fmt.Fprintln(e.stdout, string(b))
-	return nil
+	return printJSON(e.stdout, res)
 }
 
 // startCPUProfile writes a CPU profile of the rest of the run to path (the benches'

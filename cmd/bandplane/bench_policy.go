@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -16,13 +17,15 @@ import (
 	"github.com/bandplane/bandplane/ingest/kafka"
 	"github.com/bandplane/bandplane/policy"
 	"github.com/bandplane/bandplane/policy/api"
+	"github.com/bandplane/bandplane/policy/keys"
+	"github.com/bandplane/bandplane/policy/policybench"
 )
 
 // benchPolicyResult is the JSON line of `bench policy`: the in-process latencies of
-// policy.BenchPolicy, then the decision API over loopback HTTP, without audit and, with
+// policybench.Run, then the decision API over loopback HTTP, without audit and, with
 // --audit, in the same run, with each decision audited to Kafka.
 type benchPolicyResult struct {
-	policy.BenchResult
+	policybench.Result
 	HTTPPerS    float64     `json:"http_per_s"` // = HTTP.PerS
 	HTTP        httpResult  `json:"http"`
 	HTTPAudited *httpResult `json:"http_audited,omitempty"`
@@ -81,7 +84,7 @@ func runBenchPolicy(ctx context.Context, e *env, args []string) error {
 	}
 
 	progress("building a directory of %d agents and %d contacts", *agents, *contacts)
-	setup, err := policy.NewBenchSetup(ctx, *agents, *contacts)
+	setup, err := policybench.NewSetup(ctx, *agents, *contacts)
 	if err != nil {
 		return err
 	}
@@ -90,7 +93,7 @@ func runBenchPolicy(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	res := benchPolicyResult{BenchResult: inproc}
+	res := benchPolicyResult{Result: inproc}
 	inputs := setup.AddInputs(4096)
 
 	phase := func(cfg api.Config, clients int, what string) (httpResult, error) {
@@ -106,24 +109,36 @@ func runBenchPolicy(ctx context.Context, e *env, args []string) error {
 		progress("HTTP %s: %d ok, %d failed in %s", what, ok, failed, elapsed.Round(time.Millisecond))
 		return httpResult{PerS: float64(ok) / elapsed.Seconds(), Clients: clients, OK: ok, Failed: failed}, nil
 	}
-	if res.HTTP, err = phase(api.Config{Engine: setup.Engine, Logger: e.log}, *clients, "without audit"); err != nil {
+	if res.HTTP, err = phase(api.Config{Engine: setup.Engine, Auth: benchKeys, Logger: e.log}, *clients, "without audit"); err != nil {
 		return err
 	}
 	res.HTTPPerS = res.HTTP.PerS
 	if auditor != nil {
-		r, err := phase(api.Config{Engine: setup.Engine, Logger: e.log, Auditor: auditor}, *auditClients, "audited to "+*topic)
+		r, err := phase(api.Config{Engine: setup.Engine, Auth: benchKeys, Logger: e.log, Auditor: auditor}, *auditClients, "audited to "+*topic)
 		if err != nil {
 			return err
 		}
 		res.HTTPAudited = &r
 	}
 
-	b, err := json.Marshal(res)
-	if err != nil {
+	if err := printJSON(e.stdout, res); err != nil {
 		return err
 	}
-	fmt.Fprintln(e.stdout, string(b))
 	return nil
+}
+
+// benchKeys is the key store of the HTTP phases: one platform router key, looked up
+// like serve's (a map from the token's SHA-256), so each request pays for the
+// authentication it pays for in production.
+var benchKeys = staticKeys{sha256.Sum256([]byte(benchToken)): {ID: "bench-router", Org: keys.PlatformOrg, Role: keys.RoleRouter}}
+
+const benchToken = "bpk_bench-router-token"
+
+type staticKeys map[[sha256.Size]byte]keys.Key
+
+func (s staticKeys) Lookup(_ context.Context, token string) (keys.Key, bool) {
+	k, ok := s[sha256.Sum256([]byte(token))]
+	return k, ok
 }
 
 // driveDecisions serves h on a loopback listener and posts add_participant decisions
@@ -159,8 +174,8 @@ func driveDecisions(ctx context.Context, h http.Handler, inputs []policy.AddInpu
 	requests := make([][]byte, len(inputs))
 	for i, in := range inputs {
 		body, _ := json.Marshal(in)
-		requests[i] = fmt.Appendf(nil, "POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s",
-			path, addr, len(body), body)
+		requests[i] = fmt.Appendf(nil, "POST %s HTTP/1.1\r\nHost: %s\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s",
+			path, addr, benchToken, len(body), body)
 	}
 	conns := make([]*benchConn, clients)
 	for c := range conns {

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -164,7 +163,7 @@ func keysCreate(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	return printJSON(e, createdKey{ID: k.ID, Token: token, Org: k.Org, Role: k.Role, Name: k.Name})
+	return printJSON(e.stdout, createdKey{ID: k.ID, Token: token, Org: k.Org, Role: k.Role, Name: k.Name})
 }
 
 func keysList(ctx context.Context, e *env, args []string) error {
@@ -190,7 +189,7 @@ func keysList(ctx context.Context, e *env, args []string) error {
 	}
 	if !*table {
 		for _, k := range list {
-			if err := printJSON(e, k); err != nil {
+			if err := printJSON(e.stdout, k); err != nil {
 				return err
 			}
 		}
@@ -239,7 +238,7 @@ func keysRevoke(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	return printJSON(e, k)
+	return printJSON(e.stdout, k)
 }
 
 func roleNames() string {
@@ -251,13 +250,4 @@ func roleNames() string {
 		s += string(r)
 	}
 	return s
-}
-
-func printJSON(e *env, v any) error {
-	b, err := json.Marshal(v)
-	if err != nil {
-		return err
-	}
-	_, err = fmt.Fprintln(e.stdout, string(b))
-	return err
 }

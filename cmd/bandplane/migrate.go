@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"time"
 
@@ -60,7 +59,8 @@ func runRetention(ctx context.Context, e *env, args []string) error {
 	if dropped == nil {
 		out["dropped"] = []chdb.Dropped{}
 	}
-	b, _ := json.Marshal(out)
-	fmt.Fprintln(e.stdout, string(b))
+	if perr := printJSON(e.stdout, out); perr != nil {
+		return perr
+	}
 	return err
 }

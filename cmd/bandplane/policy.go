@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -16,6 +15,7 @@ import (
 	"github.com/bandplane/bandplane/ingest/pricing"
 	"github.com/bandplane/bandplane/policy"
 	"github.com/bandplane/bandplane/policy/api"
+	"github.com/bandplane/bandplane/policy/keys"
 	"github.com/bandplane/bandplane/policy/replica"
 )
 
@@ -25,12 +25,10 @@ func init() {
 
 // policyFlags configure the policy side of `serve`.
 type policyFlags struct {
-	disabled      bool
-	dir           string
-	group         string
-	token         string
-	operatorToken string
-	failOpen      string
+	disabled bool
+	dir      string
+	group    string
+	failOpen string
 }
 
 func (p *policyFlags) register(fs *flag.FlagSet) {
@@ -38,8 +36,6 @@ func (p *policyFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&p.disabled, "no-policy", false, "do not serve policy decisions")
 	fs.StringVar(&p.dir, "policy-dir", envOr("BANDPLANE_POLICY_DIR", ""), "policy folder (Rego, tests, data.json), watched for changes (default: the built-in bundle)")
 	fs.StringVar(&p.group, "policy-group", "policy-"+host, "consumer group of this process's policy replica (one per process)")
-	fs.StringVar(&p.token, "decision-token", envOr("BANDPLANE_DECISION_TOKEN", ""), "bearer token for /v1/decisions and /v1/peers (env BANDPLANE_DECISION_TOKEN; empty = no auth)")
-	fs.StringVar(&p.operatorToken, "operator-token", envOr("BANDPLANE_OPERATOR_TOKEN", ""), "bearer token for reload, suspend and resume (env BANDPLANE_OPERATOR_TOKEN; empty = disabled)")
 	fs.StringVar(&p.failOpen, "fail-open", "", "comma-separated decisions that may grant access when their audit event cannot be written (default: none, all fail closed)")
 }
 
@@ -55,15 +51,24 @@ func (p *policyFlags) engine(ctx context.Context, dir *policy.Directory) (*polic
 	return e, nil
 }
 
+// policyServer is the policy side of serve: the engine, its HTTP API and the replica
+// that keeps its directory current.
+type policyServer struct {
+	engine  *policy.Engine
+	api     *api.API
+	replica *replica.Replica
+}
+
+// build returns the policy side of serve, or nil with --no-policy.
 func (p *policyFlags) build(ctx context.Context, log *slog.Logger, reg prometheus.Registerer, conn driver.Conn,
-	st stackFlags, cat *pricing.Catalog, auditor *kafka.Producer) (*api.API, *replica.Replica, error) {
+	st stackFlags, cat *pricing.Catalog, auditor *kafka.Producer, auth keys.Authenticator) (*policyServer, error) {
 	if p.disabled {
-		return nil, nil, nil
+		return nil, nil
 	}
 	dir := policy.NewDirectory()
 	eng, err := p.engine(ctx, dir)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	failOpen := map[string]bool{}
 	for _, n := range strings.Split(p.failOpen, ",") {
@@ -71,17 +76,17 @@ func (p *policyFlags) build(ctx context.Context, log *slog.Logger, reg prometheu
 			failOpen[n] = true
 		}
 	}
-	a, err := api.New(api.Config{Engine: eng, Auditor: auditor, FailOpen: failOpen, Token: p.token,
-		OperatorToken: p.operatorToken, BundleDir: p.dir, Logger: log, Registerer: reg})
+	a, err := api.New(api.Config{Engine: eng, Auditor: auditor, FailOpen: failOpen, Auth: auth,
+		BundleDir: p.dir, Logger: log, Registerer: reg})
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	r, err := replica.New(replica.Config{Directory: dir, Spend: eng.Spend(), Catalog: cat, Conn: conn,
 		Database: st.ch.Database, Brokers: st.brokers(), Topic: st.topic, GroupID: p.group, Logger: log})
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
-	return a, r, nil
+	return &policyServer{engine: eng, api: a, replica: r}, nil
 }
 
 func runPolicy(ctx context.Context, e *env, args []string) error {
@@ -134,7 +139,5 @@ func runPolicy(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	b, _ := json.Marshal(d)
-	fmt.Fprintln(e.stdout, string(b))
-	return nil
+	return printJSON(e.stdout, d)
 }

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"time"
 
@@ -59,8 +58,9 @@ func runReprice(ctx context.Context, e *env, args []string) error {
 	}
 	dir.Load(rows)
 	res, err := ingest.Reprice(ctx, s, dir, cat, f)
-	b, _ := json.Marshal(res)
-	fmt.Fprintln(e.stdout, string(b))
+	if perr := printJSON(e.stdout, res); perr != nil {
+		return perr
+	}
 	return err
 }
 

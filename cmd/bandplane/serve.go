@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"log/slog"
 	"net"
@@ -11,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -18,7 +20,9 @@ import (
 	"github.com/bandplane/bandplane/graph"
 	"github.com/bandplane/bandplane/ingest"
 	"github.com/bandplane/bandplane/ingest/kafka"
+	"github.com/bandplane/bandplane/ingest/seal"
 	"github.com/bandplane/bandplane/ingest/store"
+	"github.com/bandplane/bandplane/policy/keys"
 	"github.com/bandplane/bandplane/query"
 )
 
@@ -27,35 +31,82 @@ func init() {
 }
 
 type serveConfig struct {
-	stack       stackFlags
-	listen      string
-	group       string
-	partitions  int
-	token       string
-	batchSize   int
-	batchAge    time.Duration
-	catalog     string
-	rollupEvery time.Duration
-	maxBody     int64
-	noConsumer  bool
-	policy      policyFlags
+	stack         stackFlags
+	listen        string
+	metricsListen string
+	group         string
+	partitions    int
+	batchSize     int
+	batchAge      time.Duration
+	catalog       string
+	rollupEvery   time.Duration
+	maxBody       int64
+	maxEventAge   time.Duration
+	maxClockSkew  time.Duration
+	keyRefresh    time.Duration
+	http          httpLimits
+	graphql       graph.Limits
+	noConsumer    bool
+	policy        policyFlags
+	seal          sealFlags
+}
+
+// sealFlags configure serve's sealing of the audit trail.
+type sealFlags struct {
+	keyFile string
+	every   time.Duration
+}
+
+func (s *sealFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&s.keyFile, "audit-key", envOr("BANDPLANE_AUDIT_KEY", ""), "Ed25519 private key file (bandplane audit keygen) to seal the audit trail with (env BANDPLANE_AUDIT_KEY); without it nothing is sealed")
+	fs.DurationVar(&s.every, "seal-every", time.Minute, "how often what was ingested is sealed (with --audit-key)")
+}
+
+// sealer returns the sealer of the trail, or nil without --audit-key.
+func (s *sealFlags) sealer(conn driver.Conn, db string, p seal.Producer, log *slog.Logger, reg prometheus.Registerer) (*seal.Sealer, error) {
+	if s.keyFile == "" {
+		return nil, nil
+	}
+	key, err := seal.LoadPrivateKey(s.keyFile)
+	if err != nil {
+		return nil, fmt.Errorf("cannot use --audit-key: %w", err)
+	}
+	return seal.New(seal.Config{Conn: conn, Database: db, Key: key, Producer: p, Every: s.every, Logger: log, Registerer: reg})
+}
+
+// httpLimits are the timeouts of serve's HTTP servers.
+type httpLimits struct {
+	readHeader, read, write, idle time.Duration
 }
 
 func runServe(ctx context.Context, e *env, args []string) error {
 	fs := newFlagSet(e, "serve", "[flags]")
 	var c serveConfig
 	c.stack.register(fs)
-	fs.StringVar(&c.listen, "listen", envOr("BANDPLANE_LISTEN", "127.0.0.1:8080"), "HTTP listen address (collector, /metrics, /healthz, /readyz)")
+	fs.StringVar(&c.listen, "listen", envOr("BANDPLANE_LISTEN", "127.0.0.1:8080"), "HTTP listen address (collector, decisions, /graphql, /healthz, /readyz; /metrics too unless --metrics-listen)")
+	fs.StringVar(&c.metricsListen, "metrics-listen", envOr("BANDPLANE_METRICS_LISTEN", ""), "serve /metrics without a key on this address of its own (env BANDPLANE_METRICS_LISTEN); without it /metrics is on --listen and needs an operator or admin key")
 	fs.StringVar(&c.group, "group", "ingest", "Kafka consumer group of the ingest consumer")
 	fs.IntVar(&c.partitions, "partitions", 4, "partitions of the events topic when it has to be created")
-	fs.StringVar(&c.token, "collector-token", envOr("BANDPLANE_COLLECTOR_TOKEN", ""), "bearer token for POST /v1/events (env BANDPLANE_COLLECTOR_TOKEN); required")
 	fs.IntVar(&c.batchSize, "batch-size", 20000, "flush to ClickHouse after this many records")
 	fs.DurationVar(&c.batchAge, "batch-age", 500*time.Millisecond, "or when the oldest pending record is this old")
 	fs.StringVar(&c.catalog, "catalog", envOr("BANDPLANE_CATALOG", ""), "price catalog JSON file (default: the built-in catalog)")
 	fs.DurationVar(&c.rollupEvery, "rollup-interval", 10*time.Second, "how often touched hours of the cost rollup are rebuilt (each rebuild re-reads those hours with FINAL)")
-	fs.Int64Var(&c.maxBody, "max-body", 16<<20, "largest accepted POST /v1/events body in bytes")
+	fs.Int64Var(&c.maxBody, "max-body", ingest.DefaultMaxBodyBytes, "largest accepted POST /v1/events body in bytes (larger: 413)")
+	fs.DurationVar(&c.maxEventAge, "max-event-age", ingest.DefaultMaxEventAge, "the collector refuses events older than this (default: the events retention, 400 days)")
+	fs.DurationVar(&c.maxClockSkew, "max-clock-skew", ingest.DefaultMaxClockSkew, "the collector refuses events this far ahead of its clock")
+	fs.DurationVar(&c.keyRefresh, "key-refresh", 5*time.Second, "how often API keys are re-read from ClickHouse (a revocation takes effect within it)")
+	fs.DurationVar(&c.http.readHeader, "read-header-timeout", 10*time.Second, "HTTP: time to read a request's headers")
+	fs.DurationVar(&c.http.read, "read-timeout", 60*time.Second, "HTTP: time to read a whole request, body included")
+	fs.DurationVar(&c.http.write, "write-timeout", 60*time.Second, "HTTP: time to write a response (WebSockets are exempt)")
+	fs.DurationVar(&c.http.idle, "idle-timeout", 120*time.Second, "HTTP: how long an idle keep-alive connection stays open")
+	fs.Int64Var(&c.graphql.MaxBodyBytes, "graphql-max-body", 1<<20, "largest /graphql POST body in bytes (larger: 413)")
+	fs.IntVar(&c.graphql.MaxTokens, "graphql-max-tokens", 10_000, "most tokens the GraphQL parser reads of one query")
+	fs.IntVar(&c.graphql.MaxComplexity, "graphql-max-complexity", 1_000, "most fields one GraphQL operation may select, aliases included")
+	fs.IntVar(&c.graphql.MaxWebSockets, "graphql-max-websockets", 256, "most open GraphQL WebSocket connections (more: 503)")
+	fs.DurationVar(&c.graphql.InitTimeout, "graphql-init-timeout", 10*time.Second, "how long a GraphQL WebSocket may take to send its init message")
 	fs.BoolVar(&c.noConsumer, "no-consumer", false, "run the collector only (no ingest consumer)")
 	c.policy.register(fs)
+	c.seal.register(fs)
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -88,19 +139,33 @@ func serve(ctx context.Context, log *slog.Logger, reg *prometheus.Registry, c se
 		return err
 	}
 	defer producer.Close()
-	collector, err := ingest.NewCollector(ingest.CollectorConfig{Producer: producer, Token: c.token, MaxBodyBytes: c.maxBody, Logger: log, Metrics: metrics})
-	if err != nil {
-		return err
-	}
-
-	// The policy API writes its audit events one decision at a time: its own producer,
-	// sized for that (the writer connects on first use, so it costs nothing unused).
+	// Bandplane's own audit events (decisions, operator actions, keys, seals) are written
+	// one at a time: their own producer, sized for that (the writer connects on first
+	// use, so it costs nothing unused).
 	auditor, err := kafka.NewProducer(kafka.ProducerConfig{Brokers: brokers, Topic: c.stack.topic, BatchSize: kafka.AuditBatchSize})
 	if err != nil {
 		return err
 	}
 	defer auditor.Close()
-	policyAPI, replica, err := c.policy.build(ctx, log, reg, conn, c.stack, cat, auditor)
+
+	keyCache, err := keys.NewCache(keys.CacheConfig{Store: keys.NewStore(conn, c.stack.ch.Database, auditor), Refresh: c.keyRefresh, Logger: log})
+	if err != nil {
+		return err
+	}
+	if err := keyCache.Load(ctx); err != nil {
+		return err
+	}
+
+	pol, err := c.policy.build(ctx, log, reg, conn, c.stack, cat, auditor, keyCache)
+	if err != nil {
+		return err
+	}
+	var registrations ingest.Registrations
+	if pol != nil {
+		registrations = pol.engine.Directory()
+	}
+	collector, err := ingest.NewCollector(ingest.CollectorConfig{Producer: producer, Auth: keyCache, Registrations: registrations,
+		MaxBodyBytes: c.maxBody, MaxEventAge: c.maxEventAge, MaxClockSkew: c.maxClockSkew, Logger: log, Metrics: metrics})
 	if err != nil {
 		return err
 	}
@@ -116,27 +181,34 @@ func serve(ctx context.Context, log *slog.Logger, reg *prometheus.Registry, c se
 		}
 		defer pipeline.Close()
 	}
+	sealer, err := c.seal.sealer(conn, c.stack.ch.Database, auditor, log, reg)
+	if err != nil {
+		return err
+	}
 
 	mux := http.NewServeMux()
 	mux.Handle("/v1/events", collector)
 	// Until the replica has loaded the directory, a decision would be taken on an empty
 	// one (deny everything): answer 503 instead, and say so in /readyz.
 	var policyReady atomic.Bool
-	if policyAPI != nil {
+	if pol != nil {
 		gated := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			if !policyReady.Load() {
 				w.Header().Set("Retry-After", "1")
-				http.Error(w, `{"error":"the policy directory is still loading from ClickHouse; retry"}`, http.StatusServiceUnavailable)
+				keys.WriteError(w, http.StatusServiceUnavailable, "unavailable", "the policy directory is still loading from ClickHouse; retry")
 				return
 			}
-			policyAPI.ServeHTTP(w, r)
+			pol.api.ServeHTTP(w, r)
 		})
 		for _, p := range []string{"/v1/decisions/", "/v1/peers", "/v1/policy/", "/v1/agents/"} {
 			mux.Handle(p, gated)
 		}
 	}
-	mux.Handle("/graphql", graph.NewHandler(query.New(conn, c.stack.ch.Database), graph.WithLogger(log)))
-	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	mux.Handle("/graphql", graph.NewHandler(query.New(conn, c.stack.ch.Database), keyCache, graph.WithLogger(log), graph.WithLimits(c.graphql)))
+	metricsHandler := promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg})
+	if c.metricsListen == "" {
+		mux.Handle("/metrics", keys.Require(keyCache, keys.RoleOperator, keys.RoleAdmin)(metricsHandler))
+	}
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintln(w, "ok")
 	})
@@ -150,7 +222,7 @@ func serve(ctx context.Context, log *slog.Logger, reg *prometheus.Registry, c se
 		if pipeline != nil && !pipeline.Healthy() {
 			problems = append(problems, "ingest: writes are failing and being retried")
 		}
-		if policyAPI != nil && !policyReady.Load() {
+		if pol != nil && !policyReady.Load() {
 			problems = append(problems, "policy: the directory is still loading")
 		}
 		if len(problems) > 0 {
@@ -162,43 +234,64 @@ func serve(ctx context.Context, log *slog.Logger, reg *prometheus.Registry, c se
 		}
 		fmt.Fprintln(w, "ready")
 	})
-	ln, err := net.Listen("tcp", c.listen)
-	if err != nil {
-		return fmt.Errorf("cannot listen on %s (--listen): %w", c.listen, err)
+	servers := []*listener{{name: "--listen", addr: c.listen, handler: mux}}
+	if c.metricsListen != "" {
+		m := http.NewServeMux()
+		m.Handle("/metrics", metricsHandler)
+		servers = append(servers, &listener{name: "--metrics-listen", addr: c.metricsListen, handler: m})
 	}
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-	log.Info("serving", "addr", ln.Addr().String(), "topic", c.stack.topic, "group", c.group,
-		"clickhouse", c.stack.ch.Addr, "database", c.stack.ch.Database, "catalog_version", cat.Version())
+	for _, s := range servers {
+		if err := s.listen(c.http); err != nil {
+			for _, o := range servers {
+				o.close()
+			}
+			return err
+		}
+	}
+	log.Info("serving", "addr", servers[0].ln.Addr().String(), "metrics_addr", c.metricsListen, "topic", c.stack.topic, "group", c.group,
+		"clickhouse", c.stack.ch.Addr, "database", c.stack.ch.Database, "catalog_version", cat.Version(), "sealing", sealer != nil)
 
 	// Workers stop in order: HTTP intake first, then the pipeline (the consumer flushes
-	// and commits, then the rollup catches up) and the policy replica, then clients close
-	// (deferred above).
+	// and commits, then the rollup catches up), the policy replica and the sealer (one
+	// last seal of what was ingested), then clients close (deferred above).
 	consumerCtx, stopConsumer := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopConsumer()
-	errc := make(chan error, 1)
-	go func() {
-		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			errc <- fmt.Errorf("http server: %w", err)
-		}
-	}()
+	errc := make(chan error, len(servers))
+	for _, s := range servers {
+		go func() {
+			if err := s.srv.Serve(s.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				errc <- fmt.Errorf("http server on %s (%s): %w", s.addr, s.name, err)
+			}
+		}()
+	}
+	var workers sync.WaitGroup
+	workers.Go(func() { _ = keyCache.Run(consumerCtx) })
 	var pipelineWG sync.WaitGroup
 	if pipeline != nil {
-		pipelineWG.Add(1)
-		go func() { defer pipelineWG.Done(); pipeline.Run(consumerCtx) }()
+		pipelineWG.Go(func() { pipeline.Run(consumerCtx) })
 	}
-	var policyWG sync.WaitGroup
-	if replica != nil {
+	// The sealer stops after the consumer's last flush, so its last seal covers it.
+	sealCtx, stopSealer := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopSealer()
+	var sealerWG sync.WaitGroup
+	if sealer != nil {
+		sealerWG.Go(func() { _ = sealer.Run(sealCtx) })
+	}
+	if pol != nil {
 		ready := make(chan struct{})
 		replicaErr := make(chan error, 1)
-		policyWG.Add(2)
-		go func() { defer policyWG.Done(); replicaErr <- replica.Run(consumerCtx, ready) }()
-		go func() { defer policyWG.Done(); policyAPI.Watch(consumerCtx, 2*time.Second) }()
+		workers.Go(func() { replicaErr <- pol.replica.Run(consumerCtx, ready) })
+		workers.Go(func() { pol.api.Watch(consumerCtx, 2*time.Second) })
+		workers.Go(func() { pol.engine.Limiter().Run(consumerCtx, time.Minute) })
 		select {
 		case <-ready:
 			policyReady.Store(true)
-			log.Info("policy directory ready", "policy_revision", policyAPI.Revision())
+			log.Info("policy directory ready", "policy_revision", pol.api.Revision())
 		case err := <-replicaErr:
-			_ = srv.Close()
+			for _, s := range servers {
+				s.close()
+			}
+			stopConsumer()
 			return fmt.Errorf("cannot start the policy replica: %w", err)
 		}
 	}
@@ -211,10 +304,39 @@ func serve(ctx context.Context, log *slog.Logger, reg *prometheus.Registry, c se
 	}
 	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	_ = srv.Shutdown(sctx)
+	for _, s := range servers {
+		_ = s.srv.Shutdown(sctx)
+	}
 	stopConsumer()
-	policyWG.Wait()
 	pipelineWG.Wait()
+	stopSealer()
+	sealerWG.Wait()
+	workers.Wait()
 	log.Info("stopped")
 	return runErr
+}
+
+// listener is one of serve's HTTP servers.
+type listener struct {
+	name, addr string
+	handler    http.Handler
+	ln         net.Listener
+	srv        *http.Server
+}
+
+func (l *listener) listen(lim httpLimits) error {
+	ln, err := net.Listen("tcp", l.addr)
+	if err != nil {
+		return fmt.Errorf("cannot listen on %s (%s): %w", l.addr, l.name, err)
+	}
+	l.ln = ln
+	l.srv = &http.Server{Handler: l.handler, ReadHeaderTimeout: lim.readHeader, ReadTimeout: lim.read,
+		WriteTimeout: lim.write, IdleTimeout: lim.idle, MaxHeaderBytes: 1 << 20}
+	return nil
+}
+
+func (l *listener) close() {
+	if l.ln != nil {
+		_ = l.ln.Close()
+	}
 }

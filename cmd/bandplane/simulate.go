@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -32,7 +31,7 @@ func runSimulate(ctx context.Context, e *env, args []string) error {
 	fs.IntVar(&cfg.BatchSize, "batch-size", cfg.BatchSize, "events per produce call or HTTP request")
 	start := fs.String("start", "", "timestamp of the first event, RFC 3339 (default: now)")
 	collector := fs.String("collector", "", "send to this collector base URL (e.g. http://127.0.0.1:8080) instead of Kafka")
-	token := fs.String("collector-token", envOr("BANDPLANE_COLLECTOR_TOKEN", ""), "bearer token for --collector")
+	token := fs.String("key", envOr("BANDPLANE_API_KEY", ""), "API key (ingest role) for --collector (env BANDPLANE_API_KEY); a platform key (bandplane keys create --org '*' --role ingest) is needed for the directory events the simulation starts with")
 	quiet := fs.Bool("quiet", false, "no progress lines on stderr")
 	if err := parse(fs, args); err != nil {
 		return err
@@ -75,11 +74,9 @@ func runSimulate(ctx context.Context, e *env, args []string) error {
 		}
 	}
 	sum, err := simulate.Run(ctx, cfg, sink, progress)
-	b, jerr := json.Marshal(sum)
-	if jerr != nil {
+	if jerr := printJSON(e.stdout, sum); jerr != nil {
 		return jerr
 	}
-	fmt.Fprintln(e.stdout, string(b))
 	if err != nil && !errors.Is(err, context.Canceled) {
 		return fmt.Errorf("stopped after %d events: %w", sum.Events, err)
 	}

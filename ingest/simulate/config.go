@@ -32,7 +32,8 @@ type Config struct {
 	Duration time.Duration
 	// Start is the timestamp of the first event (--start, RFC 3339); simulated time then
 	// advances at the pace of a busy workspace, independent of Rate. The zero value
-	// means the time Run starts, truncated to the second (not reproducible).
+	// means the time Run starts, truncated to the second (not reproducible); then, with
+	// a Rate, simulated time never runs ahead of the wall clock (a live workload).
 	Start time.Time
 	// BatchSize is the most lines handed to the Sink in one Send (--batch-size, >= 1).
 	// With a Rate, batches are also capped at a tenth of a second's worth of events.

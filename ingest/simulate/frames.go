@@ -5,7 +5,7 @@ import (
 	"time"
 )
 
-// The platform's frames, field for field as in shared/testdata/band/frames.ndjson.
+// The platform's frames, field for field as in schema/testdata/band/frames.ndjson.
 
 type frame struct {
 	Topic   string `json:"topic"`

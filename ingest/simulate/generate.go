@@ -22,6 +22,10 @@ type generator struct {
 	r     rnd
 	w     *world
 	clock time.Time
+	// wall, when set, is the clock simulated time never runs ahead of: a run that
+	// starts now and is paced (make run) would otherwise soon post events hours in the
+	// future, which the collector refuses (--max-clock-skew).
+	wall  func() time.Time
 	queue [][]byte
 
 	started  bool
@@ -76,6 +80,11 @@ func (g *generator) advance(d time.Duration) time.Time {
 	}
 	j := time.Duration(float64(d) * (0.7 + 0.6*g.r.Float64()))
 	g.clock = g.clock.Add(j + time.Duration(g.r.IntN(1000))*time.Microsecond).Truncate(time.Microsecond)
+	if g.wall != nil {
+		if now := g.wall().UTC().Truncate(time.Microsecond); g.clock.After(now) {
+			g.clock = now // never before the previous clock: now only grows
+		}
+	}
 	return g.clock
 }
 

@@ -222,11 +222,15 @@ func Run(ctx context.Context, cfg Config, sink Sink, progress func(Summary)) (Su
 		return Summary{}, errors.New("simulate: no sink")
 	}
 	start := cfg.Start
-	if start.IsZero() {
+	live := start.IsZero()
+	if live {
 		start = time.Now().UTC().Truncate(time.Second)
 	}
 	cat := pricing.Default()
 	g := newGenerator(cfg, cat, start)
+	if live && cfg.Rate > 0 {
+		g.wall = time.Now
+	}
 	sum := newSummary(cfg, start.UTC(), cat)
 	sum.ChattyAgent = g.w.cast.chatty.Handle
 	t := &tally{cat: cat, agents: map[string]registered{}, seen: map[string]struct{}{}}

@@ -7,7 +7,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
-	"crypto/subtle"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -17,10 +16,12 @@ import (
 	"net/http"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/bandplane/bandplane/policy"
+	"github.com/bandplane/bandplane/policy/keys"
 	"github.com/bandplane/bandplane/schema"
 )
 
@@ -37,14 +38,24 @@ type Config struct {
 	// FailOpen lists decisions that may still grant access when their audit event
 	// cannot be written. Every other decision fails closed: a grant without an audit
 	// record becomes a deny (reason audit_unavailable).
-	FailOpen      map[string]bool
-	Token         string // bearer token for decisions and peers ("" = no auth)
-	OperatorToken string // bearer token for reload, suspend and resume (required for them)
-	BundleDir     string // where reload reads the policies ("" = the built-in bundle)
-	AuditTimeout  time.Duration
-	Logger        *slog.Logger
-	Registerer    prometheus.Registerer
+	FailOpen map[string]bool
+	// Auth checks the API key of every HTTP request (README, "Keys and roles"):
+	// decisions and peers need the router role, reload, suspend and resume the
+	// operator or admin role. Nil serves no HTTP (the CLI and the benchmark of the
+	// engine call Decide directly).
+	Auth         keys.Authenticator
+	BundleDir    string // where reload reads the policies ("" = the built-in bundle)
+	AuditTimeout time.Duration
+	// MaxBodyBytes bounds a request body (default DefaultMaxBodyBytes); a larger one is
+	// answered 413.
+	MaxBodyBytes int64
+	Logger       *slog.Logger
+	Registerer   prometheus.Registerer
 }
+
+// DefaultMaxBodyBytes is the largest decision request body by default: inputs are a few
+// ids and numbers.
+const DefaultMaxBodyBytes = 64 << 10
 
 // API is an http.Handler.
 type API struct {
@@ -65,6 +76,9 @@ func New(cfg Config) (*API, error) {
 	if cfg.AuditTimeout <= 0 {
 		cfg.AuditTimeout = 5 * time.Second
 	}
+	if cfg.MaxBodyBytes <= 0 {
+		cfg.MaxBodyBytes = DefaultMaxBodyBytes
+	}
 	a := &API{cfg: cfg, log: cfg.Logger.With("component", "policy-api"), mux: http.NewServeMux(),
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "bandplane_policy_decisions_total",
 			Help: "Policy decisions by decision and result."}, []string{"decision", "result"}),
@@ -74,53 +88,73 @@ func New(cfg Config) (*API, error) {
 	if cfg.Registerer != nil {
 		cfg.Registerer.MustRegister(a.decisions, a.auditErrs)
 	}
-	a.mux.HandleFunc("POST /v1/decisions/{name}", a.auth(cfg.Token, a.decide))
-	a.mux.HandleFunc("GET /v1/peers", a.auth(cfg.Token, a.peers))
-	a.mux.HandleFunc("POST /v1/policy/reload", a.operator(a.reload))
-	a.mux.HandleFunc("POST /v1/agents/{id}/suspend", a.operator(a.suspend(true)))
-	a.mux.HandleFunc("POST /v1/agents/{id}/resume", a.operator(a.suspend(false)))
+	if cfg.Auth != nil {
+		router := keys.Require(cfg.Auth, keys.RoleRouter)
+		operators := keys.Require(cfg.Auth, keys.RoleOperator, keys.RoleAdmin)
+		a.mux.Handle("POST /v1/decisions/{name}", router(http.HandlerFunc(a.decide)))
+		a.mux.Handle("GET /v1/peers", router(http.HandlerFunc(a.peers)))
+		a.mux.Handle("POST /v1/policy/reload", operators(http.HandlerFunc(a.reload)))
+		a.mux.Handle("POST /v1/agents/{id}/suspend", operators(a.suspend(true)))
+		a.mux.Handle("POST /v1/agents/{id}/resume", operators(a.suspend(false)))
+	}
 	return a, nil
 }
 
-func (a *API) ServeHTTP(w http.ResponseWriter, r *http.Request) { a.mux.ServeHTTP(w, r) }
-
-type errorBody struct {
-	Error string `json:"error"`
-}
-
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(v)
-}
-
-func bearer(r *http.Request, want string) bool {
-	got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-	return ok && subtle.ConstantTimeCompare([]byte(got), []byte(want)) == 1
-}
-
-func (a *API) auth(token string, h http.HandlerFunc) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
-		if token != "" && !bearer(r, token) {
-			writeJSON(w, http.StatusUnauthorized, errorBody{"missing or wrong bearer token"})
-			return
-		}
-		h(w, r)
+// ServeHTTP serves the decision API; without Config.Auth every request is refused.
+func (a *API) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if a.cfg.Auth == nil {
+		keys.WriteError(w, http.StatusServiceUnavailable, "unavailable", "the policy API has no key store configured")
+		return
 	}
+	a.mux.ServeHTTP(w, r)
 }
 
-func (a *API) operator(h http.HandlerFunc) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
-		if a.cfg.OperatorToken == "" {
-			writeJSON(w, http.StatusForbidden, errorBody{"operator endpoints are disabled: start with --operator-token"})
-			return
-		}
-		if !bearer(r, a.cfg.OperatorToken) {
-			writeJSON(w, http.StatusUnauthorized, errorBody{"missing or wrong operator bearer token"})
-			return
-		}
-		h(w, r)
+func writeError(w http.ResponseWriter, status int, msg string) {
+	code := "bad_request"
+	switch status {
+	case http.StatusNotFound:
+		code = "not_found"
+	case http.StatusRequestEntityTooLarge:
+		code = "too_large"
+	case http.StatusUnprocessableEntity:
+		code = "policy_refused"
+	case http.StatusServiceUnavailable:
+		code = "unavailable"
+	case http.StatusInternalServerError:
+		code = "internal"
 	}
+	keys.WriteError(w, status, code, msg)
+}
+
+// readBody reads a request body of at most MaxBodyBytes: 413 when it is larger, 400
+// when it cannot be read. It reports whether the handler may go on.
+func (a *API) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, a.cfg.MaxBodyBytes))
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("request body is larger than %d bytes", a.cfg.MaxBodyBytes))
+			return nil, false
+		}
+		writeError(w, http.StatusBadRequest, "cannot read request body: "+err.Error())
+		return nil, false
+	}
+	return body, true
+}
+
+// mayActOn refuses (403) an organization-scoped key acting on an agent of another
+// organization. Agents the directory does not know pass: the policies deny them, and
+// the answer says nothing about any organization.
+func (a *API) mayActOn(w http.ResponseWriter, r *http.Request, agent string) bool {
+	k, _ := keys.FromContext(r.Context())
+	if k.Platform() {
+		return true
+	}
+	if ag, ok := a.cfg.Engine.Directory().Agent(agent); ok && !k.MayActOn(ag.Org) {
+		keys.Forbidden(w, k, ag.Org)
+		return false
+	}
+	return true
 }
 
 // Input decodes and checks the input of a decision; unknown fields are refused so that
@@ -140,10 +174,21 @@ func Input(name string, body []byte) (any, error) {
 		return nil, fmt.Errorf("%w %q (known: %s, %s, %s, %s)", errUnknownDecision, name,
 			policy.PeerVisible, policy.AddParticipant, policy.ContactRequest, policy.SendMessage)
 	}
+	if len(bytes.TrimSpace(body)) == 0 {
+		return nil, fmt.Errorf("%s input: the request body is empty; send a JSON object", name)
+	}
+	// One JSON object, held to the rules of event lines (no duplicate keys, valid UTF-8,
+	// bounded depth, nothing after it).
+	if err := schema.CheckJSON(body); err != nil {
+		return nil, fmt.Errorf("cannot decode %s input: %w", name, err)
+	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(in); err != nil {
 		return nil, fmt.Errorf("cannot decode %s input: %w", name, err)
+	}
+	if err := checkIDs(in); err != nil {
+		return nil, fmt.Errorf("%s input: %w", name, err)
 	}
 	var missing []string
 	need := func(field, v string) {
@@ -174,6 +219,44 @@ func Input(name string, body []byte) (any, error) {
 
 var errUnknownDecision = errors.New("unknown decision")
 
+// checkIDs holds the ids of an input to the limits of event ids (schema.MaxIDBytes, no
+// control characters, valid UTF-8), so that nothing a caller names can be longer or
+// stranger than what the audit trail stores.
+func checkIDs(in any) error {
+	var fields [][2]string
+	switch v := in.(type) {
+	case *policy.PeerInput:
+		fields = [][2]string{{"agent", v.Agent}, {"room", v.Room}, {"candidate", v.Candidate}}
+	case *policy.AddInput:
+		fields = [][2]string{{"actor", v.Actor}, {"room", v.Room}, {"participant", v.Participant}}
+	case *policy.ContactInput:
+		fields = [][2]string{{"from", v.From}, {"handle", v.Handle}}
+	case *policy.MessageInput:
+		fields = [][2]string{{"agent", v.Agent}, {"room", v.Room}}
+	}
+	for _, f := range fields {
+		if err := checkID(f[0], f[1]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func checkID(field, v string) error {
+	if len(v) > schema.MaxIDBytes {
+		return fmt.Errorf("%s is %d bytes long, more than %d", field, len(v), schema.MaxIDBytes)
+	}
+	if !utf8.ValidString(v) {
+		return fmt.Errorf("%s is not valid UTF-8", field)
+	}
+	for i := 0; i < len(v); i++ {
+		if v[i] < 0x20 || v[i] == 0x7f {
+			return fmt.Errorf("%s has a control character at byte %d", field, i)
+		}
+	}
+	return nil
+}
+
 // Decide evaluates, audits and returns one decision; the HTTP handlers and the CLI go
 // through it.
 func (a *API) Decide(ctx context.Context, name string, in any) (policy.Decision, error) {
@@ -183,7 +266,7 @@ func (a *API) Decide(ctx context.Context, name string, in any) (policy.Decision,
 	}
 	if a.cfg.Auditor != nil {
 		actx, cancel := context.WithTimeout(ctx, a.cfg.AuditTimeout)
-		err := a.cfg.Auditor.Produce(actx, []schema.Event{a.auditEvent(name, in, &d)})
+		err := a.cfg.Auditor.Produce(actx, []schema.Event{a.auditEvent(ctx, name, in, &d)})
 		cancel()
 		if err != nil {
 			a.auditErrs.Inc()
@@ -212,25 +295,34 @@ type DecidedData struct {
 	InputDigest    string          `json:"input_digest"` // SHA-256 of the canonical input JSON
 	Input          json.RawMessage `json:"input"`
 	RetryAfterMs   int64           `json:"retry_after_ms,omitempty"`
+	// RequestedBy is the id of the API key that asked (absent for the CLI).
+	RequestedBy string `json:"requested_by,omitempty"`
 }
 
-func (a *API) auditEvent(name string, in any, d *policy.Decision) schema.Event {
+func (a *API) auditEvent(ctx context.Context, name string, in any, d *policy.Decision) schema.Event {
 	canonical, _ := json.Marshal(in) // struct fields in a fixed order: canonical
 	sum := sha256.Sum256(canonical)
 	data, _ := json.Marshal(DecidedData{
 		Decision: name, Allow: d.Allow, Reasons: d.Reasons, PolicyRevision: d.PolicyRevision,
 		InputDigest: hex.EncodeToString(sum[:]), Input: canonical, RetryAfterMs: d.RetryAfterMs,
+		RequestedBy: keyID(ctx),
 	})
 	actor, room := subjectOf(in)
 	ev := schema.Event{
 		ID: d.DecisionID, Type: schema.TypePolicyDecided, Time: time.Now().UTC(), RoomID: room,
-		Actor: schema.Party{ID: actor, Type: schema.ActorAgent}, Source: "bandplane-policy",
+		Actor: schema.Party{ID: actor, Type: schema.ActorAgent}, Source: SourcePolicy,
 		SchemaVersion: schema.Version, Data: data,
 	}
 	if ag, ok := a.cfg.Engine.Directory().Agent(actor); ok {
 		ev.OrgID = ag.Org
 	}
 	return ev
+}
+
+// keyID is the id of the API key of the request in ctx, or "".
+func keyID(ctx context.Context) string {
+	k, _ := keys.FromContext(ctx)
+	return k.ID
 }
 
 func subjectOf(in any) (actor, room string) {
@@ -249,9 +341,8 @@ func subjectOf(in any) (actor, room string) {
 
 func (a *API) decide(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("name")
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, 1<<20))
-	if err != nil {
-		writeJSON(w, http.StatusBadRequest, errorBody{"cannot read request body: " + err.Error()})
+	body, ok := a.readBody(w, r)
+	if !ok {
 		return
 	}
 	in, err := Input(name, body)
@@ -260,43 +351,71 @@ func (a *API) decide(w http.ResponseWriter, r *http.Request) {
 		if errors.Is(err, errUnknownDecision) {
 			status = http.StatusNotFound
 		}
-		writeJSON(w, status, errorBody{err.Error()})
+		writeError(w, status, err.Error())
+		return
+	}
+	if actor, _ := subjectOf(in); !a.mayActOn(w, r, actor) {
 		return
 	}
 	d, err := a.Decide(r.Context(), name, in)
 	if err != nil {
-		writeJSON(w, http.StatusInternalServerError, errorBody{err.Error()})
+		writeError(w, http.StatusInternalServerError, err.Error())
 		return
 	}
-	writeJSON(w, http.StatusOK, d)
+	if p, ok := in.(*policy.PeerInput); ok && p.Candidate == "" {
+		keys.WriteJSON(w, http.StatusOK, peerList(d))
+		return
+	}
+	keys.WriteJSON(w, http.StatusOK, d)
+}
+
+// peerList is a list answer of peer_visible: "peers" is always there, [] when empty.
+func peerList(d policy.Decision) any {
+	if d.Peers == nil {
+		d.Peers = []policy.Peer{}
+	}
+	return struct {
+		policy.Decision
+		Peers []policy.Peer `json:"peers"`
+	}{d, d.Peers}
 }
 
 func (a *API) peers(w http.ResponseWriter, r *http.Request) {
-	in := &policy.PeerInput{Agent: r.URL.Query().Get("agent"), Room: r.URL.Query().Get("room")}
+	q := r.URL.Query()
+	in := &policy.PeerInput{Agent: q.Get("agent"), Room: q.Get("room")}
 	if in.Agent == "" {
-		writeJSON(w, http.StatusBadRequest, errorBody{"query parameter agent is required"})
+		writeError(w, http.StatusBadRequest, "query parameter agent is required")
+		return
+	}
+	if err := checkIDs(in); err != nil {
+		writeError(w, http.StatusBadRequest, "peers: "+err.Error())
+		return
+	}
+	if !a.mayActOn(w, r, in.Agent) {
 		return
 	}
 	d, err := a.Decide(r.Context(), policy.PeerVisible, in)
 	if err != nil {
-		writeJSON(w, http.StatusInternalServerError, errorBody{err.Error()})
+		writeError(w, http.StatusInternalServerError, err.Error())
 		return
 	}
-	if d.Peers == nil {
-		d.Peers = []policy.Peer{}
-	}
-	writeJSON(w, http.StatusOK, d)
+	keys.WriteJSON(w, http.StatusOK, peerList(d))
 }
 
 func (a *API) reload(w http.ResponseWriter, r *http.Request) {
+	// The bundle decides for every organization: only a platform key may swap it.
+	if k, _ := keys.FromContext(r.Context()); !k.Platform() {
+		keys.Forbidden(w, k, keys.PlatformOrg)
+		return
+	}
 	rev, err := a.Reload(r.Context())
 	if err != nil {
-		writeJSON(w, http.StatusUnprocessableEntity, map[string]string{
-			"error": err.Error(), "policy_revision": a.cfg.Engine.Revision(),
+		keys.WriteJSON(w, http.StatusUnprocessableEntity, map[string]string{
+			"error": err.Error(), "code": "policy_refused", "policy_revision": a.cfg.Engine.Revision(),
 		})
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]string{"policy_revision": rev})
+	keys.WriteJSON(w, http.StatusOK, map[string]string{"policy_revision": rev})
 }
 
 // Reload compiles and tests the policy folder (or the built-in bundle) and swaps it in;
@@ -318,31 +437,58 @@ func (a *API) Reload(ctx context.Context) (string, error) {
 	return rev, nil
 }
 
+// MaxReasonBytes bounds the reason an operator gives for a suspension.
+const MaxReasonBytes = 1024
+
 // suspend handles the operator's suspend and resume: the directory changes at once (the
-// next decision sees it), the change is recorded as agent.updated, and a suspension
-// also sends the routing core an agent.control stop event. A resume that cannot be
-// recorded is undone (no unaudited grant); a suspension stays in force either way.
+// next decision sees it), the change is recorded as agent.suspended or agent.resumed
+// (bandplane's own types, which the replicas replay: the suspension survives restarts
+// and no agent.updated from the platform lifts it), and a suspension also sends the
+// routing core an agent.control stop event. A resume that cannot be recorded is undone
+// (no unaudited grant); a suspension stays in force either way.
 func (a *API) suspend(suspended bool) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		id := r.PathValue("id")
 		dir := a.cfg.Engine.Directory()
 		ag, ok := dir.Agent(id)
 		if !ok {
-			writeJSON(w, http.StatusNotFound, errorBody{fmt.Sprintf("agent %q is not in the directory", id)})
+			writeError(w, http.StatusNotFound, fmt.Sprintf("agent %q is not in the directory", id))
 			return
 		}
-		if err := dir.Suspend(r.Context(), id, suspended); err != nil {
-			writeJSON(w, http.StatusInternalServerError, errorBody{err.Error()})
+		if !a.mayActOn(w, r, id) {
 			return
 		}
-		ag.Suspended = suspended
-		var reason struct {
+		body, ok := a.readBody(w, r)
+		if !ok {
+			return
+		}
+		var req struct {
 			Reason string `json:"reason"`
 		}
-		_ = json.NewDecoder(io.LimitReader(r.Body, 1<<16)).Decode(&reason)
-		events := []schema.Event{agentUpdated(ag)}
+		if len(bytes.TrimSpace(body)) > 0 {
+			dec := json.NewDecoder(bytes.NewReader(body))
+			dec.DisallowUnknownFields()
+			err := schema.CheckJSON(body)
+			if err == nil {
+				err = dec.Decode(&req)
+			}
+			if err != nil {
+				writeError(w, http.StatusBadRequest, `cannot decode the body (want {"reason": "..."} or nothing): `+err.Error())
+				return
+			}
+			if len(req.Reason) > MaxReasonBytes {
+				writeError(w, http.StatusBadRequest, fmt.Sprintf("reason is %d bytes long, more than %d", len(req.Reason), MaxReasonBytes))
+				return
+			}
+		}
+		if err := dir.Suspend(r.Context(), id, suspended); err != nil {
+			writeError(w, http.StatusInternalServerError, err.Error())
+			return
+		}
+		by, _ := keys.FromContext(r.Context())
+		events := []schema.Event{operatorAction(ag, suspended, req.Reason, by)}
 		if suspended {
-			events = append(events, agentControl(ag, "stop", reason.Reason))
+			events = append(events, agentControl(ag, "stop", req.Reason, by))
 		}
 		if a.cfg.Auditor != nil {
 			actx, cancel := context.WithTimeout(r.Context(), a.cfg.AuditTimeout)
@@ -353,13 +499,13 @@ func (a *API) suspend(suspended bool) http.HandlerFunc {
 				if !suspended {
 					_ = dir.Suspend(context.WithoutCancel(r.Context()), id, true)
 				}
-				writeJSON(w, http.StatusServiceUnavailable, errorBody{fmt.Sprintf(
-					"cannot record the change in the audit trail (the agent is suspended): %v", err)})
+				writeError(w, http.StatusServiceUnavailable, fmt.Sprintf(
+					"cannot record the change in the audit trail (the agent is suspended): %v", err))
 				return
 			}
 		}
-		a.log.Info("agent suspension changed by operator", "agent_id", id, "suspended", suspended, "reason", reason.Reason)
-		writeJSON(w, http.StatusOK, map[string]any{"agent": id, "suspended": suspended, "events": eventIDs(events)})
+		a.log.Info("agent suspension changed by operator", "agent_id", id, "suspended", suspended, "reason", req.Reason, "key_id", by.ID)
+		keys.WriteJSON(w, http.StatusOK, map[string]any{"agent": id, "suspended": suspended, "events": eventIDs(events)})
 	}
 }
 
@@ -371,27 +517,46 @@ func eventIDs(evs []schema.Event) []string {
 	return out
 }
 
-func agentUpdated(ag policy.Agent) schema.Event {
-	data, _ := json.Marshal(schema.AgentData{
-		Handle: ag.Handle, OwnerID: ag.Owner, Model: ag.Model, PersonalRegistryAccess: ag.RegistryAccess,
-		SharedWithOrg: ag.SharedWithOrg, Global: ag.Global, Listed: ag.Listed, Suspended: ag.Suspended,
-	})
+// SourcePolicy is the source of the events the policy API writes.
+const SourcePolicy = schema.SourceBandplane + "-policy"
+
+// OperatorData is the data of agent.suspended and agent.resumed.
+type OperatorData struct {
+	Reason  string `json:"reason,omitempty"`
+	KeyName string `json:"key_name,omitempty"`
+}
+
+// operator is the actor of an operator's action: the API key that did it.
+func operator(by keys.Key) schema.Party {
+	id := by.ID
+	if id == "" {
+		id = "operator"
+	}
+	return schema.Party{ID: id, Type: schema.ActorSystem}
+}
+
+func operatorAction(ag policy.Agent, suspended bool, reason string, by keys.Key) schema.Event {
+	typ := schema.TypeAgentResumed
+	if suspended {
+		typ = schema.TypeAgentSuspended
+	}
+	data, _ := json.Marshal(OperatorData{Reason: reason, KeyName: by.Name})
 	return schema.Event{
-		ID: schema.NewID(), Type: schema.TypeAgentUpdated, Time: time.Now().UTC(), OrgID: ag.Org,
-		Actor:   schema.Party{ID: "operator", Type: schema.ActorSystem},
+		ID: schema.NewID(), Type: typ, Time: time.Now().UTC(), OrgID: ag.Org,
+		Actor:   operator(by),
 		Subject: &schema.Party{ID: ag.ID, Type: schema.ActorAgent, Handle: ag.Handle},
-		Source:  "bandplane-policy", SchemaVersion: schema.Version, Data: data,
+		Source:  SourcePolicy, SchemaVersion: schema.Version, Data: data,
 	}
 }
 
 // agentControl is the stop command the routing core listens for.
-func agentControl(ag policy.Agent, action, reason string) schema.Event {
+func agentControl(ag policy.Agent, action, reason string, by keys.Key) schema.Event {
 	data, _ := json.Marshal(map[string]string{"action": action, "reason": reason})
 	return schema.Event{
 		ID: schema.NewID(), Type: schema.TypeAgentControl, Time: time.Now().UTC(), OrgID: ag.Org,
-		Actor:   schema.Party{ID: "operator", Type: schema.ActorSystem},
+		Actor:   operator(by),
 		Subject: &schema.Party{ID: ag.ID, Type: schema.ActorAgent, Handle: ag.Handle},
-		Source:  "bandplane-policy", SchemaVersion: schema.Version, Data: data,
+		Source:  SourcePolicy, SchemaVersion: schema.Version, Data: data,
 	}
 }
 

@@ -17,6 +17,7 @@ import (
 
 	"github.com/bandplane/bandplane/policy"
 	"github.com/bandplane/bandplane/policy/api"
+	"github.com/bandplane/bandplane/policy/keys"
 	"github.com/bandplane/bandplane/schema"
 )
 
@@ -24,6 +25,18 @@ type fakeAuditor struct {
 	mu     sync.Mutex
 	events []schema.Event
 	err    error
+}
+
+func (f *fakeAuditor) eventsOf(typ string) []schema.Event {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []schema.Event
+	for _, ev := range f.events {
+		if ev.Type == typ {
+			out = append(out, ev)
+		}
+	}
+	return out
 }
 
 func (f *fakeAuditor) Produce(_ context.Context, evs []schema.Event) error {
@@ -45,7 +58,7 @@ func newAPI(t *testing.T, aud *fakeAuditor, mod func(*api.Config)) (*api.API, *p
 	require.NoError(t, dir.Load(ctx, snap))
 	eng, err := policy.New(ctx, policy.Config{Directory: dir})
 	require.NoError(t, err)
-	cfg := api.Config{Engine: eng, Token: "t", OperatorToken: "op"}
+	cfg := api.Config{Engine: eng, Auth: testKeys}
 	if aud != nil {
 		cfg.Auditor = aud
 	}
@@ -55,6 +68,25 @@ func newAPI(t *testing.T, aud *fakeAuditor, mod func(*api.Config)) (*api.API, *p
 	a, err := api.New(cfg)
 	require.NoError(t, err)
 	return a, eng
+}
+
+// fakeKeys is a key store: a token maps to its key.
+type fakeKeys map[string]keys.Key
+
+func (f fakeKeys) Lookup(_ context.Context, token string) (keys.Key, bool) {
+	k, ok := f[token]
+	return k, ok
+}
+
+var testKeys = fakeKeys{
+	"t":          {ID: "k-router", Org: keys.PlatformOrg, Role: keys.RoleRouter},
+	"op":         {ID: "k-op", Org: keys.PlatformOrg, Role: keys.RoleOperator, Name: "on-call"},
+	"acme-op":    {ID: "k-acme-op", Org: "org-acme", Role: keys.RoleOperator},
+	"acme-admin": {ID: "k-acme-admin", Org: "org-acme", Role: keys.RoleAdmin},
+	"other-op":   {ID: "k-other-op", Org: "org-other", Role: keys.RoleOperator},
+	"acme-route": {ID: "k-acme-router", Org: "org-acme", Role: keys.RoleRouter},
+	"other-rt":   {ID: "k-other-router", Org: "org-other", Role: keys.RoleRouter},
+	"viewer":     {ID: "k-viewer", Org: keys.PlatformOrg, Role: keys.RoleViewer},
 }
 
 func call(t *testing.T, h http.Handler, method, path, token, body string) (int, map[string]any) {
@@ -145,17 +177,37 @@ func TestBadRequests(t *testing.T) {
 		code                    int
 		contains                string
 	}{
-		{"no token", "/v1/decisions/add_participant", "", `{}`, 401, "bearer"},
+		{"no key", "/v1/decisions/add_participant", "", `{}`, 401, "API key"},
+		{"unknown key", "/v1/decisions/add_participant", "nope", `{}`, 401, "unknown"},
+		{"wrong role", "/v1/decisions/add_participant", "viewer", `{}`, 403, "router"},
+		{"operator is no router", "/v1/decisions/add_participant", "op", `{}`, 403, "router"},
 		{"unknown decision", "/v1/decisions/launch_rockets", "t", `{}`, 404, "unknown decision"},
 		{"missing fields", "/v1/decisions/add_participant", "t", `{"actor":"a"}`, 400, "missing room, participant"},
 		{"unknown field", "/v1/decisions/send_message", "t", `{"agent":"a","rooom":"r"}`, 400, "rooom"},
 		{"negative tokens", "/v1/decisions/send_message", "t", `{"agent":"a","tokens":-1}`, 400, "negative"},
 		{"not json", "/v1/decisions/contact_request", "t", `nope`, 400, "cannot decode"},
+		{"empty body", "/v1/decisions/contact_request", "t", ``, 400, "body is empty"},
+		{"blank body", "/v1/decisions/contact_request", "t", " \n", 400, "body is empty"},
+		{"trailing data", "/v1/decisions/contact_request", "t", `{"from":"a"} {"from":"b"}`, 400, "after top-level value"},
+		{"trailing brace", "/v1/decisions/contact_request", "t", `{"from":"a"}}`, 400, "after top-level value"},
+		{"duplicate key", "/v1/decisions/contact_request", "t", `{"from":"a","from":"b"}`, 400, "duplicate"},
+		{"deep", "/v1/decisions/contact_request", "t", strings.Repeat("[", 5000) + strings.Repeat("]", 5000), 400, "deeper"},
+		{"long id", "/v1/decisions/send_message", "t", `{"agent":"` + strings.Repeat("a", 300) + `"}`, 400, "more than 256"},
+		{"control char", "/v1/decisions/send_message", "t", `{"agent":"a\u0000b"}`, 400, "control character"},
+		{"too large", "/v1/decisions/send_message", "t", `{"agent":"` + strings.Repeat("a", 70<<10) + `"}`, 413, "larger than"},
+		{"org key for another org's agent", "/v1/decisions/send_message", "other-rt", `{"agent":"a-coder","room":"r"}`, 403, "org-acme"},
+		{"org key for peers of another org", "/v1/peers?agent=a-coder", "other-rt", ``, 403, "org-acme"},
+		{"peers long id", "/v1/peers?agent=" + strings.Repeat("a", 300), "t", ``, 400, "more than 256"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			code, out := call(t, a, "POST", tc.path, tc.token, tc.body)
-			assert.Equal(t, tc.code, code)
+			method := "POST"
+			if strings.HasPrefix(tc.path, "/v1/peers") {
+				method = "GET"
+			}
+			code, out := call(t, a, method, tc.path, tc.token, tc.body)
+			assert.Equal(t, tc.code, code, "%v", out)
 			assert.Contains(t, out["error"], tc.contains)
+			assert.NotEmpty(t, out["code"], "every error carries a code")
 		})
 	}
 }
@@ -168,27 +220,73 @@ func TestSuspendTakesEffectAndIsAudited(t *testing.T) {
 	require.Equal(t, true, d["allow"], "%v", d)
 
 	code, _ := call(t, a, "POST", "/v1/agents/a-coder/suspend", "t", `{"reason":"too chatty"}`)
-	assert.Equal(t, http.StatusUnauthorized, code, "the decision token is not an operator token")
-	code, out := call(t, a, "POST", "/v1/agents/a-coder/suspend", "op", `{"reason":"too chatty"}`)
+	assert.Equal(t, http.StatusForbidden, code, "a router key is not an operator key")
+	code, _ = call(t, a, "POST", "/v1/agents/a-coder/suspend", "other-op", `{"reason":"too chatty"}`)
+	assert.Equal(t, http.StatusForbidden, code, "another organization's operator")
+	for _, bad := range []string{`{"reason":`, `{"why":"x"}`, `{"reason":"` + strings.Repeat("x", 2000) + `"}`, `{"reason":"a"} {}`} {
+		code, out := call(t, a, "POST", "/v1/agents/a-coder/suspend", "op", bad)
+		assert.Equal(t, http.StatusBadRequest, code, "%s: %v", bad, out)
+	}
+	_, d = call(t, a, "POST", "/v1/decisions/send_message", "t", body)
+	require.Equal(t, true, d["allow"], "refused requests change nothing: %v", d)
+	assert.Empty(t, aud.eventsOf(schema.TypeAgentSuspended))
+
+	code, out := call(t, a, "POST", "/v1/agents/a-coder/suspend", "acme-op", `{"reason":"too chatty"}`)
 	require.Equal(t, http.StatusOK, code, "%v", out)
 
 	_, d = call(t, a, "POST", "/v1/decisions/send_message", "t", body)
 	assert.Equal(t, false, d["allow"], "the next decision sees the suspension")
-	var types []string
 	for _, ev := range aud.events {
-		types = append(types, ev.Type)
 		assert.NoError(t, ev.Validate())
 	}
-	assert.Contains(t, types, schema.TypeAgentUpdated)
-	assert.Contains(t, types, schema.TypeAgentControl, "the routing core is told to stop the agent")
+	susp := aud.eventsOf(schema.TypeAgentSuspended)
+	require.Len(t, susp, 1)
+	assert.Equal(t, "k-acme-op", susp[0].Actor.ID, "the operator's key is the actor")
+	assert.Equal(t, "a-coder", susp[0].Subject.ID)
+	assert.Equal(t, "org-acme", susp[0].OrgID)
+	assert.True(t, schema.OwnType(susp[0].Type) && schema.OwnSource(susp[0].Source), "nobody else may write it")
+	assert.Contains(t, string(susp[0].Data), "too chatty")
+	assert.Len(t, aud.eventsOf(schema.TypeAgentControl), 1, "the routing core is told to stop the agent")
+	assert.Empty(t, aud.eventsOf(schema.TypeAgentUpdated), "the registration is the platform's: the operator does not write it")
 
-	code, _ = call(t, a, "POST", "/v1/agents/a-coder/resume", "op", ``)
+	code, _ = call(t, a, "POST", "/v1/agents/a-coder/resume", "acme-admin", ``)
 	require.Equal(t, http.StatusOK, code)
 	_, d = call(t, a, "POST", "/v1/decisions/send_message", "t", body)
 	assert.Equal(t, true, d["allow"])
+	assert.Len(t, aud.eventsOf(schema.TypeAgentResumed), 1)
 
 	code, _ = call(t, a, "POST", "/v1/agents/nobody/suspend", "op", ``)
 	assert.Equal(t, http.StatusNotFound, code)
+}
+
+func TestResumeThatCannotBeAuditedIsUndone(t *testing.T) {
+	aud := &fakeAuditor{}
+	a, eng := newAPI(t, aud, nil)
+	code, _ := call(t, a, "POST", "/v1/agents/a-coder/suspend", "op", ``)
+	require.Equal(t, http.StatusOK, code)
+	aud.err = errors.New("kafka down")
+	code, out := call(t, a, "POST", "/v1/agents/a-coder/resume", "op", ``)
+	assert.Equal(t, http.StatusServiceUnavailable, code, "%v", out)
+	ag, _ := eng.Directory().Agent("a-coder")
+	assert.True(t, ag.IsSuspended(), "no unaudited resume")
+}
+
+func TestPeersAnswersAlwaysCarryTheList(t *testing.T) {
+	a, _ := newAPI(t, &fakeAuditor{}, nil)
+	code, d := call(t, a, "GET", "/v1/peers?agent=nobody", "t", "")
+	require.Equal(t, http.StatusOK, code)
+	assert.Equal(t, []any{}, d["peers"], "an empty list is [], not absent: %v", d)
+	code, d = call(t, a, "POST", "/v1/decisions/peer_visible", "t", `{"agent":"nobody"}`)
+	require.Equal(t, http.StatusOK, code)
+	assert.Equal(t, []any{}, d["peers"], "%v", d)
+}
+
+func TestReloadNeedsAPlatformKey(t *testing.T) {
+	a, _ := newAPI(t, &fakeAuditor{}, nil)
+	code, out := call(t, a, "POST", "/v1/policy/reload", "acme-admin", "")
+	assert.Equal(t, http.StatusForbidden, code, "%v", out)
+	code, _ = call(t, a, "POST", "/v1/policy/reload", "t", "")
+	assert.Equal(t, http.StatusForbidden, code, "router")
 }
 
 func TestReloadRefusesABadBundleAndKeepsServing(t *testing.T) {

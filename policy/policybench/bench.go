@@ -1,4 +1,8 @@
-package policy
+// Package policybench measures the policy engine for `bandplane bench policy`: a
+// generated directory the size of a large platform, decision latencies through the
+// engine, the bare OPA evaluation of the same query, and a reference CPU task timed in
+// the same loop. It is a tool, not part of the policy API.
+package policybench
 
 import (
 	"context"
@@ -10,6 +14,8 @@ import (
 
 	"github.com/open-policy-agent/opa/v1/ast"
 	"github.com/open-policy-agent/opa/v1/rego"
+
+	"github.com/bandplane/bandplane/policy"
 )
 
 // LatencyResult is the in-process latency of one decision.
@@ -25,8 +31,8 @@ type BareResult struct {
 	P99Us float64 `json:"p99_us"`
 }
 
-// BenchResult is what BenchPolicy measured.
-type BenchResult struct {
+// Result is what Run measured.
+type Result struct {
 	AddParticipant LatencyResult `json:"add_participant"`
 	SendMessage    LatencyResult `json:"send_message"`
 	BareOPA        BareResult    `json:"bare_opa"`
@@ -38,28 +44,28 @@ type BenchResult struct {
 	ReferenceCPU BareResult `json:"reference_cpu"`
 }
 
-// BenchSetup is the benchmark's directory and engine, and the inputs drawn from it. The
+// Setup is the benchmark's directory and engine, and the inputs drawn from it. The
 // CLI reuses it to drive the same directory over HTTP.
-type BenchSetup struct {
-	Engine   *Engine
-	Snapshot Snapshot
+type Setup struct {
+	Engine   *policy.Engine
+	Snapshot policy.Snapshot
 	rooms    []string // sorted room ids
 	rng      *rand.Rand
 }
 
-// NewBenchSetup builds a directory of agents agents (five per owner, 50 organizations),
+// NewSetup builds a directory of agents agents (five per owner, 50 organizations),
 // contacts random contacts and 500 rooms, and an engine on the built-in bundle.
-func NewBenchSetup(ctx context.Context, agents, contacts int) (*BenchSetup, error) {
+func NewSetup(ctx context.Context, agents, contacts int) (*Setup, error) {
 	if agents < 2 || contacts < 0 || contacts > agents*(agents-1)/2 {
 		return nil, fmt.Errorf("cannot build policy benchmark directory: need agents >= 2 and 0 <= contacts <= agents*(agents-1)/2 (got %d agents, %d contacts)", agents, contacts)
 	}
 	rng := rand.New(rand.NewPCG(1, 2))
 	snap := benchDirectory(rng, agents, contacts)
-	dir := NewDirectory()
+	dir := policy.NewDirectory()
 	if err := dir.Load(ctx, snap); err != nil {
 		return nil, fmt.Errorf("cannot build policy benchmark directory: %w", err)
 	}
-	e, err := New(ctx, Config{Directory: dir})
+	e, err := policy.New(ctx, policy.Config{Directory: dir})
 	if err != nil {
 		return nil, fmt.Errorf("cannot build policy benchmark engine: %w", err)
 	}
@@ -68,66 +74,62 @@ func NewBenchSetup(ctx context.Context, agents, contacts int) (*BenchSetup, erro
 		rooms = append(rooms, r)
 	}
 	slices.Sort(rooms)
-	return &BenchSetup{Engine: e, Snapshot: snap, rooms: rooms, rng: rng}, nil
+	return &Setup{Engine: e, Snapshot: snap, rooms: rooms, rng: rng}, nil
 }
 
 // AddInputs returns n add_participant inputs: a member of a room adds a random agent (a
 // sibling, a contact, a stranger, sometimes someone already in the room).
-func (s *BenchSetup) AddInputs(n int) []AddInput {
-	adds := make([]AddInput, n)
+func (s *Setup) AddInputs(n int) []policy.AddInput {
+	adds := make([]policy.AddInput, n)
 	for i := range adds {
 		room := s.rooms[s.rng.IntN(len(s.rooms))]
 		members := s.Snapshot.Rooms[room]
 		actor := members[s.rng.IntN(len(members))]
-		adds[i] = AddInput{Actor: actor, Room: room, Participant: s.Snapshot.Agents[s.rng.IntN(len(s.Snapshot.Agents))].ID}
+		adds[i] = policy.AddInput{Actor: actor, Room: room, Participant: s.Snapshot.Agents[s.rng.IntN(len(s.Snapshot.Agents))].ID}
 	}
 	return adds
 }
 
-// BenchPolicy builds the benchmark directory (NewBenchSetup), then measures n
-// add_participant and n send_message decisions through the Engine, and n bare prepared
+// Run builds the benchmark directory (NewSetup), then measures n
+// add_participant and n send_message decisions through the policy.Engine, and n bare prepared
 // OPA evaluations of the same add_participant query on the same store and the same
 // inputs, parsed and with their facts (facts.go) built before the clock runs.
-func BenchPolicy(ctx context.Context, agents, contacts int, n int) (BenchResult, error) {
+func Run(ctx context.Context, agents, contacts int, n int) (Result, error) {
 	if n < 1 {
-		return BenchResult{}, fmt.Errorf("cannot run policy benchmark: need n >= 1 (got %d)", n)
+		return Result{}, fmt.Errorf("cannot run policy benchmark: need n >= 1 (got %d)", n)
 	}
-	s, err := NewBenchSetup(ctx, agents, contacts)
+	s, err := NewSetup(ctx, agents, contacts)
 	if err != nil {
-		return BenchResult{}, fmt.Errorf("cannot run policy benchmark: %w", err)
+		return Result{}, fmt.Errorf("cannot run policy benchmark: %w", err)
 	}
 	return s.Measure(ctx, n)
 }
 
-// Measure measures n decisions of each kind on the setup's engine (see BenchPolicy).
+// Measure measures n decisions of each kind on the setup's engine (see Run).
 // add_participant decisions, bare evaluations of the same inputs and a fixed CPU task are
 // timed in alternating blocks of benchBlock (about 15 ms each), so all three see the same
 // machine (a noisy 2-vCPU VM here): the overhead ratio compares like with like, and the
 // task's tail shows the machine's own. Within a block each runs as a tight loop, as a
 // busy decision service does.
-func (s *BenchSetup) Measure(ctx context.Context, n int) (BenchResult, error) {
+func (s *Setup) Measure(ctx context.Context, n int) (Result, error) {
 	e := s.Engine
 	dir := e.Directory()
 	adds := s.AddInputs(n)
-	msgs := make([]MessageInput, n)
+	msgs := make([]policy.MessageInput, n)
 	for i, a := range adds {
-		msgs[i] = MessageInput{Agent: a.Actor, Room: a.Room, Tokens: 500, CostMicros: 1000}
+		msgs[i] = policy.MessageInput{Agent: a.Actor, Room: a.Room, Tokens: 500, CostMicros: 1000}
 	}
-	var res BenchResult
+	var res Result
 
-	rev := e.rev.Load()
 	pq, err := rego.New(rego.Query("data.bandplane.add_participant.decision"),
-		rego.Compiler(rev.compiler), rego.Store(dir.Store()), rego.StrictBuiltinErrors(true)).PrepareForEval(ctx)
+		rego.Compiler(e.Compiler()), rego.Store(dir.Store()), rego.StrictBuiltinErrors(true)).PrepareForEval(ctx)
 	if err != nil {
 		return res, fmt.Errorf("cannot prepare bare query: %w", err)
 	}
 	// The same inputs the engine evaluates, facts included, built before the clock runs.
 	inputs := make([]ast.Value, n)
 	for i, in := range adds {
-		v, err := inputValue(in)
-		if err == nil {
-			v, err = dir.withFacts(AddParticipant, v, true)
-		}
+		v, err := e.EvalInput(policy.AddParticipant, in)
 		if err != nil {
 			return res, fmt.Errorf("cannot build bare input: %w", err)
 		}
@@ -220,15 +222,15 @@ func latency(lat []time.Duration) LatencyResult {
 
 // benchDirectory: owners with five agents each, 50 organizations, 500 rooms of 6
 // (an owner and its agents' neighbours), random flags and contacts.
-func benchDirectory(rng *rand.Rand, agents, contacts int) Snapshot {
-	var s Snapshot
+func benchDirectory(rng *rand.Rand, agents, contacts int) policy.Snapshot {
+	var s policy.Snapshot
 	owners := max(1, agents/5)
 	for i := range owners {
-		s.People = append(s.People, Person{ID: fmt.Sprintf("u%d", i), Handle: fmt.Sprintf("user%d", i), Org: fmt.Sprintf("org%d", i%50)})
+		s.People = append(s.People, policy.Person{ID: fmt.Sprintf("u%d", i), Handle: fmt.Sprintf("user%d", i), Org: fmt.Sprintf("org%d", i%50)})
 	}
 	for i := range agents {
 		o := s.People[i%owners]
-		s.Agents = append(s.Agents, Agent{
+		s.Agents = append(s.Agents, policy.Agent{
 			ID: fmt.Sprintf("a%d", i), Handle: fmt.Sprintf("%s/agent-%d", o.Handle, i), Owner: o.ID, Org: o.Org,
 			RegistryAccess: rng.Float64() < 0.8, SharedWithOrg: rng.Float64() < 0.05, Global: rng.Float64() < 0.01,
 			Listed: true, Suspended: rng.Float64() < 0.01,
