@@ -35,5 +35,13 @@ bench-ingest: build
 bench-policy: build
 	$(BIN) bench policy --audit
 
+# Regenerates the gqlgen code and the Grafana dashboards; tests fail when either is stale
+# (graph/generate_test.go, dashboards/dashboards_test.go).
+generate:
+	$(GO) tool gqlgen generate
+	$(GO) run ./cmd/bandplane dashboards --out deploy/grafana/dashboards
+
+# 60 s each: the event decoder, and the collector's HTTP handler.
 fuzz:
-	$(GO) test -run '^$$' -fuzz FuzzDecode -fuzztime 60s ./schema/
+	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime 60s ./schema/
+	$(GO) test -run '^$$' -fuzz '^FuzzCollector$$' -fuzztime 60s ./ingest/
