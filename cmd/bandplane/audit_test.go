@@ -18,6 +18,7 @@ import (
 	"github.com/bandplane/bandplane/ingest/kafka"
 	"github.com/bandplane/bandplane/ingest/seal"
 	"github.com/bandplane/bandplane/ingest/store"
+	"github.com/bandplane/bandplane/schema/chdb"
 )
 
 func bandplane(t *testing.T, args ...string) (code int, stdout, stderr string) {
@@ -164,4 +165,125 @@ func TestIntegrationAuditCLIHostile(t *testing.T) {
 	code, _, stderr = bandplane(t, "audit", "verify", "-h")
 	assert.Equal(t, 0, code)
 	assert.Contains(t, stderr, "usage: bandplane audit verify")
+}
+
+// bandplane retention with the audit key signs its cut, and verify counts the sealed
+// events it dropped as expired; without the key it warns, and verify reports them
+// missing.
+func TestIntegrationAuditRetention(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	keyFile := filepath.Join(dir, "audit.key")
+	code, _, stderr := bandplane(t, "audit", "keygen", "--out", keyFile)
+	require.Equal(t, 0, code, stderr)
+	pub, err := seal.LoadPublicKey(keyFile + ".pub")
+	require.NoError(t, err)
+	t.Setenv("BANDPLANE_AUDIT_KEY", "")
+
+	// A sealed trail of 4 events 30 days old and 4 of today.
+	trail := func(t *testing.T) []string {
+		conn, db := stacktest.Database(t)
+		topic := stacktest.Topic(t, 1)
+		stack := []string{"--clickhouse", stacktest.ClickHouseAddr(), "--clickhouse-db", db, "--kafka", strings.Join(stacktest.Brokers(), ","), "--topic", topic}
+		now := time.Now().UTC()
+		var rows []store.EventRow
+		for i := range 8 {
+			at := now.Add(-time.Hour)
+			if i < 4 {
+				at = now.AddDate(0, 0, -30)
+			}
+			rows = append(rows, store.EventRow{ID: fmt.Sprintf("ret-%02d", i), Type: "message.created", Time: at.Add(time.Duration(i) * time.Second),
+				OrgID: "org-a", ActorID: "agent-1", ActorType: "agent", Source: "band", SchemaVersion: 1,
+				Data: fmt.Sprintf(`{"content":"hi %d"}`, i), IngestedAt: now.Add(-time.Minute)})
+		}
+		require.NoError(t, store.New(conn, db).BatchInsert(ctx, &store.Batch{Events: rows}))
+		code, _, stderr := bandplane(t, append([]string{"audit", "seal", "--audit-key", keyFile, "--settle", "1s"}, stack...)...)
+		require.Equal(t, 0, code, stderr)
+		return stack
+	}
+	type output struct {
+		DryRun  bool           `json:"dry_run"`
+		Dropped []chdb.Dropped `json:"dropped"`
+		Cuts    []chdb.Cut     `json:"cuts"`
+	}
+	verify := func(stack []string) (int, seal.Report) {
+		t.Helper()
+		code, stdout, stderr := bandplane(t, append([]string{"audit", "verify", "--audit-key", keyFile + ".pub"}, stack...)...)
+		require.Contains(t, []int{0, 1}, code, stderr)
+		var rep seal.Report
+		lastLine(t, stdout, &rep)
+		return code, rep
+	}
+
+	t.Run("signed", func(t *testing.T) {
+		stack := trail(t)
+		t.Setenv("BANDPLANE_AUDIT_KEY", keyFile) // the environment names the key
+		code, stdout, stderr := bandplane(t, append([]string{"retention", "--events", "240h", "--dry-run"}, stack...)...)
+		require.Equal(t, 0, code, stderr)
+		var out output
+		lastLine(t, stdout, &out)
+		assert.True(t, out.DryRun)
+		assert.Len(t, out.Dropped, 1)
+		code, _ = verify(stack)
+		assert.Equal(t, 0, code, "a dry run drops nothing")
+
+		code, stdout, stderr = bandplane(t, append([]string{"retention", "--events", "240h"}, stack...)...)
+		require.Equal(t, 0, code, stderr)
+		assert.NotContains(t, stderr, `"level":"WARN"`)
+		lastLine(t, stdout, &out)
+		assert.Equal(t, []chdb.Dropped{{Table: "events", Partition: time.Now().UTC().AddDate(0, 0, -30).Format("20060102")}}, out.Dropped)
+		require.Len(t, out.Cuts, 1)
+		assert.Equal(t, seal.KeyID(pub), out.Cuts[0].KeyID)
+		assert.NotEmpty(t, out.Cuts[0].Signature)
+		code, rep := verify(stack)
+		assert.Equal(t, 0, code)
+		assert.Equal(t, seal.Report{Seals: 1, SealedEvents: 4, ExpiredEvents: 4, Problems: []seal.Problem{}}, rep)
+	})
+
+	t.Run("unsigned", func(t *testing.T) {
+		stack := trail(t)
+		code, stdout, stderr := bandplane(t, append([]string{"retention", "--events", "240h"}, stack...)...)
+		require.Equal(t, 0, code, stderr)
+		assert.Contains(t, stderr, "retention without --audit-key dropped sealed events under an unsigned cut: audit verify will report them missing")
+		assert.Contains(t, stderr, `"sealed_events":4`)
+		var out output
+		lastLine(t, stdout, &out)
+		require.Len(t, out.Cuts, 1)
+		assert.Empty(t, out.Cuts[0].KeyID)
+		code, rep := verify(stack)
+		assert.Equal(t, 1, code)
+		assert.Len(t, rep.Problems, 4)
+		for _, p := range rep.Problems {
+			assert.Equal(t, seal.KindMissing, p.Kind)
+			assert.Contains(t, p.Reason, "unsigned")
+		}
+		assert.Zero(t, rep.ExpiredEvents)
+	})
+
+	t.Run("hostile", func(t *testing.T) {
+		stack := []string{"--clickhouse", stacktest.ClickHouseAddr(), "--clickhouse-db", stacktest.Name(t)}
+		garbage := filepath.Join(dir, "garbage.key")
+		require.NoError(t, os.WriteFile(garbage, []byte("garbage"), 0o600))
+		for _, tc := range []struct {
+			name string
+			args []string
+			want string
+		}{
+			{"public key", []string{"--audit-key", keyFile + ".pub"}, "--audit-key: audit key " + keyFile + ".pub is a public key"},
+			{"garbage key", []string{"--audit-key", garbage}, "is not PEM"},
+			{"missing key", []string{"--audit-key", filepath.Join(dir, "nope")}, "does not exist"},
+			{"extra arguments", []string{"now"}, `unexpected arguments ["now"]`},
+			{"negative", []string{"--events", "-1h"}, "retention --events must not be negative"},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				code, stdout, stderr := bandplane(t, append(append([]string{"retention"}, stack...), tc.args...)...)
+				assert.Equal(t, 1, code, stderr)
+				assert.Contains(t, stderr, tc.want)
+				assert.Empty(t, stdout)
+			})
+		}
+		code, _, stderr := bandplane(t, "retention", "-h")
+		assert.Equal(t, 0, code)
+		assert.Contains(t, stderr, "without it the cuts are unsigned and verify reports those events missing")
+	})
 }

@@ -194,3 +194,77 @@ func TestIntegrationSealPipeline(t *testing.T) {
 	rep = verify(t, conn, db, pubOf(key), Filter{})
 	assert.Contains(t, kinds(rep), fmt.Sprintf("missing seal:org-1:%d", seq))
 }
+
+// An idle trail converges. Each seal is announced by an audit.sealed event, which
+// ingest stores and the next run seals; a seal of announcements only is not announced
+// in its turn, so the run after that finds nothing new — instead of one new seal per
+// organization every run, forever.
+func TestIntegrationSealIdle(t *testing.T) {
+	conn, db := testDB(t)
+	topic := stacktest.Topic(t, 1)
+	p, err := kafka.NewProducer(kafka.ProducerConfig{Brokers: stacktest.Brokers(), Topic: topic})
+	require.NoError(t, err)
+	t.Cleanup(func() { p.Close() })
+	e := &pipelineEnv{t: t, conn: conn, db: db, topic: topic, group: "ingest-" + topic, p: p}
+	key := testKey(t)
+	ctx := context.Background()
+	stacktest.RunIngest(t, topic, conn, db, e.group)
+	e.produce(workload("a", 12, time.Now().UTC().Add(-time.Hour)))
+	e.drained()
+
+	s := newSealer(t, conn, db, key, p) // settle 1 s
+	var runs []Result
+	for range 5 {
+		time.Sleep(2100 * time.Millisecond) // rows stamped in second S are eligible once floor(now) − 1 s > S
+		res, err := s.SealNow(ctx)
+		require.NoError(t, err)
+		runs = append(runs, res)
+		e.drained() // its announcements are stored
+	}
+	t.Logf("runs: %+v", runs)
+	orgs := runs[0].Orgs
+	require.Positive(t, orgs)
+	// The workload: one seal per organization, announced.
+	assert.Equal(t, orgs, runs[0].Seals)
+	assert.Equal(t, runs[0].Seals, runs[0].Emitted)
+	assert.Zero(t, runs[0].Unannounced)
+	// Its announcements, one per organization: sealed, not announced.
+	assert.Equal(t, Result{Seals: orgs, Events: orgs, Orgs: orgs, Through: runs[1].Through, Unannounced: orgs}, runs[1])
+	for i, res := range runs[2:] {
+		assert.Zero(t, res.Seals, "run %d", i+3)
+		assert.Zero(t, res.Emitted, "run %d", i+3)
+	}
+	assert.Equal(t, uint64(orgs), e.count("SELECT count() FROM "+db+".events WHERE type = 'audit.sealed'"))
+
+	// serve's loop, every second for a few seconds: nothing to seal either.
+	seals := e.count("SELECT count() FROM " + db + ".seals")
+	runCtx, stop := context.WithTimeout(ctx, 4*time.Second)
+	defer stop()
+	require.NoError(t, newSealer(t, conn, db, key, p, func(c *Config) { c.Every = time.Second }).Run(runCtx))
+	e.drained()
+	assert.Equal(t, seals, e.count("SELECT count() FROM "+db+".seals"))
+	assert.Equal(t, uint64(2*orgs), seals)
+
+	rep := verify(t, conn, db, pubOf(key), Filter{})
+	assert.Empty(t, rep.Problems)
+	assert.Zero(t, rep.UnsealedEvents)
+	assert.Equal(t, int(e.count("SELECT count() FROM "+db+".events FINAL")), rep.SealedEvents)
+
+	// New traffic is sealed and announced again, and the trail settles again.
+	e.produce(workload("b", 4, time.Now().UTC().Add(-time.Hour)))
+	e.drained()
+	for i, want := range []int{orgs, 0} {
+		time.Sleep(2100 * time.Millisecond)
+		res, err := s.SealNow(ctx)
+		require.NoError(t, err)
+		assert.Equal(t, want, res.Emitted, "run %d after new traffic", i+1)
+		e.drained()
+	}
+	time.Sleep(2100 * time.Millisecond)
+	res, err := s.SealNow(ctx)
+	require.NoError(t, err)
+	assert.Zero(t, res.Seals)
+	rep = verify(t, conn, db, pubOf(key), Filter{})
+	assert.Empty(t, rep.Problems)
+	assert.Zero(t, rep.UnsealedEvents)
+}

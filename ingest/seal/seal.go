@@ -9,9 +9,20 @@
 // SealDigest of its content as sealed; the seal's root is a hash over those entries
 // (Root), prev is the previous seal's hash, hash is the SHA-256 of the seal's content
 // (Content) and signature is the Ed25519 signature of that content with the audit key.
+//
+// # Announcements
+//
 // A seal is also produced to Kafka as an audit.sealed event (source bandplane-audit)
 // carrying every field, so the chain can be checked from the topic alone, and verify
-// reports a seal that an audit.sealed event names but the seals table lacks.
+// reports a seal that an audit.sealed event names but the seals table lacks. Those
+// events land in the trail and are sealed in their turn — but a seal whose entries
+// are all audit.sealed events is not announced: the chain already authenticates them
+// (each names a seal verify checks), and announcing it would give the next run a new
+// row to seal, and so on, one seal per run forever on an idle trail. So an idle trail
+// converges: the run after a burst seals its announcements, silently, and the runs
+// after that find nothing. Such a seal is stored, chained and signed like any other;
+// only the topic does not show it (Result.Unannounced counts them), so the newest
+// seal that verify can miss (see below) may be one of those.
 //
 // # What a run seals
 //
@@ -25,13 +36,23 @@
 // several sealers at once) stopped, and a run only has to look back for rows that
 // landed late.
 //
-// Ingest stamps ingested_at when it attempts an insert and never rewrites a stored row,
-// so a row lands a few seconds after its ingested_at and keeps its content. The
-// lookback is 2·Settle, except for one run every Margin/2 (and the first run of a
-// process, and the run after a failed one), which looks back the whole Margin (10 min):
-// a row that lands up to Margin/2 after its ingested_at (a slow insert, clock skew
-// between an ingest host and ClickHouse) is still sealed, and verify never calls it
-// unexpected meanwhile.
+// Ingest stamps ingested_at at each insert attempt, so a row lands a few seconds
+// after its ingested_at. It does not write a replayed or redelivered event that is
+// already stored, but it may store a row again: a batch insert retried after one of
+// its tables failed, or bisected after ClickHouse refused a record, inserts the
+// batch's event rows again, same content, newer ingested_at (a retry after a long
+// back-off may come minutes later). A copy that lands before its row is sealed is
+// the same candidate; one that lands after is found among the entries of recent
+// seals and skipped, or, when the seal holding the first copy is older than the
+// stretch of ingest the run reads (sealedKeys), sealed again: two equal entries of
+// one row key. Verify reads events FINAL, one row per key, which matches both
+// entries and counts once.
+//
+// The lookback is 2·Settle, except for one run every Margin/2 (and the first run of
+// a process, the run after a failed one, and every SealNow), which looks back the
+// whole Margin (10 min): a row that lands up to Margin/2 after its ingested_at (a slow
+// insert, clock skew between an ingest host and ClickHouse) is still sealed, and
+// verify never calls it unexpected meanwhile.
 //
 // # Concurrent sealers
 //
@@ -52,13 +73,29 @@
 // the row in events FINAL: a row that is gone is missing, a row whose digest differs is
 // modified, and a row in no seal is unexpected when it was ingested before the
 // watermark less Margin (or more than Margin in the future) — otherwise it is merely
-// not sealed yet. Sealed events older than the latest retention cut of the events
-// table are expired, not missing.
+// not sealed yet.
+//
+// # Retention
+//
+// `bandplane retention` drops whole daily partitions of events and records each run's
+// cut in retention_cuts (chdb.ApplyRetention): every row it dropped was older than
+// before. Given the audit key (--audit-key, env BANDPLANE_AUDIT_KEY) it signs the cut
+// (CutSigner: Ed25519 over CutContent — table, before, at, partitions). Verify
+// honours only cuts whose signature verifies with the key it was given, and a sealed
+// event whose row is gone is expired, not missing, only when an honoured cut covers
+// its time, that cut was recorded after the event's seal (less 30 s of clock skew),
+// and no row of the event's day (its toYYYYMMDD(time) partition) is left in events:
+// retention drops whole days, a DELETE leaves the day's other rows. Everything else
+// stays missing, and the problem's reason says which condition failed. Without the
+// key retention still drops and records an unsigned cut, and warns that verify will
+// report the sealed events it dropped as missing: an unsigned cut is exactly what a
+// forger could insert by hand, so verify cannot tell them apart.
 //
 // What it cannot see: a row inserted with a recent ingested_at is sealed like any
 // other; the newest seal and the rows after it can be removed together with its
-// audit.sealed event (compare the chain head with the topic or an earlier verify);
-// retention_cuts is not signed, so a forged cut excuses deletions older than it.
+// audit.sealed event, if it had one (compare the chain head with the topic or an
+// earlier verify); a whole day removed under a signed cut that covers it reads as
+// expired, but the retention run that made the cut dropped every such day anyway.
 package seal
 
 import (
@@ -196,6 +233,9 @@ type Result struct {
 	Through time.Time `json:"through,omitzero"` // the latest through written
 	Emitted int       `json:"emitted"`          // audit.sealed events acknowledged
 	Retries int       `json:"retries"`          // starts over because another sealer moved a head
+	// Unannounced counts the seals made without an audit.sealed event: those whose
+	// entries are all audit.sealed events (package doc, "Announcements").
+	Unannounced int `json:"unannounced"`
 }
 
 // Run seals every Every (the first time at once) until ctx ends, then once more
@@ -228,7 +268,7 @@ func (s *Sealer) runOnce(ctx context.Context, settle time.Duration) error {
 		return err
 	}
 	if res.Seals > 0 {
-		s.log.Info("sealed the audit trail", "seals", res.Seals, "events", res.Events, "orgs", res.Orgs, "through", res.Through)
+		s.log.Info("sealed the audit trail", "seals", res.Seals, "unannounced", res.Unannounced, "events", res.Events, "orgs", res.Orgs, "through", res.Through)
 	}
 	return nil
 }
@@ -330,7 +370,7 @@ func (s *Sealer) attempt(ctx context.Context, settle, lookback time.Duration, re
 	var out []schema.Event
 	orgs := map[string]bool{}
 	for _, c := range chunks {
-		entries, err := s.candidates(ctx, c)
+		entries, quiet, err := s.candidates(ctx, c)
 		if err != nil {
 			return out, err
 		}
@@ -375,7 +415,11 @@ func (s *Sealer) attempt(ctx context.Context, settle, lookback time.Duration, re
 					return out, err
 				}
 				hs[org] = head{seq: sl.Seq, hash: sl.Hash}
-				out = append(out, sealEvent(sl))
+				if announces(org, part, quiet) {
+					out = append(out, sealEvent(sl))
+				} else {
+					res.Unannounced++
+				}
 				res.Seals++
 				res.Events += n
 				if sl.Through.After(res.Through) {
@@ -458,24 +502,44 @@ func (s *Sealer) plan(ctx context.Context, lo, hi int64) ([]chunk, error) {
 	return out, nil
 }
 
+// announces says whether the seal of org over entries gets an audit.sealed event: not
+// when every entry is itself an audit.sealed event. The chain authenticates those (each
+// names a seal that verify checks), and announcing their seal would give the next run
+// a new row to seal, and so on: an idle trail would get a seal every run forever.
+func announces(org string, entries []Entry, quiet map[rowKey]bool) bool {
+	for i := range entries {
+		if !quiet[rowKey{org: org, id: entries[i].ID, sec: entries[i].Time.Unix()}] {
+			return true
+		}
+	}
+	return false
+}
+
+// isAnnouncement says whether a row is an audit.sealed event of a sealer.
+func isAnnouncement(r *store.EventRow) bool {
+	return r.Type == schema.TypeAuditSealed && r.Source == Source
+}
+
 type candidate struct {
 	entry    Entry
+	quiet    bool // the row is an audit.sealed event (isAnnouncement)
 	conflict bool // another copy of the row has other content
 }
 
-// candidates reads the rows of a chunk that no seal covers yet, by organization.
-// It reads without FINAL (FINAL would merge every row of the chunk's days) and keeps
-// one copy of each row key; when copies differ, FINAL decides, as verify will see it.
-func (s *Sealer) candidates(ctx context.Context, c chunk) (map[string][]Entry, error) {
+// candidates reads the rows of a chunk that no seal covers yet, by organization, and
+// the keys of those that are audit.sealed events. It reads without FINAL (FINAL would
+// merge every row of the chunk's days) and keeps one copy of each row key; when copies
+// differ, FINAL decides, as verify will see it.
+func (s *Sealer) candidates(ctx context.Context, c chunk) (map[string][]Entry, map[rowKey]bool, error) {
 	conn, db := s.cfg.Conn, s.cfg.Database
 	sealed, err := sealedKeys(ctx, conn, db, c.start)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	rows, err := conn.Query(ctx, "SELECT "+eventCols+" FROM "+db+".events WHERE ingested_at >= ? AND ingested_at < ? AND time >= ? AND time <= ?",
 		time.Unix(c.start, 0).UTC(), time.Unix(c.end, 0).UTC(), c.tmin, c.tmax)
 	if err != nil {
-		return nil, fmt.Errorf("cannot read the rows ingested into %s.events in [%s, %s): %w", db,
+		return nil, nil, fmt.Errorf("cannot read the rows ingested into %s.events in [%s, %s): %w", db,
 			time.Unix(c.start, 0).UTC().Format(time.RFC3339), time.Unix(c.end, 0).UTC().Format(time.RFC3339), err)
 	}
 	cands := make(map[rowKey]*candidate, c.rows)
@@ -483,7 +547,7 @@ func (s *Sealer) candidates(ctx context.Context, c chunk) (map[string][]Entry, e
 	for rows.Next() {
 		if err := scanEvent(rows, &r); err != nil {
 			rows.Close()
-			return nil, fmt.Errorf("cannot read a row of %s.events: %w", db, err)
+			return nil, nil, fmt.Errorf("cannot read a row of %s.events: %w", db, err)
 		}
 		k := keyOf(&r)
 		if sealed[k] {
@@ -496,39 +560,44 @@ func (s *Sealer) candidates(ctx context.Context, c chunk) (map[string][]Entry, e
 			}
 			continue
 		}
-		cands[k] = &candidate{entry: Entry{Time: r.Time, ID: r.ID, Digest: d}}
+		cands[k] = &candidate{entry: Entry{Time: r.Time, ID: r.ID, Digest: d}, quiet: isAnnouncement(&r)}
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("cannot read the rows of %s.events: %w", db, err)
+		return nil, nil, fmt.Errorf("cannot read the rows of %s.events: %w", db, err)
 	}
 	for k, cand := range cands {
 		if !cand.conflict {
 			continue
 		}
-		e, ok, err := finalRow(ctx, conn, db, k)
+		e, quiet, ok, err := finalRow(ctx, conn, db, k)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		if !ok {
 			delete(cands, k)
 			continue
 		}
-		cand.entry = e
+		cand.entry, cand.quiet = e, quiet
 	}
 	out := map[string][]Entry{}
+	quiet := map[rowKey]bool{}
 	for k, cand := range cands {
 		out[k.org] = append(out[k.org], cand.entry)
+		if cand.quiet {
+			quiet[k] = true
+		}
 	}
-	return out, nil
+	return out, quiet, nil
 }
 
 // sealedKeys are the row keys in seals that may hold rows ingested at or after from.
 // A run seals only rows with ingested_at < its sealed_at − settle (settle ≥ −1 s), both
 // on the database's clock as far as the comparison goes, so such a seal has
 // sealed_at ≥ from − 1 s: the lookup reads the entries of the last runs only. A row
-// stored again later with a new ingested_at (ingest does not do that) is sealed again:
-// two equal entries, which verify accepts.
+// stored again later with a new ingested_at (an insert retried or bisected, see the
+// package doc) whose first seal is older is sealed again: two equal entries, which
+// verify accepts.
 func sealedKeys(ctx context.Context, conn driver.Conn, db string, from int64) (map[rowKey]bool, error) {
 	rows, err := conn.Query(ctx, `SELECT org_id, id, time FROM `+db+`.seal_entries
 		WHERE (org_id, seq, seal) IN (SELECT org_id, seq, hash FROM `+db+`.seals WHERE sealed_at >= ?)`, time.Unix(from-2, 0).UTC())
@@ -549,22 +618,22 @@ func sealedKeys(ctx context.Context, conn driver.Conn, db string, from int64) (m
 	return out, rows.Err()
 }
 
-// finalRow reads one row as FINAL shows it.
-func finalRow(ctx context.Context, conn driver.Conn, db string, k rowKey) (Entry, bool, error) {
+// finalRow reads one row as FINAL shows it, and whether it is an audit.sealed event.
+func finalRow(ctx context.Context, conn driver.Conn, db string, k rowKey) (e Entry, quiet, ok bool, err error) {
 	rows, err := conn.Query(ctx, "SELECT "+eventCols+" FROM "+db+".events FINAL WHERE org_id = ? AND time = ? AND id = ?",
 		k.org, time.Unix(k.sec, 0).UTC(), k.id)
 	if err != nil {
-		return Entry{}, false, fmt.Errorf("cannot read event %s of org %q from %s.events: %w", k.id, k.org, db, err)
+		return Entry{}, false, false, fmt.Errorf("cannot read event %s of org %q from %s.events: %w", k.id, k.org, db, err)
 	}
 	defer rows.Close()
 	var r store.EventRow
 	if !rows.Next() {
-		return Entry{}, false, rows.Err()
+		return Entry{}, false, false, rows.Err()
 	}
 	if err := scanEvent(rows, &r); err != nil {
-		return Entry{}, false, err
+		return Entry{}, false, false, fmt.Errorf("cannot read event %s of org %q from %s.events: %w", k.id, k.org, db, err)
 	}
-	return Entry{Time: r.Time, ID: r.ID, Digest: r.SealDigest()}, true, nil
+	return Entry{Time: r.Time, ID: r.ID, Digest: r.SealDigest()}, isAnnouncement(&r), true, nil
 }
 
 // SealData is the data of an audit.sealed event: the seal whole, so that the chain

@@ -85,7 +85,7 @@ type verifier struct {
 	f         Filter
 	now       time.Time
 	watermark time.Time // latest through of a seal that verifies
-	cut       time.Time // latest retention cut of the events table
+	cuts      cuts      // the retention cuts of the events table
 	rep       Report
 	seen      map[Problem]bool
 }
@@ -109,12 +109,8 @@ func Verify(ctx context.Context, conn driver.Conn, db string, pub ed25519.Public
 	if v.now, err = serverNow(ctx, conn); err != nil {
 		return Report{}, err
 	}
-	if err := conn.QueryRow(ctx, "SELECT max(before) FROM "+db+".retention_cuts WHERE table_name = 'events'").Scan(&v.cut); err != nil {
-		return Report{}, fmt.Errorf("cannot read %s.retention_cuts: %w", db, err)
-	}
-	v.cut = v.cut.UTC()
-	if v.cut.Unix() <= 0 {
-		v.cut = time.Time{}
+	if v.cuts, err = loadCuts(ctx, conn, db, pub, v.pubID); err != nil {
+		return Report{}, err
 	}
 
 	// Every seal, of every organization: the watermark is the trail's, not a chain's.
@@ -143,8 +139,8 @@ func Verify(ctx context.Context, conn driver.Conn, db string, pub ed25519.Public
 	if err != nil {
 		return Report{}, err
 	}
-	v.progress("verifying %d organization(s) of %s: %d seals, watermark %s, retention cut %s",
-		len(orgs), db, len(all), fmtTime(v.watermark), fmtTime(v.cut))
+	v.progress("verifying %d organization(s) of %s: %d seals, watermark %s, %s",
+		len(orgs), db, len(all), fmtTime(v.watermark), v.cuts.summary())
 	for _, org := range orgs {
 		before := v.rep
 		if err := v.org(ctx, org, chains[org], bad); err != nil {
@@ -632,12 +628,14 @@ func (v *verifier) compareWindow(ctx context.Context, org string, known map[seal
 			if e.matched {
 				continue
 			}
-			if !v.cut.IsZero() && time.Unix(k.sec, 0).Before(v.cut) {
+			t := time.Unix(k.sec, 0).UTC()
+			why := v.cuts.excuse(t, e.seal)
+			if why == "" {
 				expired = true
 				continue
 			}
 			v.problem(Problem{ID: k.id, Kind: KindMissing, Seal: e.seal.ID(), Org: org,
-				Reason: fmt.Sprintf("the row at %s that seal %s sealed is gone", time.Unix(k.sec, 0).UTC().Format(time.RFC3339), short(e.seal.Hash))})
+				Reason: fmt.Sprintf("the row at %s that seal %s sealed is gone (%s)", t.Format(time.RFC3339), short(e.seal.Hash), why)})
 		}
 		if expired {
 			v.rep.ExpiredEvents++

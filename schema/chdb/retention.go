@@ -47,41 +47,66 @@ type partitioning struct {
 	keep    time.Duration
 }
 
+// RetentionOptions says how ApplyRetention runs.
+type RetentionOptions struct {
+	// DryRun lists what would be dropped, and the cuts that would be recorded, and
+	// changes nothing.
+	DryRun bool
+	// Sign signs each cut before it is recorded (ingest/seal.CutSigner with the audit
+	// key). nil records cuts unsigned: audit verify honours only cuts signed with the
+	// audit key, so it reports sealed events of partitions dropped without one as
+	// missing.
+	Sign func(*Cut)
+}
+
+// RetentionResult is what ApplyRetention dropped (or would drop, in a dry run) and
+// the cuts it recorded (or would record), one per table it dropped partitions of.
+type RetentionResult struct {
+	Dropped []Dropped `json:"dropped"`
+	Cuts    []Cut     `json:"cuts"`
+}
+
 // ApplyRetention drops every partition whose newest possible row is older than now
-// minus the table's retention. With dryRun it only lists them.
+// minus the table's retention. With opts.DryRun it only lists them.
 //
 // Before it drops a table's partitions it records the cut in retention_cuts: before is
 // the end of the newest partition it drops, so every row it removes is older than
-// that. Verify (ingest/seal) treats sealed events older than the latest cut as expired,
-// not missing. The cut is written first so that a run stopped half-way never leaves
-// dropped rows without one; a cut whose drops failed only excuses rows that are still
-// there.
-func ApplyRetention(ctx context.Context, conn driver.Conn, db string, r Retention, now time.Time, dryRun bool) ([]Dropped, error) {
+// that; at is now; the cut is signed with opts.Sign. Verify (ingest/seal) treats a
+// sealed event as expired, not missing, only when a cut signed with the audit key and
+// recorded after the event was sealed covers its time, and no row of its day is left
+// (retention drops whole days; a DELETE leaves the day's other rows). The cut is
+// written first so that a run stopped half-way never leaves dropped rows without one;
+// a cut whose drops failed only excuses days that are gone.
+func ApplyRetention(ctx context.Context, conn driver.Conn, db string, r Retention, now time.Time, opts RetentionOptions) (RetentionResult, error) {
+	res := RetentionResult{Dropped: []Dropped{}, Cuts: []Cut{}}
 	if err := r.Validate(); err != nil {
-		return nil, err
+		return res, err
 	}
+	if !identRe.MatchString(db) {
+		return res, fmt.Errorf("database name %q is not a plain identifier", db)
+	}
+	now = now.UTC().Truncate(time.Second) // as retention_cuts stores it, and as it is signed
 	tables := []partitioning{
 		{"events", false, r.Events},
 		{"usage", false, r.Events},
 		{"usage_hourly", true, r.Rollup},
 		{"dead_letters", true, r.DeadLetters},
 	}
-	var out []Dropped
 	for _, t := range tables {
 		if t.keep == 0 {
 			continue
 		}
-		cutoff := now.UTC().Add(-t.keep)
+		cutoff := now.Add(-t.keep)
 		parts, err := partitions(ctx, conn, db, t.table)
 		if err != nil {
-			return out, err
+			return res, err
 		}
 		var drop []string
 		var before time.Time
 		for _, p := range parts {
 			end, err := partitionEnd(p, t.monthly)
 			if err != nil {
-				return out, fmt.Errorf("table %s.%s: %w", db, t.table, err)
+				return res, fmt.Errorf("table %s.%s: %w", db, t.table, err)
 			}
 			if !end.After(cutoff) {
 				drop = append(drop, p)
@@ -93,50 +118,60 @@ func ApplyRetention(ctx context.Context, conn driver.Conn, db string, r Retentio
 		if len(drop) == 0 {
 			continue
 		}
-		if !dryRun {
-			if err := recordCut(ctx, conn, db, t.table, before, now, len(drop)); err != nil {
-				return out, err
+		cut := Cut{Table: t.table, Before: before, At: now, Partitions: uint64(len(drop))}
+		if opts.Sign != nil {
+			opts.Sign(&cut)
+		}
+		if !opts.DryRun {
+			if err := recordCut(ctx, conn, db, cut); err != nil {
+				return res, err
 			}
 		}
+		res.Cuts = append(res.Cuts, cut)
 		for _, p := range drop {
-			if !dryRun {
+			if !opts.DryRun {
 				if err := conn.Exec(ctx, fmt.Sprintf("ALTER TABLE %s.%s DROP PARTITION %s", db, t.table, p)); err != nil {
-					return out, fmt.Errorf("cannot drop partition %s of %s.%s: %w", p, db, t.table, err)
+					return res, fmt.Errorf("cannot drop partition %s of %s.%s: %w", p, db, t.table, err)
 				}
 			}
-			out = append(out, Dropped{Table: t.table, Partition: p})
+			res.Dropped = append(res.Dropped, Dropped{Table: t.table, Partition: p})
 		}
 	}
-	return out, nil
+	return res, nil
 }
 
 // Cut is one retention run's drop of a table's partitions: every row it removed was
 // older than Before.
 type Cut struct {
-	Table      string
-	Before     time.Time
-	At         time.Time
-	Partitions uint64
+	Table      string    `json:"table"`
+	Before     time.Time `json:"before"`
+	At         time.Time `json:"at"` // when the run started (seconds)
+	Partitions uint64    `json:"partitions"`
+	// KeyID is the fingerprint of the audit key that signed the cut (ingest/seal.KeyID)
+	// and Signature the hex Ed25519 signature of ingest/seal.CutContent; both are ""
+	// for a cut recorded without the key.
+	KeyID     string `json:"key_id"`
+	Signature string `json:"signature"`
 }
 
-func recordCut(ctx context.Context, conn driver.Conn, db, table string, before, at time.Time, partitions int) error {
-	b, err := conn.PrepareBatch(ctx, "INSERT INTO "+db+".retention_cuts (table_name, before, at, partitions)")
+func recordCut(ctx context.Context, conn driver.Conn, db string, c Cut) error {
+	b, err := conn.PrepareBatch(ctx, "INSERT INTO "+db+".retention_cuts (table_name, before, at, partitions, key_id, signature)")
 	if err != nil {
 		return fmt.Errorf("cannot prepare insert into %s.retention_cuts: %w", db, err)
 	}
 	defer b.Abort()
-	if err := b.Append(table, before.UTC(), at.UTC(), uint64(partitions)); err != nil {
-		return fmt.Errorf("cannot record the retention cut of %s.%s: %w", db, table, err)
+	if err := b.Append(c.Table, c.Before.UTC(), c.At.UTC(), c.Partitions, c.KeyID, c.Signature); err != nil {
+		return fmt.Errorf("cannot record the retention cut of %s.%s: %w", db, c.Table, err)
 	}
 	if err := b.Send(); err != nil {
-		return fmt.Errorf("cannot record the retention cut of %s.%s in %s.retention_cuts: %w", db, table, db, err)
+		return fmt.Errorf("cannot record the retention cut of %s.%s in %s.retention_cuts: %w", db, c.Table, db, err)
 	}
 	return nil
 }
 
 // RetentionCuts lists the recorded cuts of a table, oldest first.
 func RetentionCuts(ctx context.Context, conn driver.Conn, db, table string) ([]Cut, error) {
-	rows, err := conn.Query(ctx, "SELECT table_name, before, at, partitions FROM "+db+".retention_cuts WHERE table_name = ? ORDER BY at, before", table)
+	rows, err := conn.Query(ctx, "SELECT table_name, before, at, partitions, key_id, signature FROM "+db+".retention_cuts WHERE table_name = ? ORDER BY at, before", table)
 	if err != nil {
 		return nil, fmt.Errorf("cannot read %s.retention_cuts: %w", db, err)
 	}
@@ -144,7 +179,7 @@ func RetentionCuts(ctx context.Context, conn driver.Conn, db, table string) ([]C
 	var out []Cut
 	for rows.Next() {
 		var c Cut
-		if err := rows.Scan(&c.Table, &c.Before, &c.At, &c.Partitions); err != nil {
+		if err := rows.Scan(&c.Table, &c.Before, &c.At, &c.Partitions, &c.KeyID, &c.Signature); err != nil {
 			return nil, fmt.Errorf("cannot read a row of %s.retention_cuts: %w", db, err)
 		}
 		c.Before, c.At = c.Before.UTC(), c.At.UTC()

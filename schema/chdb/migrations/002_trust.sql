@@ -51,13 +51,19 @@ CREATE TABLE IF NOT EXISTS {db}.seal_entries (
 ) ENGINE = ReplacingMergeTree()
 ORDER BY (org_id, seq, seal, id, time);
 
--- Partitions dropped by `bandplane retention`: verify treats sealed events older than
--- the latest cut of their table as expired, not missing.
+-- Partitions dropped by `bandplane retention`: every row a cut removed was older than
+-- before. A cut is signed with the audit key (signature: hex Ed25519 over table_name,
+-- before, at and partitions, see ingest/seal.CutContent; key_id names the key) when
+-- retention was given it, and both are '' otherwise. Verify treats a sealed event as
+-- expired, not missing, only under a cut that verifies with the audit key, recorded
+-- after the event was sealed, and only when no row of the event's day is left.
 CREATE TABLE IF NOT EXISTS {db}.retention_cuts (
     table_name String,
     before     DateTime('UTC'),
     at         DateTime('UTC'),
-    partitions UInt64
+    partitions UInt64,
+    key_id     String,
+    signature  String
 ) ENGINE = MergeTree()
 ORDER BY (table_name, at);
 
