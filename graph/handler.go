@@ -19,7 +19,9 @@ import (
 	"github.com/vektah/gqlparser/v2/ast"
 
 	"github.com/bandplane/bandplane/graph/generated"
+	"github.com/bandplane/bandplane/graph/model"
 	"github.com/bandplane/bandplane/policy/keys"
+	"github.com/bandplane/bandplane/query"
 )
 
 // Limits bound what one client can make the API do. Zero fields take the defaults.
@@ -29,8 +31,10 @@ type Limits struct {
 	// MaxTokens bounds the tokens the parser reads of one query document (default
 	// 10,000): a huge or deeply nested query is refused before it is parsed further.
 	MaxTokens int
-	// MaxComplexity bounds the fields one operation may select, aliases included
-	// (default 1,000).
+	// MaxComplexity bounds what one operation may ask for (default 50,000): a field
+	// counts once, an auditEvents page its selection once per event it may return
+	// (limit), a costs field once per row it may return (query.DefaultCostLimit);
+	// aliases add up.
 	MaxComplexity int
 	// MaxWebSockets bounds the open WebSocket connections (default 256); an upgrade
 	// over it is answered 503.
@@ -48,7 +52,7 @@ func (l *Limits) defaults() {
 		l.MaxTokens = 10_000
 	}
 	if l.MaxComplexity <= 0 {
-		l.MaxComplexity = 1_000
+		l.MaxComplexity = 50_000
 	}
 	if l.MaxWebSockets <= 0 {
 		l.MaxWebSockets = 256
@@ -87,9 +91,21 @@ func NewHandler(q Querier, auth keys.Authenticator, opts ...Option) http.Handler
 		o(&cfg)
 	}
 	cfg.limits.defaults()
-	es := generated.NewExecutableSchema(generated.Config{Resolvers: &Resolver{
-		q: q, auth: auth, log: cfg.log.With("component", "graph"),
-	}})
+	gc := generated.Config{Resolvers: &Resolver{q: q, auth: auth, log: cfg.log.With("component", "graph")}}
+	// A field's cost is what it can return: an audit page costs its selection once per
+	// event it may hold, so limit: 10000 counts 10,000 times and aliases cannot multiply
+	// pages past MaxComplexity.
+	gc.Complexity.Query.AuditEvents = func(child int, _ string, _, _ *time.Time, _, _ *string, _ []string, limit *int, _ *string) int {
+		n := query.DefaultAuditLimit
+		if limit != nil && *limit > 0 {
+			n = min(*limit, query.MaxAuditLimit)
+		}
+		return 1 + child*n
+	}
+	gc.Complexity.Query.Costs = func(child int, _ string, _, _ time.Time, _ []model.CostDimension) int {
+		return 1 + child*query.DefaultCostLimit
+	}
+	es := generated.NewExecutableSchema(gc)
 	srv := handler.New(es)
 	// handler.New registers no transport; the WebSocket one is built on coder/websocket.
 	srv.AddTransport(transport.Websocket{

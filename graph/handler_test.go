@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -271,6 +272,40 @@ func TestAuthorizer(t *testing.T) {
 			}
 			fq.gotAudit = query.AuditQuery{}
 		})
+	}
+}
+
+func TestComplexityCountsWhatAFieldReturns(t *testing.T) {
+	h := newHandler(&fakeQuerier{})
+	page := `auditEvents(orgId: "org-a", limit: 10000) { events { id type data } }`
+	for _, tc := range []struct {
+		name, query string
+		refused     bool
+	}{
+		{"one full page", "{ " + page + " }", false},
+		{"two full pages", "{ a: " + page + " b: " + page + " }", true},
+		{"330 aliased pages", "{ " + func() string {
+			var b strings.Builder
+			for i := range 330 {
+				fmt.Fprintf(&b, "p%d: %s ", i, page)
+			}
+			return b.String()
+		}() + "}", true},
+		{"ten default pages", "{ " + func() string {
+			var b strings.Builder
+			for i := range 10 {
+				fmt.Fprintf(&b, `p%d: auditEvents(orgId: "org-a") { events { id } } `, i)
+			}
+			return b.String()
+		}() + "}", false},
+	} {
+		req := httptest.NewRequest(http.MethodPost, "/graphql", strings.NewReader(gqlBody(tc.query)))
+		req.Header.Set("Content-Type", "application/json")
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		if got := strings.Contains(rec.Body.String(), "complexity"); got != tc.refused {
+			t.Errorf("%s: refused=%v, want %v: %s", tc.name, got, tc.refused, rec.Body.String()[:min(200, rec.Body.Len())])
+		}
 	}
 }
 

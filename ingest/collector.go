@@ -79,9 +79,11 @@ func (s ProducerSink) Send(ctx context.Context, lines [][]byte) error {
 
 // Defaults of the collector's limits (serve's flags).
 const (
-	DefaultMaxBodyBytes = 16 << 20
-	DefaultMaxEventAge  = 400 * 24 * time.Hour // the events retention (bandplane retention --events)
-	DefaultMaxClockSkew = time.Hour
+	DefaultMaxBodyBytes  = 16 << 20
+	DefaultMaxLines      = 100_000
+	DefaultMaxConcurrent = 8
+	DefaultMaxEventAge   = 400 * 24 * time.Hour // the events retention (bandplane retention --events)
+	DefaultMaxClockSkew  = time.Hour
 )
 
 // CollectorConfig configures the HTTP collector.
@@ -89,10 +91,18 @@ type CollectorConfig struct {
 	Producer MessageProducer
 	// Auth authenticates every request; the key needs the ingest role.
 	Auth keys.Authenticator
-	// Registrations, when set, refuses lines of an organization's key whose actor or
-	// subject is registered in another organization.
-	Registrations Registrations
-	MaxBodyBytes  int64 // default DefaultMaxBodyBytes; larger bodies are answered 413
+	// Registrations refuses lines of an organization's key whose actor or subject is
+	// registered in another organization. Without it, organizations' keys may not write
+	// at all (only platform keys). RegistrationsReady, when set, says whether
+	// Registrations has loaded: until it has, an organization's request is answered 503.
+	Registrations      Registrations
+	RegistrationsReady func() bool
+	MaxBodyBytes       int64 // default DefaultMaxBodyBytes; larger bodies are answered 413
+	MaxLines           int   // events per request (default DefaultMaxLines); more: 413
+	// MaxConcurrent bounds the requests read and decoded at once (default
+	// DefaultMaxConcurrent); others wait for a slot. With the body and line limits it
+	// bounds the collector's memory whatever clients send.
+	MaxConcurrent int
 	// MaxEventBytes bounds one encoded event (default kafka.MaxEventBytes): a larger
 	// line is a line error, never a request-wide 503.
 	MaxEventBytes int
@@ -114,6 +124,12 @@ func (c *CollectorConfig) Validate() error {
 	}
 	if c.MaxBodyBytes < 0 {
 		errs = append(errs, fmt.Errorf("collector: --max-body must be > 0, got %d", c.MaxBodyBytes))
+	}
+	if c.MaxLines < 0 {
+		errs = append(errs, fmt.Errorf("collector: --max-lines must be > 0, got %d", c.MaxLines))
+	}
+	if c.MaxConcurrent < 0 {
+		errs = append(errs, fmt.Errorf("collector: --max-concurrent-posts must be > 0, got %d", c.MaxConcurrent))
 	}
 	if c.MaxEventBytes < 0 || c.MaxEventBytes > kafka.MaxEventBytes {
 		errs = append(errs, fmt.Errorf("collector: the event size limit must be between 1 and %d (Kafka's message limit), got %d", kafka.MaxEventBytes, c.MaxEventBytes))
@@ -141,6 +157,7 @@ type Collector struct {
 	cfg     CollectorConfig
 	log     *slog.Logger
 	handler http.Handler
+	slots   chan struct{} // MaxConcurrent
 }
 
 func NewCollector(cfg CollectorConfig) (*Collector, error) {
@@ -152,6 +169,12 @@ func NewCollector(cfg CollectorConfig) (*Collector, error) {
 	}
 	if cfg.MaxEventBytes == 0 {
 		cfg.MaxEventBytes = kafka.MaxEventBytes
+	}
+	if cfg.MaxLines == 0 {
+		cfg.MaxLines = DefaultMaxLines
+	}
+	if cfg.MaxConcurrent == 0 {
+		cfg.MaxConcurrent = DefaultMaxConcurrent
 	}
 	if cfg.MaxEventAge == 0 {
 		cfg.MaxEventAge = DefaultMaxEventAge
@@ -168,7 +191,7 @@ func NewCollector(cfg CollectorConfig) (*Collector, error) {
 	if cfg.Metrics == nil {
 		cfg.Metrics = NewMetrics(nil)
 	}
-	c := &Collector{cfg: cfg, log: cfg.Logger.With("component", "collector")}
+	c := &Collector{cfg: cfg, log: cfg.Logger.With("component", "collector"), slots: make(chan struct{}, cfg.MaxConcurrent)}
 	c.handler = keys.Require(cfg.Auth, keys.RoleIngest)(http.HandlerFunc(c.collect))
 	return c, nil
 }
@@ -195,6 +218,18 @@ func (c *Collector) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 func (c *Collector) collect(w http.ResponseWriter, r *http.Request) {
 	key, _ := keys.FromContext(r.Context())
+	if !key.Platform() && c.cfg.RegistrationsReady != nil && !c.cfg.RegistrationsReady() {
+		w.Header().Set("Retry-After", "1")
+		keys.WriteJSON(w, http.StatusServiceUnavailable, CollectorResponse{Code: "unavailable",
+			Error: "the directory is still loading, and an organization's events are checked against it; retry"})
+		return
+	}
+	select {
+	case c.slots <- struct{}{}:
+		defer func() { <-c.slots }()
+	case <-r.Context().Done():
+		return // the client gave up waiting
+	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, c.cfg.MaxBodyBytes))
 	if err != nil {
 		var tooBig *http.MaxBytesError
@@ -206,40 +241,47 @@ func (c *Collector) collect(w http.ResponseWriter, r *http.Request) {
 		keys.WriteJSON(w, http.StatusBadRequest, CollectorResponse{Code: "bad_request", Error: "cannot read request body: " + err.Error()})
 		return
 	}
-	lines, err := splitBody(body)
-	if err != nil {
-		keys.WriteJSON(w, http.StatusBadRequest, CollectorResponse{Code: "bad_request", Error: err.Error()})
-		return
-	}
 	now := c.cfg.Now()
-	msgs := make([]kafkago.Message, 0, len(lines))
+	var msgs []kafkago.Message
 	var rejects []Reject
-	for i, l := range lines {
-		if len(bytes.TrimSpace(l)) == 0 {
-			continue
+	rejected, lines := 0, 0
+	err = eachLine(body, func(n int, l []byte) error {
+		if lines++; lines > c.cfg.MaxLines {
+			return errTooManyLines
 		}
 		m, err := c.line(key, l, now)
 		if err != nil {
-			rejects = append(rejects, Reject{Line: i + 1, Reason: err.Error()})
-			continue
+			// Only the reasons that are listed are kept: a body of a million bad lines
+			// costs a counter, not a million messages.
+			if rejected++; len(rejects) < maxListedRejects {
+				rejects = append(rejects, Reject{Line: n, Reason: err.Error()})
+			}
+			return nil
 		}
 		msgs = append(msgs, m)
+		return nil
+	})
+	switch {
+	case errors.Is(err, errTooManyLines):
+		keys.WriteJSON(w, http.StatusRequestEntityTooLarge, CollectorResponse{Code: "too_large",
+			Error: fmt.Sprintf("the request holds more than %d events (--max-lines); send smaller batches", c.cfg.MaxLines)})
+		return
+	case err != nil:
+		keys.WriteJSON(w, http.StatusBadRequest, CollectorResponse{Code: "bad_request", Error: err.Error()})
+		return
 	}
-	if len(msgs) == 0 && len(rejects) == 0 {
+	if len(msgs) == 0 && rejected == 0 {
 		keys.WriteJSON(w, http.StatusBadRequest, CollectorResponse{Code: "bad_request", Error: "the request body holds no events (NDJSON or a JSON array of events)"})
 		return
 	}
-	resp := CollectorResponse{Accepted: len(msgs), Rejected: len(rejects), Errors: rejects}
-	if len(resp.Errors) > maxListedRejects {
-		resp.Errors = resp.Errors[:maxListedRejects]
-	}
-	c.cfg.Metrics.CollectorLines.WithLabelValues("rejected").Add(float64(len(rejects)))
+	resp := CollectorResponse{Accepted: len(msgs), Rejected: rejected, Errors: rejects}
+	c.cfg.Metrics.CollectorLines.WithLabelValues("rejected").Add(float64(rejected))
 	if len(msgs) > 0 {
 		if err := c.cfg.Producer.ProduceMessages(r.Context(), msgs); err != nil {
 			c.cfg.Metrics.CollectorErrors.Inc()
 			c.log.Error("cannot produce collected events", "err", err, "events", len(msgs), "key_id", key.ID)
 			w.Header().Set("Retry-After", "1")
-			keys.WriteJSON(w, http.StatusServiceUnavailable, CollectorResponse{Rejected: len(rejects), Errors: resp.Errors, Code: "unavailable",
+			keys.WriteJSON(w, http.StatusServiceUnavailable, CollectorResponse{Rejected: rejected, Errors: resp.Errors, Code: "unavailable",
 				Error: "cannot write to kafka, nothing from this request is guaranteed stored; retry: " + err.Error()})
 			return
 		}
@@ -248,7 +290,7 @@ func (c *Collector) collect(w http.ResponseWriter, r *http.Request) {
 	status := http.StatusOK
 	if len(msgs) == 0 {
 		status = http.StatusBadRequest
-		resp.Code, resp.Error = "rejected", fmt.Sprintf("all %d lines were refused; each one's reason is in errors", len(rejects))
+		resp.Code, resp.Error = "rejected", fmt.Sprintf("all %d lines were refused; the reasons are in errors (the first %d)", rejected, maxListedRejects)
 	}
 	keys.WriteJSON(w, status, resp)
 }
@@ -256,6 +298,11 @@ func (c *Collector) collect(w http.ResponseWriter, r *http.Request) {
 // line decodes one line, holds it to the key's rights and the accepted time window,
 // and encodes it as the message to produce.
 func (c *Collector) line(key keys.Key, l []byte, now time.Time) (kafkago.Message, error) {
+	if len(l) > c.cfg.MaxEventBytes {
+		// Refused before it is decoded: no line costs more than one event's worth.
+		return kafkago.Message{}, fmt.Errorf("the line is %d bytes, more than the %d bytes one Kafka message may carry; send its content in smaller events",
+			len(l), c.cfg.MaxEventBytes)
+	}
 	ev, err := schema.DecodeAt(l, now)
 	if err != nil {
 		return kafkago.Message{}, err
@@ -304,7 +351,8 @@ func (c *Collector) mayWrite(key keys.Key, ev *schema.Event) error {
 		return fmt.Errorf("org_id: %q is not the organization of key %s (%q)", ev.OrgID, key.ID, key.Org)
 	}
 	if c.cfg.Registrations == nil {
-		return nil
+		return fmt.Errorf("key %s belongs to organization %q, and this collector has no directory to check what an organization may write (serve runs with --no-policy): only platform keys may write here",
+			key.ID, key.Org)
 	}
 	for _, p := range [...]struct {
 		field string
@@ -327,25 +375,51 @@ func subjectID(ev *schema.Event) string {
 	return ev.Subject.ID
 }
 
-// splitBody returns the lines of an NDJSON body, or the elements of a JSON array (each
-// element counts as one line, numbered from 1).
-func splitBody(body []byte) ([][]byte, error) {
+var errTooManyLines = errors.New("too many lines")
+
+// eachLine calls fn with each non-blank line of an NDJSON body, or each element of a
+// JSON array (each element counts as one line), numbered from 1, without copying the
+// body; it stops at fn's first error.
+func eachLine(body []byte, fn func(n int, line []byte) error) error {
 	trimmed := bytes.TrimSpace(body)
 	if len(trimmed) > 0 && trimmed[0] == '[' {
-		return splitArray(trimmed)
+		return splitArray(trimmed, fn)
 	}
-	return bytes.Split(body, []byte("\n")), nil
+	for n := 1; len(body) > 0; n++ {
+		l := body
+		if i := bytes.IndexByte(body, '\n'); i >= 0 {
+			l, body = body[:i], body[i+1:]
+		} else {
+			body = nil
+		}
+		if len(bytes.TrimSpace(l)) == 0 {
+			continue
+		}
+		if err := fn(n, l); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
-// splitArray returns the elements of a JSON array without decoding them: a scan that
-// tracks strings and bracket depth as counters, so no nesting can make it recurse. Each
-// element is then decoded (and guarded) as a line.
-func splitArray(b []byte) ([][]byte, error) {
+// splitArray calls fn with each element of a JSON array without decoding it: a scan
+// that tracks strings and bracket depth as counters, so no nesting can make it recurse.
+// Each element is then decoded (and guarded) as a line. A malformed array is refused
+// before fn sees any element.
+func splitArray(b []byte, fn func(n int, line []byte) error) error {
+	if err := scanArray(b, func([]byte) error { return nil }); err != nil {
+		return err
+	}
+	n := 0
+	return scanArray(b, func(e []byte) error { n++; return fn(n, e) })
+}
+
+// scanArray is splitArray's scan: it calls each with every element.
+func scanArray(b []byte, each func([]byte) error) error {
 	bad := func(format string, args ...any) error {
 		return fmt.Errorf("body starts with '[' but is not a JSON array: "+format, args...)
 	}
-	var out [][]byte
-	depth, start := 0, -1
+	depth, start, elements := 0, -1, 0
 	inString, escaped := false, false
 	for i := 0; i < len(b); i++ {
 		ch := b[i]
@@ -372,30 +446,33 @@ func splitArray(b []byte) ([][]byte, error) {
 		case ']', '}':
 			depth--
 			if depth < 0 {
-				return nil, bad("unbalanced %q at offset %d", ch, i)
+				return bad("unbalanced %q at offset %d", ch, i)
 			}
 			if depth == 0 {
 				if ch != ']' {
-					return nil, bad("unbalanced %q at offset %d", ch, i)
-				}
-				if start >= 0 {
-					out = append(out, bytes.TrimSpace(b[start:i]))
-				} else if len(out) > 0 {
-					return nil, bad("trailing ',' before offset %d", i)
+					return bad("unbalanced %q at offset %d", ch, i)
 				}
 				if rest := bytes.TrimSpace(b[i+1:]); len(rest) > 0 {
-					return nil, bad("unexpected data after the array at offset %d", i+1)
+					return bad("unexpected data after the array at offset %d", i+1)
 				}
-				return out, nil
+				if start >= 0 {
+					return each(bytes.TrimSpace(b[start:i]))
+				}
+				if elements > 0 {
+					return bad("trailing ',' before offset %d", i)
+				}
+				return nil
 			}
 			continue
 		case ',':
 			if depth == 1 {
 				if start < 0 {
-					return nil, bad("empty element before offset %d", i)
+					return bad("empty element before offset %d", i)
 				}
-				out = append(out, bytes.TrimSpace(b[start:i]))
-				start = -1
+				if err := each(bytes.TrimSpace(b[start:i])); err != nil {
+					return err
+				}
+				start, elements = -1, elements+1
 				continue
 			}
 		case ' ', '\t', '\r', '\n':
@@ -405,5 +482,5 @@ func splitArray(b []byte) ([][]byte, error) {
 			start = i
 		}
 	}
-	return nil, bad("it ends before its closing ']'")
+	return bad("it ends before its closing ']'")
 }

@@ -4,11 +4,14 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -297,4 +300,101 @@ func TestCollectorEventSizeIsALineError(t *testing.T) {
 	}
 	_, err := ingest.NewCollector(ingest.CollectorConfig{Producer: prod, Auth: collectorKeys, MaxEventBytes: kafka.MaxEventBytes + 1})
 	assert.ErrorContains(t, err, "Kafka's message limit")
+}
+
+// TestCollectorBoundsWhatOneRequestCosts: a body full of lines, bad or blank, costs a
+// bounded amount of memory and time — the review's 14 MB array of 7,000,000 elements
+// took 2.5 GB before.
+func TestCollectorBoundsWhatOneRequestCosts(t *testing.T) {
+	prod := &fakeProducer{}
+	c := newCollector(t, prod, nil)
+	for _, tc := range []struct {
+		name, body string
+		status     int
+		contains   string
+	}{
+		{"7M array elements", "[" + strings.Repeat("1,", 7_000_000) + "1]", http.StatusRequestEntityTooLarge, "more than 100000 events"},
+		{"16M blank lines", strings.Repeat("\n", 16_000_000), http.StatusBadRequest, "no events"},
+		{"100k bad lines", strings.Repeat("{}\n", 100_000), http.StatusBadRequest, "all 100000 lines were refused"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var before, after runtime.MemStats
+			runtime.GC()
+			runtime.ReadMemStats(&before)
+			start := time.Now()
+			code, resp := post(t, c, "s3cret", tc.body)
+			took := time.Since(start)
+			runtime.ReadMemStats(&after)
+			assert.Equal(t, tc.status, code, "%s", resp.Error)
+			assert.Contains(t, resp.Error, tc.contains)
+			assert.LessOrEqual(t, len(resp.Errors), 1000, "only the first 1,000 reasons are listed")
+			alloc := after.TotalAlloc - before.TotalAlloc
+			t.Logf("%s: %s, %d MB allocated", tc.name, took.Round(time.Millisecond), alloc>>20)
+			assert.Less(t, alloc, uint64(200<<20), "allocated %d MB", alloc>>20)
+		})
+	}
+	// 100,000 lines is the most one request may hold; the count of refused lines is exact.
+	code, resp := post(t, c, "s3cret", strings.Repeat("{}\n", 1500))
+	assert.Equal(t, http.StatusBadRequest, code)
+	assert.Equal(t, 1500, resp.Rejected)
+	assert.Len(t, resp.Errors, 1000)
+}
+
+func TestCollectorLimitsConcurrentRequests(t *testing.T) {
+	block := make(chan struct{})
+	prod := &blockingProducer{release: block}
+	c, err := ingest.NewCollector(ingest.CollectorConfig{Producer: prod, Auth: collectorKeys, Now: func() time.Time { return now }, MaxConcurrent: 2})
+	require.NoError(t, err)
+	var wg sync.WaitGroup
+	for range 3 {
+		wg.Go(func() { post(t, c, "s3cret", canonical(fmt.Sprint(time.Now().UnixNano()), "", "a")) })
+	}
+	require.Eventually(t, func() bool { return prod.inFlight.Load() == 2 }, 5*time.Second, 10*time.Millisecond)
+	time.Sleep(100 * time.Millisecond)
+	assert.Equal(t, int64(2), prod.inFlight.Load(), "the third request waits for a slot")
+	close(block)
+	wg.Wait()
+	assert.Equal(t, int64(3), prod.done.Load())
+}
+
+// blockingProducer holds every produce until release is closed.
+type blockingProducer struct {
+	release        chan struct{}
+	inFlight, done atomic.Int64
+}
+
+func (p *blockingProducer) ProduceMessages(ctx context.Context, _ []kafkago.Message) error {
+	p.inFlight.Add(1)
+	defer p.inFlight.Add(-1)
+	select {
+	case <-p.release:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	p.done.Add(1)
+	return nil
+}
+
+func TestCollectorChecksOrganizationsOnlyAgainstALoadedDirectory(t *testing.T) {
+	line := canonical("e1", "", "agent-new")
+	// No directory at all (serve --no-policy): organizations' keys may not write.
+	c := newCollector(t, &fakeProducer{}, func(c *ingest.CollectorConfig) { c.Registrations = nil })
+	code, resp := post(t, c, "acme", line)
+	assert.Equal(t, http.StatusBadRequest, code)
+	require.Len(t, resp.Errors, 1)
+	assert.Contains(t, resp.Errors[0].Reason, "only platform keys may write here")
+	code, _ = post(t, c, "s3cret", line)
+	assert.Equal(t, http.StatusOK, code, "platform keys still write")
+
+	// A directory still loading: 503 for organizations, platform keys go on.
+	var ready atomic.Bool
+	c = newCollector(t, &fakeProducer{}, func(c *ingest.CollectorConfig) { c.RegistrationsReady = ready.Load })
+	code, resp = post(t, c, "acme", line)
+	assert.Equal(t, http.StatusServiceUnavailable, code)
+	assert.Contains(t, resp.Error, "still loading")
+	code, _ = post(t, c, "s3cret", line)
+	assert.Equal(t, http.StatusOK, code)
+	ready.Store(true)
+	code, _ = post(t, c, "acme", line)
+	assert.Equal(t, http.StatusOK, code)
 }

@@ -1,7 +1,6 @@
 package ingest
 
 import (
-	"encoding/json"
 	"fmt"
 	"sync"
 
@@ -95,7 +94,7 @@ func (d *Directory) Apply(ev *schema.Event) (store.DirectoryRow, error) {
 	if ev.Type == schema.TypeUserRegistered {
 		var u schema.UserData
 		if len(ev.Data) > 0 {
-			if err := json.Unmarshal(ev.Data, &u); err != nil {
+			if err := schema.DecodeData(ev.Data, &u); err != nil {
 				return row, fmt.Errorf("cannot decode data of %s event %s: %w", ev.Type, ev.ID, err)
 			}
 		}
@@ -105,7 +104,7 @@ func (d *Directory) Apply(ev *schema.Event) (store.DirectoryRow, error) {
 		}
 	} else {
 		var a schema.AgentData
-		if err := json.Unmarshal(ev.Data, &a); err != nil {
+		if err := schema.DecodeData(ev.Data, &a); err != nil {
 			return row, fmt.Errorf("cannot decode data of %s event %s: %w", ev.Type, ev.ID, err)
 		}
 		row.Kind, row.Handle, row.Name, row.OwnerID, row.Model, row.Desc = "agent", a.Handle, a.Name, a.OwnerID, a.Model, a.Description

@@ -28,6 +28,8 @@ import (
 //     the fast decoder match keys to struct fields, Unicode folding included ("id",
 //     "ID" and "Id" are the same key, as are "s" and "ſ"): either way the decoders would
 //     keep only the last one, and another reader might keep the first;
+//   - keys with a letter that is not ASCII but folds to an ASCII one (ſ, the Kelvin
+//     sign), which encoding/json matches to a field and the fast decoder does not;
 //   - invalid UTF-8 anywhere in a string, and escaped lone surrogates (\ud800 not
 //     followed by a low surrogate, a low surrogate alone), which the decoders would
 //     both turn into U+FFFD, so that distinct ids would collide.
@@ -168,6 +170,11 @@ key:
 		}
 		top = &levels[len(levels)-1]
 		top.key, top.hasKey = k, true
+		if flags != 0 {
+			if r := asciiLookalike(b, k); r != 0 {
+				return failAt(b, prefix, levels, true, "key has %U, which encoding/json matches as the letter %q and the fast decoder does not", r, foldRune(r))
+			}
+		}
 		// The common case inline: a plain key whose sig no earlier key of a small,
 		// plain object has, so that there is nothing to compare.
 		if bit := uint64(1) << (k.sig * 0x9E3779B1 >> 26); flags == 0 && !top.odd && top.mask&bit == 0 &&
@@ -490,6 +497,22 @@ func foldRune(r rune) rune {
 		return r
 	}
 	return unicode.ToUpper(unicode.ToLower(r))
+}
+
+// asciiLookalike returns the first rune of key k that is not ASCII but folds to an
+// ASCII letter (U+017F ſ folds to s, U+212A Kelvin sign to k), or 0. encoding/json
+// matches such a key to a struct field ("input_tokenſ" is input_tokens) and
+// segmentio's decoder does not, so the two decoders, the policy replica and ingest
+// would read different values from one line.
+func asciiLookalike(b []byte, k span) rune {
+	for i := int(k.start); i < int(k.end); {
+		var r rune
+		r, i = keyRune(b, i)
+		if r >= utf8.RuneSelf && foldRune(r) < utf8.RuneSelf {
+			return r
+		}
+	}
+	return 0
 }
 
 // unescapeKey is a key's text.

@@ -83,12 +83,13 @@ func TestCheckJSONRefuses(t *testing.T) {
 		{"escaped-equal keys", `{"a":1,"\u0061":2}`, "a", `duplicate key: the same as a once unescaped and compared ignoring case`},
 		{"escaped-equal keys, other order", `{"\u0061":1,"a":2}`, "a", `duplicate key: the same as a once unescaped and compared ignoring case`},
 		{"keys equal but for case", `{"org_id":"o1","ORG_ID":"o2"}`, "ORG_ID", "duplicate key: the same as org_id once unescaped and compared ignoring case"},
-		{"keys equal under Unicode folding", `{"source":"s","ſource":"bandplane"}`, "ſource", "duplicate key: the same as source once unescaped and compared ignoring case"},
-		{"Kelvin sign", `{"k":1,"\u212a":2}`, "\u212a", "duplicate key: the same as k once unescaped and compared ignoring case"},
+		{"keys equal under Unicode folding", `{"source":"s","ſource":"bandplane"}`, "ſource", "key has U+017F, which encoding/json matches as the letter 'S' and the fast decoder does not"},
+		{"Kelvin sign", `{"k":1,"\u212a":2}`, "\u212a", "key has U+212A, which encoding/json matches as the letter 'K' and the fast decoder does not"},
+		{"Unicode-folded duplicate of a non-ASCII key", `{"é":1,"É":2}`, "É", "duplicate key: the same as é once unescaped and compared ignoring case"},
 		{"duplicate in a large object", manyKeys(40, `"kxxx"`), "data.kxxx", "duplicate key"},
 		{"case duplicate in a large object", manyKeys(40, `"KXX"`), "data.KXX", "duplicate key: the same as kxx once unescaped and compared ignoring case"},
 		{"escaped duplicate in a large object", manyKeys(40, `"\u006bx"`), "data.kx", "duplicate key: the same as kx once unescaped and compared ignoring case"},
-		{"Unicode-folded duplicate in a large object", manyKeys(40, `"\u212ax"`), "data.\u212ax", "duplicate key: the same as kx once unescaped and compared ignoring case"},
+		{"Unicode-folded key in a large object", manyKeys(40, `"\u212ax"`), "data.\u212ax", "key has U+212A, which encoding/json matches as the letter 'K' and the fast decoder does not"},
 		{"duplicate of a key written escaped, in a large object", strings.Replace(manyKeys(40, `"kxxxxx"`), `"kxxxxx"`, `"\u006BXXXXX"`, 1), "data.kxxxxx", "duplicate key: the same as kXXXXX once unescaped and compared ignoring case"},
 
 		{"invalid UTF-8 in a value", "{\"data\":{\"content\":\"ab\xffc\"}}", "data.content", "in a string: invalid UTF-8 at offset 22"},
@@ -198,5 +199,27 @@ func TestDecodeGuardFiresFirst(t *testing.T) {
 		_, err := Decode([]byte(tc.line))
 		require.Error(t, err, tc.line)
 		assert.Equal(t, tc.want, err.Error(), tc.line)
+	}
+}
+
+// TestCheckJSONRefusesASCIILookalikeKeys: a key with ſ or the Kelvin sign would be read
+// as input_tokens by encoding/json (the replica) and ignored by the fast decoder (ingest),
+// so one line would be two different usage reports.
+func TestCheckJSONRefusesASCIILookalikeKeys(t *testing.T) {
+	for _, line := range []string{
+		`{"data":{"input_tokenſ":4000000000000000000}}`,
+		`{"data":{"output_to\u212Aens":1}}`,
+		"{\"data\":{\"output_to\u212Aens\":1}}", // the rune itself, not its escape
+		`{"ſource":"bandplane-policy"}`,
+	} {
+		err := CheckJSON([]byte(line))
+		if err == nil || !strings.Contains(err.Error(), "folds") && !strings.Contains(err.Error(), "matches as the letter") {
+			t.Errorf("CheckJSON(%s) = %v, want the lookalike refused", line, err)
+		}
+	}
+	for _, line := range []string{`{"café":1}`, `{"naïve":{"ü":2}}`, `{"\u00e9t\u00e9":3}`} {
+		if err := CheckJSON([]byte(line)); err != nil {
+			t.Errorf("CheckJSON(%s) = %v, want accepted", line, err)
+		}
 	}
 }

@@ -45,8 +45,11 @@ func OwnType(t string) bool {
 	return false
 }
 
-// OwnSource says whether source is reserved for bandplane's own producers.
-func OwnSource(source string) bool { return strings.HasPrefix(source, SourceBandplane) }
+// OwnSource says whether source is reserved for bandplane's own producers: it starts
+// with "bandplane" in any case (sources are printable ASCII, see Validate).
+func OwnSource(source string) bool {
+	return len(source) >= len(SourceBandplane) && strings.EqualFold(source[:len(SourceBandplane)], SourceBandplane)
+}
 
 // PlatformOnlyType says whether t may be written only with a platform ingest key (the
 // routing core's): registrations, contacts and contact requests, participants and room

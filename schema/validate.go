@@ -70,6 +70,13 @@ func (e *Event) validate(trustedData bool) *FieldError {
 	if r := idProblem(e.Source); r != "" {
 		return fieldErr("source", "%s", r)
 	}
+	// Printable ASCII only: a source that looks like one of bandplane's own with
+	// lookalike letters must not pass for it (OwnSource).
+	for i := 0; i < len(e.Source); i++ {
+		if c := e.Source[i]; c < 0x20 || c > 0x7e {
+			return fieldErr("source", "byte %d is not printable ASCII (0x%02x)", i, c)
+		}
+	}
 	if fe := checkID("org_id", e.OrgID); fe != nil {
 		return fe
 	}

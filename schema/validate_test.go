@@ -314,3 +314,25 @@ func TestLongValuesAreNotEchoed(t *testing.T) {
 		assert.Less(t, len(err.Error()), 400, "%.200s", err.Error())
 	}
 }
+
+func TestOwnSourceIgnoresCaseAndSourcesAreASCII(t *testing.T) {
+	for _, s := range []string{"bandplane", "bandplane-policy", "Bandplane-policy", "BANDPLANE"} {
+		if !OwnSource(s) {
+			t.Errorf("OwnSource(%q) = false", s)
+		}
+	}
+	for _, s := range []string{"", "band", "sdk", "my-bandplane"} {
+		if OwnSource(s) {
+			t.Errorf("OwnSource(%q) = true", s)
+		}
+	}
+	ev := Event{ID: "e", Type: "message.created", Time: MinTime.Add(time.Hour), Actor: Party{ID: "a"}, SchemaVersion: Version}
+	for _, src := range []string{"b\u0430ndplane-policy", "sdk\u00e9"} { // Cyrillic а; é
+		ev.Source = src
+		if err := ev.Validate(); err == nil || !strings.Contains(err.Error(), "printable ASCII") {
+			t.Errorf("source %q: %v, want refused", src, err)
+		}
+	}
+	ev.Source = "My SDK 1.2"
+	assert.NoError(t, ev.Validate())
+}

@@ -41,6 +41,8 @@ type serveConfig struct {
 	catalog       string
 	rollupEvery   time.Duration
 	maxBody       int64
+	maxLines      int
+	maxPosts      int
 	maxEventAge   time.Duration
 	maxClockSkew  time.Duration
 	keyRefresh    time.Duration
@@ -92,6 +94,8 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	fs.StringVar(&c.catalog, "catalog", envOr("BANDPLANE_CATALOG", ""), "price catalog JSON file (default: the built-in catalog)")
 	fs.DurationVar(&c.rollupEvery, "rollup-interval", 10*time.Second, "how often touched hours of the cost rollup are rebuilt (each rebuild re-reads those hours with FINAL)")
 	fs.Int64Var(&c.maxBody, "max-body", ingest.DefaultMaxBodyBytes, "largest accepted POST /v1/events body in bytes (larger: 413)")
+	fs.IntVar(&c.maxLines, "max-lines", ingest.DefaultMaxLines, "most events in one POST /v1/events (more: 413)")
+	fs.IntVar(&c.maxPosts, "max-concurrent-posts", ingest.DefaultMaxConcurrent, "POST /v1/events requests read and decoded at once; others wait (bounds the collector's memory)")
 	fs.DurationVar(&c.maxEventAge, "max-event-age", ingest.DefaultMaxEventAge, "the collector refuses events older than this (default: the events retention, 400 days)")
 	fs.DurationVar(&c.maxClockSkew, "max-clock-skew", ingest.DefaultMaxClockSkew, "the collector refuses events this far ahead of its clock")
 	fs.DurationVar(&c.keyRefresh, "key-refresh", 5*time.Second, "how often API keys are re-read from ClickHouse (a revocation takes effect within it)")
@@ -101,7 +105,7 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	fs.DurationVar(&c.http.idle, "idle-timeout", 120*time.Second, "HTTP: how long an idle keep-alive connection stays open")
 	fs.Int64Var(&c.graphql.MaxBodyBytes, "graphql-max-body", 1<<20, "largest /graphql POST body in bytes (larger: 413)")
 	fs.IntVar(&c.graphql.MaxTokens, "graphql-max-tokens", 10_000, "most tokens the GraphQL parser reads of one query")
-	fs.IntVar(&c.graphql.MaxComplexity, "graphql-max-complexity", 1_000, "most fields one GraphQL operation may select, aliases included")
+	fs.IntVar(&c.graphql.MaxComplexity, "graphql-max-complexity", 50_000, "most one GraphQL operation may ask for: a field counts once, an auditEvents page once per event of its limit (aliases add up)")
 	fs.IntVar(&c.graphql.MaxWebSockets, "graphql-max-websockets", 256, "most open GraphQL WebSocket connections (more: 503)")
 	fs.DurationVar(&c.graphql.InitTimeout, "graphql-init-timeout", 10*time.Second, "how long a GraphQL WebSocket may take to send its init message")
 	fs.BoolVar(&c.noConsumer, "no-consumer", false, "run the collector only (no ingest consumer)")
@@ -160,12 +164,18 @@ func serve(ctx context.Context, log *slog.Logger, reg *prometheus.Registry, c se
 	if err != nil {
 		return err
 	}
+	// Until the replica has loaded the directory, a decision would be taken on an empty
+	// one (deny everything), and an organization's events could not be checked against
+	// it: both answer 503 until then, and /readyz says so.
+	var policyReady atomic.Bool
 	var registrations ingest.Registrations
 	if pol != nil {
 		registrations = pol.engine.Directory()
 	}
-	collector, err := ingest.NewCollector(ingest.CollectorConfig{Producer: producer, Auth: keyCache, Registrations: registrations,
-		MaxBodyBytes: c.maxBody, MaxEventAge: c.maxEventAge, MaxClockSkew: c.maxClockSkew, Logger: log, Metrics: metrics})
+	collector, err := ingest.NewCollector(ingest.CollectorConfig{Producer: producer, Auth: keyCache,
+		Registrations: registrations, RegistrationsReady: policyReady.Load,
+		MaxBodyBytes: c.maxBody, MaxLines: c.maxLines, MaxConcurrent: c.maxPosts,
+		MaxEventAge: c.maxEventAge, MaxClockSkew: c.maxClockSkew, Logger: log, Metrics: metrics})
 	if err != nil {
 		return err
 	}
@@ -188,9 +198,6 @@ func serve(ctx context.Context, log *slog.Logger, reg *prometheus.Registry, c se
 
 	mux := http.NewServeMux()
 	mux.Handle("/v1/events", collector)
-	// Until the replica has loaded the directory, a decision would be taken on an empty
-	// one (deny everything): answer 503 instead, and say so in /readyz.
-	var policyReady atomic.Bool
 	if pol != nil {
 		gated := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			if !policyReady.Load() {
@@ -207,7 +214,15 @@ func serve(ctx context.Context, log *slog.Logger, reg *prometheus.Registry, c se
 	mux.Handle("/graphql", graph.NewHandler(query.New(conn, c.stack.ch.Database), keyCache, graph.WithLogger(log), graph.WithLimits(c.graphql)))
 	metricsHandler := promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg})
 	if c.metricsListen == "" {
-		mux.Handle("/metrics", keys.Require(keyCache, keys.RoleOperator, keys.RoleAdmin)(metricsHandler))
+		// The metrics are the whole process's, every organization's: platform keys only.
+		platformOnly := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if k, _ := keys.FromContext(r.Context()); !k.Platform() {
+				keys.Forbidden(w, k, keys.PlatformOrg)
+				return
+			}
+			metricsHandler.ServeHTTP(w, r)
+		})
+		mux.Handle("/metrics", keys.Require(keyCache, keys.RoleOperator, keys.RoleAdmin)(platformOnly))
 	}
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintln(w, "ok")
@@ -217,7 +232,9 @@ func serve(ctx context.Context, log *slog.Logger, reg *prometheus.Registry, c se
 		defer cancel()
 		var problems []string
 		if err := conn.Ping(pctx); err != nil {
-			problems = append(problems, "clickhouse: "+err.Error())
+			// Open to anyone: the reason goes to the log, not to the caller.
+			log.Warn("readiness: clickhouse does not answer", "err", err)
+			problems = append(problems, "clickhouse: unreachable")
 		}
 		if pipeline != nil && !pipeline.Healthy() {
 			problems = append(problems, "ingest: writes are failing and being retried")

@@ -142,19 +142,28 @@ func (a *API) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
 	return body, true
 }
 
-// mayActOn refuses (403) an organization-scoped key acting on an agent of another
-// organization. Agents the directory does not know pass: the policies deny them, and
-// the answer says nothing about any organization.
-func (a *API) mayActOn(w http.ResponseWriter, r *http.Request, agent string) bool {
+// ownAgent says whether the request's key may act on agent: a platform key on any, an
+// organization's key on the agents registered in its organization only. The answer to
+// an organization's key is the same for an agent of another organization and for one
+// that does not exist, so that it learns neither who exists nor where.
+func (a *API) ownAgent(r *http.Request, agent string) bool {
 	k, _ := keys.FromContext(r.Context())
 	if k.Platform() {
 		return true
 	}
-	if ag, ok := a.cfg.Engine.Directory().Agent(agent); ok && !k.MayActOn(ag.Org) {
-		keys.Forbidden(w, k, ag.Org)
-		return false
+	ag, ok := a.cfg.Engine.Directory().Agent(agent)
+	return ok && k.MayActOn(ag.Org)
+}
+
+// mayAsk refuses (403) a decision about an agent the key may not act on.
+func (a *API) mayAsk(w http.ResponseWriter, r *http.Request, agent string) bool {
+	if a.ownAgent(r, agent) {
+		return true
 	}
-	return true
+	k, _ := keys.FromContext(r.Context())
+	keys.WriteError(w, http.StatusForbidden, keys.CodeForbidden, fmt.Sprintf(
+		"key %s (%s) of organization %s may ask only about agents registered in its organization; %q is not one", k.ID, k.Role, k.Org, agent))
+	return false
 }
 
 // Input decodes and checks the input of a decision; unknown fields are refused so that
@@ -354,7 +363,7 @@ func (a *API) decide(w http.ResponseWriter, r *http.Request) {
 		writeError(w, status, err.Error())
 		return
 	}
-	if actor, _ := subjectOf(in); !a.mayActOn(w, r, actor) {
+	if actor, _ := subjectOf(in); !a.mayAsk(w, r, actor) {
 		return
 	}
 	d, err := a.Decide(r.Context(), name, in)
@@ -391,7 +400,7 @@ func (a *API) peers(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "peers: "+err.Error())
 		return
 	}
-	if !a.mayActOn(w, r, in.Agent) {
+	if !a.mayAsk(w, r, in.Agent) {
 		return
 	}
 	d, err := a.Decide(r.Context(), policy.PeerVisible, in)
@@ -451,11 +460,9 @@ func (a *API) suspend(suspended bool) http.HandlerFunc {
 		id := r.PathValue("id")
 		dir := a.cfg.Engine.Directory()
 		ag, ok := dir.Agent(id)
-		if !ok {
-			writeError(w, http.StatusNotFound, fmt.Sprintf("agent %q is not in the directory", id))
-			return
-		}
-		if !a.mayActOn(w, r, id) {
+		if !ok || !a.ownAgent(r, id) {
+			// The same answer for another organization's agent: no existence oracle.
+			writeError(w, http.StatusNotFound, fmt.Sprintf("agent %q is not in the directory of this key's organization", id))
 			return
 		}
 		body, ok := a.readBody(w, r)

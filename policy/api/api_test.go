@@ -2,6 +2,7 @@ package api_test
 
 import (
 	"context"
+	"fmt"
 	"encoding/json"
 	"errors"
 	"net/http"
@@ -195,8 +196,9 @@ func TestBadRequests(t *testing.T) {
 		{"long id", "/v1/decisions/send_message", "t", `{"agent":"` + strings.Repeat("a", 300) + `"}`, 400, "more than 256"},
 		{"control char", "/v1/decisions/send_message", "t", `{"agent":"a\u0000b"}`, 400, "control character"},
 		{"too large", "/v1/decisions/send_message", "t", `{"agent":"` + strings.Repeat("a", 70<<10) + `"}`, 413, "larger than"},
-		{"org key for another org's agent", "/v1/decisions/send_message", "other-rt", `{"agent":"a-coder","room":"r"}`, 403, "org-acme"},
-		{"org key for peers of another org", "/v1/peers?agent=a-coder", "other-rt", ``, 403, "org-acme"},
+		{"org key for another org's agent", "/v1/decisions/send_message", "other-rt", `{"agent":"a-coder","room":"r"}`, 403, "only about agents registered in its organization"},
+		{"org key for an unknown agent: the same answer", "/v1/decisions/send_message", "other-rt", `{"agent":"a-nobody","room":"r"}`, 403, "only about agents registered in its organization"},
+		{"org key for peers of another org", "/v1/peers?agent=a-coder", "other-rt", ``, 403, "only about agents registered in its organization"},
 		{"peers long id", "/v1/peers?agent=" + strings.Repeat("a", 300), "t", ``, 400, "more than 256"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -221,8 +223,11 @@ func TestSuspendTakesEffectAndIsAudited(t *testing.T) {
 
 	code, _ := call(t, a, "POST", "/v1/agents/a-coder/suspend", "t", `{"reason":"too chatty"}`)
 	assert.Equal(t, http.StatusForbidden, code, "a router key is not an operator key")
-	code, _ = call(t, a, "POST", "/v1/agents/a-coder/suspend", "other-op", `{"reason":"too chatty"}`)
-	assert.Equal(t, http.StatusForbidden, code, "another organization's operator")
+	code, out := call(t, a, "POST", "/v1/agents/a-coder/suspend", "other-op", `{"reason":"too chatty"}`)
+	assert.Equal(t, http.StatusNotFound, code, "another organization's operator: as if the agent did not exist")
+	_, unknown := call(t, a, "POST", "/v1/agents/a-nobody/suspend", "other-op", ``)
+	assert.Equal(t, strings.ReplaceAll(fmt.Sprint(unknown["error"]), "a-nobody", "a-coder"), fmt.Sprint(out["error"]), "no existence oracle")
+	assert.NotContains(t, fmt.Sprint(out["error"]), "org-acme", "the agent's organization is not named")
 	for _, bad := range []string{`{"reason":`, `{"why":"x"}`, `{"reason":"` + strings.Repeat("x", 2000) + `"}`, `{"reason":"a"} {}`} {
 		code, out := call(t, a, "POST", "/v1/agents/a-coder/suspend", "op", bad)
 		assert.Equal(t, http.StatusBadRequest, code, "%s: %v", bad, out)
@@ -231,7 +236,7 @@ func TestSuspendTakesEffectAndIsAudited(t *testing.T) {
 	require.Equal(t, true, d["allow"], "refused requests change nothing: %v", d)
 	assert.Empty(t, aud.eventsOf(schema.TypeAgentSuspended))
 
-	code, out := call(t, a, "POST", "/v1/agents/a-coder/suspend", "acme-op", `{"reason":"too chatty"}`)
+	code, out = call(t, a, "POST", "/v1/agents/a-coder/suspend", "acme-op", `{"reason":"too chatty"}`)
 	require.Equal(t, http.StatusOK, code, "%v", out)
 
 	_, d = call(t, a, "POST", "/v1/decisions/send_message", "t", body)

@@ -214,7 +214,9 @@ func unmarshal(ev *schema.Event, v any) error {
 	if len(ev.Data) == 0 {
 		return nil
 	}
-	if err := json.Unmarshal(ev.Data, v); err != nil {
+	// The decoder ingest validated the event with: another one could read other values
+	// from the same bytes (see schema.CheckJSON).
+	if err := schema.DecodeData(ev.Data, v); err != nil {
 		return fmt.Errorf("cannot decode data of %s event %s: %w", ev.Type, ev.ID, err)
 	}
 	return nil
