@@ -31,8 +31,9 @@ type CacheConfig struct {
 	LoadTimeout time.Duration
 	Logger      *slog.Logger
 
-	source loader           // tests: instead of Store
-	now    func() time.Time // tests: the clock of MinInterval and of log throttling
+	source loader                               // tests: instead of Store
+	now    func() time.Time                     // tests: the clock of MinInterval and of log throttling
+	after  func(time.Duration) <-chan time.Time // tests: how a Lookup waits for the next early read
 }
 
 func (c CacheConfig) Validate() error {
@@ -102,6 +103,9 @@ func NewCache(cfg CacheConfig) (*Cache, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
+	if cfg.after == nil {
+		cfg.after = time.After
+	}
 	if cfg.now == nil {
 		cfg.now = time.Now
 	}
@@ -148,13 +152,20 @@ func (c *Cache) Lookup(ctx context.Context, token string) (Key, bool) {
 	if k, ok := (*c.keys.Load())[d]; ok {
 		return k, true
 	}
-	if c.tooSoon() { // the common case of a flood, without the timer below
-		return Key{}, false
-	}
 	// Bounded: while the store is slow, an unknown token costs its request earlyWait,
 	// not LoadTimeout (the read itself goes on for whoever comes next).
 	wctx, cancel := context.WithTimeout(ctx, earlyWait)
 	defer cancel()
+	// Within MinInterval of the last read, wait for the next one that may start rather
+	// than refuse: a key created a moment after a periodic read works at once, and a
+	// flood of unknown tokens still costs at most one read per MinInterval.
+	if wait := c.untilEarly(); wait > 0 {
+		select {
+		case <-c.cfg.after(wait):
+		case <-wctx.Done():
+			return Key{}, false
+		}
+	}
 	if c.refresh(wctx, true, false) != nil {
 		return Key{}, false
 	}
@@ -162,11 +173,15 @@ func (c *Cache) Lookup(ctx context.Context, token string) (Key, bool) {
 	return k, ok
 }
 
-// tooSoon says whether an early refresh would be refused now (refresh decides again).
-func (c *Cache) tooSoon() bool {
+// untilEarly is how long until an early refresh may start (0: now, or one is in
+// flight to join); refresh decides again.
+func (c *Cache) untilEarly() time.Duration {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.flight == nil && c.cfg.now().Sub(c.lastStart) < c.cfg.MinInterval
+	if c.flight != nil {
+		return 0
+	}
+	return max(0, c.cfg.MinInterval-c.cfg.now().Sub(c.lastStart))
 }
 
 // refresh joins the read in progress or starts one, and waits for it or for ctx. An
