@@ -61,6 +61,16 @@ const (
 	DefaultUnpricedHorizon = 24 * time.Hour
 )
 
+// DefaultBatchBytes is the default of Config.BatchBytes: a batch is flushed once its
+// records hold this many raw bytes, however few they are. At most DefaultPendingBatches
+// such batches are in memory at once (Config.MaxPendingBytes).
+const DefaultBatchBytes = 64 << 20
+
+// DefaultPendingBatches is the default of Config.MaxPendingBytes in batches of
+// BatchBytes: one being flushed, one waiting for the flusher, one being built, and room
+// for the records being decoded.
+const DefaultPendingBatches = 4
+
 // MaxReasonBytes bounds the reason of a dead letter (it travels as a Kafka header and
 // is stored beside the record); a longer one is cut at a UTF-8 boundary.
 const MaxReasonBytes = 1 << 10
@@ -86,9 +96,22 @@ type Config struct {
 	// kafka.MaxMessageBytes).
 	DeadLetterMaxBytes int
 
-	Decoders        int           // goroutines decoding records (default GOMAXPROCS)
-	BatchSize       int           // flush when this many records are pending
-	BatchAge        time.Duration // or when the oldest pending record is this old
+	Decoders  int           // goroutines decoding records (default GOMAXPROCS)
+	BatchSize int           // flush when this many records are pending
+	BatchAge  time.Duration // or when the oldest pending record is this old
+	// BatchBytes also flushes the batch once its records' raw bytes (key, value and
+	// headers as fetched, recordBytes) reach it (default DefaultBatchBytes): with events
+	// of up to kafka.MaxEventBytes, BatchSize alone would let one batch hold gigabytes.
+	BatchBytes int
+	// MaxPendingBytes bounds the raw bytes of the records fetched but not yet stored
+	// and committed (being decoded, in the batch being built, in the batches being
+	// flushed): fetching waits while they are at the bound, so that a stream of large
+	// events cannot exhaust memory (default DefaultPendingBatches × BatchBytes; at
+	// least BatchBytes). The memory they take is a small multiple of it (the record,
+	// its decoded event and its rows). kafka-go's own queue comes on top: at most
+	// kafka.ReaderQueueCapacity messages of at most kafka.TopicMaxMessageBytes.
+	MaxPendingBytes int
+
 	RetryMin        time.Duration // first back-off after a failed write
 	RetryMax        time.Duration
 	ShutdownTimeout time.Duration // how long a graceful stop may take to flush and commit
@@ -145,6 +168,13 @@ func (c *Config) Validate() error {
 	if c.BatchAge <= 0 {
 		errs = append(errs, fmt.Errorf("ingest: batch age must be > 0, got %s (--batch-age)", c.BatchAge))
 	}
+	batchBytes := cmp.Or(c.BatchBytes, DefaultBatchBytes)
+	if c.BatchBytes < 0 {
+		errs = append(errs, fmt.Errorf("ingest: batch bytes must be > 0, got %d", c.BatchBytes))
+	}
+	if c.MaxPendingBytes < 0 || (c.MaxPendingBytes > 0 && c.MaxPendingBytes < batchBytes) {
+		errs = append(errs, fmt.Errorf("ingest: pending bytes must be >= the batch bytes (%d), got %d", batchBytes, c.MaxPendingBytes))
+	}
 	if c.LateHorizon < 0 || c.UnpricedHorizon < 0 {
 		errs = append(errs, fmt.Errorf("ingest: horizons must be >= 0, got late %s, unpriced %s", c.LateHorizon, c.UnpricedHorizon))
 	}
@@ -181,6 +211,12 @@ func New(cfg Config) (*Consumer, error) {
 	}
 	if cfg.Decoders <= 0 {
 		cfg.Decoders = runtime.GOMAXPROCS(0)
+	}
+	if cfg.BatchBytes == 0 {
+		cfg.BatchBytes = DefaultBatchBytes
+	}
+	if cfg.MaxPendingBytes == 0 {
+		cfg.MaxPendingBytes = DefaultPendingBatches * cfg.BatchBytes
 	}
 	if cfg.ShutdownTimeout <= 0 {
 		cfg.ShutdownTimeout = 30 * time.Second
@@ -223,6 +259,7 @@ func (c *Consumer) Healthy() bool { return c.healthy.Load() }
 type pending struct {
 	batch    store.Batch
 	msgs     []kafkago.Message // every record of the batch
+	bytes    int               // the records' recordBytes, taken from the pending budget
 	evRec    []int32           // evRec[i] is the record of batch.Events[i]; and so on
 	usageRec []int32
 	dirRec   []int32
@@ -253,11 +290,14 @@ func newPending(size int) *pending {
 // its partition.
 func (c *Consumer) Run(ctx context.Context) error {
 	fetched := make(chan record, c.cfg.BatchSize)
+	// Every record fetched holds its bytes of the budget until the batch holding it is
+	// done with (stored and committed, or given up).
+	budget := newByteBudget(c.cfg.MaxPendingBytes)
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		c.fetchLoop(ctx, fetched)
+		c.fetchLoop(ctx, fetched, budget)
 	}()
 
 	// One flusher writes batches in order while the next one is being built.
@@ -276,6 +316,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 			if !stopped && !c.flush(flushCtx, p) {
 				stopped = true
 			}
+			budget.release(p.bytes)
 		}
 	}()
 
@@ -284,8 +325,9 @@ func (c *Consumer) Run(ctx context.Context) error {
 	timer.Stop()
 	// handOff passes the pending batch to the flusher. While the flusher is still
 	// retrying the previous batch (ClickHouse down) this blocks, which stops fetching:
-	// back-pressure instead of unbounded memory. A stop request ends the wait and the
-	// batch is flushed by the shutdown path below.
+	// back-pressure instead of unbounded memory (the byte budget stops it too, earlier
+	// for large records). A stop request ends the wait and the batch is flushed by the
+	// shutdown path below.
 	handOff := func(stopping <-chan struct{}) {
 		timer.Stop()
 		if len(p.msgs) == 0 {
@@ -309,7 +351,7 @@ loop:
 				timer.Reset(c.cfg.BatchAge)
 			}
 			c.add(p, m)
-			if len(p.msgs) >= c.cfg.BatchSize {
+			if len(p.msgs) >= c.cfg.BatchSize || p.bytes >= c.cfg.BatchBytes {
 				handOff(ctx.Done())
 			}
 		case <-timer.C:
@@ -352,7 +394,11 @@ type record struct {
 // next one, which would arrive in the record's place), and the merger stops at the
 // first decoder that has stopped. What was fetched but not handed over is not
 // committed, and is redelivered.
-func (c *Consumer) fetchLoop(ctx context.Context, out chan<- record) {
+//
+// Each record takes its recordBytes from budget before it is handed to a decoder
+// (waiting while the budget is spent); the flusher gives them back when the batch
+// holding the record is done with.
+func (c *Consumer) fetchLoop(ctx context.Context, out chan<- record, budget *byteBudget) {
 	n := c.cfg.Decoders
 	ins := make([]chan kafkago.Message, n)
 	outs := make([]chan record, n)
@@ -417,6 +463,9 @@ func (c *Consumer) fetchLoop(ctx context.Context, out chan<- record) {
 			continue
 		}
 		backoff = c.cfg.RetryMin
+		if !budget.acquire(ctx, recordBytes(&m)) {
+			return // like a record not handed over below: not committed, redelivered
+		}
 		select {
 		case ins[i%n] <- m:
 			i++
@@ -426,11 +475,75 @@ func (c *Consumer) fetchLoop(ctx context.Context, out chan<- record) {
 	}
 }
 
+// recordBytes is what a fetched record weighs against BatchBytes and MaxPendingBytes:
+// its key, value and headers.
+func recordBytes(m *kafkago.Message) int {
+	n := len(m.Key) + len(m.Value)
+	for _, h := range m.Headers {
+		n += len(h.Key) + len(h.Value)
+	}
+	return n
+}
+
+// byteBudget is a byte-weighted semaphore: acquire waits until n bytes fit under the
+// limit. A record larger than the whole limit is let through once nothing else is
+// held, so that it cannot wait forever. One goroutine acquires (the fetch loop), one
+// releases (the flusher).
+type byteBudget struct {
+	mu    sync.Mutex
+	limit int
+	used  int
+	freed chan struct{} // closed, and replaced, by each release
+}
+
+func newByteBudget(limit int) *byteBudget {
+	return &byteBudget{limit: limit, freed: make(chan struct{})}
+}
+
+// acquire takes n bytes, waiting for releases while they do not fit; it returns false
+// if ctx ends first.
+func (b *byteBudget) acquire(ctx context.Context, n int) bool {
+	for {
+		b.mu.Lock()
+		if b.used == 0 || b.used+n <= b.limit {
+			b.used += n
+			b.mu.Unlock()
+			return true
+		}
+		freed := b.freed
+		b.mu.Unlock()
+		select {
+		case <-freed:
+		case <-ctx.Done():
+			return false
+		}
+	}
+}
+
+func (b *byteBudget) release(n int) {
+	if n == 0 {
+		return
+	}
+	b.mu.Lock()
+	b.used -= n
+	close(b.freed)
+	b.freed = make(chan struct{})
+	b.mu.Unlock()
+}
+
+// held is the number of bytes acquired and not released.
+func (b *byteBudget) held() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.used
+}
+
 // add enriches a decoded record and appends it to the pending batch.
 func (c *Consumer) add(p *pending, r record) {
 	m, ev, err := r.msg, r.ev, r.err
 	rec := int32(len(p.msgs))
 	p.msgs = append(p.msgs, m)
+	p.bytes += recordBytes(&m)
 	if prev, ok := p.last[m.Partition]; !ok || m.Offset > prev.Offset {
 		p.last[m.Partition] = m
 	}
@@ -510,16 +623,9 @@ func (c *Consumer) resolveParked(p *pending) {
 func (c *Consumer) toRows(p *pending, ev *schema.Event, rec int32, now time.Time) {
 	envelopeOrg := ev.OrgID
 	owner := Enrich(ev, c.cfg.Directory)
-	pid := party(ev).ID
-	if ev.OrgID == "" {
-		c.m.Unattributed.Inc()
-		c.late.mark(pid, now)
-	} else if envelopeOrg == "" && c.late.has(pid, now) {
-		// This party has rows stored without an organization; if this event is one of
-		// them (a replay), it must keep org "" or it would be stored twice.
-		p.recheck = append(p.recheck, len(p.batch.Events))
-	}
 	if ev.Type == schema.TypeUsageReported {
+		// First: a record dead-lettered here has no rows, so nothing below may be noted
+		// of it (an index into the events it will not be among, a party marked late).
 		u, err := UsageRow(ev, owner, c.cfg.Directory, c.cfg.Catalog)
 		if err != nil {
 			c.deadLetter(p, rec, "validate", err.Error())
@@ -533,6 +639,16 @@ func (c *Consumer) toRows(p *pending, ev *schema.Event, rec int32, now time.Time
 		}
 		p.batch.Usage = append(p.batch.Usage, u)
 		p.usageRec = append(p.usageRec, rec)
+	}
+	pid := party(ev).ID
+	if ev.OrgID == "" {
+		c.m.Unattributed.Inc()
+		c.late.mark(pid, now)
+	} else if envelopeOrg == "" && c.late.has(pid, now) {
+		// This party has rows stored without an organization; if this event is one of
+		// them (a replay), it must keep org "" or it would be stored twice. The index is
+		// of the event appended just below.
+		p.recheck = append(p.recheck, len(p.batch.Events))
 	}
 	p.batch.Events = append(p.batch.Events, EventRow(ev, owner, int32(p.msgs[rec].Partition), p.msgs[rec].Offset))
 	p.evRec = append(p.evRec, rec)
@@ -711,11 +827,7 @@ func (c *Consumer) checkStored(ctx context.Context, p *pending) bool {
 		k.OrgID = ""
 		keys = append(keys, k)
 	}
-	var stored []store.EventRow
-	err := c.retry(ctx, "look up stored events", c.m.StoreErrors, store.Permanent, func() (err error) {
-		stored, err = c.cfg.Storage.StoredEvents(ctx, keys)
-		return err
-	})
+	stored, err := c.lookup(ctx, keys)
 	if errors.Is(err, errStopped) {
 		return false
 	}
@@ -819,6 +931,34 @@ func (c *Consumer) checkStored(ctx context.Context, p *pending) bool {
 	return true
 }
 
+// lookup reads the stored rows of keys. A lookup of several keys that ClickHouse has
+// not the memory for (store.MemoryLimit) is split in halves, each looked up the same
+// way; a single key that still gets it is retried with back-off.
+func (c *Consumer) lookup(ctx context.Context, keys []store.EventKey) ([]store.EventRow, error) {
+	var stored []store.EventRow
+	err := c.retry(ctx, "look up stored events", c.m.StoreErrors, func(err error) bool {
+		return store.Permanent(err) || len(keys) > 1 && store.MemoryLimit(err)
+	}, func() (err error) {
+		stored, err = c.cfg.Storage.StoredEvents(ctx, keys)
+		return err
+	})
+	if err == nil || errors.Is(err, errStopped) || store.Permanent(err) {
+		return stored, err
+	}
+	c.m.StoreErrors.Inc()
+	c.log.Warn("clickhouse has not the memory to look up the batch's events; splitting the lookup", "err", err, "keys", len(keys))
+	mid := len(keys) / 2
+	a, err := c.lookup(ctx, keys[:mid])
+	if err != nil {
+		return nil, err
+	}
+	b, err := c.lookup(ctx, keys[mid:])
+	if err != nil {
+		return nil, err
+	}
+	return append(a, b...), nil
+}
+
 // compact removes the rows (and their record indexes) for which gone is true.
 func compact[T any](rows []T, recs []int32, gone func(i int, rec int32) bool) ([]T, []int32) {
 	n := 0
@@ -879,6 +1019,11 @@ type refused struct {
 // up (shutdown). ingested_at and the usage versions are set at each attempt, so a batch
 // that waited in retries gets the time it was written.
 //
+// A part of several records that ClickHouse has not the memory for
+// (store.MemoryLimit) is halved the same way, but nothing is dead-lettered for it:
+// each half is written, and halved again if need be. A single record that still gets
+// it is retried with back-off, like any transient error.
+//
 // BatchInsert writes its tables one after another (directory, events, usage, dead
 // letters), so an isolated record may have rows in the tables written before the one
 // that refused it (its directory row, or its event when its usage row is refused); the
@@ -897,7 +1042,10 @@ func (c *Consumer) insert(ctx context.Context, p *pending) ([]refused, bool) {
 		if len(b.Events)+len(b.Usage)+len(b.Directory)+len(b.DeadLetters) == 0 {
 			continue
 		}
-		err := c.retry(ctx, "insert batch into clickhouse", c.m.StoreErrors, store.Permanent, func() error {
+		splittable := s[1]-s[0] > 1
+		err := c.retry(ctx, "insert batch into clickhouse", c.m.StoreErrors, func(err error) bool {
+			return store.Permanent(err) || splittable && store.MemoryLimit(err)
+		}, func() error {
 			c.stamp(b)
 			return c.cfg.Storage.BatchInsert(ctx, b)
 		})
@@ -907,12 +1055,21 @@ func (c *Consumer) insert(ctx context.Context, p *pending) ([]refused, bool) {
 		if errors.Is(err, errStopped) {
 			return nil, false
 		}
+		mid := s[0] + (s[1]-s[0])/2
+		if !store.Permanent(err) { // out of memory for this many records: no record is refused
+			c.m.StoreErrors.Inc()
+			if s == all {
+				c.log.Warn("clickhouse has not the memory for the batch; splitting it (a lower batch size or batch bytes avoids this)",
+					"err", err, "records", len(p.msgs), "bytes", p.bytes)
+			}
+			spans = append(spans, [2]int32{mid, s[1]}, [2]int32{s[0], mid})
+			continue
+		}
 		c.m.InsertRejections.Inc()
 		if s[1]-s[0] > 1 {
 			if s == all {
 				c.log.Warn("clickhouse refuses the batch; splitting it to isolate the records it refuses", "err", err, "records", len(p.msgs))
 			}
-			mid := s[0] + (s[1]-s[0])/2
 			spans = append(spans, [2]int32{mid, s[1]}, [2]int32{s[0], mid}) // the first half first
 			continue
 		}
@@ -989,7 +1146,10 @@ func (c *Consumer) storeRefused(ctx context.Context, p *pending, failed []refuse
 		return false
 	}
 	if len(fresh) > 0 {
-		err := c.retry(ctx, "insert dead letters into clickhouse", c.m.StoreErrors, store.Permanent, func() error {
+		// Out of memory for several of them, they are stored one by one.
+		err := c.retry(ctx, "insert dead letters into clickhouse", c.m.StoreErrors, func(err error) bool {
+			return store.Permanent(err) || len(fresh) > 1 && store.MemoryLimit(err)
+		}, func() error {
 			return c.cfg.Storage.BatchInsert(ctx, &store.Batch{DeadLetters: fresh})
 		})
 		if errors.Is(err, errStopped) {

@@ -28,6 +28,11 @@ type PipelineConfig struct {
 	RollupInterval time.Duration
 	RetryMin       time.Duration // 0: the consumer's default
 	RetryMax       time.Duration
+	// BatchBytes and MaxPendingBytes bound the consumer's batches and the records it
+	// holds in raw bytes (Config); 0: the defaults (DefaultBatchBytes, and
+	// DefaultPendingBatches batches).
+	BatchBytes      int
+	MaxPendingBytes int
 	// LateHorizon and UnpricedHorizon bound the consumer's memory (Config); 0: the
 	// defaults. The state read at start is restricted to them too.
 	LateHorizon     time.Duration
@@ -98,7 +103,8 @@ func NewPipeline(ctx context.Context, cfg PipelineConfig) (*Pipeline, error) {
 	p.rollup = NewRollup(st, dir, cfg.Catalog, cfg.RollupInterval, cfg.Logger, cfg.Metrics)
 	p.consumer, err = New(Config{
 		Reader: p.reader, DeadLetters: p.dlq, Storage: st, Directory: dir, Catalog: cfg.Catalog, Topic: cfg.Topic,
-		BatchSize: cfg.BatchSize, BatchAge: cfg.BatchAge, RetryMin: cfg.RetryMin, RetryMax: cfg.RetryMax,
+		BatchSize: cfg.BatchSize, BatchAge: cfg.BatchAge, BatchBytes: cfg.BatchBytes, MaxPendingBytes: cfg.MaxPendingBytes,
+		RetryMin: cfg.RetryMin, RetryMax: cfg.RetryMax,
 		DeadLetterMaxBytes: kafka.MaxMessageBytes, LateHorizon: cfg.LateHorizon, UnpricedHorizon: cfg.UnpricedHorizon,
 		LateParties: late, UnpricedAgents: unpriced, AfterFlush: p.rollup.Mark, Logger: cfg.Logger, Metrics: cfg.Metrics,
 	})

@@ -145,3 +145,25 @@ func eventualLimit(t *testing.T, topic string, want int) int {
 	})
 	return limit
 }
+
+func TestNewReaderQueueIsBoundedInBytes(t *testing.T) {
+	assert.LessOrEqual(t, kafka.ReaderQueueBytes, 512<<20, "a queue full of the largest messages stays in hundreds of MiB")
+	base := kafka.ReaderConfig{Brokers: []string{"127.0.0.1:1"}, Topic: "t", GroupID: "g"}
+	r, err := kafka.NewReader(base)
+	require.NoError(t, err)
+	assert.Equal(t, kafka.ReaderQueueCapacity, r.Config().QueueCapacity, "the default")
+	assert.Equal(t, kafka.ReaderFetchBytes, r.Config().MaxBytes)
+	require.NoError(t, r.Close())
+
+	cfg := base
+	cfg.QueueCapacity = 10
+	r, err = kafka.NewReader(cfg)
+	require.NoError(t, err)
+	assert.Equal(t, 10, r.Config().QueueCapacity)
+	require.NoError(t, r.Close())
+
+	cfg.QueueCapacity = -1
+	_, err = kafka.NewReader(cfg)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "queue capacity")
+}

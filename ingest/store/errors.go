@@ -54,6 +54,22 @@ var dataErrorCodes = map[int32]string{
 // than max_partitions_per_insert_block)", which no retry of the same block can pass.
 const tooManyParts = 252
 
+// memoryLimitExceeded is MEMORY_LIMIT_EXCEEDED: the server (or the query) ran out of
+// the memory it may use. A smaller insert may pass where the same one fails again.
+const memoryLimitExceeded = 241
+
+// MemoryLimit reports whether err is ClickHouse's MEMORY_LIMIT_EXCEEDED (241). It is not
+// Permanent: the rows are not refused, they were too many at once (or the server was
+// busy with other queries). Ingest splits a batch of several records that gets it, and
+// retries a single record with back-off.
+func MemoryLimit(err error) bool {
+	if err == nil {
+		return false
+	}
+	var ex *clickhouse.Exception
+	return errors.As(err, &ex) && ex.Code == memoryLimitExceeded
+}
+
 // Permanent reports whether err means that the rows written can never be accepted as
 // they are: a ClickHouse exception about the data (dataErrorCodes, or too many
 // partitions in one block) or a value the client cannot encode (ValueError).
@@ -61,7 +77,7 @@ const tooManyParts = 252
 // Everything else is transient and retried: network errors and timeouts, context
 // errors, a server that is overloaded, read-only, out of memory or without Keeper
 // (TIMEOUT_EXCEEDED 159, READONLY 164, TOO_MANY_SIMULTANEOUS_QUERIES 202,
-// SOCKET_TIMEOUT 209, NETWORK_ERROR 210, MEMORY_LIMIT_EXCEEDED 241,
+// SOCKET_TIMEOUT 209, NETWORK_ERROR 210, MEMORY_LIMIT_EXCEEDED 241 (see MemoryLimit),
 // TABLE_IS_READ_ONLY 242, "Too many parts" 252, UNKNOWN_STATUS_OF_INSERT 319,
 // KEEPER_EXCEPTION 999 and the other Keeper codes), and on purpose the schema problems
 // (UNKNOWN_TABLE 60, UNKNOWN_DATABASE 81, NO_SUCH_COLUMN_IN_TABLE 16,

@@ -51,3 +51,14 @@ func TestPermanent(t *testing.T) {
 		assert.Equal(t, tc.want, Permanent(tc.err), tc.name)
 	}
 }
+
+func TestMemoryLimit(t *testing.T) {
+	wrapped := fmt.Errorf("cannot insert 3 rows into db.events: %w", &clickhouse.Exception{Code: 241, Message: "Memory limit (for query) exceeded"})
+	assert.True(t, MemoryLimit(wrapped))
+	assert.False(t, Permanent(wrapped), "not refused data: a smaller insert may pass")
+	assert.False(t, MemoryLimit(&clickhouse.Exception{Code: 159, Message: "Timeout exceeded"}))
+	assert.False(t, MemoryLimit(&clickhouse.Exception{Code: 395, Message: "Memory limit in the value"}), "by code, not by message")
+	assert.False(t, MemoryLimit(errors.New("code: 241, Memory limit exceeded")), "only a ClickHouse exception")
+	assert.False(t, MemoryLimit(context.Canceled))
+	assert.False(t, MemoryLimit(nil))
+}
