@@ -37,6 +37,8 @@ type serveConfig struct {
 	group         string
 	partitions    int
 	batchSize     int
+	batchBytes    int
+	pendingBytes  int
 	batchAge      time.Duration
 	catalog       string
 	rollupEvery   time.Duration
@@ -90,6 +92,8 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	fs.StringVar(&c.group, "group", "ingest", "Kafka consumer group of the ingest consumer")
 	fs.IntVar(&c.partitions, "partitions", 4, "partitions of the events topic when it has to be created")
 	fs.IntVar(&c.batchSize, "batch-size", 20000, "flush to ClickHouse after this many records")
+	fs.IntVar(&c.batchBytes, "batch-bytes", ingest.DefaultBatchBytes, "or when the pending records hold this many bytes")
+	fs.IntVar(&c.pendingBytes, "max-pending-bytes", 0, "most bytes of records fetched but not yet stored and committed (default 4 × --batch-bytes): bounds ingest's memory")
 	fs.DurationVar(&c.batchAge, "batch-age", 500*time.Millisecond, "or when the oldest pending record is this old")
 	fs.StringVar(&c.catalog, "catalog", envOr("BANDPLANE_CATALOG", ""), "price catalog JSON file (default: the built-in catalog)")
 	fs.DurationVar(&c.rollupEvery, "rollup-interval", 10*time.Second, "how often touched hours of the cost rollup are rebuilt (each rebuild re-reads those hours with FINAL)")
@@ -184,7 +188,8 @@ func serve(ctx context.Context, log *slog.Logger, reg *prometheus.Registry, c se
 	if !c.noConsumer {
 		pipeline, err = ingest.NewPipeline(ctx, ingest.PipelineConfig{
 			Brokers: brokers, Topic: c.stack.topic, DLQTopic: c.stack.dlq(), GroupID: c.group, Store: st, Catalog: cat,
-			BatchSize: c.batchSize, BatchAge: c.batchAge, RollupInterval: c.rollupEvery, Logger: log, Metrics: metrics,
+			BatchSize: c.batchSize, BatchBytes: c.batchBytes, MaxPendingBytes: c.pendingBytes, BatchAge: c.batchAge,
+			RollupInterval: c.rollupEvery, Logger: log, Metrics: metrics,
 		})
 		if err != nil {
 			return err
