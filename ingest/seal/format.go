@@ -6,7 +6,6 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"fmt"
-	"hash"
 	"slices"
 	"strings"
 	"time"
@@ -106,11 +105,11 @@ type Entry struct {
 func Root(entries []Entry) string {
 	slices.SortFunc(entries, compareEntries)
 	h := sha256.New()
-	writeString(h, "bandplane.seal-entries.v1")
+	store.WriteField(h, "bandplane.seal-entries.v1")
 	var n [8]byte
 	for i := range entries {
 		e := &entries[i]
-		writeString(h, e.ID)
+		store.WriteField(h, e.ID)
 		binary.BigEndian.PutUint64(n[:], uint64(e.Time.UnixMilli()))
 		h.Write(n[:])
 		h.Write(e.Digest[:])
@@ -128,13 +127,6 @@ func compareEntries(a, b Entry) int {
 func appendString(b []byte, s string) []byte {
 	b = binary.BigEndian.AppendUint32(b, uint32(len(s)))
 	return append(b, s...)
-}
-
-func writeString(h hash.Hash, s string) {
-	var n [4]byte
-	binary.BigEndian.PutUint32(n[:], uint32(len(s)))
-	h.Write(n[:])
-	h.Write([]byte(s))
 }
 
 func short(h string) string {

@@ -29,34 +29,36 @@ func (r *EventRow) digest(withOwner bool) Digest {
 	if withOwner {
 		label = "bandplane.sealed-event.v1"
 	}
-	writeField(h, label)
-	writeField(h, r.ID)
-	writeField(h, r.Type)
+	WriteField(h, label)
+	WriteField(h, r.ID)
+	WriteField(h, r.Type)
 	var n [8]byte
 	binary.BigEndian.PutUint64(n[:], uint64(r.Time.UnixMilli()))
 	h.Write(n[:])
-	writeField(h, r.OrgID)
-	writeField(h, r.RoomID)
-	writeField(h, r.ActorID)
-	writeField(h, StoredActorType(r.ActorType))
-	writeField(h, r.ActorHandle)
+	WriteField(h, r.OrgID)
+	WriteField(h, r.RoomID)
+	WriteField(h, r.ActorID)
+	WriteField(h, StoredActorType(r.ActorType))
+	WriteField(h, r.ActorHandle)
 	if withOwner {
-		writeField(h, r.OwnerID)
+		WriteField(h, r.OwnerID)
 	}
-	writeField(h, r.SubjectID)
-	writeField(h, r.SubjectType)
-	writeField(h, r.SubjectHandle)
-	writeField(h, r.ExecutionID)
-	writeField(h, r.Source)
+	WriteField(h, r.SubjectID)
+	WriteField(h, r.SubjectType)
+	WriteField(h, r.SubjectHandle)
+	WriteField(h, r.ExecutionID)
+	WriteField(h, r.Source)
 	binary.BigEndian.PutUint16(n[:2], r.SchemaVersion)
 	h.Write(n[:2])
-	writeField(h, r.Data)
+	WriteField(h, r.Data)
 	var d Digest
 	h.Sum(d[:0])
 	return d
 }
 
-func writeField(h hash.Hash, s string) {
+// WriteField writes s to h length-prefixed (4 bytes, big-endian): the encoding of every
+// string the digests and the seals hash, so that no two field lists hash alike.
+func WriteField(h hash.Hash, s string) {
 	var n [4]byte
 	binary.BigEndian.PutUint32(n[:], uint32(len(s)))
 	h.Write(n[:])
