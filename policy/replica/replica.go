@@ -375,18 +375,21 @@ func (r *Replica) Run(ctx context.Context, ready chan<- struct{}) error {
 	}
 }
 
-// seekGroupWhenFree retries seekGroup while the group still has a member: after a
-// crash, the dead process stays a member until its session times out (10 s), and a
-// restart must wait for that rather than fail.
+// seekGroupWhenFree retries seekGroup while the group still has a member (after a
+// crash, the dead process stays a member until its session times out, 10 s) or while
+// the broker has no coordinator for it yet (a fresh broker creates its offsets topic on
+// the first group's request): a start must wait for either rather than fail.
 func (r *Replica) seekGroupWhenFree(ctx context.Context, offsets map[int]int64) error {
 	deadline := time.Now().Add(60 * time.Second)
 	for attempt := 1; ; attempt++ {
 		err := r.seekGroup(ctx, offsets)
-		if err == nil || !errors.Is(err, errGroupBusy) || time.Now().After(deadline) {
+		if err == nil || !errors.Is(err, errGroupBusy) && !coordinatorPending(err) || time.Now().After(deadline) {
 			return err
 		}
-		if attempt == 1 {
+		if attempt == 1 && errors.Is(err, errGroupBusy) {
 			r.log.Info("policy group still has a member (a previous process?); waiting for its session to expire", "group", r.cfg.GroupID)
+		} else if attempt == 1 {
+			r.log.Info("kafka has no coordinator for the policy group yet; waiting", "group", r.cfg.GroupID, "err", err)
 		}
 		select {
 		case <-ctx.Done():
@@ -397,6 +400,12 @@ func (r *Replica) seekGroupWhenFree(ctx context.Context, offsets map[int]int64) 
 }
 
 var errGroupBusy = errors.New("group has an active member")
+
+// coordinatorPending says whether err means the group's coordinator is not ready yet.
+func coordinatorPending(err error) bool {
+	return errors.Is(err, kafkago.GroupCoordinatorNotAvailable) || errors.Is(err, kafkago.NotCoordinatorForGroup) ||
+		errors.Is(err, kafkago.GroupLoadInProgress)
+}
 
 // seekGroup sets the group's committed offsets to where ClickHouse ends, so the reader
 // starts there. The group must have no active member (one group per policy process).
