@@ -67,9 +67,9 @@ const (
 const DefaultBatchBytes = 64 << 20
 
 // DefaultPendingBatches is the default of Config.MaxPendingBytes in batches of
-// BatchBytes: one being flushed, one waiting for the flusher, one being built, and room
-// for the records being decoded.
-const DefaultPendingBatches = 4
+// BatchBytes: one being stored, one being checked, one waiting for the checker, one
+// being built, and room for the records being decoded.
+const DefaultPendingBatches = 5
 
 // MaxReasonBytes bounds the reason of a dead letter (it travels as a Kafka header and
 // is stored beside the record); a longer one is cut at a UTF-8 boundary.
@@ -267,6 +267,7 @@ type pending struct {
 	dlq      []kafkago.Message       // the dead-letter messages, parallel to batch.DeadLetters
 	last     map[int]kafkago.Message // highest message per partition, for the commit
 	replays  int                     // records whose event was stored already, same content
+	lookup   time.Duration           // how long checkStored took
 
 	repriceAgents []string
 	parked        []parked
@@ -300,21 +301,42 @@ func (c *Consumer) Run(ctx context.Context) error {
 		c.fetchLoop(ctx, fetched, budget)
 	}()
 
-	// One flusher writes batches in order while the next one is being built.
+	// Batches are written in order by two stages while the next one is being built: a
+	// checker looks up which events of a batch are stored already (checkStored) while a
+	// writer stores the batch before it (store). The checker counts the rows of the
+	// batch being written as stored (they may not be visible yet), so a replay or a
+	// reused id that straddles two batches is told apart as if they had been written one
+	// after the other; the writer takes a batch only once the one before is committed,
+	// so nothing else is in flight.
 	flushes := make(chan *pending, 1)
+	checked := make(chan *pending)
 	flusherDone := make(chan struct{})
 	// The flusher outlives ctx by ShutdownTimeout so that a graceful stop can finish.
 	flushCtx, cancelFlush := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelFlush()
+	// Once a batch could not be checked or stored (the shutdown timeout ended its
+	// retries), no later batch may be committed: its offsets would pass the records of
+	// the one that was not stored.
+	var stopped atomic.Bool
+	go func() {
+		defer close(checked)
+		var writing []store.EventRow // the event rows of the batch handed to the writer
+		for p := range flushes {
+			if stopped.Load() || !c.check(flushCtx, p, writing) {
+				stopped.Store(true)
+				budget.release(p.bytes)
+				continue
+			}
+			// Read-only from here on: the writer stamps the batch, not its rows.
+			writing = p.batch.Events
+			checked <- p
+		}
+	}()
 	go func() {
 		defer close(flusherDone)
-		stopped := false
-		for p := range flushes {
-			// Once a batch could not be stored (the shutdown timeout ended its retries),
-			// no later batch may be committed: its offsets would pass the records of the
-			// one that was not stored.
-			if !stopped && !c.flush(flushCtx, p) {
-				stopped = true
+		for p := range checked {
+			if !stopped.Load() && !c.store(flushCtx, p) {
+				stopped.Store(true)
 			}
 			budget.release(p.bytes)
 		}
@@ -741,19 +763,26 @@ func clampTime(t time.Time) time.Time {
 // timeout): the batch is not committed and will be redelivered.
 var errStopped = errors.New("stopped before the write succeeded")
 
-// flush stores a batch and commits it: it looks up which of its events are stored
-// already (replays are not written again, reused ids are dead-lettered), produces the
-// dead letters to their topic, writes the batch to ClickHouse, splitting it until the
-// records ClickHouse refuses are isolated and dead-lettered, and commits. Transient
-// failures are retried with back-off until they succeed or ctx ends (shutdown
-// timeout); flush then returns false, nothing is committed and the records are
-// redelivered.
-func (c *Consumer) flush(ctx context.Context, p *pending) bool {
+// A batch is flushed in two steps (Run runs them for consecutive batches at once):
+// check looks up which of its events are stored already (replays are not written
+// again, reused ids are dead-lettered), counting writing (the rows of the batch being
+// stored) as stored; store produces the dead letters to their topic, writes the batch
+// to ClickHouse, splitting it until the records ClickHouse refuses are isolated and
+// dead-lettered, and commits. Transient failures are retried with back-off until they
+// succeed or ctx ends (shutdown timeout); the step then returns false, nothing is
+// committed and the records are redelivered.
+func (c *Consumer) check(ctx context.Context, p *pending, writing []store.EventRow) bool {
 	start := time.Now()
-	if len(p.batch.Events) > 0 && !c.checkStored(ctx, p) {
+	if len(p.batch.Events) > 0 && !c.checkStored(ctx, p, writing) {
 		return false
 	}
-	looked := time.Now()
+	p.lookup = time.Since(start)
+	return true
+}
+
+// store is the second step of a flush (see check).
+func (c *Consumer) store(ctx context.Context, p *pending) bool {
+	start := time.Now()
 	if !c.produceDeadLetters(ctx, p.dlq) {
 		return false
 	}
@@ -761,7 +790,7 @@ func (c *Consumer) flush(ctx context.Context, p *pending) bool {
 	if !ok {
 		return false
 	}
-	inserted := time.Now()
+	insertDur := time.Since(start)
 	if len(failed) > 0 && !c.storeRefused(ctx, p, failed) {
 		return false
 	}
@@ -790,10 +819,10 @@ func (c *Consumer) flush(ctx context.Context, p *pending) bool {
 	c.stored.Add(float64(len(p.msgs) - deadLetters - p.replays))
 	c.m.Batches.Inc()
 	c.m.BatchRows.Observe(float64(len(p.msgs)))
-	c.m.FlushSeconds.Observe(time.Since(start).Seconds())
+	c.m.FlushSeconds.Observe((p.lookup + time.Since(start)).Seconds())
 	c.log.Debug("batch flushed", "records", len(p.msgs), "events", len(p.batch.Events), "dead_letters", deadLetters,
-		"replays", p.replays, "usage", len(p.batch.Usage), "age_ms", time.Since(p.first).Milliseconds(), "flush_ms", time.Since(start).Milliseconds(),
-		"lookup_ms", looked.Sub(start).Milliseconds(), "insert_ms", inserted.Sub(looked).Milliseconds())
+		"replays", p.replays, "usage", len(p.batch.Usage), "age_ms", time.Since(p.first).Milliseconds(), "flush_ms", (p.lookup + time.Since(start)).Milliseconds(),
+		"lookup_ms", p.lookup.Milliseconds(), "insert_ms", insertDur.Milliseconds())
 	if c.cfg.AfterFlush != nil && (len(p.batch.Usage) > 0 || len(p.repriceAgents) > 0) {
 		c.cfg.AfterFlush(usageHours(p.batch.Usage), p.repriceAgents)
 	}
@@ -816,7 +845,11 @@ func (c *Consumer) flush(ctx context.Context, p *pending) bool {
 // It returns false only if the lookup was given up (shutdown). A lookup that
 // ClickHouse refuses for good is logged and the batch is written unchecked, as before
 // this check existed, rather than stalled.
-func (c *Consumer) checkStored(ctx context.Context, p *pending) bool {
+//
+// writing are the rows of the batch being stored, counted as stored: if that batch
+// then has rows ClickHouse refuses, a twin of one of them here is a replay of a dead
+// letter (its content is in the dead-letter table) or a reused id of it.
+func (c *Consumer) checkStored(ctx context.Context, p *pending, writing []store.EventRow) bool {
 	ev := p.batch.Events
 	keys := make([]store.EventKey, 0, len(ev)+len(p.recheck))
 	for i := range ev {
@@ -835,6 +868,17 @@ func (c *Consumer) checkStored(ctx context.Context, p *pending) bool {
 		c.m.LookupErrors.Inc()
 		c.log.Error("cannot look up which events are stored; writing the batch unchecked", "err", err, "events", len(ev))
 		return true
+	}
+	if len(writing) > 0 {
+		want := make(map[store.EventKey]bool, len(keys))
+		for _, k := range keys {
+			want[k] = true
+		}
+		for i := range writing {
+			if want[store.KeyOf(&writing[i])] {
+				stored = append(stored, writing[i])
+			}
+		}
 	}
 	byKey := make(map[store.EventKey][]int, len(stored))
 	for i := range stored {
@@ -1091,9 +1135,7 @@ func (c *Consumer) insert(ctx context.Context, p *pending) ([]refused, bool) {
 // looks for usage written after its last rebuild, Rollup.CatchUp).
 func (c *Consumer) stamp(b *store.Batch) {
 	now := c.now().UTC()
-	for i := range b.Events {
-		b.Events[i].IngestedAt = now
-	}
+	b.IngestedAt = now // not on the rows: the checker may be reading them (Run)
 	v := uint64(now.UnixNano())
 	for i := range b.Usage {
 		b.Usage[i].Version = v

@@ -98,11 +98,18 @@ func (s *fakeStorage) BatchInsert(_ context.Context, b *store.Batch) error {
 	return nil
 }
 
+// cloneBatch copies b as the store would write it (b.IngestedAt on every event row).
 func cloneBatch(b *store.Batch) store.Batch {
-	return store.Batch{
+	c := store.Batch{
 		Events: append([]store.EventRow(nil), b.Events...), Usage: append([]store.UsageRow(nil), b.Usage...),
 		DeadLetters: append([]store.DeadLetter(nil), b.DeadLetters...), Directory: append([]store.DirectoryRow(nil), b.Directory...),
 	}
+	if !b.IngestedAt.IsZero() {
+		for i := range c.Events {
+			c.Events[i].IngestedAt = b.IngestedAt
+		}
+	}
+	return c
 }
 
 func (s *fakeStorage) StoredEvents(_ context.Context, keys []store.EventKey) ([]store.EventRow, error) {
@@ -627,6 +634,49 @@ func TestConsumerDeadLetterRefusedByClickHouse(t *testing.T) {
 		assert.Equal(t, float64(1), counterValue(t, h.metrics.Dropped))
 		assert.Len(t, h.dlq.all(), 1, "it still went to the dead-letter topic")
 	})
+}
+
+// TestConsumerChecksABatchAgainstTheOneBeingWritten: the next batch is checked while
+// the one before is still being written (not visible to a lookup yet); a replay and a
+// reused id of one of its events are still told apart.
+func TestConsumerChecksABatchAgainstTheOneBeingWritten(t *testing.T) {
+	release := make(chan struct{})
+	var once sync.Once
+	st := &fakeStorage{}
+	st.refuse = func(b *store.Batch) error {
+		if len(b.Events) > 0 && b.Events[0].ID == "a1" && b.Events[0].Data == `{"content":"first"}` {
+			st.mu.Unlock() // let the checker look up the next batch meanwhile
+			<-release
+			st.mu.Lock()
+		}
+		return nil
+	}
+	lookups := 0
+	st.refuseLookup = func(keys []store.EventKey) error {
+		if lookups++; lookups == 2 { // the second batch is being checked: the first is still being written
+			once.Do(func() { close(release) })
+		}
+		return nil
+	}
+	h := startWith(t, st, func(c *ingest.Config) { c.BatchSize = 2 })
+	first := eventLine("a1", "message.created", "u1", "user", "org-1", `{"content":"first"}`)
+	h.send(0, first)
+	h.send(0, eventLine("b1", "message.created", "u1", "user", "org-1", `{"content":"other"}`))
+	h.send(0, first) // a replay of a1, in the next batch
+	h.send(0, eventLine("a1", "message.created", "u1", "user", "org-1", `{"content":"forged"}`))
+	h.send(0, eventLine("a2", "message.created", "u1", "user", "org-1", `{}`))
+	h.send(0, eventLine("a3", "message.created", "u1", "user", "org-1", `{}`))
+	require.Eventually(t, func() bool { return h.reader.commit(0) == 6 }, 5*time.Second, time.Millisecond)
+	all := st.all()
+	var got []string
+	for _, e := range all.Events {
+		got = append(got, e.ID+":"+e.Data)
+	}
+	assert.ElementsMatch(t, []string{`a1:{"content":"first"}`, `b1:{"content":"other"}`, `a2:{}`, `a3:{}`}, got)
+	require.Len(t, all.DeadLetters, 1)
+	assert.True(t, strings.HasPrefix(all.DeadLetters[0].Reason, ingest.ReasonIDReused), all.DeadLetters[0].Reason)
+	assert.Equal(t, int64(3), all.DeadLetters[0].Offset)
+	assert.Equal(t, float64(1), counterValue(t, h.metrics.Records.WithLabelValues("replayed")))
 }
 
 func TestConsumerReplayIsNotWrittenAgainAndAReusedIDIsDeadLettered(t *testing.T) {

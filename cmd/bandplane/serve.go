@@ -93,7 +93,7 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	fs.IntVar(&c.partitions, "partitions", 4, "partitions of the events topic when it has to be created")
 	fs.IntVar(&c.batchSize, "batch-size", 20000, "flush to ClickHouse after this many records")
 	fs.IntVar(&c.batchBytes, "batch-bytes", ingest.DefaultBatchBytes, "or when the pending records hold this many bytes")
-	fs.IntVar(&c.pendingBytes, "max-pending-bytes", 0, "most bytes of records fetched but not yet stored and committed (default 4 × --batch-bytes): bounds ingest's memory")
+	fs.IntVar(&c.pendingBytes, "max-pending-bytes", 0, "most bytes of records fetched but not yet stored and committed (default 5 × --batch-bytes): bounds ingest's memory")
 	fs.DurationVar(&c.batchAge, "batch-age", 500*time.Millisecond, "or when the oldest pending record is this old")
 	fs.StringVar(&c.catalog, "catalog", envOr("BANDPLANE_CATALOG", ""), "price catalog JSON file (default: the built-in catalog)")
 	fs.DurationVar(&c.rollupEvery, "rollup-interval", 10*time.Second, "how often touched hours of the cost rollup are rebuilt (each rebuild re-reads those hours with FINAL)")

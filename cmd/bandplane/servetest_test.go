@@ -31,9 +31,19 @@ import (
 
 var (
 	buildOnce sync.Once
+	binDir    string
 	binPath   string
 	buildErr  error
 )
+
+// TestMain removes the binary the serve tests built (44 MB per run).
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if binDir != "" {
+		os.RemoveAll(binDir)
+	}
+	os.Exit(code)
+}
 
 // bandplaneBinary builds the command once per test process.
 func bandplaneBinary(t *testing.T) string {
@@ -44,6 +54,7 @@ func bandplaneBinary(t *testing.T) string {
 			buildErr = err
 			return
 		}
+		binDir = dir
 		binPath = filepath.Join(dir, "bandplane")
 		cmd := exec.Command("go", "build", "-o", binPath, ".")
 		if out, err := cmd.CombinedOutput(); err != nil {

@@ -68,7 +68,11 @@ type DirectoryRow struct {
 
 // Batch is what one flush writes.
 type Batch struct {
-	Events      []EventRow
+	Events []EventRow
+	// IngestedAt, when set, is stored as the ingested_at of every event row instead of
+	// each row's own: the write time of one insert attempt, set without touching the
+	// rows (which another goroutine may be reading).
+	IngestedAt  time.Time
 	Usage       []UsageRow
 	DeadLetters []DeadLetter
 	Directory   []DirectoryRow
@@ -89,7 +93,7 @@ func (s *Store) BatchInsert(ctx context.Context, b *Batch) error {
 	if err := s.insertDirectory(ctx, b.Directory); err != nil {
 		return err
 	}
-	if err := s.insertEvents(ctx, b.Events); err != nil {
+	if err := s.insertEvents(ctx, b.Events, b.IngestedAt); err != nil {
 		return err
 	}
 	if err := s.InsertUsage(ctx, b.Usage); err != nil {
@@ -152,16 +156,16 @@ const eventCols = "id, type, time, time_ms, org_id, room_id, actor_id, actor_typ
 
 // insertEvents writes the audit trail, one INSERT per block of at most
 // MaxPartitionsPerBlock days.
-func (s *Store) insertEvents(ctx context.Context, rows []EventRow) error {
+func (s *Store) insertEvents(ctx context.Context, rows []EventRow, at time.Time) error {
 	if len(rows) == 0 {
 		return nil
 	}
 	blocks := PartitionBlocks(len(rows), func(i int) uint32 { return DayPartition(rows[i].Time) }, MaxPartitionsPerBlock)
 	if blocks == nil {
-		return s.insertEventBlock(ctx, rows)
+		return s.insertEventBlock(ctx, rows, at)
 	}
 	for _, idx := range blocks {
-		if err := s.insertEventBlock(ctx, pick(rows, idx)); err != nil {
+		if err := s.insertEventBlock(ctx, pick(rows, idx), at); err != nil {
 			return err
 		}
 	}
@@ -170,8 +174,8 @@ func (s *Store) insertEvents(ctx context.Context, rows []EventRow) error {
 
 // insertEventBlock appends the rows column by column: one Append per column instead
 // of twenty boxed values per row, which halves the client's CPU per row (the events
-// table carries most of ingest's volume).
-func (s *Store) insertEventBlock(ctx context.Context, rows []EventRow) error {
+// table carries most of ingest's volume). A non-zero written is every row's ingested_at.
+func (s *Store) insertEventBlock(ctx context.Context, rows []EventRow, written time.Time) error {
 	n := len(rows)
 	var (
 		id, typ, org, room, actor, actorType, actorHandle, owner = strs(n), strs(n), strs(n), strs(n), strs(n), strs(n), strs(n), strs(n)
@@ -188,6 +192,9 @@ func (s *Store) insertEventBlock(ctx context.Context, rows []EventRow) error {
 		actor[i], actorType[i], actorHandle[i], owner[i] = r.ActorID, at, r.ActorHandle, r.OwnerID
 		subj[i], subjType[i], subjHandle[i], exec[i], source[i] = r.SubjectID, r.SubjectType, r.SubjectHandle, r.ExecutionID, r.Source
 		version[i], data[i], ingested[i], partition[i], offset[i] = r.SchemaVersion, r.Data, r.IngestedAt, r.Partition, r.Offset
+		if !written.IsZero() {
+			ingested[i] = written
+		}
 	}
 	batch, err := s.conn.PrepareBatch(ctx, "INSERT INTO "+s.db+".events ("+eventCols+")")
 	if err != nil {
