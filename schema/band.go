@@ -663,7 +663,8 @@ func mentions(md *payload) ([]Mention, *FieldError) {
 const argumentsOuter = 2
 
 // toolCallData reads a tool call from the content JSON ({"name", "args",
-// "tool_call_id"}) or, failing that, from metadata.function ({"name", "arguments"}).
+// "tool_call_id"}) or, failing that, from metadata.function ({"name", "arguments"}),
+// the id from metadata.tool_call_id or, in the OpenAI shape, metadata.id.
 func toolCallData(p *payload) (ToolCallData, *FieldError) {
 	var d ToolCallData
 	var err *FieldError
@@ -716,6 +717,16 @@ func toolCallData(p *payload) (ToolCallData, *FieldError) {
 		if d.ToolCallID == "" {
 			if d.ToolCallID, err = md.str("tool_call_id"); err != nil {
 				return d, err
+			}
+		}
+		// The OpenAI shape, {"id", "type": "function", "function": {…}}: the call's id
+		// is metadata.id. Only there: another metadata's id is not a tool call's.
+		if t, _ := md.m["type"].(string); t == "function" {
+			delete(md.m, "type")
+			if d.ToolCallID == "" {
+				if d.ToolCallID, err = md.str("id"); err != nil {
+					return d, err
+				}
 			}
 		}
 		p.done("metadata", md)

@@ -289,6 +289,33 @@ func TestDecodeCatalogue(t *testing.T) {
 			},
 		},
 		{
+			name: "tool_call in the OpenAI shape: the id is metadata.id",
+			frame: frame("chat_room:room-1", "event_created", evt("tool_call", `""`,
+				`{"id":"call_abc123","type":"function","function":{"name":"get_weather","arguments":"{\"city\":\"Paris\"}"}}`)),
+			want: want{
+				Type: TypeToolCall, RoomID: "room-1", ActorID: "agent-1", ActorType: ActorAgent,
+				Data: map[string]any{"tool_name": "get_weather", "tool_call_id": "call_abc123", "arguments": map[string]any{"city": "Paris"}},
+			},
+		},
+		{
+			name: "tool_call: metadata.id is not the call's id outside the OpenAI shape",
+			frame: frame("chat_room:room-1", "event_created", evt("tool_call", `""`,
+				`{"id":"meta-1","function":{"name":"search"}}`)),
+			want: want{
+				Type: TypeToolCall, RoomID: "room-1", ActorID: "agent-1", ActorType: ActorAgent,
+				Data: map[string]any{"tool_name": "search", "extra": map[string]any{"content": "", "metadata": map[string]any{"id": "meta-1"}}},
+			},
+		},
+		{
+			name: "tool_call: an explicit tool_call_id wins over the OpenAI metadata.id",
+			frame: frame("chat_room:room-1", "event_created", evt("tool_call", `""`,
+				`{"id":"call_x","type":"function","tool_call_id":"call_y","function":{"name":"search"}}`)),
+			want: want{
+				Type: TypeToolCall, RoomID: "room-1", ActorID: "agent-1", ActorType: ActorAgent,
+				Data: map[string]any{"tool_name": "search", "tool_call_id": "call_y", "extra": map[string]any{"content": "", "metadata": map[string]any{"id": "call_x"}}},
+			},
+		},
+		{
 			name: "tool_call with arguments that are not JSON keeps them as a string",
 			frame: frame("chat_room:room-1", "event_created", evt("tool_call", `""`,
 				`{"function":{"name":"shell","arguments":"ls -la"}}`)),
@@ -663,6 +690,8 @@ func TestDecodeFrameErrors(t *testing.T) {
 		{"mentions not a list", string(frame("chat_room:r", "message_created", `{"id":"m","content":"x","sender_id":"u","metadata":{"mentions":"a"},"inserted_at":"2026-02-09T10:00:00Z"}`)), "payload.metadata.mentions", "expected array, got string"},
 		{"bad participant type", string(frame("room_participants:r", "participant_added", `{"id":"p","name":"n","type":"Bot"}`)), "subject.type", `unknown actor type "bot" (want agent, user or system)`},
 		{"is_remote not a boolean", string(frame("room_participants:r", "participant_added", `{"id":"p","type":"Agent","is_remote":"yes"}`)), "payload.is_remote", "expected boolean, got string"},
+		{"OpenAI tool call id not a string", string(frame("chat_room:r", "event_created", `{"id":"e","content":"","message_type":"tool_call","metadata":{"id":{"x":1},"type":"function","function":{"name":"s"}},"sender_id":"a","sender_type":"Agent","inserted_at":"2026-02-09T10:00:00Z"}`)), "payload.metadata.id", "expected string, got object"},
+		{"OpenAI tool call id too long", string(frame("chat_room:r", "event_created", `{"id":"e","content":"","message_type":"tool_call","metadata":{"id":"`+strings.Repeat("c", MaxIDBytes+1)+`","type":"function","function":{"name":"s"}},"sender_id":"a","sender_type":"Agent","inserted_at":"2026-02-09T10:00:00Z"}`)), "data.tool_call_id", "257 bytes is longer than the limit of 256"},
 		{"bad received_at", `{"topic":"room_participants:r","event":"participant_added","payload":{"id":"p"},"received_at":"soon"}`, "received_at", `cannot parse "soon" as RFC 3339`},
 	}
 	for _, tt := range tests {
