@@ -9,14 +9,17 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
+	"github.com/99designs/gqlgen/graphql"
 	"github.com/99designs/gqlgen/graphql/handler"
 	"github.com/99designs/gqlgen/graphql/handler/extension"
 	"github.com/99designs/gqlgen/graphql/handler/lru"
 	"github.com/99designs/gqlgen/graphql/handler/transport"
 	"github.com/coder/websocket"
 	"github.com/vektah/gqlparser/v2/ast"
+	"github.com/vektah/gqlparser/v2/gqlerror"
 
 	"github.com/bandplane/bandplane/graph/generated"
 	"github.com/bandplane/bandplane/graph/model"
@@ -42,6 +45,12 @@ type Limits struct {
 	// InitTimeout is how long a WebSocket may take to send its init message (default
 	// 10 s).
 	InitTimeout time.Duration
+	// QueryTimeout bounds one query or mutation (default 10 s); its deadline reaches
+	// ClickHouse as max_execution_time, and a query over it answers code TIMEOUT.
+	QueryTimeout time.Duration
+	// MaxConcurrentPerKey bounds the queries and mutations one API key runs at once
+	// (default 4); one more answers code TOO_MANY_REQUESTS at once, without waiting.
+	MaxConcurrentPerKey int
 }
 
 func (l *Limits) defaults() {
@@ -59,6 +68,12 @@ func (l *Limits) defaults() {
 	}
 	if l.InitTimeout <= 0 {
 		l.InitTimeout = 10 * time.Second
+	}
+	if l.QueryTimeout <= 0 {
+		l.QueryTimeout = 10 * time.Second
+	}
+	if l.MaxConcurrentPerKey <= 0 {
+		l.MaxConcurrentPerKey = 4
 	}
 }
 
@@ -91,7 +106,7 @@ func NewHandler(q Querier, auth keys.Authenticator, opts ...Option) http.Handler
 		o(&cfg)
 	}
 	cfg.limits.defaults()
-	gc := generated.Config{Resolvers: &Resolver{q: q, auth: auth, log: cfg.log.With("component", "graph")}}
+	gc := generated.Config{Resolvers: &Resolver{q: q, auth: auth, log: cfg.log.With("component", "graph"), timeout: cfg.limits.QueryTimeout}}
 	// A field's cost is what it can return: an audit page costs its selection once per
 	// event it may hold, so limit: 10000 counts 10,000 times and aliases cannot multiply
 	// pages past MaxComplexity.
@@ -137,7 +152,52 @@ func NewHandler(q Querier, auth keys.Authenticator, opts ...Option) http.Handler
 	srv.Use(extension.FixedComplexityLimit(cfg.limits.MaxComplexity))
 	srv.Use(extension.Introspection{})
 	srv.Use(extension.AutomaticPersistedQuery{Cache: lru.New[string](100)})
+	srv.AroundOperations(operationLimits(auth, cfg.limits))
 	return bearer(limit(srv, cfg.limits))
+}
+
+// operationLimits gives each query and mutation its deadline (Limits.QueryTimeout) and
+// a slot of its key's (Limits.MaxConcurrentPerKey), both released once its response is
+// made. Subscriptions, which live as long as their connection, are bounded by the
+// connection cap instead. A request without a valid key takes no slot: every field
+// refuses it before reading anything.
+func operationLimits(auth keys.Authenticator, l Limits) graphql.OperationMiddleware {
+	var mu sync.Mutex
+	running := map[string]int{} // key id -> operations running; no entry at 0
+	return func(ctx context.Context, next graphql.OperationHandler) graphql.ResponseHandler {
+		if op := graphql.GetOperationContext(ctx).Operation; op != nil && op.Operation == ast.Subscription {
+			return next(ctx)
+		}
+		release := func() {}
+		if k, ok := auth.Lookup(ctx, tokenFrom(ctx)); ok {
+			mu.Lock()
+			if running[k.ID] >= l.MaxConcurrentPerKey {
+				mu.Unlock()
+				return graphql.OneShot(&graphql.Response{Errors: gqlerror.List{{
+					Message: fmt.Sprintf("key %s already runs %d operations at once (--graphql-max-concurrent-per-key); retry when one has finished",
+						k.ID, l.MaxConcurrentPerKey),
+					Extensions: map[string]any{"code": "TOO_MANY_REQUESTS"},
+				}}})
+			}
+			running[k.ID]++
+			mu.Unlock()
+			release = func() {
+				mu.Lock()
+				if running[k.ID]--; running[k.ID] <= 0 {
+					delete(running, k.ID)
+				}
+				mu.Unlock()
+			}
+		}
+		ctx, cancel := context.WithTimeout(ctx, l.QueryTimeout)
+		var once sync.Once
+		done := func() { once.Do(func() { cancel(); release() }) }
+		h := next(ctx)
+		return func(ctx context.Context) *graphql.Response {
+			defer done() // a query or mutation has one response
+			return h(ctx)
+		}
+	}
 }
 
 // limit applies the body limit to POST requests and the connection cap to WebSocket

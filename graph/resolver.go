@@ -6,8 +6,10 @@ package graph
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
+	"time"
 
 	"github.com/99designs/gqlgen/graphql"
 	"github.com/vektah/gqlparser/v2/gqlerror"
@@ -29,9 +31,10 @@ var _ Querier = (*query.Querier)(nil)
 
 // Resolver is gqlgen's root resolver.
 type Resolver struct {
-	q    Querier
-	auth keys.Authenticator
-	log  *slog.Logger
+	q       Querier
+	auth    keys.Authenticator
+	log     *slog.Logger
+	timeout time.Duration // Limits.QueryTimeout, for its error message
 }
 
 // fail turns err into what the client sees: its own mistakes and authorization
@@ -46,6 +49,11 @@ func (r *Resolver) fail(ctx context.Context, err error) error {
 		code = "UNAUTHENTICATED"
 	case errors.Is(err, ErrForbidden):
 		code = "FORBIDDEN"
+	case errors.Is(err, query.ErrTimeout):
+		// The error names the database; the client gets the limit instead.
+		r.log.WarnContext(ctx, "query timed out", "field", graphql.GetFieldContext(ctx).Field.Name, "err", err)
+		return &gqlerror.Error{Message: fmt.Sprintf("the query took longer than %s (--graphql-query-timeout); narrow its time range or filters", r.timeout),
+			Path: graphql.GetPath(ctx), Extensions: map[string]any{"code": "TIMEOUT"}}
 	}
 	if code == "" {
 		fc := graphql.GetFieldContext(ctx)

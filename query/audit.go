@@ -171,9 +171,9 @@ func (qr *Querier) AuditEvents(ctx context.Context, q AuditQuery) (AuditPage, er
 		return AuditPage{}, err
 	}
 	sql, args := auditSQL{db: qr.db, q: q}.toSQL()
-	rows, err := qr.conn.Query(ctx, sql, args...)
+	rows, err := qr.conn.Query(withDeadline(ctx), sql, args...)
 	if err != nil {
-		return AuditPage{}, fmt.Errorf("cannot query audit events of org %q from %s.events: %w", q.OrgID, qr.db, err)
+		return AuditPage{}, queryErr(ctx, err, fmt.Sprintf("cannot query audit events of org %q from %s.events", q.OrgID, qr.db))
 	}
 	defer rows.Close()
 	limit := q.Limit
@@ -199,7 +199,7 @@ func (qr *Querier) AuditEvents(ctx context.Context, q AuditQuery) (AuditPage, er
 		page.Events = append(page.Events, e)
 	}
 	if err := rows.Err(); err != nil {
-		return AuditPage{}, fmt.Errorf("cannot read audit events of org %q from %s.events: %w", q.OrgID, qr.db, err)
+		return AuditPage{}, queryErr(ctx, err, fmt.Sprintf("cannot read audit events of org %q from %s.events", q.OrgID, qr.db))
 	}
 	if more {
 		page.NextCursor = cursorOf(page.Events[len(page.Events)-1]).String()

@@ -169,9 +169,9 @@ func (qr *Querier) Costs(ctx context.Context, q CostQuery) ([]CostRow, error) {
 		return nil, err
 	}
 	sql, args := costsSQL{db: qr.db, q: q}.toSQL()
-	rows, err := qr.conn.Query(ctx, sql, args...)
+	rows, err := qr.conn.Query(withDeadline(ctx), sql, args...)
 	if err != nil {
-		return nil, fmt.Errorf("cannot query costs of org %q from %s.usage_hourly: %w", q.OrgID, qr.db, err)
+		return nil, queryErr(ctx, err, fmt.Sprintf("cannot query costs of org %q from %s.usage_hourly", q.OrgID, qr.db))
 	}
 	defer rows.Close()
 	out := []CostRow{}
@@ -208,7 +208,7 @@ func (qr *Querier) Costs(ctx context.Context, q CostQuery) ([]CostRow, error) {
 		out = append(out, r)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("cannot read costs of org %q from %s.usage_hourly: %w", q.OrgID, qr.db, err)
+		return nil, queryErr(ctx, err, fmt.Sprintf("cannot read costs of org %q from %s.usage_hourly", q.OrgID, qr.db))
 	}
 	return out, nil
 }

@@ -6,10 +6,14 @@
 package query
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
+	"time"
 
+	"github.com/ClickHouse/clickhouse-go/v2"
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 )
 
@@ -30,6 +34,36 @@ type FieldError struct {
 }
 
 func (e *FieldError) Error() string { return e.Field + ": " + e.Msg }
+
+// ErrTimeout matches (errors.Is) a query that did not finish before its context's
+// deadline, whether the client gave up or ClickHouse stopped it (max_execution_time).
+var ErrTimeout = errors.New("query took longer than its deadline")
+
+// timeoutExceeded is ClickHouse's TIMEOUT_EXCEEDED (max_execution_time).
+const timeoutExceeded = 159
+
+// withDeadline passes ctx's deadline on to ClickHouse as max_execution_time (whole
+// seconds, rounded up), so that a query the client gives up on does not keep running
+// on the server.
+func withDeadline(ctx context.Context) context.Context {
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		return ctx
+	}
+	secs := max(1, int(math.Ceil(time.Until(deadline).Seconds())))
+	return clickhouse.Context(ctx, clickhouse.WithSettings(clickhouse.Settings{"max_execution_time": secs}))
+}
+
+// queryErr wraps err of the query described by what, as ErrTimeout when the deadline
+// ended it.
+func queryErr(ctx context.Context, err error, what string) error {
+	var ex *clickhouse.Exception
+	if errors.Is(err, context.DeadlineExceeded) || ctx.Err() == context.DeadlineExceeded ||
+		errors.As(err, &ex) && ex.Code == timeoutExceeded {
+		return fmt.Errorf("%s: %w (%v)", what, ErrTimeout, err)
+	}
+	return fmt.Errorf("%s: %w", what, err)
+}
 
 func fieldErr(field, format string, args ...any) error {
 	return &FieldError{Field: field, Msg: fmt.Sprintf(format, args...)}

@@ -24,6 +24,7 @@ import (
 	"github.com/bandplane/bandplane/ingest/store"
 	"github.com/bandplane/bandplane/policy/keys"
 	"github.com/bandplane/bandplane/query"
+	"github.com/bandplane/bandplane/schema/chdb"
 )
 
 func init() {
@@ -50,6 +51,7 @@ type serveConfig struct {
 	keyRefresh    time.Duration
 	http          httpLimits
 	graphql       graph.Limits
+	queryConns    int
 	noConsumer    bool
 	policy        policyFlags
 	seal          sealFlags
@@ -112,15 +114,39 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	fs.IntVar(&c.graphql.MaxComplexity, "graphql-max-complexity", 50_000, "most one GraphQL operation may ask for: a field counts once, an auditEvents page once per event of its limit (aliases add up)")
 	fs.IntVar(&c.graphql.MaxWebSockets, "graphql-max-websockets", 256, "most open GraphQL WebSocket connections (more: 503)")
 	fs.DurationVar(&c.graphql.InitTimeout, "graphql-init-timeout", 10*time.Second, "how long a GraphQL WebSocket may take to send its init message")
+	fs.DurationVar(&c.graphql.QueryTimeout, "graphql-query-timeout", 10*time.Second, "longest one GraphQL query may run (passed to ClickHouse as max_execution_time; longer: code TIMEOUT)")
+	fs.IntVar(&c.graphql.MaxConcurrentPerKey, "graphql-max-concurrent-per-key", 4, "most GraphQL queries one API key runs at once (more: code TOO_MANY_REQUESTS)")
+	fs.IntVar(&c.queryConns, "graphql-clickhouse-conns", 4, "ClickHouse connections of the GraphQL queries, a pool apart from ingest's so that heavy queries never starve it")
 	fs.BoolVar(&c.noConsumer, "no-consumer", false, "run the collector only (no ingest consumer)")
 	c.policy.register(fs)
 	c.seal.register(fs)
 	if err := parse(fs, args); err != nil {
 		return err
 	}
+	if err := c.validateGraphQL(); err != nil {
+		return err
+	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return serve(ctx, e.log, reg, c)
+}
+
+// validateGraphQL refuses GraphQL limits that would switch a limit off or mean nothing
+// (the handler would take its default for them silently).
+func (c *serveConfig) validateGraphQL() error {
+	for _, f := range []struct {
+		name string
+		ok   bool
+	}{
+		{"--graphql-query-timeout", c.graphql.QueryTimeout > 0},
+		{"--graphql-max-concurrent-per-key", c.graphql.MaxConcurrentPerKey > 0},
+		{"--graphql-clickhouse-conns", c.queryConns > 0},
+	} {
+		if !f.ok {
+			return fmt.Errorf("%s must be greater than 0", f.name)
+		}
+	}
+	return nil
 }
 
 func serve(ctx context.Context, log *slog.Logger, reg *prometheus.Registry, c serveConfig) error {
@@ -216,7 +242,16 @@ func serve(ctx context.Context, log *slog.Logger, reg *prometheus.Registry, c se
 			mux.Handle(p, gated)
 		}
 	}
-	mux.Handle("/graphql", graph.NewHandler(query.New(conn, c.stack.ch.Database), keyCache, graph.WithLogger(log), graph.WithLimits(c.graphql)))
+	// The queries have their own connections: a heavy one waits for its pool, never for
+	// ingest's (nor ingest for it).
+	qcfg := c.stack.ch
+	qcfg.MaxOpenConns = c.queryConns
+	qconn, err := chdb.Open(ctx, qcfg)
+	if err != nil {
+		return err
+	}
+	defer qconn.Close()
+	mux.Handle("/graphql", graph.NewHandler(query.New(qconn, c.stack.ch.Database), keyCache, graph.WithLogger(log), graph.WithLimits(c.graphql)))
 	metricsHandler := promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg})
 	if c.metricsListen == "" {
 		// The metrics are the whole process's, every organization's: platform keys only.

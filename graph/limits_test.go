@@ -1,0 +1,137 @@
+package graph_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/bandplane/bandplane/graph"
+	"github.com/bandplane/bandplane/query"
+)
+
+// slowQuerier blocks every Costs of org-a until release is closed or the request's
+// context ends (then it fails as the real Querier does); other organizations answer at
+// once.
+type slowQuerier struct {
+	fakeQuerier
+	release  chan struct{}
+	started  chan struct{}
+	mu       sync.Mutex
+	deadline time.Duration // how far off the last request's deadline was when it arrived
+}
+
+func (s *slowQuerier) Costs(ctx context.Context, q query.CostQuery) ([]query.CostRow, error) {
+	s.mu.Lock()
+	if d, ok := ctx.Deadline(); ok {
+		s.deadline = time.Until(d)
+	} else {
+		s.deadline = -1
+	}
+	s.mu.Unlock()
+	if q.OrgID != "org-a" {
+		return nil, nil
+	}
+	s.started <- struct{}{}
+	select {
+	case <-s.release:
+		return nil, nil
+	case <-ctx.Done():
+		return nil, fmt.Errorf("cannot query costs of org %q from secretdb.usage_hourly: %w (%v)", q.OrgID, query.ErrTimeout, ctx.Err())
+	}
+}
+
+func newSlow() *slowQuerier {
+	return &slowQuerier{release: make(chan struct{}), started: make(chan struct{}, 16)}
+}
+
+func costsOf(org string) string {
+	return gqlBody(fmt.Sprintf(`{ costs(orgId: %q, from: "2025-03-01T00:00:00Z", to: "2025-03-02T00:00:00Z") { cost } }`, org))
+}
+
+func bearerOf(token string) http.Header { return http.Header{"Authorization": {"Bearer " + token}} }
+
+// TestQueryTimeout: a query's deadline reaches the querier (and so ClickHouse), and a
+// query over it answers TIMEOUT with the limit, not the database's details.
+func TestQueryTimeout(t *testing.T) {
+	sq := newSlow()
+	h := newHandler(sq, graph.WithLimits(graph.Limits{QueryTimeout: 150 * time.Millisecond}))
+	start := time.Now()
+	code, errs := post(t, h, costsOf("org-a"), nil)
+	assert.Less(t, time.Since(start), 5*time.Second)
+	require.Equal(t, http.StatusOK, code)
+	require.Len(t, errs, 1)
+	assert.Equal(t, "TIMEOUT", errs[0].Extensions["code"])
+	assert.Equal(t, "the query took longer than 150ms (--graphql-query-timeout); narrow its time range or filters", errs[0].Message)
+	assert.NotContains(t, errs[0].Message, "secretdb")
+	sq.mu.Lock()
+	assert.Greater(t, sq.deadline, time.Duration(0), "the querier got a deadline")
+	assert.LessOrEqual(t, sq.deadline, 150*time.Millisecond)
+	sq.mu.Unlock()
+
+	// The default: 10 s.
+	sq2 := newSlow()
+	close(sq2.release)
+	_, errs = post(t, newHandler(sq2), costsOf("org-a"), nil)
+	assert.Empty(t, errs)
+	assert.InDelta(t, 10*time.Second, sq2.deadline, float64(time.Second))
+}
+
+// TestConcurrencyPerKey: a key runs at most MaxConcurrentPerKey operations at once;
+// one more is refused at once with TOO_MANY_REQUESTS; other keys are not held up, and
+// a finished operation frees its slot.
+func TestConcurrencyPerKey(t *testing.T) {
+	sq := newSlow()
+	h := newHandler(sq, graph.WithLimits(graph.Limits{MaxConcurrentPerKey: 2}))
+	var wg sync.WaitGroup
+	results := make(chan []gqlError, 2)
+	for range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, errs := post(t, h, costsOf("org-a"), bearerOf("tok-a-viewer"))
+			results <- errs
+		}()
+	}
+	<-sq.started
+	<-sq.started
+
+	start := time.Now()
+	_, errs := post(t, h, costsOf("org-a"), bearerOf("tok-a-viewer"))
+	assert.Less(t, time.Since(start), time.Second, "refused at once, not queued")
+	require.Len(t, errs, 1)
+	assert.Equal(t, "TOO_MANY_REQUESTS", errs[0].Extensions["code"])
+	assert.Contains(t, errs[0].Message, "key k-a-view already runs 2 operations at once (--graphql-max-concurrent-per-key)")
+
+	// Another key of the same organization, and another organization's, still run.
+	_, errs = post(t, h, costsOf("org-b"), bearerOf("tok-b-compliance"))
+	assert.Empty(t, errs)
+
+	close(sq.release)
+	wg.Wait()
+	close(results)
+	for errs := range results {
+		assert.Empty(t, errs)
+	}
+	// The slots are free again.
+	_, errs = post(t, h, costsOf("org-a"), bearerOf("tok-a-viewer"))
+	assert.Empty(t, errs)
+}
+
+// TestNoSlotWithoutAValidKey: requests with unknown keys take no slot (they are refused
+// per field before anything is read), so they cannot use up a real key's.
+func TestNoSlotWithoutAValidKey(t *testing.T) {
+	sq := newSlow()
+	close(sq.release)
+	h := newHandler(sq, graph.WithLimits(graph.Limits{MaxConcurrentPerKey: 1}))
+	for range 5 {
+		_, errs := post(t, h, costsOf("org-a"), bearerOf("tok-nobody"))
+		require.Len(t, errs, 1)
+		assert.Equal(t, "UNAUTHENTICATED", errs[0].Extensions["code"])
+	}
+}
