@@ -68,7 +68,9 @@ const DefaultBatchBytes = 64 << 20
 
 // DefaultPendingBatches is the default of Config.MaxPendingBytes in batches of
 // BatchBytes: one being stored, one being checked, one waiting for the checker, one
-// being built, and room for the records being decoded.
+// being built, and room for the records being decoded. (The checker keeps the rows of
+// the batch it handed to the writer until it takes the next one, which it compares
+// them with: up to one batch more than the budget counts.)
 const DefaultPendingBatches = 5
 
 // MaxReasonBytes bounds the reason of a dead letter (it travels as a Kafka header and
@@ -268,6 +270,7 @@ type pending struct {
 	last     map[int]kafkago.Message // highest message per partition, for the commit
 	replays  int                     // records whose event was stored already, same content
 	lookup   time.Duration           // how long checkStored took
+	written  chan struct{}           // closed once the writer is done with the batch
 
 	repriceAgents []string
 	parked        []parked
@@ -282,7 +285,34 @@ type parked struct {
 
 func newPending(size int) *pending {
 	return &pending{last: map[int]kafkago.Message{}, msgs: make([]kafkago.Message, 0, size),
-		batch: store.Batch{Events: make([]store.EventRow, 0, size)}, evRec: make([]int32, 0, size)}
+		batch: store.Batch{Events: make([]store.EventRow, 0, size)}, evRec: make([]int32, 0, size),
+		written: make(chan struct{})}
+}
+
+// overlaps says whether an event of p has the replacing key of one of q's rows (or,
+// for p's late-attributed events, their key without organization, as checkStored
+// looks them up). q's rows are only read: the writer stamps the batch, not its rows.
+func (p *pending) overlaps(q *pending) bool {
+	if len(p.batch.Events) == 0 || len(q.batch.Events) == 0 {
+		return false
+	}
+	keys := make(map[store.EventKey]struct{}, len(q.batch.Events))
+	for i := range q.batch.Events {
+		keys[store.KeyOf(&q.batch.Events[i])] = struct{}{}
+	}
+	for i := range p.batch.Events {
+		if _, ok := keys[store.KeyOf(&p.batch.Events[i])]; ok {
+			return true
+		}
+	}
+	for _, i := range p.recheck {
+		k := store.KeyOf(&p.batch.Events[i])
+		k.OrgID = ""
+		if _, ok := keys[k]; ok {
+			return true
+		}
+	}
+	return false
 }
 
 // Run consumes until ctx ends, then flushes what it has fetched, commits, and returns
@@ -303,15 +333,17 @@ func (c *Consumer) Run(ctx context.Context) error {
 
 	// Batches are written in order by two stages while the next one is being built: a
 	// checker looks up which events of a batch are stored already (checkStored) while a
-	// writer stores the batch before it (store). The checker counts the rows of the
-	// batch being written as stored (they may not be visible yet), so a replay or a
-	// reused id that straddles two batches is told apart as if they had been written one
-	// after the other; the writer takes a batch only once the one before is committed,
-	// so nothing else is in flight.
+	// writer stores the batch before it (store). A batch holding an event with the key
+	// of one in the batch being written (a replay or a reused id straddling the two:
+	// rare) is checked only once that one is written, so that the lookup sees what it
+	// stored and what ClickHouse refused: exactly as if they were flushed one after the
+	// other. The writer takes a batch only once the one before is committed, so nothing
+	// else is in flight.
 	flushes := make(chan *pending, 1)
 	checked := make(chan *pending)
 	flusherDone := make(chan struct{})
-	// The flusher outlives ctx by ShutdownTimeout so that a graceful stop can finish.
+	// The checker and the writer outlive ctx by ShutdownTimeout so that a graceful stop
+	// can finish.
 	flushCtx, cancelFlush := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelFlush()
 	// Once a batch could not be checked or stored (the shutdown timeout ended its
@@ -320,15 +352,18 @@ func (c *Consumer) Run(ctx context.Context) error {
 	var stopped atomic.Bool
 	go func() {
 		defer close(checked)
-		var writing []store.EventRow // the event rows of the batch handed to the writer
+		var writing *pending // the batch handed to the writer last
 		for p := range flushes {
-			if stopped.Load() || !c.check(flushCtx, p, writing) {
+			if writing != nil && p.overlaps(writing) {
+				<-writing.written
+			}
+			writing = nil
+			if stopped.Load() || !c.check(flushCtx, p) {
 				stopped.Store(true)
 				budget.release(p.bytes)
 				continue
 			}
-			// Read-only from here on: the writer stamps the batch, not its rows.
-			writing = p.batch.Events
+			writing = p
 			checked <- p
 		}
 	}()
@@ -338,6 +373,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 			if !stopped.Load() && !c.store(flushCtx, p) {
 				stopped.Store(true)
 			}
+			close(p.written)
 			budget.release(p.bytes)
 		}
 	}()
@@ -345,11 +381,11 @@ func (c *Consumer) Run(ctx context.Context) error {
 	p := newPending(c.cfg.BatchSize)
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
-	// handOff passes the pending batch to the flusher. While the flusher is still
-	// retrying the previous batch (ClickHouse down) this blocks, which stops fetching:
-	// back-pressure instead of unbounded memory (the byte budget stops it too, earlier
-	// for large records). A stop request ends the wait and the batch is flushed by the
-	// shutdown path below.
+	// handOff passes the pending batch to the checker. While the writer is still
+	// retrying a batch (ClickHouse down), the checker and then this block, which stops
+	// fetching: back-pressure instead of unbounded memory (the byte budget stops it too,
+	// earlier for large records). A stop request ends the wait and the batch is flushed
+	// by the shutdown path below.
 	handOff := func(stopping <-chan struct{}) {
 		timer.Stop()
 		if len(p.msgs) == 0 {
@@ -418,8 +454,8 @@ type record struct {
 // committed, and is redelivered.
 //
 // Each record takes its recordBytes from budget before it is handed to a decoder
-// (waiting while the budget is spent); the flusher gives them back when the batch
-// holding the record is done with.
+// (waiting while the budget is spent); the checker or the writer gives them back when
+// the batch holding the record is done with.
 func (c *Consumer) fetchLoop(ctx context.Context, out chan<- record, budget *byteBudget) {
 	n := c.cfg.Decoders
 	ins := make([]chan kafkago.Message, n)
@@ -509,8 +545,8 @@ func recordBytes(m *kafkago.Message) int {
 
 // byteBudget is a byte-weighted semaphore: acquire waits until n bytes fit under the
 // limit. A record larger than the whole limit is let through once nothing else is
-// held, so that it cannot wait forever. One goroutine acquires (the fetch loop), one
-// releases (the flusher).
+// held, so that it cannot wait forever. One goroutine acquires (the fetch loop), two
+// release (the checker, for a batch it gives up, and the writer).
 type byteBudget struct {
 	mu    sync.Mutex
 	limit int
@@ -765,15 +801,14 @@ var errStopped = errors.New("stopped before the write succeeded")
 
 // A batch is flushed in two steps (Run runs them for consecutive batches at once):
 // check looks up which of its events are stored already (replays are not written
-// again, reused ids are dead-lettered), counting writing (the rows of the batch being
-// stored) as stored; store produces the dead letters to their topic, writes the batch
+// again, reused ids are dead-lettered); store produces the dead letters to their topic, writes the batch
 // to ClickHouse, splitting it until the records ClickHouse refuses are isolated and
 // dead-lettered, and commits. Transient failures are retried with back-off until they
 // succeed or ctx ends (shutdown timeout); the step then returns false, nothing is
 // committed and the records are redelivered.
-func (c *Consumer) check(ctx context.Context, p *pending, writing []store.EventRow) bool {
+func (c *Consumer) check(ctx context.Context, p *pending) bool {
 	start := time.Now()
-	if len(p.batch.Events) > 0 && !c.checkStored(ctx, p, writing) {
+	if len(p.batch.Events) > 0 && !c.checkStored(ctx, p) {
 		return false
 	}
 	p.lookup = time.Since(start)
@@ -845,11 +880,7 @@ func (c *Consumer) store(ctx context.Context, p *pending) bool {
 // It returns false only if the lookup was given up (shutdown). A lookup that
 // ClickHouse refuses for good is logged and the batch is written unchecked, as before
 // this check existed, rather than stalled.
-//
-// writing are the rows of the batch being stored, counted as stored: if that batch
-// then has rows ClickHouse refuses, a twin of one of them here is a replay of a dead
-// letter (its content is in the dead-letter table) or a reused id of it.
-func (c *Consumer) checkStored(ctx context.Context, p *pending, writing []store.EventRow) bool {
+func (c *Consumer) checkStored(ctx context.Context, p *pending) bool {
 	ev := p.batch.Events
 	keys := make([]store.EventKey, 0, len(ev)+len(p.recheck))
 	for i := range ev {
@@ -868,17 +899,6 @@ func (c *Consumer) checkStored(ctx context.Context, p *pending, writing []store.
 		c.m.LookupErrors.Inc()
 		c.log.Error("cannot look up which events are stored; writing the batch unchecked", "err", err, "events", len(ev))
 		return true
-	}
-	if len(writing) > 0 {
-		want := make(map[store.EventKey]bool, len(keys))
-		for _, k := range keys {
-			want[k] = true
-		}
-		for i := range writing {
-			if want[store.KeyOf(&writing[i])] {
-				stored = append(stored, writing[i])
-			}
-		}
 	}
 	byKey := make(map[store.EventKey][]int, len(stored))
 	for i := range stored {

@@ -77,7 +77,7 @@ func TestToRowsNotesNoRecheckForADeadLetteredUsageEvent(t *testing.T) {
 	assert.Equal(t, "m3", p.batch.Events[2].ID)
 	assert.Equal(t, "org-9", p.batch.Events[2].OrgID, "attributed while batching")
 
-	require.True(t, c.checkStored(context.Background(), p, nil))
+	require.True(t, c.checkStored(context.Background(), p))
 	var ids []string
 	for _, e := range p.batch.Events {
 		ids = append(ids, e.ID)

@@ -636,47 +636,108 @@ func TestConsumerDeadLetterRefusedByClickHouse(t *testing.T) {
 	})
 }
 
-// TestConsumerChecksABatchAgainstTheOneBeingWritten: the next batch is checked while
-// the one before is still being written (not visible to a lookup yet); a replay and a
-// reused id of one of its events are still told apart.
-func TestConsumerChecksABatchAgainstTheOneBeingWritten(t *testing.T) {
-	release := make(chan struct{})
-	var once sync.Once
-	st := &fakeStorage{}
-	st.refuse = func(b *store.Batch) error {
-		if len(b.Events) > 0 && b.Events[0].ID == "a1" && b.Events[0].Data == `{"content":"first"}` {
-			st.mu.Unlock() // let the checker look up the next batch meanwhile
-			<-release
-			st.mu.Lock()
+// TestConsumerChecksABatchWhileTheOneBeforeIsWritten: the next batch is looked up while
+// the one before is still being written, unless they share an event key; then it is
+// looked up once that one is written, so that a replay, a reused id, and a twin of a
+// record ClickHouse refused are told apart exactly as if they were flushed one after
+// the other.
+func TestConsumerChecksABatchWhileTheOneBeforeIsWritten(t *testing.T) {
+	// slowFirst makes the first insert of the batch holding id take 200 ms, with the
+	// storage unlocked meanwhile (a lookup then does not see it yet), and refuses for
+	// good any batch holding an event whose data is {"content":"refused"}. It returns
+	// whether the second batch's lookup started before the first write had ended.
+	slowFirst := func(st *fakeStorage, id string) func() bool {
+		var mu sync.Mutex
+		var firstDone time.Time
+		var lookups []time.Time
+		slept := false
+		st.refuse = func(b *store.Batch) error {
+			if len(b.Events) > 0 && b.Events[0].ID == id && !slept {
+				slept = true
+				st.mu.Unlock()
+				time.Sleep(200 * time.Millisecond)
+				st.mu.Lock()
+			}
+			for _, e := range b.Events {
+				if e.Data == `{"content":"refused"}` {
+					return &clickhouse.Exception{Code: 6, Message: "Cannot parse"}
+				}
+			}
+			mu.Lock()
+			if firstDone.IsZero() {
+				firstDone = time.Now()
+			}
+			mu.Unlock()
+			return nil
 		}
-		return nil
-	}
-	lookups := 0
-	st.refuseLookup = func(keys []store.EventKey) error {
-		if lookups++; lookups == 2 { // the second batch is being checked: the first is still being written
-			once.Do(func() { close(release) })
+		st.refuseLookup = func([]store.EventKey) error {
+			mu.Lock()
+			lookups = append(lookups, time.Now())
+			mu.Unlock()
+			return nil
 		}
-		return nil
+		return func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			require.GreaterOrEqual(t, len(lookups), 2)
+			return lookups[1].Before(firstDone)
+		}
 	}
-	h := startWith(t, st, func(c *ingest.Config) { c.BatchSize = 2 })
-	first := eventLine("a1", "message.created", "u1", "user", "org-1", `{"content":"first"}`)
-	h.send(0, first)
-	h.send(0, eventLine("b1", "message.created", "u1", "user", "org-1", `{"content":"other"}`))
-	h.send(0, first) // a replay of a1, in the next batch
-	h.send(0, eventLine("a1", "message.created", "u1", "user", "org-1", `{"content":"forged"}`))
-	h.send(0, eventLine("a2", "message.created", "u1", "user", "org-1", `{}`))
-	h.send(0, eventLine("a3", "message.created", "u1", "user", "org-1", `{}`))
-	require.Eventually(t, func() bool { return h.reader.commit(0) == 6 }, 5*time.Second, time.Millisecond)
-	all := st.all()
-	var got []string
-	for _, e := range all.Events {
-		got = append(got, e.ID+":"+e.Data)
+	stored := func(st *fakeStorage) []string {
+		var got []string
+		for _, e := range st.all().Events {
+			got = append(got, e.ID+":"+e.Data)
+		}
+		return got
 	}
-	assert.ElementsMatch(t, []string{`a1:{"content":"first"}`, `b1:{"content":"other"}`, `a2:{}`, `a3:{}`}, got)
-	require.Len(t, all.DeadLetters, 1)
-	assert.True(t, strings.HasPrefix(all.DeadLetters[0].Reason, ingest.ReasonIDReused), all.DeadLetters[0].Reason)
-	assert.Equal(t, int64(3), all.DeadLetters[0].Offset)
-	assert.Equal(t, float64(1), counterValue(t, h.metrics.Records.WithLabelValues("replayed")))
+
+	t.Run("without a shared key the lookup runs during the write", func(t *testing.T) {
+		st := &fakeStorage{}
+		during := slowFirst(st, "a1")
+		h := startWith(t, st, func(c *ingest.Config) { c.BatchSize = 2 })
+		for _, id := range []string{"a1", "b1", "a2", "b2"} {
+			h.send(0, eventLine(id, "message.created", "u1", "user", "org-1", `{}`))
+		}
+		require.Eventually(t, func() bool { return h.reader.commit(0) == 4 }, 5*time.Second, time.Millisecond)
+		assert.True(t, during(), "the second batch was looked up while the first was written")
+		assert.Len(t, stored(st), 4)
+	})
+
+	t.Run("a replay and a reused id of the batch being written", func(t *testing.T) {
+		st := &fakeStorage{}
+		during := slowFirst(st, "a1")
+		h := startWith(t, st, func(c *ingest.Config) { c.BatchSize = 2 })
+		first := eventLine("a1", "message.created", "u1", "user", "org-1", `{"content":"first"}`)
+		h.send(0, first)
+		h.send(0, eventLine("b1", "message.created", "u1", "user", "org-1", `{"content":"other"}`))
+		h.send(0, first) // a replay of a1
+		h.send(0, eventLine("a1", "message.created", "u1", "user", "org-1", `{"content":"forged"}`))
+		require.Eventually(t, func() bool { return h.reader.commit(0) == 4 }, 5*time.Second, time.Millisecond)
+		assert.False(t, during(), "the second batch waited for the first to be written")
+		assert.ElementsMatch(t, []string{`a1:{"content":"first"}`, `b1:{"content":"other"}`}, stored(st))
+		all := st.all()
+		require.Len(t, all.DeadLetters, 1)
+		assert.True(t, strings.HasPrefix(all.DeadLetters[0].Reason, ingest.ReasonIDReused), all.DeadLetters[0].Reason)
+		assert.Equal(t, int64(3), all.DeadLetters[0].Offset)
+		assert.Equal(t, float64(1), counterValue(t, h.metrics.Records.WithLabelValues("replayed")))
+	})
+
+	t.Run("the twin of a record ClickHouse refused is stored", func(t *testing.T) {
+		st := &fakeStorage{}
+		during := slowFirst(st, "a1")
+		h := startWith(t, st, func(c *ingest.Config) { c.BatchSize = 2 })
+		h.send(0, eventLine("a1", "message.created", "u1", "user", "org-1", `{"content":"refused"}`))
+		h.send(0, eventLine("b1", "message.created", "u1", "user", "org-1", `{}`))
+		h.send(0, eventLine("a1", "message.created", "u1", "user", "org-1", `{"content":"valid"}`))
+		h.send(0, eventLine("c1", "message.created", "u1", "user", "org-1", `{}`))
+		require.Eventually(t, func() bool { return h.reader.commit(0) == 4 }, 5*time.Second, time.Millisecond)
+		assert.ElementsMatch(t, []string{`a1:{"content":"valid"}`, `b1:{}`, `c1:{}`}, stored(st),
+			"nothing of a1 is stored when the second batch is checked, so its other content is not a reused id")
+		all := st.all()
+		require.Len(t, all.DeadLetters, 1)
+		assert.Equal(t, int64(0), all.DeadLetters[0].Offset, "only the refused record is dead-lettered")
+		assert.False(t, during(), "the second batch waited for the first to be written")
+	})
 }
 
 func TestConsumerReplayIsNotWrittenAgainAndAReusedIDIsDeadLettered(t *testing.T) {
