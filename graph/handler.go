@@ -83,6 +83,7 @@ type Option func(*config)
 type config struct {
 	log     *slog.Logger
 	origins []string
+	hosts   []string
 	limits  Limits
 }
 
@@ -94,6 +95,10 @@ func WithLogger(l *slog.Logger) Option { return func(c *config) { c.log = l } }
 // same-origin browsers (and non-browser clients) may.
 func WithOriginPatterns(p ...string) Option { return func(c *config) { c.origins = p } }
 
+// WithAllowedHosts sets the host names GraphiQL (GET /graphql from a browser) answers
+// to (default DefaultAllowedHosts): see AllowHosts.
+func WithAllowedHosts(h ...string) Option { return func(c *config) { c.hosts = h } }
+
 // WithLimits sets the request limits (see Limits for the defaults).
 func WithLimits(l Limits) Option { return func(c *config) { c.limits = l } }
 
@@ -101,7 +106,7 @@ func WithLimits(l Limits) Option { return func(c *config) { c.limits = l } }
 // graphql-transport-ws, on coder/websocket). Every field checks the request's API key
 // with auth (*keys.Cache in production). *query.Querier is the production Querier.
 func NewHandler(q Querier, auth keys.Authenticator, opts ...Option) http.Handler {
-	cfg := config{log: slog.New(slog.DiscardHandler)}
+	cfg := config{log: slog.New(slog.DiscardHandler), hosts: DefaultAllowedHosts}
 	for _, o := range opts {
 		o(&cfg)
 	}
@@ -153,7 +158,15 @@ func NewHandler(q Querier, auth keys.Authenticator, opts ...Option) http.Handler
 	srv.Use(extension.Introspection{})
 	srv.Use(extension.AutomaticPersistedQuery{Cache: lru.New[string](100)})
 	srv.AroundOperations(operationLimits(auth, cfg.limits))
-	return bearer(limit(srv, cfg.limits))
+	api := bearer(limit(srv, cfg.limits))
+	page := AllowHosts(cfg.hosts, graphiQL())
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if wantsPage(r) {
+			page.ServeHTTP(w, r)
+			return
+		}
+		api.ServeHTTP(w, r)
+	})
 }
 
 // operationLimits gives each query and mutation its deadline (Limits.QueryTimeout) and

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -52,6 +53,7 @@ type serveConfig struct {
 	http          httpLimits
 	graphql       graph.Limits
 	queryConns    int
+	allowedHosts  string
 	noConsumer    bool
 	policy        policyFlags
 	seal          sealFlags
@@ -116,6 +118,7 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	fs.DurationVar(&c.graphql.InitTimeout, "graphql-init-timeout", 10*time.Second, "how long a GraphQL WebSocket may take to send its init message")
 	fs.DurationVar(&c.graphql.QueryTimeout, "graphql-query-timeout", 10*time.Second, "longest one GraphQL query may run (passed to ClickHouse as max_execution_time; longer: code TIMEOUT)")
 	fs.IntVar(&c.graphql.MaxConcurrentPerKey, "graphql-max-concurrent-per-key", 4, "most GraphQL queries one API key runs at once (more: code TOO_MANY_REQUESTS)")
+	fs.StringVar(&c.allowedHosts, "allowed-hosts", envOr("BANDPLANE_ALLOWED_HOSTS", ""), "comma-separated host names the browser pages (GraphiQL at GET /graphql) answer to, against DNS rebinding (default: localhost, 127.0.0.1, ::1 and --listen's host); env BANDPLANE_ALLOWED_HOSTS")
 	fs.IntVar(&c.queryConns, "graphql-clickhouse-conns", 4, "ClickHouse connections of the GraphQL queries, a pool apart from ingest's so that heavy queries never starve it")
 	fs.BoolVar(&c.noConsumer, "no-consumer", false, "run the collector only (no ingest consumer)")
 	c.policy.register(fs)
@@ -129,6 +132,25 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return serve(ctx, e.log, reg, c)
+}
+
+// pageHosts are the host names the browser pages answer to: the comma-separated list,
+// or else the loopback names and the host --listen names (unless it is a wildcard).
+func pageHosts(list, listen string) []string {
+	var hosts []string
+	for _, h := range strings.Split(list, ",") {
+		if h = strings.TrimSpace(h); h != "" {
+			hosts = append(hosts, h)
+		}
+	}
+	if len(hosts) > 0 {
+		return hosts
+	}
+	hosts = append(hosts, graph.DefaultAllowedHosts...)
+	if h, _, err := net.SplitHostPort(listen); err == nil && h != "" && h != "0.0.0.0" && h != "::" {
+		hosts = append(hosts, h)
+	}
+	return hosts
 }
 
 // validateGraphQL refuses GraphQL limits that would switch a limit off or mean nothing
@@ -251,7 +273,8 @@ func serve(ctx context.Context, log *slog.Logger, reg *prometheus.Registry, c se
 		return err
 	}
 	defer qconn.Close()
-	mux.Handle("/graphql", graph.NewHandler(query.New(qconn, c.stack.ch.Database), keyCache, graph.WithLogger(log), graph.WithLimits(c.graphql)))
+	mux.Handle("/graphql", graph.NewHandler(query.New(qconn, c.stack.ch.Database), keyCache, graph.WithLogger(log), graph.WithLimits(c.graphql),
+		graph.WithAllowedHosts(pageHosts(c.allowedHosts, c.listen)...)))
 	metricsHandler := promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg})
 	if c.metricsListen == "" {
 		// The metrics are the whole process's, every organization's: platform keys only.

@@ -23,3 +23,10 @@ func TestServeRefusesGraphQLLimitsThatMeanNothing(t *testing.T) {
 		assert.Contains(t, stderr.String(), args[0]+" must be greater than 0", args)
 	}
 }
+
+func TestPageHosts(t *testing.T) {
+	assert.Equal(t, []string{"localhost", "127.0.0.1", "::1"}, pageHosts("", "0.0.0.0:8080"))
+	assert.Equal(t, []string{"localhost", "127.0.0.1", "::1"}, pageHosts("", ":8080"))
+	assert.Equal(t, []string{"localhost", "127.0.0.1", "::1", "10.0.0.5"}, pageHosts("", "10.0.0.5:8080"))
+	assert.Equal(t, []string{"board.example.com", "bp.internal"}, pageHosts(" board.example.com, ,bp.internal ", "127.0.0.1:8080"))
+}
