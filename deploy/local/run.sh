@@ -78,6 +78,7 @@ bandplane is running (Ctrl-C stops it, and the dependencies this command started
   decisions     POST http://$LISTEN/v1/decisions/ Authorization: Bearer $ROUTER_KEY   (platform, router)
   operator      POST http://$LISTEN/v1/agents/ID/suspend  Authorization: Bearer $OPERATOR_KEY
   graphql       POST http://$LISTEN/graphql       Authorization: Bearer $ADMIN_KEY   (platform, admin: name any orgId)
+  graphiql      open http://$LISTEN/graphql in a browser; Headers: {"Authorization": "Bearer $ADMIN_KEY"}
   metrics       http://$LISTEN/metrics (operator or admin key)   readiness http://$LISTEN/readyz
   workload      simulated platform traffic at $RATE events/s through the collector
   keys          $RUN/keys/*.json (bandplane keys list | create | revoke)
