@@ -24,25 +24,38 @@ var (
 var (
 	ErrUnauthenticated = errors.New("unauthenticated")
 	ErrForbidden       = errors.New("forbidden")
+	// ErrTooMany is a key running as many ClickHouse reads as it may at once.
+	ErrTooMany = errors.New("too many requests")
 )
 
+// begin starts a field that reads orgID's data from ClickHouse: it checks the request's
+// key (authorize) and takes one of the key's query slots (Limits.MaxConcurrentPerKey),
+// which the caller gives back with the returned func once the read is done.
+func (r *Resolver) begin(ctx context.Context, orgID string, roles []keys.Role) (func(), error) {
+	k, err := r.authorize(ctx, orgID, roles)
+	if err != nil {
+		return nil, err
+	}
+	return r.slots.acquire(k.ID)
+}
+
 // authorize checks the request's key against a field that reads orgID's data.
-func (r *Resolver) authorize(ctx context.Context, orgID string, roles []keys.Role) error {
+func (r *Resolver) authorize(ctx context.Context, orgID string, roles []keys.Role) (keys.Key, error) {
 	token := tokenFrom(ctx)
 	if token == "" {
-		return fmt.Errorf("no API key: send Authorization: Bearer <key> (over WebSocket: in the init payload): %w", ErrUnauthenticated)
+		return keys.Key{}, fmt.Errorf("no API key: send Authorization: Bearer <key> (over WebSocket: in the init payload): %w", ErrUnauthenticated)
 	}
 	k, ok := r.auth.Lookup(ctx, token)
 	if !ok {
-		return fmt.Errorf("unknown or revoked API key: %w", ErrUnauthenticated)
+		return keys.Key{}, fmt.Errorf("unknown or revoked API key: %w", ErrUnauthenticated)
 	}
 	if !k.Has(roles...) {
-		return fmt.Errorf("key %s has role %s; this field needs one of %s: %w", k.ID, k.Role, roleList(roles), ErrForbidden)
+		return keys.Key{}, fmt.Errorf("key %s has role %s; this field needs one of %s: %w", k.ID, k.Role, roleList(roles), ErrForbidden)
 	}
 	if !k.MayActOn(orgID) {
-		return fmt.Errorf("key %s of organization %q may not read organization %q: %w", k.ID, k.Org, orgID, ErrForbidden)
+		return keys.Key{}, fmt.Errorf("key %s of organization %q may not read organization %q: %w", k.ID, k.Org, orgID, ErrForbidden)
 	}
-	return nil
+	return k, nil
 }
 
 func roleList(roles []keys.Role) string {

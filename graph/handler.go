@@ -48,8 +48,9 @@ type Limits struct {
 	// QueryTimeout bounds one query or mutation (default 10 s); its deadline reaches
 	// ClickHouse as max_execution_time, and a query over it answers code TIMEOUT.
 	QueryTimeout time.Duration
-	// MaxConcurrentPerKey bounds the queries and mutations one API key runs at once
-	// (default 4); one more answers code TOO_MANY_REQUESTS at once, without waiting.
+	// MaxConcurrentPerKey bounds the ClickHouse reads one API key runs at once (default
+	// 4), counted per field (aliases and parallel fields each take one); a field over it
+	// answers code TOO_MANY_REQUESTS at once, without waiting.
 	MaxConcurrentPerKey int
 }
 
@@ -111,7 +112,8 @@ func NewHandler(q Querier, auth keys.Authenticator, opts ...Option) http.Handler
 		o(&cfg)
 	}
 	cfg.limits.defaults()
-	gc := generated.Config{Resolvers: &Resolver{q: q, auth: auth, log: cfg.log.With("component", "graph"), timeout: cfg.limits.QueryTimeout}}
+	gc := generated.Config{Resolvers: &Resolver{q: q, auth: auth, log: cfg.log.With("component", "graph"),
+		timeout: cfg.limits.QueryTimeout, slots: newKeySlots(cfg.limits.MaxConcurrentPerKey)}}
 	// A field's cost is what it can return: an audit page costs its selection once per
 	// event it may hold, so limit: 10000 counts 10,000 times and aliases cannot multiply
 	// pages past MaxComplexity.
@@ -157,10 +159,11 @@ func NewHandler(q Querier, auth keys.Authenticator, opts ...Option) http.Handler
 	srv.Use(extension.FixedComplexityLimit(cfg.limits.MaxComplexity))
 	srv.Use(extension.Introspection{})
 	srv.Use(extension.AutomaticPersistedQuery{Cache: lru.New[string](100)})
-	srv.AroundOperations(operationLimits(auth, cfg.limits))
+	srv.AroundOperations(operationDeadline(cfg.limits))
 	api := bearer(limit(srv, cfg.limits))
 	page := AllowHosts(cfg.hosts, graphiQL())
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Add("Vary", "Accept") // the same URL is the page or the API
 		if wantsPage(r) {
 			page.ServeHTTP(w, r)
 			return
@@ -169,48 +172,58 @@ func NewHandler(q Querier, auth keys.Authenticator, opts ...Option) http.Handler
 	})
 }
 
-// operationLimits gives each query and mutation its deadline (Limits.QueryTimeout) and
-// a slot of its key's (Limits.MaxConcurrentPerKey), both released once its response is
-// made. Subscriptions, which live as long as their connection, are bounded by the
-// connection cap instead. A request without a valid key takes no slot: every field
-// refuses it before reading anything.
-func operationLimits(auth keys.Authenticator, l Limits) graphql.OperationMiddleware {
-	var mu sync.Mutex
-	running := map[string]int{} // key id -> operations running; no entry at 0
+// operationDeadline gives each query and mutation its deadline (Limits.QueryTimeout),
+// which clickhouse-go passes on to ClickHouse, and refuses @defer (a deferred part
+// would resolve after the operation's deadline is released). Subscriptions, which live
+// as long as their connection, are bounded by the connection cap instead.
+func operationDeadline(l Limits) graphql.OperationMiddleware {
 	return func(ctx context.Context, next graphql.OperationHandler) graphql.ResponseHandler {
-		if op := graphql.GetOperationContext(ctx).Operation; op != nil && op.Operation == ast.Subscription {
+		op := graphql.GetOperationContext(ctx).Operation
+		if op == nil || op.Operation == ast.Subscription {
 			return next(ctx)
 		}
-		release := func() {}
-		if k, ok := auth.Lookup(ctx, tokenFrom(ctx)); ok {
-			mu.Lock()
-			if running[k.ID] >= l.MaxConcurrentPerKey {
-				mu.Unlock()
-				return graphql.OneShot(&graphql.Response{Errors: gqlerror.List{{
-					Message: fmt.Sprintf("key %s already runs %d operations at once (--graphql-max-concurrent-per-key); retry when one has finished",
-						k.ID, l.MaxConcurrentPerKey),
-					Extensions: map[string]any{"code": "TOO_MANY_REQUESTS"},
-				}}})
-			}
-			running[k.ID]++
-			mu.Unlock()
-			release = func() {
-				mu.Lock()
-				if running[k.ID]--; running[k.ID] <= 0 {
-					delete(running, k.ID)
-				}
-				mu.Unlock()
-			}
+		if usesDefer(op.SelectionSet, map[string]bool{}, graphql.GetOperationContext(ctx).Doc) {
+			return graphql.OneShot(&graphql.Response{Errors: gqlerror.List{{
+				Message: "@defer is not supported", Extensions: map[string]any{"code": "BAD_USER_INPUT"},
+			}}})
 		}
 		ctx, cancel := context.WithTimeout(ctx, l.QueryTimeout)
 		var once sync.Once
-		done := func() { once.Do(func() { cancel(); release() }) }
 		h := next(ctx)
 		return func(ctx context.Context) *graphql.Response {
-			defer done() // a query or mutation has one response
+			defer once.Do(cancel) // a query or mutation has one response
 			return h(ctx)
 		}
 	}
+}
+
+// usesDefer says whether a selection set uses @defer, through fragments too (each
+// named fragment is looked at once).
+func usesDefer(set ast.SelectionSet, seen map[string]bool, doc *ast.QueryDocument) bool {
+	for _, sel := range set {
+		switch s := sel.(type) {
+		case *ast.Field:
+			if usesDefer(s.SelectionSet, seen, doc) {
+				return true
+			}
+		case *ast.InlineFragment:
+			if s.Directives.ForName("defer") != nil || usesDefer(s.SelectionSet, seen, doc) {
+				return true
+			}
+		case *ast.FragmentSpread:
+			if s.Directives.ForName("defer") != nil {
+				return true
+			}
+			if seen[s.Name] || doc == nil {
+				continue
+			}
+			seen[s.Name] = true
+			if f := doc.Fragments.ForName(s.Name); f != nil && usesDefer(f.SelectionSet, seen, doc) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // limit applies the body limit to POST requests and the connection cap to WebSocket

@@ -1,9 +1,13 @@
 package graph_test
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"log/slog"
 	"net/http"
+	"net/http/httptest"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -82,7 +86,7 @@ func TestQueryTimeout(t *testing.T) {
 	assert.InDelta(t, 10*time.Second, sq2.deadline, float64(time.Second))
 }
 
-// TestConcurrencyPerKey: a key runs at most MaxConcurrentPerKey operations at once;
+// TestConcurrencyPerKey: a key runs at most MaxConcurrentPerKey reads at once;
 // one more is refused at once with TOO_MANY_REQUESTS; other keys are not held up, and
 // a finished operation frees its slot.
 func TestConcurrencyPerKey(t *testing.T) {
@@ -106,7 +110,7 @@ func TestConcurrencyPerKey(t *testing.T) {
 	assert.Less(t, time.Since(start), time.Second, "refused at once, not queued")
 	require.Len(t, errs, 1)
 	assert.Equal(t, "TOO_MANY_REQUESTS", errs[0].Extensions["code"])
-	assert.Contains(t, errs[0].Message, "key k-a-view already runs 2 operations at once (--graphql-max-concurrent-per-key)")
+	assert.Contains(t, errs[0].Message, "key k-a-view already runs 2 queries at once (--graphql-max-concurrent-per-key)")
 
 	// Another key of the same organization, and another organization's, still run.
 	_, errs = post(t, h, costsOf("org-b"), bearerOf("tok-b-compliance"))
@@ -134,4 +138,73 @@ func TestNoSlotWithoutAValidKey(t *testing.T) {
 		require.Len(t, errs, 1)
 		assert.Equal(t, "UNAUTHENTICATED", errs[0].Extensions["code"])
 	}
+}
+
+// TestConcurrencyPerKeyCountsAliases: the slots count ClickHouse reads, not operations:
+// one operation of many aliases (gqlgen runs them in parallel) gets as many as the key
+// has, and each other alias TOO_MANY_REQUESTS at once.
+func TestConcurrencyPerKeyCountsAliases(t *testing.T) {
+	sq := newSlow()
+	h := newHandler(sq, graph.WithLimits(graph.Limits{MaxConcurrentPerKey: 2}))
+	var q strings.Builder
+	q.WriteString("{")
+	for i := range 6 {
+		fmt.Fprintf(&q, ` c%d: costs(orgId: "org-a", from: "2025-03-01T00:00:00Z", to: "2025-03-02T00:00:00Z") { cost }`, i)
+	}
+	q.WriteString("}")
+	result := make(chan []gqlError, 1)
+	go func() {
+		_, errs := post(t, h, gqlBody(q.String()), bearerOf("tok-a-viewer"))
+		result <- errs
+	}()
+	<-sq.started
+	<-sq.started
+	select {
+	case <-sq.started:
+		t.Fatal("a third read started")
+	case <-time.After(100 * time.Millisecond):
+	}
+	close(sq.release)
+	errs := <-result
+	require.Len(t, errs, 4)
+	for _, e := range errs {
+		assert.Equal(t, "TOO_MANY_REQUESTS", e.Extensions["code"], e.Message)
+	}
+}
+
+// TestDeferIsRefused: @defer would resolve after the operation's deadline is released;
+// it is refused, inline or in a fragment.
+func TestDeferIsRefused(t *testing.T) {
+	h := newHandler(&fakeQuerier{})
+	for _, q := range []string{
+		`{ ... @defer { costs(orgId: "org-a", from: "2025-03-01T00:00:00Z", to: "2025-03-02T00:00:00Z") { cost } } }`,
+		`{ ...F @defer } fragment F on Query { __typename }`,
+		`{ ...F } fragment F on Query { ... @defer { __typename } }`,
+	} {
+		_, errs := post(t, h, gqlBody(q), nil)
+		require.Len(t, errs, 1, q)
+		assert.Equal(t, "BAD_USER_INPUT", errs[0].Extensions["code"], q)
+		assert.Equal(t, "@defer is not supported", errs[0].Message, q)
+	}
+	_, errs := post(t, h, gqlBody(`{ ...F } fragment F on Query { __typename }`), nil)
+	assert.Empty(t, errs, "fragments without @defer are fine")
+}
+
+// TestClientCancelIsNotAnError: a client that goes away gets its fields cancelled
+// quietly: no ERROR in the log, no "internal error".
+func TestClientCancelIsNotAnError(t *testing.T) {
+	var logs bytes.Buffer
+	sq := newSlow()
+	h := newHandler(sq, graph.WithLogger(slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))))
+	ctx, cancel := context.WithCancel(context.Background())
+	req := httptest.NewRequest(http.MethodPost, "/graphql", strings.NewReader(costsOf("org-a"))).WithContext(ctx)
+	req.Header.Set("Content-Type", "application/json")
+	rec := httptest.NewRecorder()
+	done := make(chan struct{})
+	go func() { defer close(done); h.ServeHTTP(rec, req) }()
+	<-sq.started
+	cancel()
+	<-done
+	assert.NotContains(t, logs.String(), "level=ERROR")
+	assert.Contains(t, logs.String(), "field cancelled by the client")
 }

@@ -52,7 +52,14 @@ func wantsPage(r *http.Request) bool {
 }
 
 // graphiQL is GraphiQL for /graphql. Its scripts and styles load from cdn.jsdelivr.net
-// (gqlgen's playground handler, pinned versions with subresource integrity).
+// (gqlgen's playground handler, pinned versions with subresource integrity). No other
+// site may frame it (clickjacking), and no cache keeps it.
 func graphiQL() http.Handler {
-	return playground.Handler("bandplane GraphQL", "/graphql")
+	page := playground.Handler("bandplane GraphQL", "/graphql")
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("X-Frame-Options", "DENY")
+		w.Header().Set("Content-Security-Policy", "frame-ancestors 'none'")
+		w.Header().Set("Cache-Control", "no-store")
+		page.ServeHTTP(w, r)
+	})
 }

@@ -30,6 +30,10 @@ func TestGraphiQLOnlyUnderAllowedHosts(t *testing.T) {
 		assert.Equal(t, http.StatusOK, rec.Code, host)
 		assert.Contains(t, rec.Body.String(), "graphiql", host)
 		assert.Contains(t, rec.Header().Get("Content-Type"), "text/html", host)
+		assert.Equal(t, "DENY", rec.Header().Get("X-Frame-Options"), host)
+		assert.Equal(t, "frame-ancestors 'none'", rec.Header().Get("Content-Security-Policy"), host)
+		assert.Equal(t, "no-store", rec.Header().Get("Cache-Control"), host)
+		assert.Equal(t, "Accept", rec.Header().Get("Vary"), host)
 	}
 	for _, host := range []string{"evil.example:8080", "localhost.evil.example", "127.0.0.2", ""} {
 		rec := getPage(h, host, "/graphql")

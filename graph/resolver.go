@@ -35,6 +35,7 @@ type Resolver struct {
 	auth    keys.Authenticator
 	log     *slog.Logger
 	timeout time.Duration // Limits.QueryTimeout, for its error message
+	slots   *keySlots
 }
 
 // fail turns err into what the client sees: its own mistakes and authorization
@@ -49,6 +50,12 @@ func (r *Resolver) fail(ctx context.Context, err error) error {
 		code = "UNAUTHENTICATED"
 	case errors.Is(err, ErrForbidden):
 		code = "FORBIDDEN"
+	case errors.Is(err, ErrTooMany):
+		code = "TOO_MANY_REQUESTS"
+	case errors.Is(err, context.Canceled) || ctx.Err() == context.Canceled:
+		// The client went away (a disconnect, a WebSocket "complete"): nothing to report.
+		r.log.DebugContext(ctx, "field cancelled by the client", "field", graphql.GetFieldContext(ctx).Field.Name)
+		return &gqlerror.Error{Message: "cancelled", Path: graphql.GetPath(ctx), Extensions: map[string]any{"code": "CANCELLED"}}
 	case errors.Is(err, query.ErrTimeout):
 		// The error names the database; the client gets the limit instead.
 		r.log.WarnContext(ctx, "query timed out", "field", graphql.GetFieldContext(ctx).Field.Name, "err", err)

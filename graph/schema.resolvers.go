@@ -16,9 +16,11 @@ import (
 
 // Costs is the resolver for the costs field.
 func (r *queryResolver) Costs(ctx context.Context, orgID string, from time.Time, to time.Time, groupBy []model.CostDimension) ([]model.CostRow, error) {
-	if err := r.authorize(ctx, orgID, readers); err != nil {
+	done, err := r.begin(ctx, orgID, readers)
+	if err != nil {
 		return nil, r.fail(ctx, err)
 	}
+	defer done()
 	q := query.CostQuery{OrgID: orgID, From: from, To: to}
 	for _, d := range groupBy {
 		q.GroupBy = append(q.GroupBy, dimensions[d])
@@ -36,9 +38,11 @@ func (r *queryResolver) Costs(ctx context.Context, orgID string, from time.Time,
 
 // AuditEvents is the resolver for the auditEvents field.
 func (r *queryResolver) AuditEvents(ctx context.Context, orgID string, from *time.Time, to *time.Time, roomID *string, actorID *string, types []string, limit *int, before *string) (*model.AuditPage, error) {
-	if err := r.authorize(ctx, orgID, auditors); err != nil {
+	done, err := r.begin(ctx, orgID, auditors)
+	if err != nil {
 		return nil, r.fail(ctx, err)
 	}
+	defer done()
 	page, err := r.q.AuditEvents(ctx, query.AuditQuery{
 		OrgID: orgID, From: deref(from), To: deref(to), RoomID: deref(roomID), ActorID: deref(actorID),
 		Types: types, Limit: deref(limit), Before: deref(before),

@@ -171,7 +171,7 @@ func (qr *Querier) AuditEvents(ctx context.Context, q AuditQuery) (AuditPage, er
 		return AuditPage{}, err
 	}
 	sql, args := auditSQL{db: qr.db, q: q}.toSQL()
-	rows, err := qr.conn.Query(withDeadline(ctx), sql, args...)
+	rows, err := qr.conn.Query(ctx, sql, args...)
 	if err != nil {
 		return AuditPage{}, queryErr(ctx, err, fmt.Sprintf("cannot query audit events of org %q from %s.events", q.OrgID, qr.db))
 	}

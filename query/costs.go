@@ -169,7 +169,7 @@ func (qr *Querier) Costs(ctx context.Context, q CostQuery) ([]CostRow, error) {
 		return nil, err
 	}
 	sql, args := costsSQL{db: qr.db, q: q}.toSQL()
-	rows, err := qr.conn.Query(withDeadline(ctx), sql, args...)
+	rows, err := qr.conn.Query(ctx, sql, args...)
 	if err != nil {
 		return nil, queryErr(ctx, err, fmt.Sprintf("cannot query costs of org %q from %s.usage_hourly", q.OrgID, qr.db))
 	}

@@ -9,7 +9,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"strings"
 	"time"
 
@@ -36,29 +35,22 @@ type FieldError struct {
 func (e *FieldError) Error() string { return e.Field + ": " + e.Msg }
 
 // ErrTimeout matches (errors.Is) a query that did not finish before its context's
-// deadline, whether the client gave up or ClickHouse stopped it (max_execution_time).
+// deadline. clickhouse-go passes the deadline on: it sends max_execution_time (the time
+// left + 5 s) with the query, and cancels the query on the server when ctx ends, so a
+// query the client gave up on does not keep running there.
 var ErrTimeout = errors.New("query took longer than its deadline")
 
 // timeoutExceeded is ClickHouse's TIMEOUT_EXCEEDED (max_execution_time).
 const timeoutExceeded = 159
 
-// withDeadline passes ctx's deadline on to ClickHouse as max_execution_time (whole
-// seconds, rounded up), so that a query the client gives up on does not keep running
-// on the server.
-func withDeadline(ctx context.Context) context.Context {
-	deadline, ok := ctx.Deadline()
-	if !ok {
-		return ctx
-	}
-	secs := max(1, int(math.Ceil(time.Until(deadline).Seconds())))
-	return clickhouse.Context(ctx, clickhouse.WithSettings(clickhouse.Settings{"max_execution_time": secs}))
-}
-
 // queryErr wraps err of the query described by what, as ErrTimeout when the deadline
 // ended it.
 func queryErr(ctx context.Context, err error, what string) error {
 	var ex *clickhouse.Exception
-	if errors.Is(err, context.DeadlineExceeded) || ctx.Err() == context.DeadlineExceeded ||
+	// The driver's read can hit the connection deadline (set from ctx) an instant
+	// before ctx itself reports it: a passed deadline counts too.
+	deadline, ok := ctx.Deadline()
+	if errors.Is(err, context.DeadlineExceeded) || ok && !time.Now().Before(deadline) ||
 		errors.As(err, &ex) && ex.Code == timeoutExceeded {
 		return fmt.Errorf("%s: %w (%v)", what, ErrTimeout, err)
 	}
