@@ -33,6 +33,21 @@ type fakeQuerier struct {
 	err      error
 	gotCost  query.CostQuery
 	gotAudit query.AuditQuery
+	names    map[string]query.Party // by id, every organization's
+	namesOrg string                 // the organization of the last Names call
+}
+
+func (f *fakeQuerier) Names(_ context.Context, orgID string, ids []string) (map[string]query.Party, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.namesOrg = orgID
+	out := map[string]query.Party{}
+	for _, id := range ids {
+		if p, ok := f.names[id]; ok {
+			out[id] = p
+		}
+	}
+	return out, nil
 }
 
 func (f *fakeQuerier) Costs(_ context.Context, q query.CostQuery) ([]query.CostRow, error) {
@@ -90,7 +105,7 @@ var (
 
 const costsQuery = `query($org: ID!, $from: Time!, $to: Time!) {
   costs(orgId: $org, from: $from, to: $to, groupBy: [DAY, AGENT]) {
-    day agentId ownerId events unpricedEvents inputTokens outputTokens cost currency
+    day agentId agentHandle agentName ownerId ownerHandle events unpricedEvents inputTokens outputTokens cost currency
   }
 }`
 
@@ -98,7 +113,8 @@ func TestCosts(t *testing.T) {
 	fq := &fakeQuerier{costs: []query.CostRow{{
 		Day: from, AgentID: "agent-1", Events: 3, UnpricedEvents: 1, InputTokens: 5_000_000_000, OutputTokens: 80,
 		Cost: decimal.RequireFromString("2.0012345"), Currency: "USD",
-	}}}
+	}, {Day: from, AgentID: "agent-unknown", Cost: decimal.Zero, Currency: "USD"}},
+		names: map[string]query.Party{"agent-1": {Kind: "agent", Handle: "alice/architect", Name: "Architect"}}}
 	c := client.New(newHandler(fq))
 	var resp struct{ Costs []map[string]any }
 	c.MustPost(costsQuery, &resp, client.Var("org", "org-a"), client.Var("from", from.Format(time.RFC3339)),
@@ -109,12 +125,21 @@ func TestCosts(t *testing.T) {
 		t.Errorf("query (-want +got):\n%s", diff)
 	}
 	want := []map[string]any{{
-		"day": "2025-03-01T00:00:00Z", "agentId": "agent-1", "ownerId": nil, // not grouped: null
+		"day": "2025-03-01T00:00:00Z", "agentId": "agent-1", "agentHandle": "alice/architect", "agentName": "Architect",
+		"ownerId": nil, "ownerHandle": nil, // not grouped: null
 		"events": float64(3), "unpricedEvents": float64(1), "inputTokens": float64(5_000_000_000), "outputTokens": float64(80),
 		"cost": "2.001235", "currency": "USD",
+	}, {
+		"day": "2025-03-01T00:00:00Z", "agentId": "agent-unknown", "agentHandle": nil, "agentName": nil, // not in the directory
+		"ownerId": nil, "ownerHandle": nil,
+		"events": float64(0), "unpricedEvents": float64(0), "inputTokens": float64(0), "outputTokens": float64(0),
+		"cost": "0.000000", "currency": "USD",
 	}}
 	if diff := cmp.Diff(want, resp.Costs); diff != "" {
 		t.Errorf("costs (-want +got):\n%s", diff)
+	}
+	if fq.namesOrg != "org-a" {
+		t.Errorf("names looked up in organization %q, want the query's, org-a", fq.namesOrg)
 	}
 }
 

@@ -24,6 +24,7 @@ import (
 // for the caller's mistakes, any other error for failures.
 type Querier interface {
 	Costs(ctx context.Context, q query.CostQuery) ([]query.CostRow, error)
+	Names(ctx context.Context, orgID string, ids []string) (map[string]query.Party, error)
 	AuditEvents(ctx context.Context, q query.AuditQuery) (query.AuditPage, error)
 }
 
@@ -81,7 +82,14 @@ var dimensions = map[model.CostDimension]string{
 	model.CostDimensionDay:   query.DimDay,
 }
 
-func costRow(r query.CostRow, groupBy []string) model.CostRow {
+// name sets handle and name from the directory entry of id, if there is one.
+func name(names map[string]query.Party, id string, handle, display **string) {
+	if p, ok := names[id]; ok && id != "" {
+		*handle, *display = &p.Handle, &p.Name
+	}
+}
+
+func costRow(r query.CostRow, groupBy []string, names map[string]query.Party) model.CostRow {
 	out := model.CostRow{
 		Events: int64(r.Events), UnpricedEvents: int64(r.UnpricedEvents),
 		InputTokens: int64(r.InputTokens), OutputTokens: int64(r.OutputTokens),
@@ -95,8 +103,10 @@ func costRow(r query.CostRow, groupBy []string) model.CostRow {
 		switch d {
 		case query.DimOwner:
 			out.OwnerID = &r.OwnerID
+			name(names, r.OwnerID, &out.OwnerHandle, &out.OwnerName)
 		case query.DimAgent:
 			out.AgentID = &r.AgentID
+			name(names, r.AgentID, &out.AgentHandle, &out.AgentName)
 		case query.DimRoom:
 			out.RoomID = &r.RoomID
 		case query.DimModel:

@@ -29,9 +29,17 @@ func (r *queryResolver) Costs(ctx context.Context, orgID string, from time.Time,
 	if err != nil {
 		return nil, r.fail(ctx, err)
 	}
+	var ids []string
+	for _, row := range rows {
+		ids = append(ids, row.OwnerID, row.AgentID)
+	}
+	names, err := r.q.Names(ctx, orgID, ids)
+	if err != nil {
+		return nil, r.fail(ctx, err)
+	}
 	out := make([]model.CostRow, len(rows))
 	for i, row := range rows {
-		out[i] = costRow(row, q.GroupBy)
+		out[i] = costRow(row, q.GroupBy, names)
 	}
 	return out, nil
 }

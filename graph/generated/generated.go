@@ -63,7 +63,9 @@ type ComplexityRoot struct {
 	}
 
 	CostRow struct {
+		AgentHandle      func(childComplexity int) int
 		AgentID          func(childComplexity int) int
+		AgentName        func(childComplexity int) int
 		CacheReadTokens  func(childComplexity int) int
 		CacheWriteTokens func(childComplexity int) int
 		Cost             func(childComplexity int) int
@@ -74,7 +76,9 @@ type ComplexityRoot struct {
 		InputTokens      func(childComplexity int) int
 		Model            func(childComplexity int) int
 		OutputTokens     func(childComplexity int) int
+		OwnerHandle      func(childComplexity int) int
 		OwnerID          func(childComplexity int) int
+		OwnerName        func(childComplexity int) int
 		ReasoningTokens  func(childComplexity int) int
 		RoomID           func(childComplexity int) int
 		UnpricedEvents   func(childComplexity int) int
@@ -241,12 +245,24 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 
 		return e.ComplexityRoot.AuditPage.NextCursor(childComplexity), true
 
+	case "CostRow.agentHandle":
+		if e.ComplexityRoot.CostRow.AgentHandle == nil {
+			break
+		}
+
+		return e.ComplexityRoot.CostRow.AgentHandle(childComplexity), true
 	case "CostRow.agentId":
 		if e.ComplexityRoot.CostRow.AgentID == nil {
 			break
 		}
 
 		return e.ComplexityRoot.CostRow.AgentID(childComplexity), true
+	case "CostRow.agentName":
+		if e.ComplexityRoot.CostRow.AgentName == nil {
+			break
+		}
+
+		return e.ComplexityRoot.CostRow.AgentName(childComplexity), true
 	case "CostRow.cacheReadTokens":
 		if e.ComplexityRoot.CostRow.CacheReadTokens == nil {
 			break
@@ -307,12 +323,24 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.CostRow.OutputTokens(childComplexity), true
+	case "CostRow.ownerHandle":
+		if e.ComplexityRoot.CostRow.OwnerHandle == nil {
+			break
+		}
+
+		return e.ComplexityRoot.CostRow.OwnerHandle(childComplexity), true
 	case "CostRow.ownerId":
 		if e.ComplexityRoot.CostRow.OwnerID == nil {
 			break
 		}
 
 		return e.ComplexityRoot.CostRow.OwnerID(childComplexity), true
+	case "CostRow.ownerName":
+		if e.ComplexityRoot.CostRow.OwnerName == nil {
+			break
+		}
+
+		return e.ComplexityRoot.CostRow.OwnerName(childComplexity), true
 	case "CostRow.reasoningTokens":
 		if e.ComplexityRoot.CostRow.ReasoningTokens == nil {
 			break
@@ -452,7 +480,15 @@ currency is always a key, amounts in different currencies are never added.
 """
 type CostRow {
   ownerId: ID
+  "The owner's @handle, when the organization's directory knows the owner."
+  ownerHandle: String
+  "The owner's display name, likewise."
+  ownerName: String
   agentId: ID
+  "The agent's @handle, when the organization's directory knows the agent."
+  agentHandle: String
+  "The agent's display name, likewise."
+  agentName: String
   roomId: ID
   model: String
   hour: Time
@@ -591,8 +627,16 @@ func (ec *executionContext) childFields_CostRow(ctx context.Context, field graph
 	switch field.Name {
 	case "ownerId":
 		return ec.fieldContext_CostRow_ownerId(ctx, field)
+	case "ownerHandle":
+		return ec.fieldContext_CostRow_ownerHandle(ctx, field)
+	case "ownerName":
+		return ec.fieldContext_CostRow_ownerName(ctx, field)
 	case "agentId":
 		return ec.fieldContext_CostRow_agentId(ctx, field)
+	case "agentHandle":
+		return ec.fieldContext_CostRow_agentHandle(ctx, field)
+	case "agentName":
+		return ec.fieldContext_CostRow_agentName(ctx, field)
 	case "roomId":
 		return ec.fieldContext_CostRow_roomId(ctx, field)
 	case "model":
@@ -1450,6 +1494,52 @@ func (ec *executionContext) fieldContext_CostRow_ownerId(_ context.Context, fiel
 	return graphql.NewScalarFieldContext("CostRow", field, false, false, "ID")
 }
 
+func (ec *executionContext) _CostRow_ownerHandle(ctx context.Context, field graphql.CollectedField, obj *model.CostRow) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_CostRow_ownerHandle(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.OwnerHandle, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_CostRow_ownerHandle(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("CostRow", field, false, false, "String")
+}
+
+func (ec *executionContext) _CostRow_ownerName(ctx context.Context, field graphql.CollectedField, obj *model.CostRow) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_CostRow_ownerName(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.OwnerName, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_CostRow_ownerName(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("CostRow", field, false, false, "String")
+}
+
 func (ec *executionContext) _CostRow_agentId(ctx context.Context, field graphql.CollectedField, obj *model.CostRow) (ret graphql.Marshaler) {
 	return graphql.ResolveField(
 		ctx,
@@ -1471,6 +1561,52 @@ func (ec *executionContext) _CostRow_agentId(ctx context.Context, field graphql.
 }
 func (ec *executionContext) fieldContext_CostRow_agentId(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
 	return graphql.NewScalarFieldContext("CostRow", field, false, false, "ID")
+}
+
+func (ec *executionContext) _CostRow_agentHandle(ctx context.Context, field graphql.CollectedField, obj *model.CostRow) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_CostRow_agentHandle(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.AgentHandle, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_CostRow_agentHandle(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("CostRow", field, false, false, "String")
+}
+
+func (ec *executionContext) _CostRow_agentName(ctx context.Context, field graphql.CollectedField, obj *model.CostRow) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_CostRow_agentName(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.AgentName, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_CostRow_agentName(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("CostRow", field, false, false, "String")
 }
 
 func (ec *executionContext) _CostRow_roomId(ctx context.Context, field graphql.CollectedField, obj *model.CostRow) (ret graphql.Marshaler) {
@@ -3194,8 +3330,28 @@ func (ec *executionContext) _CostRow(ctx context.Context, sel ast.SelectionSet, 
 			if out.Values[i] == graphql.RequiredNull {
 				out.Invalids++
 			}
+		case "ownerHandle":
+			out.Values[i] = ec._CostRow_ownerHandle(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "ownerName":
+			out.Values[i] = ec._CostRow_ownerName(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
 		case "agentId":
 			out.Values[i] = ec._CostRow_agentId(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "agentHandle":
+			out.Values[i] = ec._CostRow_agentHandle(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "agentName":
+			out.Values[i] = ec._CostRow_agentName(ctx, field, obj)
 			if out.Values[i] == graphql.RequiredNull {
 				out.Invalids++
 			}

@@ -45,13 +45,21 @@ type AuditPage struct {
 // Usage and cost of one group. Only the fields of the requested dimensions are set;
 // currency is always a key, amounts in different currencies are never added.
 type CostRow struct {
-	OwnerID *string    `json:"ownerId,omitempty"`
-	AgentID *string    `json:"agentId,omitempty"`
-	RoomID  *string    `json:"roomId,omitempty"`
-	Model   *string    `json:"model,omitempty"`
-	Hour    *time.Time `json:"hour,omitempty"`
-	Day     *time.Time `json:"day,omitempty"`
-	Events  int64      `json:"events"`
+	OwnerID *string `json:"ownerId,omitempty"`
+	// The owner's @handle, when the organization's directory knows the owner.
+	OwnerHandle *string `json:"ownerHandle,omitempty"`
+	// The owner's display name, likewise.
+	OwnerName *string `json:"ownerName,omitempty"`
+	AgentID   *string `json:"agentId,omitempty"`
+	// The agent's @handle, when the organization's directory knows the agent.
+	AgentHandle *string `json:"agentHandle,omitempty"`
+	// The agent's display name, likewise.
+	AgentName *string    `json:"agentName,omitempty"`
+	RoomID    *string    `json:"roomId,omitempty"`
+	Model     *string    `json:"model,omitempty"`
+	Hour      *time.Time `json:"hour,omitempty"`
+	Day       *time.Time `json:"day,omitempty"`
+	Events    int64      `json:"events"`
 	// Usage events without a price (unknown model); their tokens count, their cost is 0.
 	UnpricedEvents   int64 `json:"unpricedEvents"`
 	InputTokens      int64 `json:"inputTokens"`
