@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/bandplane/bandplane/policy/keys"
+	"github.com/bandplane/bandplane/query"
 )
 
 // Every field is authorized with the request's API key (README, "Keys and roles"): the
@@ -28,15 +29,31 @@ var (
 	ErrTooMany = errors.New("too many requests")
 )
 
-// begin starts a field that reads orgID's data from ClickHouse: it checks the request's
-// key (authorize) and takes one of the key's query slots (Limits.MaxConcurrentPerKey),
-// which the caller gives back with the returned func once the read is done.
-func (r *Resolver) begin(ctx context.Context, orgID string, roles []keys.Role) (func(), error) {
-	k, err := r.authorize(ctx, orgID, roles)
-	if err != nil {
-		return nil, err
+// begin starts a field that reads an organization's data from ClickHouse: the key's
+// own organization, which orgID (the field's argument, nil when not given) may only
+// repeat; a platform key must name one. It checks the key (authorize), takes one of its
+// query slots (Limits.MaxConcurrentPerKey), and returns the organization and the func
+// that gives the slot back once the read is done.
+func (r *Resolver) begin(ctx context.Context, orgID *string, roles []keys.Role) (string, func(), error) {
+	org := ""
+	if orgID != nil {
+		org = *orgID
 	}
-	return r.slots.acquire(k.ID)
+	if org == "" {
+		k, ok := r.auth.Lookup(ctx, tokenFrom(ctx))
+		switch {
+		case ok && k.Platform():
+			return "", nil, &query.FieldError{Field: "orgId", Msg: "required with a platform key (organization '*'): name the organization to read"}
+		case ok:
+			org = k.Org
+		}
+	}
+	k, err := r.authorize(ctx, org, roles)
+	if err != nil {
+		return "", nil, err
+	}
+	done, err := r.slots.acquire(k.ID)
+	return org, done, err
 }
 
 // authorize checks the request's key against a field that reads orgID's data.

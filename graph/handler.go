@@ -117,14 +117,14 @@ func NewHandler(q Querier, auth keys.Authenticator, opts ...Option) http.Handler
 	// A field's cost is what it can return: an audit page costs its selection once per
 	// event it may hold, so limit: 10000 counts 10,000 times and aliases cannot multiply
 	// pages past MaxComplexity.
-	gc.Complexity.Query.AuditEvents = func(child int, _ string, _, _ *time.Time, _, _ *string, _ []string, limit *int, _ *string) int {
+	gc.Complexity.Query.AuditEvents = func(child int, _ *string, _, _ *time.Time, _, _ *string, _ []string, limit *int, _ *string) int {
 		n := query.DefaultAuditLimit
 		if limit != nil && *limit > 0 {
 			n = min(*limit, query.MaxAuditLimit)
 		}
 		return 1 + child*n
 	}
-	gc.Complexity.Query.Costs = func(child int, _ string, _, _ time.Time, _ []model.CostDimension) int {
+	gc.Complexity.Query.Costs = func(child int, _ *string, _, _ time.Time, _ []model.CostDimension) int {
 		return 1 + child*query.DefaultCostLimit
 	}
 	es := generated.NewExecutableSchema(gc)

@@ -208,3 +208,44 @@ func TestClientCancelIsNotAnError(t *testing.T) {
 	assert.NotContains(t, logs.String(), "level=ERROR")
 	assert.Contains(t, logs.String(), "field cancelled by the client")
 }
+
+// TestOrgIDDefaultsToTheKeys: a field reads the key's own organization; orgId may only
+// repeat it, and a platform key must name one.
+func TestOrgIDDefaultsToTheKeys(t *testing.T) {
+	fq := &fakeQuerier{}
+	h := graph.NewHandler(fq, testKeys)
+	costs := func(org string) string {
+		arg := ""
+		if org != "" {
+			arg = fmt.Sprintf("orgId: %q, ", org)
+		}
+		return gqlBody(fmt.Sprintf(`{ costs(%sfrom: "2025-03-01T00:00:00Z", to: "2025-03-02T00:00:00Z") { cost } }`, arg))
+	}
+	_, errs := post(t, h, costs(""), bearerOf("tok-a-viewer"))
+	assert.Empty(t, errs)
+	assert.Equal(t, "org-a", fq.gotCost.OrgID, "the key's organization")
+
+	_, errs = post(t, h, costs("org-a"), bearerOf("tok-a-viewer"))
+	assert.Empty(t, errs, "repeating it is fine")
+
+	_, errs = post(t, h, costs("org-b"), bearerOf("tok-a-viewer"))
+	require.Len(t, errs, 1)
+	assert.Equal(t, "FORBIDDEN", errs[0].Extensions["code"])
+
+	_, errs = post(t, h, costs(""), bearerOf("tok-admin"))
+	require.Len(t, errs, 1)
+	assert.Equal(t, "BAD_USER_INPUT", errs[0].Extensions["code"])
+	assert.Equal(t, "orgId: required with a platform key (organization '*'): name the organization to read", errs[0].Message)
+
+	_, errs = post(t, h, costs("org-b"), bearerOf("tok-admin"))
+	assert.Empty(t, errs)
+	assert.Equal(t, "org-b", fq.gotCost.OrgID)
+
+	_, errs = post(t, h, costs(""), nil)
+	require.Len(t, errs, 1)
+	assert.Equal(t, "UNAUTHENTICATED", errs[0].Extensions["code"])
+
+	_, errs = post(t, h, gqlBody(`{ auditEvents { nextCursor } }`), bearerOf("tok-b-compliance"))
+	assert.Empty(t, errs)
+	assert.Equal(t, "org-b", fq.gotAudit.OrgID)
+}

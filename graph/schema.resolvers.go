@@ -15,13 +15,13 @@ import (
 )
 
 // Costs is the resolver for the costs field.
-func (r *queryResolver) Costs(ctx context.Context, orgID string, from time.Time, to time.Time, groupBy []model.CostDimension) ([]model.CostRow, error) {
-	done, err := r.begin(ctx, orgID, readers)
+func (r *queryResolver) Costs(ctx context.Context, orgID *string, from time.Time, to time.Time, groupBy []model.CostDimension) ([]model.CostRow, error) {
+	org, done, err := r.begin(ctx, orgID, readers)
 	if err != nil {
 		return nil, r.fail(ctx, err)
 	}
 	defer done()
-	q := query.CostQuery{OrgID: orgID, From: from, To: to}
+	q := query.CostQuery{OrgID: org, From: from, To: to}
 	for _, d := range groupBy {
 		q.GroupBy = append(q.GroupBy, dimensions[d])
 	}
@@ -33,7 +33,7 @@ func (r *queryResolver) Costs(ctx context.Context, orgID string, from time.Time,
 	for _, row := range rows {
 		ids = append(ids, row.OwnerID, row.AgentID)
 	}
-	names, err := r.q.Names(ctx, orgID, ids)
+	names, err := r.q.Names(ctx, org, ids)
 	if err != nil {
 		return nil, r.fail(ctx, err)
 	}
@@ -45,14 +45,14 @@ func (r *queryResolver) Costs(ctx context.Context, orgID string, from time.Time,
 }
 
 // AuditEvents is the resolver for the auditEvents field.
-func (r *queryResolver) AuditEvents(ctx context.Context, orgID string, from *time.Time, to *time.Time, roomID *string, actorID *string, types []string, limit *int, before *string) (*model.AuditPage, error) {
-	done, err := r.begin(ctx, orgID, auditors)
+func (r *queryResolver) AuditEvents(ctx context.Context, orgID *string, from *time.Time, to *time.Time, roomID *string, actorID *string, types []string, limit *int, before *string) (*model.AuditPage, error) {
+	org, done, err := r.begin(ctx, orgID, auditors)
 	if err != nil {
 		return nil, r.fail(ctx, err)
 	}
 	defer done()
 	page, err := r.q.AuditEvents(ctx, query.AuditQuery{
-		OrgID: orgID, From: deref(from), To: deref(to), RoomID: deref(roomID), ActorID: deref(actorID),
+		OrgID: org, From: deref(from), To: deref(to), RoomID: deref(roomID), ActorID: deref(actorID),
 		Types: types, Limit: deref(limit), Before: deref(before),
 	})
 	if err != nil {

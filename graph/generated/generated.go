@@ -85,8 +85,8 @@ type ComplexityRoot struct {
 	}
 
 	Query struct {
-		AuditEvents func(childComplexity int, orgID string, from *time.Time, to *time.Time, roomID *string, actorID *string, types []string, limit *int, before *string) int
-		Costs       func(childComplexity int, orgID string, from time.Time, to time.Time, groupBy []model.CostDimension) int
+		AuditEvents func(childComplexity int, orgID *string, from *time.Time, to *time.Time, roomID *string, actorID *string, types []string, limit *int, before *string) int
+		Costs       func(childComplexity int, orgID *string, from time.Time, to time.Time, groupBy []model.CostDimension) int
 	}
 }
 
@@ -95,8 +95,8 @@ type ComplexityRoot struct {
 // region    ************************** generated!.gotpl **************************
 
 type QueryResolver interface {
-	Costs(ctx context.Context, orgID string, from time.Time, to time.Time, groupBy []model.CostDimension) ([]model.CostRow, error)
-	AuditEvents(ctx context.Context, orgID string, from *time.Time, to *time.Time, roomID *string, actorID *string, types []string, limit *int, before *string) (*model.AuditPage, error)
+	Costs(ctx context.Context, orgID *string, from time.Time, to time.Time, groupBy []model.CostDimension) ([]model.CostRow, error)
+	AuditEvents(ctx context.Context, orgID *string, from *time.Time, to *time.Time, roomID *string, actorID *string, types []string, limit *int, before *string) (*model.AuditPage, error)
 }
 
 // endregion ************************** generated!.gotpl **************************
@@ -370,7 +370,7 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 			return 0, false
 		}
 
-		return e.ComplexityRoot.Query.AuditEvents(childComplexity, args["orgId"].(string), args["from"].(*time.Time), args["to"].(*time.Time), args["roomId"].(*string), args["actorId"].(*string), args["types"].([]string), args["limit"].(*int), args["before"].(*string)), true
+		return e.ComplexityRoot.Query.AuditEvents(childComplexity, args["orgId"].(*string), args["from"].(*time.Time), args["to"].(*time.Time), args["roomId"].(*string), args["actorId"].(*string), args["types"].([]string), args["limit"].(*int), args["before"].(*string)), true
 	case "Query.costs":
 		if e.ComplexityRoot.Query.Costs == nil {
 			break
@@ -381,7 +381,7 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 			return 0, false
 		}
 
-		return e.ComplexityRoot.Query.Costs(childComplexity, args["orgId"].(string), args["from"].(time.Time), args["to"].(time.Time), args["groupBy"].([]model.CostDimension)), true
+		return e.ComplexityRoot.Query.Costs(childComplexity, args["orgId"].(*string), args["from"].(time.Time), args["to"].(time.Time), args["groupBy"].([]model.CostDimension)), true
 
 	}
 	return 0, false
@@ -453,7 +453,8 @@ func newExecutionContext(
 
 var sources = []*ast.Source{
 	{Name: "../schema.graphqls", Input: `# bandplane's GraphQL API: cost attribution and the compliance audit trail of one
-# organization. Every field is scoped by orgId and checked by the server's Authorizer.
+# organization. Every field reads the organization of the request's API key; orgId may
+# only repeat it, except for a platform key (org '*'), which must name one.
 # Subscriptions (live work status) come in a later issue.
 
 "An RFC 3339 timestamp, UTC, millisecond precision for events."
@@ -544,14 +545,14 @@ type Query {
   grouped by the given dimensions (none: one row per currency), most expensive first
   within each hour or day.
   """
-  costs(orgId: ID!, from: Time!, to: Time!, groupBy: [CostDimension!]): [CostRow!]!
+  costs(orgId: ID, from: Time!, to: Time!, groupBy: [CostDimension!]): [CostRow!]!
 
   """
   The audit trail of an organization, newest first, over [from, to). limit defaults
   to 100, at most 10000.
   """
   auditEvents(
-    orgId: ID!
+    orgId: ID
     from: Time
     to: Time
     roomId: ID
@@ -801,8 +802,8 @@ func (ec *executionContext) field_Query_auditEvents_args(ctx context.Context, ra
 	var err error
 	args := map[string]any{}
 	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "orgId",
-		func(ctx context.Context, v any) (string, error) {
-			return ec.unmarshalNID2string(ctx, v)
+		func(ctx context.Context, v any) (*string, error) {
+			return ec.unmarshalOID2ᚖstring(ctx, v)
 		})
 	if err != nil {
 		return nil, err
@@ -871,8 +872,8 @@ func (ec *executionContext) field_Query_costs_args(ctx context.Context, rawArgs 
 	var err error
 	args := map[string]any{}
 	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "orgId",
-		func(ctx context.Context, v any) (string, error) {
-			return ec.unmarshalNID2string(ctx, v)
+		func(ctx context.Context, v any) (*string, error) {
+			return ec.unmarshalOID2ᚖstring(ctx, v)
 		})
 	if err != nil {
 		return nil, err
@@ -1918,7 +1919,7 @@ func (ec *executionContext) _Query_costs(ctx context.Context, field graphql.Coll
 		},
 		func(ctx context.Context) (any, error) {
 			fc := graphql.GetFieldContext(ctx)
-			return ec.Resolvers.Query().Costs(ctx, fc.Args["orgId"].(string), fc.Args["from"].(time.Time), fc.Args["to"].(time.Time), fc.Args["groupBy"].([]model.CostDimension))
+			return ec.Resolvers.Query().Costs(ctx, fc.Args["orgId"].(*string), fc.Args["from"].(time.Time), fc.Args["to"].(time.Time), fc.Args["groupBy"].([]model.CostDimension))
 		},
 		nil,
 		func(ctx context.Context, selections ast.SelectionSet, v []model.CostRow) graphql.Marshaler {
@@ -1962,7 +1963,7 @@ func (ec *executionContext) _Query_auditEvents(ctx context.Context, field graphq
 		},
 		func(ctx context.Context) (any, error) {
 			fc := graphql.GetFieldContext(ctx)
-			return ec.Resolvers.Query().AuditEvents(ctx, fc.Args["orgId"].(string), fc.Args["from"].(*time.Time), fc.Args["to"].(*time.Time), fc.Args["roomId"].(*string), fc.Args["actorId"].(*string), fc.Args["types"].([]string), fc.Args["limit"].(*int), fc.Args["before"].(*string))
+			return ec.Resolvers.Query().AuditEvents(ctx, fc.Args["orgId"].(*string), fc.Args["from"].(*time.Time), fc.Args["to"].(*time.Time), fc.Args["roomId"].(*string), fc.Args["actorId"].(*string), fc.Args["types"].([]string), fc.Args["limit"].(*int), fc.Args["before"].(*string))
 		},
 		nil,
 		func(ctx context.Context, selections ast.SelectionSet, v *model.AuditPage) graphql.Marshaler {
