@@ -29,50 +29,35 @@ var (
 	ErrTooMany = errors.New("too many requests")
 )
 
-// begin starts a field that reads an organization's data from ClickHouse: the key's
-// own organization, which orgID (the field's argument, nil when not given) may only
-// repeat; a platform key must name one. It checks the key (authorize), takes one of its
-// query slots (Limits.MaxConcurrentPerKey), and returns the organization and the func
+// begin starts a field that reads an organization's data from ClickHouse. It checks
+// the request's key (one lookup): the key must exist and have one of roles, and the
+// organization read is the key's own, which orgID (the field's argument, nil when not
+// given) may only repeat; a platform key must name one. It then takes one of the key's
+// query slots (Limits.MaxConcurrentPerKey) and returns the organization and the func
 // that gives the slot back once the read is done.
 func (r *Resolver) begin(ctx context.Context, orgID *string, roles []keys.Role) (string, func(), error) {
-	org := ""
-	if orgID != nil {
-		org = *orgID
-	}
-	if org == "" {
-		k, ok := r.auth.Lookup(ctx, tokenFrom(ctx))
-		switch {
-		case ok && k.Platform():
-			return "", nil, &query.FieldError{Field: "orgId", Msg: "required with a platform key (organization '*'): name the organization to read"}
-		case ok:
-			org = k.Org
-		}
-	}
-	k, err := r.authorize(ctx, org, roles)
-	if err != nil {
-		return "", nil, err
-	}
-	done, err := r.slots.acquire(k.ID)
-	return org, done, err
-}
-
-// authorize checks the request's key against a field that reads orgID's data.
-func (r *Resolver) authorize(ctx context.Context, orgID string, roles []keys.Role) (keys.Key, error) {
 	token := tokenFrom(ctx)
 	if token == "" {
-		return keys.Key{}, fmt.Errorf("no API key: send Authorization: Bearer <key> (over WebSocket: in the init payload): %w", ErrUnauthenticated)
+		return "", nil, fmt.Errorf("no API key: send Authorization: Bearer <key> (over WebSocket: in the init payload): %w", ErrUnauthenticated)
 	}
 	k, ok := r.auth.Lookup(ctx, token)
 	if !ok {
-		return keys.Key{}, fmt.Errorf("unknown or revoked API key: %w", ErrUnauthenticated)
+		return "", nil, fmt.Errorf("unknown or revoked API key: %w", ErrUnauthenticated)
 	}
 	if !k.Has(roles...) {
-		return keys.Key{}, fmt.Errorf("key %s has role %s; this field needs one of %s: %w", k.ID, k.Role, roleList(roles), ErrForbidden)
+		return "", nil, fmt.Errorf("key %s has role %s; this field needs one of %s: %w", k.ID, k.Role, roleList(roles), ErrForbidden)
 	}
-	if !k.MayActOn(orgID) {
-		return keys.Key{}, fmt.Errorf("key %s of organization %q may not read organization %q: %w", k.ID, k.Org, orgID, ErrForbidden)
+	org := k.Org
+	if orgID != nil && *orgID != "" {
+		org = *orgID
+	} else if k.Platform() {
+		return "", nil, &query.FieldError{Field: "orgId", Msg: "required with a platform key (organization '*'): name the organization to read"}
 	}
-	return k, nil
+	if !k.MayActOn(org) {
+		return "", nil, fmt.Errorf("key %s of organization %q may not read organization %q: %w", k.ID, k.Org, org, ErrForbidden)
+	}
+	done, err := r.slots.acquire(k.ID)
+	return org, done, err
 }
 
 func roleList(roles []keys.Role) string {

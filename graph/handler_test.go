@@ -84,6 +84,7 @@ var testKeys = fakeKeys{
 	"tok-a-viewer":     {ID: "k-a-view", Org: "org-a", Role: keys.RoleViewer},
 	"tok-b-compliance": {ID: "k-b-comp", Org: "org-b", Role: keys.RoleCompliance},
 	"tok-a-ingest":     {ID: "k-a-ingest", Org: "org-a", Role: keys.RoleIngest},
+	"tok-router":       {ID: "k-router", Org: keys.PlatformOrg, Role: keys.RoleRouter},
 }
 
 // newHandler is the API with the test keys, sending the platform admin's key when a

@@ -245,6 +245,14 @@ func TestOrgIDDefaultsToTheKeys(t *testing.T) {
 	require.Len(t, errs, 1)
 	assert.Equal(t, "UNAUTHENTICATED", errs[0].Extensions["code"])
 
+	// The key's role is checked before its arguments: a platform key of the wrong role
+	// is FORBIDDEN, with or without orgId.
+	for _, org := range []string{"", "org-a"} {
+		_, errs = post(t, h, costs(org), bearerOf("tok-router"))
+		require.Len(t, errs, 1)
+		assert.Equal(t, "FORBIDDEN", errs[0].Extensions["code"], org)
+	}
+
 	_, errs = post(t, h, gqlBody(`{ auditEvents { nextCursor } }`), bearerOf("tok-b-compliance"))
 	assert.Empty(t, errs)
 	assert.Equal(t, "org-b", fq.gotAudit.OrgID)
