@@ -289,6 +289,16 @@ func newPending(size int) *pending {
 		written: make(chan struct{})}
 }
 
+// done says whether the writer is done with p.
+func (p *pending) done() bool {
+	select {
+	case <-p.written:
+		return true
+	default:
+		return false
+	}
+}
+
 // overlaps says whether an event of p has the replacing key of one of q's rows (or,
 // for p's late-attributed events, their key without organization, as checkStored
 // looks them up). q's rows are only read: the writer stamps the batch, not its rows.
@@ -354,7 +364,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		defer close(checked)
 		var writing *pending // the batch handed to the writer last
 		for p := range flushes {
-			if writing != nil && p.overlaps(writing) {
+			if writing != nil && !writing.done() && p.overlaps(writing) {
 				<-writing.written
 			}
 			writing = nil
@@ -801,9 +811,9 @@ var errStopped = errors.New("stopped before the write succeeded")
 
 // A batch is flushed in two steps (Run runs them for consecutive batches at once):
 // check looks up which of its events are stored already (replays are not written
-// again, reused ids are dead-lettered); store produces the dead letters to their topic, writes the batch
-// to ClickHouse, splitting it until the records ClickHouse refuses are isolated and
-// dead-lettered, and commits. Transient failures are retried with back-off until they
+// again, reused ids are dead-lettered); store produces the dead letters to their
+// topic, writes the batch to ClickHouse, splitting it until the records ClickHouse
+// refuses are isolated and dead-lettered, and commits. Transient failures are retried with back-off until they
 // succeed or ctx ends (shutdown timeout); the step then returns false, nothing is
 // committed and the records are redelivered.
 func (c *Consumer) check(ctx context.Context, p *pending) bool {
@@ -854,9 +864,10 @@ func (c *Consumer) store(ctx context.Context, p *pending) bool {
 	c.stored.Add(float64(len(p.msgs) - deadLetters - p.replays))
 	c.m.Batches.Inc()
 	c.m.BatchRows.Observe(float64(len(p.msgs)))
-	c.m.FlushSeconds.Observe((p.lookup + time.Since(start)).Seconds())
+	flushed := p.lookup + time.Since(start) // the two steps' time, not the wall time: they overlap
+	c.m.FlushSeconds.Observe(flushed.Seconds())
 	c.log.Debug("batch flushed", "records", len(p.msgs), "events", len(p.batch.Events), "dead_letters", deadLetters,
-		"replays", p.replays, "usage", len(p.batch.Usage), "age_ms", time.Since(p.first).Milliseconds(), "flush_ms", (p.lookup + time.Since(start)).Milliseconds(),
+		"replays", p.replays, "usage", len(p.batch.Usage), "age_ms", time.Since(p.first).Milliseconds(), "flush_ms", flushed.Milliseconds(),
 		"lookup_ms", p.lookup.Milliseconds(), "insert_ms", insertDur.Milliseconds())
 	if c.cfg.AfterFlush != nil && (len(p.batch.Usage) > 0 || len(p.repriceAgents) > 0) {
 		c.cfg.AfterFlush(usageHours(p.batch.Usage), p.repriceAgents)
