@@ -45,8 +45,9 @@ type Limits struct {
 	// InitTimeout is how long a WebSocket may take to send its init message (default
 	// 10 s).
 	InitTimeout time.Duration
-	// QueryTimeout bounds one query or mutation (default 10 s); its deadline reaches
-	// ClickHouse as max_execution_time, and a query over it answers code TIMEOUT.
+	// QueryTimeout bounds one query or mutation (default 10 s); clickhouse-go passes its
+	// deadline on to ClickHouse (max_execution_time, and a cancel when it passes), and a
+	// query over it answers code TIMEOUT.
 	QueryTimeout time.Duration
 	// MaxConcurrentPerKey bounds the ClickHouse reads one API key runs at once (default
 	// 4), counted per field (aliases and parallel fields each take one); a field over it
