@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -368,4 +369,28 @@ func NewReader(cfg ReaderConfig) (*kafkago.Reader, error) {
 		ReadBackoffMin:        50 * time.Millisecond,
 		ReadBackoffMax:        1 * time.Second,
 	}), nil
+}
+
+// Partitions lists the partition ids of topic.
+func Partitions(ctx context.Context, brokers []string, topic string) ([]int, error) {
+	c := &kafkago.Client{Addr: kafkago.TCP(brokers...), Timeout: 15 * time.Second}
+	md, err := c.Metadata(ctx, &kafkago.MetadataRequest{Topics: []string{topic}})
+	if err != nil {
+		return nil, fmt.Errorf("cannot read the metadata of topic %s on %s: %w", topic, strings.Join(brokers, ","), err)
+	}
+	for _, t := range md.Topics {
+		if t.Name != topic {
+			continue
+		}
+		if t.Error != nil {
+			return nil, fmt.Errorf("topic %s: %w", topic, t.Error)
+		}
+		ids := make([]int, len(t.Partitions))
+		for i, p := range t.Partitions {
+			ids[i] = p.ID
+		}
+		slices.Sort(ids)
+		return ids, nil
+	}
+	return nil, fmt.Errorf("topic %s does not exist", topic)
 }

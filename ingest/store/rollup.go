@@ -48,13 +48,16 @@ func (s *Store) RefreshRollup(ctx context.Context, keys []HourKey) error {
 	return nil
 }
 
-const rollupCols = "hour, org_id, owner_id, agent_id, room_id, model, events, unpriced_events, input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, reasoning_tokens, cost, currency, version"
+const rollupCols = "hour, org_id, owner_id, agent_id, room_id, model, events, unpriced_events, input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, reasoning_tokens," +
+	" unpriced_input_tokens, unpriced_output_tokens, unpriced_cache_read_tokens, unpriced_cache_write_tokens, unpriced_reasoning_tokens, cost, currency, version"
 
 type rollupRow struct {
 	key                                  rollupKey
 	events, unpriced, in, out, cr, cw, r uint64
-	cost                                 decimal.Decimal
-	currency                             string
+	// The tokens of the unpriced events (kept apart: their cost is unknown, not 0).
+	uin, uout, ucr, ucw, ur uint64
+	cost                    decimal.Decimal
+	currency                string
 }
 
 // refreshOrg rebuilds the given hours of one organization (sorted), reading one day
@@ -89,7 +92,9 @@ func (s *Store) rebuildHours(ctx context.Context, org string, hours []time.Time)
 	from, to := hours[0], hours[len(hours)-1].Add(time.Hour)
 	rows, err := s.conn.Query(ctx, `SELECT toStartOfHour(time) AS h, owner_id, agent_id, room_id, model,
 		count(), countIf(priced = 0), sum(input_tokens), sum(output_tokens), sum(cache_read_tokens),
-		sum(cache_write_tokens), sum(reasoning_tokens), sum(cost), any(currency)
+		sum(cache_write_tokens), sum(reasoning_tokens),
+		sumIf(input_tokens, priced = 0), sumIf(output_tokens, priced = 0), sumIf(cache_read_tokens, priced = 0),
+		sumIf(cache_write_tokens, priced = 0), sumIf(reasoning_tokens, priced = 0), sum(cost), any(currency)
 		FROM `+s.db+`.usage FINAL
 		WHERE org_id = ? AND time >= ? AND time < ?
 		GROUP BY h, owner_id, agent_id, room_id, model`, org, from, to)
@@ -101,7 +106,7 @@ func (s *Store) rebuildHours(ctx context.Context, org string, hours []time.Time)
 	for rows.Next() {
 		var r rollupRow
 		if err := rows.Scan(&r.key.hour, &r.key.owner, &r.key.agent, &r.key.room, &r.key.model,
-			&r.events, &r.unpriced, &r.in, &r.out, &r.cr, &r.cw, &r.r, &r.cost, &r.currency); err != nil {
+			&r.events, &r.unpriced, &r.in, &r.out, &r.cr, &r.cw, &r.r, &r.uin, &r.uout, &r.ucr, &r.ucw, &r.ur, &r.cost, &r.currency); err != nil {
 			rows.Close()
 			return nil, fmt.Errorf("cannot read usage aggregate for org %q: %w", org, err)
 		}
@@ -140,7 +145,7 @@ func (s *Store) sendRollup(ctx context.Context, org string, rows []rollupRow, ve
 	return s.send(ctx, "usage_hourly", rollupCols, len(rows), func(i int) uint32 { return MonthPartition(rows[i].key.hour) }, func(b driver.Batch, i int) error {
 		r := &rows[i]
 		return b.Append(r.key.hour, org, r.key.owner, r.key.agent, r.key.room, r.key.model,
-			r.events, r.unpriced, r.in, r.out, r.cr, r.cw, r.r, r.cost, r.currency, version)
+			r.events, r.unpriced, r.in, r.out, r.cr, r.cw, r.r, r.uin, r.uout, r.ucr, r.ucw, r.ur, r.cost, r.currency, version)
 	})
 }
 

@@ -86,14 +86,17 @@ type Store struct {
 
 func New(conn driver.Conn, db string) *Store { return &Store{conn: conn, db: db} }
 
-// BatchInsert writes every table of the batch and returns once ClickHouse has
-// acknowledged all of them. Tables are written one after another; if one fails the
+// BatchInsert writes every table of the batch, the work-status tables derived from its
+// events included (WorkOf), and returns once ClickHouse has acknowledged all of them. Tables are written one after another; if one fails the
 // caller retries the whole batch, which the replacing tables make harmless.
 func (s *Store) BatchInsert(ctx context.Context, b *Batch) error {
 	if err := s.insertDirectory(ctx, b.Directory); err != nil {
 		return err
 	}
 	if err := s.insertEvents(ctx, b.Events, b.IngestedAt); err != nil {
+		return err
+	}
+	if err := s.insertWork(ctx, WorkOf(b.Events)); err != nil {
 		return err
 	}
 	if err := s.InsertUsage(ctx, b.Usage); err != nil {

@@ -1,0 +1,171 @@
+package ingest
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+	"time"
+
+	kafkago "github.com/segmentio/kafka-go"
+
+	"github.com/bandplane/bandplane/ingest/kafka"
+	"github.com/bandplane/bandplane/schema"
+)
+
+// Live reads the event topic from its newest offset, in every partition, outside any
+// consumer group: each serve process sees every event once it is produced, whichever
+// process ingests it. Records are decoded and enriched as ingest does (the directory
+// is its own, loaded from ClickHouse at start and kept by the directory events it
+// reads) and handed to Publish in partition order. Nothing is stored or committed: a
+// live reader that restarts starts at the newest offset again.
+type Live struct {
+	cfg LiveConfig
+	log *slog.Logger
+}
+
+// LiveConfig configures a Live reader.
+type LiveConfig struct {
+	Brokers   []string
+	Topic     string
+	Directory *Directory
+	// Publish receives each event, its organization resolved when the directory can.
+	// It is called from one goroutine per partition and must not block for long.
+	Publish func(ev *schema.Event)
+	Logger  *slog.Logger
+	// Retry is the wait before reading a partition again after an error (default 1 s).
+	Retry time.Duration
+}
+
+// NewLive checks cfg.
+func NewLive(cfg LiveConfig) (*Live, error) {
+	var errs []error
+	if len(cfg.Brokers) == 0 {
+		errs = append(errs, errors.New("live reader: no kafka brokers"))
+	}
+	if cfg.Topic == "" {
+		errs = append(errs, errors.New("live reader: no topic"))
+	}
+	if cfg.Directory == nil || cfg.Publish == nil {
+		errs = append(errs, errors.New("live reader: a directory and a publish func are required"))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	if cfg.Retry <= 0 {
+		cfg.Retry = time.Second
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Live{cfg: cfg, log: log.With("component", "live")}, nil
+}
+
+// Run reads until ctx ends. ready is closed once every partition's reader is
+// positioned at its newest offset (events produced after that are seen).
+func (l *Live) Run(ctx context.Context, ready chan<- struct{}) error {
+	parts, err := l.partitions(ctx)
+	if err != nil {
+		return err
+	}
+	var wg sync.WaitGroup
+	var positioned sync.WaitGroup
+	positioned.Add(len(parts))
+	for _, p := range parts {
+		wg.Go(func() { l.readPartition(ctx, p, positioned.Done) })
+	}
+	go func() {
+		positioned.Wait()
+		close(ready)
+	}()
+	wg.Wait()
+	return nil
+}
+
+func (l *Live) partitions(ctx context.Context) ([]int, error) {
+	for {
+		ps, err := kafka.Partitions(ctx, l.cfg.Brokers, l.cfg.Topic)
+		if err == nil {
+			return ps, nil
+		}
+		l.log.Warn("cannot list the topic's partitions; retrying", "topic", l.cfg.Topic, "err", err)
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(l.cfg.Retry):
+		}
+	}
+}
+
+// readPartition follows one partition from its newest offset; after an error it
+// carries on from the next offset it has not seen.
+func (l *Live) readPartition(ctx context.Context, partition int, positioned func()) {
+	var once sync.Once
+	defer once.Do(positioned)
+	next := kafkago.LastOffset
+	for ctx.Err() == nil {
+		r := kafkago.NewReader(kafkago.ReaderConfig{
+			Brokers: l.cfg.Brokers, Topic: l.cfg.Topic, Partition: partition,
+			MinBytes: 1, MaxBytes: kafka.ReaderFetchBytes, MaxWait: 100 * time.Millisecond,
+			ReadBackoffMin: 50 * time.Millisecond, ReadBackoffMax: time.Second,
+		})
+		if err := r.SetOffset(next); err != nil {
+			l.log.Warn("cannot position the live reader", "partition", partition, "err", err)
+		}
+		if next == kafkago.LastOffset {
+			// SetOffset(LastOffset) is resolved on the first fetch; resolve it now, so
+			// that "ready" means events produced from here on are seen.
+			if conn, err := kafkago.DialLeader(ctx, "tcp", l.cfg.Brokers[0], l.cfg.Topic, partition); err == nil {
+				if last, err := conn.ReadLastOffset(); err == nil {
+					next = last
+					_ = r.SetOffset(last)
+				}
+				_ = conn.Close()
+			}
+		}
+		once.Do(positioned)
+		for {
+			m, err := r.ReadMessage(ctx)
+			if err != nil {
+				if ctx.Err() == nil {
+					l.log.Warn("live reader error; reconnecting", "partition", partition, "err", err)
+				}
+				break
+			}
+			next = m.Offset + 1
+			l.handle(m)
+		}
+		_ = r.Close()
+		select {
+		case <-ctx.Done():
+		case <-time.After(l.cfg.Retry):
+		}
+	}
+}
+
+func (l *Live) handle(m kafkago.Message) {
+	ev, err := schema.DecodeAt(m.Value, m.Time)
+	if err != nil {
+		return // ingest dead-letters it; nothing to show live
+	}
+	if schema.IsDirectoryType(ev.Type) {
+		if _, err := l.cfg.Directory.Apply(&ev); err != nil {
+			return
+		}
+	}
+	Enrich(&ev, l.cfg.Directory)
+	l.cfg.Publish(&ev)
+}
+
+// Handle names a party of org for live payloads: its handle and whether it is a
+// person. An id of another organization is unknown here.
+func (d *Directory) Handle(org, id string) (handle string, person, ok bool) {
+	if a, found := d.Agent(id); found && a.OrgID == org {
+		return a.Handle, false, true
+	}
+	if p, found := d.Person(id); found && p.OrgID == org {
+		return p.Handle, true, true
+	}
+	return "", false, false
+}
