@@ -19,6 +19,10 @@ var (
 	readers = []keys.Role{keys.RoleViewer, keys.RoleManager, keys.RoleCompliance, keys.RoleAdmin}
 	// auditors may read the audit trail, message content included.
 	auditors = []keys.Role{keys.RoleCompliance, keys.RoleAdmin}
+	// managers may read who talks too much.
+	managers = []keys.Role{keys.RoleManager, keys.RoleAdmin}
+	// denialWatchers may follow denied decisions live.
+	denialWatchers = []keys.Role{keys.RoleManager, keys.RoleCompliance, keys.RoleAdmin}
 )
 
 // Errors of authorize; the API reports them as UNAUTHENTICATED and FORBIDDEN.
@@ -36,28 +40,38 @@ var (
 // query slots (Limits.MaxConcurrentPerKey) and returns the organization and the func
 // that gives the slot back once the read is done.
 func (r *Resolver) begin(ctx context.Context, orgID *string, roles []keys.Role) (string, func(), error) {
+	k, org, err := r.authorize(ctx, orgID, roles)
+	if err != nil {
+		return "", nil, err
+	}
+	done, err := r.slots.acquire(k.ID)
+	return org, done, err
+}
+
+// authorize checks the request's key for a field of roles reading orgID (see begin),
+// and returns the key and the organization read.
+func (r *Resolver) authorize(ctx context.Context, orgID *string, roles []keys.Role) (keys.Key, string, error) {
 	token := tokenFrom(ctx)
 	if token == "" {
-		return "", nil, fmt.Errorf("no API key: send Authorization: Bearer <key> (over WebSocket: in the init payload): %w", ErrUnauthenticated)
+		return keys.Key{}, "", fmt.Errorf("no API key: send Authorization: Bearer <key> (over WebSocket: in the init payload): %w", ErrUnauthenticated)
 	}
 	k, ok := r.auth.Lookup(ctx, token)
 	if !ok {
-		return "", nil, fmt.Errorf("unknown or revoked API key: %w", ErrUnauthenticated)
+		return keys.Key{}, "", fmt.Errorf("unknown or revoked API key: %w", ErrUnauthenticated)
 	}
 	if !k.Has(roles...) {
-		return "", nil, fmt.Errorf("key %s has role %s; this field needs one of %s: %w", k.ID, k.Role, roleList(roles), ErrForbidden)
+		return keys.Key{}, "", fmt.Errorf("key %s has role %s; this field needs one of %s: %w", k.ID, k.Role, roleList(roles), ErrForbidden)
 	}
 	org := k.Org
 	if orgID != nil && *orgID != "" {
 		org = *orgID
 	} else if k.Platform() {
-		return "", nil, &query.FieldError{Field: "orgId", Msg: "required with a platform key (organization '*'): name the organization to read"}
+		return keys.Key{}, "", &query.FieldError{Field: "orgId", Msg: "required with a platform key (organization '*'): name the organization to read"}
 	}
 	if !k.MayActOn(org) {
-		return "", nil, fmt.Errorf("key %s of organization %q may not read organization %q: %w", k.ID, k.Org, org, ErrForbidden)
+		return keys.Key{}, "", fmt.Errorf("key %s of organization %q may not read organization %q: %w", k.ID, k.Org, org, ErrForbidden)
 	}
-	done, err := r.slots.acquire(k.ID)
-	return org, done, err
+	return k, org, nil
 }
 
 func roleList(roles []keys.Role) string {

@@ -87,6 +87,20 @@ type config struct {
 	origins []string
 	hosts   []string
 	limits  Limits
+	hub     *Hub
+}
+
+// WithHub serves the subscriptions from hub (without one they answer UNAVAILABLE).
+func WithHub(h *Hub) Option { return func(c *config) { c.hub = h } }
+
+// perRow is the complexity of a list field: its selection once per row its limit
+// (or the default) lets it return.
+func perRow(child int, limit *int, def, max int) int {
+	n := def
+	if limit != nil && *limit > 0 {
+		n = min(*limit, max)
+	}
+	return 1 + child*n
 }
 
 // WithLogger sets the logger internal errors are logged to (default: discarded).
@@ -114,19 +128,35 @@ func NewHandler(q Querier, auth keys.Authenticator, opts ...Option) http.Handler
 	}
 	cfg.limits.defaults()
 	gc := generated.Config{Resolvers: &Resolver{q: q, auth: auth, log: cfg.log.With("component", "graph"),
-		timeout: cfg.limits.QueryTimeout, slots: newKeySlots(cfg.limits.MaxConcurrentPerKey)}}
+		timeout: cfg.limits.QueryTimeout, slots: newKeySlots(cfg.limits.MaxConcurrentPerKey), hub: cfg.hub}}
 	// A field's cost is what it can return: an audit page costs its selection once per
 	// event it may hold, so limit: 10000 counts 10,000 times and aliases cannot multiply
-	// pages past MaxComplexity.
-	gc.Complexity.Query.AuditEvents = func(child int, _ *string, _, _ *time.Time, _, _ *string, _ []string, limit *int, _ *string) int {
-		n := query.DefaultAuditLimit
-		if limit != nil && *limit > 0 {
-			n = min(*limit, query.MaxAuditLimit)
-		}
-		return 1 + child*n
+	// pages past MaxComplexity; every list field likewise (perRow). A workStatus answer
+	// counts its selection 10 times (its rooms are capped, their lists are small).
+	gc.Complexity.Query.AuditEvents = func(child int, _ *string, _, _ *time.Time, _, _, _ *string, _ []string, _ *model.DecisionOutcome, limit *int, _ *string) int {
+		return perRow(child, limit, query.DefaultAuditLimit, query.MaxAuditLimit)
 	}
-	gc.Complexity.Query.Costs = func(child int, _ *string, _, _ time.Time, _ []model.CostDimension) int {
-		return 1 + child*query.DefaultCostLimit
+	gc.Complexity.Query.Costs = func(child int, _ *string, _, _ time.Time, _ []model.CostDimension, _ *model.CostFilter, limit *int) int {
+		return perRow(child, limit, query.DefaultCostLimit, query.MaxCostLimit)
+	}
+	gc.Complexity.Query.UsageSeries = func(child int, _ *string, _, _ time.Time, _ model.SeriesInterval, _ *model.CostDimension, _ *model.CostFilter, limit *int) int {
+		return perRow(child, limit, query.DefaultSeriesLimit, query.MaxSeriesLimit)
+	}
+	gc.Complexity.Query.ChattyAgents = func(child int, _ *string, _, _ *time.Time, limit *int) int {
+		return perRow(child, limit, query.DefaultChattyLimit, query.MaxChattyLimit)
+	}
+	gc.Complexity.Query.ContactRequests = func(child int, _ *string, _, _ *time.Time, _, _ *string, limit *int) int {
+		return perRow(child, limit, query.DefaultContactLimit, query.MaxContactLimit)
+	}
+	gc.Complexity.Query.PolicyDecisions = func(child int, _ *string, _, _ *time.Time, _ *string, _ *model.DecisionOutcome, _ *string, limit *int, _ *string) int {
+		return perRow(child, limit, query.DefaultDecisionLimit, query.MaxDecisionLimit)
+	}
+	gc.Complexity.Query.WorkStatus = func(child int, _, _ *string) int { return 1 + child*10 }
+	gc.Complexity.Query.Agents = func(child int, _ *string, limit *int) int {
+		return perRow(child, limit, query.DefaultListLimit, query.MaxListLimit)
+	}
+	gc.Complexity.Query.Rooms = func(child int, _ *string, limit *int) int {
+		return perRow(child, limit, query.DefaultListLimit, query.MaxListLimit)
 	}
 	es := generated.NewExecutableSchema(gc)
 	srv := handler.New(es)

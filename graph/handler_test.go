@@ -50,14 +50,18 @@ func (f *fakeQuerier) Names(_ context.Context, orgID string, ids []string) (map[
 	return out, nil
 }
 
-func (f *fakeQuerier) Costs(_ context.Context, q query.CostQuery) ([]query.CostRow, error) {
+func (f *fakeQuerier) Costs(_ context.Context, q query.CostQuery) (query.CostReport, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.gotCost = q
 	if err := q.Validate(); err != nil {
-		return nil, err
+		return query.CostReport{}, err
 	}
-	return f.costs, f.err
+	rows := f.costs
+	if rows == nil {
+		rows = []query.CostRow{}
+	}
+	return query.CostReport{Rows: rows, Totals: []query.CostRow{}, Unpriced: []query.CostRow{}}, f.err
 }
 
 func (f *fakeQuerier) AuditEvents(_ context.Context, q query.AuditQuery) (query.AuditPage, error) {
@@ -105,38 +109,53 @@ var (
 )
 
 const costsQuery = `query($org: ID!, $from: Time!, $to: Time!) {
-  costs(orgId: $org, from: $from, to: $to, groupBy: [DAY, AGENT]) {
-    day agentId agentHandle agentName ownerId ownerHandle events unpricedEvents inputTokens outputTokens cost currency
+  costs(orgId: $org, from: $from, to: $to, groupBy: [DAY, AGENT, ROOM]) {
+    rows {
+      day agentId agentHandle agentName ownerId ownerHandle roomId roomName events pricedEvents unpricedEvents
+      tokens { input output total } unpricedTokens { input } cost currency
+    }
+    truncated
   }
 }`
 
 func TestCosts(t *testing.T) {
 	fq := &fakeQuerier{costs: []query.CostRow{{
-		Day: from, AgentID: "agent-1", Events: 3, UnpricedEvents: 1, InputTokens: 5_000_000_000, OutputTokens: 80,
-		Cost: decimal.RequireFromString("2.0012345"), Currency: "USD",
-	}, {Day: from, AgentID: "agent-unknown", Cost: decimal.Zero, Currency: "USD"}},
+		Day: from, AgentID: "agent-1", RoomID: "room-1", Events: 3, UnpricedEvents: 1, Tokens: query.Tokens{Input: 5_000_000_000, Output: 80},
+		UnpricedTokens: query.Tokens{Input: 7}, Cost: decimal.RequireFromString("2.0012345"), Currency: "USD",
+	}, {Day: from, AgentID: "agent-unknown", Events: 2, UnpricedEvents: 2, Cost: decimal.Zero, Currency: "USD"}},
 		names: map[string]query.Party{"agent-1": {Kind: "agent", Handle: "alice/architect", Name: "Architect"}}}
 	c := client.New(newHandler(fq))
-	var resp struct{ Costs []map[string]any }
+	var resp struct {
+		Costs struct {
+			Rows      []map[string]any
+			Truncated bool
+		}
+	}
 	c.MustPost(costsQuery, &resp, client.Var("org", "org-a"), client.Var("from", from.Format(time.RFC3339)),
 		client.Var("to", "2025-03-02T01:00:00+01:00"))
 
-	wantQ := query.CostQuery{OrgID: "org-a", From: from, To: to, GroupBy: []string{"day", "agent"}}
+	wantQ := query.CostQuery{OrgID: "org-a", From: from, To: to, GroupBy: []string{"day", "agent", "room"}}
 	if diff := cmp.Diff(wantQ, fq.gotCost, cmp.Comparer(time.Time.Equal)); diff != "" {
 		t.Errorf("query (-want +got):\n%s", diff)
 	}
 	want := []map[string]any{{
 		"day": "2025-03-01T00:00:00Z", "agentId": "agent-1", "agentHandle": "alice/architect", "agentName": "Architect",
 		"ownerId": nil, "ownerHandle": nil, // not grouped: null
-		"events": float64(3), "unpricedEvents": float64(1), "inputTokens": float64(5_000_000_000), "outputTokens": float64(80),
-		"cost": "2.001235", "currency": "USD",
+		"roomId": "room-1", "roomName": nil, // no room.added seen
+		"events": float64(3), "pricedEvents": float64(2), "unpricedEvents": float64(1),
+		"tokens":         map[string]any{"input": float64(5_000_000_000), "output": float64(80), "total": float64(5_000_000_080)},
+		"unpricedTokens": map[string]any{"input": float64(7)},
+		"cost":           "2.001235", "currency": "USD",
 	}, {
 		"day": "2025-03-01T00:00:00Z", "agentId": "agent-unknown", "agentHandle": nil, "agentName": nil, // not in the directory
-		"ownerId": nil, "ownerHandle": nil,
-		"events": float64(0), "unpricedEvents": float64(0), "inputTokens": float64(0), "outputTokens": float64(0),
-		"cost": "0.000000", "currency": "USD",
+		"ownerId": nil, "ownerHandle": nil, "roomId": "", "roomName": nil,
+		"events": float64(2), "pricedEvents": float64(0), "unpricedEvents": float64(2),
+		"tokens":         map[string]any{"input": float64(0), "output": float64(0), "total": float64(0)},
+		"unpricedTokens": map[string]any{"input": float64(0)},
+		"cost":           nil, // nothing priced: unknown, not 0
+		"currency":       "USD",
 	}}
-	if diff := cmp.Diff(want, resp.Costs); diff != "" {
+	if diff := cmp.Diff(want, resp.Costs.Rows); diff != "" {
 		t.Errorf("costs (-want +got):\n%s", diff)
 	}
 	if fq.namesOrg != "org-a" {
@@ -236,7 +255,7 @@ func TestErrors(t *testing.T) {
 	fq := &fakeQuerier{}
 	h := newHandler(fq, graph.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
 
-	_, errs := post(t, h, gqlBody(`{ costs(orgId: "org-a", from: "2025-03-02T00:00:00Z", to: "2025-03-01T00:00:00Z") { cost } }`), nil)
+	_, errs := post(t, h, gqlBody(`{ costs(orgId: "org-a", from: "2025-03-02T00:00:00Z", to: "2025-03-01T00:00:00Z") { rows { cost } } }`), nil)
 	want := []gqlError{{Message: "to: must be after from (from 2025-03-02T00:00:00Z, to 2025-03-01T00:00:00Z)",
 		Path: []any{"costs"}, Extensions: map[string]any{"code": "BAD_USER_INPUT"}}}
 	if diff := cmp.Diff(want, errs); diff != "" {
@@ -258,7 +277,7 @@ func TestAuthorizer(t *testing.T) {
 	fq := &fakeQuerier{}
 	h := graph.NewHandler(fq, testKeys)
 	audit := gqlBody(`{ auditEvents(orgId: "org-a") { nextCursor } }`)
-	costs := gqlBody(`{ costs(orgId: "org-a", from: "2025-03-01T00:00:00Z", to: "2025-03-02T00:00:00Z") { events } }`)
+	costs := gqlBody(`{ costs(orgId: "org-a", from: "2025-03-01T00:00:00Z", to: "2025-03-02T00:00:00Z") { rows { events } } }`)
 	for _, tc := range []struct {
 		name, body, authorization string
 		wantStatus                int
@@ -375,19 +394,21 @@ func TestGET(t *testing.T) {
 func TestWebsocket(t *testing.T) {
 	fq := &fakeQuerier{costs: []query.CostRow{{Events: 1, Cost: decimal.New(5, -1), Currency: "USD"}}}
 	c := client.New(graph.NewHandler(fq, testKeys))
-	sub := c.WebsocketWithPayload(`{ costs(orgId: "org-a", from: "2025-03-01T00:00:00Z", to: "2025-03-02T00:00:00Z") { events cost currency } }`,
+	sub := c.WebsocketWithPayload(`{ costs(orgId: "org-a", from: "2025-03-01T00:00:00Z", to: "2025-03-02T00:00:00Z") { rows { events cost currency } } }`,
 		map[string]any{"Authorization": "Bearer tok-a-viewer"})
 	defer sub.Close()
 	var resp struct {
-		Costs []struct {
-			Events         int
-			Cost, Currency string
+		Costs struct {
+			Rows []struct {
+				Events         int
+				Cost, Currency string
+			}
 		}
 	}
 	if err := sub.Next(&resp); err != nil {
 		t.Fatalf("query over websocket: %v", err)
 	}
-	if len(resp.Costs) != 1 || resp.Costs[0].Cost != "0.500000" || resp.Costs[0].Events != 1 {
+	if len(resp.Costs.Rows) != 1 || resp.Costs.Rows[0].Cost != "0.500000" || resp.Costs.Rows[0].Events != 1 {
 		t.Errorf("costs over websocket = %+v", resp.Costs)
 	}
 }

@@ -30,7 +30,7 @@ type slowQuerier struct {
 	deadline time.Duration // how far off the last request's deadline was when it arrived
 }
 
-func (s *slowQuerier) Costs(ctx context.Context, q query.CostQuery) ([]query.CostRow, error) {
+func (s *slowQuerier) Costs(ctx context.Context, q query.CostQuery) (query.CostReport, error) {
 	s.mu.Lock()
 	if d, ok := ctx.Deadline(); ok {
 		s.deadline = time.Until(d)
@@ -39,14 +39,14 @@ func (s *slowQuerier) Costs(ctx context.Context, q query.CostQuery) ([]query.Cos
 	}
 	s.mu.Unlock()
 	if q.OrgID != "org-a" {
-		return nil, nil
+		return query.CostReport{}, nil
 	}
 	s.started <- struct{}{}
 	select {
 	case <-s.release:
-		return nil, nil
+		return query.CostReport{}, nil
 	case <-ctx.Done():
-		return nil, fmt.Errorf("cannot query costs of org %q from secretdb.usage_hourly: %w (%v)", q.OrgID, query.ErrTimeout, ctx.Err())
+		return query.CostReport{}, fmt.Errorf("cannot query costs of org %q from secretdb.usage_hourly: %w (%v)", q.OrgID, query.ErrTimeout, ctx.Err())
 	}
 }
 
@@ -55,7 +55,7 @@ func newSlow() *slowQuerier {
 }
 
 func costsOf(org string) string {
-	return gqlBody(fmt.Sprintf(`{ costs(orgId: %q, from: "2025-03-01T00:00:00Z", to: "2025-03-02T00:00:00Z") { cost } }`, org))
+	return gqlBody(fmt.Sprintf(`{ costs(orgId: %q, from: "2025-03-01T00:00:00Z", to: "2025-03-02T00:00:00Z") { rows { cost } } }`, org))
 }
 
 func bearerOf(token string) http.Header { return http.Header{"Authorization": {"Bearer " + token}} }
@@ -149,7 +149,7 @@ func TestConcurrencyPerKeyCountsAliases(t *testing.T) {
 	var q strings.Builder
 	q.WriteString("{")
 	for i := range 6 {
-		fmt.Fprintf(&q, ` c%d: costs(orgId: "org-a", from: "2025-03-01T00:00:00Z", to: "2025-03-02T00:00:00Z") { cost }`, i)
+		fmt.Fprintf(&q, ` c%d: costs(orgId: "org-a", from: "2025-03-01T00:00:00Z", to: "2025-03-02T00:00:00Z") { rows { cost } }`, i)
 	}
 	q.WriteString("}")
 	result := make(chan []gqlError, 1)
@@ -177,7 +177,7 @@ func TestConcurrencyPerKeyCountsAliases(t *testing.T) {
 func TestDeferIsRefused(t *testing.T) {
 	h := newHandler(&fakeQuerier{})
 	for _, q := range []string{
-		`{ ... @defer { costs(orgId: "org-a", from: "2025-03-01T00:00:00Z", to: "2025-03-02T00:00:00Z") { cost } } }`,
+		`{ ... @defer { costs(orgId: "org-a", from: "2025-03-01T00:00:00Z", to: "2025-03-02T00:00:00Z") { rows { cost } } } }`,
 		`{ ...F @defer } fragment F on Query { __typename }`,
 		`{ ...F } fragment F on Query { ... @defer { __typename } }`,
 	} {
@@ -219,7 +219,7 @@ func TestOrgIDDefaultsToTheKeys(t *testing.T) {
 		if org != "" {
 			arg = fmt.Sprintf("orgId: %q, ", org)
 		}
-		return gqlBody(fmt.Sprintf(`{ costs(%sfrom: "2025-03-01T00:00:00Z", to: "2025-03-02T00:00:00Z") { cost } }`, arg))
+		return gqlBody(fmt.Sprintf(`{ costs(%sfrom: "2025-03-01T00:00:00Z", to: "2025-03-02T00:00:00Z") { rows { cost } } }`, arg))
 	}
 	_, errs := post(t, h, costs(""), bearerOf("tok-a-viewer"))
 	assert.Empty(t, errs)

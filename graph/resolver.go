@@ -23,9 +23,17 @@ import (
 // Both methods block on the database and return an error matching query.IsInvalid
 // for the caller's mistakes, any other error for failures.
 type Querier interface {
-	Costs(ctx context.Context, q query.CostQuery) ([]query.CostRow, error)
+	Costs(ctx context.Context, q query.CostQuery) (query.CostReport, error)
+	UsageSeries(ctx context.Context, q query.SeriesQuery) ([]query.Series, error)
+	ChattyAgents(ctx context.Context, q query.ChattyQuery) ([]query.ChattyAgent, error)
 	Names(ctx context.Context, orgID string, ids []string) (map[string]query.Party, error)
+	RoomNames(ctx context.Context, orgID string, ids []string) (map[string]string, error)
 	AuditEvents(ctx context.Context, q query.AuditQuery) (query.AuditPage, error)
+	ContactRequests(ctx context.Context, q query.ContactQuery) (query.ContactPage, error)
+	PolicyDecisions(ctx context.Context, q query.DecisionQuery) (query.DecisionPage, error)
+	WorkStatus(ctx context.Context, q query.WorkQuery) (query.WorkStatus, error)
+	Agents(ctx context.Context, q query.AgentQuery) ([]query.Agent, error)
+	Rooms(ctx context.Context, q query.RoomQuery) ([]query.Room, error)
 }
 
 var _ Querier = (*query.Querier)(nil)
@@ -37,6 +45,7 @@ type Resolver struct {
 	log     *slog.Logger
 	timeout time.Duration // Limits.QueryTimeout, for its error message
 	slots   *keySlots
+	hub     *Hub // nil: subscriptions answer UNAVAILABLE
 }
 
 // fail turns err into what the client sees: its own mistakes and authorization
@@ -51,7 +60,7 @@ func (r *Resolver) fail(ctx context.Context, err error) error {
 		code = "UNAUTHENTICATED"
 	case errors.Is(err, ErrForbidden):
 		code = "FORBIDDEN"
-	case errors.Is(err, ErrTooMany):
+	case errors.Is(err, ErrTooMany), errors.Is(err, ErrTooManySubscriptions):
 		code = "TOO_MANY_REQUESTS"
 	case errors.Is(err, context.Canceled) || ctx.Err() == context.Canceled:
 		// The client went away (a disconnect, a WebSocket "complete"): nothing to report.
@@ -82,58 +91,57 @@ var dimensions = map[model.CostDimension]string{
 	model.CostDimensionDay:   query.DimDay,
 }
 
-// name sets handle and name from the directory entry of id, if there is one.
-func name(names map[string]query.Party, id string, handle, display **string) {
-	if p, ok := names[id]; ok && id != "" {
-		*handle, *display = &p.Handle, &p.Name
-	}
-}
-
-func costRow(r query.CostRow, groupBy []string, names map[string]query.Party) model.CostRow {
-	out := model.CostRow{
-		Events: int64(r.Events), UnpricedEvents: int64(r.UnpricedEvents),
-		InputTokens: int64(r.InputTokens), OutputTokens: int64(r.OutputTokens),
-		CacheReadTokens: int64(r.CacheReadTokens), CacheWriteTokens: int64(r.CacheWriteTokens),
-		ReasoningTokens: int64(r.ReasoningTokens),
-		Cost:            r.Cost.StringFixed(6), Currency: r.Currency,
-	}
-	// Only grouped keys are set: an empty owner of a grouped row ("" in the table) is
-	// a value, an ungrouped one is null.
-	for _, d := range groupBy {
-		switch d {
-		case query.DimOwner:
-			out.OwnerID = &r.OwnerID
-			name(names, r.OwnerID, &out.OwnerHandle, &out.OwnerName)
-		case query.DimAgent:
-			out.AgentID = &r.AgentID
-			name(names, r.AgentID, &out.AgentHandle, &out.AgentName)
-		case query.DimRoom:
-			out.RoomID = &r.RoomID
-		case query.DimModel:
-			out.Model = &r.Model
-		case query.DimHour:
-			out.Hour = &r.Hour
-		case query.DimDay:
-			out.Day = &r.Day
-		}
-	}
-	return out
-}
-
-func auditEvent(e query.Event) model.AuditEvent {
-	return model.AuditEvent{
-		ID: e.ID, Type: e.Type, Time: e.Time, OrgID: e.OrgID, RoomID: e.RoomID,
-		ActorID: e.ActorID, ActorType: e.ActorType, ActorHandle: e.ActorHandle, OwnerID: e.OwnerID,
-		SubjectID: e.SubjectID, SubjectType: e.SubjectType, SubjectHandle: e.SubjectHandle,
-		ExecutionID: e.ExecutionID, Source: e.Source, SchemaVersion: int(e.SchemaVersion), Data: e.Data,
-		IngestedAt: e.IngestedAt, KafkaPartition: int(e.KafkaPartition), KafkaOffset: e.KafkaOffset,
-	}
-}
-
 func deref[T any](p *T) T {
 	var zero T
 	if p == nil {
 		return zero
 	}
 	return *p
+}
+
+func costFilter(f *model.CostFilter) query.CostFilter {
+	if f == nil {
+		return query.CostFilter{}
+	}
+	return query.CostFilter{OwnerIDs: f.OwnerIds, AgentIDs: f.AgentIds, RoomIDs: f.RoomIds, Models: f.Models}
+}
+
+func outcomeOf(o *model.DecisionOutcome) string {
+	switch {
+	case o == nil:
+		return ""
+	case *o == model.DecisionOutcomeAllowed:
+		return "allowed"
+	default:
+		return "denied"
+	}
+}
+
+// stuckAfter is the hub's stuck time, so queries and live changes agree.
+func (r *Resolver) stuckAfter() time.Duration {
+	if r.hub == nil {
+		return query.DefaultStuckAfter
+	}
+	return r.hub.StuckAfter()
+}
+
+// subscribe authorizes a subscription field and registers it with the hub. It takes
+// no query slot: a subscription reads nothing from ClickHouse.
+func (r *Resolver) subscribe(ctx context.Context, orgID, roomID *string, roles []keys.Role, kind subKind) (<-chan *change, error) {
+	k, org, err := r.authorize(ctx, orgID, roles)
+	if err != nil {
+		return nil, r.fail(ctx, err)
+	}
+	if roomID != nil && len(*roomID) > 256 {
+		return nil, r.fail(ctx, &query.FieldError{Field: "roomId", Msg: "longer than 256 bytes"})
+	}
+	if r.hub == nil {
+		return nil, &gqlerror.Error{Message: "live updates are not running in this process", Path: graphql.GetPath(ctx),
+			Extensions: map[string]any{"code": "UNAVAILABLE"}}
+	}
+	ch, err := r.hub.subscribe(ctx, k.ID, org, deref(roomID), kind)
+	if err != nil {
+		return nil, r.fail(ctx, err)
+	}
+	return ch, nil
 }

@@ -15,60 +15,364 @@ import (
 )
 
 // Costs is the resolver for the costs field.
-func (r *queryResolver) Costs(ctx context.Context, orgID *string, from time.Time, to time.Time, groupBy []model.CostDimension) ([]model.CostRow, error) {
+func (r *queryResolver) Costs(ctx context.Context, orgID *string, from time.Time, to time.Time, groupBy []model.CostDimension, filter *model.CostFilter, limit *int) (*model.CostReport, error) {
 	org, done, err := r.begin(ctx, orgID, readers)
 	if err != nil {
 		return nil, r.fail(ctx, err)
 	}
 	defer done()
-	q := query.CostQuery{OrgID: org, From: from, To: to}
+	q := query.CostQuery{OrgID: org, From: from, To: to, Filter: costFilter(filter), Limit: deref(limit)}
 	for _, d := range groupBy {
 		q.GroupBy = append(q.GroupBy, dimensions[d])
 	}
-	rows, err := r.q.Costs(ctx, q)
+	rep, err := r.q.Costs(ctx, q)
+	if err != nil {
+		return nil, r.fail(ctx, err)
+	}
+	var ids, rooms []string
+	for _, row := range rep.Rows {
+		ids, rooms = append(ids, row.OwnerID, row.AgentID), append(rooms, row.RoomID)
+	}
+	n, err := r.lookupNames(ctx, org, ids, rooms)
+	if err != nil {
+		return nil, r.fail(ctx, err)
+	}
+	out := &model.CostReport{Rows: make([]model.CostRow, len(rep.Rows)), Truncated: rep.Truncated,
+		Totals: make([]model.CostTotal, len(rep.Totals)), Unpriced: make([]model.UnpricedModel, len(rep.Unpriced))}
+	for i, row := range rep.Rows {
+		out.Rows[i] = costRow(row, q.GroupBy, &n)
+	}
+	for i, t := range rep.Totals {
+		out.Totals[i] = model.CostTotal{Currency: t.Currency, Events: int64(t.Events), PricedEvents: int64(t.Events - t.UnpricedEvents),
+			UnpricedEvents: int64(t.UnpricedEvents), Tokens: tokens(t.Tokens), UnpricedTokens: tokens(t.UnpricedTokens), Cost: money(t.Cost)}
+	}
+	for i, u := range rep.Unpriced {
+		out.Unpriced[i] = model.UnpricedModel{Model: u.Model, Events: int64(u.UnpricedEvents), Tokens: tokens(u.UnpricedTokens)}
+	}
+	return out, nil
+}
+
+// UsageSeries is the resolver for the usageSeries field.
+func (r *queryResolver) UsageSeries(ctx context.Context, orgID *string, from time.Time, to time.Time, interval model.SeriesInterval, split *model.CostDimension, filter *model.CostFilter, limit *int) ([]model.UsageSeries, error) {
+	org, done, err := r.begin(ctx, orgID, readers)
+	if err != nil {
+		return nil, r.fail(ctx, err)
+	}
+	defer done()
+	q := query.SeriesQuery{OrgID: org, From: from, To: to, Interval: query.DimHour, Filter: costFilter(filter), Limit: deref(limit)}
+	if interval == model.SeriesIntervalDay {
+		q.Interval = query.DimDay
+	}
+	if split != nil {
+		q.Split = dimensions[*split]
+	}
+	series, err := r.q.UsageSeries(ctx, q)
+	if err != nil {
+		return nil, r.fail(ctx, err)
+	}
+	var keys []string
+	for _, s := range series {
+		keys = append(keys, s.Key)
+	}
+	var n names
+	switch q.Split {
+	case query.DimOwner, query.DimAgent:
+		n, err = r.lookupNames(ctx, org, keys, nil)
+	case query.DimRoom:
+		n, err = r.lookupNames(ctx, org, nil, keys)
+	}
+	if err != nil {
+		return nil, r.fail(ctx, err)
+	}
+	out := make([]model.UsageSeries, len(series))
+	for i, s := range series {
+		m := model.UsageSeries{Currency: s.Currency, Points: make([]model.UsagePoint, len(s.Points))}
+		if q.Split != "" {
+			m.Key = &series[i].Key
+			if q.Split == query.DimRoom {
+				m.Name = n.room(s.Key)
+			} else if q.Split != query.DimModel {
+				n.party(s.Key, &m.Name, nil)
+			}
+		}
+		for j, p := range s.Points {
+			m.Points[j] = model.UsagePoint{Time: p.Time, Events: int64(p.Events), UnpricedEvents: int64(p.UnpricedEvents),
+				Tokens: tokens(p.Tokens), Cost: money(p.Cost)}
+		}
+		out[i] = m
+	}
+	return out, nil
+}
+
+// ChattyAgents is the resolver for the chattyAgents field.
+func (r *queryResolver) ChattyAgents(ctx context.Context, orgID *string, from *time.Time, to *time.Time, limit *int) ([]model.ChattyAgent, error) {
+	org, done, err := r.begin(ctx, orgID, managers)
+	if err != nil {
+		return nil, r.fail(ctx, err)
+	}
+	defer done()
+	agents, err := r.q.ChattyAgents(ctx, query.ChattyQuery{OrgID: org, From: deref(from), To: deref(to), Limit: deref(limit)})
 	if err != nil {
 		return nil, r.fail(ctx, err)
 	}
 	var ids []string
-	for _, row := range rows {
-		ids = append(ids, row.OwnerID, row.AgentID)
+	for _, a := range agents {
+		ids = append(ids, a.AgentID, a.OwnerID)
 	}
-	names, err := r.q.Names(ctx, org, ids)
+	n, err := r.lookupNames(ctx, org, ids, nil)
 	if err != nil {
 		return nil, r.fail(ctx, err)
 	}
-	out := make([]model.CostRow, len(rows))
-	for i, row := range rows {
-		out[i] = costRow(row, q.GroupBy, names)
+	out := make([]model.ChattyAgent, len(agents))
+	for i, a := range agents {
+		m := model.ChattyAgent{AgentID: a.AgentID, OwnerID: optString(a.OwnerID), Messages: int64(a.Messages), Tokens: tokens(a.Tokens),
+			Cost: money(a.Cost), Currency: a.Currency, Throttled: int64(a.Throttled), Denied: int64(a.Denied), Suspended: a.Suspended}
+		n.party(a.AgentID, &m.AgentHandle, &m.AgentName)
+		n.party(a.OwnerID, &m.OwnerHandle, nil)
+		out[i] = m
 	}
 	return out, nil
 }
 
 // AuditEvents is the resolver for the auditEvents field.
-func (r *queryResolver) AuditEvents(ctx context.Context, orgID *string, from *time.Time, to *time.Time, roomID *string, actorID *string, types []string, limit *int, before *string) (*model.AuditPage, error) {
+func (r *queryResolver) AuditEvents(ctx context.Context, orgID *string, from *time.Time, to *time.Time, roomID *string, actorID *string, subjectID *string, types []string, outcome *model.DecisionOutcome, limit *int, before *string) (*model.AuditPage, error) {
 	org, done, err := r.begin(ctx, orgID, auditors)
 	if err != nil {
 		return nil, r.fail(ctx, err)
 	}
 	defer done()
 	page, err := r.q.AuditEvents(ctx, query.AuditQuery{
-		OrgID: org, From: deref(from), To: deref(to), RoomID: deref(roomID), ActorID: deref(actorID),
-		Types: types, Limit: deref(limit), Before: deref(before),
+		OrgID: org, From: deref(from), To: deref(to), RoomID: deref(roomID), ActorID: deref(actorID), SubjectID: deref(subjectID),
+		Types: types, Outcome: outcomeOf(outcome), Limit: deref(limit), Before: deref(before),
 	})
+	if err != nil {
+		return nil, r.fail(ctx, err)
+	}
+	var ids, rooms []string
+	for _, e := range page.Events {
+		ids, rooms = append(ids, e.ActorID), append(rooms, e.RoomID)
+	}
+	n, err := r.lookupNames(ctx, org, ids, rooms)
 	if err != nil {
 		return nil, r.fail(ctx, err)
 	}
 	out := &model.AuditPage{Events: make([]model.AuditEvent, len(page.Events))}
 	for i, e := range page.Events {
-		out.Events[i] = auditEvent(e)
+		out.Events[i] = auditEvent(e, &n)
 	}
-	if page.NextCursor != "" {
-		out.NextCursor = &page.NextCursor
+	out.NextCursor = optString(page.NextCursor)
+	return out, nil
+}
+
+// ContactRequests is the resolver for the contactRequests field.
+func (r *queryResolver) ContactRequests(ctx context.Context, orgID *string, from *time.Time, to *time.Time, status *string, agentID *string, limit *int) (*model.ContactRequestPage, error) {
+	org, done, err := r.begin(ctx, orgID, auditors)
+	if err != nil {
+		return nil, r.fail(ctx, err)
+	}
+	defer done()
+	page, err := r.q.ContactRequests(ctx, query.ContactQuery{OrgID: org, From: deref(from), To: deref(to), Status: deref(status),
+		AgentID: deref(agentID), Limit: deref(limit)})
+	if err != nil {
+		return nil, r.fail(ctx, err)
+	}
+	var ids []string
+	for _, c := range page.Requests {
+		ids = append(ids, c.AgentID, c.DecidedBy)
+		for _, h := range c.History {
+			ids = append(ids, h.ActorID)
+		}
+	}
+	n, err := r.lookupNames(ctx, org, ids, nil)
+	if err != nil {
+		return nil, r.fail(ctx, err)
+	}
+	out := &model.ContactRequestPage{Truncated: page.Truncated, Requests: make([]model.ContactRequest, len(page.Requests))}
+	for i, c := range page.Requests {
+		m := model.ContactRequest{RequestID: c.RequestID, Status: c.Status, FromHandle: c.FromHandle, ToHandle: c.ToHandle,
+			Message: c.Message, AgentID: c.AgentID, FirstSeen: c.FirstSeen, LastChanged: c.LastChanged,
+			DecidedBy: optString(c.DecidedBy), History: make([]model.ContactRequestStep, len(c.History))}
+		n.party(c.AgentID, &m.AgentHandle, nil)
+		n.party(c.DecidedBy, &m.DecidedByHandle, nil)
+		for j, h := range c.History {
+			m.History[j] = model.ContactRequestStep{Status: h.Status, Time: h.Time, ActorID: h.ActorID, EventID: h.EventID}
+			n.party(h.ActorID, &m.History[j].ActorHandle, nil)
+		}
+		out.Requests[i] = m
 	}
 	return out, nil
+}
+
+// PolicyDecisions is the resolver for the policyDecisions field.
+func (r *queryResolver) PolicyDecisions(ctx context.Context, orgID *string, from *time.Time, to *time.Time, decision *string, outcome *model.DecisionOutcome, agentID *string, limit *int, before *string) (*model.PolicyDecisionPage, error) {
+	org, done, err := r.begin(ctx, orgID, auditors)
+	if err != nil {
+		return nil, r.fail(ctx, err)
+	}
+	defer done()
+	page, err := r.q.PolicyDecisions(ctx, query.DecisionQuery{OrgID: org, From: deref(from), To: deref(to), Decision: deref(decision),
+		Outcome: outcomeOf(outcome), AgentID: deref(agentID), Limit: deref(limit), Before: deref(before)})
+	if err != nil {
+		return nil, r.fail(ctx, err)
+	}
+	var ids, rooms []string
+	for _, d := range page.Decisions {
+		ids, rooms = append(ids, d.AgentID), append(rooms, d.RoomID)
+	}
+	n, err := r.lookupNames(ctx, org, ids, rooms)
+	if err != nil {
+		return nil, r.fail(ctx, err)
+	}
+	out := &model.PolicyDecisionPage{Decisions: make([]model.PolicyDecision, len(page.Decisions)), NextCursor: optString(page.NextCursor)}
+	for i, d := range page.Decisions {
+		out.Decisions[i] = decisionModel(d, &n)
+	}
+	return out, nil
+}
+
+// WorkStatus is the resolver for the workStatus field.
+func (r *queryResolver) WorkStatus(ctx context.Context, orgID *string, roomID *string) (*model.WorkStatus, error) {
+	org, done, err := r.begin(ctx, orgID, readers)
+	if err != nil {
+		return nil, r.fail(ctx, err)
+	}
+	defer done()
+	ws, err := r.q.WorkStatus(ctx, query.WorkQuery{OrgID: org, RoomID: deref(roomID), StuckAfter: r.stuckAfter()})
+	if err != nil {
+		return nil, r.fail(ctx, err)
+	}
+	var ids, rooms []string
+	for _, w := range ws.Rooms {
+		rooms = append(rooms, w.RoomID)
+		for _, t := range w.Tasks {
+			ids = append(ids, t.AssigneeID)
+		}
+		for _, a := range w.Attention {
+			ids = append(ids, a.AskerID, a.AddressedTo)
+		}
+		for _, a := range w.Agents {
+			ids = append(ids, a.AgentID)
+		}
+	}
+	n, err := r.lookupNames(ctx, org, ids, rooms)
+	if err != nil {
+		return nil, r.fail(ctx, err)
+	}
+	out := &model.WorkStatus{Truncated: ws.Truncated, AsOf: ws.AsOf, Rooms: make([]model.RoomWork, len(ws.Rooms))}
+	for i, w := range ws.Rooms {
+		m := model.RoomWork{RoomID: w.RoomID, RoomName: n.room(w.RoomID), Tasks: make([]model.Task, len(w.Tasks)),
+			Attention: make([]model.AttentionRequest, len(w.Attention)), Agents: make([]model.ActiveAgent, len(w.Agents))}
+		for j, t := range w.Tasks {
+			m.Tasks[j] = taskModel(t, &n)
+		}
+		for j, a := range w.Attention {
+			m.Attention[j] = attentionModel(a, &n, ws.AsOf)
+		}
+		for j, a := range w.Agents {
+			am := model.ActiveAgent{AgentID: a.AgentID, LastActivity: a.LastActivity, LastMessageAt: optTime(a.LastMessageAt),
+				LastMessage: optString(a.LastMessage), MessagesToday: int64(a.MessagesToday), CostToday: money(a.CostToday), Currency: a.Currency}
+			n.party(a.AgentID, &am.AgentHandle, &am.AgentName)
+			if am.AgentHandle == nil && a.Handle != "" {
+				h := a.Handle
+				am.AgentHandle = &h
+			}
+			m.Agents[j] = am
+		}
+		out.Rooms[i] = m
+	}
+	return out, nil
+}
+
+// Agents is the resolver for the agents field.
+func (r *queryResolver) Agents(ctx context.Context, orgID *string, limit *int) ([]model.Agent, error) {
+	org, done, err := r.begin(ctx, orgID, readers)
+	if err != nil {
+		return nil, r.fail(ctx, err)
+	}
+	defer done()
+	agents, err := r.q.Agents(ctx, query.AgentQuery{OrgID: org, Limit: deref(limit)})
+	if err != nil {
+		return nil, r.fail(ctx, err)
+	}
+	var ids []string
+	for _, a := range agents {
+		ids = append(ids, a.OwnerID)
+	}
+	n, err := r.lookupNames(ctx, org, ids, nil)
+	if err != nil {
+		return nil, r.fail(ctx, err)
+	}
+	out := make([]model.Agent, len(agents))
+	for i, a := range agents {
+		m := model.Agent{ID: a.ID, Handle: a.Handle, Name: a.Name, OwnerID: a.OwnerID, Model: a.Model, Suspended: a.Suspended,
+			UpdatedAt: a.UpdatedAt, ToolResults: int64(a.ToolResults), ToolErrors: int64(a.ToolErrors),
+			OpenToolCalls: make([]model.ToolCall, len(a.OpenToolCalls))}
+		n.party(a.OwnerID, &m.OwnerHandle, nil)
+		if a.ToolResults > 0 {
+			rate := float64(a.ToolErrors) / float64(a.ToolResults)
+			m.ToolErrorRate = &rate
+		}
+		for j, c := range a.OpenToolCalls {
+			m.OpenToolCalls[j] = model.ToolCall{ToolCallID: c.ID, ToolName: c.ToolName, RoomID: c.RoomID, CalledAt: c.CalledAt}
+		}
+		out[i] = m
+	}
+	return out, nil
+}
+
+// Rooms is the resolver for the rooms field.
+func (r *queryResolver) Rooms(ctx context.Context, orgID *string, limit *int) ([]model.Room, error) {
+	org, done, err := r.begin(ctx, orgID, readers)
+	if err != nil {
+		return nil, r.fail(ctx, err)
+	}
+	defer done()
+	rooms, err := r.q.Rooms(ctx, query.RoomQuery{OrgID: org, Limit: deref(limit), StuckAfter: r.stuckAfter()})
+	if err != nil {
+		return nil, r.fail(ctx, err)
+	}
+	out := make([]model.Room, len(rooms))
+	for i, rm := range rooms {
+		out[i] = model.Room{ID: rm.ID, Name: optString(rm.Name), Closed: rm.Closed, LastActivity: optTime(rm.LastActivity),
+			OpenTasks: rm.OpenTasks, StuckTasks: rm.StuckTasks, OpenAttention: rm.OpenAttention}
+	}
+	return out, nil
+}
+
+// WorkStatusChanged is the resolver for the workStatusChanged field.
+func (r *subscriptionResolver) WorkStatusChanged(ctx context.Context, orgID *string, roomID *string) (<-chan *model.WorkStatusChange, error) {
+	in, err := r.subscribe(ctx, orgID, roomID, readers, subWork)
+	if err != nil {
+		return nil, err
+	}
+	return forward(ctx, in, func(c *change) *model.WorkStatusChange { return c.work }), nil
+}
+
+// AttentionRequested is the resolver for the attentionRequested field.
+func (r *subscriptionResolver) AttentionRequested(ctx context.Context, orgID *string, roomID *string) (<-chan *model.AttentionRequest, error) {
+	in, err := r.subscribe(ctx, orgID, roomID, readers, subAttention)
+	if err != nil {
+		return nil, err
+	}
+	return forward(ctx, in, func(c *change) *model.AttentionRequest { return c.attention }), nil
+}
+
+// PolicyDenied is the resolver for the policyDenied field.
+func (r *subscriptionResolver) PolicyDenied(ctx context.Context, orgID *string) (<-chan *model.PolicyDenial, error) {
+	in, err := r.subscribe(ctx, orgID, nil, denialWatchers, subDenied)
+	if err != nil {
+		return nil, err
+	}
+	return forward(ctx, in, func(c *change) *model.PolicyDenial { return c.denial }), nil
 }
 
 // Query returns generated.QueryResolver implementation.
 func (r *Resolver) Query() generated.QueryResolver { return &queryResolver{r} }
 
-type queryResolver struct{ *Resolver }
+// Subscription returns generated.SubscriptionResolver implementation.
+func (r *Resolver) Subscription() generated.SubscriptionResolver { return &subscriptionResolver{r} }
+
+type (
+	queryResolver        struct{ *Resolver }
+	subscriptionResolver struct{ *Resolver }
+)

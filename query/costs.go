@@ -45,7 +45,48 @@ type CostQuery struct {
 	OrgID    string
 	From, To time.Time
 	GroupBy  []string // subset of owner, agent, room, model, hour, day
-	Limit    int      // 0: DefaultCostLimit
+	Filter   CostFilter
+	Limit    int // 0: DefaultCostLimit
+}
+
+// CostFilter keeps usage of any of the given owners, agents, rooms and models (an
+// empty list: any).
+type CostFilter struct {
+	OwnerIDs, AgentIDs, RoomIDs, Models []string
+}
+
+// MaxFilterValues bounds each list of a CostFilter.
+const MaxFilterValues = 100
+
+func (f CostFilter) validate() []error {
+	var errs []error
+	for _, l := range []struct {
+		field string
+		vals  []string
+	}{{"filter.owner_ids", f.OwnerIDs}, {"filter.agent_ids", f.AgentIDs}, {"filter.room_ids", f.RoomIDs}, {"filter.models", f.Models}} {
+		if len(l.vals) > MaxFilterValues {
+			errs = append(errs, fieldErr(l.field, "%d values; at most %d", len(l.vals), MaxFilterValues))
+			continue
+		}
+		for i, v := range l.vals {
+			if v == "" || len(v) > 256 {
+				errs = append(errs, fieldErr(l.field, "value %d must be 1 to 256 bytes, got %d", i, len(v)))
+			}
+		}
+	}
+	return errs
+}
+
+// add appends the filter's conditions to w.
+func (f CostFilter) add(w *where) {
+	for _, l := range []struct {
+		col  string
+		vals []string
+	}{{"owner_id", f.OwnerIDs}, {"agent_id", f.AgentIDs}, {"room_id", f.RoomIDs}, {"model", f.Models}} {
+		if len(l.vals) > 0 {
+			w.add("has(?, "+l.col+")", l.vals)
+		}
+	}
 }
 
 // Validate reports every problem of the query at once, each naming its field.
@@ -76,6 +117,7 @@ func (q CostQuery) Validate() error {
 	if q.Limit < 0 || q.Limit > MaxCostLimit {
 		errs = append(errs, fieldErr("limit", "must be between 1 and %d, got %d", MaxCostLimit, q.Limit))
 	}
+	errs = append(errs, q.Filter.validate()...)
 	return errors.Join(errs...)
 }
 
@@ -85,12 +127,20 @@ type CostRow struct {
 	OwnerID, AgentID, RoomID, Model string
 	Hour, Day                       time.Time // UTC
 	Events, UnpricedEvents          uint64
-	InputTokens, OutputTokens       uint64
-	CacheReadTokens                 uint64
-	CacheWriteTokens                uint64
-	ReasoningTokens                 uint64
-	Cost                            decimal.Decimal // exact, 6 decimals in the table
+	Tokens                          Tokens          // of every event
+	UnpricedTokens                  Tokens          // of the unpriced events
+	Cost                            decimal.Decimal // of the priced events; exact, 6 decimals in the table
 	Currency                        string
+}
+
+// CostReport is the answer to a CostQuery: the rows (at most Limit; Truncated when
+// there were more), the totals of everything the range and filter select (one per
+// currency) and the unpriced usage by model.
+type CostReport struct {
+	Rows      []CostRow
+	Truncated bool
+	Totals    []CostRow // only Currency and the sums are set
+	Unpriced  []CostRow // only Model and the sums are set
 }
 
 // costsSQL builds the SELECT of a validated CostQuery.
@@ -107,15 +157,47 @@ func ceilHour(t time.Time) time.Time {
 	return t
 }
 
+func (s costsSQL) where() *where {
+	w := &where{}
+	w.add("org_id = ?", s.q.OrgID)
+	w.add("hour >= ?", s.q.From.UTC().Truncate(time.Hour))
+	w.add("hour < ?", ceilHour(s.q.To))
+	s.q.Filter.add(w)
+	return w
+}
+
+// sums are the aggregates every cost read selects, after its keys (costRow scans them).
+const sums = "sum(events) AS total_events, sum(unpriced_events) AS total_unpriced," +
+	" sum(input_tokens) AS total_input, sum(output_tokens) AS total_output," +
+	" sum(cache_read_tokens) AS total_cache_read, sum(cache_write_tokens) AS total_cache_write," +
+	" sum(reasoning_tokens) AS total_reasoning," +
+	" sum(unpriced_input_tokens) AS total_u_input, sum(unpriced_output_tokens) AS total_u_output," +
+	" sum(unpriced_cache_read_tokens) AS total_u_cache_read, sum(unpriced_cache_write_tokens) AS total_u_cache_write," +
+	" sum(unpriced_reasoning_tokens) AS total_u_reasoning, sum(cost) AS total_cost"
+
+// totalsSQL sums the whole selection per currency.
+func (s costsSQL) totalsSQL() (string, []any) {
+	w := s.where()
+	return "SELECT currency, " + sums + " FROM " + s.db + ".usage_hourly FINAL WHERE " + w.String() +
+		" GROUP BY currency HAVING total_events > 0 ORDER BY currency", w.args
+}
+
+// unpricedSQL sums the unpriced usage of the selection per model.
+func (s costsSQL) unpricedSQL() (string, []any) {
+	w := s.where()
+	return "SELECT model, " + sums + " FROM " + s.db + ".usage_hourly FINAL WHERE " + w.String() +
+		" GROUP BY model HAVING total_unpriced > 0 ORDER BY total_unpriced DESC, model LIMIT " + fmt.Sprint(MaxUnpricedModels), w.args
+}
+
+// MaxUnpricedModels bounds the models a CostReport lists as unpriced.
+const MaxUnpricedModels = 100
+
 func (s costsSQL) toSQL() (string, []any) {
 	var keys []string
 	for _, d := range s.q.GroupBy {
 		keys = append(keys, costDims[d])
 	}
-	w := &where{}
-	w.add("org_id = ?", s.q.OrgID)
-	w.add("hour >= ?", s.q.From.UTC().Truncate(time.Hour))
-	w.add("hour < ?", ceilHour(s.q.To))
+	w := s.where()
 
 	// Time buckets read oldest first; within a bucket (or without one) the most
 	// expensive group comes first. The remaining keys make the order total.
@@ -145,10 +227,7 @@ func (s costsSQL) toSQL() (string, []any) {
 	}
 	// Aggregates get names unlike the columns: a ClickHouse alias equal to a column
 	// name would capture the column inside sum() and every other expression.
-	b.WriteString("currency, sum(events) AS total_events, sum(unpriced_events) AS total_unpriced," +
-		" sum(input_tokens) AS total_input, sum(output_tokens) AS total_output," +
-		" sum(cache_read_tokens) AS total_cache_read, sum(cache_write_tokens) AS total_cache_write," +
-		" sum(reasoning_tokens) AS total_reasoning, sum(cost) AS total_cost")
+	b.WriteString("currency, " + sums)
 	b.WriteString(" FROM " + s.db + ".usage_hourly FINAL")
 	b.WriteString(" WHERE " + w.String())
 	b.WriteString(" GROUP BY " + strings.Join(append(keys, "currency"), ", "))
@@ -159,16 +238,44 @@ func (s costsSQL) toSQL() (string, []any) {
 	// version through; HAVING on the sum is correct everywhere.
 	b.WriteString(" HAVING total_events > 0")
 	b.WriteString(" ORDER BY " + strings.Join(order, ", "))
-	fmt.Fprintf(&b, " LIMIT %d", limit)
+	fmt.Fprintf(&b, " LIMIT %d", limit+1) // one more tells Truncated
 	return b.String(), w.args
 }
 
-// Costs sums usage of q.OrgID from the hourly rollup.
-func (qr *Querier) Costs(ctx context.Context, q CostQuery) ([]CostRow, error) {
+// Costs sums usage of q.OrgID from the hourly rollup: the groups, their totals and
+// the unpriced usage by model.
+func (qr *Querier) Costs(ctx context.Context, q CostQuery) (CostReport, error) {
 	if err := q.Validate(); err != nil {
-		return nil, err
+		return CostReport{}, err
 	}
-	sql, args := costsSQL{db: qr.db, q: q}.toSQL()
+	limit := q.Limit
+	if limit == 0 {
+		limit = DefaultCostLimit
+	}
+	s := costsSQL{db: qr.db, q: q}
+	sql, args := s.toSQL()
+	rows, err := qr.costRows(ctx, q, sql, args, q.GroupBy, true)
+	if err != nil {
+		return CostReport{}, err
+	}
+	rep := CostReport{Rows: rows}
+	if len(rep.Rows) > limit {
+		rep.Rows, rep.Truncated = rep.Rows[:limit], true
+	}
+	sql, args = s.totalsSQL()
+	if rep.Totals, err = qr.costRows(ctx, q, sql, args, nil, true); err != nil {
+		return CostReport{}, err
+	}
+	sql, args = s.unpricedSQL()
+	if rep.Unpriced, err = qr.costRows(ctx, q, sql, args, []string{DimModel}, false); err != nil {
+		return CostReport{}, err
+	}
+	return rep, nil
+}
+
+// costRows runs a cost read whose columns are the keys of dims, then currency when
+// the read has it, then sums.
+func (qr *Querier) costRows(ctx context.Context, q CostQuery, sql string, args []any, dims []string, currency bool) ([]CostRow, error) {
 	rows, err := qr.conn.Query(ctx, sql, args...)
 	if err != nil {
 		return nil, queryErr(ctx, err, fmt.Sprintf("cannot query costs of org %q from %s.usage_hourly", q.OrgID, qr.db))
@@ -177,8 +284,8 @@ func (qr *Querier) Costs(ctx context.Context, q CostQuery) ([]CostRow, error) {
 	out := []CostRow{}
 	for rows.Next() {
 		var r CostRow
-		dest := make([]any, 0, len(q.GroupBy)+9)
-		for _, d := range q.GroupBy {
+		dest := make([]any, 0, len(dims)+14)
+		for _, d := range dims {
 			switch d {
 			case DimOwner:
 				dest = append(dest, &r.OwnerID)
@@ -194,8 +301,12 @@ func (qr *Querier) Costs(ctx context.Context, q CostQuery) ([]CostRow, error) {
 				dest = append(dest, &r.Day)
 			}
 		}
-		dest = append(dest, &r.Currency, &r.Events, &r.UnpricedEvents, &r.InputTokens, &r.OutputTokens,
-			&r.CacheReadTokens, &r.CacheWriteTokens, &r.ReasoningTokens, &r.Cost)
+		if currency {
+			dest = append(dest, &r.Currency)
+		}
+		t, u := &r.Tokens, &r.UnpricedTokens
+		dest = append(dest, &r.Events, &r.UnpricedEvents, &t.Input, &t.Output, &t.CacheRead, &t.CacheWrite, &t.Reasoning,
+			&u.Input, &u.Output, &u.CacheRead, &u.CacheWrite, &u.Reasoning, &r.Cost)
 		if err := rows.Scan(dest...); err != nil {
 			return nil, fmt.Errorf("cannot read costs of org %q from %s.usage_hourly: %w", q.OrgID, qr.db, err)
 		}

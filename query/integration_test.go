@@ -65,25 +65,37 @@ func TestIntegrationCostsAndAudit(t *testing.T) {
 	day := query.CostQuery{OrgID: "org-a", From: base, To: base.Add(24 * time.Hour)}
 	total := func() query.CostRow {
 		t.Helper()
-		rows, err := q.Costs(ctx, day)
+		rep, err := q.Costs(ctx, day)
 		require.NoError(t, err)
-		require.Len(t, rows, 1)
-		return rows[0]
+		require.Len(t, rep.Rows, 1)
+		require.False(t, rep.Truncated)
+		require.Len(t, rep.Totals, 1)
+		require.True(t, rep.Totals[0].Cost.Equal(rep.Rows[0].Cost), "totals equal the single row")
+		return rep.Rows[0]
 	}
 	got := total()
-	want := query.CostRow{Events: 4, UnpricedEvents: 1, InputTokens: 311, OutputTokens: 80, CacheReadTokens: 5,
-		CacheWriteTokens: 6, ReasoningTokens: 7, Currency: "USD"}
+	want := query.CostRow{Events: 4, UnpricedEvents: 1, Tokens: query.Tokens{Input: 311, Output: 80, CacheRead: 5,
+		CacheWrite: 6, Reasoning: 7}, UnpricedTokens: query.Tokens{Input: 10, Output: 10}, Currency: "USD"}
 	require.Equal(t, "2.001235", got.Cost.StringFixed(6))
 	got.Cost = want.Cost
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("total before reprice (-want +got):\n%s", diff)
 	}
+	before, err := q.Costs(ctx, day)
+	require.NoError(t, err)
+	require.Len(t, before.Unpriced, 1)
+	require.Equal(t, "unknown", before.Unpriced[0].Model)
+	require.Equal(t, uint64(1), before.Unpriced[0].UnpricedEvents)
+	require.Equal(t, query.Tokens{Input: 10, Output: 10}, before.Unpriced[0].UnpricedTokens)
 
 	// Reprice u3 onto a real model: its group (model "unknown") is overwritten with zeros
 	// by the rebuild and must disappear, not linger as a stale version.
 	u3p := usage("u3", 70*time.Minute, "o2", "a3", "r2", "m3", 10, 10, 500, true, 2)
 	require.NoError(t, st.InsertUsage(ctx, []store.UsageRow{u3p}))
 	require.NoError(t, st.RefreshRollup(ctx, []store.HourKey{{OrgID: "org-a", Hour: base.Add(time.Hour)}}))
+	rep, err := q.Costs(ctx, day)
+	require.NoError(t, err)
+	require.Equal(t, []query.CostRow{}, rep.Unpriced, "no unpriced usage is left after the reprice")
 	got = total()
 	require.Equal(t, "2.001735", got.Cost.StringFixed(6))
 	require.Equal(t, uint64(4), got.Events)
@@ -96,10 +108,10 @@ func TestIntegrationCostsAndAudit(t *testing.T) {
 	}
 	costs := func(cq query.CostQuery, key func(query.CostRow) string) []keyed {
 		t.Helper()
-		rows, err := q.Costs(ctx, cq)
+		rep, err := q.Costs(ctx, cq)
 		require.NoError(t, err)
 		out := []keyed{}
-		for _, r := range rows {
+		for _, r := range rep.Rows {
 			out = append(out, keyed{key(r), r.Events, r.Cost.StringFixed(6)})
 		}
 		return out
@@ -139,7 +151,38 @@ func TestIntegrationCostsAndAudit(t *testing.T) {
 	otherOrg.OrgID = "org-b"
 	check("org-b only sees its own", []keyed{{"", 1, "9.000000"}}, costs(otherOrg, func(query.CostRow) string { return "" }))
 
-	_, err := q.Costs(ctx, query.CostQuery{OrgID: "org-a", From: base, To: base, GroupBy: []string{"foo"}})
+	// A row cap says so, and the totals still cover everything.
+	capped := byModel
+	capped.Limit = 1
+	rep, err = q.Costs(ctx, capped)
+	require.NoError(t, err)
+	require.Len(t, rep.Rows, 1)
+	require.True(t, rep.Truncated, "3 models, limit 1")
+	require.Equal(t, "2.001735", rep.Totals[0].Cost.StringFixed(6))
+	rep, err = q.Costs(ctx, byModel)
+	require.NoError(t, err)
+	require.False(t, rep.Truncated)
+
+	// Filters: some agents, some models.
+	filtered := byModel
+	filtered.Filter = query.CostFilter{AgentIDs: []string{"a1", "a3"}}
+	check("filtered by agent", []keyed{{"m1", 2, "0.001235"}, {"m3", 1, "0.000500"}},
+		costs(filtered, func(r query.CostRow) string { return r.Model }))
+
+	// Series: per hour, split by agent, every bucket present.
+	series, err := q.UsageSeries(ctx, query.SeriesQuery{OrgID: "org-a", From: base, To: base.Add(3 * time.Hour), Interval: "hour", Split: "agent"})
+	require.NoError(t, err)
+	require.Len(t, series, 3)
+	require.Equal(t, "a2", series[0].Key, "the most expensive first")
+	for _, s := range series {
+		require.Len(t, s.Points, 3, "%s", s.Key)
+	}
+	require.Equal(t, uint64(1), series[0].Points[0].Events)
+	require.Equal(t, uint64(0), series[0].Points[1].Events)
+	_, err = q.UsageSeries(ctx, query.SeriesQuery{OrgID: "org-a", From: base, To: base.Add(10000 * time.Hour), Interval: "hour"})
+	require.True(t, query.IsInvalid(err), "too many buckets: %v", err)
+
+	_, err = q.Costs(ctx, query.CostQuery{OrgID: "org-a", From: base, To: base, GroupBy: []string{"foo"}})
 	require.True(t, query.IsInvalid(err), "%v", err)
 
 	// Audit: page two at a time through org-a, newest first, replayed e2 once.

@@ -28,14 +28,7 @@ func (qr *Querier) Names(ctx context.Context, orgID string, ids []string) (map[s
 	if orgID == "" {
 		return nil, fieldErr("org_id", "required")
 	}
-	uniq := make([]string, 0, len(ids))
-	for _, id := range ids {
-		if id != "" {
-			uniq = append(uniq, id)
-		}
-	}
-	slices.Sort(uniq)
-	uniq = slices.Compact(uniq)
+	uniq := uniqueIDs(ids)
 	if len(uniq) == 0 {
 		return map[string]Party{}, nil
 	}
@@ -44,15 +37,12 @@ func (qr *Querier) Names(ctx context.Context, orgID string, ids []string) (map[s
 	}
 	// The ids travel as an external table, so the query text does not grow with them
 	// (ids of up to 256 bytes would pass max_query_size).
-	tbl, err := ext.NewTable("_bandplane_ids", ext.Column("id", "String"))
-	if err == nil {
-		_, err = tbl.Block().Columns[0].Append(uniq)
-	}
+	ictx, err := withIDs(ctx, uniq)
 	if err != nil {
 		return nil, fmt.Errorf("cannot build the id table for a names lookup in %s.directory: %w", qr.db, err)
 	}
-	rows, err := qr.conn.Query(clickhouse.Context(ctx, clickhouse.WithExternalTable(tbl)),
-		"SELECT toString(kind), id, handle, name FROM "+qr.db+".directory FINAL WHERE org_id = ? AND id IN (SELECT id FROM _bandplane_ids)", orgID)
+	rows, err := qr.conn.Query(ictx,
+		"SELECT toString(kind), id, handle, name FROM "+qr.db+".directory FINAL WHERE org_id = ? AND id IN (SELECT id FROM "+idsTable+")", orgID)
 	if err != nil {
 		return nil, queryErr(ctx, err, fmt.Sprintf("cannot look up names of org %q in %s.directory", orgID, qr.db))
 	}
@@ -70,4 +60,33 @@ func (qr *Querier) Names(ctx context.Context, orgID string, ids []string) (map[s
 		return nil, queryErr(ctx, err, fmt.Sprintf("cannot read names of org %q from %s.directory", orgID, qr.db))
 	}
 	return out, nil
+}
+
+// idsTable is the external table withIDs sends: one String column, id.
+const idsTable = "_bandplane_ids"
+
+// withIDs returns ctx carrying ids as the external table idsTable, for queries that
+// filter by a set of ids (`x IN (SELECT id FROM _bandplane_ids)`): the query text stays
+// small whatever the ids, and 18.16 cannot bind an array to IN.
+func withIDs(ctx context.Context, ids []string) (context.Context, error) {
+	tbl, err := ext.NewTable(idsTable, ext.Column("id", "String"))
+	if err == nil {
+		_, err = tbl.Block().Columns[0].Append(ids)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return clickhouse.Context(ctx, clickhouse.WithExternalTable(tbl)), nil
+}
+
+// uniqueIDs returns ids sorted, without duplicates and "".
+func uniqueIDs(ids []string) []string {
+	out := make([]string, 0, len(ids))
+	for _, id := range ids {
+		if id != "" {
+			out = append(out, id)
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
 }

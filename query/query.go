@@ -79,3 +79,18 @@ func (w *where) add(cond string, args ...any) {
 }
 
 func (w *where) String() string { return strings.Join(w.conds, " AND ") }
+
+// Tokens counts tokens by kind.
+type Tokens struct {
+	Input, Output, CacheRead, CacheWrite, Reasoning uint64
+}
+
+// Total is the sum of the five kinds.
+func (t Tokens) Total() uint64 {
+	return t.Input + t.Output + t.CacheRead + t.CacheWrite + t.Reasoning
+}
+
+// Add returns t + o.
+func (t Tokens) Add(o Tokens) Tokens {
+	return Tokens{t.Input + o.Input, t.Output + o.Output, t.CacheRead + o.CacheRead, t.CacheWrite + o.CacheWrite, t.Reasoning + o.Reasoning}
+}

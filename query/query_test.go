@@ -1,6 +1,7 @@
 package query
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -17,7 +18,10 @@ func TestCostsSQL(t *testing.T) {
 	const aggs = "currency, sum(events) AS total_events, sum(unpriced_events) AS total_unpriced," +
 		" sum(input_tokens) AS total_input, sum(output_tokens) AS total_output," +
 		" sum(cache_read_tokens) AS total_cache_read, sum(cache_write_tokens) AS total_cache_write," +
-		" sum(reasoning_tokens) AS total_reasoning, sum(cost) AS total_cost"
+		" sum(reasoning_tokens) AS total_reasoning," +
+		" sum(unpriced_input_tokens) AS total_u_input, sum(unpriced_output_tokens) AS total_u_output," +
+		" sum(unpriced_cache_read_tokens) AS total_u_cache_read, sum(unpriced_cache_write_tokens) AS total_u_cache_write," +
+		" sum(unpriced_reasoning_tokens) AS total_u_reasoning, sum(cost) AS total_cost"
 	const from = " FROM db1.usage_hourly FINAL WHERE org_id = ? AND hour >= ? AND hour < ?"
 	f := func(name string, q CostQuery, wantSQL string, wantArgs []any) {
 		t.Helper()
@@ -35,23 +39,43 @@ func TestCostsSQL(t *testing.T) {
 		})
 	}
 	f("no grouping", CostQuery{OrgID: "o1", From: t0, To: t1},
-		"SELECT "+aggs+from+" GROUP BY currency HAVING total_events > 0 ORDER BY total_cost DESC, currency LIMIT 1000",
+		"SELECT "+aggs+from+" GROUP BY currency HAVING total_events > 0 ORDER BY total_cost DESC, currency LIMIT 1001",
 		[]any{"o1", t0, t1})
 	f("agent and model", CostQuery{OrgID: "o1", From: t0, To: t1, GroupBy: []string{"agent", "model"}, Limit: 5},
 		"SELECT agent_id, model, "+aggs+from+" GROUP BY agent_id, model, currency HAVING total_events > 0"+
-			" ORDER BY total_cost DESC, agent_id, model, currency LIMIT 5",
+			" ORDER BY total_cost DESC, agent_id, model, currency LIMIT 6",
 		[]any{"o1", t0, t1})
 	f("day first in order", CostQuery{OrgID: "o1", From: t0, To: t1, GroupBy: []string{"owner", "day"}},
 		"SELECT owner_id, toStartOfDay(hour), "+aggs+from+" GROUP BY owner_id, toStartOfDay(hour), currency HAVING total_events > 0"+
-			" ORDER BY toStartOfDay(hour), total_cost DESC, owner_id, currency LIMIT 1000",
+			" ORDER BY toStartOfDay(hour), total_cost DESC, owner_id, currency LIMIT 1001",
 		[]any{"o1", t0, t1})
 	f("range widened to whole hours", CostQuery{OrgID: "o1", From: t0.Add(59 * time.Minute), To: t1.Add(time.Second), GroupBy: []string{"hour", "room"}},
 		"SELECT hour, room_id, "+aggs+from+" GROUP BY hour, room_id, currency HAVING total_events > 0"+
-			" ORDER BY hour, total_cost DESC, room_id, currency LIMIT 1000",
+			" ORDER BY hour, total_cost DESC, room_id, currency LIMIT 1001",
 		[]any{"o1", t0, t1.Add(time.Hour)})
 	f("non-UTC input", CostQuery{OrgID: "o1", From: t0.In(time.FixedZone("X", 3600)), To: t1.In(time.FixedZone("X", 3600))},
-		"SELECT "+aggs+from+" GROUP BY currency HAVING total_events > 0 ORDER BY total_cost DESC, currency LIMIT 1000",
+		"SELECT "+aggs+from+" GROUP BY currency HAVING total_events > 0 ORDER BY total_cost DESC, currency LIMIT 1001",
 		[]any{"o1", t0, t1})
+	f("filtered", CostQuery{OrgID: "o1", From: t0, To: t1, Filter: CostFilter{AgentIDs: []string{"a1", "a2"}, Models: []string{"m"}}},
+		"SELECT "+aggs+from+" AND has(?, agent_id) AND has(?, model) GROUP BY currency HAVING total_events > 0 ORDER BY total_cost DESC, currency LIMIT 1001",
+		[]any{"o1", t0, t1, []string{"a1", "a2"}, []string{"m"}})
+}
+
+func TestCostFilterRefusesHostileLists(t *testing.T) {
+	long := make([]string, MaxFilterValues+1)
+	for i := range long {
+		long[i] = "a"
+	}
+	for name, f := range map[string]CostFilter{
+		"too many": {OwnerIDs: long},
+		"empty":    {RoomIDs: []string{""}},
+		"too long": {Models: []string{string(make([]byte, 257))}},
+	} {
+		err := CostQuery{OrgID: "o1", From: t0, To: t1, Filter: f}.Validate()
+		if !IsInvalid(err) {
+			t.Errorf("%s: Validate = %v, want a FieldError", name, err)
+		}
+	}
 }
 
 func TestCostQueryValidate(t *testing.T) {
@@ -88,17 +112,26 @@ func TestCostQueryValidate(t *testing.T) {
 }
 
 func TestAuditSQL(t *testing.T) {
-	const sel = "SELECT id, type, time, time_ms, org_id, room_id, actor_id, toString(actor_type), actor_handle," +
+	const cols = "id, type, time, time_ms, org_id, room_id, actor_id, toString(actor_type), actor_handle," +
 		" owner_id, subject_id, subject_type, subject_handle, execution_id, source, schema_version, data," +
-		" ingested_at, kafka_partition, kafka_offset FROM db1.events FINAL WHERE org_id = ?"
-	const order = " ORDER BY time DESC, time_ms DESC, id DESC"
-	f := func(name string, q AuditQuery, wantSQL string, wantArgs []any) {
+		" ingested_at, kafka_partition, kafka_offset"
+	const order = " ORDER BY time DESC, time_ms DESC, id DESC LIMIT 1 BY (time, time_ms, id)"
+	// The page's keys are chosen by the subquery, with the same conditions (and so the
+	// same arguments, twice); no FINAL.
+	page := func(cond string, limit int) string {
+		from := " FROM db1.events WHERE org_id = ?" + cond
+		lim := fmt.Sprintf(" LIMIT %d", limit)
+		return "SELECT " + cols + from + " AND (time, time_ms, id) IN (SELECT time, time_ms, id" + from + order + lim + ")" + order + lim
+	}
+	twice := func(args ...any) []any { return append(append([]any{}, args...), args...) }
+	f := func(name string, s auditSQL, wantSQL string, wantArgs []any) {
 		t.Helper()
 		t.Run(name, func(t *testing.T) {
-			if err := q.Validate(); err != nil {
+			if err := s.q.Validate(); err != nil {
 				t.Fatalf("Validate: %v", err)
 			}
-			sql, args := auditSQL{db: "db1", q: q}.toSQL()
+			s.db = "db1"
+			sql, args := s.toSQL()
 			if diff := cmp.Diff(wantSQL, sql); diff != "" {
 				t.Errorf("sql (-want +got):\n%s", diff)
 			}
@@ -107,18 +140,23 @@ func TestAuditSQL(t *testing.T) {
 			}
 		})
 	}
-	f("org only", AuditQuery{OrgID: "o1"}, sel+order+" LIMIT 101", []any{"o1"})
-	f("every filter", AuditQuery{
+	f("org only", auditSQL{q: AuditQuery{OrgID: "o1"}}, page("", 101), twice("o1"))
+	f("every filter", auditSQL{q: AuditQuery{
 		OrgID: "o1", From: t0.Add(250 * time.Millisecond), To: t1.Add(999 * time.Millisecond),
-		RoomID: "r1", ActorID: "a1", Types: []string{"message.posted", "tool.called"}, Limit: 10,
-	},
-		sel+" AND time >= ? AND (time > ? OR time_ms >= ?) AND time <= ? AND (time < ? OR time_ms < ?)"+
-			" AND room_id = ? AND actor_id = ? AND has(?, type)"+order+" LIMIT 11",
-		[]any{"o1", t0, t0, uint16(250), t1, t1, uint16(999), "r1", "a1", []string{"message.posted", "tool.called"}})
-	before := cursor{sec: t1.Unix(), ms: 7, id: "ev-9"}.String()
-	f("before cursor", AuditQuery{OrgID: "o1", Before: before, Limit: MaxAuditLimit},
-		sel+" AND time <= ? AND (time < ? OR time_ms < ? OR (time_ms = ? AND id < ?))"+order+" LIMIT 10001",
-		[]any{"o1", t1, t1, uint16(7), uint16(7), "ev-9"})
+		RoomID: "r1", ActorID: "a1", SubjectID: "s1", Types: []string{"message.posted", "tool.called"}, Limit: 10,
+	}},
+		page(" AND time >= ? AND (time > ? OR time_ms >= ?) AND time <= ? AND (time < ? OR time_ms < ?)"+
+			" AND room_id = ? AND actor_id = ? AND subject_id = ? AND has(?, type)", 11),
+		twice("o1", t0, t0, uint16(250), t1, t1, uint16(999), "r1", "a1", "s1", []string{"message.posted", "tool.called"}))
+	before := cursor{asOf: t1.Unix() + 60, sec: t1.Unix(), ms: 7, id: "ev-9"}.String()
+	f("before cursor, as of its watermark", auditSQL{q: AuditQuery{OrgID: "o1", Before: before, Limit: MaxAuditLimit}, asOf: t1.Add(time.Minute)},
+		page(" AND ingested_at <= ? AND time <= ? AND (time < ? OR time_ms < ? OR (time_ms = ? AND id < ?))", 10001),
+		twice("o1", t1.Add(time.Minute), t1, t1, uint16(7), uint16(7), "ev-9"))
+	f("denied", auditSQL{q: AuditQuery{OrgID: "o1", Outcome: "denied"}},
+		page(" AND type = ? AND visitParamExtractBool(data, 'allow') = 0", 101), twice("o1", "policy.decided"))
+	f("allowed send_message", auditSQL{q: AuditQuery{OrgID: "o1", Outcome: "allowed"}, decision: "send_message"},
+		page(" AND type = ? AND visitParamExtractBool(data, 'allow') = 1 AND visitParamExtractString(data, 'decision') = ?", 101),
+		twice("o1", "policy.decided", "send_message"))
 }
 
 func TestAuditQueryValidate(t *testing.T) {

@@ -53,6 +53,8 @@ type serveConfig struct {
 	http          httpLimits
 	graphql       graph.Limits
 	queryConns    int
+	hub           graph.HubConfig
+	noLive        bool
 	allowedHosts  string
 	noConsumer    bool
 	policy        policyFlags
@@ -119,6 +121,10 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	fs.DurationVar(&c.graphql.QueryTimeout, "graphql-query-timeout", 10*time.Second, "longest one GraphQL query may run (ClickHouse stops it too; longer: code TIMEOUT)")
 	fs.IntVar(&c.graphql.MaxConcurrentPerKey, "graphql-max-concurrent-per-key", 4, "most ClickHouse reads one API key runs at once through GraphQL, aliases counted (more: code TOO_MANY_REQUESTS)")
 	fs.StringVar(&c.allowedHosts, "allowed-hosts", envOr("BANDPLANE_ALLOWED_HOSTS", ""), "comma-separated host names the browser pages (GraphiQL at GET /graphql) answer to, against DNS rebinding (default: localhost, 127.0.0.1, ::1 and --listen's host); env BANDPLANE_ALLOWED_HOSTS")
+	fs.DurationVar(&c.hub.StuckAfter, "stuck-after", 15*time.Minute, "a task in progress with no activity from its assignee for this long is stuck (workStatus, the live board)")
+	fs.IntVar(&c.hub.Buffer, "graphql-subscriber-buffer", graph.DefaultSubscriberBuffer, "changes one subscription may fall behind by before it is told (SLOW_SUBSCRIBER) and dropped")
+	fs.IntVar(&c.hub.MaxSubscriptionsPerKey, "graphql-max-subscriptions-per-key", graph.DefaultMaxSubscriptionsPerKey, "most subscriptions one API key holds open (more: code TOO_MANY_REQUESTS)")
+	fs.BoolVar(&c.noLive, "no-live", false, "do not run the live reader: GraphQL subscriptions answer UNAVAILABLE")
 	fs.IntVar(&c.queryConns, "graphql-clickhouse-conns", 4, "ClickHouse connections of the GraphQL queries, a pool apart from ingest's so that heavy queries never starve it")
 	fs.BoolVar(&c.noConsumer, "no-consumer", false, "run the collector only (no ingest consumer)")
 	c.policy.register(fs)
@@ -163,6 +169,9 @@ func (c *serveConfig) validateGraphQL() error {
 		{"--graphql-query-timeout", c.graphql.QueryTimeout > 0},
 		{"--graphql-max-concurrent-per-key", c.graphql.MaxConcurrentPerKey > 0},
 		{"--graphql-clickhouse-conns", c.queryConns > 0},
+		{"--stuck-after", c.hub.StuckAfter > 0},
+		{"--graphql-subscriber-buffer", c.hub.Buffer > 0},
+		{"--graphql-max-subscriptions-per-key", c.hub.MaxSubscriptionsPerKey > 0},
 	} {
 		if !f.ok {
 			return fmt.Errorf("%s must be greater than 0", f.name)
@@ -273,8 +282,44 @@ func serve(ctx context.Context, log *slog.Logger, reg *prometheus.Registry, c se
 		return err
 	}
 	defer qconn.Close()
-	mux.Handle("/graphql", graph.NewHandler(query.New(qconn, c.stack.ch.Database), keyCache, graph.WithLogger(log), graph.WithLimits(c.graphql),
-		graph.WithAllowedHosts(pageHosts(c.allowedHosts, c.listen)...)))
+	querier := query.New(qconn, c.stack.ch.Database)
+	hosts := pageHosts(c.allowedHosts, c.listen)
+	var hub *graph.Hub
+	var live *ingest.Live
+	var liveReady atomic.Bool
+	if !c.noLive {
+		liveDir := ingest.NewDirectory()
+		snapshot, err := st.LoadDirectory(ctx)
+		if err != nil {
+			return fmt.Errorf("cannot load the directory for the live reader: %w", err)
+		}
+		liveDir.Load(snapshot)
+		hcfg := c.hub
+		hcfg.Handles, hcfg.Logger = liveDir, log.With("component", "hub")
+		hub = graph.NewHub(hcfg)
+		reg.MustRegister(
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "bandplane_live_subscriptions", Help: "Open GraphQL subscriptions of this process."},
+				func() float64 { return float64(hub.Subscribers()) }),
+			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "bandplane_live_changes_delivered_total", Help: "Changes handed to subscriptions."},
+				func() float64 { d, _ := hub.Stats(); return float64(d) }),
+			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "bandplane_live_subscriptions_dropped_total", Help: "Subscriptions dropped for falling behind (SLOW_SUBSCRIBER)."},
+				func() float64 { _, d := hub.Stats(); return float64(d) }),
+		)
+		live, err = ingest.NewLive(ingest.LiveConfig{Brokers: brokers, Topic: c.stack.topic, Directory: liveDir, Publish: hub.Publish, Logger: log})
+		if err != nil {
+			return err
+		}
+		seeded, err := querier.TasksInProgress(ctx, time.Now(), hcfg.StuckAfter, graph.DefaultMaxTracked)
+		if err != nil {
+			return fmt.Errorf("cannot seed the live hub with the tasks in progress: %w", err)
+		}
+		for _, t := range seeded {
+			hub.SeedTask(t.OrgID, t.Task)
+		}
+	}
+	mux.Handle("/graphql", graph.NewHandler(querier, keyCache, graph.WithLogger(log), graph.WithLimits(c.graphql),
+		graph.WithAllowedHosts(hosts...), graph.WithHub(hub)))
+	mux.Handle("/", graph.BoardHandler(hosts))
 	metricsHandler := promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg})
 	if c.metricsListen == "" {
 		// The metrics are the whole process's, every organization's: platform keys only.
@@ -304,6 +349,9 @@ func serve(ctx context.Context, log *slog.Logger, reg *prometheus.Registry, c se
 		}
 		if pol != nil && !policyReady.Load() {
 			problems = append(problems, "policy: the directory is still loading")
+		}
+		if live != nil && !liveReady.Load() {
+			problems = append(problems, "live: the live reader is not at the newest offsets yet")
 		}
 		if len(problems) > 0 {
 			w.WriteHeader(http.StatusServiceUnavailable)
@@ -349,6 +397,19 @@ func serve(ctx context.Context, log *slog.Logger, reg *prometheus.Registry, c se
 	var pipelineWG sync.WaitGroup
 	if pipeline != nil {
 		pipelineWG.Go(func() { pipeline.Run(consumerCtx) })
+	}
+	if live != nil {
+		positioned := make(chan struct{})
+		workers.Go(func() { _ = live.Run(consumerCtx, positioned) })
+		workers.Go(func() { hub.Run(consumerCtx) })
+		go func() {
+			select {
+			case <-positioned:
+				liveReady.Store(true)
+				log.Info("live reader at the newest offsets", "topic", c.stack.topic)
+			case <-consumerCtx.Done():
+			}
+		}()
 	}
 	// The sealer stops after the consumer's last flush, so its last seal covers it.
 	sealCtx, stopSealer := context.WithCancel(context.WithoutCancel(ctx))

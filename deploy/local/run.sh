@@ -70,6 +70,16 @@ BANDPLANE_API_KEY="$INGEST_KEY" "$BIN" simulate --collector "http://$LISTEN" --r
   >"$RUN/simulate.json" 2>"$RUN/simulate.log" &
 pids+=($!)
 
+# The board reads one organization: the simulated tutorial's (its owner is @maya).
+BOARD_ORG=""
+for _ in $(seq 1 60); do
+  BOARD_ORG=$(clickhouse-client --port 19000 -q "SELECT org_id FROM bandplane.directory FINAL WHERE kind = 'user' AND handle = 'maya' LIMIT 1" 2>/dev/null || true)
+  [[ -n "$BOARD_ORG" ]] && break
+  sleep 0.5
+done
+VIEWER_KEY="(the workload's directory is not stored yet; create one: bin/bandplane keys create --org ORG --role viewer)"
+[[ -n "$BOARD_ORG" ]] && VIEWER_KEY=$(key "viewer-$BOARD_ORG" "$BOARD_ORG" viewer)
+
 cat <<MSG
 
 bandplane is running (Ctrl-C stops it, and the dependencies this command started).
@@ -79,6 +89,7 @@ bandplane is running (Ctrl-C stops it, and the dependencies this command started
   operator      POST http://$LISTEN/v1/agents/ID/suspend  Authorization: Bearer $OPERATOR_KEY
   graphql       POST http://$LISTEN/graphql       Authorization: Bearer $ADMIN_KEY   (platform, admin: name any orgId)
   graphiql      open http://$LISTEN/graphql in a browser; Headers: {"Authorization": "Bearer $ADMIN_KEY"}
+  work board    open http://$LISTEN/ in a browser and give it a viewer key: $VIEWER_KEY   (org $BOARD_ORG)
   metrics       http://$LISTEN/metrics (operator or admin key)   readiness http://$LISTEN/readyz
   workload      simulated platform traffic at $RATE events/s through the collector
   keys          $RUN/keys/*.json (bandplane keys list | create | revoke)

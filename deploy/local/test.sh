@@ -12,6 +12,8 @@ if [[ -n "$unformatted" ]]; then
   exit 1
 fi
 go vet ./...
+# The live work board's test drives a headless Chromium.
+"$(dirname "${BASH_SOURCE[0]}")/chromium.sh" install
 export BANDPLANE_INTEGRATION=1
 go test -count=1 -timeout 30m ./...
 BANDPLANE_OUTAGE_TESTS=1 go test -count=1 -timeout 20m -run 'TestIntegrationOutage' -v ./ingest/

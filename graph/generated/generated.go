@@ -29,15 +29,59 @@ type Config = graphql.Config[ResolverRoot, DirectiveRoot, ComplexityRoot]
 
 type ResolverRoot interface {
 	Query() QueryResolver
+	Subscription() SubscriptionResolver
 }
 
 type DirectiveRoot struct {
 }
 
 type ComplexityRoot struct {
+	ActiveAgent struct {
+		AgentHandle   func(childComplexity int) int
+		AgentID       func(childComplexity int) int
+		AgentName     func(childComplexity int) int
+		CostToday     func(childComplexity int) int
+		Currency      func(childComplexity int) int
+		LastActivity  func(childComplexity int) int
+		LastMessage   func(childComplexity int) int
+		LastMessageAt func(childComplexity int) int
+		MessagesToday func(childComplexity int) int
+	}
+
+	Agent struct {
+		Handle        func(childComplexity int) int
+		ID            func(childComplexity int) int
+		Model         func(childComplexity int) int
+		Name          func(childComplexity int) int
+		OpenToolCalls func(childComplexity int) int
+		OwnerHandle   func(childComplexity int) int
+		OwnerID       func(childComplexity int) int
+		Suspended     func(childComplexity int) int
+		ToolErrorRate func(childComplexity int) int
+		ToolErrors    func(childComplexity int) int
+		ToolResults   func(childComplexity int) int
+		UpdatedAt     func(childComplexity int) int
+	}
+
+	AttentionRequest struct {
+		AddressedTo       func(childComplexity int) int
+		AddressedToHandle func(childComplexity int) int
+		AddressedToName   func(childComplexity int) int
+		AgeSeconds        func(childComplexity int) int
+		AskedBy           func(childComplexity int) int
+		AskedByHandle     func(childComplexity int) int
+		AskedByName       func(childComplexity int) int
+		ID                func(childComplexity int) int
+		Question          func(childComplexity int) int
+		RoomID            func(childComplexity int) int
+		RoomName          func(childComplexity int) int
+		Since             func(childComplexity int) int
+	}
+
 	AuditEvent struct {
 		ActorHandle    func(childComplexity int) int
 		ActorID        func(childComplexity int) int
+		ActorName      func(childComplexity int) int
 		ActorType      func(childComplexity int) int
 		Data           func(childComplexity int) int
 		ExecutionID    func(childComplexity int) int
@@ -48,6 +92,7 @@ type ComplexityRoot struct {
 		OrgID          func(childComplexity int) int
 		OwnerID        func(childComplexity int) int
 		RoomID         func(childComplexity int) int
+		RoomName       func(childComplexity int) int
 		SchemaVersion  func(childComplexity int) int
 		Source         func(childComplexity int) int
 		SubjectHandle  func(childComplexity int) int
@@ -62,31 +107,221 @@ type ComplexityRoot struct {
 		NextCursor func(childComplexity int) int
 	}
 
+	ChattyAgent struct {
+		AgentHandle func(childComplexity int) int
+		AgentID     func(childComplexity int) int
+		AgentName   func(childComplexity int) int
+		Cost        func(childComplexity int) int
+		Currency    func(childComplexity int) int
+		Denied      func(childComplexity int) int
+		Messages    func(childComplexity int) int
+		OwnerHandle func(childComplexity int) int
+		OwnerID     func(childComplexity int) int
+		Suspended   func(childComplexity int) int
+		Throttled   func(childComplexity int) int
+		Tokens      func(childComplexity int) int
+	}
+
+	ContactRequest struct {
+		AgentHandle     func(childComplexity int) int
+		AgentID         func(childComplexity int) int
+		DecidedBy       func(childComplexity int) int
+		DecidedByHandle func(childComplexity int) int
+		FirstSeen       func(childComplexity int) int
+		FromHandle      func(childComplexity int) int
+		History         func(childComplexity int) int
+		LastChanged     func(childComplexity int) int
+		Message         func(childComplexity int) int
+		RequestID       func(childComplexity int) int
+		Status          func(childComplexity int) int
+		ToHandle        func(childComplexity int) int
+	}
+
+	ContactRequestPage struct {
+		Requests  func(childComplexity int) int
+		Truncated func(childComplexity int) int
+	}
+
+	ContactRequestStep struct {
+		ActorHandle func(childComplexity int) int
+		ActorID     func(childComplexity int) int
+		EventID     func(childComplexity int) int
+		Status      func(childComplexity int) int
+		Time        func(childComplexity int) int
+	}
+
+	CostReport struct {
+		Rows      func(childComplexity int) int
+		Totals    func(childComplexity int) int
+		Truncated func(childComplexity int) int
+		Unpriced  func(childComplexity int) int
+	}
+
 	CostRow struct {
-		AgentHandle      func(childComplexity int) int
-		AgentID          func(childComplexity int) int
-		AgentName        func(childComplexity int) int
-		CacheReadTokens  func(childComplexity int) int
-		CacheWriteTokens func(childComplexity int) int
-		Cost             func(childComplexity int) int
-		Currency         func(childComplexity int) int
-		Day              func(childComplexity int) int
-		Events           func(childComplexity int) int
-		Hour             func(childComplexity int) int
-		InputTokens      func(childComplexity int) int
-		Model            func(childComplexity int) int
-		OutputTokens     func(childComplexity int) int
-		OwnerHandle      func(childComplexity int) int
-		OwnerID          func(childComplexity int) int
-		OwnerName        func(childComplexity int) int
-		ReasoningTokens  func(childComplexity int) int
-		RoomID           func(childComplexity int) int
-		UnpricedEvents   func(childComplexity int) int
+		AgentHandle    func(childComplexity int) int
+		AgentID        func(childComplexity int) int
+		AgentName      func(childComplexity int) int
+		Cost           func(childComplexity int) int
+		Currency       func(childComplexity int) int
+		Day            func(childComplexity int) int
+		Events         func(childComplexity int) int
+		Hour           func(childComplexity int) int
+		Model          func(childComplexity int) int
+		OwnerHandle    func(childComplexity int) int
+		OwnerID        func(childComplexity int) int
+		OwnerName      func(childComplexity int) int
+		PricedEvents   func(childComplexity int) int
+		RoomID         func(childComplexity int) int
+		RoomName       func(childComplexity int) int
+		Tokens         func(childComplexity int) int
+		UnpricedEvents func(childComplexity int) int
+		UnpricedTokens func(childComplexity int) int
+	}
+
+	CostTotal struct {
+		Cost           func(childComplexity int) int
+		Currency       func(childComplexity int) int
+		Events         func(childComplexity int) int
+		PricedEvents   func(childComplexity int) int
+		Tokens         func(childComplexity int) int
+		UnpricedEvents func(childComplexity int) int
+		UnpricedTokens func(childComplexity int) int
+	}
+
+	DecisionReason struct {
+		Code    func(childComplexity int) int
+		Message func(childComplexity int) int
+	}
+
+	PolicyDecision struct {
+		AgentHandle  func(childComplexity int) int
+		AgentID      func(childComplexity int) int
+		Allowed      func(childComplexity int) int
+		Decision     func(childComplexity int) int
+		ID           func(childComplexity int) int
+		Input        func(childComplexity int) int
+		InputDigest  func(childComplexity int) int
+		Reasons      func(childComplexity int) int
+		RequestedBy  func(childComplexity int) int
+		RetryAfterMs func(childComplexity int) int
+		Revision     func(childComplexity int) int
+		RoomID       func(childComplexity int) int
+		RoomName     func(childComplexity int) int
+		Time         func(childComplexity int) int
+	}
+
+	PolicyDecisionPage struct {
+		Decisions  func(childComplexity int) int
+		NextCursor func(childComplexity int) int
+	}
+
+	PolicyDenial struct {
+		Decision func(childComplexity int) int
 	}
 
 	Query struct {
-		AuditEvents func(childComplexity int, orgID *string, from *time.Time, to *time.Time, roomID *string, actorID *string, types []string, limit *int, before *string) int
-		Costs       func(childComplexity int, orgID *string, from time.Time, to time.Time, groupBy []model.CostDimension) int
+		Agents          func(childComplexity int, orgID *string, limit *int) int
+		AuditEvents     func(childComplexity int, orgID *string, from *time.Time, to *time.Time, roomID *string, actorID *string, subjectID *string, types []string, outcome *model.DecisionOutcome, limit *int, before *string) int
+		ChattyAgents    func(childComplexity int, orgID *string, from *time.Time, to *time.Time, limit *int) int
+		ContactRequests func(childComplexity int, orgID *string, from *time.Time, to *time.Time, status *string, agentID *string, limit *int) int
+		Costs           func(childComplexity int, orgID *string, from time.Time, to time.Time, groupBy []model.CostDimension, filter *model.CostFilter, limit *int) int
+		PolicyDecisions func(childComplexity int, orgID *string, from *time.Time, to *time.Time, decision *string, outcome *model.DecisionOutcome, agentID *string, limit *int, before *string) int
+		Rooms           func(childComplexity int, orgID *string, limit *int) int
+		UsageSeries     func(childComplexity int, orgID *string, from time.Time, to time.Time, interval model.SeriesInterval, split *model.CostDimension, filter *model.CostFilter, limit *int) int
+		WorkStatus      func(childComplexity int, orgID *string, roomID *string) int
+	}
+
+	Room struct {
+		Closed        func(childComplexity int) int
+		ID            func(childComplexity int) int
+		LastActivity  func(childComplexity int) int
+		Name          func(childComplexity int) int
+		OpenAttention func(childComplexity int) int
+		OpenTasks     func(childComplexity int) int
+		StuckTasks    func(childComplexity int) int
+	}
+
+	RoomWork struct {
+		Agents    func(childComplexity int) int
+		Attention func(childComplexity int) int
+		RoomID    func(childComplexity int) int
+		RoomName  func(childComplexity int) int
+		Tasks     func(childComplexity int) int
+	}
+
+	Subscription struct {
+		AttentionRequested func(childComplexity int, orgID *string, roomID *string) int
+		PolicyDenied       func(childComplexity int, orgID *string) int
+		WorkStatusChanged  func(childComplexity int, orgID *string, roomID *string) int
+	}
+
+	Task struct {
+		AssigneeHandle func(childComplexity int) int
+		AssigneeID     func(childComplexity int) int
+		AssigneeName   func(childComplexity int) int
+		CreatedAt      func(childComplexity int) int
+		ID             func(childComplexity int) int
+		LastActivity   func(childComplexity int) int
+		RoomID         func(childComplexity int) int
+		Status         func(childComplexity int) int
+		Stuck          func(childComplexity int) int
+		StuckSince     func(childComplexity int) int
+		Title          func(childComplexity int) int
+		UpdatedAt      func(childComplexity int) int
+	}
+
+	Tokens struct {
+		CacheRead  func(childComplexity int) int
+		CacheWrite func(childComplexity int) int
+		Input      func(childComplexity int) int
+		Output     func(childComplexity int) int
+		Reasoning  func(childComplexity int) int
+		Total      func(childComplexity int) int
+	}
+
+	ToolCall struct {
+		CalledAt   func(childComplexity int) int
+		RoomID     func(childComplexity int) int
+		ToolCallID func(childComplexity int) int
+		ToolName   func(childComplexity int) int
+	}
+
+	UnpricedModel struct {
+		Events func(childComplexity int) int
+		Model  func(childComplexity int) int
+		Tokens func(childComplexity int) int
+	}
+
+	UsagePoint struct {
+		Cost           func(childComplexity int) int
+		Events         func(childComplexity int) int
+		Time           func(childComplexity int) int
+		Tokens         func(childComplexity int) int
+		UnpricedEvents func(childComplexity int) int
+	}
+
+	UsageSeries struct {
+		Currency func(childComplexity int) int
+		Key      func(childComplexity int) int
+		Name     func(childComplexity int) int
+		Points   func(childComplexity int) int
+	}
+
+	WorkStatus struct {
+		AsOf      func(childComplexity int) int
+		Rooms     func(childComplexity int) int
+		Truncated func(childComplexity int) int
+	}
+
+	WorkStatusChange struct {
+		AgentHandle func(childComplexity int) int
+		AgentID     func(childComplexity int) int
+		Attention   func(childComplexity int) int
+		EventID     func(childComplexity int) int
+		Kind        func(childComplexity int) int
+		RoomID      func(childComplexity int) int
+		Task        func(childComplexity int) int
+		Time        func(childComplexity int) int
 	}
 }
 
@@ -95,8 +330,20 @@ type ComplexityRoot struct {
 // region    ************************** generated!.gotpl **************************
 
 type QueryResolver interface {
-	Costs(ctx context.Context, orgID *string, from time.Time, to time.Time, groupBy []model.CostDimension) ([]model.CostRow, error)
-	AuditEvents(ctx context.Context, orgID *string, from *time.Time, to *time.Time, roomID *string, actorID *string, types []string, limit *int, before *string) (*model.AuditPage, error)
+	Costs(ctx context.Context, orgID *string, from time.Time, to time.Time, groupBy []model.CostDimension, filter *model.CostFilter, limit *int) (*model.CostReport, error)
+	UsageSeries(ctx context.Context, orgID *string, from time.Time, to time.Time, interval model.SeriesInterval, split *model.CostDimension, filter *model.CostFilter, limit *int) ([]model.UsageSeries, error)
+	ChattyAgents(ctx context.Context, orgID *string, from *time.Time, to *time.Time, limit *int) ([]model.ChattyAgent, error)
+	AuditEvents(ctx context.Context, orgID *string, from *time.Time, to *time.Time, roomID *string, actorID *string, subjectID *string, types []string, outcome *model.DecisionOutcome, limit *int, before *string) (*model.AuditPage, error)
+	ContactRequests(ctx context.Context, orgID *string, from *time.Time, to *time.Time, status *string, agentID *string, limit *int) (*model.ContactRequestPage, error)
+	PolicyDecisions(ctx context.Context, orgID *string, from *time.Time, to *time.Time, decision *string, outcome *model.DecisionOutcome, agentID *string, limit *int, before *string) (*model.PolicyDecisionPage, error)
+	WorkStatus(ctx context.Context, orgID *string, roomID *string) (*model.WorkStatus, error)
+	Agents(ctx context.Context, orgID *string, limit *int) ([]model.Agent, error)
+	Rooms(ctx context.Context, orgID *string, limit *int) ([]model.Room, error)
+}
+type SubscriptionResolver interface {
+	WorkStatusChanged(ctx context.Context, orgID *string, roomID *string) (<-chan *model.WorkStatusChange, error)
+	AttentionRequested(ctx context.Context, orgID *string, roomID *string) (<-chan *model.AttentionRequest, error)
+	PolicyDenied(ctx context.Context, orgID *string) (<-chan *model.PolicyDenial, error)
 }
 
 // endregion ************************** generated!.gotpl **************************
@@ -117,6 +364,207 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 	_ = ec
 	switch typeName + "." + field {
 
+	case "ActiveAgent.agentHandle":
+		if e.ComplexityRoot.ActiveAgent.AgentHandle == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ActiveAgent.AgentHandle(childComplexity), true
+	case "ActiveAgent.agentId":
+		if e.ComplexityRoot.ActiveAgent.AgentID == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ActiveAgent.AgentID(childComplexity), true
+	case "ActiveAgent.agentName":
+		if e.ComplexityRoot.ActiveAgent.AgentName == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ActiveAgent.AgentName(childComplexity), true
+	case "ActiveAgent.costToday":
+		if e.ComplexityRoot.ActiveAgent.CostToday == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ActiveAgent.CostToday(childComplexity), true
+	case "ActiveAgent.currency":
+		if e.ComplexityRoot.ActiveAgent.Currency == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ActiveAgent.Currency(childComplexity), true
+	case "ActiveAgent.lastActivity":
+		if e.ComplexityRoot.ActiveAgent.LastActivity == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ActiveAgent.LastActivity(childComplexity), true
+	case "ActiveAgent.lastMessage":
+		if e.ComplexityRoot.ActiveAgent.LastMessage == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ActiveAgent.LastMessage(childComplexity), true
+	case "ActiveAgent.lastMessageAt":
+		if e.ComplexityRoot.ActiveAgent.LastMessageAt == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ActiveAgent.LastMessageAt(childComplexity), true
+	case "ActiveAgent.messagesToday":
+		if e.ComplexityRoot.ActiveAgent.MessagesToday == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ActiveAgent.MessagesToday(childComplexity), true
+
+	case "Agent.handle":
+		if e.ComplexityRoot.Agent.Handle == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Agent.Handle(childComplexity), true
+	case "Agent.id":
+		if e.ComplexityRoot.Agent.ID == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Agent.ID(childComplexity), true
+	case "Agent.model":
+		if e.ComplexityRoot.Agent.Model == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Agent.Model(childComplexity), true
+	case "Agent.name":
+		if e.ComplexityRoot.Agent.Name == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Agent.Name(childComplexity), true
+	case "Agent.openToolCalls":
+		if e.ComplexityRoot.Agent.OpenToolCalls == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Agent.OpenToolCalls(childComplexity), true
+	case "Agent.ownerHandle":
+		if e.ComplexityRoot.Agent.OwnerHandle == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Agent.OwnerHandle(childComplexity), true
+	case "Agent.ownerId":
+		if e.ComplexityRoot.Agent.OwnerID == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Agent.OwnerID(childComplexity), true
+	case "Agent.suspended":
+		if e.ComplexityRoot.Agent.Suspended == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Agent.Suspended(childComplexity), true
+	case "Agent.toolErrorRate":
+		if e.ComplexityRoot.Agent.ToolErrorRate == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Agent.ToolErrorRate(childComplexity), true
+	case "Agent.toolErrors":
+		if e.ComplexityRoot.Agent.ToolErrors == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Agent.ToolErrors(childComplexity), true
+	case "Agent.toolResults":
+		if e.ComplexityRoot.Agent.ToolResults == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Agent.ToolResults(childComplexity), true
+	case "Agent.updatedAt":
+		if e.ComplexityRoot.Agent.UpdatedAt == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Agent.UpdatedAt(childComplexity), true
+
+	case "AttentionRequest.addressedTo":
+		if e.ComplexityRoot.AttentionRequest.AddressedTo == nil {
+			break
+		}
+
+		return e.ComplexityRoot.AttentionRequest.AddressedTo(childComplexity), true
+	case "AttentionRequest.addressedToHandle":
+		if e.ComplexityRoot.AttentionRequest.AddressedToHandle == nil {
+			break
+		}
+
+		return e.ComplexityRoot.AttentionRequest.AddressedToHandle(childComplexity), true
+	case "AttentionRequest.addressedToName":
+		if e.ComplexityRoot.AttentionRequest.AddressedToName == nil {
+			break
+		}
+
+		return e.ComplexityRoot.AttentionRequest.AddressedToName(childComplexity), true
+	case "AttentionRequest.ageSeconds":
+		if e.ComplexityRoot.AttentionRequest.AgeSeconds == nil {
+			break
+		}
+
+		return e.ComplexityRoot.AttentionRequest.AgeSeconds(childComplexity), true
+	case "AttentionRequest.askedBy":
+		if e.ComplexityRoot.AttentionRequest.AskedBy == nil {
+			break
+		}
+
+		return e.ComplexityRoot.AttentionRequest.AskedBy(childComplexity), true
+	case "AttentionRequest.askedByHandle":
+		if e.ComplexityRoot.AttentionRequest.AskedByHandle == nil {
+			break
+		}
+
+		return e.ComplexityRoot.AttentionRequest.AskedByHandle(childComplexity), true
+	case "AttentionRequest.askedByName":
+		if e.ComplexityRoot.AttentionRequest.AskedByName == nil {
+			break
+		}
+
+		return e.ComplexityRoot.AttentionRequest.AskedByName(childComplexity), true
+	case "AttentionRequest.id":
+		if e.ComplexityRoot.AttentionRequest.ID == nil {
+			break
+		}
+
+		return e.ComplexityRoot.AttentionRequest.ID(childComplexity), true
+	case "AttentionRequest.question":
+		if e.ComplexityRoot.AttentionRequest.Question == nil {
+			break
+		}
+
+		return e.ComplexityRoot.AttentionRequest.Question(childComplexity), true
+	case "AttentionRequest.roomId":
+		if e.ComplexityRoot.AttentionRequest.RoomID == nil {
+			break
+		}
+
+		return e.ComplexityRoot.AttentionRequest.RoomID(childComplexity), true
+	case "AttentionRequest.roomName":
+		if e.ComplexityRoot.AttentionRequest.RoomName == nil {
+			break
+		}
+
+		return e.ComplexityRoot.AttentionRequest.RoomName(childComplexity), true
+	case "AttentionRequest.since":
+		if e.ComplexityRoot.AttentionRequest.Since == nil {
+			break
+		}
+
+		return e.ComplexityRoot.AttentionRequest.Since(childComplexity), true
+
 	case "AuditEvent.actorHandle":
 		if e.ComplexityRoot.AuditEvent.ActorHandle == nil {
 			break
@@ -129,6 +577,12 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.AuditEvent.ActorID(childComplexity), true
+	case "AuditEvent.actorName":
+		if e.ComplexityRoot.AuditEvent.ActorName == nil {
+			break
+		}
+
+		return e.ComplexityRoot.AuditEvent.ActorName(childComplexity), true
 	case "AuditEvent.actorType":
 		if e.ComplexityRoot.AuditEvent.ActorType == nil {
 			break
@@ -189,6 +643,12 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.AuditEvent.RoomID(childComplexity), true
+	case "AuditEvent.roomName":
+		if e.ComplexityRoot.AuditEvent.RoomName == nil {
+			break
+		}
+
+		return e.ComplexityRoot.AuditEvent.RoomName(childComplexity), true
 	case "AuditEvent.schemaVersion":
 		if e.ComplexityRoot.AuditEvent.SchemaVersion == nil {
 			break
@@ -245,6 +705,221 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 
 		return e.ComplexityRoot.AuditPage.NextCursor(childComplexity), true
 
+	case "ChattyAgent.agentHandle":
+		if e.ComplexityRoot.ChattyAgent.AgentHandle == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ChattyAgent.AgentHandle(childComplexity), true
+	case "ChattyAgent.agentId":
+		if e.ComplexityRoot.ChattyAgent.AgentID == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ChattyAgent.AgentID(childComplexity), true
+	case "ChattyAgent.agentName":
+		if e.ComplexityRoot.ChattyAgent.AgentName == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ChattyAgent.AgentName(childComplexity), true
+	case "ChattyAgent.cost":
+		if e.ComplexityRoot.ChattyAgent.Cost == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ChattyAgent.Cost(childComplexity), true
+	case "ChattyAgent.currency":
+		if e.ComplexityRoot.ChattyAgent.Currency == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ChattyAgent.Currency(childComplexity), true
+	case "ChattyAgent.denied":
+		if e.ComplexityRoot.ChattyAgent.Denied == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ChattyAgent.Denied(childComplexity), true
+	case "ChattyAgent.messages":
+		if e.ComplexityRoot.ChattyAgent.Messages == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ChattyAgent.Messages(childComplexity), true
+	case "ChattyAgent.ownerHandle":
+		if e.ComplexityRoot.ChattyAgent.OwnerHandle == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ChattyAgent.OwnerHandle(childComplexity), true
+	case "ChattyAgent.ownerId":
+		if e.ComplexityRoot.ChattyAgent.OwnerID == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ChattyAgent.OwnerID(childComplexity), true
+	case "ChattyAgent.suspended":
+		if e.ComplexityRoot.ChattyAgent.Suspended == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ChattyAgent.Suspended(childComplexity), true
+	case "ChattyAgent.throttled":
+		if e.ComplexityRoot.ChattyAgent.Throttled == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ChattyAgent.Throttled(childComplexity), true
+	case "ChattyAgent.tokens":
+		if e.ComplexityRoot.ChattyAgent.Tokens == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ChattyAgent.Tokens(childComplexity), true
+
+	case "ContactRequest.agentHandle":
+		if e.ComplexityRoot.ContactRequest.AgentHandle == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ContactRequest.AgentHandle(childComplexity), true
+	case "ContactRequest.agentId":
+		if e.ComplexityRoot.ContactRequest.AgentID == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ContactRequest.AgentID(childComplexity), true
+	case "ContactRequest.decidedBy":
+		if e.ComplexityRoot.ContactRequest.DecidedBy == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ContactRequest.DecidedBy(childComplexity), true
+	case "ContactRequest.decidedByHandle":
+		if e.ComplexityRoot.ContactRequest.DecidedByHandle == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ContactRequest.DecidedByHandle(childComplexity), true
+	case "ContactRequest.firstSeen":
+		if e.ComplexityRoot.ContactRequest.FirstSeen == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ContactRequest.FirstSeen(childComplexity), true
+	case "ContactRequest.fromHandle":
+		if e.ComplexityRoot.ContactRequest.FromHandle == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ContactRequest.FromHandle(childComplexity), true
+	case "ContactRequest.history":
+		if e.ComplexityRoot.ContactRequest.History == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ContactRequest.History(childComplexity), true
+	case "ContactRequest.lastChanged":
+		if e.ComplexityRoot.ContactRequest.LastChanged == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ContactRequest.LastChanged(childComplexity), true
+	case "ContactRequest.message":
+		if e.ComplexityRoot.ContactRequest.Message == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ContactRequest.Message(childComplexity), true
+	case "ContactRequest.requestId":
+		if e.ComplexityRoot.ContactRequest.RequestID == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ContactRequest.RequestID(childComplexity), true
+	case "ContactRequest.status":
+		if e.ComplexityRoot.ContactRequest.Status == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ContactRequest.Status(childComplexity), true
+	case "ContactRequest.toHandle":
+		if e.ComplexityRoot.ContactRequest.ToHandle == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ContactRequest.ToHandle(childComplexity), true
+
+	case "ContactRequestPage.requests":
+		if e.ComplexityRoot.ContactRequestPage.Requests == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ContactRequestPage.Requests(childComplexity), true
+	case "ContactRequestPage.truncated":
+		if e.ComplexityRoot.ContactRequestPage.Truncated == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ContactRequestPage.Truncated(childComplexity), true
+
+	case "ContactRequestStep.actorHandle":
+		if e.ComplexityRoot.ContactRequestStep.ActorHandle == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ContactRequestStep.ActorHandle(childComplexity), true
+	case "ContactRequestStep.actorId":
+		if e.ComplexityRoot.ContactRequestStep.ActorID == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ContactRequestStep.ActorID(childComplexity), true
+	case "ContactRequestStep.eventId":
+		if e.ComplexityRoot.ContactRequestStep.EventID == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ContactRequestStep.EventID(childComplexity), true
+	case "ContactRequestStep.status":
+		if e.ComplexityRoot.ContactRequestStep.Status == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ContactRequestStep.Status(childComplexity), true
+	case "ContactRequestStep.time":
+		if e.ComplexityRoot.ContactRequestStep.Time == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ContactRequestStep.Time(childComplexity), true
+
+	case "CostReport.rows":
+		if e.ComplexityRoot.CostReport.Rows == nil {
+			break
+		}
+
+		return e.ComplexityRoot.CostReport.Rows(childComplexity), true
+	case "CostReport.totals":
+		if e.ComplexityRoot.CostReport.Totals == nil {
+			break
+		}
+
+		return e.ComplexityRoot.CostReport.Totals(childComplexity), true
+	case "CostReport.truncated":
+		if e.ComplexityRoot.CostReport.Truncated == nil {
+			break
+		}
+
+		return e.ComplexityRoot.CostReport.Truncated(childComplexity), true
+	case "CostReport.unpriced":
+		if e.ComplexityRoot.CostReport.Unpriced == nil {
+			break
+		}
+
+		return e.ComplexityRoot.CostReport.Unpriced(childComplexity), true
+
 	case "CostRow.agentHandle":
 		if e.ComplexityRoot.CostRow.AgentHandle == nil {
 			break
@@ -263,18 +938,6 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.CostRow.AgentName(childComplexity), true
-	case "CostRow.cacheReadTokens":
-		if e.ComplexityRoot.CostRow.CacheReadTokens == nil {
-			break
-		}
-
-		return e.ComplexityRoot.CostRow.CacheReadTokens(childComplexity), true
-	case "CostRow.cacheWriteTokens":
-		if e.ComplexityRoot.CostRow.CacheWriteTokens == nil {
-			break
-		}
-
-		return e.ComplexityRoot.CostRow.CacheWriteTokens(childComplexity), true
 	case "CostRow.cost":
 		if e.ComplexityRoot.CostRow.Cost == nil {
 			break
@@ -305,24 +968,12 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.CostRow.Hour(childComplexity), true
-	case "CostRow.inputTokens":
-		if e.ComplexityRoot.CostRow.InputTokens == nil {
-			break
-		}
-
-		return e.ComplexityRoot.CostRow.InputTokens(childComplexity), true
 	case "CostRow.model":
 		if e.ComplexityRoot.CostRow.Model == nil {
 			break
 		}
 
 		return e.ComplexityRoot.CostRow.Model(childComplexity), true
-	case "CostRow.outputTokens":
-		if e.ComplexityRoot.CostRow.OutputTokens == nil {
-			break
-		}
-
-		return e.ComplexityRoot.CostRow.OutputTokens(childComplexity), true
 	case "CostRow.ownerHandle":
 		if e.ComplexityRoot.CostRow.OwnerHandle == nil {
 			break
@@ -341,25 +992,215 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.CostRow.OwnerName(childComplexity), true
-	case "CostRow.reasoningTokens":
-		if e.ComplexityRoot.CostRow.ReasoningTokens == nil {
+	case "CostRow.pricedEvents":
+		if e.ComplexityRoot.CostRow.PricedEvents == nil {
 			break
 		}
 
-		return e.ComplexityRoot.CostRow.ReasoningTokens(childComplexity), true
+		return e.ComplexityRoot.CostRow.PricedEvents(childComplexity), true
 	case "CostRow.roomId":
 		if e.ComplexityRoot.CostRow.RoomID == nil {
 			break
 		}
 
 		return e.ComplexityRoot.CostRow.RoomID(childComplexity), true
+	case "CostRow.roomName":
+		if e.ComplexityRoot.CostRow.RoomName == nil {
+			break
+		}
+
+		return e.ComplexityRoot.CostRow.RoomName(childComplexity), true
+	case "CostRow.tokens":
+		if e.ComplexityRoot.CostRow.Tokens == nil {
+			break
+		}
+
+		return e.ComplexityRoot.CostRow.Tokens(childComplexity), true
 	case "CostRow.unpricedEvents":
 		if e.ComplexityRoot.CostRow.UnpricedEvents == nil {
 			break
 		}
 
 		return e.ComplexityRoot.CostRow.UnpricedEvents(childComplexity), true
+	case "CostRow.unpricedTokens":
+		if e.ComplexityRoot.CostRow.UnpricedTokens == nil {
+			break
+		}
 
+		return e.ComplexityRoot.CostRow.UnpricedTokens(childComplexity), true
+
+	case "CostTotal.cost":
+		if e.ComplexityRoot.CostTotal.Cost == nil {
+			break
+		}
+
+		return e.ComplexityRoot.CostTotal.Cost(childComplexity), true
+	case "CostTotal.currency":
+		if e.ComplexityRoot.CostTotal.Currency == nil {
+			break
+		}
+
+		return e.ComplexityRoot.CostTotal.Currency(childComplexity), true
+	case "CostTotal.events":
+		if e.ComplexityRoot.CostTotal.Events == nil {
+			break
+		}
+
+		return e.ComplexityRoot.CostTotal.Events(childComplexity), true
+	case "CostTotal.pricedEvents":
+		if e.ComplexityRoot.CostTotal.PricedEvents == nil {
+			break
+		}
+
+		return e.ComplexityRoot.CostTotal.PricedEvents(childComplexity), true
+	case "CostTotal.tokens":
+		if e.ComplexityRoot.CostTotal.Tokens == nil {
+			break
+		}
+
+		return e.ComplexityRoot.CostTotal.Tokens(childComplexity), true
+	case "CostTotal.unpricedEvents":
+		if e.ComplexityRoot.CostTotal.UnpricedEvents == nil {
+			break
+		}
+
+		return e.ComplexityRoot.CostTotal.UnpricedEvents(childComplexity), true
+	case "CostTotal.unpricedTokens":
+		if e.ComplexityRoot.CostTotal.UnpricedTokens == nil {
+			break
+		}
+
+		return e.ComplexityRoot.CostTotal.UnpricedTokens(childComplexity), true
+
+	case "DecisionReason.code":
+		if e.ComplexityRoot.DecisionReason.Code == nil {
+			break
+		}
+
+		return e.ComplexityRoot.DecisionReason.Code(childComplexity), true
+	case "DecisionReason.message":
+		if e.ComplexityRoot.DecisionReason.Message == nil {
+			break
+		}
+
+		return e.ComplexityRoot.DecisionReason.Message(childComplexity), true
+
+	case "PolicyDecision.agentHandle":
+		if e.ComplexityRoot.PolicyDecision.AgentHandle == nil {
+			break
+		}
+
+		return e.ComplexityRoot.PolicyDecision.AgentHandle(childComplexity), true
+	case "PolicyDecision.agentId":
+		if e.ComplexityRoot.PolicyDecision.AgentID == nil {
+			break
+		}
+
+		return e.ComplexityRoot.PolicyDecision.AgentID(childComplexity), true
+	case "PolicyDecision.allowed":
+		if e.ComplexityRoot.PolicyDecision.Allowed == nil {
+			break
+		}
+
+		return e.ComplexityRoot.PolicyDecision.Allowed(childComplexity), true
+	case "PolicyDecision.decision":
+		if e.ComplexityRoot.PolicyDecision.Decision == nil {
+			break
+		}
+
+		return e.ComplexityRoot.PolicyDecision.Decision(childComplexity), true
+	case "PolicyDecision.id":
+		if e.ComplexityRoot.PolicyDecision.ID == nil {
+			break
+		}
+
+		return e.ComplexityRoot.PolicyDecision.ID(childComplexity), true
+	case "PolicyDecision.input":
+		if e.ComplexityRoot.PolicyDecision.Input == nil {
+			break
+		}
+
+		return e.ComplexityRoot.PolicyDecision.Input(childComplexity), true
+	case "PolicyDecision.inputDigest":
+		if e.ComplexityRoot.PolicyDecision.InputDigest == nil {
+			break
+		}
+
+		return e.ComplexityRoot.PolicyDecision.InputDigest(childComplexity), true
+	case "PolicyDecision.reasons":
+		if e.ComplexityRoot.PolicyDecision.Reasons == nil {
+			break
+		}
+
+		return e.ComplexityRoot.PolicyDecision.Reasons(childComplexity), true
+	case "PolicyDecision.requestedBy":
+		if e.ComplexityRoot.PolicyDecision.RequestedBy == nil {
+			break
+		}
+
+		return e.ComplexityRoot.PolicyDecision.RequestedBy(childComplexity), true
+	case "PolicyDecision.retryAfterMs":
+		if e.ComplexityRoot.PolicyDecision.RetryAfterMs == nil {
+			break
+		}
+
+		return e.ComplexityRoot.PolicyDecision.RetryAfterMs(childComplexity), true
+	case "PolicyDecision.revision":
+		if e.ComplexityRoot.PolicyDecision.Revision == nil {
+			break
+		}
+
+		return e.ComplexityRoot.PolicyDecision.Revision(childComplexity), true
+	case "PolicyDecision.roomId":
+		if e.ComplexityRoot.PolicyDecision.RoomID == nil {
+			break
+		}
+
+		return e.ComplexityRoot.PolicyDecision.RoomID(childComplexity), true
+	case "PolicyDecision.roomName":
+		if e.ComplexityRoot.PolicyDecision.RoomName == nil {
+			break
+		}
+
+		return e.ComplexityRoot.PolicyDecision.RoomName(childComplexity), true
+	case "PolicyDecision.time":
+		if e.ComplexityRoot.PolicyDecision.Time == nil {
+			break
+		}
+
+		return e.ComplexityRoot.PolicyDecision.Time(childComplexity), true
+
+	case "PolicyDecisionPage.decisions":
+		if e.ComplexityRoot.PolicyDecisionPage.Decisions == nil {
+			break
+		}
+
+		return e.ComplexityRoot.PolicyDecisionPage.Decisions(childComplexity), true
+	case "PolicyDecisionPage.nextCursor":
+		if e.ComplexityRoot.PolicyDecisionPage.NextCursor == nil {
+			break
+		}
+
+		return e.ComplexityRoot.PolicyDecisionPage.NextCursor(childComplexity), true
+
+	case "PolicyDenial.decision":
+		if e.ComplexityRoot.PolicyDenial.Decision == nil {
+			break
+		}
+
+		return e.ComplexityRoot.PolicyDenial.Decision(childComplexity), true
+
+	case "Query.agents":
+		if e.ComplexityRoot.Query.Agents == nil {
+			break
+		}
+
+		args, err := ec.field_Query_agents_args(ctx, rawArgs)
+		if err != nil {
+			return 0, false
+		}
+
+		return e.ComplexityRoot.Query.Agents(childComplexity, args["orgId"].(*string), args["limit"].(*int)), true
 	case "Query.auditEvents":
 		if e.ComplexityRoot.Query.AuditEvents == nil {
 			break
@@ -370,7 +1211,29 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 			return 0, false
 		}
 
-		return e.ComplexityRoot.Query.AuditEvents(childComplexity, args["orgId"].(*string), args["from"].(*time.Time), args["to"].(*time.Time), args["roomId"].(*string), args["actorId"].(*string), args["types"].([]string), args["limit"].(*int), args["before"].(*string)), true
+		return e.ComplexityRoot.Query.AuditEvents(childComplexity, args["orgId"].(*string), args["from"].(*time.Time), args["to"].(*time.Time), args["roomId"].(*string), args["actorId"].(*string), args["subjectId"].(*string), args["types"].([]string), args["outcome"].(*model.DecisionOutcome), args["limit"].(*int), args["before"].(*string)), true
+	case "Query.chattyAgents":
+		if e.ComplexityRoot.Query.ChattyAgents == nil {
+			break
+		}
+
+		args, err := ec.field_Query_chattyAgents_args(ctx, rawArgs)
+		if err != nil {
+			return 0, false
+		}
+
+		return e.ComplexityRoot.Query.ChattyAgents(childComplexity, args["orgId"].(*string), args["from"].(*time.Time), args["to"].(*time.Time), args["limit"].(*int)), true
+	case "Query.contactRequests":
+		if e.ComplexityRoot.Query.ContactRequests == nil {
+			break
+		}
+
+		args, err := ec.field_Query_contactRequests_args(ctx, rawArgs)
+		if err != nil {
+			return 0, false
+		}
+
+		return e.ComplexityRoot.Query.ContactRequests(childComplexity, args["orgId"].(*string), args["from"].(*time.Time), args["to"].(*time.Time), args["status"].(*string), args["agentId"].(*string), args["limit"].(*int)), true
 	case "Query.costs":
 		if e.ComplexityRoot.Query.Costs == nil {
 			break
@@ -381,7 +1244,438 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 			return 0, false
 		}
 
-		return e.ComplexityRoot.Query.Costs(childComplexity, args["orgId"].(*string), args["from"].(time.Time), args["to"].(time.Time), args["groupBy"].([]model.CostDimension)), true
+		return e.ComplexityRoot.Query.Costs(childComplexity, args["orgId"].(*string), args["from"].(time.Time), args["to"].(time.Time), args["groupBy"].([]model.CostDimension), args["filter"].(*model.CostFilter), args["limit"].(*int)), true
+
+	case "Query.policyDecisions":
+		if e.ComplexityRoot.Query.PolicyDecisions == nil {
+			break
+		}
+
+		args, err := ec.field_Query_policyDecisions_args(ctx, rawArgs)
+		if err != nil {
+			return 0, false
+		}
+
+		return e.ComplexityRoot.Query.PolicyDecisions(childComplexity, args["orgId"].(*string), args["from"].(*time.Time), args["to"].(*time.Time), args["decision"].(*string), args["outcome"].(*model.DecisionOutcome), args["agentId"].(*string), args["limit"].(*int), args["before"].(*string)), true
+	case "Query.rooms":
+		if e.ComplexityRoot.Query.Rooms == nil {
+			break
+		}
+
+		args, err := ec.field_Query_rooms_args(ctx, rawArgs)
+		if err != nil {
+			return 0, false
+		}
+
+		return e.ComplexityRoot.Query.Rooms(childComplexity, args["orgId"].(*string), args["limit"].(*int)), true
+	case "Query.usageSeries":
+		if e.ComplexityRoot.Query.UsageSeries == nil {
+			break
+		}
+
+		args, err := ec.field_Query_usageSeries_args(ctx, rawArgs)
+		if err != nil {
+			return 0, false
+		}
+
+		return e.ComplexityRoot.Query.UsageSeries(childComplexity, args["orgId"].(*string), args["from"].(time.Time), args["to"].(time.Time), args["interval"].(model.SeriesInterval), args["split"].(*model.CostDimension), args["filter"].(*model.CostFilter), args["limit"].(*int)), true
+	case "Query.workStatus":
+		if e.ComplexityRoot.Query.WorkStatus == nil {
+			break
+		}
+
+		args, err := ec.field_Query_workStatus_args(ctx, rawArgs)
+		if err != nil {
+			return 0, false
+		}
+
+		return e.ComplexityRoot.Query.WorkStatus(childComplexity, args["orgId"].(*string), args["roomId"].(*string)), true
+
+	case "Room.closed":
+		if e.ComplexityRoot.Room.Closed == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Room.Closed(childComplexity), true
+	case "Room.id":
+		if e.ComplexityRoot.Room.ID == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Room.ID(childComplexity), true
+	case "Room.lastActivity":
+		if e.ComplexityRoot.Room.LastActivity == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Room.LastActivity(childComplexity), true
+	case "Room.name":
+		if e.ComplexityRoot.Room.Name == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Room.Name(childComplexity), true
+	case "Room.openAttention":
+		if e.ComplexityRoot.Room.OpenAttention == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Room.OpenAttention(childComplexity), true
+	case "Room.openTasks":
+		if e.ComplexityRoot.Room.OpenTasks == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Room.OpenTasks(childComplexity), true
+	case "Room.stuckTasks":
+		if e.ComplexityRoot.Room.StuckTasks == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Room.StuckTasks(childComplexity), true
+
+	case "RoomWork.agents":
+		if e.ComplexityRoot.RoomWork.Agents == nil {
+			break
+		}
+
+		return e.ComplexityRoot.RoomWork.Agents(childComplexity), true
+	case "RoomWork.attention":
+		if e.ComplexityRoot.RoomWork.Attention == nil {
+			break
+		}
+
+		return e.ComplexityRoot.RoomWork.Attention(childComplexity), true
+	case "RoomWork.roomId":
+		if e.ComplexityRoot.RoomWork.RoomID == nil {
+			break
+		}
+
+		return e.ComplexityRoot.RoomWork.RoomID(childComplexity), true
+	case "RoomWork.roomName":
+		if e.ComplexityRoot.RoomWork.RoomName == nil {
+			break
+		}
+
+		return e.ComplexityRoot.RoomWork.RoomName(childComplexity), true
+	case "RoomWork.tasks":
+		if e.ComplexityRoot.RoomWork.Tasks == nil {
+			break
+		}
+
+		return e.ComplexityRoot.RoomWork.Tasks(childComplexity), true
+
+	case "Subscription.attentionRequested":
+		if e.ComplexityRoot.Subscription.AttentionRequested == nil {
+			break
+		}
+
+		args, err := ec.field_Subscription_attentionRequested_args(ctx, rawArgs)
+		if err != nil {
+			return 0, false
+		}
+
+		return e.ComplexityRoot.Subscription.AttentionRequested(childComplexity, args["orgId"].(*string), args["roomId"].(*string)), true
+	case "Subscription.policyDenied":
+		if e.ComplexityRoot.Subscription.PolicyDenied == nil {
+			break
+		}
+
+		args, err := ec.field_Subscription_policyDenied_args(ctx, rawArgs)
+		if err != nil {
+			return 0, false
+		}
+
+		return e.ComplexityRoot.Subscription.PolicyDenied(childComplexity, args["orgId"].(*string)), true
+	case "Subscription.workStatusChanged":
+		if e.ComplexityRoot.Subscription.WorkStatusChanged == nil {
+			break
+		}
+
+		args, err := ec.field_Subscription_workStatusChanged_args(ctx, rawArgs)
+		if err != nil {
+			return 0, false
+		}
+
+		return e.ComplexityRoot.Subscription.WorkStatusChanged(childComplexity, args["orgId"].(*string), args["roomId"].(*string)), true
+
+	case "Task.assigneeHandle":
+		if e.ComplexityRoot.Task.AssigneeHandle == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Task.AssigneeHandle(childComplexity), true
+	case "Task.assigneeId":
+		if e.ComplexityRoot.Task.AssigneeID == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Task.AssigneeID(childComplexity), true
+	case "Task.assigneeName":
+		if e.ComplexityRoot.Task.AssigneeName == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Task.AssigneeName(childComplexity), true
+	case "Task.createdAt":
+		if e.ComplexityRoot.Task.CreatedAt == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Task.CreatedAt(childComplexity), true
+	case "Task.id":
+		if e.ComplexityRoot.Task.ID == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Task.ID(childComplexity), true
+	case "Task.lastActivity":
+		if e.ComplexityRoot.Task.LastActivity == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Task.LastActivity(childComplexity), true
+	case "Task.roomId":
+		if e.ComplexityRoot.Task.RoomID == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Task.RoomID(childComplexity), true
+	case "Task.status":
+		if e.ComplexityRoot.Task.Status == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Task.Status(childComplexity), true
+	case "Task.stuck":
+		if e.ComplexityRoot.Task.Stuck == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Task.Stuck(childComplexity), true
+	case "Task.stuckSince":
+		if e.ComplexityRoot.Task.StuckSince == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Task.StuckSince(childComplexity), true
+	case "Task.title":
+		if e.ComplexityRoot.Task.Title == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Task.Title(childComplexity), true
+	case "Task.updatedAt":
+		if e.ComplexityRoot.Task.UpdatedAt == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Task.UpdatedAt(childComplexity), true
+
+	case "Tokens.cacheRead":
+		if e.ComplexityRoot.Tokens.CacheRead == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Tokens.CacheRead(childComplexity), true
+	case "Tokens.cacheWrite":
+		if e.ComplexityRoot.Tokens.CacheWrite == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Tokens.CacheWrite(childComplexity), true
+	case "Tokens.input":
+		if e.ComplexityRoot.Tokens.Input == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Tokens.Input(childComplexity), true
+	case "Tokens.output":
+		if e.ComplexityRoot.Tokens.Output == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Tokens.Output(childComplexity), true
+	case "Tokens.reasoning":
+		if e.ComplexityRoot.Tokens.Reasoning == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Tokens.Reasoning(childComplexity), true
+	case "Tokens.total":
+		if e.ComplexityRoot.Tokens.Total == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Tokens.Total(childComplexity), true
+
+	case "ToolCall.calledAt":
+		if e.ComplexityRoot.ToolCall.CalledAt == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ToolCall.CalledAt(childComplexity), true
+	case "ToolCall.roomId":
+		if e.ComplexityRoot.ToolCall.RoomID == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ToolCall.RoomID(childComplexity), true
+	case "ToolCall.toolCallId":
+		if e.ComplexityRoot.ToolCall.ToolCallID == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ToolCall.ToolCallID(childComplexity), true
+	case "ToolCall.toolName":
+		if e.ComplexityRoot.ToolCall.ToolName == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ToolCall.ToolName(childComplexity), true
+
+	case "UnpricedModel.events":
+		if e.ComplexityRoot.UnpricedModel.Events == nil {
+			break
+		}
+
+		return e.ComplexityRoot.UnpricedModel.Events(childComplexity), true
+	case "UnpricedModel.model":
+		if e.ComplexityRoot.UnpricedModel.Model == nil {
+			break
+		}
+
+		return e.ComplexityRoot.UnpricedModel.Model(childComplexity), true
+	case "UnpricedModel.tokens":
+		if e.ComplexityRoot.UnpricedModel.Tokens == nil {
+			break
+		}
+
+		return e.ComplexityRoot.UnpricedModel.Tokens(childComplexity), true
+
+	case "UsagePoint.cost":
+		if e.ComplexityRoot.UsagePoint.Cost == nil {
+			break
+		}
+
+		return e.ComplexityRoot.UsagePoint.Cost(childComplexity), true
+	case "UsagePoint.events":
+		if e.ComplexityRoot.UsagePoint.Events == nil {
+			break
+		}
+
+		return e.ComplexityRoot.UsagePoint.Events(childComplexity), true
+	case "UsagePoint.time":
+		if e.ComplexityRoot.UsagePoint.Time == nil {
+			break
+		}
+
+		return e.ComplexityRoot.UsagePoint.Time(childComplexity), true
+	case "UsagePoint.tokens":
+		if e.ComplexityRoot.UsagePoint.Tokens == nil {
+			break
+		}
+
+		return e.ComplexityRoot.UsagePoint.Tokens(childComplexity), true
+	case "UsagePoint.unpricedEvents":
+		if e.ComplexityRoot.UsagePoint.UnpricedEvents == nil {
+			break
+		}
+
+		return e.ComplexityRoot.UsagePoint.UnpricedEvents(childComplexity), true
+
+	case "UsageSeries.currency":
+		if e.ComplexityRoot.UsageSeries.Currency == nil {
+			break
+		}
+
+		return e.ComplexityRoot.UsageSeries.Currency(childComplexity), true
+	case "UsageSeries.key":
+		if e.ComplexityRoot.UsageSeries.Key == nil {
+			break
+		}
+
+		return e.ComplexityRoot.UsageSeries.Key(childComplexity), true
+	case "UsageSeries.name":
+		if e.ComplexityRoot.UsageSeries.Name == nil {
+			break
+		}
+
+		return e.ComplexityRoot.UsageSeries.Name(childComplexity), true
+	case "UsageSeries.points":
+		if e.ComplexityRoot.UsageSeries.Points == nil {
+			break
+		}
+
+		return e.ComplexityRoot.UsageSeries.Points(childComplexity), true
+
+	case "WorkStatus.asOf":
+		if e.ComplexityRoot.WorkStatus.AsOf == nil {
+			break
+		}
+
+		return e.ComplexityRoot.WorkStatus.AsOf(childComplexity), true
+	case "WorkStatus.rooms":
+		if e.ComplexityRoot.WorkStatus.Rooms == nil {
+			break
+		}
+
+		return e.ComplexityRoot.WorkStatus.Rooms(childComplexity), true
+	case "WorkStatus.truncated":
+		if e.ComplexityRoot.WorkStatus.Truncated == nil {
+			break
+		}
+
+		return e.ComplexityRoot.WorkStatus.Truncated(childComplexity), true
+
+	case "WorkStatusChange.agentHandle":
+		if e.ComplexityRoot.WorkStatusChange.AgentHandle == nil {
+			break
+		}
+
+		return e.ComplexityRoot.WorkStatusChange.AgentHandle(childComplexity), true
+	case "WorkStatusChange.agentId":
+		if e.ComplexityRoot.WorkStatusChange.AgentID == nil {
+			break
+		}
+
+		return e.ComplexityRoot.WorkStatusChange.AgentID(childComplexity), true
+	case "WorkStatusChange.attention":
+		if e.ComplexityRoot.WorkStatusChange.Attention == nil {
+			break
+		}
+
+		return e.ComplexityRoot.WorkStatusChange.Attention(childComplexity), true
+	case "WorkStatusChange.eventId":
+		if e.ComplexityRoot.WorkStatusChange.EventID == nil {
+			break
+		}
+
+		return e.ComplexityRoot.WorkStatusChange.EventID(childComplexity), true
+	case "WorkStatusChange.kind":
+		if e.ComplexityRoot.WorkStatusChange.Kind == nil {
+			break
+		}
+
+		return e.ComplexityRoot.WorkStatusChange.Kind(childComplexity), true
+	case "WorkStatusChange.roomId":
+		if e.ComplexityRoot.WorkStatusChange.RoomID == nil {
+			break
+		}
+
+		return e.ComplexityRoot.WorkStatusChange.RoomID(childComplexity), true
+	case "WorkStatusChange.task":
+		if e.ComplexityRoot.WorkStatusChange.Task == nil {
+			break
+		}
+
+		return e.ComplexityRoot.WorkStatusChange.Task(childComplexity), true
+	case "WorkStatusChange.time":
+		if e.ComplexityRoot.WorkStatusChange.Time == nil {
+			break
+		}
+
+		return e.ComplexityRoot.WorkStatusChange.Time(childComplexity), true
 
 	}
 	return 0, false
@@ -391,7 +1685,9 @@ func (e *executableSchema) Exec(ctx context.Context) graphql.ResponseHandler {
 	opCtx := graphql.GetOperationContext(ctx)
 	ec := newExecutionContext(opCtx, e, make(chan graphql.DeferredResult))
 	inputUnmarshalers := func() *graphql.InputUnmarshalerIndex {
-		return graphql.NewInputUnmarshalerIndex()
+		return graphql.NewInputUnmarshalerIndex(
+			graphql.NewInputUnmarshaler("CostFilter", ec.unmarshalInputCostFilter),
+		)
 	}
 	first := true
 
@@ -426,6 +1722,23 @@ func (e *executableSchema) Exec(ctx context.Context) graphql.ResponseHandler {
 
 			return &response
 		}
+	case ast.Subscription:
+		next := ec._Subscription(ctx, opCtx.Operation.SelectionSet)
+
+		var buf bytes.Buffer
+		return func(ctx context.Context) *graphql.Response {
+			buf.Reset()
+			data := next(ctx)
+
+			if data == nil {
+				return nil
+			}
+			data.MarshalGQL(&buf)
+
+			return &graphql.Response{
+				Data: buf.Bytes(),
+			}
+		}
 
 	default:
 		return graphql.OneShot(graphql.ErrorResponse(ctx, "unsupported GraphQL operation"))
@@ -452,10 +1765,10 @@ func newExecutionContext(
 }
 
 var sources = []*ast.Source{
-	{Name: "../schema.graphqls", Input: `# bandplane's GraphQL API: cost attribution and the compliance audit trail of one
-# organization. Every field reads the organization of the request's API key; orgId may
-# only repeat it, except for a platform key (org '*'), which must name one.
-# Subscriptions (live work status) come in a later issue.
+	{Name: "../schema.graphqls", Input: `# bandplane's GraphQL API: cost attribution, the compliance audit trail and live work
+# status of one organization. Every field reads the organization of the request's API
+# key; orgId may only repeat it, except for a platform key (org '*'), which must name
+# one. Roles per field: graph/README.md.
 
 "An RFC 3339 timestamp, UTC, millisecond precision for events."
 scalar Time
@@ -475,6 +1788,17 @@ enum CostDimension {
   DAY
 }
 
+"Token counts by kind."
+type Tokens {
+  input: Int64!
+  output: Int64!
+  cacheRead: Int64!
+  cacheWrite: Int64!
+  reasoning: Int64!
+  "The sum of the five kinds."
+  total: Int64!
+}
+
 """
 Usage and cost of one group. Only the fields of the requested dimensions are set;
 currency is always a key, amounts in different currencies are never added.
@@ -491,20 +1815,112 @@ type CostRow {
   "The agent's display name, likewise."
   agentName: String
   roomId: ID
+  "The room's title, from its room events."
+  roomName: String
   model: String
   hour: Time
   day: Time
+  "Usage events of the group, priced or not."
   events: Int64!
-  "Usage events without a price (unknown model); their tokens count, their cost is 0."
+  "Usage events with a price (their tokens are in pricedTokens, their cost in cost)."
+  pricedEvents: Int64!
+  "Usage events without a price (a model the catalog does not know): never counted as 0 cost."
   unpricedEvents: Int64!
-  inputTokens: Int64!
-  outputTokens: Int64!
-  cacheReadTokens: Int64!
-  cacheWriteTokens: Int64!
-  reasoningTokens: Int64!
-  "Exact decimal amount with 6 decimals, e.g. \"12.340000\"."
+  "Tokens of every usage event of the group."
+  tokens: Tokens!
+  "Tokens of the unpriced events: usage whose cost is unknown."
+  unpricedTokens: Tokens!
+  "Exact decimal cost of the priced events with 6 decimals, e.g. \"12.340000\"; null when no event of the group has a price."
+  cost: String
+  currency: String!
+}
+
+"The sum of a costs answer in one currency."
+type CostTotal {
+  currency: String!
+  events: Int64!
+  pricedEvents: Int64!
+  unpricedEvents: Int64!
+  tokens: Tokens!
+  unpricedTokens: Tokens!
+  "Exact decimal cost of the priced events."
+  cost: String!
+}
+
+"Usage of one model that has no price, over the range asked for."
+type UnpricedModel {
+  model: String!
+  events: Int64!
+  tokens: Tokens!
+}
+
+"A costs answer: its rows, their totals, and the usage nobody could price."
+type CostReport {
+  rows: [CostRow!]!
+  """
+  True when there were more groups than limit: rows are the most expensive ones (per
+  hour or day when grouped by time), totals still cover everything.
+  """
+  truncated: Boolean!
+  "Sums over the whole range and filters (not only the rows returned), one per currency."
+  totals: [CostTotal!]!
+  "Usage without a price, by model, most events first."
+  unpriced: [UnpricedModel!]!
+}
+
+"Restricts costs and usageSeries to some owners, agents, rooms or models (each: any of the ids given)."
+input CostFilter {
+  ownerIds: [ID!]
+  agentIds: [ID!]
+  roomIds: [ID!]
+  models: [String!]
+}
+
+"The bucket width of usageSeries."
+enum SeriesInterval {
+  HOUR
+  DAY
+}
+
+"One bucket of a usage series."
+type UsagePoint {
+  time: Time!
+  events: Int64!
+  unpricedEvents: Int64!
+  tokens: Tokens!
+  "Exact decimal cost of the priced events in the bucket; \"0.000000\" when there were none."
+  cost: String!
+}
+
+"A series of usage for one value of the split dimension (or the whole organization)."
+type UsageSeries {
+  "The value of the split dimension (an id or a model), null without split."
+  key: String
+  "The handle or title of key, when it names an agent, owner or room the directory knows."
+  name: String
+  currency: String!
+  "Every bucket of [from, to), empty buckets included, oldest first."
+  points: [UsagePoint!]!
+}
+
+"An agent ranked by how much it talked."
+type ChattyAgent {
+  agentId: ID!
+  agentHandle: String
+  agentName: String
+  ownerId: ID
+  ownerHandle: String
+  messages: Int64!
+  tokens: Tokens!
+  "Exact decimal cost of its priced usage in the window."
   cost: String!
   currency: String!
+  "send_message decisions denied for a rate limit or budget in the window."
+  throttled: Int64!
+  "Decisions of any kind denied in the window (throttled included)."
+  denied: Int64!
+  "Whether an operator has the agent suspended now."
+  suspended: Boolean!
 }
 
 "One audit-trail event: the envelope and its payload."
@@ -514,10 +1930,13 @@ type AuditEvent {
   time: Time!
   orgId: ID!
   roomId: ID!
+  roomName: String
   actorId: ID!
   "agent, user or system"
   actorType: String!
   actorHandle: String!
+  "The actor's display name from the directory."
+  actorName: String
   ownerId: ID!
   subjectId: ID!
   subjectType: String!
@@ -535,21 +1954,234 @@ type AuditEvent {
 type AuditPage {
   "Newest first."
   events: [AuditEvent!]!
-  "Pass as before to get the next (older) page; null on the last page."
+  """
+  Pass as before to get the next (older) page; null on the last page. A cursor pins
+  the trail as it was at the first page: events ingested later (newer ones, or late
+  ones with older times) never shift or repeat the following pages.
+  """
   nextCursor: String
+}
+
+"The outcome of a policy decision."
+enum DecisionOutcome {
+  ALLOWED
+  DENIED
+}
+
+"A reason a policy gave for its decision."
+type DecisionReason {
+  code: String!
+  message: String!
+}
+
+"One policy decision, as audited."
+type PolicyDecision {
+  id: ID!
+  time: Time!
+  "peer_visible, add_participant, contact_request or send_message."
+  decision: String!
+  allowed: Boolean!
+  reasons: [DecisionReason!]!
+  "The policy bundle's revision (hash) that decided."
+  revision: String!
+  "SHA-256 of the canonical input JSON."
+  inputDigest: String!
+  "The canonical input as a JSON string."
+  input: String!
+  retryAfterMs: Int64
+  agentId: ID!
+  agentHandle: String
+  roomId: ID!
+  roomName: String
+  "The API key that asked, when one did."
+  requestedBy: ID
+}
+
+type PolicyDecisionPage {
+  decisions: [PolicyDecision!]!
+  nextCursor: String
+}
+
+"One step of a contact request's history."
+type ContactRequestStep {
+  status: String!
+  time: Time!
+  "Who decided (or sent) it."
+  actorId: ID!
+  actorHandle: String
+  eventId: ID!
+}
+
+"A contact request, with every status it went through."
+type ContactRequest {
+  requestId: ID!
+  "pending, approved, rejected or cancelled (the latest)."
+  status: String!
+  fromHandle: String!
+  toHandle: String!
+  message: String!
+  "The agent whose contacts the request concerns."
+  agentId: ID!
+  agentHandle: String
+  firstSeen: Time!
+  lastChanged: Time!
+  "Who made the latest change (the decider of a final status)."
+  decidedBy: ID
+  decidedByHandle: String
+  history: [ContactRequestStep!]!
+}
+
+type ContactRequestPage {
+  requests: [ContactRequest!]!
+  "True when more requests matched than limit (the most recently changed are returned)."
+  truncated: Boolean!
+}
+
+"A task as the room's task events left it."
+type Task {
+  id: ID!
+  roomId: ID!
+  title: String!
+  "The platform's status, e.g. open, in_progress, done."
+  status: String!
+  assigneeId: ID!
+  assigneeHandle: String
+  assigneeName: String
+  createdAt: Time
+  updatedAt: Time!
+  "The later of its last update and its assignee's last activity in the room."
+  lastActivity: Time!
+  """
+  In progress and no activity from its assignee (nor an update) for the stuck time
+  (serve's --stuck-after, default 15 m).
+  """
+  stuck: Boolean!
+  "Since when it is stuck, when it is."
+  stuckSince: Time
+}
+
+"""
+An agent asking a person for a decision (an event.attention). Open until the person
+addressed posts in the room after it (anyone human, when it named nobody), or a task of
+the room assigned to the agent that asked is updated after it.
+"""
+type AttentionRequest {
+  id: ID!
+  roomId: ID!
+  roomName: String
+  askedBy: ID!
+  askedByHandle: String
+  askedByName: String
+  "The person asked (the first person mentioned), null when it named nobody."
+  addressedTo: ID
+  addressedToHandle: String
+  addressedToName: String
+  question: String!
+  since: Time!
+  "Seconds since it was asked."
+  ageSeconds: Int64!
+}
+
+"An agent active in a room in the last 24 hours."
+type ActiveAgent {
+  agentId: ID!
+  agentHandle: String
+  agentName: String
+  lastActivity: Time!
+  lastMessageAt: Time
+  "The start of its last message, at most 200 characters."
+  lastMessage: String
+  "Messages it posted in the room today (UTC)."
+  messagesToday: Int64!
+  "Exact decimal cost of its usage in the room today (UTC)."
+  costToday: String!
+  currency: String!
+}
+
+"What is going on in one room."
+type RoomWork {
+  roomId: ID!
+  roomName: String
+  tasks: [Task!]!
+  "Open requests for a human, oldest first."
+  attention: [AttentionRequest!]!
+  agents: [ActiveAgent!]!
+}
+
+type WorkStatus {
+  rooms: [RoomWork!]!
+  "True when the organization has more rooms with work than were returned."
+  truncated: Boolean!
+  "When the answer was computed (the stuck flags are as of then)."
+  asOf: Time!
+}
+
+"An agent of the organization, with how its tools are doing."
+type Agent {
+  id: ID!
+  handle: String!
+  name: String!
+  ownerId: ID!
+  ownerHandle: String
+  model: String!
+  suspended: Boolean!
+  updatedAt: Time!
+  "Tool calls of the last 24 hours without a result yet (paired by tool_call_id)."
+  openToolCalls: [ToolCall!]!
+  "Tool results of the last 24 hours."
+  toolResults: Int64!
+  "Of those, the ones that were errors."
+  toolErrors: Int64!
+  "toolErrors / toolResults, null without results."
+  toolErrorRate: Float
+}
+
+"A tool call waiting for its result."
+type ToolCall {
+  toolCallId: ID!
+  toolName: String!
+  roomId: ID!
+  calledAt: Time!
+}
+
+"A room of the organization."
+type Room {
+  id: ID!
+  name: String
+  "Whether a room.deleted or room.removed was the last word on it."
+  closed: Boolean!
+  lastActivity: Time
+  openTasks: Int!
+  stuckTasks: Int!
+  openAttention: Int!
 }
 
 type Query {
   """
   Token usage and cost of an organization over [from, to), widened to whole hours,
   grouped by the given dimensions (none: one row per currency), most expensive first
-  within each hour or day.
+  within each hour or day. limit defaults to 1000, at most 10000.
   """
-  costs(orgId: ID, from: Time!, to: Time!, groupBy: [CostDimension!]): [CostRow!]!
+  costs(orgId: ID, from: Time!, to: Time!, groupBy: [CostDimension!], filter: CostFilter, limit: Int): CostReport!
+
+  """
+  Usage over [from, to) in buckets of interval, for charts; split gives one series per
+  value of that dimension (OWNER, AGENT, ROOM or MODEL; the top 20 by cost, at most
+  limit), none: one series. Buckets: at most 2000 per series.
+  """
+  usageSeries(orgId: ID, from: Time!, to: Time!, interval: SeriesInterval!, split: CostDimension, filter: CostFilter, limit: Int): [UsageSeries!]!
+
+  """
+  The agents that posted the most messages in [from, to) (default: the last hour),
+  with their tokens and how often they were throttled or denied. limit defaults to
+  10, at most 100.
+  """
+  chattyAgents(orgId: ID, from: Time, to: Time, limit: Int): [ChattyAgent!]!
 
   """
   The audit trail of an organization, newest first, over [from, to). limit defaults
-  to 100, at most 10000.
+  to 100, at most 10000. actorId and subjectId match either role when both are given
+  the same id; outcome keeps only policy decisions with that outcome.
   """
   auditEvents(
     orgId: ID
@@ -557,10 +2189,74 @@ type Query {
     to: Time
     roomId: ID
     actorId: ID
+    subjectId: ID
     types: [String!]
+    outcome: DecisionOutcome
     limit: Int
     before: String
   ): AuditPage!
+
+  """
+  Contact requests whose history touches [from, to) (default: the last 30 days), most
+  recently changed first. limit defaults to 100, at most 1000.
+  """
+  contactRequests(orgId: ID, from: Time, to: Time, status: String, agentId: ID, limit: Int): ContactRequestPage!
+
+  """
+  Policy decisions, newest first, over [from, to). limit defaults to 100, at most 1000.
+  """
+  policyDecisions(orgId: ID, from: Time, to: Time, decision: String, outcome: DecisionOutcome, agentId: ID, limit: Int, before: String): PolicyDecisionPage!
+
+  """
+  Live work status of one room, or of every room with work (at most 200, those with
+  the latest activity first).
+  """
+  workStatus(orgId: ID, roomId: ID): WorkStatus!
+
+  "The agents of the organization's directory, by handle. limit defaults to 500, at most 2000."
+  agents(orgId: ID, limit: Int): [Agent!]!
+
+  "The rooms of the organization, latest activity first. limit defaults to 500, at most 2000."
+  rooms(orgId: ID, limit: Int): [Room!]!
+}
+
+"What changed in a room's work status."
+enum WorkChangeKind {
+  TASK
+  TASK_STUCK
+  ATTENTION_OPENED
+  ATTENTION_CLOSED
+  AGENT_ACTIVE
+}
+
+"One change of a room's work status, with the room's status after it."
+type WorkStatusChange {
+  kind: WorkChangeKind!
+  roomId: ID!
+  time: Time!
+  "The event that caused it (null for a stuck transition, which a timer finds)."
+  eventId: ID
+  "The task changed, for TASK and TASK_STUCK."
+  task: Task
+  "The request opened or closed, for ATTENTION_*."
+  attention: AttentionRequest
+  "The agent, for AGENT_ACTIVE."
+  agentId: ID
+  agentHandle: String
+}
+
+"A denied policy decision, as it happened."
+type PolicyDenial {
+  decision: PolicyDecision!
+}
+
+type Subscription {
+  "Changes of one room's work status, or of every room of the organization."
+  workStatusChanged(orgId: ID, roomId: ID): WorkStatusChange!
+  "New requests for a human's attention (of one room, or every room)."
+  attentionRequested(orgId: ID, roomId: ID): AttentionRequest!
+  "Denied policy decisions of the organization, as they are audited."
+  policyDenied(orgId: ID): PolicyDenial!
 }
 `, BuiltIn: false},
 }
@@ -569,6 +2265,90 @@ var parsedSchema = gqlparser.MustLoadSchema(sources...)
 // childFields_* functions provide shared child field context lookups.
 // Each function is generated once per unique object type, deduplicating the
 // switch statements that were previously inlined in every fieldContext_* function.
+
+func (ec *executionContext) childFields_ActiveAgent(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "agentId":
+		return ec.fieldContext_ActiveAgent_agentId(ctx, field)
+	case "agentHandle":
+		return ec.fieldContext_ActiveAgent_agentHandle(ctx, field)
+	case "agentName":
+		return ec.fieldContext_ActiveAgent_agentName(ctx, field)
+	case "lastActivity":
+		return ec.fieldContext_ActiveAgent_lastActivity(ctx, field)
+	case "lastMessageAt":
+		return ec.fieldContext_ActiveAgent_lastMessageAt(ctx, field)
+	case "lastMessage":
+		return ec.fieldContext_ActiveAgent_lastMessage(ctx, field)
+	case "messagesToday":
+		return ec.fieldContext_ActiveAgent_messagesToday(ctx, field)
+	case "costToday":
+		return ec.fieldContext_ActiveAgent_costToday(ctx, field)
+	case "currency":
+		return ec.fieldContext_ActiveAgent_currency(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type ActiveAgent", field.Name)
+}
+
+func (ec *executionContext) childFields_Agent(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "id":
+		return ec.fieldContext_Agent_id(ctx, field)
+	case "handle":
+		return ec.fieldContext_Agent_handle(ctx, field)
+	case "name":
+		return ec.fieldContext_Agent_name(ctx, field)
+	case "ownerId":
+		return ec.fieldContext_Agent_ownerId(ctx, field)
+	case "ownerHandle":
+		return ec.fieldContext_Agent_ownerHandle(ctx, field)
+	case "model":
+		return ec.fieldContext_Agent_model(ctx, field)
+	case "suspended":
+		return ec.fieldContext_Agent_suspended(ctx, field)
+	case "updatedAt":
+		return ec.fieldContext_Agent_updatedAt(ctx, field)
+	case "openToolCalls":
+		return ec.fieldContext_Agent_openToolCalls(ctx, field)
+	case "toolResults":
+		return ec.fieldContext_Agent_toolResults(ctx, field)
+	case "toolErrors":
+		return ec.fieldContext_Agent_toolErrors(ctx, field)
+	case "toolErrorRate":
+		return ec.fieldContext_Agent_toolErrorRate(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type Agent", field.Name)
+}
+
+func (ec *executionContext) childFields_AttentionRequest(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "id":
+		return ec.fieldContext_AttentionRequest_id(ctx, field)
+	case "roomId":
+		return ec.fieldContext_AttentionRequest_roomId(ctx, field)
+	case "roomName":
+		return ec.fieldContext_AttentionRequest_roomName(ctx, field)
+	case "askedBy":
+		return ec.fieldContext_AttentionRequest_askedBy(ctx, field)
+	case "askedByHandle":
+		return ec.fieldContext_AttentionRequest_askedByHandle(ctx, field)
+	case "askedByName":
+		return ec.fieldContext_AttentionRequest_askedByName(ctx, field)
+	case "addressedTo":
+		return ec.fieldContext_AttentionRequest_addressedTo(ctx, field)
+	case "addressedToHandle":
+		return ec.fieldContext_AttentionRequest_addressedToHandle(ctx, field)
+	case "addressedToName":
+		return ec.fieldContext_AttentionRequest_addressedToName(ctx, field)
+	case "question":
+		return ec.fieldContext_AttentionRequest_question(ctx, field)
+	case "since":
+		return ec.fieldContext_AttentionRequest_since(ctx, field)
+	case "ageSeconds":
+		return ec.fieldContext_AttentionRequest_ageSeconds(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type AttentionRequest", field.Name)
+}
 
 func (ec *executionContext) childFields_AuditEvent(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
 	switch field.Name {
@@ -582,12 +2362,16 @@ func (ec *executionContext) childFields_AuditEvent(ctx context.Context, field gr
 		return ec.fieldContext_AuditEvent_orgId(ctx, field)
 	case "roomId":
 		return ec.fieldContext_AuditEvent_roomId(ctx, field)
+	case "roomName":
+		return ec.fieldContext_AuditEvent_roomName(ctx, field)
 	case "actorId":
 		return ec.fieldContext_AuditEvent_actorId(ctx, field)
 	case "actorType":
 		return ec.fieldContext_AuditEvent_actorType(ctx, field)
 	case "actorHandle":
 		return ec.fieldContext_AuditEvent_actorHandle(ctx, field)
+	case "actorName":
+		return ec.fieldContext_AuditEvent_actorName(ctx, field)
 	case "ownerId":
 		return ec.fieldContext_AuditEvent_ownerId(ctx, field)
 	case "subjectId":
@@ -624,6 +2408,106 @@ func (ec *executionContext) childFields_AuditPage(ctx context.Context, field gra
 	return nil, fmt.Errorf("no field named %q was found under type AuditPage", field.Name)
 }
 
+func (ec *executionContext) childFields_ChattyAgent(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "agentId":
+		return ec.fieldContext_ChattyAgent_agentId(ctx, field)
+	case "agentHandle":
+		return ec.fieldContext_ChattyAgent_agentHandle(ctx, field)
+	case "agentName":
+		return ec.fieldContext_ChattyAgent_agentName(ctx, field)
+	case "ownerId":
+		return ec.fieldContext_ChattyAgent_ownerId(ctx, field)
+	case "ownerHandle":
+		return ec.fieldContext_ChattyAgent_ownerHandle(ctx, field)
+	case "messages":
+		return ec.fieldContext_ChattyAgent_messages(ctx, field)
+	case "tokens":
+		return ec.fieldContext_ChattyAgent_tokens(ctx, field)
+	case "cost":
+		return ec.fieldContext_ChattyAgent_cost(ctx, field)
+	case "currency":
+		return ec.fieldContext_ChattyAgent_currency(ctx, field)
+	case "throttled":
+		return ec.fieldContext_ChattyAgent_throttled(ctx, field)
+	case "denied":
+		return ec.fieldContext_ChattyAgent_denied(ctx, field)
+	case "suspended":
+		return ec.fieldContext_ChattyAgent_suspended(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type ChattyAgent", field.Name)
+}
+
+func (ec *executionContext) childFields_ContactRequest(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "requestId":
+		return ec.fieldContext_ContactRequest_requestId(ctx, field)
+	case "status":
+		return ec.fieldContext_ContactRequest_status(ctx, field)
+	case "fromHandle":
+		return ec.fieldContext_ContactRequest_fromHandle(ctx, field)
+	case "toHandle":
+		return ec.fieldContext_ContactRequest_toHandle(ctx, field)
+	case "message":
+		return ec.fieldContext_ContactRequest_message(ctx, field)
+	case "agentId":
+		return ec.fieldContext_ContactRequest_agentId(ctx, field)
+	case "agentHandle":
+		return ec.fieldContext_ContactRequest_agentHandle(ctx, field)
+	case "firstSeen":
+		return ec.fieldContext_ContactRequest_firstSeen(ctx, field)
+	case "lastChanged":
+		return ec.fieldContext_ContactRequest_lastChanged(ctx, field)
+	case "decidedBy":
+		return ec.fieldContext_ContactRequest_decidedBy(ctx, field)
+	case "decidedByHandle":
+		return ec.fieldContext_ContactRequest_decidedByHandle(ctx, field)
+	case "history":
+		return ec.fieldContext_ContactRequest_history(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type ContactRequest", field.Name)
+}
+
+func (ec *executionContext) childFields_ContactRequestPage(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "requests":
+		return ec.fieldContext_ContactRequestPage_requests(ctx, field)
+	case "truncated":
+		return ec.fieldContext_ContactRequestPage_truncated(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type ContactRequestPage", field.Name)
+}
+
+func (ec *executionContext) childFields_ContactRequestStep(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "status":
+		return ec.fieldContext_ContactRequestStep_status(ctx, field)
+	case "time":
+		return ec.fieldContext_ContactRequestStep_time(ctx, field)
+	case "actorId":
+		return ec.fieldContext_ContactRequestStep_actorId(ctx, field)
+	case "actorHandle":
+		return ec.fieldContext_ContactRequestStep_actorHandle(ctx, field)
+	case "eventId":
+		return ec.fieldContext_ContactRequestStep_eventId(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type ContactRequestStep", field.Name)
+}
+
+func (ec *executionContext) childFields_CostReport(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "rows":
+		return ec.fieldContext_CostReport_rows(ctx, field)
+	case "truncated":
+		return ec.fieldContext_CostReport_truncated(ctx, field)
+	case "totals":
+		return ec.fieldContext_CostReport_totals(ctx, field)
+	case "unpriced":
+		return ec.fieldContext_CostReport_unpriced(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type CostReport", field.Name)
+}
+
 func (ec *executionContext) childFields_CostRow(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
 	switch field.Name {
 	case "ownerId":
@@ -640,6 +2524,8 @@ func (ec *executionContext) childFields_CostRow(ctx context.Context, field graph
 		return ec.fieldContext_CostRow_agentName(ctx, field)
 	case "roomId":
 		return ec.fieldContext_CostRow_roomId(ctx, field)
+	case "roomName":
+		return ec.fieldContext_CostRow_roomName(ctx, field)
 	case "model":
 		return ec.fieldContext_CostRow_model(ctx, field)
 	case "hour":
@@ -648,24 +2534,276 @@ func (ec *executionContext) childFields_CostRow(ctx context.Context, field graph
 		return ec.fieldContext_CostRow_day(ctx, field)
 	case "events":
 		return ec.fieldContext_CostRow_events(ctx, field)
+	case "pricedEvents":
+		return ec.fieldContext_CostRow_pricedEvents(ctx, field)
 	case "unpricedEvents":
 		return ec.fieldContext_CostRow_unpricedEvents(ctx, field)
-	case "inputTokens":
-		return ec.fieldContext_CostRow_inputTokens(ctx, field)
-	case "outputTokens":
-		return ec.fieldContext_CostRow_outputTokens(ctx, field)
-	case "cacheReadTokens":
-		return ec.fieldContext_CostRow_cacheReadTokens(ctx, field)
-	case "cacheWriteTokens":
-		return ec.fieldContext_CostRow_cacheWriteTokens(ctx, field)
-	case "reasoningTokens":
-		return ec.fieldContext_CostRow_reasoningTokens(ctx, field)
+	case "tokens":
+		return ec.fieldContext_CostRow_tokens(ctx, field)
+	case "unpricedTokens":
+		return ec.fieldContext_CostRow_unpricedTokens(ctx, field)
 	case "cost":
 		return ec.fieldContext_CostRow_cost(ctx, field)
 	case "currency":
 		return ec.fieldContext_CostRow_currency(ctx, field)
 	}
 	return nil, fmt.Errorf("no field named %q was found under type CostRow", field.Name)
+}
+
+func (ec *executionContext) childFields_CostTotal(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "currency":
+		return ec.fieldContext_CostTotal_currency(ctx, field)
+	case "events":
+		return ec.fieldContext_CostTotal_events(ctx, field)
+	case "pricedEvents":
+		return ec.fieldContext_CostTotal_pricedEvents(ctx, field)
+	case "unpricedEvents":
+		return ec.fieldContext_CostTotal_unpricedEvents(ctx, field)
+	case "tokens":
+		return ec.fieldContext_CostTotal_tokens(ctx, field)
+	case "unpricedTokens":
+		return ec.fieldContext_CostTotal_unpricedTokens(ctx, field)
+	case "cost":
+		return ec.fieldContext_CostTotal_cost(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type CostTotal", field.Name)
+}
+
+func (ec *executionContext) childFields_DecisionReason(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "code":
+		return ec.fieldContext_DecisionReason_code(ctx, field)
+	case "message":
+		return ec.fieldContext_DecisionReason_message(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type DecisionReason", field.Name)
+}
+
+func (ec *executionContext) childFields_PolicyDecision(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "id":
+		return ec.fieldContext_PolicyDecision_id(ctx, field)
+	case "time":
+		return ec.fieldContext_PolicyDecision_time(ctx, field)
+	case "decision":
+		return ec.fieldContext_PolicyDecision_decision(ctx, field)
+	case "allowed":
+		return ec.fieldContext_PolicyDecision_allowed(ctx, field)
+	case "reasons":
+		return ec.fieldContext_PolicyDecision_reasons(ctx, field)
+	case "revision":
+		return ec.fieldContext_PolicyDecision_revision(ctx, field)
+	case "inputDigest":
+		return ec.fieldContext_PolicyDecision_inputDigest(ctx, field)
+	case "input":
+		return ec.fieldContext_PolicyDecision_input(ctx, field)
+	case "retryAfterMs":
+		return ec.fieldContext_PolicyDecision_retryAfterMs(ctx, field)
+	case "agentId":
+		return ec.fieldContext_PolicyDecision_agentId(ctx, field)
+	case "agentHandle":
+		return ec.fieldContext_PolicyDecision_agentHandle(ctx, field)
+	case "roomId":
+		return ec.fieldContext_PolicyDecision_roomId(ctx, field)
+	case "roomName":
+		return ec.fieldContext_PolicyDecision_roomName(ctx, field)
+	case "requestedBy":
+		return ec.fieldContext_PolicyDecision_requestedBy(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type PolicyDecision", field.Name)
+}
+
+func (ec *executionContext) childFields_PolicyDecisionPage(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "decisions":
+		return ec.fieldContext_PolicyDecisionPage_decisions(ctx, field)
+	case "nextCursor":
+		return ec.fieldContext_PolicyDecisionPage_nextCursor(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type PolicyDecisionPage", field.Name)
+}
+
+func (ec *executionContext) childFields_PolicyDenial(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "decision":
+		return ec.fieldContext_PolicyDenial_decision(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type PolicyDenial", field.Name)
+}
+
+func (ec *executionContext) childFields_Room(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "id":
+		return ec.fieldContext_Room_id(ctx, field)
+	case "name":
+		return ec.fieldContext_Room_name(ctx, field)
+	case "closed":
+		return ec.fieldContext_Room_closed(ctx, field)
+	case "lastActivity":
+		return ec.fieldContext_Room_lastActivity(ctx, field)
+	case "openTasks":
+		return ec.fieldContext_Room_openTasks(ctx, field)
+	case "stuckTasks":
+		return ec.fieldContext_Room_stuckTasks(ctx, field)
+	case "openAttention":
+		return ec.fieldContext_Room_openAttention(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type Room", field.Name)
+}
+
+func (ec *executionContext) childFields_RoomWork(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "roomId":
+		return ec.fieldContext_RoomWork_roomId(ctx, field)
+	case "roomName":
+		return ec.fieldContext_RoomWork_roomName(ctx, field)
+	case "tasks":
+		return ec.fieldContext_RoomWork_tasks(ctx, field)
+	case "attention":
+		return ec.fieldContext_RoomWork_attention(ctx, field)
+	case "agents":
+		return ec.fieldContext_RoomWork_agents(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type RoomWork", field.Name)
+}
+
+func (ec *executionContext) childFields_Task(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "id":
+		return ec.fieldContext_Task_id(ctx, field)
+	case "roomId":
+		return ec.fieldContext_Task_roomId(ctx, field)
+	case "title":
+		return ec.fieldContext_Task_title(ctx, field)
+	case "status":
+		return ec.fieldContext_Task_status(ctx, field)
+	case "assigneeId":
+		return ec.fieldContext_Task_assigneeId(ctx, field)
+	case "assigneeHandle":
+		return ec.fieldContext_Task_assigneeHandle(ctx, field)
+	case "assigneeName":
+		return ec.fieldContext_Task_assigneeName(ctx, field)
+	case "createdAt":
+		return ec.fieldContext_Task_createdAt(ctx, field)
+	case "updatedAt":
+		return ec.fieldContext_Task_updatedAt(ctx, field)
+	case "lastActivity":
+		return ec.fieldContext_Task_lastActivity(ctx, field)
+	case "stuck":
+		return ec.fieldContext_Task_stuck(ctx, field)
+	case "stuckSince":
+		return ec.fieldContext_Task_stuckSince(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type Task", field.Name)
+}
+
+func (ec *executionContext) childFields_Tokens(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "input":
+		return ec.fieldContext_Tokens_input(ctx, field)
+	case "output":
+		return ec.fieldContext_Tokens_output(ctx, field)
+	case "cacheRead":
+		return ec.fieldContext_Tokens_cacheRead(ctx, field)
+	case "cacheWrite":
+		return ec.fieldContext_Tokens_cacheWrite(ctx, field)
+	case "reasoning":
+		return ec.fieldContext_Tokens_reasoning(ctx, field)
+	case "total":
+		return ec.fieldContext_Tokens_total(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type Tokens", field.Name)
+}
+
+func (ec *executionContext) childFields_ToolCall(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "toolCallId":
+		return ec.fieldContext_ToolCall_toolCallId(ctx, field)
+	case "toolName":
+		return ec.fieldContext_ToolCall_toolName(ctx, field)
+	case "roomId":
+		return ec.fieldContext_ToolCall_roomId(ctx, field)
+	case "calledAt":
+		return ec.fieldContext_ToolCall_calledAt(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type ToolCall", field.Name)
+}
+
+func (ec *executionContext) childFields_UnpricedModel(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "model":
+		return ec.fieldContext_UnpricedModel_model(ctx, field)
+	case "events":
+		return ec.fieldContext_UnpricedModel_events(ctx, field)
+	case "tokens":
+		return ec.fieldContext_UnpricedModel_tokens(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type UnpricedModel", field.Name)
+}
+
+func (ec *executionContext) childFields_UsagePoint(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "time":
+		return ec.fieldContext_UsagePoint_time(ctx, field)
+	case "events":
+		return ec.fieldContext_UsagePoint_events(ctx, field)
+	case "unpricedEvents":
+		return ec.fieldContext_UsagePoint_unpricedEvents(ctx, field)
+	case "tokens":
+		return ec.fieldContext_UsagePoint_tokens(ctx, field)
+	case "cost":
+		return ec.fieldContext_UsagePoint_cost(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type UsagePoint", field.Name)
+}
+
+func (ec *executionContext) childFields_UsageSeries(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "key":
+		return ec.fieldContext_UsageSeries_key(ctx, field)
+	case "name":
+		return ec.fieldContext_UsageSeries_name(ctx, field)
+	case "currency":
+		return ec.fieldContext_UsageSeries_currency(ctx, field)
+	case "points":
+		return ec.fieldContext_UsageSeries_points(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type UsageSeries", field.Name)
+}
+
+func (ec *executionContext) childFields_WorkStatus(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "rooms":
+		return ec.fieldContext_WorkStatus_rooms(ctx, field)
+	case "truncated":
+		return ec.fieldContext_WorkStatus_truncated(ctx, field)
+	case "asOf":
+		return ec.fieldContext_WorkStatus_asOf(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type WorkStatus", field.Name)
+}
+
+func (ec *executionContext) childFields_WorkStatusChange(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "kind":
+		return ec.fieldContext_WorkStatusChange_kind(ctx, field)
+	case "roomId":
+		return ec.fieldContext_WorkStatusChange_roomId(ctx, field)
+	case "time":
+		return ec.fieldContext_WorkStatusChange_time(ctx, field)
+	case "eventId":
+		return ec.fieldContext_WorkStatusChange_eventId(ctx, field)
+	case "task":
+		return ec.fieldContext_WorkStatusChange_task(ctx, field)
+	case "attention":
+		return ec.fieldContext_WorkStatusChange_attention(ctx, field)
+	case "agentId":
+		return ec.fieldContext_WorkStatusChange_agentId(ctx, field)
+	case "agentHandle":
+		return ec.fieldContext_WorkStatusChange_agentHandle(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type WorkStatusChange", field.Name)
 }
 
 func (ec *executionContext) childFields___Directive(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
@@ -798,6 +2936,28 @@ func (ec *executionContext) field_Query___type_args(ctx context.Context, rawArgs
 	return args, nil
 }
 
+func (ec *executionContext) field_Query_agents_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
+	var err error
+	args := map[string]any{}
+	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "orgId",
+		func(ctx context.Context, v any) (*string, error) {
+			return ec.unmarshalOID2ᚖstring(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["orgId"] = arg0
+	arg1, err := graphql.ProcessArgField(ctx, rawArgs, "limit",
+		func(ctx context.Context, v any) (*int, error) {
+			return ec.unmarshalOInt2ᚖint(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["limit"] = arg1
+	return args, nil
+}
+
 func (ec *executionContext) field_Query_auditEvents_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
 	var err error
 	args := map[string]any{}
@@ -841,30 +3001,138 @@ func (ec *executionContext) field_Query_auditEvents_args(ctx context.Context, ra
 		return nil, err
 	}
 	args["actorId"] = arg4
-	arg5, err := graphql.ProcessArgField(ctx, rawArgs, "types",
+	arg5, err := graphql.ProcessArgField(ctx, rawArgs, "subjectId",
+		func(ctx context.Context, v any) (*string, error) {
+			return ec.unmarshalOID2ᚖstring(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["subjectId"] = arg5
+	arg6, err := graphql.ProcessArgField(ctx, rawArgs, "types",
 		func(ctx context.Context, v any) ([]string, error) {
 			return ec.unmarshalOString2ᚕstringᚄ(ctx, v)
 		})
 	if err != nil {
 		return nil, err
 	}
-	args["types"] = arg5
-	arg6, err := graphql.ProcessArgField(ctx, rawArgs, "limit",
+	args["types"] = arg6
+	arg7, err := graphql.ProcessArgField(ctx, rawArgs, "outcome",
+		func(ctx context.Context, v any) (*model.DecisionOutcome, error) {
+			return ec.unmarshalODecisionOutcome2ᚖgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐDecisionOutcome(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["outcome"] = arg7
+	arg8, err := graphql.ProcessArgField(ctx, rawArgs, "limit",
 		func(ctx context.Context, v any) (*int, error) {
 			return ec.unmarshalOInt2ᚖint(ctx, v)
 		})
 	if err != nil {
 		return nil, err
 	}
-	args["limit"] = arg6
-	arg7, err := graphql.ProcessArgField(ctx, rawArgs, "before",
+	args["limit"] = arg8
+	arg9, err := graphql.ProcessArgField(ctx, rawArgs, "before",
 		func(ctx context.Context, v any) (*string, error) {
 			return ec.unmarshalOString2ᚖstring(ctx, v)
 		})
 	if err != nil {
 		return nil, err
 	}
-	args["before"] = arg7
+	args["before"] = arg9
+	return args, nil
+}
+
+func (ec *executionContext) field_Query_chattyAgents_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
+	var err error
+	args := map[string]any{}
+	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "orgId",
+		func(ctx context.Context, v any) (*string, error) {
+			return ec.unmarshalOID2ᚖstring(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["orgId"] = arg0
+	arg1, err := graphql.ProcessArgField(ctx, rawArgs, "from",
+		func(ctx context.Context, v any) (*time.Time, error) {
+			return ec.unmarshalOTime2ᚖtimeᚐTime(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["from"] = arg1
+	arg2, err := graphql.ProcessArgField(ctx, rawArgs, "to",
+		func(ctx context.Context, v any) (*time.Time, error) {
+			return ec.unmarshalOTime2ᚖtimeᚐTime(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["to"] = arg2
+	arg3, err := graphql.ProcessArgField(ctx, rawArgs, "limit",
+		func(ctx context.Context, v any) (*int, error) {
+			return ec.unmarshalOInt2ᚖint(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["limit"] = arg3
+	return args, nil
+}
+
+func (ec *executionContext) field_Query_contactRequests_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
+	var err error
+	args := map[string]any{}
+	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "orgId",
+		func(ctx context.Context, v any) (*string, error) {
+			return ec.unmarshalOID2ᚖstring(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["orgId"] = arg0
+	arg1, err := graphql.ProcessArgField(ctx, rawArgs, "from",
+		func(ctx context.Context, v any) (*time.Time, error) {
+			return ec.unmarshalOTime2ᚖtimeᚐTime(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["from"] = arg1
+	arg2, err := graphql.ProcessArgField(ctx, rawArgs, "to",
+		func(ctx context.Context, v any) (*time.Time, error) {
+			return ec.unmarshalOTime2ᚖtimeᚐTime(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["to"] = arg2
+	arg3, err := graphql.ProcessArgField(ctx, rawArgs, "status",
+		func(ctx context.Context, v any) (*string, error) {
+			return ec.unmarshalOString2ᚖstring(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["status"] = arg3
+	arg4, err := graphql.ProcessArgField(ctx, rawArgs, "agentId",
+		func(ctx context.Context, v any) (*string, error) {
+			return ec.unmarshalOID2ᚖstring(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["agentId"] = arg4
+	arg5, err := graphql.ProcessArgField(ctx, rawArgs, "limit",
+		func(ctx context.Context, v any) (*int, error) {
+			return ec.unmarshalOInt2ᚖint(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["limit"] = arg5
 	return args, nil
 }
 
@@ -903,6 +3171,256 @@ func (ec *executionContext) field_Query_costs_args(ctx context.Context, rawArgs 
 		return nil, err
 	}
 	args["groupBy"] = arg3
+	arg4, err := graphql.ProcessArgField(ctx, rawArgs, "filter",
+		func(ctx context.Context, v any) (*model.CostFilter, error) {
+			return ec.unmarshalOCostFilter2ᚖgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐCostFilter(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["filter"] = arg4
+	arg5, err := graphql.ProcessArgField(ctx, rawArgs, "limit",
+		func(ctx context.Context, v any) (*int, error) {
+			return ec.unmarshalOInt2ᚖint(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["limit"] = arg5
+	return args, nil
+}
+
+func (ec *executionContext) field_Query_policyDecisions_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
+	var err error
+	args := map[string]any{}
+	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "orgId",
+		func(ctx context.Context, v any) (*string, error) {
+			return ec.unmarshalOID2ᚖstring(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["orgId"] = arg0
+	arg1, err := graphql.ProcessArgField(ctx, rawArgs, "from",
+		func(ctx context.Context, v any) (*time.Time, error) {
+			return ec.unmarshalOTime2ᚖtimeᚐTime(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["from"] = arg1
+	arg2, err := graphql.ProcessArgField(ctx, rawArgs, "to",
+		func(ctx context.Context, v any) (*time.Time, error) {
+			return ec.unmarshalOTime2ᚖtimeᚐTime(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["to"] = arg2
+	arg3, err := graphql.ProcessArgField(ctx, rawArgs, "decision",
+		func(ctx context.Context, v any) (*string, error) {
+			return ec.unmarshalOString2ᚖstring(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["decision"] = arg3
+	arg4, err := graphql.ProcessArgField(ctx, rawArgs, "outcome",
+		func(ctx context.Context, v any) (*model.DecisionOutcome, error) {
+			return ec.unmarshalODecisionOutcome2ᚖgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐDecisionOutcome(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["outcome"] = arg4
+	arg5, err := graphql.ProcessArgField(ctx, rawArgs, "agentId",
+		func(ctx context.Context, v any) (*string, error) {
+			return ec.unmarshalOID2ᚖstring(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["agentId"] = arg5
+	arg6, err := graphql.ProcessArgField(ctx, rawArgs, "limit",
+		func(ctx context.Context, v any) (*int, error) {
+			return ec.unmarshalOInt2ᚖint(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["limit"] = arg6
+	arg7, err := graphql.ProcessArgField(ctx, rawArgs, "before",
+		func(ctx context.Context, v any) (*string, error) {
+			return ec.unmarshalOString2ᚖstring(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["before"] = arg7
+	return args, nil
+}
+
+func (ec *executionContext) field_Query_rooms_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
+	var err error
+	args := map[string]any{}
+	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "orgId",
+		func(ctx context.Context, v any) (*string, error) {
+			return ec.unmarshalOID2ᚖstring(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["orgId"] = arg0
+	arg1, err := graphql.ProcessArgField(ctx, rawArgs, "limit",
+		func(ctx context.Context, v any) (*int, error) {
+			return ec.unmarshalOInt2ᚖint(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["limit"] = arg1
+	return args, nil
+}
+
+func (ec *executionContext) field_Query_usageSeries_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
+	var err error
+	args := map[string]any{}
+	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "orgId",
+		func(ctx context.Context, v any) (*string, error) {
+			return ec.unmarshalOID2ᚖstring(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["orgId"] = arg0
+	arg1, err := graphql.ProcessArgField(ctx, rawArgs, "from",
+		func(ctx context.Context, v any) (time.Time, error) {
+			return ec.unmarshalNTime2timeᚐTime(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["from"] = arg1
+	arg2, err := graphql.ProcessArgField(ctx, rawArgs, "to",
+		func(ctx context.Context, v any) (time.Time, error) {
+			return ec.unmarshalNTime2timeᚐTime(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["to"] = arg2
+	arg3, err := graphql.ProcessArgField(ctx, rawArgs, "interval",
+		func(ctx context.Context, v any) (model.SeriesInterval, error) {
+			return ec.unmarshalNSeriesInterval2githubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐSeriesInterval(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["interval"] = arg3
+	arg4, err := graphql.ProcessArgField(ctx, rawArgs, "split",
+		func(ctx context.Context, v any) (*model.CostDimension, error) {
+			return ec.unmarshalOCostDimension2ᚖgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐCostDimension(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["split"] = arg4
+	arg5, err := graphql.ProcessArgField(ctx, rawArgs, "filter",
+		func(ctx context.Context, v any) (*model.CostFilter, error) {
+			return ec.unmarshalOCostFilter2ᚖgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐCostFilter(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["filter"] = arg5
+	arg6, err := graphql.ProcessArgField(ctx, rawArgs, "limit",
+		func(ctx context.Context, v any) (*int, error) {
+			return ec.unmarshalOInt2ᚖint(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["limit"] = arg6
+	return args, nil
+}
+
+func (ec *executionContext) field_Query_workStatus_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
+	var err error
+	args := map[string]any{}
+	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "orgId",
+		func(ctx context.Context, v any) (*string, error) {
+			return ec.unmarshalOID2ᚖstring(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["orgId"] = arg0
+	arg1, err := graphql.ProcessArgField(ctx, rawArgs, "roomId",
+		func(ctx context.Context, v any) (*string, error) {
+			return ec.unmarshalOID2ᚖstring(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["roomId"] = arg1
+	return args, nil
+}
+
+func (ec *executionContext) field_Subscription_attentionRequested_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
+	var err error
+	args := map[string]any{}
+	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "orgId",
+		func(ctx context.Context, v any) (*string, error) {
+			return ec.unmarshalOID2ᚖstring(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["orgId"] = arg0
+	arg1, err := graphql.ProcessArgField(ctx, rawArgs, "roomId",
+		func(ctx context.Context, v any) (*string, error) {
+			return ec.unmarshalOID2ᚖstring(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["roomId"] = arg1
+	return args, nil
+}
+
+func (ec *executionContext) field_Subscription_policyDenied_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
+	var err error
+	args := map[string]any{}
+	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "orgId",
+		func(ctx context.Context, v any) (*string, error) {
+			return ec.unmarshalOID2ᚖstring(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["orgId"] = arg0
+	return args, nil
+}
+
+func (ec *executionContext) field_Subscription_workStatusChanged_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
+	var err error
+	args := map[string]any{}
+	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "orgId",
+		func(ctx context.Context, v any) (*string, error) {
+			return ec.unmarshalOID2ᚖstring(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["orgId"] = arg0
+	arg1, err := graphql.ProcessArgField(ctx, rawArgs, "roomId",
+		func(ctx context.Context, v any) (*string, error) {
+			return ec.unmarshalOID2ᚖstring(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["roomId"] = arg1
 	return args, nil
 }
 
@@ -979,6 +3497,774 @@ func (ec *executionContext) field___Type_inputFields_args(ctx context.Context, r
 // endregion ***************************** args.gotpl *****************************
 
 // region    **************************** field.gotpl *****************************
+
+func (ec *executionContext) _ActiveAgent_agentId(ctx context.Context, field graphql.CollectedField, obj *model.ActiveAgent) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ActiveAgent_agentId(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.AgentID, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNID2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_ActiveAgent_agentId(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("ActiveAgent", field, false, false, "ID")
+}
+
+func (ec *executionContext) _ActiveAgent_agentHandle(ctx context.Context, field graphql.CollectedField, obj *model.ActiveAgent) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ActiveAgent_agentHandle(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.AgentHandle, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_ActiveAgent_agentHandle(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("ActiveAgent", field, false, false, "String")
+}
+
+func (ec *executionContext) _ActiveAgent_agentName(ctx context.Context, field graphql.CollectedField, obj *model.ActiveAgent) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ActiveAgent_agentName(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.AgentName, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_ActiveAgent_agentName(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("ActiveAgent", field, false, false, "String")
+}
+
+func (ec *executionContext) _ActiveAgent_lastActivity(ctx context.Context, field graphql.CollectedField, obj *model.ActiveAgent) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ActiveAgent_lastActivity(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.LastActivity, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v time.Time) graphql.Marshaler {
+			return ec.marshalNTime2timeᚐTime(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_ActiveAgent_lastActivity(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("ActiveAgent", field, false, false, "Time")
+}
+
+func (ec *executionContext) _ActiveAgent_lastMessageAt(ctx context.Context, field graphql.CollectedField, obj *model.ActiveAgent) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ActiveAgent_lastMessageAt(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.LastMessageAt, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *time.Time) graphql.Marshaler {
+			return ec.marshalOTime2ᚖtimeᚐTime(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_ActiveAgent_lastMessageAt(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("ActiveAgent", field, false, false, "Time")
+}
+
+func (ec *executionContext) _ActiveAgent_lastMessage(ctx context.Context, field graphql.CollectedField, obj *model.ActiveAgent) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ActiveAgent_lastMessage(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.LastMessage, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_ActiveAgent_lastMessage(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("ActiveAgent", field, false, false, "String")
+}
+
+func (ec *executionContext) _ActiveAgent_messagesToday(ctx context.Context, field graphql.CollectedField, obj *model.ActiveAgent) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ActiveAgent_messagesToday(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.MessagesToday, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int64) graphql.Marshaler {
+			return ec.marshalNInt642int64(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_ActiveAgent_messagesToday(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("ActiveAgent", field, false, false, "Int64")
+}
+
+func (ec *executionContext) _ActiveAgent_costToday(ctx context.Context, field graphql.CollectedField, obj *model.ActiveAgent) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ActiveAgent_costToday(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.CostToday, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_ActiveAgent_costToday(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("ActiveAgent", field, false, false, "String")
+}
+
+func (ec *executionContext) _ActiveAgent_currency(ctx context.Context, field graphql.CollectedField, obj *model.ActiveAgent) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ActiveAgent_currency(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Currency, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_ActiveAgent_currency(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("ActiveAgent", field, false, false, "String")
+}
+
+func (ec *executionContext) _Agent_id(ctx context.Context, field graphql.CollectedField, obj *model.Agent) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Agent_id(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.ID, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNID2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Agent_id(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Agent", field, false, false, "ID")
+}
+
+func (ec *executionContext) _Agent_handle(ctx context.Context, field graphql.CollectedField, obj *model.Agent) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Agent_handle(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Handle, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Agent_handle(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Agent", field, false, false, "String")
+}
+
+func (ec *executionContext) _Agent_name(ctx context.Context, field graphql.CollectedField, obj *model.Agent) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Agent_name(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Name, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Agent_name(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Agent", field, false, false, "String")
+}
+
+func (ec *executionContext) _Agent_ownerId(ctx context.Context, field graphql.CollectedField, obj *model.Agent) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Agent_ownerId(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.OwnerID, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNID2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Agent_ownerId(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Agent", field, false, false, "ID")
+}
+
+func (ec *executionContext) _Agent_ownerHandle(ctx context.Context, field graphql.CollectedField, obj *model.Agent) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Agent_ownerHandle(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.OwnerHandle, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_Agent_ownerHandle(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Agent", field, false, false, "String")
+}
+
+func (ec *executionContext) _Agent_model(ctx context.Context, field graphql.CollectedField, obj *model.Agent) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Agent_model(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Model, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Agent_model(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Agent", field, false, false, "String")
+}
+
+func (ec *executionContext) _Agent_suspended(ctx context.Context, field graphql.CollectedField, obj *model.Agent) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Agent_suspended(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Suspended, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v bool) graphql.Marshaler {
+			return ec.marshalNBoolean2bool(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Agent_suspended(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Agent", field, false, false, "Boolean")
+}
+
+func (ec *executionContext) _Agent_updatedAt(ctx context.Context, field graphql.CollectedField, obj *model.Agent) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Agent_updatedAt(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.UpdatedAt, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v time.Time) graphql.Marshaler {
+			return ec.marshalNTime2timeᚐTime(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Agent_updatedAt(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Agent", field, false, false, "Time")
+}
+
+func (ec *executionContext) _Agent_openToolCalls(ctx context.Context, field graphql.CollectedField, obj *model.Agent) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Agent_openToolCalls(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.OpenToolCalls, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v []model.ToolCall) graphql.Marshaler {
+			return ec.marshalNToolCall2ᚕgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐToolCallᚄ(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Agent_openToolCalls(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Agent",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_ToolCall(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _Agent_toolResults(ctx context.Context, field graphql.CollectedField, obj *model.Agent) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Agent_toolResults(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.ToolResults, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int64) graphql.Marshaler {
+			return ec.marshalNInt642int64(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Agent_toolResults(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Agent", field, false, false, "Int64")
+}
+
+func (ec *executionContext) _Agent_toolErrors(ctx context.Context, field graphql.CollectedField, obj *model.Agent) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Agent_toolErrors(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.ToolErrors, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int64) graphql.Marshaler {
+			return ec.marshalNInt642int64(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Agent_toolErrors(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Agent", field, false, false, "Int64")
+}
+
+func (ec *executionContext) _Agent_toolErrorRate(ctx context.Context, field graphql.CollectedField, obj *model.Agent) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Agent_toolErrorRate(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.ToolErrorRate, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *float64) graphql.Marshaler {
+			return ec.marshalOFloat2ᚖfloat64(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_Agent_toolErrorRate(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Agent", field, false, false, "Float")
+}
+
+func (ec *executionContext) _AttentionRequest_id(ctx context.Context, field graphql.CollectedField, obj *model.AttentionRequest) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_AttentionRequest_id(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.ID, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNID2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_AttentionRequest_id(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("AttentionRequest", field, false, false, "ID")
+}
+
+func (ec *executionContext) _AttentionRequest_roomId(ctx context.Context, field graphql.CollectedField, obj *model.AttentionRequest) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_AttentionRequest_roomId(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.RoomID, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNID2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_AttentionRequest_roomId(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("AttentionRequest", field, false, false, "ID")
+}
+
+func (ec *executionContext) _AttentionRequest_roomName(ctx context.Context, field graphql.CollectedField, obj *model.AttentionRequest) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_AttentionRequest_roomName(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.RoomName, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_AttentionRequest_roomName(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("AttentionRequest", field, false, false, "String")
+}
+
+func (ec *executionContext) _AttentionRequest_askedBy(ctx context.Context, field graphql.CollectedField, obj *model.AttentionRequest) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_AttentionRequest_askedBy(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.AskedBy, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNID2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_AttentionRequest_askedBy(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("AttentionRequest", field, false, false, "ID")
+}
+
+func (ec *executionContext) _AttentionRequest_askedByHandle(ctx context.Context, field graphql.CollectedField, obj *model.AttentionRequest) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_AttentionRequest_askedByHandle(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.AskedByHandle, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_AttentionRequest_askedByHandle(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("AttentionRequest", field, false, false, "String")
+}
+
+func (ec *executionContext) _AttentionRequest_askedByName(ctx context.Context, field graphql.CollectedField, obj *model.AttentionRequest) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_AttentionRequest_askedByName(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.AskedByName, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_AttentionRequest_askedByName(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("AttentionRequest", field, false, false, "String")
+}
+
+func (ec *executionContext) _AttentionRequest_addressedTo(ctx context.Context, field graphql.CollectedField, obj *model.AttentionRequest) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_AttentionRequest_addressedTo(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.AddressedTo, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOID2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_AttentionRequest_addressedTo(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("AttentionRequest", field, false, false, "ID")
+}
+
+func (ec *executionContext) _AttentionRequest_addressedToHandle(ctx context.Context, field graphql.CollectedField, obj *model.AttentionRequest) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_AttentionRequest_addressedToHandle(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.AddressedToHandle, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_AttentionRequest_addressedToHandle(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("AttentionRequest", field, false, false, "String")
+}
+
+func (ec *executionContext) _AttentionRequest_addressedToName(ctx context.Context, field graphql.CollectedField, obj *model.AttentionRequest) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_AttentionRequest_addressedToName(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.AddressedToName, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_AttentionRequest_addressedToName(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("AttentionRequest", field, false, false, "String")
+}
+
+func (ec *executionContext) _AttentionRequest_question(ctx context.Context, field graphql.CollectedField, obj *model.AttentionRequest) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_AttentionRequest_question(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Question, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_AttentionRequest_question(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("AttentionRequest", field, false, false, "String")
+}
+
+func (ec *executionContext) _AttentionRequest_since(ctx context.Context, field graphql.CollectedField, obj *model.AttentionRequest) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_AttentionRequest_since(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Since, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v time.Time) graphql.Marshaler {
+			return ec.marshalNTime2timeᚐTime(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_AttentionRequest_since(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("AttentionRequest", field, false, false, "Time")
+}
+
+func (ec *executionContext) _AttentionRequest_ageSeconds(ctx context.Context, field graphql.CollectedField, obj *model.AttentionRequest) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_AttentionRequest_ageSeconds(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.AgeSeconds, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int64) graphql.Marshaler {
+			return ec.marshalNInt642int64(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_AttentionRequest_ageSeconds(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("AttentionRequest", field, false, false, "Int64")
+}
 
 func (ec *executionContext) _AuditEvent_id(ctx context.Context, field graphql.CollectedField, obj *model.AuditEvent) (ret graphql.Marshaler) {
 	return graphql.ResolveField(
@@ -1095,6 +4381,29 @@ func (ec *executionContext) fieldContext_AuditEvent_roomId(_ context.Context, fi
 	return graphql.NewScalarFieldContext("AuditEvent", field, false, false, "ID")
 }
 
+func (ec *executionContext) _AuditEvent_roomName(ctx context.Context, field graphql.CollectedField, obj *model.AuditEvent) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_AuditEvent_roomName(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.RoomName, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_AuditEvent_roomName(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("AuditEvent", field, false, false, "String")
+}
+
 func (ec *executionContext) _AuditEvent_actorId(ctx context.Context, field graphql.CollectedField, obj *model.AuditEvent) (ret graphql.Marshaler) {
 	return graphql.ResolveField(
 		ctx,
@@ -1161,6 +4470,29 @@ func (ec *executionContext) _AuditEvent_actorHandle(ctx context.Context, field g
 	)
 }
 func (ec *executionContext) fieldContext_AuditEvent_actorHandle(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("AuditEvent", field, false, false, "String")
+}
+
+func (ec *executionContext) _AuditEvent_actorName(ctx context.Context, field graphql.CollectedField, obj *model.AuditEvent) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_AuditEvent_actorName(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.ActorName, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_AuditEvent_actorName(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
 	return graphql.NewScalarFieldContext("AuditEvent", field, false, false, "String")
 }
 
@@ -1472,6 +4804,865 @@ func (ec *executionContext) fieldContext_AuditPage_nextCursor(_ context.Context,
 	return graphql.NewScalarFieldContext("AuditPage", field, false, false, "String")
 }
 
+func (ec *executionContext) _ChattyAgent_agentId(ctx context.Context, field graphql.CollectedField, obj *model.ChattyAgent) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ChattyAgent_agentId(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.AgentID, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNID2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_ChattyAgent_agentId(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("ChattyAgent", field, false, false, "ID")
+}
+
+func (ec *executionContext) _ChattyAgent_agentHandle(ctx context.Context, field graphql.CollectedField, obj *model.ChattyAgent) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ChattyAgent_agentHandle(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.AgentHandle, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_ChattyAgent_agentHandle(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("ChattyAgent", field, false, false, "String")
+}
+
+func (ec *executionContext) _ChattyAgent_agentName(ctx context.Context, field graphql.CollectedField, obj *model.ChattyAgent) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ChattyAgent_agentName(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.AgentName, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_ChattyAgent_agentName(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("ChattyAgent", field, false, false, "String")
+}
+
+func (ec *executionContext) _ChattyAgent_ownerId(ctx context.Context, field graphql.CollectedField, obj *model.ChattyAgent) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ChattyAgent_ownerId(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.OwnerID, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOID2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_ChattyAgent_ownerId(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("ChattyAgent", field, false, false, "ID")
+}
+
+func (ec *executionContext) _ChattyAgent_ownerHandle(ctx context.Context, field graphql.CollectedField, obj *model.ChattyAgent) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ChattyAgent_ownerHandle(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.OwnerHandle, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_ChattyAgent_ownerHandle(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("ChattyAgent", field, false, false, "String")
+}
+
+func (ec *executionContext) _ChattyAgent_messages(ctx context.Context, field graphql.CollectedField, obj *model.ChattyAgent) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ChattyAgent_messages(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Messages, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int64) graphql.Marshaler {
+			return ec.marshalNInt642int64(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_ChattyAgent_messages(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("ChattyAgent", field, false, false, "Int64")
+}
+
+func (ec *executionContext) _ChattyAgent_tokens(ctx context.Context, field graphql.CollectedField, obj *model.ChattyAgent) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ChattyAgent_tokens(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Tokens, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.Tokens) graphql.Marshaler {
+			return ec.marshalNTokens2ᚖgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐTokens(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_ChattyAgent_tokens(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "ChattyAgent",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_Tokens(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _ChattyAgent_cost(ctx context.Context, field graphql.CollectedField, obj *model.ChattyAgent) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ChattyAgent_cost(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Cost, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_ChattyAgent_cost(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("ChattyAgent", field, false, false, "String")
+}
+
+func (ec *executionContext) _ChattyAgent_currency(ctx context.Context, field graphql.CollectedField, obj *model.ChattyAgent) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ChattyAgent_currency(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Currency, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_ChattyAgent_currency(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("ChattyAgent", field, false, false, "String")
+}
+
+func (ec *executionContext) _ChattyAgent_throttled(ctx context.Context, field graphql.CollectedField, obj *model.ChattyAgent) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ChattyAgent_throttled(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Throttled, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int64) graphql.Marshaler {
+			return ec.marshalNInt642int64(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_ChattyAgent_throttled(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("ChattyAgent", field, false, false, "Int64")
+}
+
+func (ec *executionContext) _ChattyAgent_denied(ctx context.Context, field graphql.CollectedField, obj *model.ChattyAgent) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ChattyAgent_denied(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Denied, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int64) graphql.Marshaler {
+			return ec.marshalNInt642int64(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_ChattyAgent_denied(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("ChattyAgent", field, false, false, "Int64")
+}
+
+func (ec *executionContext) _ChattyAgent_suspended(ctx context.Context, field graphql.CollectedField, obj *model.ChattyAgent) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ChattyAgent_suspended(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Suspended, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v bool) graphql.Marshaler {
+			return ec.marshalNBoolean2bool(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_ChattyAgent_suspended(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("ChattyAgent", field, false, false, "Boolean")
+}
+
+func (ec *executionContext) _ContactRequest_requestId(ctx context.Context, field graphql.CollectedField, obj *model.ContactRequest) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ContactRequest_requestId(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.RequestID, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNID2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_ContactRequest_requestId(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("ContactRequest", field, false, false, "ID")
+}
+
+func (ec *executionContext) _ContactRequest_status(ctx context.Context, field graphql.CollectedField, obj *model.ContactRequest) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ContactRequest_status(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Status, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_ContactRequest_status(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("ContactRequest", field, false, false, "String")
+}
+
+func (ec *executionContext) _ContactRequest_fromHandle(ctx context.Context, field graphql.CollectedField, obj *model.ContactRequest) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ContactRequest_fromHandle(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.FromHandle, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_ContactRequest_fromHandle(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("ContactRequest", field, false, false, "String")
+}
+
+func (ec *executionContext) _ContactRequest_toHandle(ctx context.Context, field graphql.CollectedField, obj *model.ContactRequest) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ContactRequest_toHandle(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.ToHandle, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_ContactRequest_toHandle(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("ContactRequest", field, false, false, "String")
+}
+
+func (ec *executionContext) _ContactRequest_message(ctx context.Context, field graphql.CollectedField, obj *model.ContactRequest) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ContactRequest_message(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Message, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_ContactRequest_message(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("ContactRequest", field, false, false, "String")
+}
+
+func (ec *executionContext) _ContactRequest_agentId(ctx context.Context, field graphql.CollectedField, obj *model.ContactRequest) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ContactRequest_agentId(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.AgentID, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNID2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_ContactRequest_agentId(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("ContactRequest", field, false, false, "ID")
+}
+
+func (ec *executionContext) _ContactRequest_agentHandle(ctx context.Context, field graphql.CollectedField, obj *model.ContactRequest) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ContactRequest_agentHandle(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.AgentHandle, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_ContactRequest_agentHandle(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("ContactRequest", field, false, false, "String")
+}
+
+func (ec *executionContext) _ContactRequest_firstSeen(ctx context.Context, field graphql.CollectedField, obj *model.ContactRequest) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ContactRequest_firstSeen(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.FirstSeen, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v time.Time) graphql.Marshaler {
+			return ec.marshalNTime2timeᚐTime(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_ContactRequest_firstSeen(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("ContactRequest", field, false, false, "Time")
+}
+
+func (ec *executionContext) _ContactRequest_lastChanged(ctx context.Context, field graphql.CollectedField, obj *model.ContactRequest) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ContactRequest_lastChanged(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.LastChanged, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v time.Time) graphql.Marshaler {
+			return ec.marshalNTime2timeᚐTime(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_ContactRequest_lastChanged(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("ContactRequest", field, false, false, "Time")
+}
+
+func (ec *executionContext) _ContactRequest_decidedBy(ctx context.Context, field graphql.CollectedField, obj *model.ContactRequest) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ContactRequest_decidedBy(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.DecidedBy, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOID2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_ContactRequest_decidedBy(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("ContactRequest", field, false, false, "ID")
+}
+
+func (ec *executionContext) _ContactRequest_decidedByHandle(ctx context.Context, field graphql.CollectedField, obj *model.ContactRequest) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ContactRequest_decidedByHandle(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.DecidedByHandle, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_ContactRequest_decidedByHandle(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("ContactRequest", field, false, false, "String")
+}
+
+func (ec *executionContext) _ContactRequest_history(ctx context.Context, field graphql.CollectedField, obj *model.ContactRequest) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ContactRequest_history(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.History, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v []model.ContactRequestStep) graphql.Marshaler {
+			return ec.marshalNContactRequestStep2ᚕgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐContactRequestStepᚄ(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_ContactRequest_history(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "ContactRequest",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_ContactRequestStep(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _ContactRequestPage_requests(ctx context.Context, field graphql.CollectedField, obj *model.ContactRequestPage) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ContactRequestPage_requests(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Requests, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v []model.ContactRequest) graphql.Marshaler {
+			return ec.marshalNContactRequest2ᚕgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐContactRequestᚄ(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_ContactRequestPage_requests(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "ContactRequestPage",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_ContactRequest(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _ContactRequestPage_truncated(ctx context.Context, field graphql.CollectedField, obj *model.ContactRequestPage) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ContactRequestPage_truncated(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Truncated, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v bool) graphql.Marshaler {
+			return ec.marshalNBoolean2bool(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_ContactRequestPage_truncated(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("ContactRequestPage", field, false, false, "Boolean")
+}
+
+func (ec *executionContext) _ContactRequestStep_status(ctx context.Context, field graphql.CollectedField, obj *model.ContactRequestStep) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ContactRequestStep_status(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Status, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_ContactRequestStep_status(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("ContactRequestStep", field, false, false, "String")
+}
+
+func (ec *executionContext) _ContactRequestStep_time(ctx context.Context, field graphql.CollectedField, obj *model.ContactRequestStep) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ContactRequestStep_time(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Time, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v time.Time) graphql.Marshaler {
+			return ec.marshalNTime2timeᚐTime(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_ContactRequestStep_time(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("ContactRequestStep", field, false, false, "Time")
+}
+
+func (ec *executionContext) _ContactRequestStep_actorId(ctx context.Context, field graphql.CollectedField, obj *model.ContactRequestStep) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ContactRequestStep_actorId(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.ActorID, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNID2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_ContactRequestStep_actorId(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("ContactRequestStep", field, false, false, "ID")
+}
+
+func (ec *executionContext) _ContactRequestStep_actorHandle(ctx context.Context, field graphql.CollectedField, obj *model.ContactRequestStep) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ContactRequestStep_actorHandle(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.ActorHandle, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_ContactRequestStep_actorHandle(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("ContactRequestStep", field, false, false, "String")
+}
+
+func (ec *executionContext) _ContactRequestStep_eventId(ctx context.Context, field graphql.CollectedField, obj *model.ContactRequestStep) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ContactRequestStep_eventId(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.EventID, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNID2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_ContactRequestStep_eventId(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("ContactRequestStep", field, false, false, "ID")
+}
+
+func (ec *executionContext) _CostReport_rows(ctx context.Context, field graphql.CollectedField, obj *model.CostReport) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_CostReport_rows(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Rows, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v []model.CostRow) graphql.Marshaler {
+			return ec.marshalNCostRow2ᚕgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐCostRowᚄ(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_CostReport_rows(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "CostReport",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_CostRow(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _CostReport_truncated(ctx context.Context, field graphql.CollectedField, obj *model.CostReport) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_CostReport_truncated(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Truncated, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v bool) graphql.Marshaler {
+			return ec.marshalNBoolean2bool(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_CostReport_truncated(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("CostReport", field, false, false, "Boolean")
+}
+
+func (ec *executionContext) _CostReport_totals(ctx context.Context, field graphql.CollectedField, obj *model.CostReport) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_CostReport_totals(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Totals, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v []model.CostTotal) graphql.Marshaler {
+			return ec.marshalNCostTotal2ᚕgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐCostTotalᚄ(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_CostReport_totals(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "CostReport",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_CostTotal(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _CostReport_unpriced(ctx context.Context, field graphql.CollectedField, obj *model.CostReport) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_CostReport_unpriced(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Unpriced, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v []model.UnpricedModel) graphql.Marshaler {
+			return ec.marshalNUnpricedModel2ᚕgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐUnpricedModelᚄ(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_CostReport_unpriced(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "CostReport",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_UnpricedModel(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
 func (ec *executionContext) _CostRow_ownerId(ctx context.Context, field graphql.CollectedField, obj *model.CostRow) (ret graphql.Marshaler) {
 	return graphql.ResolveField(
 		ctx,
@@ -1633,6 +5824,29 @@ func (ec *executionContext) fieldContext_CostRow_roomId(_ context.Context, field
 	return graphql.NewScalarFieldContext("CostRow", field, false, false, "ID")
 }
 
+func (ec *executionContext) _CostRow_roomName(ctx context.Context, field graphql.CollectedField, obj *model.CostRow) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_CostRow_roomName(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.RoomName, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_CostRow_roomName(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("CostRow", field, false, false, "String")
+}
+
 func (ec *executionContext) _CostRow_model(ctx context.Context, field graphql.CollectedField, obj *model.CostRow) (ret graphql.Marshaler) {
 	return graphql.ResolveField(
 		ctx,
@@ -1725,6 +5939,29 @@ func (ec *executionContext) fieldContext_CostRow_events(_ context.Context, field
 	return graphql.NewScalarFieldContext("CostRow", field, false, false, "Int64")
 }
 
+func (ec *executionContext) _CostRow_pricedEvents(ctx context.Context, field graphql.CollectedField, obj *model.CostRow) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_CostRow_pricedEvents(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.PricedEvents, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int64) graphql.Marshaler {
+			return ec.marshalNInt642int64(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_CostRow_pricedEvents(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("CostRow", field, false, false, "Int64")
+}
+
 func (ec *executionContext) _CostRow_unpricedEvents(ctx context.Context, field graphql.CollectedField, obj *model.CostRow) (ret graphql.Marshaler) {
 	return graphql.ResolveField(
 		ctx,
@@ -1748,119 +5985,68 @@ func (ec *executionContext) fieldContext_CostRow_unpricedEvents(_ context.Contex
 	return graphql.NewScalarFieldContext("CostRow", field, false, false, "Int64")
 }
 
-func (ec *executionContext) _CostRow_inputTokens(ctx context.Context, field graphql.CollectedField, obj *model.CostRow) (ret graphql.Marshaler) {
+func (ec *executionContext) _CostRow_tokens(ctx context.Context, field graphql.CollectedField, obj *model.CostRow) (ret graphql.Marshaler) {
 	return graphql.ResolveField(
 		ctx,
 		ec.OperationContext,
 		field,
 		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
-			return ec.fieldContext_CostRow_inputTokens(ctx, field)
+			return ec.fieldContext_CostRow_tokens(ctx, field)
 		},
 		func(ctx context.Context) (any, error) {
-			return obj.InputTokens, nil
+			return obj.Tokens, nil
 		},
 		nil,
-		func(ctx context.Context, selections ast.SelectionSet, v int64) graphql.Marshaler {
-			return ec.marshalNInt642int64(ctx, selections, v)
+		func(ctx context.Context, selections ast.SelectionSet, v *model.Tokens) graphql.Marshaler {
+			return ec.marshalNTokens2ᚖgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐTokens(ctx, selections, v)
 		},
 		true,
 		true,
 	)
 }
-func (ec *executionContext) fieldContext_CostRow_inputTokens(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("CostRow", field, false, false, "Int64")
+func (ec *executionContext) fieldContext_CostRow_tokens(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "CostRow",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_Tokens(ctx, field)
+		},
+	}
+	return fc, nil
 }
 
-func (ec *executionContext) _CostRow_outputTokens(ctx context.Context, field graphql.CollectedField, obj *model.CostRow) (ret graphql.Marshaler) {
+func (ec *executionContext) _CostRow_unpricedTokens(ctx context.Context, field graphql.CollectedField, obj *model.CostRow) (ret graphql.Marshaler) {
 	return graphql.ResolveField(
 		ctx,
 		ec.OperationContext,
 		field,
 		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
-			return ec.fieldContext_CostRow_outputTokens(ctx, field)
+			return ec.fieldContext_CostRow_unpricedTokens(ctx, field)
 		},
 		func(ctx context.Context) (any, error) {
-			return obj.OutputTokens, nil
+			return obj.UnpricedTokens, nil
 		},
 		nil,
-		func(ctx context.Context, selections ast.SelectionSet, v int64) graphql.Marshaler {
-			return ec.marshalNInt642int64(ctx, selections, v)
+		func(ctx context.Context, selections ast.SelectionSet, v *model.Tokens) graphql.Marshaler {
+			return ec.marshalNTokens2ᚖgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐTokens(ctx, selections, v)
 		},
 		true,
 		true,
 	)
 }
-func (ec *executionContext) fieldContext_CostRow_outputTokens(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("CostRow", field, false, false, "Int64")
-}
-
-func (ec *executionContext) _CostRow_cacheReadTokens(ctx context.Context, field graphql.CollectedField, obj *model.CostRow) (ret graphql.Marshaler) {
-	return graphql.ResolveField(
-		ctx,
-		ec.OperationContext,
-		field,
-		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
-			return ec.fieldContext_CostRow_cacheReadTokens(ctx, field)
+func (ec *executionContext) fieldContext_CostRow_unpricedTokens(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "CostRow",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_Tokens(ctx, field)
 		},
-		func(ctx context.Context) (any, error) {
-			return obj.CacheReadTokens, nil
-		},
-		nil,
-		func(ctx context.Context, selections ast.SelectionSet, v int64) graphql.Marshaler {
-			return ec.marshalNInt642int64(ctx, selections, v)
-		},
-		true,
-		true,
-	)
-}
-func (ec *executionContext) fieldContext_CostRow_cacheReadTokens(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("CostRow", field, false, false, "Int64")
-}
-
-func (ec *executionContext) _CostRow_cacheWriteTokens(ctx context.Context, field graphql.CollectedField, obj *model.CostRow) (ret graphql.Marshaler) {
-	return graphql.ResolveField(
-		ctx,
-		ec.OperationContext,
-		field,
-		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
-			return ec.fieldContext_CostRow_cacheWriteTokens(ctx, field)
-		},
-		func(ctx context.Context) (any, error) {
-			return obj.CacheWriteTokens, nil
-		},
-		nil,
-		func(ctx context.Context, selections ast.SelectionSet, v int64) graphql.Marshaler {
-			return ec.marshalNInt642int64(ctx, selections, v)
-		},
-		true,
-		true,
-	)
-}
-func (ec *executionContext) fieldContext_CostRow_cacheWriteTokens(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("CostRow", field, false, false, "Int64")
-}
-
-func (ec *executionContext) _CostRow_reasoningTokens(ctx context.Context, field graphql.CollectedField, obj *model.CostRow) (ret graphql.Marshaler) {
-	return graphql.ResolveField(
-		ctx,
-		ec.OperationContext,
-		field,
-		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
-			return ec.fieldContext_CostRow_reasoningTokens(ctx, field)
-		},
-		func(ctx context.Context) (any, error) {
-			return obj.ReasoningTokens, nil
-		},
-		nil,
-		func(ctx context.Context, selections ast.SelectionSet, v int64) graphql.Marshaler {
-			return ec.marshalNInt642int64(ctx, selections, v)
-		},
-		true,
-		true,
-	)
-}
-func (ec *executionContext) fieldContext_CostRow_reasoningTokens(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
-	return graphql.NewScalarFieldContext("CostRow", field, false, false, "Int64")
+	}
+	return fc, nil
 }
 
 func (ec *executionContext) _CostRow_cost(ctx context.Context, field graphql.CollectedField, obj *model.CostRow) (ret graphql.Marshaler) {
@@ -1875,11 +6061,11 @@ func (ec *executionContext) _CostRow_cost(ctx context.Context, field graphql.Col
 			return obj.Cost, nil
 		},
 		nil,
-		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
-			return ec.marshalNString2string(ctx, selections, v)
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
 		},
 		true,
-		true,
+		false,
 	)
 }
 func (ec *executionContext) fieldContext_CostRow_cost(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
@@ -1909,6 +6095,649 @@ func (ec *executionContext) fieldContext_CostRow_currency(_ context.Context, fie
 	return graphql.NewScalarFieldContext("CostRow", field, false, false, "String")
 }
 
+func (ec *executionContext) _CostTotal_currency(ctx context.Context, field graphql.CollectedField, obj *model.CostTotal) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_CostTotal_currency(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Currency, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_CostTotal_currency(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("CostTotal", field, false, false, "String")
+}
+
+func (ec *executionContext) _CostTotal_events(ctx context.Context, field graphql.CollectedField, obj *model.CostTotal) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_CostTotal_events(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Events, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int64) graphql.Marshaler {
+			return ec.marshalNInt642int64(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_CostTotal_events(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("CostTotal", field, false, false, "Int64")
+}
+
+func (ec *executionContext) _CostTotal_pricedEvents(ctx context.Context, field graphql.CollectedField, obj *model.CostTotal) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_CostTotal_pricedEvents(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.PricedEvents, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int64) graphql.Marshaler {
+			return ec.marshalNInt642int64(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_CostTotal_pricedEvents(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("CostTotal", field, false, false, "Int64")
+}
+
+func (ec *executionContext) _CostTotal_unpricedEvents(ctx context.Context, field graphql.CollectedField, obj *model.CostTotal) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_CostTotal_unpricedEvents(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.UnpricedEvents, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int64) graphql.Marshaler {
+			return ec.marshalNInt642int64(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_CostTotal_unpricedEvents(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("CostTotal", field, false, false, "Int64")
+}
+
+func (ec *executionContext) _CostTotal_tokens(ctx context.Context, field graphql.CollectedField, obj *model.CostTotal) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_CostTotal_tokens(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Tokens, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.Tokens) graphql.Marshaler {
+			return ec.marshalNTokens2ᚖgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐTokens(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_CostTotal_tokens(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "CostTotal",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_Tokens(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _CostTotal_unpricedTokens(ctx context.Context, field graphql.CollectedField, obj *model.CostTotal) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_CostTotal_unpricedTokens(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.UnpricedTokens, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.Tokens) graphql.Marshaler {
+			return ec.marshalNTokens2ᚖgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐTokens(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_CostTotal_unpricedTokens(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "CostTotal",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_Tokens(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _CostTotal_cost(ctx context.Context, field graphql.CollectedField, obj *model.CostTotal) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_CostTotal_cost(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Cost, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_CostTotal_cost(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("CostTotal", field, false, false, "String")
+}
+
+func (ec *executionContext) _DecisionReason_code(ctx context.Context, field graphql.CollectedField, obj *model.DecisionReason) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_DecisionReason_code(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Code, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_DecisionReason_code(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("DecisionReason", field, false, false, "String")
+}
+
+func (ec *executionContext) _DecisionReason_message(ctx context.Context, field graphql.CollectedField, obj *model.DecisionReason) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_DecisionReason_message(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Message, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_DecisionReason_message(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("DecisionReason", field, false, false, "String")
+}
+
+func (ec *executionContext) _PolicyDecision_id(ctx context.Context, field graphql.CollectedField, obj *model.PolicyDecision) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_PolicyDecision_id(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.ID, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNID2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_PolicyDecision_id(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("PolicyDecision", field, false, false, "ID")
+}
+
+func (ec *executionContext) _PolicyDecision_time(ctx context.Context, field graphql.CollectedField, obj *model.PolicyDecision) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_PolicyDecision_time(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Time, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v time.Time) graphql.Marshaler {
+			return ec.marshalNTime2timeᚐTime(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_PolicyDecision_time(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("PolicyDecision", field, false, false, "Time")
+}
+
+func (ec *executionContext) _PolicyDecision_decision(ctx context.Context, field graphql.CollectedField, obj *model.PolicyDecision) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_PolicyDecision_decision(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Decision, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_PolicyDecision_decision(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("PolicyDecision", field, false, false, "String")
+}
+
+func (ec *executionContext) _PolicyDecision_allowed(ctx context.Context, field graphql.CollectedField, obj *model.PolicyDecision) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_PolicyDecision_allowed(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Allowed, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v bool) graphql.Marshaler {
+			return ec.marshalNBoolean2bool(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_PolicyDecision_allowed(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("PolicyDecision", field, false, false, "Boolean")
+}
+
+func (ec *executionContext) _PolicyDecision_reasons(ctx context.Context, field graphql.CollectedField, obj *model.PolicyDecision) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_PolicyDecision_reasons(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Reasons, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v []model.DecisionReason) graphql.Marshaler {
+			return ec.marshalNDecisionReason2ᚕgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐDecisionReasonᚄ(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_PolicyDecision_reasons(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "PolicyDecision",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_DecisionReason(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _PolicyDecision_revision(ctx context.Context, field graphql.CollectedField, obj *model.PolicyDecision) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_PolicyDecision_revision(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Revision, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_PolicyDecision_revision(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("PolicyDecision", field, false, false, "String")
+}
+
+func (ec *executionContext) _PolicyDecision_inputDigest(ctx context.Context, field graphql.CollectedField, obj *model.PolicyDecision) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_PolicyDecision_inputDigest(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.InputDigest, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_PolicyDecision_inputDigest(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("PolicyDecision", field, false, false, "String")
+}
+
+func (ec *executionContext) _PolicyDecision_input(ctx context.Context, field graphql.CollectedField, obj *model.PolicyDecision) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_PolicyDecision_input(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Input, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_PolicyDecision_input(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("PolicyDecision", field, false, false, "String")
+}
+
+func (ec *executionContext) _PolicyDecision_retryAfterMs(ctx context.Context, field graphql.CollectedField, obj *model.PolicyDecision) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_PolicyDecision_retryAfterMs(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.RetryAfterMs, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *int64) graphql.Marshaler {
+			return ec.marshalOInt642ᚖint64(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_PolicyDecision_retryAfterMs(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("PolicyDecision", field, false, false, "Int64")
+}
+
+func (ec *executionContext) _PolicyDecision_agentId(ctx context.Context, field graphql.CollectedField, obj *model.PolicyDecision) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_PolicyDecision_agentId(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.AgentID, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNID2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_PolicyDecision_agentId(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("PolicyDecision", field, false, false, "ID")
+}
+
+func (ec *executionContext) _PolicyDecision_agentHandle(ctx context.Context, field graphql.CollectedField, obj *model.PolicyDecision) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_PolicyDecision_agentHandle(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.AgentHandle, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_PolicyDecision_agentHandle(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("PolicyDecision", field, false, false, "String")
+}
+
+func (ec *executionContext) _PolicyDecision_roomId(ctx context.Context, field graphql.CollectedField, obj *model.PolicyDecision) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_PolicyDecision_roomId(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.RoomID, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNID2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_PolicyDecision_roomId(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("PolicyDecision", field, false, false, "ID")
+}
+
+func (ec *executionContext) _PolicyDecision_roomName(ctx context.Context, field graphql.CollectedField, obj *model.PolicyDecision) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_PolicyDecision_roomName(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.RoomName, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_PolicyDecision_roomName(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("PolicyDecision", field, false, false, "String")
+}
+
+func (ec *executionContext) _PolicyDecision_requestedBy(ctx context.Context, field graphql.CollectedField, obj *model.PolicyDecision) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_PolicyDecision_requestedBy(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.RequestedBy, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOID2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_PolicyDecision_requestedBy(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("PolicyDecision", field, false, false, "ID")
+}
+
+func (ec *executionContext) _PolicyDecisionPage_decisions(ctx context.Context, field graphql.CollectedField, obj *model.PolicyDecisionPage) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_PolicyDecisionPage_decisions(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Decisions, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v []model.PolicyDecision) graphql.Marshaler {
+			return ec.marshalNPolicyDecision2ᚕgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐPolicyDecisionᚄ(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_PolicyDecisionPage_decisions(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "PolicyDecisionPage",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_PolicyDecision(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _PolicyDecisionPage_nextCursor(ctx context.Context, field graphql.CollectedField, obj *model.PolicyDecisionPage) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_PolicyDecisionPage_nextCursor(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.NextCursor, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_PolicyDecisionPage_nextCursor(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("PolicyDecisionPage", field, false, false, "String")
+}
+
+func (ec *executionContext) _PolicyDenial_decision(ctx context.Context, field graphql.CollectedField, obj *model.PolicyDenial) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_PolicyDenial_decision(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Decision, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.PolicyDecision) graphql.Marshaler {
+			return ec.marshalNPolicyDecision2ᚖgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐPolicyDecision(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_PolicyDenial_decision(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "PolicyDenial",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_PolicyDecision(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
 func (ec *executionContext) _Query_costs(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
 	return graphql.ResolveField(
 		ctx,
@@ -1919,11 +6748,11 @@ func (ec *executionContext) _Query_costs(ctx context.Context, field graphql.Coll
 		},
 		func(ctx context.Context) (any, error) {
 			fc := graphql.GetFieldContext(ctx)
-			return ec.Resolvers.Query().Costs(ctx, fc.Args["orgId"].(*string), fc.Args["from"].(time.Time), fc.Args["to"].(time.Time), fc.Args["groupBy"].([]model.CostDimension))
+			return ec.Resolvers.Query().Costs(ctx, fc.Args["orgId"].(*string), fc.Args["from"].(time.Time), fc.Args["to"].(time.Time), fc.Args["groupBy"].([]model.CostDimension), fc.Args["filter"].(*model.CostFilter), fc.Args["limit"].(*int))
 		},
 		nil,
-		func(ctx context.Context, selections ast.SelectionSet, v []model.CostRow) graphql.Marshaler {
-			return ec.marshalNCostRow2ᚕgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐCostRowᚄ(ctx, selections, v)
+		func(ctx context.Context, selections ast.SelectionSet, v *model.CostReport) graphql.Marshaler {
+			return ec.marshalNCostReport2ᚖgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐCostReport(ctx, selections, v)
 		},
 		true,
 		true,
@@ -1936,7 +6765,7 @@ func (ec *executionContext) fieldContext_Query_costs(ctx context.Context, field 
 		IsMethod:   true,
 		IsResolver: true,
 		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
-			return ec.childFields_CostRow(ctx, field)
+			return ec.childFields_CostReport(ctx, field)
 		},
 	}
 	defer func() {
@@ -1953,6 +6782,94 @@ func (ec *executionContext) fieldContext_Query_costs(ctx context.Context, field 
 	return fc, nil
 }
 
+func (ec *executionContext) _Query_usageSeries(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Query_usageSeries(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			fc := graphql.GetFieldContext(ctx)
+			return ec.Resolvers.Query().UsageSeries(ctx, fc.Args["orgId"].(*string), fc.Args["from"].(time.Time), fc.Args["to"].(time.Time), fc.Args["interval"].(model.SeriesInterval), fc.Args["split"].(*model.CostDimension), fc.Args["filter"].(*model.CostFilter), fc.Args["limit"].(*int))
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v []model.UsageSeries) graphql.Marshaler {
+			return ec.marshalNUsageSeries2ᚕgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐUsageSeriesᚄ(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Query_usageSeries(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Query",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_UsageSeries(ctx, field)
+		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = ec.Recover(ctx, r)
+			ec.Error(ctx, err)
+		}
+	}()
+	ctx = graphql.WithFieldContext(ctx, fc)
+	if fc.Args, err = ec.field_Query_usageSeries_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
+		ec.Error(ctx, err)
+		return fc, err
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _Query_chattyAgents(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Query_chattyAgents(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			fc := graphql.GetFieldContext(ctx)
+			return ec.Resolvers.Query().ChattyAgents(ctx, fc.Args["orgId"].(*string), fc.Args["from"].(*time.Time), fc.Args["to"].(*time.Time), fc.Args["limit"].(*int))
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v []model.ChattyAgent) graphql.Marshaler {
+			return ec.marshalNChattyAgent2ᚕgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐChattyAgentᚄ(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Query_chattyAgents(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Query",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_ChattyAgent(ctx, field)
+		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = ec.Recover(ctx, r)
+			ec.Error(ctx, err)
+		}
+	}()
+	ctx = graphql.WithFieldContext(ctx, fc)
+	if fc.Args, err = ec.field_Query_chattyAgents_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
+		ec.Error(ctx, err)
+		return fc, err
+	}
+	return fc, nil
+}
+
 func (ec *executionContext) _Query_auditEvents(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
 	return graphql.ResolveField(
 		ctx,
@@ -1963,7 +6880,7 @@ func (ec *executionContext) _Query_auditEvents(ctx context.Context, field graphq
 		},
 		func(ctx context.Context) (any, error) {
 			fc := graphql.GetFieldContext(ctx)
-			return ec.Resolvers.Query().AuditEvents(ctx, fc.Args["orgId"].(*string), fc.Args["from"].(*time.Time), fc.Args["to"].(*time.Time), fc.Args["roomId"].(*string), fc.Args["actorId"].(*string), fc.Args["types"].([]string), fc.Args["limit"].(*int), fc.Args["before"].(*string))
+			return ec.Resolvers.Query().AuditEvents(ctx, fc.Args["orgId"].(*string), fc.Args["from"].(*time.Time), fc.Args["to"].(*time.Time), fc.Args["roomId"].(*string), fc.Args["actorId"].(*string), fc.Args["subjectId"].(*string), fc.Args["types"].([]string), fc.Args["outcome"].(*model.DecisionOutcome), fc.Args["limit"].(*int), fc.Args["before"].(*string))
 		},
 		nil,
 		func(ctx context.Context, selections ast.SelectionSet, v *model.AuditPage) graphql.Marshaler {
@@ -1991,6 +6908,226 @@ func (ec *executionContext) fieldContext_Query_auditEvents(ctx context.Context, 
 	}()
 	ctx = graphql.WithFieldContext(ctx, fc)
 	if fc.Args, err = ec.field_Query_auditEvents_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
+		ec.Error(ctx, err)
+		return fc, err
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _Query_contactRequests(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Query_contactRequests(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			fc := graphql.GetFieldContext(ctx)
+			return ec.Resolvers.Query().ContactRequests(ctx, fc.Args["orgId"].(*string), fc.Args["from"].(*time.Time), fc.Args["to"].(*time.Time), fc.Args["status"].(*string), fc.Args["agentId"].(*string), fc.Args["limit"].(*int))
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.ContactRequestPage) graphql.Marshaler {
+			return ec.marshalNContactRequestPage2ᚖgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐContactRequestPage(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Query_contactRequests(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Query",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_ContactRequestPage(ctx, field)
+		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = ec.Recover(ctx, r)
+			ec.Error(ctx, err)
+		}
+	}()
+	ctx = graphql.WithFieldContext(ctx, fc)
+	if fc.Args, err = ec.field_Query_contactRequests_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
+		ec.Error(ctx, err)
+		return fc, err
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _Query_policyDecisions(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Query_policyDecisions(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			fc := graphql.GetFieldContext(ctx)
+			return ec.Resolvers.Query().PolicyDecisions(ctx, fc.Args["orgId"].(*string), fc.Args["from"].(*time.Time), fc.Args["to"].(*time.Time), fc.Args["decision"].(*string), fc.Args["outcome"].(*model.DecisionOutcome), fc.Args["agentId"].(*string), fc.Args["limit"].(*int), fc.Args["before"].(*string))
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.PolicyDecisionPage) graphql.Marshaler {
+			return ec.marshalNPolicyDecisionPage2ᚖgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐPolicyDecisionPage(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Query_policyDecisions(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Query",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_PolicyDecisionPage(ctx, field)
+		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = ec.Recover(ctx, r)
+			ec.Error(ctx, err)
+		}
+	}()
+	ctx = graphql.WithFieldContext(ctx, fc)
+	if fc.Args, err = ec.field_Query_policyDecisions_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
+		ec.Error(ctx, err)
+		return fc, err
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _Query_workStatus(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Query_workStatus(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			fc := graphql.GetFieldContext(ctx)
+			return ec.Resolvers.Query().WorkStatus(ctx, fc.Args["orgId"].(*string), fc.Args["roomId"].(*string))
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.WorkStatus) graphql.Marshaler {
+			return ec.marshalNWorkStatus2ᚖgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐWorkStatus(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Query_workStatus(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Query",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_WorkStatus(ctx, field)
+		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = ec.Recover(ctx, r)
+			ec.Error(ctx, err)
+		}
+	}()
+	ctx = graphql.WithFieldContext(ctx, fc)
+	if fc.Args, err = ec.field_Query_workStatus_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
+		ec.Error(ctx, err)
+		return fc, err
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _Query_agents(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Query_agents(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			fc := graphql.GetFieldContext(ctx)
+			return ec.Resolvers.Query().Agents(ctx, fc.Args["orgId"].(*string), fc.Args["limit"].(*int))
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v []model.Agent) graphql.Marshaler {
+			return ec.marshalNAgent2ᚕgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐAgentᚄ(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Query_agents(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Query",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_Agent(ctx, field)
+		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = ec.Recover(ctx, r)
+			ec.Error(ctx, err)
+		}
+	}()
+	ctx = graphql.WithFieldContext(ctx, fc)
+	if fc.Args, err = ec.field_Query_agents_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
+		ec.Error(ctx, err)
+		return fc, err
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _Query_rooms(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Query_rooms(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			fc := graphql.GetFieldContext(ctx)
+			return ec.Resolvers.Query().Rooms(ctx, fc.Args["orgId"].(*string), fc.Args["limit"].(*int))
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v []model.Room) graphql.Marshaler {
+			return ec.marshalNRoom2ᚕgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐRoomᚄ(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Query_rooms(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Query",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_Room(ctx, field)
+		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = ec.Recover(ctx, r)
+			ec.Error(ctx, err)
+		}
+	}()
+	ctx = graphql.WithFieldContext(ctx, fc)
+	if fc.Args, err = ec.field_Query_rooms_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
 		ec.Error(ctx, err)
 		return fc, err
 	}
@@ -2071,6 +7208,1530 @@ func (ec *executionContext) fieldContext_Query___schema(_ context.Context, field
 		},
 	}
 	return fc, nil
+}
+
+func (ec *executionContext) _Room_id(ctx context.Context, field graphql.CollectedField, obj *model.Room) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Room_id(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.ID, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNID2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Room_id(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Room", field, false, false, "ID")
+}
+
+func (ec *executionContext) _Room_name(ctx context.Context, field graphql.CollectedField, obj *model.Room) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Room_name(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Name, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_Room_name(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Room", field, false, false, "String")
+}
+
+func (ec *executionContext) _Room_closed(ctx context.Context, field graphql.CollectedField, obj *model.Room) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Room_closed(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Closed, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v bool) graphql.Marshaler {
+			return ec.marshalNBoolean2bool(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Room_closed(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Room", field, false, false, "Boolean")
+}
+
+func (ec *executionContext) _Room_lastActivity(ctx context.Context, field graphql.CollectedField, obj *model.Room) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Room_lastActivity(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.LastActivity, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *time.Time) graphql.Marshaler {
+			return ec.marshalOTime2ᚖtimeᚐTime(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_Room_lastActivity(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Room", field, false, false, "Time")
+}
+
+func (ec *executionContext) _Room_openTasks(ctx context.Context, field graphql.CollectedField, obj *model.Room) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Room_openTasks(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.OpenTasks, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int) graphql.Marshaler {
+			return ec.marshalNInt2int(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Room_openTasks(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Room", field, false, false, "Int")
+}
+
+func (ec *executionContext) _Room_stuckTasks(ctx context.Context, field graphql.CollectedField, obj *model.Room) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Room_stuckTasks(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.StuckTasks, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int) graphql.Marshaler {
+			return ec.marshalNInt2int(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Room_stuckTasks(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Room", field, false, false, "Int")
+}
+
+func (ec *executionContext) _Room_openAttention(ctx context.Context, field graphql.CollectedField, obj *model.Room) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Room_openAttention(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.OpenAttention, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int) graphql.Marshaler {
+			return ec.marshalNInt2int(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Room_openAttention(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Room", field, false, false, "Int")
+}
+
+func (ec *executionContext) _RoomWork_roomId(ctx context.Context, field graphql.CollectedField, obj *model.RoomWork) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_RoomWork_roomId(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.RoomID, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNID2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_RoomWork_roomId(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("RoomWork", field, false, false, "ID")
+}
+
+func (ec *executionContext) _RoomWork_roomName(ctx context.Context, field graphql.CollectedField, obj *model.RoomWork) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_RoomWork_roomName(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.RoomName, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_RoomWork_roomName(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("RoomWork", field, false, false, "String")
+}
+
+func (ec *executionContext) _RoomWork_tasks(ctx context.Context, field graphql.CollectedField, obj *model.RoomWork) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_RoomWork_tasks(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Tasks, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v []model.Task) graphql.Marshaler {
+			return ec.marshalNTask2ᚕgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐTaskᚄ(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_RoomWork_tasks(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "RoomWork",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_Task(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _RoomWork_attention(ctx context.Context, field graphql.CollectedField, obj *model.RoomWork) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_RoomWork_attention(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Attention, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v []model.AttentionRequest) graphql.Marshaler {
+			return ec.marshalNAttentionRequest2ᚕgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐAttentionRequestᚄ(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_RoomWork_attention(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "RoomWork",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_AttentionRequest(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _RoomWork_agents(ctx context.Context, field graphql.CollectedField, obj *model.RoomWork) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_RoomWork_agents(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Agents, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v []model.ActiveAgent) graphql.Marshaler {
+			return ec.marshalNActiveAgent2ᚕgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐActiveAgentᚄ(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_RoomWork_agents(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "RoomWork",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_ActiveAgent(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _Subscription_workStatusChanged(ctx context.Context, field graphql.CollectedField) (ret func(ctx context.Context) graphql.Marshaler) {
+	return graphql.ResolveFieldStream(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Subscription_workStatusChanged(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			fc := graphql.GetFieldContext(ctx)
+			return ec.Resolvers.Subscription().WorkStatusChanged(ctx, fc.Args["orgId"].(*string), fc.Args["roomId"].(*string))
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.WorkStatusChange) graphql.Marshaler {
+			return ec.marshalNWorkStatusChange2ᚖgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐWorkStatusChange(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Subscription_workStatusChanged(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Subscription",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_WorkStatusChange(ctx, field)
+		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = ec.Recover(ctx, r)
+			ec.Error(ctx, err)
+		}
+	}()
+	ctx = graphql.WithFieldContext(ctx, fc)
+	if fc.Args, err = ec.field_Subscription_workStatusChanged_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
+		ec.Error(ctx, err)
+		return fc, err
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _Subscription_attentionRequested(ctx context.Context, field graphql.CollectedField) (ret func(ctx context.Context) graphql.Marshaler) {
+	return graphql.ResolveFieldStream(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Subscription_attentionRequested(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			fc := graphql.GetFieldContext(ctx)
+			return ec.Resolvers.Subscription().AttentionRequested(ctx, fc.Args["orgId"].(*string), fc.Args["roomId"].(*string))
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.AttentionRequest) graphql.Marshaler {
+			return ec.marshalNAttentionRequest2ᚖgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐAttentionRequest(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Subscription_attentionRequested(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Subscription",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_AttentionRequest(ctx, field)
+		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = ec.Recover(ctx, r)
+			ec.Error(ctx, err)
+		}
+	}()
+	ctx = graphql.WithFieldContext(ctx, fc)
+	if fc.Args, err = ec.field_Subscription_attentionRequested_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
+		ec.Error(ctx, err)
+		return fc, err
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _Subscription_policyDenied(ctx context.Context, field graphql.CollectedField) (ret func(ctx context.Context) graphql.Marshaler) {
+	return graphql.ResolveFieldStream(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Subscription_policyDenied(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			fc := graphql.GetFieldContext(ctx)
+			return ec.Resolvers.Subscription().PolicyDenied(ctx, fc.Args["orgId"].(*string))
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.PolicyDenial) graphql.Marshaler {
+			return ec.marshalNPolicyDenial2ᚖgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐPolicyDenial(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Subscription_policyDenied(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Subscription",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_PolicyDenial(ctx, field)
+		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = ec.Recover(ctx, r)
+			ec.Error(ctx, err)
+		}
+	}()
+	ctx = graphql.WithFieldContext(ctx, fc)
+	if fc.Args, err = ec.field_Subscription_policyDenied_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
+		ec.Error(ctx, err)
+		return fc, err
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _Task_id(ctx context.Context, field graphql.CollectedField, obj *model.Task) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Task_id(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.ID, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNID2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Task_id(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Task", field, false, false, "ID")
+}
+
+func (ec *executionContext) _Task_roomId(ctx context.Context, field graphql.CollectedField, obj *model.Task) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Task_roomId(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.RoomID, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNID2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Task_roomId(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Task", field, false, false, "ID")
+}
+
+func (ec *executionContext) _Task_title(ctx context.Context, field graphql.CollectedField, obj *model.Task) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Task_title(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Title, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Task_title(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Task", field, false, false, "String")
+}
+
+func (ec *executionContext) _Task_status(ctx context.Context, field graphql.CollectedField, obj *model.Task) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Task_status(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Status, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Task_status(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Task", field, false, false, "String")
+}
+
+func (ec *executionContext) _Task_assigneeId(ctx context.Context, field graphql.CollectedField, obj *model.Task) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Task_assigneeId(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.AssigneeID, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNID2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Task_assigneeId(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Task", field, false, false, "ID")
+}
+
+func (ec *executionContext) _Task_assigneeHandle(ctx context.Context, field graphql.CollectedField, obj *model.Task) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Task_assigneeHandle(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.AssigneeHandle, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_Task_assigneeHandle(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Task", field, false, false, "String")
+}
+
+func (ec *executionContext) _Task_assigneeName(ctx context.Context, field graphql.CollectedField, obj *model.Task) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Task_assigneeName(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.AssigneeName, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_Task_assigneeName(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Task", field, false, false, "String")
+}
+
+func (ec *executionContext) _Task_createdAt(ctx context.Context, field graphql.CollectedField, obj *model.Task) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Task_createdAt(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.CreatedAt, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *time.Time) graphql.Marshaler {
+			return ec.marshalOTime2ᚖtimeᚐTime(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_Task_createdAt(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Task", field, false, false, "Time")
+}
+
+func (ec *executionContext) _Task_updatedAt(ctx context.Context, field graphql.CollectedField, obj *model.Task) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Task_updatedAt(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.UpdatedAt, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v time.Time) graphql.Marshaler {
+			return ec.marshalNTime2timeᚐTime(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Task_updatedAt(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Task", field, false, false, "Time")
+}
+
+func (ec *executionContext) _Task_lastActivity(ctx context.Context, field graphql.CollectedField, obj *model.Task) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Task_lastActivity(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.LastActivity, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v time.Time) graphql.Marshaler {
+			return ec.marshalNTime2timeᚐTime(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Task_lastActivity(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Task", field, false, false, "Time")
+}
+
+func (ec *executionContext) _Task_stuck(ctx context.Context, field graphql.CollectedField, obj *model.Task) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Task_stuck(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Stuck, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v bool) graphql.Marshaler {
+			return ec.marshalNBoolean2bool(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Task_stuck(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Task", field, false, false, "Boolean")
+}
+
+func (ec *executionContext) _Task_stuckSince(ctx context.Context, field graphql.CollectedField, obj *model.Task) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Task_stuckSince(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.StuckSince, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *time.Time) graphql.Marshaler {
+			return ec.marshalOTime2ᚖtimeᚐTime(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_Task_stuckSince(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Task", field, false, false, "Time")
+}
+
+func (ec *executionContext) _Tokens_input(ctx context.Context, field graphql.CollectedField, obj *model.Tokens) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Tokens_input(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Input, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int64) graphql.Marshaler {
+			return ec.marshalNInt642int64(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Tokens_input(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Tokens", field, false, false, "Int64")
+}
+
+func (ec *executionContext) _Tokens_output(ctx context.Context, field graphql.CollectedField, obj *model.Tokens) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Tokens_output(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Output, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int64) graphql.Marshaler {
+			return ec.marshalNInt642int64(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Tokens_output(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Tokens", field, false, false, "Int64")
+}
+
+func (ec *executionContext) _Tokens_cacheRead(ctx context.Context, field graphql.CollectedField, obj *model.Tokens) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Tokens_cacheRead(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.CacheRead, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int64) graphql.Marshaler {
+			return ec.marshalNInt642int64(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Tokens_cacheRead(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Tokens", field, false, false, "Int64")
+}
+
+func (ec *executionContext) _Tokens_cacheWrite(ctx context.Context, field graphql.CollectedField, obj *model.Tokens) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Tokens_cacheWrite(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.CacheWrite, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int64) graphql.Marshaler {
+			return ec.marshalNInt642int64(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Tokens_cacheWrite(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Tokens", field, false, false, "Int64")
+}
+
+func (ec *executionContext) _Tokens_reasoning(ctx context.Context, field graphql.CollectedField, obj *model.Tokens) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Tokens_reasoning(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Reasoning, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int64) graphql.Marshaler {
+			return ec.marshalNInt642int64(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Tokens_reasoning(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Tokens", field, false, false, "Int64")
+}
+
+func (ec *executionContext) _Tokens_total(ctx context.Context, field graphql.CollectedField, obj *model.Tokens) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Tokens_total(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Total, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int64) graphql.Marshaler {
+			return ec.marshalNInt642int64(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Tokens_total(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Tokens", field, false, false, "Int64")
+}
+
+func (ec *executionContext) _ToolCall_toolCallId(ctx context.Context, field graphql.CollectedField, obj *model.ToolCall) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ToolCall_toolCallId(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.ToolCallID, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNID2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_ToolCall_toolCallId(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("ToolCall", field, false, false, "ID")
+}
+
+func (ec *executionContext) _ToolCall_toolName(ctx context.Context, field graphql.CollectedField, obj *model.ToolCall) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ToolCall_toolName(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.ToolName, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_ToolCall_toolName(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("ToolCall", field, false, false, "String")
+}
+
+func (ec *executionContext) _ToolCall_roomId(ctx context.Context, field graphql.CollectedField, obj *model.ToolCall) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ToolCall_roomId(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.RoomID, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNID2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_ToolCall_roomId(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("ToolCall", field, false, false, "ID")
+}
+
+func (ec *executionContext) _ToolCall_calledAt(ctx context.Context, field graphql.CollectedField, obj *model.ToolCall) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ToolCall_calledAt(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.CalledAt, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v time.Time) graphql.Marshaler {
+			return ec.marshalNTime2timeᚐTime(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_ToolCall_calledAt(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("ToolCall", field, false, false, "Time")
+}
+
+func (ec *executionContext) _UnpricedModel_model(ctx context.Context, field graphql.CollectedField, obj *model.UnpricedModel) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_UnpricedModel_model(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Model, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_UnpricedModel_model(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("UnpricedModel", field, false, false, "String")
+}
+
+func (ec *executionContext) _UnpricedModel_events(ctx context.Context, field graphql.CollectedField, obj *model.UnpricedModel) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_UnpricedModel_events(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Events, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int64) graphql.Marshaler {
+			return ec.marshalNInt642int64(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_UnpricedModel_events(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("UnpricedModel", field, false, false, "Int64")
+}
+
+func (ec *executionContext) _UnpricedModel_tokens(ctx context.Context, field graphql.CollectedField, obj *model.UnpricedModel) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_UnpricedModel_tokens(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Tokens, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.Tokens) graphql.Marshaler {
+			return ec.marshalNTokens2ᚖgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐTokens(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_UnpricedModel_tokens(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "UnpricedModel",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_Tokens(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _UsagePoint_time(ctx context.Context, field graphql.CollectedField, obj *model.UsagePoint) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_UsagePoint_time(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Time, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v time.Time) graphql.Marshaler {
+			return ec.marshalNTime2timeᚐTime(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_UsagePoint_time(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("UsagePoint", field, false, false, "Time")
+}
+
+func (ec *executionContext) _UsagePoint_events(ctx context.Context, field graphql.CollectedField, obj *model.UsagePoint) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_UsagePoint_events(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Events, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int64) graphql.Marshaler {
+			return ec.marshalNInt642int64(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_UsagePoint_events(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("UsagePoint", field, false, false, "Int64")
+}
+
+func (ec *executionContext) _UsagePoint_unpricedEvents(ctx context.Context, field graphql.CollectedField, obj *model.UsagePoint) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_UsagePoint_unpricedEvents(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.UnpricedEvents, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int64) graphql.Marshaler {
+			return ec.marshalNInt642int64(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_UsagePoint_unpricedEvents(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("UsagePoint", field, false, false, "Int64")
+}
+
+func (ec *executionContext) _UsagePoint_tokens(ctx context.Context, field graphql.CollectedField, obj *model.UsagePoint) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_UsagePoint_tokens(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Tokens, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.Tokens) graphql.Marshaler {
+			return ec.marshalNTokens2ᚖgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐTokens(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_UsagePoint_tokens(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "UsagePoint",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_Tokens(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _UsagePoint_cost(ctx context.Context, field graphql.CollectedField, obj *model.UsagePoint) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_UsagePoint_cost(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Cost, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_UsagePoint_cost(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("UsagePoint", field, false, false, "String")
+}
+
+func (ec *executionContext) _UsageSeries_key(ctx context.Context, field graphql.CollectedField, obj *model.UsageSeries) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_UsageSeries_key(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Key, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_UsageSeries_key(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("UsageSeries", field, false, false, "String")
+}
+
+func (ec *executionContext) _UsageSeries_name(ctx context.Context, field graphql.CollectedField, obj *model.UsageSeries) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_UsageSeries_name(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Name, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_UsageSeries_name(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("UsageSeries", field, false, false, "String")
+}
+
+func (ec *executionContext) _UsageSeries_currency(ctx context.Context, field graphql.CollectedField, obj *model.UsageSeries) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_UsageSeries_currency(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Currency, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_UsageSeries_currency(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("UsageSeries", field, false, false, "String")
+}
+
+func (ec *executionContext) _UsageSeries_points(ctx context.Context, field graphql.CollectedField, obj *model.UsageSeries) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_UsageSeries_points(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Points, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v []model.UsagePoint) graphql.Marshaler {
+			return ec.marshalNUsagePoint2ᚕgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐUsagePointᚄ(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_UsageSeries_points(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "UsageSeries",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_UsagePoint(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _WorkStatus_rooms(ctx context.Context, field graphql.CollectedField, obj *model.WorkStatus) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_WorkStatus_rooms(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Rooms, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v []model.RoomWork) graphql.Marshaler {
+			return ec.marshalNRoomWork2ᚕgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐRoomWorkᚄ(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_WorkStatus_rooms(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "WorkStatus",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_RoomWork(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _WorkStatus_truncated(ctx context.Context, field graphql.CollectedField, obj *model.WorkStatus) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_WorkStatus_truncated(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Truncated, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v bool) graphql.Marshaler {
+			return ec.marshalNBoolean2bool(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_WorkStatus_truncated(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("WorkStatus", field, false, false, "Boolean")
+}
+
+func (ec *executionContext) _WorkStatus_asOf(ctx context.Context, field graphql.CollectedField, obj *model.WorkStatus) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_WorkStatus_asOf(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.AsOf, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v time.Time) graphql.Marshaler {
+			return ec.marshalNTime2timeᚐTime(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_WorkStatus_asOf(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("WorkStatus", field, false, false, "Time")
+}
+
+func (ec *executionContext) _WorkStatusChange_kind(ctx context.Context, field graphql.CollectedField, obj *model.WorkStatusChange) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_WorkStatusChange_kind(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Kind, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v model.WorkChangeKind) graphql.Marshaler {
+			return ec.marshalNWorkChangeKind2githubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐWorkChangeKind(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_WorkStatusChange_kind(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("WorkStatusChange", field, false, false, "WorkChangeKind")
+}
+
+func (ec *executionContext) _WorkStatusChange_roomId(ctx context.Context, field graphql.CollectedField, obj *model.WorkStatusChange) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_WorkStatusChange_roomId(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.RoomID, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNID2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_WorkStatusChange_roomId(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("WorkStatusChange", field, false, false, "ID")
+}
+
+func (ec *executionContext) _WorkStatusChange_time(ctx context.Context, field graphql.CollectedField, obj *model.WorkStatusChange) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_WorkStatusChange_time(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Time, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v time.Time) graphql.Marshaler {
+			return ec.marshalNTime2timeᚐTime(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_WorkStatusChange_time(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("WorkStatusChange", field, false, false, "Time")
+}
+
+func (ec *executionContext) _WorkStatusChange_eventId(ctx context.Context, field graphql.CollectedField, obj *model.WorkStatusChange) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_WorkStatusChange_eventId(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.EventID, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOID2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_WorkStatusChange_eventId(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("WorkStatusChange", field, false, false, "ID")
+}
+
+func (ec *executionContext) _WorkStatusChange_task(ctx context.Context, field graphql.CollectedField, obj *model.WorkStatusChange) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_WorkStatusChange_task(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Task, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.Task) graphql.Marshaler {
+			return ec.marshalOTask2ᚖgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐTask(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_WorkStatusChange_task(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "WorkStatusChange",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_Task(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _WorkStatusChange_attention(ctx context.Context, field graphql.CollectedField, obj *model.WorkStatusChange) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_WorkStatusChange_attention(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Attention, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.AttentionRequest) graphql.Marshaler {
+			return ec.marshalOAttentionRequest2ᚖgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐAttentionRequest(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_WorkStatusChange_attention(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "WorkStatusChange",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_AttentionRequest(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _WorkStatusChange_agentId(ctx context.Context, field graphql.CollectedField, obj *model.WorkStatusChange) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_WorkStatusChange_agentId(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.AgentID, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOID2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_WorkStatusChange_agentId(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("WorkStatusChange", field, false, false, "ID")
+}
+
+func (ec *executionContext) _WorkStatusChange_agentHandle(ctx context.Context, field graphql.CollectedField, obj *model.WorkStatusChange) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_WorkStatusChange_agentHandle(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.AgentHandle, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_WorkStatusChange_agentHandle(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("WorkStatusChange", field, false, false, "String")
 }
 
 func (ec *executionContext) ___Directive_name(ctx context.Context, field graphql.CollectedField, obj *introspection.Directive) (ret graphql.Marshaler) {
@@ -3146,6 +9807,69 @@ func (ec *executionContext) fieldContext___Type_isOneOf(_ context.Context, field
 
 // region    **************************** input.gotpl *****************************
 
+func (ec *executionContext) unmarshalInputCostFilter(ctx context.Context, obj any) (model.CostFilter, error) {
+	var it model.CostFilter
+	if obj == nil {
+		return it, nil
+	}
+
+	asMap := map[string]any{}
+	for k, v := range obj.(map[string]any) {
+		asMap[k] = v
+	}
+
+	fieldsInOrder := [...]string{"ownerIds", "agentIds", "roomIds", "models"}
+	for _, k := range fieldsInOrder {
+		v, ok := asMap[k]
+		if !ok {
+			continue
+		}
+		switch k {
+		case "ownerIds":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("ownerIds"))
+			data, err := ec.unmarshalOID2ᚕstringᚄ(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.OwnerIds = data
+		case "agentIds":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("agentIds"))
+			data, err := ec.unmarshalOID2ᚕstringᚄ(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.AgentIds = data
+		case "roomIds":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("roomIds"))
+			data, err := ec.unmarshalOID2ᚕstringᚄ(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.RoomIds = data
+		case "models":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("models"))
+			data, err := ec.unmarshalOString2ᚕstringᚄ(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.Models = data
+		}
+	}
+	return it, nil
+}
+
+// UnmarshalCostFilter unmarshals raw into the CostFilter input type, using the
+// unmarshaler bound to ctx's request. Call it from a resolver to decode an input
+// object that was not passed as a field argument.
+//
+// ctx must come from a gqlgen request; outside one there is no unmarshaler to use
+// and the returned error says so.
+func UnmarshalCostFilter(ctx context.Context, raw any) (model.CostFilter, error) {
+	var out model.CostFilter
+	err := graphql.UnmarshalNamedInputFromContext(ctx, "CostFilter", raw, &out)
+	return out, err
+}
+
 // endregion **************************** input.gotpl *****************************
 
 // region    ************************** interface.gotpl ***************************
@@ -3153,6 +9877,255 @@ func (ec *executionContext) fieldContext___Type_isOneOf(_ context.Context, field
 // endregion ************************** interface.gotpl ***************************
 
 // region    **************************** object.gotpl ****************************
+
+var activeAgentImplementors = []string{"ActiveAgent"}
+
+func (ec *executionContext) _ActiveAgent(ctx context.Context, sel ast.SelectionSet, obj *model.ActiveAgent) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, activeAgentImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("ActiveAgent")
+		case "agentId":
+			out.Values[i] = ec._ActiveAgent_agentId(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "agentHandle":
+			out.Values[i] = ec._ActiveAgent_agentHandle(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "agentName":
+			out.Values[i] = ec._ActiveAgent_agentName(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "lastActivity":
+			out.Values[i] = ec._ActiveAgent_lastActivity(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "lastMessageAt":
+			out.Values[i] = ec._ActiveAgent_lastMessageAt(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "lastMessage":
+			out.Values[i] = ec._ActiveAgent_lastMessage(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "messagesToday":
+			out.Values[i] = ec._ActiveAgent_messagesToday(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "costToday":
+			out.Values[i] = ec._ActiveAgent_costToday(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "currency":
+			out.Values[i] = ec._ActiveAgent_currency(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
+var agentImplementors = []string{"Agent"}
+
+func (ec *executionContext) _Agent(ctx context.Context, sel ast.SelectionSet, obj *model.Agent) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, agentImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("Agent")
+		case "id":
+			out.Values[i] = ec._Agent_id(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "handle":
+			out.Values[i] = ec._Agent_handle(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "name":
+			out.Values[i] = ec._Agent_name(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "ownerId":
+			out.Values[i] = ec._Agent_ownerId(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "ownerHandle":
+			out.Values[i] = ec._Agent_ownerHandle(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "model":
+			out.Values[i] = ec._Agent_model(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "suspended":
+			out.Values[i] = ec._Agent_suspended(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "updatedAt":
+			out.Values[i] = ec._Agent_updatedAt(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "openToolCalls":
+			out.Values[i] = ec._Agent_openToolCalls(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "toolResults":
+			out.Values[i] = ec._Agent_toolResults(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "toolErrors":
+			out.Values[i] = ec._Agent_toolErrors(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "toolErrorRate":
+			out.Values[i] = ec._Agent_toolErrorRate(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
+var attentionRequestImplementors = []string{"AttentionRequest"}
+
+func (ec *executionContext) _AttentionRequest(ctx context.Context, sel ast.SelectionSet, obj *model.AttentionRequest) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, attentionRequestImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("AttentionRequest")
+		case "id":
+			out.Values[i] = ec._AttentionRequest_id(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "roomId":
+			out.Values[i] = ec._AttentionRequest_roomId(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "roomName":
+			out.Values[i] = ec._AttentionRequest_roomName(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "askedBy":
+			out.Values[i] = ec._AttentionRequest_askedBy(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "askedByHandle":
+			out.Values[i] = ec._AttentionRequest_askedByHandle(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "askedByName":
+			out.Values[i] = ec._AttentionRequest_askedByName(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "addressedTo":
+			out.Values[i] = ec._AttentionRequest_addressedTo(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "addressedToHandle":
+			out.Values[i] = ec._AttentionRequest_addressedToHandle(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "addressedToName":
+			out.Values[i] = ec._AttentionRequest_addressedToName(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "question":
+			out.Values[i] = ec._AttentionRequest_question(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "since":
+			out.Values[i] = ec._AttentionRequest_since(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "ageSeconds":
+			out.Values[i] = ec._AttentionRequest_ageSeconds(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
 
 var auditEventImplementors = []string{"AuditEvent"}
 
@@ -3190,6 +10163,11 @@ func (ec *executionContext) _AuditEvent(ctx context.Context, sel ast.SelectionSe
 			if out.Values[i] == graphql.Null {
 				out.Invalids++
 			}
+		case "roomName":
+			out.Values[i] = ec._AuditEvent_roomName(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
 		case "actorId":
 			out.Values[i] = ec._AuditEvent_actorId(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
@@ -3203,6 +10181,11 @@ func (ec *executionContext) _AuditEvent(ctx context.Context, sel ast.SelectionSe
 		case "actorHandle":
 			out.Values[i] = ec._AuditEvent_actorHandle(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "actorName":
+			out.Values[i] = ec._AuditEvent_actorName(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
 				out.Invalids++
 			}
 		case "ownerId":
@@ -3315,6 +10298,321 @@ func (ec *executionContext) _AuditPage(ctx context.Context, sel ast.SelectionSet
 	return out
 }
 
+var chattyAgentImplementors = []string{"ChattyAgent"}
+
+func (ec *executionContext) _ChattyAgent(ctx context.Context, sel ast.SelectionSet, obj *model.ChattyAgent) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, chattyAgentImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("ChattyAgent")
+		case "agentId":
+			out.Values[i] = ec._ChattyAgent_agentId(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "agentHandle":
+			out.Values[i] = ec._ChattyAgent_agentHandle(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "agentName":
+			out.Values[i] = ec._ChattyAgent_agentName(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "ownerId":
+			out.Values[i] = ec._ChattyAgent_ownerId(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "ownerHandle":
+			out.Values[i] = ec._ChattyAgent_ownerHandle(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "messages":
+			out.Values[i] = ec._ChattyAgent_messages(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "tokens":
+			out.Values[i] = ec._ChattyAgent_tokens(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "cost":
+			out.Values[i] = ec._ChattyAgent_cost(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "currency":
+			out.Values[i] = ec._ChattyAgent_currency(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "throttled":
+			out.Values[i] = ec._ChattyAgent_throttled(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "denied":
+			out.Values[i] = ec._ChattyAgent_denied(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "suspended":
+			out.Values[i] = ec._ChattyAgent_suspended(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
+var contactRequestImplementors = []string{"ContactRequest"}
+
+func (ec *executionContext) _ContactRequest(ctx context.Context, sel ast.SelectionSet, obj *model.ContactRequest) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, contactRequestImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("ContactRequest")
+		case "requestId":
+			out.Values[i] = ec._ContactRequest_requestId(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "status":
+			out.Values[i] = ec._ContactRequest_status(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "fromHandle":
+			out.Values[i] = ec._ContactRequest_fromHandle(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "toHandle":
+			out.Values[i] = ec._ContactRequest_toHandle(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "message":
+			out.Values[i] = ec._ContactRequest_message(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "agentId":
+			out.Values[i] = ec._ContactRequest_agentId(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "agentHandle":
+			out.Values[i] = ec._ContactRequest_agentHandle(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "firstSeen":
+			out.Values[i] = ec._ContactRequest_firstSeen(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "lastChanged":
+			out.Values[i] = ec._ContactRequest_lastChanged(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "decidedBy":
+			out.Values[i] = ec._ContactRequest_decidedBy(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "decidedByHandle":
+			out.Values[i] = ec._ContactRequest_decidedByHandle(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "history":
+			out.Values[i] = ec._ContactRequest_history(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
+var contactRequestPageImplementors = []string{"ContactRequestPage"}
+
+func (ec *executionContext) _ContactRequestPage(ctx context.Context, sel ast.SelectionSet, obj *model.ContactRequestPage) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, contactRequestPageImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("ContactRequestPage")
+		case "requests":
+			out.Values[i] = ec._ContactRequestPage_requests(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "truncated":
+			out.Values[i] = ec._ContactRequestPage_truncated(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
+var contactRequestStepImplementors = []string{"ContactRequestStep"}
+
+func (ec *executionContext) _ContactRequestStep(ctx context.Context, sel ast.SelectionSet, obj *model.ContactRequestStep) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, contactRequestStepImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("ContactRequestStep")
+		case "status":
+			out.Values[i] = ec._ContactRequestStep_status(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "time":
+			out.Values[i] = ec._ContactRequestStep_time(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "actorId":
+			out.Values[i] = ec._ContactRequestStep_actorId(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "actorHandle":
+			out.Values[i] = ec._ContactRequestStep_actorHandle(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "eventId":
+			out.Values[i] = ec._ContactRequestStep_eventId(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
+var costReportImplementors = []string{"CostReport"}
+
+func (ec *executionContext) _CostReport(ctx context.Context, sel ast.SelectionSet, obj *model.CostReport) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, costReportImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("CostReport")
+		case "rows":
+			out.Values[i] = ec._CostReport_rows(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "truncated":
+			out.Values[i] = ec._CostReport_truncated(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "totals":
+			out.Values[i] = ec._CostReport_totals(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "unpriced":
+			out.Values[i] = ec._CostReport_unpriced(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
 var costRowImplementors = []string{"CostRow"}
 
 func (ec *executionContext) _CostRow(ctx context.Context, sel ast.SelectionSet, obj *model.CostRow) graphql.Marshaler {
@@ -3361,6 +10659,11 @@ func (ec *executionContext) _CostRow(ctx context.Context, sel ast.SelectionSet, 
 			if out.Values[i] == graphql.RequiredNull {
 				out.Invalids++
 			}
+		case "roomName":
+			out.Values[i] = ec._CostRow_roomName(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
 		case "model":
 			out.Values[i] = ec._CostRow_model(ctx, field, obj)
 			if out.Values[i] == graphql.RequiredNull {
@@ -3381,43 +10684,303 @@ func (ec *executionContext) _CostRow(ctx context.Context, sel ast.SelectionSet, 
 			if out.Values[i] == graphql.Null {
 				out.Invalids++
 			}
+		case "pricedEvents":
+			out.Values[i] = ec._CostRow_pricedEvents(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
 		case "unpricedEvents":
 			out.Values[i] = ec._CostRow_unpricedEvents(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
 				out.Invalids++
 			}
-		case "inputTokens":
-			out.Values[i] = ec._CostRow_inputTokens(ctx, field, obj)
+		case "tokens":
+			out.Values[i] = ec._CostRow_tokens(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
 				out.Invalids++
 			}
-		case "outputTokens":
-			out.Values[i] = ec._CostRow_outputTokens(ctx, field, obj)
-			if out.Values[i] == graphql.Null {
-				out.Invalids++
-			}
-		case "cacheReadTokens":
-			out.Values[i] = ec._CostRow_cacheReadTokens(ctx, field, obj)
-			if out.Values[i] == graphql.Null {
-				out.Invalids++
-			}
-		case "cacheWriteTokens":
-			out.Values[i] = ec._CostRow_cacheWriteTokens(ctx, field, obj)
-			if out.Values[i] == graphql.Null {
-				out.Invalids++
-			}
-		case "reasoningTokens":
-			out.Values[i] = ec._CostRow_reasoningTokens(ctx, field, obj)
+		case "unpricedTokens":
+			out.Values[i] = ec._CostRow_unpricedTokens(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
 				out.Invalids++
 			}
 		case "cost":
 			out.Values[i] = ec._CostRow_cost(ctx, field, obj)
-			if out.Values[i] == graphql.Null {
+			if out.Values[i] == graphql.RequiredNull {
 				out.Invalids++
 			}
 		case "currency":
 			out.Values[i] = ec._CostRow_currency(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
+var costTotalImplementors = []string{"CostTotal"}
+
+func (ec *executionContext) _CostTotal(ctx context.Context, sel ast.SelectionSet, obj *model.CostTotal) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, costTotalImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("CostTotal")
+		case "currency":
+			out.Values[i] = ec._CostTotal_currency(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "events":
+			out.Values[i] = ec._CostTotal_events(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "pricedEvents":
+			out.Values[i] = ec._CostTotal_pricedEvents(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "unpricedEvents":
+			out.Values[i] = ec._CostTotal_unpricedEvents(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "tokens":
+			out.Values[i] = ec._CostTotal_tokens(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "unpricedTokens":
+			out.Values[i] = ec._CostTotal_unpricedTokens(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "cost":
+			out.Values[i] = ec._CostTotal_cost(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
+var decisionReasonImplementors = []string{"DecisionReason"}
+
+func (ec *executionContext) _DecisionReason(ctx context.Context, sel ast.SelectionSet, obj *model.DecisionReason) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, decisionReasonImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("DecisionReason")
+		case "code":
+			out.Values[i] = ec._DecisionReason_code(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "message":
+			out.Values[i] = ec._DecisionReason_message(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
+var policyDecisionImplementors = []string{"PolicyDecision"}
+
+func (ec *executionContext) _PolicyDecision(ctx context.Context, sel ast.SelectionSet, obj *model.PolicyDecision) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, policyDecisionImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("PolicyDecision")
+		case "id":
+			out.Values[i] = ec._PolicyDecision_id(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "time":
+			out.Values[i] = ec._PolicyDecision_time(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "decision":
+			out.Values[i] = ec._PolicyDecision_decision(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "allowed":
+			out.Values[i] = ec._PolicyDecision_allowed(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "reasons":
+			out.Values[i] = ec._PolicyDecision_reasons(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "revision":
+			out.Values[i] = ec._PolicyDecision_revision(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "inputDigest":
+			out.Values[i] = ec._PolicyDecision_inputDigest(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "input":
+			out.Values[i] = ec._PolicyDecision_input(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "retryAfterMs":
+			out.Values[i] = ec._PolicyDecision_retryAfterMs(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "agentId":
+			out.Values[i] = ec._PolicyDecision_agentId(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "agentHandle":
+			out.Values[i] = ec._PolicyDecision_agentHandle(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "roomId":
+			out.Values[i] = ec._PolicyDecision_roomId(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "roomName":
+			out.Values[i] = ec._PolicyDecision_roomName(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "requestedBy":
+			out.Values[i] = ec._PolicyDecision_requestedBy(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
+var policyDecisionPageImplementors = []string{"PolicyDecisionPage"}
+
+func (ec *executionContext) _PolicyDecisionPage(ctx context.Context, sel ast.SelectionSet, obj *model.PolicyDecisionPage) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, policyDecisionPageImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("PolicyDecisionPage")
+		case "decisions":
+			out.Values[i] = ec._PolicyDecisionPage_decisions(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "nextCursor":
+			out.Values[i] = ec._PolicyDecisionPage_nextCursor(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
+var policyDenialImplementors = []string{"PolicyDenial"}
+
+func (ec *executionContext) _PolicyDenial(ctx context.Context, sel ast.SelectionSet, obj *model.PolicyDenial) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, policyDenialImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("PolicyDenial")
+		case "decision":
+			out.Values[i] = ec._PolicyDenial_decision(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
 				out.Invalids++
 			}
@@ -3463,11 +11026,53 @@ func (ec *executionContext) _Query(ctx context.Context, sel ast.SelectionSet) gr
 				func(ctx context.Context) graphql.Marshaler {
 					return ec._Query_costs(ctx, field)
 				})
+		case "usageSeries":
+			out.ResolveRootConcurrently(innerCtx, ec.OperationContext, i,
+				true, true,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Query_usageSeries(ctx, field)
+				})
+		case "chattyAgents":
+			out.ResolveRootConcurrently(innerCtx, ec.OperationContext, i,
+				true, true,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Query_chattyAgents(ctx, field)
+				})
 		case "auditEvents":
 			out.ResolveRootConcurrently(innerCtx, ec.OperationContext, i,
 				true, true,
 				func(ctx context.Context) graphql.Marshaler {
 					return ec._Query_auditEvents(ctx, field)
+				})
+		case "contactRequests":
+			out.ResolveRootConcurrently(innerCtx, ec.OperationContext, i,
+				true, true,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Query_contactRequests(ctx, field)
+				})
+		case "policyDecisions":
+			out.ResolveRootConcurrently(innerCtx, ec.OperationContext, i,
+				true, true,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Query_policyDecisions(ctx, field)
+				})
+		case "workStatus":
+			out.ResolveRootConcurrently(innerCtx, ec.OperationContext, i,
+				true, true,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Query_workStatus(ctx, field)
+				})
+		case "agents":
+			out.ResolveRootConcurrently(innerCtx, ec.OperationContext, i,
+				true, true,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Query_agents(ctx, field)
+				})
+		case "rooms":
+			out.ResolveRootConcurrently(innerCtx, ec.OperationContext, i,
+				true, true,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Query_rooms(ctx, field)
 				})
 		case "__type":
 			out.Values[i] = ec.OperationContext.RootResolverMiddleware(innerCtx, func(ctx context.Context) (res graphql.Marshaler) {
@@ -3482,6 +11087,595 @@ func (ec *executionContext) _Query(ctx context.Context, sel ast.SelectionSet) gr
 			})
 			if out.Values[i] == graphql.Null {
 				atomic.AddUint32(&out.Invalids, 1)
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
+var roomImplementors = []string{"Room"}
+
+func (ec *executionContext) _Room(ctx context.Context, sel ast.SelectionSet, obj *model.Room) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, roomImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("Room")
+		case "id":
+			out.Values[i] = ec._Room_id(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "name":
+			out.Values[i] = ec._Room_name(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "closed":
+			out.Values[i] = ec._Room_closed(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "lastActivity":
+			out.Values[i] = ec._Room_lastActivity(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "openTasks":
+			out.Values[i] = ec._Room_openTasks(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "stuckTasks":
+			out.Values[i] = ec._Room_stuckTasks(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "openAttention":
+			out.Values[i] = ec._Room_openAttention(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
+var roomWorkImplementors = []string{"RoomWork"}
+
+func (ec *executionContext) _RoomWork(ctx context.Context, sel ast.SelectionSet, obj *model.RoomWork) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, roomWorkImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("RoomWork")
+		case "roomId":
+			out.Values[i] = ec._RoomWork_roomId(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "roomName":
+			out.Values[i] = ec._RoomWork_roomName(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "tasks":
+			out.Values[i] = ec._RoomWork_tasks(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "attention":
+			out.Values[i] = ec._RoomWork_attention(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "agents":
+			out.Values[i] = ec._RoomWork_agents(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
+var subscriptionImplementors = []string{"Subscription"}
+
+func (ec *executionContext) _Subscription(ctx context.Context, sel ast.SelectionSet) func(ctx context.Context) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, subscriptionImplementors)
+	ctx = graphql.WithFieldContext(ctx, &graphql.FieldContext{
+		Object: "Subscription",
+	})
+	if len(fields) != 1 {
+		graphql.AddErrorf(ctx, "must subscribe to exactly one stream")
+		return nil
+	}
+
+	switch fields[0].Name {
+	case "workStatusChanged":
+		return ec._Subscription_workStatusChanged(ctx, fields[0])
+	case "attentionRequested":
+		return ec._Subscription_attentionRequested(ctx, fields[0])
+	case "policyDenied":
+		return ec._Subscription_policyDenied(ctx, fields[0])
+	default:
+		panic("unknown field " + strconv.Quote(fields[0].Name))
+	}
+}
+
+var taskImplementors = []string{"Task"}
+
+func (ec *executionContext) _Task(ctx context.Context, sel ast.SelectionSet, obj *model.Task) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, taskImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("Task")
+		case "id":
+			out.Values[i] = ec._Task_id(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "roomId":
+			out.Values[i] = ec._Task_roomId(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "title":
+			out.Values[i] = ec._Task_title(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "status":
+			out.Values[i] = ec._Task_status(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "assigneeId":
+			out.Values[i] = ec._Task_assigneeId(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "assigneeHandle":
+			out.Values[i] = ec._Task_assigneeHandle(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "assigneeName":
+			out.Values[i] = ec._Task_assigneeName(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "createdAt":
+			out.Values[i] = ec._Task_createdAt(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "updatedAt":
+			out.Values[i] = ec._Task_updatedAt(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "lastActivity":
+			out.Values[i] = ec._Task_lastActivity(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "stuck":
+			out.Values[i] = ec._Task_stuck(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "stuckSince":
+			out.Values[i] = ec._Task_stuckSince(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
+var tokensImplementors = []string{"Tokens"}
+
+func (ec *executionContext) _Tokens(ctx context.Context, sel ast.SelectionSet, obj *model.Tokens) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, tokensImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("Tokens")
+		case "input":
+			out.Values[i] = ec._Tokens_input(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "output":
+			out.Values[i] = ec._Tokens_output(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "cacheRead":
+			out.Values[i] = ec._Tokens_cacheRead(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "cacheWrite":
+			out.Values[i] = ec._Tokens_cacheWrite(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "reasoning":
+			out.Values[i] = ec._Tokens_reasoning(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "total":
+			out.Values[i] = ec._Tokens_total(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
+var toolCallImplementors = []string{"ToolCall"}
+
+func (ec *executionContext) _ToolCall(ctx context.Context, sel ast.SelectionSet, obj *model.ToolCall) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, toolCallImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("ToolCall")
+		case "toolCallId":
+			out.Values[i] = ec._ToolCall_toolCallId(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "toolName":
+			out.Values[i] = ec._ToolCall_toolName(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "roomId":
+			out.Values[i] = ec._ToolCall_roomId(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "calledAt":
+			out.Values[i] = ec._ToolCall_calledAt(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
+var unpricedModelImplementors = []string{"UnpricedModel"}
+
+func (ec *executionContext) _UnpricedModel(ctx context.Context, sel ast.SelectionSet, obj *model.UnpricedModel) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, unpricedModelImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("UnpricedModel")
+		case "model":
+			out.Values[i] = ec._UnpricedModel_model(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "events":
+			out.Values[i] = ec._UnpricedModel_events(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "tokens":
+			out.Values[i] = ec._UnpricedModel_tokens(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
+var usagePointImplementors = []string{"UsagePoint"}
+
+func (ec *executionContext) _UsagePoint(ctx context.Context, sel ast.SelectionSet, obj *model.UsagePoint) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, usagePointImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("UsagePoint")
+		case "time":
+			out.Values[i] = ec._UsagePoint_time(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "events":
+			out.Values[i] = ec._UsagePoint_events(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "unpricedEvents":
+			out.Values[i] = ec._UsagePoint_unpricedEvents(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "tokens":
+			out.Values[i] = ec._UsagePoint_tokens(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "cost":
+			out.Values[i] = ec._UsagePoint_cost(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
+var usageSeriesImplementors = []string{"UsageSeries"}
+
+func (ec *executionContext) _UsageSeries(ctx context.Context, sel ast.SelectionSet, obj *model.UsageSeries) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, usageSeriesImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("UsageSeries")
+		case "key":
+			out.Values[i] = ec._UsageSeries_key(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "name":
+			out.Values[i] = ec._UsageSeries_name(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "currency":
+			out.Values[i] = ec._UsageSeries_currency(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "points":
+			out.Values[i] = ec._UsageSeries_points(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
+var workStatusImplementors = []string{"WorkStatus"}
+
+func (ec *executionContext) _WorkStatus(ctx context.Context, sel ast.SelectionSet, obj *model.WorkStatus) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, workStatusImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("WorkStatus")
+		case "rooms":
+			out.Values[i] = ec._WorkStatus_rooms(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "truncated":
+			out.Values[i] = ec._WorkStatus_truncated(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "asOf":
+			out.Values[i] = ec._WorkStatus_asOf(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
+var workStatusChangeImplementors = []string{"WorkStatusChange"}
+
+func (ec *executionContext) _WorkStatusChange(ctx context.Context, sel ast.SelectionSet, obj *model.WorkStatusChange) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, workStatusChangeImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("WorkStatusChange")
+		case "kind":
+			out.Values[i] = ec._WorkStatusChange_kind(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "roomId":
+			out.Values[i] = ec._WorkStatusChange_roomId(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "time":
+			out.Values[i] = ec._WorkStatusChange_time(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "eventId":
+			out.Values[i] = ec._WorkStatusChange_eventId(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "task":
+			out.Values[i] = ec._WorkStatusChange_task(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "attention":
+			out.Values[i] = ec._WorkStatusChange_attention(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "agentId":
+			out.Values[i] = ec._WorkStatusChange_agentId(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "agentHandle":
+			out.Values[i] = ec._WorkStatusChange_agentHandle(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
 			}
 		default:
 			panic("unknown field " + strconv.Quote(field.Name))
@@ -3862,6 +12056,74 @@ func (ec *executionContext) ___Type(ctx context.Context, sel ast.SelectionSet, o
 
 // region    ***************************** type.gotpl *****************************
 
+func (ec *executionContext) marshalNActiveAgent2githubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐActiveAgent(ctx context.Context, sel ast.SelectionSet, v model.ActiveAgent) graphql.Marshaler {
+	return ec._ActiveAgent(ctx, sel, &v)
+}
+
+func (ec *executionContext) marshalNActiveAgent2ᚕgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐActiveAgentᚄ(ctx context.Context, sel ast.SelectionSet, v []model.ActiveAgent) graphql.Marshaler {
+	ret := graphql.MarshalSliceConcurrently(ctx, len(v), 0, false, func(ctx context.Context, i int) graphql.Marshaler {
+		fc := graphql.GetFieldContext(ctx)
+		fc.Result = &v[i]
+		return ec.marshalNActiveAgent2githubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐActiveAgent(ctx, sel, v[i])
+	})
+
+	for _, e := range ret {
+		if e == graphql.Null {
+			return graphql.Null
+		}
+	}
+
+	return ret
+}
+
+func (ec *executionContext) marshalNAgent2githubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐAgent(ctx context.Context, sel ast.SelectionSet, v model.Agent) graphql.Marshaler {
+	return ec._Agent(ctx, sel, &v)
+}
+
+func (ec *executionContext) marshalNAgent2ᚕgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐAgentᚄ(ctx context.Context, sel ast.SelectionSet, v []model.Agent) graphql.Marshaler {
+	ret := graphql.MarshalSliceConcurrently(ctx, len(v), 0, false, func(ctx context.Context, i int) graphql.Marshaler {
+		fc := graphql.GetFieldContext(ctx)
+		fc.Result = &v[i]
+		return ec.marshalNAgent2githubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐAgent(ctx, sel, v[i])
+	})
+
+	for _, e := range ret {
+		if e == graphql.Null {
+			return graphql.Null
+		}
+	}
+
+	return ret
+}
+
+func (ec *executionContext) marshalNAttentionRequest2githubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐAttentionRequest(ctx context.Context, sel ast.SelectionSet, v model.AttentionRequest) graphql.Marshaler {
+	return ec._AttentionRequest(ctx, sel, &v)
+}
+
+func (ec *executionContext) marshalNAttentionRequest2ᚕgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐAttentionRequestᚄ(ctx context.Context, sel ast.SelectionSet, v []model.AttentionRequest) graphql.Marshaler {
+	ret := graphql.MarshalSliceConcurrently(ctx, len(v), 0, false, func(ctx context.Context, i int) graphql.Marshaler {
+		fc := graphql.GetFieldContext(ctx)
+		fc.Result = &v[i]
+		return ec.marshalNAttentionRequest2githubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐAttentionRequest(ctx, sel, v[i])
+	})
+
+	for _, e := range ret {
+		if e == graphql.Null {
+			return graphql.Null
+		}
+	}
+
+	return ret
+}
+
+func (ec *executionContext) marshalNAttentionRequest2ᚖgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐAttentionRequest(ctx context.Context, sel ast.SelectionSet, v *model.AttentionRequest) graphql.Marshaler {
+	if v == nil {
+		graphql.AddInvalidNullError(ctx, "AttentionRequest!")
+		return graphql.Null
+	}
+	return ec._AttentionRequest(ctx, sel, v)
+}
+
 func (ec *executionContext) marshalNAuditEvent2githubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐAuditEvent(ctx context.Context, sel ast.SelectionSet, v model.AuditEvent) graphql.Marshaler {
 	return ec._AuditEvent(ctx, sel, &v)
 }
@@ -3904,6 +12166,74 @@ func (ec *executionContext) marshalNBoolean2bool(ctx context.Context, sel ast.Se
 	return res
 }
 
+func (ec *executionContext) marshalNChattyAgent2githubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐChattyAgent(ctx context.Context, sel ast.SelectionSet, v model.ChattyAgent) graphql.Marshaler {
+	return ec._ChattyAgent(ctx, sel, &v)
+}
+
+func (ec *executionContext) marshalNChattyAgent2ᚕgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐChattyAgentᚄ(ctx context.Context, sel ast.SelectionSet, v []model.ChattyAgent) graphql.Marshaler {
+	ret := graphql.MarshalSliceConcurrently(ctx, len(v), 0, false, func(ctx context.Context, i int) graphql.Marshaler {
+		fc := graphql.GetFieldContext(ctx)
+		fc.Result = &v[i]
+		return ec.marshalNChattyAgent2githubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐChattyAgent(ctx, sel, v[i])
+	})
+
+	for _, e := range ret {
+		if e == graphql.Null {
+			return graphql.Null
+		}
+	}
+
+	return ret
+}
+
+func (ec *executionContext) marshalNContactRequest2githubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐContactRequest(ctx context.Context, sel ast.SelectionSet, v model.ContactRequest) graphql.Marshaler {
+	return ec._ContactRequest(ctx, sel, &v)
+}
+
+func (ec *executionContext) marshalNContactRequest2ᚕgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐContactRequestᚄ(ctx context.Context, sel ast.SelectionSet, v []model.ContactRequest) graphql.Marshaler {
+	ret := graphql.MarshalSliceConcurrently(ctx, len(v), 0, false, func(ctx context.Context, i int) graphql.Marshaler {
+		fc := graphql.GetFieldContext(ctx)
+		fc.Result = &v[i]
+		return ec.marshalNContactRequest2githubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐContactRequest(ctx, sel, v[i])
+	})
+
+	for _, e := range ret {
+		if e == graphql.Null {
+			return graphql.Null
+		}
+	}
+
+	return ret
+}
+
+func (ec *executionContext) marshalNContactRequestPage2ᚖgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐContactRequestPage(ctx context.Context, sel ast.SelectionSet, v *model.ContactRequestPage) graphql.Marshaler {
+	if v == nil {
+		graphql.AddInvalidNullError(ctx, "ContactRequestPage!")
+		return graphql.Null
+	}
+	return ec._ContactRequestPage(ctx, sel, v)
+}
+
+func (ec *executionContext) marshalNContactRequestStep2githubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐContactRequestStep(ctx context.Context, sel ast.SelectionSet, v model.ContactRequestStep) graphql.Marshaler {
+	return ec._ContactRequestStep(ctx, sel, &v)
+}
+
+func (ec *executionContext) marshalNContactRequestStep2ᚕgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐContactRequestStepᚄ(ctx context.Context, sel ast.SelectionSet, v []model.ContactRequestStep) graphql.Marshaler {
+	ret := graphql.MarshalSliceConcurrently(ctx, len(v), 0, false, func(ctx context.Context, i int) graphql.Marshaler {
+		fc := graphql.GetFieldContext(ctx)
+		fc.Result = &v[i]
+		return ec.marshalNContactRequestStep2githubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐContactRequestStep(ctx, sel, v[i])
+	})
+
+	for _, e := range ret {
+		if e == graphql.Null {
+			return graphql.Null
+		}
+	}
+
+	return ret
+}
+
 func (ec *executionContext) unmarshalNCostDimension2githubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐCostDimension(ctx context.Context, v any) (model.CostDimension, error) {
 	var res model.CostDimension
 	err := res.UnmarshalGQL(v)
@@ -3912,6 +12242,14 @@ func (ec *executionContext) unmarshalNCostDimension2githubᚗcomᚋbandplaneᚋb
 
 func (ec *executionContext) marshalNCostDimension2githubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐCostDimension(ctx context.Context, sel ast.SelectionSet, v model.CostDimension) graphql.Marshaler {
 	return v
+}
+
+func (ec *executionContext) marshalNCostReport2ᚖgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐCostReport(ctx context.Context, sel ast.SelectionSet, v *model.CostReport) graphql.Marshaler {
+	if v == nil {
+		graphql.AddInvalidNullError(ctx, "CostReport!")
+		return graphql.Null
+	}
+	return ec._CostReport(ctx, sel, v)
 }
 
 func (ec *executionContext) marshalNCostRow2githubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐCostRow(ctx context.Context, sel ast.SelectionSet, v model.CostRow) graphql.Marshaler {
@@ -3923,6 +12261,46 @@ func (ec *executionContext) marshalNCostRow2ᚕgithubᚗcomᚋbandplaneᚋbandpl
 		fc := graphql.GetFieldContext(ctx)
 		fc.Result = &v[i]
 		return ec.marshalNCostRow2githubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐCostRow(ctx, sel, v[i])
+	})
+
+	for _, e := range ret {
+		if e == graphql.Null {
+			return graphql.Null
+		}
+	}
+
+	return ret
+}
+
+func (ec *executionContext) marshalNCostTotal2githubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐCostTotal(ctx context.Context, sel ast.SelectionSet, v model.CostTotal) graphql.Marshaler {
+	return ec._CostTotal(ctx, sel, &v)
+}
+
+func (ec *executionContext) marshalNCostTotal2ᚕgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐCostTotalᚄ(ctx context.Context, sel ast.SelectionSet, v []model.CostTotal) graphql.Marshaler {
+	ret := graphql.MarshalSliceConcurrently(ctx, len(v), 0, false, func(ctx context.Context, i int) graphql.Marshaler {
+		fc := graphql.GetFieldContext(ctx)
+		fc.Result = &v[i]
+		return ec.marshalNCostTotal2githubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐCostTotal(ctx, sel, v[i])
+	})
+
+	for _, e := range ret {
+		if e == graphql.Null {
+			return graphql.Null
+		}
+	}
+
+	return ret
+}
+
+func (ec *executionContext) marshalNDecisionReason2githubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐDecisionReason(ctx context.Context, sel ast.SelectionSet, v model.DecisionReason) graphql.Marshaler {
+	return ec._DecisionReason(ctx, sel, &v)
+}
+
+func (ec *executionContext) marshalNDecisionReason2ᚕgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐDecisionReasonᚄ(ctx context.Context, sel ast.SelectionSet, v []model.DecisionReason) graphql.Marshaler {
+	ret := graphql.MarshalSliceConcurrently(ctx, len(v), 0, false, func(ctx context.Context, i int) graphql.Marshaler {
+		fc := graphql.GetFieldContext(ctx)
+		fc.Result = &v[i]
+		return ec.marshalNDecisionReason2githubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐDecisionReason(ctx, sel, v[i])
 	})
 
 	for _, e := range ret {
@@ -3976,6 +12354,100 @@ func (ec *executionContext) marshalNInt642int64(ctx context.Context, sel ast.Sel
 	return res
 }
 
+func (ec *executionContext) marshalNPolicyDecision2githubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐPolicyDecision(ctx context.Context, sel ast.SelectionSet, v model.PolicyDecision) graphql.Marshaler {
+	return ec._PolicyDecision(ctx, sel, &v)
+}
+
+func (ec *executionContext) marshalNPolicyDecision2ᚕgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐPolicyDecisionᚄ(ctx context.Context, sel ast.SelectionSet, v []model.PolicyDecision) graphql.Marshaler {
+	ret := graphql.MarshalSliceConcurrently(ctx, len(v), 0, false, func(ctx context.Context, i int) graphql.Marshaler {
+		fc := graphql.GetFieldContext(ctx)
+		fc.Result = &v[i]
+		return ec.marshalNPolicyDecision2githubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐPolicyDecision(ctx, sel, v[i])
+	})
+
+	for _, e := range ret {
+		if e == graphql.Null {
+			return graphql.Null
+		}
+	}
+
+	return ret
+}
+
+func (ec *executionContext) marshalNPolicyDecision2ᚖgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐPolicyDecision(ctx context.Context, sel ast.SelectionSet, v *model.PolicyDecision) graphql.Marshaler {
+	if v == nil {
+		graphql.AddInvalidNullError(ctx, "PolicyDecision!")
+		return graphql.Null
+	}
+	return ec._PolicyDecision(ctx, sel, v)
+}
+
+func (ec *executionContext) marshalNPolicyDecisionPage2ᚖgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐPolicyDecisionPage(ctx context.Context, sel ast.SelectionSet, v *model.PolicyDecisionPage) graphql.Marshaler {
+	if v == nil {
+		graphql.AddInvalidNullError(ctx, "PolicyDecisionPage!")
+		return graphql.Null
+	}
+	return ec._PolicyDecisionPage(ctx, sel, v)
+}
+
+func (ec *executionContext) marshalNPolicyDenial2ᚖgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐPolicyDenial(ctx context.Context, sel ast.SelectionSet, v *model.PolicyDenial) graphql.Marshaler {
+	if v == nil {
+		graphql.AddInvalidNullError(ctx, "PolicyDenial!")
+		return graphql.Null
+	}
+	return ec._PolicyDenial(ctx, sel, v)
+}
+
+func (ec *executionContext) marshalNRoom2githubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐRoom(ctx context.Context, sel ast.SelectionSet, v model.Room) graphql.Marshaler {
+	return ec._Room(ctx, sel, &v)
+}
+
+func (ec *executionContext) marshalNRoom2ᚕgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐRoomᚄ(ctx context.Context, sel ast.SelectionSet, v []model.Room) graphql.Marshaler {
+	ret := graphql.MarshalSliceConcurrently(ctx, len(v), 0, false, func(ctx context.Context, i int) graphql.Marshaler {
+		fc := graphql.GetFieldContext(ctx)
+		fc.Result = &v[i]
+		return ec.marshalNRoom2githubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐRoom(ctx, sel, v[i])
+	})
+
+	for _, e := range ret {
+		if e == graphql.Null {
+			return graphql.Null
+		}
+	}
+
+	return ret
+}
+
+func (ec *executionContext) marshalNRoomWork2githubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐRoomWork(ctx context.Context, sel ast.SelectionSet, v model.RoomWork) graphql.Marshaler {
+	return ec._RoomWork(ctx, sel, &v)
+}
+
+func (ec *executionContext) marshalNRoomWork2ᚕgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐRoomWorkᚄ(ctx context.Context, sel ast.SelectionSet, v []model.RoomWork) graphql.Marshaler {
+	ret := graphql.MarshalSliceConcurrently(ctx, len(v), 0, false, func(ctx context.Context, i int) graphql.Marshaler {
+		fc := graphql.GetFieldContext(ctx)
+		fc.Result = &v[i]
+		return ec.marshalNRoomWork2githubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐRoomWork(ctx, sel, v[i])
+	})
+
+	for _, e := range ret {
+		if e == graphql.Null {
+			return graphql.Null
+		}
+	}
+
+	return ret
+}
+
+func (ec *executionContext) unmarshalNSeriesInterval2githubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐSeriesInterval(ctx context.Context, v any) (model.SeriesInterval, error) {
+	var res model.SeriesInterval
+	err := res.UnmarshalGQL(v)
+	return res, graphql.ErrorOnPath(ctx, err)
+}
+
+func (ec *executionContext) marshalNSeriesInterval2githubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐSeriesInterval(ctx context.Context, sel ast.SelectionSet, v model.SeriesInterval) graphql.Marshaler {
+	return v
+}
+
 func (ec *executionContext) unmarshalNString2string(ctx context.Context, v any) (string, error) {
 	res, err := graphql.UnmarshalString(v)
 	return res, graphql.ErrorOnPath(ctx, err)
@@ -3990,6 +12462,26 @@ func (ec *executionContext) marshalNString2string(ctx context.Context, sel ast.S
 	return res
 }
 
+func (ec *executionContext) marshalNTask2githubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐTask(ctx context.Context, sel ast.SelectionSet, v model.Task) graphql.Marshaler {
+	return ec._Task(ctx, sel, &v)
+}
+
+func (ec *executionContext) marshalNTask2ᚕgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐTaskᚄ(ctx context.Context, sel ast.SelectionSet, v []model.Task) graphql.Marshaler {
+	ret := graphql.MarshalSliceConcurrently(ctx, len(v), 0, false, func(ctx context.Context, i int) graphql.Marshaler {
+		fc := graphql.GetFieldContext(ctx)
+		fc.Result = &v[i]
+		return ec.marshalNTask2githubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐTask(ctx, sel, v[i])
+	})
+
+	for _, e := range ret {
+		if e == graphql.Null {
+			return graphql.Null
+		}
+	}
+
+	return ret
+}
+
 func (ec *executionContext) unmarshalNTime2timeᚐTime(ctx context.Context, v any) (time.Time, error) {
 	res, err := graphql.UnmarshalTime(v)
 	return res, graphql.ErrorOnPath(ctx, err)
@@ -4002,6 +12494,120 @@ func (ec *executionContext) marshalNTime2timeᚐTime(ctx context.Context, sel as
 		graphql.AddInvalidNullFromMarshaler(ctx, "Time!")
 	}
 	return res
+}
+
+func (ec *executionContext) marshalNTokens2ᚖgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐTokens(ctx context.Context, sel ast.SelectionSet, v *model.Tokens) graphql.Marshaler {
+	if v == nil {
+		graphql.AddInvalidNullError(ctx, "Tokens!")
+		return graphql.Null
+	}
+	return ec._Tokens(ctx, sel, v)
+}
+
+func (ec *executionContext) marshalNToolCall2githubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐToolCall(ctx context.Context, sel ast.SelectionSet, v model.ToolCall) graphql.Marshaler {
+	return ec._ToolCall(ctx, sel, &v)
+}
+
+func (ec *executionContext) marshalNToolCall2ᚕgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐToolCallᚄ(ctx context.Context, sel ast.SelectionSet, v []model.ToolCall) graphql.Marshaler {
+	ret := graphql.MarshalSliceConcurrently(ctx, len(v), 0, false, func(ctx context.Context, i int) graphql.Marshaler {
+		fc := graphql.GetFieldContext(ctx)
+		fc.Result = &v[i]
+		return ec.marshalNToolCall2githubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐToolCall(ctx, sel, v[i])
+	})
+
+	for _, e := range ret {
+		if e == graphql.Null {
+			return graphql.Null
+		}
+	}
+
+	return ret
+}
+
+func (ec *executionContext) marshalNUnpricedModel2githubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐUnpricedModel(ctx context.Context, sel ast.SelectionSet, v model.UnpricedModel) graphql.Marshaler {
+	return ec._UnpricedModel(ctx, sel, &v)
+}
+
+func (ec *executionContext) marshalNUnpricedModel2ᚕgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐUnpricedModelᚄ(ctx context.Context, sel ast.SelectionSet, v []model.UnpricedModel) graphql.Marshaler {
+	ret := graphql.MarshalSliceConcurrently(ctx, len(v), 0, false, func(ctx context.Context, i int) graphql.Marshaler {
+		fc := graphql.GetFieldContext(ctx)
+		fc.Result = &v[i]
+		return ec.marshalNUnpricedModel2githubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐUnpricedModel(ctx, sel, v[i])
+	})
+
+	for _, e := range ret {
+		if e == graphql.Null {
+			return graphql.Null
+		}
+	}
+
+	return ret
+}
+
+func (ec *executionContext) marshalNUsagePoint2githubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐUsagePoint(ctx context.Context, sel ast.SelectionSet, v model.UsagePoint) graphql.Marshaler {
+	return ec._UsagePoint(ctx, sel, &v)
+}
+
+func (ec *executionContext) marshalNUsagePoint2ᚕgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐUsagePointᚄ(ctx context.Context, sel ast.SelectionSet, v []model.UsagePoint) graphql.Marshaler {
+	ret := graphql.MarshalSliceConcurrently(ctx, len(v), 0, false, func(ctx context.Context, i int) graphql.Marshaler {
+		fc := graphql.GetFieldContext(ctx)
+		fc.Result = &v[i]
+		return ec.marshalNUsagePoint2githubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐUsagePoint(ctx, sel, v[i])
+	})
+
+	for _, e := range ret {
+		if e == graphql.Null {
+			return graphql.Null
+		}
+	}
+
+	return ret
+}
+
+func (ec *executionContext) marshalNUsageSeries2githubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐUsageSeries(ctx context.Context, sel ast.SelectionSet, v model.UsageSeries) graphql.Marshaler {
+	return ec._UsageSeries(ctx, sel, &v)
+}
+
+func (ec *executionContext) marshalNUsageSeries2ᚕgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐUsageSeriesᚄ(ctx context.Context, sel ast.SelectionSet, v []model.UsageSeries) graphql.Marshaler {
+	ret := graphql.MarshalSliceConcurrently(ctx, len(v), 0, false, func(ctx context.Context, i int) graphql.Marshaler {
+		fc := graphql.GetFieldContext(ctx)
+		fc.Result = &v[i]
+		return ec.marshalNUsageSeries2githubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐUsageSeries(ctx, sel, v[i])
+	})
+
+	for _, e := range ret {
+		if e == graphql.Null {
+			return graphql.Null
+		}
+	}
+
+	return ret
+}
+
+func (ec *executionContext) unmarshalNWorkChangeKind2githubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐWorkChangeKind(ctx context.Context, v any) (model.WorkChangeKind, error) {
+	var res model.WorkChangeKind
+	err := res.UnmarshalGQL(v)
+	return res, graphql.ErrorOnPath(ctx, err)
+}
+
+func (ec *executionContext) marshalNWorkChangeKind2githubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐWorkChangeKind(ctx context.Context, sel ast.SelectionSet, v model.WorkChangeKind) graphql.Marshaler {
+	return v
+}
+
+func (ec *executionContext) marshalNWorkStatus2ᚖgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐWorkStatus(ctx context.Context, sel ast.SelectionSet, v *model.WorkStatus) graphql.Marshaler {
+	if v == nil {
+		graphql.AddInvalidNullError(ctx, "WorkStatus!")
+		return graphql.Null
+	}
+	return ec._WorkStatus(ctx, sel, v)
+}
+
+func (ec *executionContext) marshalNWorkStatusChange2ᚖgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐWorkStatusChange(ctx context.Context, sel ast.SelectionSet, v *model.WorkStatusChange) graphql.Marshaler {
+	if v == nil {
+		graphql.AddInvalidNullError(ctx, "WorkStatusChange!")
+		return graphql.Null
+	}
+	return ec._WorkStatusChange(ctx, sel, v)
 }
 
 func (ec *executionContext) marshalN__Directive2githubᚗcomᚋ99designsᚋgqlgenᚋgraphqlᚋintrospectionᚐDirective(ctx context.Context, sel ast.SelectionSet, v introspection.Directive) graphql.Marshaler {
@@ -4146,6 +12752,13 @@ func (ec *executionContext) marshalN__TypeKind2string(ctx context.Context, sel a
 	return res
 }
 
+func (ec *executionContext) marshalOAttentionRequest2ᚖgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐAttentionRequest(ctx context.Context, sel ast.SelectionSet, v *model.AttentionRequest) graphql.Marshaler {
+	if v == nil {
+		return graphql.Null
+	}
+	return ec._AttentionRequest(ctx, sel, v)
+}
+
 func (ec *executionContext) unmarshalOBoolean2bool(ctx context.Context, v any) (bool, error) {
 	res, err := graphql.UnmarshalBoolean(v)
 	return res, graphql.ErrorOnPath(ctx, err)
@@ -4212,6 +12825,98 @@ func (ec *executionContext) marshalOCostDimension2ᚕgithubᚗcomᚋbandplaneᚋ
 	return ret
 }
 
+func (ec *executionContext) unmarshalOCostDimension2ᚖgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐCostDimension(ctx context.Context, v any) (*model.CostDimension, error) {
+	if v == nil {
+		return nil, nil
+	}
+	var res = new(model.CostDimension)
+	err := res.UnmarshalGQL(v)
+	return res, graphql.ErrorOnPath(ctx, err)
+}
+
+func (ec *executionContext) marshalOCostDimension2ᚖgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐCostDimension(ctx context.Context, sel ast.SelectionSet, v *model.CostDimension) graphql.Marshaler {
+	if v == nil {
+		return graphql.Null
+	}
+	return v
+}
+
+func (ec *executionContext) unmarshalOCostFilter2ᚖgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐCostFilter(ctx context.Context, v any) (*model.CostFilter, error) {
+	if v == nil {
+		return nil, nil
+	}
+	res, err := ec.unmarshalInputCostFilter(ctx, v)
+	return &res, graphql.ErrorOnPath(ctx, err)
+}
+
+func (ec *executionContext) unmarshalODecisionOutcome2ᚖgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐDecisionOutcome(ctx context.Context, v any) (*model.DecisionOutcome, error) {
+	if v == nil {
+		return nil, nil
+	}
+	var res = new(model.DecisionOutcome)
+	err := res.UnmarshalGQL(v)
+	return res, graphql.ErrorOnPath(ctx, err)
+}
+
+func (ec *executionContext) marshalODecisionOutcome2ᚖgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐDecisionOutcome(ctx context.Context, sel ast.SelectionSet, v *model.DecisionOutcome) graphql.Marshaler {
+	if v == nil {
+		return graphql.Null
+	}
+	return v
+}
+
+func (ec *executionContext) unmarshalOFloat2ᚖfloat64(ctx context.Context, v any) (*float64, error) {
+	if v == nil {
+		return nil, nil
+	}
+	res, err := graphql.UnmarshalFloatContext(ctx, v)
+	return &res, graphql.ErrorOnPath(ctx, err)
+}
+
+func (ec *executionContext) marshalOFloat2ᚖfloat64(ctx context.Context, sel ast.SelectionSet, v *float64) graphql.Marshaler {
+	if v == nil {
+		return graphql.Null
+	}
+	_ = sel
+	res := graphql.MarshalFloatContext(*v)
+	return graphql.WrapContextMarshaler(ctx, res)
+}
+
+func (ec *executionContext) unmarshalOID2ᚕstringᚄ(ctx context.Context, v any) ([]string, error) {
+	if v == nil {
+		return nil, nil
+	}
+	vSlice := graphql.CoerceList(v)
+	var err error
+	res := make([]string, len(vSlice))
+	for i := range vSlice {
+		ctx := graphql.WithPathContext(ctx, graphql.NewPathWithIndex(i))
+		res[i], err = ec.unmarshalNID2string(ctx, vSlice[i])
+		if err != nil {
+			return nil, err
+		}
+	}
+	return res, nil
+}
+
+func (ec *executionContext) marshalOID2ᚕstringᚄ(ctx context.Context, sel ast.SelectionSet, v []string) graphql.Marshaler {
+	if v == nil {
+		return graphql.Null
+	}
+	ret := make(graphql.Array, len(v))
+	for i := range v {
+		ret[i] = ec.marshalNID2string(ctx, sel, v[i])
+	}
+
+	for _, e := range ret {
+		if e == graphql.Null {
+			return graphql.Null
+		}
+	}
+
+	return ret
+}
+
 func (ec *executionContext) unmarshalOID2ᚖstring(ctx context.Context, v any) (*string, error) {
 	if v == nil {
 		return nil, nil
@@ -4245,6 +12950,24 @@ func (ec *executionContext) marshalOInt2ᚖint(ctx context.Context, sel ast.Sele
 	_ = sel
 	_ = ctx
 	res := graphql.MarshalInt(*v)
+	return res
+}
+
+func (ec *executionContext) unmarshalOInt642ᚖint64(ctx context.Context, v any) (*int64, error) {
+	if v == nil {
+		return nil, nil
+	}
+	res, err := graphql.UnmarshalInt64(v)
+	return &res, graphql.ErrorOnPath(ctx, err)
+}
+
+func (ec *executionContext) marshalOInt642ᚖint64(ctx context.Context, sel ast.SelectionSet, v *int64) graphql.Marshaler {
+	if v == nil {
+		return graphql.Null
+	}
+	_ = sel
+	_ = ctx
+	res := graphql.MarshalInt64(*v)
 	return res
 }
 
@@ -4299,6 +13022,13 @@ func (ec *executionContext) marshalOString2ᚖstring(ctx context.Context, sel as
 	_ = ctx
 	res := graphql.MarshalString(*v)
 	return res
+}
+
+func (ec *executionContext) marshalOTask2ᚖgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐTask(ctx context.Context, sel ast.SelectionSet, v *model.Task) graphql.Marshaler {
+	if v == nil {
+		return graphql.Null
+	}
+	return ec._Task(ctx, sel, v)
 }
 
 func (ec *executionContext) unmarshalOTime2ᚖtimeᚐTime(ctx context.Context, v any) (*time.Time, error) {

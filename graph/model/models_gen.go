@@ -10,24 +10,83 @@ import (
 	"time"
 )
 
+// An agent active in a room in the last 24 hours.
+type ActiveAgent struct {
+	AgentID       string     `json:"agentId"`
+	AgentHandle   *string    `json:"agentHandle,omitempty"`
+	AgentName     *string    `json:"agentName,omitempty"`
+	LastActivity  time.Time  `json:"lastActivity"`
+	LastMessageAt *time.Time `json:"lastMessageAt,omitempty"`
+	// The start of its last message, at most 200 characters.
+	LastMessage *string `json:"lastMessage,omitempty"`
+	// Messages it posted in the room today (UTC).
+	MessagesToday int64 `json:"messagesToday"`
+	// Exact decimal cost of its usage in the room today (UTC).
+	CostToday string `json:"costToday"`
+	Currency  string `json:"currency"`
+}
+
+// An agent of the organization, with how its tools are doing.
+type Agent struct {
+	ID          string    `json:"id"`
+	Handle      string    `json:"handle"`
+	Name        string    `json:"name"`
+	OwnerID     string    `json:"ownerId"`
+	OwnerHandle *string   `json:"ownerHandle,omitempty"`
+	Model       string    `json:"model"`
+	Suspended   bool      `json:"suspended"`
+	UpdatedAt   time.Time `json:"updatedAt"`
+	// Tool calls of the last 24 hours without a result yet (paired by tool_call_id).
+	OpenToolCalls []ToolCall `json:"openToolCalls"`
+	// Tool results of the last 24 hours.
+	ToolResults int64 `json:"toolResults"`
+	// Of those, the ones that were errors.
+	ToolErrors int64 `json:"toolErrors"`
+	// toolErrors / toolResults, null without results.
+	ToolErrorRate *float64 `json:"toolErrorRate,omitempty"`
+}
+
+// An agent asking a person for a decision (an event.attention). Open until the person
+// addressed posts in the room after it (anyone human, when it named nobody), or a task of
+// the room assigned to the agent that asked is updated after it.
+type AttentionRequest struct {
+	ID            string  `json:"id"`
+	RoomID        string  `json:"roomId"`
+	RoomName      *string `json:"roomName,omitempty"`
+	AskedBy       string  `json:"askedBy"`
+	AskedByHandle *string `json:"askedByHandle,omitempty"`
+	AskedByName   *string `json:"askedByName,omitempty"`
+	// The person asked (the first person mentioned), null when it named nobody.
+	AddressedTo       *string   `json:"addressedTo,omitempty"`
+	AddressedToHandle *string   `json:"addressedToHandle,omitempty"`
+	AddressedToName   *string   `json:"addressedToName,omitempty"`
+	Question          string    `json:"question"`
+	Since             time.Time `json:"since"`
+	// Seconds since it was asked.
+	AgeSeconds int64 `json:"ageSeconds"`
+}
+
 // One audit-trail event: the envelope and its payload.
 type AuditEvent struct {
-	ID      string    `json:"id"`
-	Type    string    `json:"type"`
-	Time    time.Time `json:"time"`
-	OrgID   string    `json:"orgId"`
-	RoomID  string    `json:"roomId"`
-	ActorID string    `json:"actorId"`
+	ID       string    `json:"id"`
+	Type     string    `json:"type"`
+	Time     time.Time `json:"time"`
+	OrgID    string    `json:"orgId"`
+	RoomID   string    `json:"roomId"`
+	RoomName *string   `json:"roomName,omitempty"`
+	ActorID  string    `json:"actorId"`
 	// agent, user or system
-	ActorType     string `json:"actorType"`
-	ActorHandle   string `json:"actorHandle"`
-	OwnerID       string `json:"ownerId"`
-	SubjectID     string `json:"subjectId"`
-	SubjectType   string `json:"subjectType"`
-	SubjectHandle string `json:"subjectHandle"`
-	ExecutionID   string `json:"executionId"`
-	Source        string `json:"source"`
-	SchemaVersion int    `json:"schemaVersion"`
+	ActorType   string `json:"actorType"`
+	ActorHandle string `json:"actorHandle"`
+	// The actor's display name from the directory.
+	ActorName     *string `json:"actorName,omitempty"`
+	OwnerID       string  `json:"ownerId"`
+	SubjectID     string  `json:"subjectId"`
+	SubjectType   string  `json:"subjectType"`
+	SubjectHandle string  `json:"subjectHandle"`
+	ExecutionID   string  `json:"executionId"`
+	Source        string  `json:"source"`
+	SchemaVersion int     `json:"schemaVersion"`
 	// The event's payload as a JSON string.
 	Data           string    `json:"data"`
 	IngestedAt     time.Time `json:"ingestedAt"`
@@ -38,8 +97,85 @@ type AuditEvent struct {
 type AuditPage struct {
 	// Newest first.
 	Events []AuditEvent `json:"events"`
-	// Pass as before to get the next (older) page; null on the last page.
+	// Pass as before to get the next (older) page; null on the last page. A cursor pins
+	// the trail as it was at the first page: events ingested later (newer ones, or late
+	// ones with older times) never shift or repeat the following pages.
 	NextCursor *string `json:"nextCursor,omitempty"`
+}
+
+// An agent ranked by how much it talked.
+type ChattyAgent struct {
+	AgentID     string  `json:"agentId"`
+	AgentHandle *string `json:"agentHandle,omitempty"`
+	AgentName   *string `json:"agentName,omitempty"`
+	OwnerID     *string `json:"ownerId,omitempty"`
+	OwnerHandle *string `json:"ownerHandle,omitempty"`
+	Messages    int64   `json:"messages"`
+	Tokens      *Tokens `json:"tokens"`
+	// Exact decimal cost of its priced usage in the window.
+	Cost     string `json:"cost"`
+	Currency string `json:"currency"`
+	// send_message decisions denied for a rate limit or budget in the window.
+	Throttled int64 `json:"throttled"`
+	// Decisions of any kind denied in the window (throttled included).
+	Denied int64 `json:"denied"`
+	// Whether an operator has the agent suspended now.
+	Suspended bool `json:"suspended"`
+}
+
+// A contact request, with every status it went through.
+type ContactRequest struct {
+	RequestID string `json:"requestId"`
+	// pending, approved, rejected or cancelled (the latest).
+	Status     string `json:"status"`
+	FromHandle string `json:"fromHandle"`
+	ToHandle   string `json:"toHandle"`
+	Message    string `json:"message"`
+	// The agent whose contacts the request concerns.
+	AgentID     string    `json:"agentId"`
+	AgentHandle *string   `json:"agentHandle,omitempty"`
+	FirstSeen   time.Time `json:"firstSeen"`
+	LastChanged time.Time `json:"lastChanged"`
+	// Who made the latest change (the decider of a final status).
+	DecidedBy       *string              `json:"decidedBy,omitempty"`
+	DecidedByHandle *string              `json:"decidedByHandle,omitempty"`
+	History         []ContactRequestStep `json:"history"`
+}
+
+type ContactRequestPage struct {
+	Requests []ContactRequest `json:"requests"`
+	// True when more requests matched than limit (the most recently changed are returned).
+	Truncated bool `json:"truncated"`
+}
+
+// One step of a contact request's history.
+type ContactRequestStep struct {
+	Status string    `json:"status"`
+	Time   time.Time `json:"time"`
+	// Who decided (or sent) it.
+	ActorID     string  `json:"actorId"`
+	ActorHandle *string `json:"actorHandle,omitempty"`
+	EventID     string  `json:"eventId"`
+}
+
+// Restricts costs and usageSeries to some owners, agents, rooms or models (each: any of the ids given).
+type CostFilter struct {
+	OwnerIds []string `json:"ownerIds,omitempty"`
+	AgentIds []string `json:"agentIds,omitempty"`
+	RoomIds  []string `json:"roomIds,omitempty"`
+	Models   []string `json:"models,omitempty"`
+}
+
+// A costs answer: its rows, their totals, and the usage nobody could price.
+type CostReport struct {
+	Rows []CostRow `json:"rows"`
+	// True when there were more groups than limit: rows are the most expensive ones (per
+	// hour or day when grouped by time), totals still cover everything.
+	Truncated bool `json:"truncated"`
+	// Sums over the whole range and filters (not only the rows returned), one per currency.
+	Totals []CostTotal `json:"totals"`
+	// Usage without a price, by model, most events first.
+	Unpriced []UnpricedModel `json:"unpriced"`
 }
 
 // Usage and cost of one group. Only the fields of the requested dimensions are set;
@@ -54,25 +190,197 @@ type CostRow struct {
 	// The agent's @handle, when the organization's directory knows the agent.
 	AgentHandle *string `json:"agentHandle,omitempty"`
 	// The agent's display name, likewise.
-	AgentName *string    `json:"agentName,omitempty"`
-	RoomID    *string    `json:"roomId,omitempty"`
-	Model     *string    `json:"model,omitempty"`
-	Hour      *time.Time `json:"hour,omitempty"`
-	Day       *time.Time `json:"day,omitempty"`
-	Events    int64      `json:"events"`
-	// Usage events without a price (unknown model); their tokens count, their cost is 0.
-	UnpricedEvents   int64 `json:"unpricedEvents"`
-	InputTokens      int64 `json:"inputTokens"`
-	OutputTokens     int64 `json:"outputTokens"`
-	CacheReadTokens  int64 `json:"cacheReadTokens"`
-	CacheWriteTokens int64 `json:"cacheWriteTokens"`
-	ReasoningTokens  int64 `json:"reasoningTokens"`
-	// Exact decimal amount with 6 decimals, e.g. "12.340000".
-	Cost     string `json:"cost"`
-	Currency string `json:"currency"`
+	AgentName *string `json:"agentName,omitempty"`
+	RoomID    *string `json:"roomId,omitempty"`
+	// The room's title, from its room events.
+	RoomName *string    `json:"roomName,omitempty"`
+	Model    *string    `json:"model,omitempty"`
+	Hour     *time.Time `json:"hour,omitempty"`
+	Day      *time.Time `json:"day,omitempty"`
+	// Usage events of the group, priced or not.
+	Events int64 `json:"events"`
+	// Usage events with a price (their tokens are in pricedTokens, their cost in cost).
+	PricedEvents int64 `json:"pricedEvents"`
+	// Usage events without a price (a model the catalog does not know): never counted as 0 cost.
+	UnpricedEvents int64 `json:"unpricedEvents"`
+	// Tokens of every usage event of the group.
+	Tokens *Tokens `json:"tokens"`
+	// Tokens of the unpriced events: usage whose cost is unknown.
+	UnpricedTokens *Tokens `json:"unpricedTokens"`
+	// Exact decimal cost of the priced events with 6 decimals, e.g. "12.340000"; null when no event of the group has a price.
+	Cost     *string `json:"cost,omitempty"`
+	Currency string  `json:"currency"`
+}
+
+// The sum of a costs answer in one currency.
+type CostTotal struct {
+	Currency       string  `json:"currency"`
+	Events         int64   `json:"events"`
+	PricedEvents   int64   `json:"pricedEvents"`
+	UnpricedEvents int64   `json:"unpricedEvents"`
+	Tokens         *Tokens `json:"tokens"`
+	UnpricedTokens *Tokens `json:"unpricedTokens"`
+	// Exact decimal cost of the priced events.
+	Cost string `json:"cost"`
+}
+
+// A reason a policy gave for its decision.
+type DecisionReason struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+// One policy decision, as audited.
+type PolicyDecision struct {
+	ID   string    `json:"id"`
+	Time time.Time `json:"time"`
+	// peer_visible, add_participant, contact_request or send_message.
+	Decision string           `json:"decision"`
+	Allowed  bool             `json:"allowed"`
+	Reasons  []DecisionReason `json:"reasons"`
+	// The policy bundle's revision (hash) that decided.
+	Revision string `json:"revision"`
+	// SHA-256 of the canonical input JSON.
+	InputDigest string `json:"inputDigest"`
+	// The canonical input as a JSON string.
+	Input        string  `json:"input"`
+	RetryAfterMs *int64  `json:"retryAfterMs,omitempty"`
+	AgentID      string  `json:"agentId"`
+	AgentHandle  *string `json:"agentHandle,omitempty"`
+	RoomID       string  `json:"roomId"`
+	RoomName     *string `json:"roomName,omitempty"`
+	// The API key that asked, when one did.
+	RequestedBy *string `json:"requestedBy,omitempty"`
+}
+
+type PolicyDecisionPage struct {
+	Decisions  []PolicyDecision `json:"decisions"`
+	NextCursor *string          `json:"nextCursor,omitempty"`
+}
+
+// A denied policy decision, as it happened.
+type PolicyDenial struct {
+	Decision *PolicyDecision `json:"decision"`
 }
 
 type Query struct {
+}
+
+// A room of the organization.
+type Room struct {
+	ID   string  `json:"id"`
+	Name *string `json:"name,omitempty"`
+	// Whether a room.deleted or room.removed was the last word on it.
+	Closed        bool       `json:"closed"`
+	LastActivity  *time.Time `json:"lastActivity,omitempty"`
+	OpenTasks     int        `json:"openTasks"`
+	StuckTasks    int        `json:"stuckTasks"`
+	OpenAttention int        `json:"openAttention"`
+}
+
+// What is going on in one room.
+type RoomWork struct {
+	RoomID   string  `json:"roomId"`
+	RoomName *string `json:"roomName,omitempty"`
+	Tasks    []Task  `json:"tasks"`
+	// Open requests for a human, oldest first.
+	Attention []AttentionRequest `json:"attention"`
+	Agents    []ActiveAgent      `json:"agents"`
+}
+
+type Subscription struct {
+}
+
+// A task as the room's task events left it.
+type Task struct {
+	ID     string `json:"id"`
+	RoomID string `json:"roomId"`
+	Title  string `json:"title"`
+	// The platform's status, e.g. open, in_progress, done.
+	Status         string     `json:"status"`
+	AssigneeID     string     `json:"assigneeId"`
+	AssigneeHandle *string    `json:"assigneeHandle,omitempty"`
+	AssigneeName   *string    `json:"assigneeName,omitempty"`
+	CreatedAt      *time.Time `json:"createdAt,omitempty"`
+	UpdatedAt      time.Time  `json:"updatedAt"`
+	// The later of its last update and its assignee's last activity in the room.
+	LastActivity time.Time `json:"lastActivity"`
+	// In progress and no activity from its assignee (nor an update) for the stuck time
+	// (serve's --stuck-after, default 15 m).
+	Stuck bool `json:"stuck"`
+	// Since when it is stuck, when it is.
+	StuckSince *time.Time `json:"stuckSince,omitempty"`
+}
+
+// Token counts by kind.
+type Tokens struct {
+	Input      int64 `json:"input"`
+	Output     int64 `json:"output"`
+	CacheRead  int64 `json:"cacheRead"`
+	CacheWrite int64 `json:"cacheWrite"`
+	Reasoning  int64 `json:"reasoning"`
+	// The sum of the five kinds.
+	Total int64 `json:"total"`
+}
+
+// A tool call waiting for its result.
+type ToolCall struct {
+	ToolCallID string    `json:"toolCallId"`
+	ToolName   string    `json:"toolName"`
+	RoomID     string    `json:"roomId"`
+	CalledAt   time.Time `json:"calledAt"`
+}
+
+// Usage of one model that has no price, over the range asked for.
+type UnpricedModel struct {
+	Model  string  `json:"model"`
+	Events int64   `json:"events"`
+	Tokens *Tokens `json:"tokens"`
+}
+
+// One bucket of a usage series.
+type UsagePoint struct {
+	Time           time.Time `json:"time"`
+	Events         int64     `json:"events"`
+	UnpricedEvents int64     `json:"unpricedEvents"`
+	Tokens         *Tokens   `json:"tokens"`
+	// Exact decimal cost of the priced events in the bucket; "0.000000" when there were none.
+	Cost string `json:"cost"`
+}
+
+// A series of usage for one value of the split dimension (or the whole organization).
+type UsageSeries struct {
+	// The value of the split dimension (an id or a model), null without split.
+	Key *string `json:"key,omitempty"`
+	// The handle or title of key, when it names an agent, owner or room the directory knows.
+	Name     *string `json:"name,omitempty"`
+	Currency string  `json:"currency"`
+	// Every bucket of [from, to), empty buckets included, oldest first.
+	Points []UsagePoint `json:"points"`
+}
+
+type WorkStatus struct {
+	Rooms []RoomWork `json:"rooms"`
+	// True when the organization has more rooms with work than were returned.
+	Truncated bool `json:"truncated"`
+	// When the answer was computed (the stuck flags are as of then).
+	AsOf time.Time `json:"asOf"`
+}
+
+// One change of a room's work status, with the room's status after it.
+type WorkStatusChange struct {
+	Kind   WorkChangeKind `json:"kind"`
+	RoomID string         `json:"roomId"`
+	Time   time.Time      `json:"time"`
+	// The event that caused it (null for a stuck transition, which a timer finds).
+	EventID *string `json:"eventId,omitempty"`
+	// The task changed, for TASK and TASK_STUCK.
+	Task *Task `json:"task,omitempty"`
+	// The request opened or closed, for ATTENTION_*.
+	Attention *AttentionRequest `json:"attention,omitempty"`
+	// The agent, for AGENT_ACTIVE.
+	AgentID     *string `json:"agentId,omitempty"`
+	AgentHandle *string `json:"agentHandle,omitempty"`
 }
 
 // A dimension costs can be grouped by.
@@ -136,6 +444,180 @@ func (e *CostDimension) UnmarshalJSON(b []byte) error {
 }
 
 func (e CostDimension) MarshalJSON() ([]byte, error) {
+	var buf bytes.Buffer
+	e.MarshalGQL(&buf)
+	return buf.Bytes(), nil
+}
+
+// The outcome of a policy decision.
+type DecisionOutcome string
+
+const (
+	DecisionOutcomeAllowed DecisionOutcome = "ALLOWED"
+	DecisionOutcomeDenied  DecisionOutcome = "DENIED"
+)
+
+var AllDecisionOutcome = []DecisionOutcome{
+	DecisionOutcomeAllowed,
+	DecisionOutcomeDenied,
+}
+
+func (e DecisionOutcome) IsValid() bool {
+	switch e {
+	case DecisionOutcomeAllowed, DecisionOutcomeDenied:
+		return true
+	}
+	return false
+}
+
+func (e DecisionOutcome) String() string {
+	return string(e)
+}
+
+func (e *DecisionOutcome) UnmarshalGQL(v any) error {
+	str, ok := v.(string)
+	if !ok {
+		return fmt.Errorf("enums must be strings")
+	}
+
+	*e = DecisionOutcome(str)
+	if !e.IsValid() {
+		return fmt.Errorf("%s is not a valid DecisionOutcome", str)
+	}
+	return nil
+}
+
+func (e DecisionOutcome) MarshalGQL(w io.Writer) {
+	_, _ = fmt.Fprint(w, strconv.Quote(e.String()))
+}
+
+func (e *DecisionOutcome) UnmarshalJSON(b []byte) error {
+	s, err := strconv.Unquote(string(b))
+	if err != nil {
+		return err
+	}
+	return e.UnmarshalGQL(s)
+}
+
+func (e DecisionOutcome) MarshalJSON() ([]byte, error) {
+	var buf bytes.Buffer
+	e.MarshalGQL(&buf)
+	return buf.Bytes(), nil
+}
+
+// The bucket width of usageSeries.
+type SeriesInterval string
+
+const (
+	SeriesIntervalHour SeriesInterval = "HOUR"
+	SeriesIntervalDay  SeriesInterval = "DAY"
+)
+
+var AllSeriesInterval = []SeriesInterval{
+	SeriesIntervalHour,
+	SeriesIntervalDay,
+}
+
+func (e SeriesInterval) IsValid() bool {
+	switch e {
+	case SeriesIntervalHour, SeriesIntervalDay:
+		return true
+	}
+	return false
+}
+
+func (e SeriesInterval) String() string {
+	return string(e)
+}
+
+func (e *SeriesInterval) UnmarshalGQL(v any) error {
+	str, ok := v.(string)
+	if !ok {
+		return fmt.Errorf("enums must be strings")
+	}
+
+	*e = SeriesInterval(str)
+	if !e.IsValid() {
+		return fmt.Errorf("%s is not a valid SeriesInterval", str)
+	}
+	return nil
+}
+
+func (e SeriesInterval) MarshalGQL(w io.Writer) {
+	_, _ = fmt.Fprint(w, strconv.Quote(e.String()))
+}
+
+func (e *SeriesInterval) UnmarshalJSON(b []byte) error {
+	s, err := strconv.Unquote(string(b))
+	if err != nil {
+		return err
+	}
+	return e.UnmarshalGQL(s)
+}
+
+func (e SeriesInterval) MarshalJSON() ([]byte, error) {
+	var buf bytes.Buffer
+	e.MarshalGQL(&buf)
+	return buf.Bytes(), nil
+}
+
+// What changed in a room's work status.
+type WorkChangeKind string
+
+const (
+	WorkChangeKindTask            WorkChangeKind = "TASK"
+	WorkChangeKindTaskStuck       WorkChangeKind = "TASK_STUCK"
+	WorkChangeKindAttentionOpened WorkChangeKind = "ATTENTION_OPENED"
+	WorkChangeKindAttentionClosed WorkChangeKind = "ATTENTION_CLOSED"
+	WorkChangeKindAgentActive     WorkChangeKind = "AGENT_ACTIVE"
+)
+
+var AllWorkChangeKind = []WorkChangeKind{
+	WorkChangeKindTask,
+	WorkChangeKindTaskStuck,
+	WorkChangeKindAttentionOpened,
+	WorkChangeKindAttentionClosed,
+	WorkChangeKindAgentActive,
+}
+
+func (e WorkChangeKind) IsValid() bool {
+	switch e {
+	case WorkChangeKindTask, WorkChangeKindTaskStuck, WorkChangeKindAttentionOpened, WorkChangeKindAttentionClosed, WorkChangeKindAgentActive:
+		return true
+	}
+	return false
+}
+
+func (e WorkChangeKind) String() string {
+	return string(e)
+}
+
+func (e *WorkChangeKind) UnmarshalGQL(v any) error {
+	str, ok := v.(string)
+	if !ok {
+		return fmt.Errorf("enums must be strings")
+	}
+
+	*e = WorkChangeKind(str)
+	if !e.IsValid() {
+		return fmt.Errorf("%s is not a valid WorkChangeKind", str)
+	}
+	return nil
+}
+
+func (e WorkChangeKind) MarshalGQL(w io.Writer) {
+	_, _ = fmt.Fprint(w, strconv.Quote(e.String()))
+}
+
+func (e *WorkChangeKind) UnmarshalJSON(b []byte) error {
+	s, err := strconv.Unquote(string(b))
+	if err != nil {
+		return err
+	}
+	return e.UnmarshalGQL(s)
+}
+
+func (e WorkChangeKind) MarshalJSON() ([]byte, error) {
 	var buf bytes.Buffer
 	e.MarshalGQL(&buf)
 	return buf.Bytes(), nil

@@ -1,0 +1,514 @@
+package graph
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/99designs/gqlgen/graphql/handler/transport"
+	"github.com/vektah/gqlparser/v2/gqlerror"
+
+	"github.com/bandplane/bandplane/graph/model"
+	"github.com/bandplane/bandplane/query"
+	"github.com/bandplane/bandplane/schema"
+)
+
+// The hub fans the live events of one serve process (its "live" Kafka reader, see
+// ingest.Live) out to GraphQL subscriptions. It keeps what it needs to see changes as
+// they happen: the tasks in progress (seeded from ClickHouse at start, then followed),
+// the requests for attention opened since it started, and a timer that finds the
+// tasks becoming stuck without any new event. Every subscriber has a bounded buffer: a
+// subscriber that falls behind by more than it is told so (an error SLOW_SUBSCRIBER)
+// and dropped, so it never holds up the others or the reader.
+
+// Hub defaults.
+const (
+	DefaultSubscriberBuffer = 256
+	// DefaultMaxTracked bounds the tasks and the requests the hub follows.
+	DefaultMaxTracked = 100_000
+	// DefaultMaxSubscriptionsPerKey bounds one API key's open subscriptions.
+	DefaultMaxSubscriptionsPerKey = 100
+)
+
+// Handles names the parties of live events from serve's directory (no ClickHouse
+// read per event).
+type Handles interface {
+	// Handle returns the handle of an agent or person of org, and whether it is a
+	// person; ok is false for an id org's directory does not know.
+	Handle(org, id string) (handle string, person, ok bool)
+}
+
+// HubConfig configures a Hub. Zero fields take the defaults.
+type HubConfig struct {
+	Buffer                 int
+	StuckAfter             time.Duration // default query.DefaultStuckAfter
+	MaxTracked             int
+	MaxSubscriptionsPerKey int
+	Tick                   time.Duration // how often stuck tasks are looked for; default 1 s
+	Handles                Handles
+	Logger                 *slog.Logger
+	Now                    func() time.Time
+}
+
+// Hub is safe for concurrent use.
+type Hub struct {
+	cfg HubConfig
+	log *slog.Logger
+
+	mu        sync.Mutex
+	subs      map[string]map[*sub]struct{} // by organization
+	perKey    map[string]int
+	tasks     map[[2]string]*tracked           // org, task id
+	byActor   map[[3]string][]*tracked         // org, room, assignee
+	attention map[[2]string][]*query.Attention // org, room
+	nAttn     int
+	swept     time.Time // when old requests were last forgotten
+
+	delivered, dropped atomic.Int64
+}
+
+type tracked struct {
+	org  string
+	task query.Task
+}
+
+// NewHub returns a hub; Run starts its stuck timer.
+func NewHub(cfg HubConfig) *Hub {
+	if cfg.Buffer <= 0 {
+		cfg.Buffer = DefaultSubscriberBuffer
+	}
+	if cfg.StuckAfter <= 0 {
+		cfg.StuckAfter = query.DefaultStuckAfter
+	}
+	if cfg.MaxTracked <= 0 {
+		cfg.MaxTracked = DefaultMaxTracked
+	}
+	if cfg.MaxSubscriptionsPerKey <= 0 {
+		cfg.MaxSubscriptionsPerKey = DefaultMaxSubscriptionsPerKey
+	}
+	if cfg.Tick <= 0 {
+		cfg.Tick = time.Second
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Hub{cfg: cfg, log: log, subs: map[string]map[*sub]struct{}{}, perKey: map[string]int{},
+		tasks: map[[2]string]*tracked{}, byActor: map[[3]string][]*tracked{}, attention: map[[2]string][]*query.Attention{}}
+}
+
+// StuckAfter is the time without activity after which a task in progress is stuck.
+func (h *Hub) StuckAfter() time.Duration { return h.cfg.StuckAfter }
+
+// Stats returns the changes delivered to subscribers and the subscribers dropped for
+// falling behind, since start.
+func (h *Hub) Stats() (delivered, dropped int64) { return h.delivered.Load(), h.dropped.Load() }
+
+// SeedTask makes the hub follow a task in progress that ingest stored before the hub
+// started (serve seeds it from ClickHouse), so that it becomes stuck on time.
+func (h *Hub) SeedTask(org string, t query.Task) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.trackLocked(org, t)
+}
+
+// Run looks for tasks becoming stuck until ctx ends.
+func (h *Hub) Run(ctx context.Context) {
+	t := time.NewTicker(h.cfg.Tick)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			h.checkStuck()
+		}
+	}
+}
+
+func (h *Hub) checkStuck() {
+	now := h.cfg.Now().UTC()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if now.Sub(h.swept) >= time.Minute {
+		h.sweepLocked(now)
+	}
+	for _, tr := range h.tasks {
+		if tr.task.Stuck {
+			continue
+		}
+		tr.task.SetStuck(now, h.cfg.StuckAfter)
+		if tr.task.Stuck {
+			t := tr.task
+			h.publishLocked(tr.org, &change{work: &model.WorkStatusChange{Kind: model.WorkChangeKindTaskStuck, RoomID: t.RoomID,
+				Time: t.StuckSince, Task: h.taskModel(tr.org, t)}})
+		}
+	}
+}
+
+// sweepLocked forgets the requests for attention older than query.AttentionWindow,
+// which workStatus no longer shows either.
+func (h *Hub) sweepLocked(now time.Time) {
+	h.swept = now
+	for k, list := range h.attention {
+		kept := list[:0]
+		for _, a := range list {
+			if now.Sub(a.Since) < query.AttentionWindow {
+				kept = append(kept, a)
+			} else {
+				h.nAttn--
+			}
+		}
+		if len(kept) == 0 {
+			delete(h.attention, k)
+		} else {
+			h.attention[k] = kept
+		}
+	}
+}
+
+func (h *Hub) trackLocked(org string, t query.Task) {
+	k := [2]string{org, t.ID}
+	if old, ok := h.tasks[k]; ok {
+		h.untrackLocked(k, old)
+	}
+	if !query.InProgress(t.Status) || len(h.tasks) >= h.cfg.MaxTracked {
+		return
+	}
+	tr := &tracked{org: org, task: t}
+	h.tasks[k] = tr
+	ak := [3]string{org, t.RoomID, t.AssigneeID}
+	h.byActor[ak] = append(h.byActor[ak], tr)
+}
+
+func (h *Hub) untrackLocked(k [2]string, tr *tracked) {
+	delete(h.tasks, k)
+	ak := [3]string{tr.org, tr.task.RoomID, tr.task.AssigneeID}
+	list := h.byActor[ak]
+	for i, x := range list {
+		if x == tr {
+			list = append(list[:i], list[i+1:]...)
+			break
+		}
+	}
+	if len(list) == 0 {
+		delete(h.byActor, ak)
+	} else {
+		h.byActor[ak] = list
+	}
+}
+
+// Publish takes one live event (its organization resolved) and tells the subscribers
+// what it changed.
+func (h *Hub) Publish(ev *schema.Event) {
+	if ev.OrgID == "" {
+		return
+	}
+	org := ev.OrgID
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	now := h.cfg.Now().UTC()
+	evID := ev.ID
+	// Activity of an assignee keeps its tasks in the room from being stuck.
+	if ev.RoomID != "" && ev.Actor.ID != "" {
+		for _, tr := range h.byActor[[3]string{org, ev.RoomID, ev.Actor.ID}] {
+			if ev.Time.After(tr.task.LastActivity) {
+				tr.task.LastActivity = ev.Time
+			}
+			was := tr.task.Stuck
+			tr.task.SetStuck(now, h.cfg.StuckAfter)
+			if was && !tr.task.Stuck {
+				h.publishLocked(org, &change{work: &model.WorkStatusChange{Kind: model.WorkChangeKindTask, RoomID: ev.RoomID,
+					Time: ev.Time, EventID: &evID, Task: h.taskModel(org, tr.task)}})
+			}
+		}
+	}
+	switch ev.Type {
+	case schema.TypeTaskCreated, schema.TypeTaskUpdated, schema.TypeTaskDeleted:
+		var d schema.TaskData
+		if schema.DecodeData(ev.Data, &d) != nil || d.TaskID == "" {
+			return
+		}
+		t := query.Task{ID: d.TaskID, RoomID: ev.RoomID, Title: d.Title, Status: d.Status, AssigneeID: d.Assignee,
+			UpdatedAt: ev.Time, LastActivity: ev.Time}
+		if ev.Type == schema.TypeTaskCreated {
+			t.CreatedAt = ev.Time
+		}
+		if ev.Type == schema.TypeTaskDeleted {
+			t.Status = "deleted"
+		}
+		t.SetStuck(now, h.cfg.StuckAfter)
+		h.trackLocked(org, t)
+		h.publishLocked(org, &change{work: &model.WorkStatusChange{Kind: model.WorkChangeKindTask, RoomID: ev.RoomID,
+			Time: ev.Time, EventID: &evID, Task: h.taskModel(org, t)}})
+		// A task update of the agent that asked closes its requests in the room.
+		h.closeLocked(org, ev, func(a *query.Attention) bool { return a.AskerID == d.Assignee && d.Assignee != "" })
+	case schema.TypeAttention:
+		var d schema.MessageData
+		if schema.DecodeData(ev.Data, &d) != nil || ev.RoomID == "" {
+			return
+		}
+		a := &query.Attention{ID: ev.ID, RoomID: ev.RoomID, AskerID: ev.Actor.ID, AskerHandle: ev.Actor.Handle,
+			Question: d.Content, Since: ev.Time}
+		for _, m := range d.Mentions {
+			if _, person, ok := h.handle(org, m.ID); ok && person {
+				a.AddressedTo = m.ID
+				break
+			}
+		}
+		k := [2]string{org, ev.RoomID}
+		if h.nAttn < h.cfg.MaxTracked {
+			h.attention[k] = append(h.attention[k], a)
+			h.nAttn++
+		}
+		m := h.attentionModel(org, a, now)
+		h.publishLocked(org, &change{attention: m, work: &model.WorkStatusChange{Kind: model.WorkChangeKindAttentionOpened,
+			RoomID: ev.RoomID, Time: ev.Time, EventID: &evID, Attention: m}})
+	case schema.TypeMessageCreated:
+		if ev.Actor.Type == schema.ActorUser {
+			h.closeLocked(org, ev, func(a *query.Attention) bool { return a.AddressedTo == ev.Actor.ID || a.AddressedTo == "" })
+		}
+		if ev.Actor.Type == schema.ActorAgent && ev.RoomID != "" {
+			id := ev.Actor.ID
+			w := &model.WorkStatusChange{Kind: model.WorkChangeKindAgentActive, RoomID: ev.RoomID, Time: ev.Time, EventID: &evID, AgentID: &id}
+			if handle, _, ok := h.handle(org, id); ok {
+				w.AgentHandle = &handle
+			}
+			h.publishLocked(org, &change{work: w})
+		}
+	case schema.TypePolicyDecided:
+		var d struct {
+			Allow bool `json:"allow"`
+		}
+		if json.Unmarshal(ev.Data, &d) != nil || d.Allow {
+			return
+		}
+		dec, err := query.DecisionOf(auditEventOf(ev))
+		if err != nil {
+			h.log.Debug("live: cannot read a policy decision", "event", ev.ID, "err", err)
+			return
+		}
+		m := decisionModel(dec, nil)
+		if handle, _, ok := h.handle(org, dec.AgentID); ok {
+			m.AgentHandle = &handle
+		}
+		h.publishLocked(org, &change{denial: &model.PolicyDenial{Decision: &m}})
+	}
+}
+
+// closeLocked closes the room's tracked requests asked before ev that match.
+func (h *Hub) closeLocked(org string, ev *schema.Event, match func(*query.Attention) bool) {
+	k := [2]string{org, ev.RoomID}
+	list := h.attention[k]
+	kept := list[:0]
+	now := h.cfg.Now().UTC()
+	for _, a := range list {
+		if ev.Time.After(a.Since) && match(a) {
+			evID := ev.ID
+			h.nAttn--
+			h.publishLocked(org, &change{work: &model.WorkStatusChange{Kind: model.WorkChangeKindAttentionClosed, RoomID: ev.RoomID,
+				Time: ev.Time, EventID: &evID, Attention: h.attentionModel(org, a, now)}})
+			continue
+		}
+		kept = append(kept, a)
+	}
+	if len(kept) == 0 {
+		delete(h.attention, k)
+	} else {
+		h.attention[k] = kept
+	}
+}
+
+func (h *Hub) handle(org, id string) (string, bool, bool) {
+	if h.cfg.Handles == nil || id == "" {
+		return "", false, false
+	}
+	return h.cfg.Handles.Handle(org, id)
+}
+
+func (h *Hub) taskModel(org string, t query.Task) *model.Task {
+	m := taskModel(t, nil)
+	if handle, _, ok := h.handle(org, t.AssigneeID); ok {
+		m.AssigneeHandle = &handle
+	}
+	return &m
+}
+
+func (h *Hub) attentionModel(org string, a *query.Attention, now time.Time) *model.AttentionRequest {
+	m := attentionModel(*a, nil, now)
+	if handle, _, ok := h.handle(org, a.AskerID); ok {
+		m.AskedByHandle = &handle
+	} else if a.AskerHandle != "" {
+		m.AskedByHandle = &a.AskerHandle
+	}
+	if handle, _, ok := h.handle(org, a.AddressedTo); ok {
+		m.AddressedToHandle = &handle
+	}
+	return &m
+}
+
+// change is one thing to tell subscribers; each kind of subscription reads its part.
+type change struct {
+	work      *model.WorkStatusChange
+	attention *model.AttentionRequest
+	denial    *model.PolicyDenial
+}
+
+func (c *change) room() string {
+	switch {
+	case c.work != nil:
+		return c.work.RoomID
+	case c.attention != nil:
+		return c.attention.RoomID
+	}
+	return ""
+}
+
+type sub struct {
+	key, room string
+	kind      subKind
+	ch        chan *change
+	ctx       context.Context
+	closed    bool
+}
+
+type subKind int
+
+const (
+	subWork subKind = iota
+	subAttention
+	subDenied
+)
+
+func (s *sub) wants(c *change) bool {
+	if s.room != "" && c.room() != s.room {
+		return false
+	}
+	switch s.kind {
+	case subWork:
+		return c.work != nil
+	case subAttention:
+		return c.attention != nil
+	case subDenied:
+		return c.denial != nil
+	}
+	return false
+}
+
+// publishLocked offers c to every subscriber of org that wants it; one whose buffer
+// is full is told and dropped.
+func (h *Hub) publishLocked(org string, c *change) {
+	for s := range h.subs[org] {
+		if !s.wants(c) {
+			continue
+		}
+		select {
+		case s.ch <- c:
+			h.delivered.Add(1)
+		default:
+			h.dropped.Add(1)
+			h.log.Warn("dropping a subscriber that falls behind", "key", s.key, "org", org, "buffer", h.cfg.Buffer)
+			addSubscriptionError(s.ctx, &gqlerror.Error{
+				Message:    fmt.Sprintf("this subscription fell %d changes behind and was dropped; subscribe again and refetch", h.cfg.Buffer),
+				Extensions: map[string]any{"code": "SLOW_SUBSCRIBER"}})
+			h.removeLocked(org, s)
+		}
+	}
+}
+
+// addSubscriptionError makes the WebSocket transport end the subscription with err
+// (an "error" message) instead of "complete". The transport panics on a context of
+// another origin (only its own carries the error slot); there is nothing to tell then.
+func addSubscriptionError(ctx context.Context, err *gqlerror.Error) {
+	defer func() { _ = recover() }()
+	transport.AddSubscriptionError(ctx, err)
+}
+
+func (h *Hub) removeLocked(org string, s *sub) {
+	if s.closed {
+		return
+	}
+	s.closed = true
+	delete(h.subs[org], s)
+	if len(h.subs[org]) == 0 {
+		delete(h.subs, org)
+	}
+	h.perKey[s.key]--
+	if h.perKey[s.key] <= 0 {
+		delete(h.perKey, s.key)
+	}
+	close(s.ch)
+}
+
+// ErrTooManySubscriptions is a key with DefaultMaxSubscriptionsPerKey open.
+var ErrTooManySubscriptions = errors.New("too many subscriptions")
+
+// subscribe registers a subscriber until ctx ends; the returned channel closes then,
+// or when the subscriber is dropped.
+func (h *Hub) subscribe(ctx context.Context, key, org, room string, kind subKind) (<-chan *change, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.perKey[key] >= h.cfg.MaxSubscriptionsPerKey {
+		return nil, fmt.Errorf("key %s has %d subscriptions open, the most it may (--graphql-max-subscriptions-per-key): %w",
+			key, h.perKey[key], ErrTooManySubscriptions)
+	}
+	s := &sub{key: key, room: room, kind: kind, ch: make(chan *change, h.cfg.Buffer), ctx: ctx}
+	if h.subs[org] == nil {
+		h.subs[org] = map[*sub]struct{}{}
+	}
+	h.subs[org][s] = struct{}{}
+	h.perKey[key]++
+	context.AfterFunc(ctx, func() {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		h.removeLocked(org, s)
+	})
+	return s.ch, nil
+}
+
+// Subscribers is the number of open subscriptions.
+func (h *Hub) Subscribers() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	n := 0
+	for _, m := range h.subs {
+		n += len(m)
+	}
+	return n
+}
+
+// forward turns a hub channel into the typed channel a subscription field returns;
+// it ends when in closes (dropped) or ctx ends (the client left), whichever first.
+func forward[T any](ctx context.Context, in <-chan *change, pick func(*change) T) <-chan T {
+	out := make(chan T)
+	go func() {
+		defer close(out)
+		for c := range in {
+			select {
+			case out <- pick(c):
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	return out
+}
+
+// auditEventOf is the audit row of a live event, as query reads it back.
+func auditEventOf(ev *schema.Event) query.Event {
+	e := query.Event{ID: ev.ID, Type: ev.Type, Time: ev.Time, OrgID: ev.OrgID, RoomID: ev.RoomID,
+		ActorID: ev.Actor.ID, ActorType: string(ev.Actor.Type), ActorHandle: ev.Actor.Handle,
+		ExecutionID: ev.ExecutionID, Source: ev.Source, SchemaVersion: uint16(ev.SchemaVersion), Data: string(ev.Data)}
+	if ev.Subject != nil {
+		e.SubjectID, e.SubjectType, e.SubjectHandle = ev.Subject.ID, string(ev.Subject.Type), ev.Subject.Handle
+	}
+	return e
+}

@@ -1,0 +1,221 @@
+package graph
+
+import (
+	"context"
+	"encoding/json"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/bandplane/bandplane/graph/model"
+	"github.com/bandplane/bandplane/query"
+	"github.com/bandplane/bandplane/schema"
+)
+
+type fakeHandles map[string]string // id → handle; ids starting with "u" are people
+
+func (f fakeHandles) Handle(org, id string) (string, bool, bool) {
+	h, ok := f[org+"/"+id]
+	return h, len(id) > 0 && id[0] == 'u', ok
+}
+
+type clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *clock) now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
+func (c *clock) add(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+}
+
+func liveEvent(id, typ string, at time.Time, org, room, actor string, actorType schema.ActorType, data any) *schema.Event {
+	b, _ := json.Marshal(data)
+	return &schema.Event{ID: id, Type: typ, Time: at, OrgID: org, RoomID: room, Actor: schema.Party{ID: actor, Type: actorType}, Data: b}
+}
+
+func next(t *testing.T, ch <-chan *change) *change {
+	t.Helper()
+	select {
+	case c, ok := <-ch:
+		require.True(t, ok, "channel closed")
+		return c
+	case <-time.After(2 * time.Second):
+		t.Fatal("no change within 2 s")
+		return nil
+	}
+}
+
+func quiet(t *testing.T, ch <-chan *change) {
+	t.Helper()
+	select {
+	case c := <-ch:
+		t.Fatalf("unexpected change %+v", c)
+	case <-time.After(20 * time.Millisecond):
+	}
+}
+
+func TestHubTasksBecomeStuckOnTheirOwn(t *testing.T) {
+	clk := &clock{t: time.Date(2026, 1, 1, 10, 0, 0, 0, time.UTC)}
+	h := NewHub(HubConfig{StuckAfter: 15 * time.Minute, Now: clk.now, Handles: fakeHandles{"org-a/a1": "lead/coder"}})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	work, err := h.subscribe(ctx, "k1", "org-a", "", subWork)
+	require.NoError(t, err)
+	other, err := h.subscribe(ctx, "k2", "org-b", "", subWork)
+	require.NoError(t, err)
+
+	h.Publish(liveEvent("e1", schema.TypeTaskUpdated, clk.now(), "org-a", "r1", "u1", schema.ActorUser,
+		schema.TaskData{TaskID: "t1", Title: "Fix", Status: "in_progress", Assignee: "a1"}))
+	c := next(t, work)
+	require.Equal(t, model.WorkChangeKindTask, c.work.Kind)
+	require.Equal(t, "lead/coder", *c.work.Task.AssigneeHandle)
+	require.False(t, c.work.Task.Stuck)
+
+	clk.add(14 * time.Minute)
+	h.checkStuck()
+	quiet(t, work)
+	clk.add(time.Minute)
+	h.checkStuck() // no event: the timer alone finds it
+	c = next(t, work)
+	require.Equal(t, model.WorkChangeKindTaskStuck, c.work.Kind)
+	require.Nil(t, c.work.EventID)
+	require.True(t, c.work.Task.Stuck)
+	h.checkStuck()
+	quiet(t, work) // once per transition
+
+	// The assignee speaks: unstuck.
+	h.Publish(liveEvent("e2", schema.TypeMessageCreated, clk.now(), "org-a", "r1", "a1", schema.ActorAgent, schema.MessageData{Content: "back"}))
+	c = next(t, work)
+	require.Equal(t, model.WorkChangeKindTask, c.work.Kind)
+	require.False(t, c.work.Task.Stuck)
+	c = next(t, work)
+	require.Equal(t, model.WorkChangeKindAgentActive, c.work.Kind)
+	require.Equal(t, "a1", *c.work.AgentID)
+
+	quiet(t, other) // another organization sees none of it
+
+	// A seeded task (stored before the hub started) becomes stuck too.
+	h.SeedTask("org-a", taskOf("t2", "r1", "a9", "working", clk.now().Add(-20*time.Minute)))
+	h.checkStuck()
+	c = next(t, work)
+	require.Equal(t, "t2", c.work.Task.ID)
+	require.Equal(t, model.WorkChangeKindTaskStuck, c.work.Kind)
+}
+
+func TestHubAttention(t *testing.T) {
+	clk := &clock{t: time.Date(2026, 1, 1, 10, 0, 0, 0, time.UTC)}
+	h := NewHub(HubConfig{Now: clk.now, Handles: fakeHandles{"org-a/u-lead": "lead"}})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	work, err := h.subscribe(ctx, "k", "org-a", "r1", subWork)
+	require.NoError(t, err)
+	asks, err := h.subscribe(ctx, "k", "org-a", "", subAttention)
+	require.NoError(t, err)
+	elsewhere, err := h.subscribe(ctx, "k", "org-a", "r2", subWork)
+	require.NoError(t, err)
+
+	h.Publish(liveEvent("q1", schema.TypeAttention, clk.now(), "org-a", "r1", "a1", schema.ActorAgent,
+		schema.MessageData{Content: "@lead ok?", Mentions: []schema.Mention{{ID: "a2"}, {ID: "u-lead"}}}))
+	c := next(t, work)
+	require.Equal(t, model.WorkChangeKindAttentionOpened, c.work.Kind)
+	require.Equal(t, "u-lead", *c.work.Attention.AddressedTo)
+	a := next(t, asks)
+	require.Equal(t, "q1", a.attention.ID)
+	quiet(t, elsewhere)
+
+	clk.add(time.Minute)
+	// Another person's message does not answer it; the lead's does.
+	h.Publish(liveEvent("m1", schema.TypeMessageCreated, clk.now(), "org-a", "r1", "u-other", schema.ActorUser, schema.MessageData{Content: "hm"}))
+	quiet(t, work)
+	h.Publish(liveEvent("m2", schema.TypeMessageCreated, clk.now(), "org-a", "r1", "u-lead", schema.ActorUser, schema.MessageData{Content: "yes"}))
+	c = next(t, work)
+	require.Equal(t, model.WorkChangeKindAttentionClosed, c.work.Kind)
+	require.Equal(t, "q1", c.work.Attention.ID)
+}
+
+func TestHubDropsASlowSubscriberOnly(t *testing.T) {
+	clk := &clock{t: time.Date(2026, 1, 1, 10, 0, 0, 0, time.UTC)}
+	h := NewHub(HubConfig{Buffer: 2, Now: clk.now})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	slow, err := h.subscribe(ctx, "k", "org-a", "", subWork)
+	require.NoError(t, err)
+	fast, err := h.subscribe(ctx, "k", "org-a", "", subWork)
+	require.NoError(t, err)
+	got := make(chan int)
+	go func() {
+		n := 0
+		for range fast {
+			n++
+			if n == 5 {
+				got <- n
+			}
+		}
+	}()
+	for i := range 5 {
+		h.Publish(liveEvent("m"+string(rune('0'+i)), schema.TypeMessageCreated, clk.now(), "org-a", "r1", "a1", schema.ActorAgent, schema.MessageData{}))
+		time.Sleep(5 * time.Millisecond) // the fast one keeps up
+	}
+	require.Equal(t, 5, <-got)
+	n := 0
+	for range slow { // closed after its buffer of 2
+		n++
+	}
+	require.Equal(t, 2, n)
+	delivered, dropped := h.Stats()
+	require.Equal(t, int64(1), dropped)
+	require.Equal(t, int64(7), delivered)
+	require.Equal(t, 1, h.Subscribers())
+}
+
+func TestHubReleasesOnCancelAndCapsKeys(t *testing.T) {
+	h := NewHub(HubConfig{MaxSubscriptionsPerKey: 2})
+	ctx, cancel := context.WithCancel(context.Background())
+	_, err := h.subscribe(ctx, "k", "org-a", "", subWork)
+	require.NoError(t, err)
+	ch, err := h.subscribe(ctx, "k", "org-a", "", subDenied)
+	require.NoError(t, err)
+	_, err = h.subscribe(ctx, "k", "org-a", "", subWork)
+	require.ErrorIs(t, err, ErrTooManySubscriptions)
+	_, err = h.subscribe(ctx, "other", "org-a", "", subWork)
+	require.NoError(t, err, "the cap is per key")
+	out := forward(ctx, ch, func(c *change) *model.PolicyDenial { return c.denial })
+	cancel()
+	select {
+	case _, ok := <-out:
+		require.False(t, ok)
+	case <-time.After(2 * time.Second):
+		t.Fatal("forward did not end with its context")
+	}
+	require.Eventually(t, func() bool { return h.Subscribers() == 0 }, 2*time.Second, 5*time.Millisecond)
+	_, err = h.subscribe(context.Background(), "k", "org-a", "", subWork)
+	require.NoError(t, err, "the key's subscriptions were released")
+}
+
+func TestHubIgnoresWhatItCannotRead(t *testing.T) {
+	h := NewHub(HubConfig{})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ch, err := h.subscribe(ctx, "k", "org-a", "", subWork)
+	require.NoError(t, err)
+	now := time.Now()
+	for _, ev := range []*schema.Event{
+		{ID: "x1", Type: schema.TypeTaskUpdated, OrgID: "org-a", Time: now, Data: json.RawMessage(`{bad`)},
+		{ID: "x2", Type: schema.TypeTaskUpdated, OrgID: "org-a", Time: now, Data: json.RawMessage(`{}`)},
+		{ID: "x3", Type: schema.TypeAttention, OrgID: "org-a", Time: now, Data: json.RawMessage(`[]`)},
+		{ID: "x4", Type: schema.TypePolicyDecided, OrgID: "org-a", Time: now, Data: json.RawMessage(`{"allow":false,"reasons":"no"}`)},
+		{ID: "x5", Type: schema.TypeTaskUpdated, Time: now, Data: json.RawMessage(`{"task_id":"t","status":"in_progress"}`)}, // no org
+	} {
+		h.Publish(ev)
+	}
+	quiet(t, ch)
+}
+
+func taskOf(id, room, assignee, status string, last time.Time) query.Task {
+	return query.Task{ID: id, RoomID: room, AssigneeID: assignee, Status: status, UpdatedAt: last, LastActivity: last}
+}

@@ -1,0 +1,184 @@
+// Package wsclient is a small graphql-transport-ws client on coder/websocket: what
+// bandplane's own tests and `bandplane bench query` subscribe with.
+package wsclient
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/coder/websocket"
+	"github.com/coder/websocket/wsjson"
+)
+
+// Protocol is the WebSocket subprotocol spoken.
+const Protocol = "graphql-transport-ws"
+
+// Message is one "next" payload of a subscription, or its end: Err is set by an
+// "error" message (the server's errors) or a broken connection, and the channel then
+// closes.
+type Message struct {
+	Data   json.RawMessage
+	Errors []GraphQLError
+	Err    error
+}
+
+// GraphQLError is one error of a GraphQL answer.
+type GraphQLError struct {
+	Message    string         `json:"message"`
+	Extensions map[string]any `json:"extensions"`
+}
+
+// Code is the error's extensions.code.
+func (e GraphQLError) Code() string { s, _ := e.Extensions["code"].(string); return s }
+
+type frame struct {
+	ID      string          `json:"id,omitempty"`
+	Type    string          `json:"type"`
+	Payload json.RawMessage `json:"payload,omitempty"`
+}
+
+// Conn is one acknowledged connection.
+type Conn struct {
+	ws     *websocket.Conn
+	mu     sync.Mutex
+	subs   map[string]chan Message
+	nextID int
+	done   chan struct{}
+	err    error
+}
+
+// Dial connects to url (ws:// or wss://), sends connection_init with the bearer token
+// in the payload's Authorization and waits for connection_ack.
+func Dial(ctx context.Context, url, token string) (*Conn, error) {
+	ws, resp, err := websocket.Dial(ctx, url, &websocket.DialOptions{Subprotocols: []string{Protocol}})
+	if err != nil {
+		if resp != nil {
+			return nil, fmt.Errorf("cannot open a WebSocket to %s: %w (HTTP %d)", url, err, resp.StatusCode)
+		}
+		return nil, fmt.Errorf("cannot open a WebSocket to %s: %w", url, err)
+	}
+	ws.SetReadLimit(4 << 20)
+	payload, _ := json.Marshal(map[string]string{"Authorization": "Bearer " + token})
+	if err := wsjson.Write(ctx, ws, frame{Type: "connection_init", Payload: payload}); err != nil {
+		ws.CloseNow()
+		return nil, fmt.Errorf("cannot send connection_init: %w", err)
+	}
+	for {
+		var f frame
+		if err := wsjson.Read(ctx, ws, &f); err != nil {
+			ws.CloseNow()
+			var ce websocket.CloseError
+			if errors.As(err, &ce) {
+				return nil, fmt.Errorf("connection refused at init: %d %s", ce.Code, ce.Reason)
+			}
+			return nil, fmt.Errorf("no connection_ack: %w", err)
+		}
+		switch f.Type {
+		case "connection_ack":
+			c := &Conn{ws: ws, subs: map[string]chan Message{}, done: make(chan struct{})}
+			go c.read()
+			return c, nil
+		case "ping":
+			_ = wsjson.Write(ctx, ws, frame{Type: "pong"})
+		case "connection_error", "error":
+			ws.CloseNow()
+			return nil, fmt.Errorf("connection refused at init: %s", f.Payload)
+		}
+	}
+}
+
+// Subscribe starts a subscription; its messages arrive on the returned channel,
+// buffered by buffer, until it completes, fails or the connection closes. The reader
+// blocks on a full channel: read it.
+func (c *Conn) Subscribe(ctx context.Context, query string, vars map[string]any, buffer int) (string, <-chan Message, error) {
+	c.mu.Lock()
+	if c.err != nil {
+		c.mu.Unlock()
+		return "", nil, c.err
+	}
+	c.nextID++
+	id := strconv.Itoa(c.nextID)
+	ch := make(chan Message, buffer)
+	c.subs[id] = ch
+	c.mu.Unlock()
+	payload, _ := json.Marshal(map[string]any{"query": query, "variables": vars})
+	if err := wsjson.Write(ctx, c.ws, frame{ID: id, Type: "subscribe", Payload: payload}); err != nil {
+		c.mu.Lock()
+		delete(c.subs, id)
+		c.mu.Unlock()
+		return "", nil, fmt.Errorf("cannot subscribe: %w", err)
+	}
+	return id, ch, nil
+}
+
+// Complete ends subscription id.
+func (c *Conn) Complete(ctx context.Context, id string) error {
+	return wsjson.Write(ctx, c.ws, frame{ID: id, Type: "complete"})
+}
+
+// Close closes the connection normally.
+func (c *Conn) Close() error {
+	err := c.ws.Close(websocket.StatusNormalClosure, "")
+	<-c.done
+	return err
+}
+
+// Done is closed when the connection has ended.
+func (c *Conn) Done() <-chan struct{} { return c.done }
+
+func (c *Conn) read() {
+	defer close(c.done)
+	ctx := context.Background()
+	for {
+		var f frame
+		err := wsjson.Read(ctx, c.ws, &f)
+		if err != nil {
+			c.mu.Lock()
+			c.err = fmt.Errorf("connection closed: %w", err)
+			for id, ch := range c.subs {
+				ch <- Message{Err: c.err}
+				close(ch)
+				delete(c.subs, id)
+			}
+			c.mu.Unlock()
+			return
+		}
+		switch f.Type {
+		case "ping":
+			wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			_ = wsjson.Write(wctx, c.ws, frame{Type: "pong"})
+			cancel()
+		case "next":
+			var p struct {
+				Data   json.RawMessage `json:"data"`
+				Errors []GraphQLError  `json:"errors"`
+			}
+			_ = json.Unmarshal(f.Payload, &p)
+			c.mu.Lock()
+			ch := c.subs[f.ID]
+			c.mu.Unlock()
+			if ch != nil {
+				ch <- Message{Data: p.Data, Errors: p.Errors}
+			}
+		case "error", "complete":
+			c.mu.Lock()
+			ch := c.subs[f.ID]
+			delete(c.subs, f.ID)
+			c.mu.Unlock()
+			if ch == nil {
+				continue
+			}
+			if f.Type == "error" {
+				var errs []GraphQLError
+				_ = json.Unmarshal(f.Payload, &errs)
+				ch <- Message{Errors: errs, Err: fmt.Errorf("subscription failed: %s", f.Payload)}
+			}
+			close(ch)
+		}
+	}
+}

@@ -1,0 +1,630 @@
+package query
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/ClickHouse/clickhouse-go/v2"
+	"github.com/ClickHouse/clickhouse-go/v2/ext"
+	"github.com/shopspring/decimal"
+)
+
+// Work status (graph/README.md, "Work status") reads the tables ingest keeps
+// (schema/chdb/migrations/003_work.sql): the latest state of tasks, who did what last
+// in each room, the requests for a human's attention. Nothing here scans the trail,
+// except today's message counts of the rooms asked about (one day of one
+// organization, by the events table's primary key).
+
+// Work status defaults and bounds.
+const (
+	DefaultStuckAfter = 15 * time.Minute
+	// MaxWorkRooms bounds the rooms of one workStatus answer (Truncated beyond).
+	MaxWorkRooms = 200
+	// AttentionWindow is how far back requests for attention are read: an older one
+	// unanswered is not shown as waiting.
+	AttentionWindow = 30 * 24 * time.Hour
+	// ActiveWindow is how recent an agent's activity in a room must be to list it as
+	// active there, and a done task's update to still show it.
+	ActiveWindow = 24 * time.Hour
+	// maxWorkRows bounds each table read of one answer.
+	maxWorkRows = 20000
+)
+
+// InProgress says whether a task status means someone is working on it (the only
+// status that can be stuck).
+func InProgress(status string) bool {
+	switch strings.ToLower(strings.ReplaceAll(strings.TrimSpace(status), " ", "_")) {
+	case "in_progress", "inprogress", "working", "active", "started", "doing":
+		return true
+	}
+	return false
+}
+
+// Finished says whether a task status is final.
+func Finished(status string) bool {
+	switch strings.ToLower(strings.TrimSpace(status)) {
+	case "done", "completed", "complete", "closed", "cancelled", "canceled", "resolved":
+		return true
+	}
+	return false
+}
+
+// Task is a task as its latest event left it.
+type Task struct {
+	ID, RoomID, Title, Status, AssigneeID string
+	CreatedAt                             time.Time // zero when unknown
+	UpdatedAt                             time.Time
+	// LastActivity is the later of UpdatedAt and the assignee's latest event in the room.
+	LastActivity time.Time
+	Stuck        bool
+	StuckSince   time.Time // LastActivity + the stuck time, when Stuck
+}
+
+// SetStuck decides the stuck flag as of now: in progress, and no activity for after.
+func (t *Task) SetStuck(now time.Time, after time.Duration) {
+	t.Stuck, t.StuckSince = false, time.Time{}
+	if InProgress(t.Status) && !now.Before(t.LastActivity.Add(after)) {
+		t.Stuck, t.StuckSince = true, t.LastActivity.Add(after)
+	}
+}
+
+// Attention is an open request for a human's attention.
+type Attention struct {
+	ID, RoomID, AskerID, AskerHandle string
+	// AddressedTo is the first person the request mentions ("" when it names nobody the
+	// directory knows as a person).
+	AddressedTo string
+	Mentions    []string
+	Question    string
+	Since       time.Time
+}
+
+// ActiveAgent is an agent active in a room within ActiveWindow.
+type ActiveAgent struct {
+	AgentID, Handle string
+	LastActivity    time.Time
+	LastMessageAt   time.Time // zero when it posted no message
+	LastMessage     string
+	MessagesToday   uint64
+	CostToday       decimal.Decimal
+	Currency        string
+}
+
+// RoomWork is the work status of one room.
+type RoomWork struct {
+	RoomID       string
+	Tasks        []Task
+	Attention    []Attention
+	Agents       []ActiveAgent
+	LastActivity time.Time
+}
+
+// WorkQuery asks for the work status of one room of OrgID, or of its rooms with work.
+type WorkQuery struct {
+	OrgID, RoomID string
+	Now           time.Time     // zero: time.Now()
+	StuckAfter    time.Duration // zero: DefaultStuckAfter
+}
+
+// WorkStatus is the answer to a WorkQuery.
+type WorkStatus struct {
+	Rooms     []RoomWork
+	Truncated bool
+	AsOf      time.Time
+}
+
+func (q *WorkQuery) normalize() error {
+	var errs []error
+	if q.OrgID == "" {
+		errs = append(errs, fieldErr("org_id", "required"))
+	}
+	if len(q.RoomID) > 256 {
+		errs = append(errs, fieldErr("room_id", "longer than 256 bytes"))
+	}
+	if q.StuckAfter < 0 {
+		errs = append(errs, fieldErr("stuck_after", "must not be negative"))
+	}
+	if q.Now.IsZero() {
+		q.Now = time.Now()
+	}
+	q.Now = q.Now.UTC()
+	if q.StuckAfter == 0 {
+		q.StuckAfter = DefaultStuckAfter
+	}
+	return errors.Join(errs...)
+}
+
+// workSQL holds the SQL of the work-status reads, one place for all of them. Filters
+// on columns outside a table's sorting key are evaluated after FINAL (WHERE, not
+// PREWHERE), except time bounds on tables whose version grows with time, which pick
+// the same latest row before or after.
+type workSQL struct{ db string }
+
+// roomsWithWork: rooms with an unfinished task, a request for attention or activity
+// in the window, latest activity first.
+func (s workSQL) activeRooms() string {
+	return "SELECT room_id, max(time) AS last FROM " + s.db + ".room_activity" +
+		" WHERE org_id = ? AND time >= ? GROUP BY room_id ORDER BY last DESC, room_id LIMIT ?"
+}
+
+func (s workSQL) openTaskRooms() string {
+	return "SELECT DISTINCT room_id FROM " + s.db + ".tasks FINAL WHERE org_id = ? AND deleted = 0 AND room_id != '' AND NOT has(?, lower(status)) LIMIT ?"
+}
+
+func (s workSQL) tasks() string {
+	return "SELECT task_id, room_id, title, status, assignee_id, created_at, updated_at, updated_ms" +
+		" FROM " + s.db + ".tasks FINAL WHERE org_id = ? AND room_id IN (SELECT id FROM " + idsTable + ")" +
+		" AND deleted = 0 AND (NOT has(?, lower(status)) OR updated_at >= ?) ORDER BY updated_at DESC, task_id LIMIT ?"
+}
+
+// lastTaskUpdates: per room and assignee, the latest update of any of its tasks.
+func (s workSQL) lastTaskUpdates() string {
+	return "SELECT room_id, assignee_id, max(toUInt64(updated_at) * 1000 + updated_ms) FROM " + s.db + ".tasks FINAL" +
+		" WHERE org_id = ? AND room_id IN (SELECT id FROM " + idsTable + ") AND updated_at >= ? GROUP BY room_id, assignee_id"
+}
+
+func (s workSQL) activity() string {
+	return "SELECT room_id, actor_id, toString(kind), toString(actor_type), actor_handle, time, time_ms, text" +
+		" FROM " + s.db + ".room_activity FINAL WHERE org_id = ? AND room_id IN (SELECT id FROM " + idsTable + ") LIMIT ?"
+}
+
+func (s workSQL) attention() string {
+	return "SELECT event_id, room_id, asker_id, asker_handle, mentions, question, time, time_ms" +
+		" FROM " + s.db + ".attention FINAL WHERE org_id = ? AND room_id IN (SELECT id FROM " + idsTable + ") AND time >= ?" +
+		" ORDER BY time, time_ms, event_id LIMIT ?"
+}
+
+// messagesToday counts message.created per room and actor since the start of the
+// day; uniqExact over the replacing key counts a replay once without FINAL.
+func (s workSQL) messagesToday() string {
+	return "SELECT room_id, actor_id, uniqExact(id, time) FROM " + s.db + ".events" +
+		" WHERE org_id = ? AND time >= ? AND type = 'message.created' AND room_id IN (SELECT id FROM " + idsTable + ")" +
+		" GROUP BY room_id, actor_id"
+}
+
+func (s workSQL) costToday() string {
+	return "SELECT room_id, agent_id, currency, sum(cost) AS total_cost, sum(events) AS total_events FROM " + s.db + ".usage_hourly FINAL" +
+		" WHERE org_id = ? AND hour >= ? AND room_id IN (SELECT id FROM " + idsTable + ")" +
+		" GROUP BY room_id, agent_id, currency HAVING total_events > 0"
+}
+
+// finishedStatuses are the lower-case statuses Finished accepts, for SQL.
+var finishedStatuses = []string{"done", "completed", "complete", "closed", "cancelled", "canceled", "resolved"}
+
+// WorkStatus reads the work status of q.RoomID, or of the organization's rooms with
+// work (at most MaxWorkRooms, latest activity first, then rooms with open tasks).
+func (qr *Querier) WorkStatus(ctx context.Context, q WorkQuery) (WorkStatus, error) {
+	if err := q.normalize(); err != nil {
+		return WorkStatus{}, err
+	}
+	out := WorkStatus{AsOf: q.Now}
+	rooms := []string{q.RoomID}
+	last := map[string]time.Time{}
+	if q.RoomID == "" {
+		var err error
+		rooms, last, out.Truncated, err = qr.roomsWithWork(ctx, q)
+		if err != nil {
+			return WorkStatus{}, err
+		}
+	}
+	work, err := qr.roomWork(ctx, q, rooms)
+	if err != nil {
+		return WorkStatus{}, err
+	}
+	for _, id := range rooms {
+		w := work[id]
+		if q.RoomID == "" && len(w.Tasks)+len(w.Attention)+len(w.Agents) == 0 {
+			continue
+		}
+		if w.LastActivity.IsZero() {
+			w.LastActivity = last[id]
+		}
+		out.Rooms = append(out.Rooms, *w)
+	}
+	return out, nil
+}
+
+func (qr *Querier) roomsWithWork(ctx context.Context, q WorkQuery) ([]string, map[string]time.Time, bool, error) {
+	s := workSQL{qr.db}
+	last := map[string]time.Time{}
+	var rooms []string
+	rows, err := qr.conn.Query(ctx, s.activeRooms(), q.OrgID, q.Now.Add(-ActiveWindow), MaxWorkRooms+1)
+	if err != nil {
+		return nil, nil, false, queryErr(ctx, err, fmt.Sprintf("cannot list the active rooms of org %q in %s.room_activity", q.OrgID, qr.db))
+	}
+	for rows.Next() {
+		var id string
+		var t time.Time
+		if err := rows.Scan(&id, &t); err != nil {
+			rows.Close()
+			return nil, nil, false, fmt.Errorf("cannot read the active rooms of org %q: %w", q.OrgID, err)
+		}
+		rooms, last[id] = append(rooms, id), t.UTC()
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, nil, false, queryErr(ctx, err, fmt.Sprintf("cannot read the active rooms of org %q", q.OrgID))
+	}
+	rows, err = qr.conn.Query(ctx, workSQL{qr.db}.openTaskRooms(), q.OrgID, finishedStatuses, MaxWorkRooms+1)
+	if err != nil {
+		return nil, nil, false, queryErr(ctx, err, fmt.Sprintf("cannot list the rooms with open tasks of org %q in %s.tasks", q.OrgID, qr.db))
+	}
+	var withTasks []string
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			rows.Close()
+			return nil, nil, false, fmt.Errorf("cannot read the rooms with open tasks of org %q: %w", q.OrgID, err)
+		}
+		withTasks = append(withTasks, id)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, nil, false, queryErr(ctx, err, fmt.Sprintf("cannot read the rooms with open tasks of org %q", q.OrgID))
+	}
+	slices.Sort(withTasks)
+	for _, id := range withTasks {
+		if _, ok := last[id]; !ok {
+			rooms = append(rooms, id)
+		}
+	}
+	truncated := len(rooms) > MaxWorkRooms
+	if truncated {
+		rooms = rooms[:MaxWorkRooms]
+	}
+	return rooms, last, truncated, nil
+}
+
+// roomWork reads tasks, attention and active agents of the given rooms.
+func (qr *Querier) roomWork(ctx context.Context, q WorkQuery, rooms []string) (map[string]*RoomWork, error) {
+	s := workSQL{qr.db}
+	work := make(map[string]*RoomWork, len(rooms))
+	for _, id := range rooms {
+		work[id] = &RoomWork{RoomID: id, Tasks: []Task{}, Attention: []Attention{}, Agents: []ActiveAgent{}}
+	}
+	if len(rooms) == 0 {
+		return work, nil
+	}
+	ictx, err := withIDs(ctx, uniqueIDs(rooms))
+	if err != nil {
+		return nil, fmt.Errorf("cannot build the room table: %w", err)
+	}
+	what := func(verb string) string { return fmt.Sprintf("cannot %s of org %q in %s", verb, q.OrgID, qr.db) }
+
+	// Activity first: it decides the tasks' last activity and the requests' closing.
+	type act struct {
+		any, msg                time.Time
+		actorType, handle, text string
+	}
+	acts := map[[2]string]*act{}
+	rows, err := qr.conn.Query(ictx, s.activity(), q.OrgID, maxWorkRows)
+	if err != nil {
+		return nil, queryErr(ctx, err, what("read room activity"))
+	}
+	for rows.Next() {
+		var room, actor, kind, actorType, handle, text string
+		var t time.Time
+		var ms uint16
+		if err := rows.Scan(&room, &actor, &kind, &actorType, &handle, &t, &ms, &text); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("%s: %w", what("read room activity"), err)
+		}
+		k := [2]string{room, actor}
+		a := acts[k]
+		if a == nil {
+			a = &act{}
+			acts[k] = a
+		}
+		t = withMs(t, ms)
+		a.actorType, a.handle = actorType, handle
+		if kind == "message" {
+			a.msg, a.text = t, text
+		} else {
+			a.any = t
+		}
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, queryErr(ctx, err, what("read room activity"))
+	}
+
+	rows, err = qr.conn.Query(ictx, s.tasks(), q.OrgID, finishedStatuses, q.Now.Add(-ActiveWindow), maxWorkRows)
+	if err != nil {
+		return nil, queryErr(ctx, err, what("read tasks"))
+	}
+	for rows.Next() {
+		var t Task
+		var ms uint16
+		if err := rows.Scan(&t.ID, &t.RoomID, &t.Title, &t.Status, &t.AssigneeID, &t.CreatedAt, &t.UpdatedAt, &ms); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("%s: %w", what("read tasks"), err)
+		}
+		t.UpdatedAt = withMs(t.UpdatedAt, ms)
+		if t.CreatedAt.Unix() <= 0 {
+			t.CreatedAt = time.Time{}
+		} else {
+			t.CreatedAt = t.CreatedAt.UTC()
+		}
+		t.LastActivity = t.UpdatedAt
+		if a := acts[[2]string{t.RoomID, t.AssigneeID}]; a != nil && a.any.After(t.LastActivity) {
+			t.LastActivity = a.any
+		}
+		t.SetStuck(q.Now, q.StuckAfter)
+		if w := work[t.RoomID]; w != nil {
+			w.Tasks = append(w.Tasks, t)
+		}
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, queryErr(ctx, err, what("read tasks"))
+	}
+
+	since := q.Now.Add(-AttentionWindow)
+	updated := map[[2]string]time.Time{} // room, assignee → latest task update
+	rows, err = qr.conn.Query(ictx, s.lastTaskUpdates(), q.OrgID, since)
+	if err != nil {
+		return nil, queryErr(ctx, err, what("read task updates"))
+	}
+	for rows.Next() {
+		var room, assignee string
+		var msec uint64
+		if err := rows.Scan(&room, &assignee, &msec); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("%s: %w", what("read task updates"), err)
+		}
+		updated[[2]string{room, assignee}] = time.UnixMilli(int64(msec)).UTC()
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, queryErr(ctx, err, what("read task updates"))
+	}
+
+	var asks []Attention
+	rows, err = qr.conn.Query(ictx, s.attention(), q.OrgID, since, maxWorkRows)
+	if err != nil {
+		return nil, queryErr(ctx, err, what("read attention requests"))
+	}
+	for rows.Next() {
+		var a Attention
+		var ms uint16
+		if err := rows.Scan(&a.ID, &a.RoomID, &a.AskerID, &a.AskerHandle, &a.Mentions, &a.Question, &a.Since, &ms); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("%s: %w", what("read attention requests"), err)
+		}
+		a.Since = withMs(a.Since, ms)
+		asks = append(asks, a)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, queryErr(ctx, err, what("read attention requests"))
+	}
+	var mentioned []string
+	for _, a := range asks {
+		mentioned = append(mentioned, a.Mentions...)
+	}
+	people, err := qr.kinds(ctx, q.OrgID, mentioned)
+	if err != nil {
+		return nil, err
+	}
+	personReplied := map[string]time.Time{} // room → the latest message of any person
+	for k, x := range acts {
+		if x.actorType == "user" && x.msg.After(personReplied[k[0]]) {
+			personReplied[k[0]] = x.msg
+		}
+	}
+	for _, a := range asks {
+		for _, m := range a.Mentions {
+			if people[m] == "user" {
+				a.AddressedTo = m
+				break
+			}
+		}
+		var replied time.Time
+		if a.AddressedTo != "" {
+			if x := acts[[2]string{a.RoomID, a.AddressedTo}]; x != nil {
+				replied = x.msg
+			}
+		} else {
+			replied = personReplied[a.RoomID]
+		}
+		if !AttentionOpen(a.Since, replied, updated[[2]string{a.RoomID, a.AskerID}]) {
+			continue
+		}
+		work[a.RoomID].Attention = append(work[a.RoomID].Attention, a)
+	}
+
+	today := q.Now.Truncate(24 * time.Hour)
+	for k, a := range acts {
+		w := work[k[0]]
+		if w == nil {
+			continue
+		}
+		if a.any.After(w.LastActivity) {
+			w.LastActivity = a.any
+		}
+		if a.actorType != "agent" || a.any.Before(q.Now.Add(-ActiveWindow)) {
+			continue
+		}
+		w.Agents = append(w.Agents, ActiveAgent{AgentID: k[1], Handle: a.handle, LastActivity: a.any, LastMessageAt: a.msg,
+			LastMessage: a.text, CostToday: decimal.Zero})
+	}
+	agentIdx := map[[2]string]*ActiveAgent{}
+	for _, w := range work {
+		slices.SortFunc(w.Agents, func(x, y ActiveAgent) int { return y.LastActivity.Compare(x.LastActivity) })
+		for i := range w.Agents {
+			agentIdx[[2]string{w.RoomID, w.Agents[i].AgentID}] = &w.Agents[i]
+		}
+	}
+	if len(agentIdx) > 0 {
+		rows, err = qr.conn.Query(ictx, s.messagesToday(), q.OrgID, today)
+		if err != nil {
+			return nil, queryErr(ctx, err, what("count today's messages"))
+		}
+		for rows.Next() {
+			var room, actor string
+			var n uint64
+			if err := rows.Scan(&room, &actor, &n); err != nil {
+				rows.Close()
+				return nil, fmt.Errorf("%s: %w", what("count today's messages"), err)
+			}
+			if a := agentIdx[[2]string{room, actor}]; a != nil {
+				a.MessagesToday = n
+			}
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return nil, queryErr(ctx, err, what("count today's messages"))
+		}
+		rows, err = qr.conn.Query(ictx, s.costToday(), q.OrgID, today)
+		if err != nil {
+			return nil, queryErr(ctx, err, what("sum today's cost"))
+		}
+		for rows.Next() {
+			var room, agent, currency string
+			var cost decimal.Decimal
+			var events uint64
+			if err := rows.Scan(&room, &agent, &currency, &cost, &events); err != nil {
+				rows.Close()
+				return nil, fmt.Errorf("%s: %w", what("sum today's cost"), err)
+			}
+			if a := agentIdx[[2]string{room, agent}]; a != nil {
+				a.CostToday, a.Currency = a.CostToday.Add(cost), currency
+			}
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return nil, queryErr(ctx, err, what("sum today's cost"))
+		}
+	}
+	return work, nil
+}
+
+// AttentionOpen applies the closing rule of a request for attention asked at since
+// (graph/README.md, "Work status"): it is open until the person it addresses posts a
+// message in the room after it (any person, when it addresses nobody), or a task of
+// the room assigned to the agent that asked is updated after it. replied is the
+// latest such message, askerTaskUpdate the latest such update (zero: none).
+func AttentionOpen(since, replied, askerTaskUpdate time.Time) bool {
+	return !replied.After(since) && !askerTaskUpdate.After(since)
+}
+
+// kinds returns the directory kind ("agent" or "user") of each id of orgID it knows.
+func (qr *Querier) kinds(ctx context.Context, orgID string, ids []string) (map[string]string, error) {
+	ids = uniqueIDs(ids)
+	out := map[string]string{}
+	for len(ids) > 0 {
+		n := min(len(ids), MaxNames)
+		names, err := qr.Names(ctx, orgID, ids[:n])
+		if err != nil {
+			return nil, err
+		}
+		for id, p := range names {
+			out[id] = p.Kind
+		}
+		ids = ids[n:]
+	}
+	return out, nil
+}
+
+func withMs(t time.Time, ms uint16) time.Time {
+	return t.UTC().Add(time.Duration(ms) * time.Millisecond)
+}
+
+// OrgTask is a task of an organization.
+type OrgTask struct {
+	OrgID string
+	Task  Task
+}
+
+// inProgressStatuses are the lower-case statuses InProgress accepts, for SQL.
+var inProgressStatuses = []string{"in_progress", "inprogress", "in progress", "working", "active", "started", "doing"}
+
+func (s workSQL) inProgress() string {
+	return "SELECT org_id, task_id, room_id, title, status, assignee_id, created_at, updated_at, updated_ms FROM " + s.db + ".tasks FINAL" +
+		" WHERE deleted = 0 AND has(?, lower(status)) ORDER BY updated_at DESC LIMIT ?"
+}
+
+func (s workSQL) assigneeActivity() string {
+	return "SELECT org_id, room_id, actor_id, max(toUInt64(time) * 1000 + time_ms) FROM " + s.db + ".room_activity" +
+		" WHERE kind = 'event' AND (org_id, room_id, actor_id) IN (SELECT org, room, actor FROM " + partiesTable + ")" +
+		" GROUP BY org_id, room_id, actor_id"
+}
+
+// partiesTable is the external table of (org, room, actor) triples.
+const partiesTable = "_bandplane_parties"
+
+// TasksInProgress lists up to limit tasks in progress of every organization, each
+// with its last activity (its assignee's latest event in the room, or its update). It
+// is not tenant-scoped: serve seeds its live hub with it, nothing answers a client
+// with it.
+func (qr *Querier) TasksInProgress(ctx context.Context, now time.Time, stuckAfter time.Duration, limit int) ([]OrgTask, error) {
+	s := workSQL{qr.db}
+	rows, err := qr.conn.Query(ctx, s.inProgress(), inProgressStatuses, limit)
+	if err != nil {
+		return nil, queryErr(ctx, err, "cannot list the tasks in progress in "+qr.db+".tasks")
+	}
+	var out []OrgTask
+	for rows.Next() {
+		var o OrgTask
+		t := &o.Task
+		var ms uint16
+		if err := rows.Scan(&o.OrgID, &t.ID, &t.RoomID, &t.Title, &t.Status, &t.AssigneeID, &t.CreatedAt, &t.UpdatedAt, &ms); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("cannot read the tasks in progress: %w", err)
+		}
+		t.UpdatedAt = withMs(t.UpdatedAt, ms)
+		t.CreatedAt = t.CreatedAt.UTC()
+		if t.CreatedAt.Unix() <= 0 {
+			t.CreatedAt = time.Time{}
+		}
+		t.LastActivity = t.UpdatedAt
+		out = append(out, o)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, queryErr(ctx, err, "cannot read the tasks in progress")
+	}
+	if len(out) > 0 {
+		tbl, err := ext.NewTable(partiesTable, ext.Column("org", "String"), ext.Column("room", "String"), ext.Column("actor", "String"))
+		if err != nil {
+			return nil, err
+		}
+		for _, o := range out {
+			if err := tbl.Append(o.OrgID, o.Task.RoomID, o.Task.AssigneeID); err != nil {
+				return nil, fmt.Errorf("cannot build the parties table: %w", err)
+			}
+		}
+		last := map[[3]string]time.Time{}
+		rows, err := qr.conn.Query(clickhouse.Context(ctx, clickhouse.WithExternalTable(tbl)), s.assigneeActivity())
+		if err != nil {
+			return nil, queryErr(ctx, err, "cannot read the assignees' activity in "+qr.db+".room_activity")
+		}
+		for rows.Next() {
+			var org, room, actor string
+			var msec uint64
+			if err := rows.Scan(&org, &room, &actor, &msec); err != nil {
+				rows.Close()
+				return nil, fmt.Errorf("cannot read the assignees' activity: %w", err)
+			}
+			last[[3]string{org, room, actor}] = time.UnixMilli(int64(msec)).UTC()
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return nil, queryErr(ctx, err, "cannot read the assignees' activity")
+		}
+		for i := range out {
+			t := &out[i].Task
+			if a := last[[3]string{out[i].OrgID, t.RoomID, t.AssigneeID}]; a.After(t.LastActivity) {
+				t.LastActivity = a
+			}
+		}
+	}
+	for i := range out {
+		out[i].Task.SetStuck(now.UTC(), stuckAfter)
+	}
+	return out, nil
+}
