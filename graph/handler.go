@@ -53,6 +53,10 @@ type Limits struct {
 	// 4), counted per field (aliases and parallel fields each take one); a field over it
 	// answers code TOO_MANY_REQUESTS at once, without waiting.
 	MaxConcurrentPerKey int
+	// MaxAliases bounds the aliased fields of one operation (default 100), counted
+	// through fragments as often as they are spread; more is refused before anything
+	// runs (code BAD_USER_INPUT).
+	MaxAliases int
 }
 
 func (l *Limits) defaults() {
@@ -76,6 +80,9 @@ func (l *Limits) defaults() {
 	}
 	if l.MaxConcurrentPerKey <= 0 {
 		l.MaxConcurrentPerKey = 4
+	}
+	if l.MaxAliases <= 0 {
+		l.MaxAliases = 100
 	}
 }
 
@@ -210,7 +217,16 @@ func NewHandler(q Querier, auth keys.Authenticator, opts ...Option) http.Handler
 func operationDeadline(l Limits) graphql.OperationMiddleware {
 	return func(ctx context.Context, next graphql.OperationHandler) graphql.ResponseHandler {
 		op := graphql.GetOperationContext(ctx).Operation
-		if op == nil || op.Operation == ast.Subscription {
+		if op == nil {
+			return next(ctx)
+		}
+		if n := countAliases(op.SelectionSet, graphql.GetOperationContext(ctx).Doc, map[string]int{}, l.MaxAliases+1); n > l.MaxAliases {
+			return graphql.OneShot(&graphql.Response{Errors: gqlerror.List{{
+				Message:    fmt.Sprintf("the operation has more than %d aliased fields (--graphql-max-aliases)", l.MaxAliases),
+				Extensions: map[string]any{"code": "BAD_USER_INPUT"},
+			}}})
+		}
+		if op.Operation == ast.Subscription {
 			return next(ctx)
 		}
 		if usesDefer(op.SelectionSet, map[string]bool{}, graphql.GetOperationContext(ctx).Doc) {
@@ -226,6 +242,40 @@ func operationDeadline(l Limits) graphql.OperationMiddleware {
 			return h(ctx)
 		}
 	}
+}
+
+// countAliases counts the aliased fields of a selection set, a fragment as often as it
+// is spread (its own count is computed once, in memo), and stops counting at stop:
+// a fragment spread in a fragment spread in … cannot make it work exponentially.
+func countAliases(set ast.SelectionSet, doc *ast.QueryDocument, memo map[string]int, stop int) int {
+	n := 0
+	for _, sel := range set {
+		if n >= stop {
+			return n
+		}
+		switch s := sel.(type) {
+		case *ast.Field:
+			if s.Alias != "" && s.Alias != s.Name {
+				n++
+			}
+			n += countAliases(s.SelectionSet, doc, memo, stop-n)
+		case *ast.InlineFragment:
+			n += countAliases(s.SelectionSet, doc, memo, stop-n)
+		case *ast.FragmentSpread:
+			c, ok := memo[s.Name]
+			if !ok {
+				memo[s.Name] = 0 // a cycle counts nothing (validation refuses cycles anyway)
+				if doc != nil {
+					if f := doc.Fragments.ForName(s.Name); f != nil {
+						c = countAliases(f.SelectionSet, doc, memo, stop)
+					}
+				}
+				memo[s.Name] = c
+			}
+			n += c
+		}
+	}
+	return n
 }
 
 // usesDefer says whether a selection set uses @defer, through fragments too (each

@@ -257,3 +257,26 @@ func TestOrgIDDefaultsToTheKeys(t *testing.T) {
 	assert.Empty(t, errs)
 	assert.Equal(t, "org-b", fq.gotAudit.OrgID)
 }
+
+func TestAliasesAreCapped(t *testing.T) {
+	h := newHandler(&fakeQuerier{}, graph.WithLimits(graph.Limits{MaxAliases: 3, MaxComplexity: 1 << 30}))
+	field := func(i int) string { return fmt.Sprintf(` a%d: rooms(orgId: "org-a") { id }`, i) }
+	var three, four strings.Builder
+	for i := range 3 {
+		three.WriteString(field(i))
+	}
+	four.WriteString(three.String() + field(3))
+	_, errs := post(t, h, gqlBody("{"+three.String()+" }"), bearerOf("tok-a-viewer"))
+	require.Empty(t, errs, "three aliases are allowed")
+	_, errs = post(t, h, gqlBody("{"+four.String()+" }"), bearerOf("tok-a-viewer"))
+	require.Len(t, errs, 1)
+	require.Equal(t, "BAD_USER_INPUT", errs[0].Extensions["code"])
+	require.Contains(t, errs[0].Message, "--graphql-max-aliases")
+
+	// Through fragments, as often as they are spread: two spreads of two aliases.
+	frag := `query { ...F ...G } fragment F on Query { x: rooms(orgId: "org-a") { id } y: rooms(orgId: "org-a") { id } }
+		fragment G on Query { ...F }`
+	_, errs = post(t, h, gqlBody(frag), bearerOf("tok-a-viewer"))
+	require.Len(t, errs, 1, "4 aliases through fragments")
+	require.Contains(t, errs[0].Message, "aliased fields")
+}

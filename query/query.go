@@ -1,8 +1,11 @@
 // Package query owns bandplane's tenant-scoped reads from ClickHouse: cost attribution
-// from the hourly rollup and the compliance audit trail. Every query is scoped to one
-// organization and reads its replacing tables with FINAL, so a replayed or repriced
-// event is counted once. SQL is built by plain query structs (toSQL) that are tested
-// without a database; everything here runs on ClickHouse 18.16 and current releases.
+// from the hourly rollup, the compliance audit trail (events, decisions, contact
+// requests) and work status from the tables ingest keeps. Every query is scoped to one
+// organization and counts a replayed or repriced event once: sums and state read their
+// replacing tables with FINAL, the audit pages collapse replays with LIMIT 1 BY on the
+// replacing key instead (FINAL over a month costs seconds). SQL is built by plain query
+// structs that are tested without a database; everything here runs on ClickHouse 18.16
+// and current releases.
 package query
 
 import (

@@ -119,6 +119,7 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	fs.IntVar(&c.graphql.MaxWebSockets, "graphql-max-websockets", 256, "most open GraphQL WebSocket connections (more: 503)")
 	fs.DurationVar(&c.graphql.InitTimeout, "graphql-init-timeout", 10*time.Second, "how long a GraphQL WebSocket may take to send its init message")
 	fs.DurationVar(&c.graphql.QueryTimeout, "graphql-query-timeout", 10*time.Second, "longest one GraphQL query may run (ClickHouse stops it too; longer: code TIMEOUT)")
+	fs.IntVar(&c.graphql.MaxAliases, "graphql-max-aliases", 100, "most aliased fields in one GraphQL operation, through fragments (more: refused, BAD_USER_INPUT)")
 	fs.IntVar(&c.graphql.MaxConcurrentPerKey, "graphql-max-concurrent-per-key", 4, "most ClickHouse reads one API key runs at once through GraphQL, aliases counted (more: code TOO_MANY_REQUESTS)")
 	fs.StringVar(&c.allowedHosts, "allowed-hosts", envOr("BANDPLANE_ALLOWED_HOSTS", ""), "comma-separated host names the browser pages (GraphiQL at GET /graphql) answer to, against DNS rebinding (default: localhost, 127.0.0.1, ::1 and --listen's host); env BANDPLANE_ALLOWED_HOSTS")
 	fs.DurationVar(&c.hub.StuckAfter, "stuck-after", 15*time.Minute, "a task in progress with no activity from its assignee for this long is stuck (workStatus, the live board)")
@@ -168,6 +169,7 @@ func (c *serveConfig) validateGraphQL() error {
 	}{
 		{"--graphql-query-timeout", c.graphql.QueryTimeout > 0},
 		{"--graphql-max-concurrent-per-key", c.graphql.MaxConcurrentPerKey > 0},
+		{"--graphql-max-aliases", c.graphql.MaxAliases > 0},
 		{"--graphql-clickhouse-conns", c.queryConns > 0},
 		{"--stuck-after", c.hub.StuckAfter > 0},
 		{"--graphql-subscriber-buffer", c.hub.Buffer > 0},
