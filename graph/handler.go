@@ -53,6 +53,10 @@ type Limits struct {
 	// 4), counted per field (aliases and parallel fields each take one); a field over it
 	// answers code TOO_MANY_REQUESTS at once, without waiting.
 	MaxConcurrentPerKey int
+	// MaxWebSocketsPerKey bounds the WebSocket connections one API key holds open
+	// (default 32), so that one key cannot take every connection of MaxWebSockets; a
+	// connection over it is refused at init.
+	MaxWebSocketsPerKey int
 	// MaxAliases bounds the aliased fields of one operation (default 100), counted
 	// through fragments as often as they are spread; more is refused before anything
 	// runs (code BAD_USER_INPUT).
@@ -84,6 +88,9 @@ func (l *Limits) defaults() {
 	if l.MaxAliases <= 0 {
 		l.MaxAliases = 100
 	}
+	if l.MaxWebSocketsPerKey <= 0 {
+		l.MaxWebSocketsPerKey = 32
+	}
 }
 
 // Option configures NewHandler.
@@ -96,6 +103,36 @@ type config struct {
 	limits  Limits
 	hub     *Hub
 }
+
+// keyCounter counts the WebSocket connections of each key.
+type keyCounter struct {
+	mu  sync.Mutex
+	max int
+	n   map[string]int
+}
+
+// take counts one more connection of key, if it may have one, and returns the func
+// (safe to call more than once) that counts it out.
+func (c *keyCounter) take(key string) (func(), bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.n[key] >= c.max {
+		return nil, false
+	}
+	c.n[key]++
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			if c.n[key]--; c.n[key] <= 0 {
+				delete(c.n, key)
+			}
+		})
+	}, true
+}
+
+type releaseKey struct{}
 
 // WithHub serves the subscriptions from hub (without one they answer UNAVAILABLE).
 func WithHub(h *Hub) Option { return func(c *config) { c.hub = h } }
@@ -146,8 +183,15 @@ func NewHandler(q Querier, auth keys.Authenticator, opts ...Option) http.Handler
 	gc.Complexity.Query.Costs = func(child int, _ *string, _, _ time.Time, _ []model.CostDimension, _ *model.CostFilter, limit *int) int {
 		return perRow(child, limit, query.DefaultCostLimit, query.MaxCostLimit)
 	}
-	gc.Complexity.Query.UsageSeries = func(child int, _ *string, _, _ time.Time, _ model.SeriesInterval, _ *model.CostDimension, _ *model.CostFilter, limit *int) int {
-		return perRow(child, limit, query.DefaultSeriesLimit, query.MaxSeriesLimit)
+	// A series holds a point per bucket: its selection counts once per series and per
+	// 100 buckets.
+	gc.Complexity.Query.UsageSeries = func(child int, _ *string, from, to time.Time, interval model.SeriesInterval, _ *model.CostDimension, _ *model.CostFilter, limit *int) int {
+		step := time.Hour
+		if interval == model.SeriesIntervalDay {
+			step = 24 * time.Hour
+		}
+		buckets := min(max(int(to.Sub(from)/step), 1), query.MaxSeriesBuckets)
+		return perRow(child, limit, query.DefaultSeriesLimit, query.MaxSeriesLimit) * max(1, buckets/100)
 	}
 	gc.Complexity.Query.ChattyAgents = func(child int, _ *string, _, _ *time.Time, limit *int) int {
 		return perRow(child, limit, query.DefaultChattyLimit, query.MaxChattyLimit)
@@ -167,6 +211,7 @@ func NewHandler(q Querier, auth keys.Authenticator, opts ...Option) http.Handler
 	}
 	es := generated.NewExecutableSchema(gc)
 	srv := handler.New(es)
+	perKey := &keyCounter{max: cfg.limits.MaxWebSocketsPerKey, n: map[string]int{}}
 	// handler.New registers no transport; the WebSocket one is built on coder/websocket.
 	srv.AddTransport(transport.Websocket{
 		Implementation: transport.CoderWebsocketImplementation{
@@ -183,10 +228,24 @@ func NewHandler(q Querier, auth keys.Authenticator, opts ...Option) http.Handler
 				token = tokenFrom(ctx) // the upgrade request's header
 			}
 			// A connection needs a key that exists; what it may read is decided per field.
-			if _, ok := auth.Lookup(ctx, token); token == "" || !ok {
-				return ctx, nil, errors.New("unauthenticated: send a valid API key as the init payload's Authorization (Bearer <key>)")
+			// graphql-transport-ws has no error message at init: the close frame says why
+			// (its reason is at most 123 bytes).
+			k, ok := auth.Lookup(ctx, token)
+			if token == "" || !ok {
+				const msg = "unauthenticated: send a valid API key as the init payload's Authorization"
+				return transport.WithWebsocketCloseCode(transport.AppendCloseReason(ctx, msg), 4401), nil, errors.New(msg)
 			}
-			return withToken(ctx, token), &p, nil
+			release, ok := perKey.take(k.ID)
+			if !ok {
+				msg := fmt.Sprintf("too many WebSocket connections for this key (%d, --graphql-max-websockets-per-key)", perKey.max)
+				return transport.WithWebsocketCloseCode(transport.AppendCloseReason(ctx, msg), 4429), nil, errors.New(msg)
+			}
+			return context.WithValue(withToken(ctx, token), releaseKey{}, release), &p, nil
+		},
+		CloseFunc: func(ctx context.Context, _ int) {
+			if release, ok := ctx.Value(releaseKey{}).(func()); ok {
+				release()
+			}
 		},
 	})
 	srv.AddTransport(transport.Options{})

@@ -6,14 +6,17 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/99designs/gqlgen/graphql/handler/transport"
 	"github.com/vektah/gqlparser/v2/gqlerror"
 
 	"github.com/bandplane/bandplane/graph/model"
+	"github.com/bandplane/bandplane/ingest/store"
 	"github.com/bandplane/bandplane/query"
 	"github.com/bandplane/bandplane/schema"
 )
@@ -29,10 +32,15 @@ import (
 // Hub defaults.
 const (
 	DefaultSubscriberBuffer = 256
-	// DefaultMaxTracked bounds the tasks and the requests the hub follows.
-	DefaultMaxTracked = 100_000
+	// DefaultMaxTracked bounds the tasks (and, apart, the requests for attention) the
+	// hub follows for one organization, so that one organization cannot use up what
+	// the others need.
+	DefaultMaxTracked = 10_000
 	// DefaultMaxSubscriptionsPerKey bounds one API key's open subscriptions.
 	DefaultMaxSubscriptionsPerKey = 100
+	// keyCheckEvery is how often the keys of open subscriptions are looked up again: a
+	// revoked key's subscriptions end within it.
+	keyCheckEvery = 10 * time.Second
 )
 
 // Handles names the parties of live events from serve's directory (no ClickHouse
@@ -47,7 +55,7 @@ type Handles interface {
 type HubConfig struct {
 	Buffer                 int
 	StuckAfter             time.Duration // default query.DefaultStuckAfter
-	MaxTracked             int
+	MaxTracked             int           // per organization, tasks and requests each
 	MaxSubscriptionsPerKey int
 	Tick                   time.Duration // how often stuck tasks are looked for; default 1 s
 	Handles                Handles
@@ -60,16 +68,30 @@ type Hub struct {
 	cfg HubConfig
 	log *slog.Logger
 
-	mu        sync.Mutex
-	subs      map[string]map[*sub]struct{} // by organization
-	perKey    map[string]int
-	tasks     map[[2]string]*tracked           // org, task id
-	byActor   map[[3]string][]*tracked         // org, room, assignee
-	attention map[[2]string][]*query.Attention // org, room
-	nAttn     int
-	swept     time.Time // when old requests were last forgotten
+	mu      sync.Mutex
+	subs    map[string]map[*sub]struct{} // by organization
+	perKey  map[string]int
+	orgs    map[string]*orgState
+	nextDue time.Time // no tracked task can become stuck before it
+	swept   time.Time // when old state was last forgotten
 
 	delivered, dropped atomic.Int64
+}
+
+// orgState is what the hub follows of one organization.
+type orgState struct {
+	tasks   map[string]*tracked      // task id → a task in progress
+	byActor map[[2]string][]*tracked // room, assignee
+	// seen is the time of the latest task event applied per task, finished tasks
+	// included: an older or replayed event is ignored (Kafka delivers at least once).
+	seen      map[string]taskSeen
+	attention map[string][]*query.Attention // room → open requests, oldest first
+	asked     map[string]bool               // ids of the open requests
+}
+
+type taskSeen struct {
+	time time.Time
+	id   string // the event's
 }
 
 type tracked struct {
@@ -101,8 +123,7 @@ func NewHub(cfg HubConfig) *Hub {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Hub{cfg: cfg, log: log, subs: map[string]map[*sub]struct{}{}, perKey: map[string]int{},
-		tasks: map[[2]string]*tracked{}, byActor: map[[3]string][]*tracked{}, attention: map[[2]string][]*query.Attention{}}
+	return &Hub{cfg: cfg, log: log, subs: map[string]map[*sub]struct{}{}, perKey: map[string]int{}, orgs: map[string]*orgState{}}
 }
 
 // StuckAfter is the time without activity after which a task in progress is stuck.
@@ -112,24 +133,45 @@ func (h *Hub) StuckAfter() time.Duration { return h.cfg.StuckAfter }
 // falling behind, since start.
 func (h *Hub) Stats() (delivered, dropped int64) { return h.delivered.Load(), h.dropped.Load() }
 
+func (h *Hub) org(id string) *orgState {
+	o := h.orgs[id]
+	if o == nil {
+		o = &orgState{tasks: map[string]*tracked{}, byActor: map[[2]string][]*tracked{}, seen: map[string]taskSeen{},
+			attention: map[string][]*query.Attention{}, asked: map[string]bool{}}
+		h.orgs[id] = o
+	}
+	return o
+}
+
 // SeedTask makes the hub follow a task in progress that ingest stored before the hub
 // started (serve seeds it from ClickHouse), so that it becomes stuck on time.
 func (h *Hub) SeedTask(org string, t query.Task) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.trackLocked(org, t)
+	o := h.org(org)
+	if s, ok := o.seen[t.ID]; ok && !t.UpdatedAt.After(s.time) {
+		return
+	}
+	o.seen[t.ID] = taskSeen{time: t.UpdatedAt}
+	h.trackLocked(org, o, t)
 }
 
-// Run looks for tasks becoming stuck until ctx ends.
+// Run looks for tasks becoming stuck, and for subscriptions whose key was revoked,
+// until ctx ends.
 func (h *Hub) Run(ctx context.Context) {
 	t := time.NewTicker(h.cfg.Tick)
 	defer t.Stop()
+	lastKeyCheck := time.Now()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 			h.checkStuck()
+			if time.Since(lastKeyCheck) >= keyCheckEvery {
+				lastKeyCheck = time.Now()
+				h.checkKeys()
+			}
 		}
 	}
 }
@@ -141,92 +183,161 @@ func (h *Hub) checkStuck() {
 	if now.Sub(h.swept) >= time.Minute {
 		h.sweepLocked(now)
 	}
-	for _, tr := range h.tasks {
-		if tr.task.Stuck {
+	if now.Before(h.nextDue) {
+		return
+	}
+	next := time.Time{}
+	for org, o := range h.orgs {
+		for _, tr := range o.tasks {
+			if tr.task.Stuck {
+				continue
+			}
+			tr.task.SetStuck(now, h.cfg.StuckAfter)
+			if !tr.task.Stuck {
+				if due := tr.task.LastActivity.Add(h.cfg.StuckAfter); next.IsZero() || due.Before(next) {
+					next = due
+				}
+				continue
+			}
+			t := tr.task
+			h.publishLocked(org, &change{work: &model.WorkStatusChange{Kind: model.WorkChangeKindTaskStuck, RoomID: t.RoomID,
+				Time: t.StuckSince, Task: h.taskModel(org, t)}})
+		}
+	}
+	if next.IsZero() {
+		next = now.Add(time.Hour) // nothing to wait for; a new task moves it earlier
+	}
+	h.nextDue = next
+}
+
+// due notes that a tracked task may become stuck at t.
+func (h *Hub) due(t time.Time) {
+	if t.Before(h.nextDue) {
+		h.nextDue = t
+	}
+}
+
+// checkKeys ends the subscriptions whose key no longer allows them (revoked, or
+// changed): the key is looked up outside the hub's lock.
+func (h *Hub) checkKeys() {
+	h.mu.Lock()
+	var all []*sub
+	for _, m := range h.subs {
+		for s := range m {
+			all = append(all, s)
+		}
+	}
+	h.mu.Unlock()
+	for _, s := range all {
+		if s.valid == nil || s.valid() {
 			continue
 		}
-		tr.task.SetStuck(now, h.cfg.StuckAfter)
-		if tr.task.Stuck {
-			t := tr.task
-			h.publishLocked(tr.org, &change{work: &model.WorkStatusChange{Kind: model.WorkChangeKindTaskStuck, RoomID: t.RoomID,
-				Time: t.StuckSince, Task: h.taskModel(tr.org, t)}})
+		h.mu.Lock()
+		if !s.closed {
+			addSubscriptionError(s.ctx, &gqlerror.Error{Message: "the API key of this subscription was revoked or no longer allows it",
+				Extensions: map[string]any{"code": "UNAUTHENTICATED"}})
+			h.removeLocked(s.org, s)
 		}
+		h.mu.Unlock()
 	}
 }
 
-// sweepLocked forgets the requests for attention older than query.AttentionWindow,
-// which workStatus no longer shows either.
+// sweepLocked forgets the requests for attention older than query.AttentionWindow
+// (workStatus no longer shows them either) and what it knows of finished tasks not
+// seen for a day.
 func (h *Hub) sweepLocked(now time.Time) {
 	h.swept = now
-	for k, list := range h.attention {
-		kept := list[:0]
-		for _, a := range list {
-			if now.Sub(a.Since) < query.AttentionWindow {
-				kept = append(kept, a)
+	for id, o := range h.orgs {
+		for room, list := range o.attention {
+			kept := list[:0]
+			for _, a := range list {
+				if now.Sub(a.Since) < query.AttentionWindow {
+					kept = append(kept, a)
+				} else {
+					delete(o.asked, a.ID)
+				}
+			}
+			if len(kept) == 0 {
+				delete(o.attention, room)
 			} else {
-				h.nAttn--
+				o.attention[room] = kept
 			}
 		}
-		if len(kept) == 0 {
-			delete(h.attention, k)
-		} else {
-			h.attention[k] = kept
+		for task, s := range o.seen {
+			if _, following := o.tasks[task]; !following && now.Sub(s.time) > 24*time.Hour {
+				delete(o.seen, task)
+			}
+		}
+		if len(o.tasks) == 0 && len(o.asked) == 0 && len(o.seen) == 0 {
+			delete(h.orgs, id)
 		}
 	}
 }
 
-func (h *Hub) trackLocked(org string, t query.Task) {
-	k := [2]string{org, t.ID}
-	if old, ok := h.tasks[k]; ok {
-		h.untrackLocked(k, old)
+func (h *Hub) trackLocked(org string, o *orgState, t query.Task) {
+	if old, ok := o.tasks[t.ID]; ok {
+		h.untrackLocked(o, old)
 	}
-	if !query.InProgress(t.Status) || len(h.tasks) >= h.cfg.MaxTracked {
+	if !query.InProgress(t.Status) || len(o.tasks) >= h.cfg.MaxTracked {
 		return
 	}
 	tr := &tracked{org: org, task: t}
-	h.tasks[k] = tr
-	ak := [3]string{org, t.RoomID, t.AssigneeID}
-	h.byActor[ak] = append(h.byActor[ak], tr)
+	o.tasks[t.ID] = tr
+	ak := [2]string{t.RoomID, t.AssigneeID}
+	o.byActor[ak] = append(o.byActor[ak], tr)
+	if !t.Stuck {
+		h.due(t.LastActivity.Add(h.cfg.StuckAfter))
+	}
 }
 
-func (h *Hub) untrackLocked(k [2]string, tr *tracked) {
-	delete(h.tasks, k)
-	ak := [3]string{tr.org, tr.task.RoomID, tr.task.AssigneeID}
-	list := h.byActor[ak]
-	for i, x := range list {
-		if x == tr {
-			list = append(list[:i], list[i+1:]...)
-			break
-		}
-	}
+func (h *Hub) untrackLocked(o *orgState, tr *tracked) {
+	delete(o.tasks, tr.task.ID)
+	ak := [2]string{tr.task.RoomID, tr.task.AssigneeID}
+	list := slices.DeleteFunc(o.byActor[ak], func(x *tracked) bool { return x == tr })
 	if len(list) == 0 {
-		delete(h.byActor, ak)
+		delete(o.byActor, ak)
 	} else {
-		h.byActor[ak] = list
+		o.byActor[ak] = list
 	}
 }
 
 // Publish takes one live event (its organization resolved) and tells the subscribers
 // what it changed.
-func (h *Hub) Publish(ev *schema.Event) {
+func (h *Hub) Publish(ev *schema.Event) { h.apply(ev, false) }
+
+// Replay takes an event the hub may have missed before it started (between what its
+// seed read from ClickHouse and the newest offset): it updates what the hub follows
+// and tells nobody.
+func (h *Hub) Replay(ev *schema.Event) { h.apply(ev, true) }
+
+func (h *Hub) apply(ev *schema.Event, quiet bool) {
 	if ev.OrgID == "" {
 		return
 	}
 	org := ev.OrgID
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	publish := func(c *change) {
+		if !quiet {
+			h.publishLocked(org, c)
+		}
+	}
+	o := h.org(org)
 	now := h.cfg.Now().UTC()
 	evID := ev.ID
 	// Activity of an assignee keeps its tasks in the room from being stuck.
 	if ev.RoomID != "" && ev.Actor.ID != "" {
-		for _, tr := range h.byActor[[3]string{org, ev.RoomID, ev.Actor.ID}] {
+		for _, tr := range o.byActor[[2]string{ev.RoomID, ev.Actor.ID}] {
 			if ev.Time.After(tr.task.LastActivity) {
 				tr.task.LastActivity = ev.Time
 			}
 			was := tr.task.Stuck
 			tr.task.SetStuck(now, h.cfg.StuckAfter)
+			if !tr.task.Stuck {
+				h.due(tr.task.LastActivity.Add(h.cfg.StuckAfter))
+			}
 			if was && !tr.task.Stuck {
-				h.publishLocked(org, &change{work: &model.WorkStatusChange{Kind: model.WorkChangeKindTask, RoomID: ev.RoomID,
+				publish(&change{work: &model.WorkStatusChange{Kind: model.WorkChangeKindTask, RoomID: ev.RoomID,
 					Time: ev.Time, EventID: &evID, Task: h.taskModel(org, tr.task)}})
 			}
 		}
@@ -234,10 +345,16 @@ func (h *Hub) Publish(ev *schema.Event) {
 	switch ev.Type {
 	case schema.TypeTaskCreated, schema.TypeTaskUpdated, schema.TypeTaskDeleted:
 		var d schema.TaskData
-		if schema.DecodeData(ev.Data, &d) != nil || d.TaskID == "" {
+		if schema.DecodeData(ev.Data, &d) != nil || d.TaskID == "" || len(d.TaskID) > schema.MaxIDBytes {
 			return
 		}
-		t := query.Task{ID: d.TaskID, RoomID: ev.RoomID, Title: d.Title, Status: d.Status, AssigneeID: d.Assignee,
+		if s, ok := o.seen[d.TaskID]; ok && (ev.Time.Before(s.time) || ev.Time.Equal(s.time) && ev.ID == s.id) {
+			return // older than what was applied, or the same event again
+		}
+		if len(o.seen) < 4*h.cfg.MaxTracked {
+			o.seen[d.TaskID] = taskSeen{time: ev.Time, id: ev.ID}
+		}
+		t := query.Task{ID: d.TaskID, RoomID: ev.RoomID, Title: cut(d.Title, store.MaxTitle), Status: cut(d.Status, 64), AssigneeID: d.Assignee,
 			UpdatedAt: ev.Time, LastActivity: ev.Time}
 		if ev.Type == schema.TypeTaskCreated {
 			t.CreatedAt = ev.Time
@@ -246,35 +363,36 @@ func (h *Hub) Publish(ev *schema.Event) {
 			t.Status = "deleted"
 		}
 		t.SetStuck(now, h.cfg.StuckAfter)
-		h.trackLocked(org, t)
-		h.publishLocked(org, &change{work: &model.WorkStatusChange{Kind: model.WorkChangeKindTask, RoomID: ev.RoomID,
+		h.trackLocked(org, o, t)
+		publish(&change{work: &model.WorkStatusChange{Kind: model.WorkChangeKindTask, RoomID: ev.RoomID,
 			Time: ev.Time, EventID: &evID, Task: h.taskModel(org, t)}})
 		// A task update of the agent that asked closes its requests in the room.
-		h.closeLocked(org, ev, func(a *query.Attention) bool { return a.AskerID == d.Assignee && d.Assignee != "" })
+		if d.Assignee != "" {
+			h.closeLocked(org, o, ev, func(a *query.Attention) bool { return a.AskerID == d.Assignee }, publish)
+		}
 	case schema.TypeAttention:
 		var d schema.MessageData
-		if schema.DecodeData(ev.Data, &d) != nil || ev.RoomID == "" {
+		if schema.DecodeData(ev.Data, &d) != nil || ev.RoomID == "" || o.asked[ev.ID] {
 			return
 		}
 		a := &query.Attention{ID: ev.ID, RoomID: ev.RoomID, AskerID: ev.Actor.ID, AskerHandle: ev.Actor.Handle,
-			Question: d.Content, Since: ev.Time}
+			Question: cut(d.Content, store.MaxQuestion), Since: ev.Time}
 		for _, m := range d.Mentions {
 			if _, person, ok := h.handle(org, m.ID); ok && person {
 				a.AddressedTo = m.ID
 				break
 			}
 		}
-		k := [2]string{org, ev.RoomID}
-		if h.nAttn < h.cfg.MaxTracked {
-			h.attention[k] = append(h.attention[k], a)
-			h.nAttn++
+		if len(o.asked) < h.cfg.MaxTracked {
+			o.attention[ev.RoomID] = append(o.attention[ev.RoomID], a)
+			o.asked[ev.ID] = true
 		}
 		m := h.attentionModel(org, a, now)
-		h.publishLocked(org, &change{attention: m, work: &model.WorkStatusChange{Kind: model.WorkChangeKindAttentionOpened,
+		publish(&change{attention: m, work: &model.WorkStatusChange{Kind: model.WorkChangeKindAttentionOpened,
 			RoomID: ev.RoomID, Time: ev.Time, EventID: &evID, Attention: m}})
 	case schema.TypeMessageCreated:
 		if ev.Actor.Type == schema.ActorUser {
-			h.closeLocked(org, ev, func(a *query.Attention) bool { return a.AddressedTo == ev.Actor.ID || a.AddressedTo == "" })
+			h.closeLocked(org, o, ev, func(a *query.Attention) bool { return a.AddressedTo == ev.Actor.ID || a.AddressedTo == "" }, publish)
 		}
 		if ev.Actor.Type == schema.ActorAgent && ev.RoomID != "" {
 			id := ev.Actor.ID
@@ -282,9 +400,12 @@ func (h *Hub) Publish(ev *schema.Event) {
 			if handle, _, ok := h.handle(org, id); ok {
 				w.AgentHandle = &handle
 			}
-			h.publishLocked(org, &change{work: w})
+			publish(&change{work: w})
 		}
 	case schema.TypePolicyDecided:
+		if quiet {
+			return
+		}
 		var d struct {
 			Allow bool `json:"allow"`
 		}
@@ -300,31 +421,38 @@ func (h *Hub) Publish(ev *schema.Event) {
 		if handle, _, ok := h.handle(org, dec.AgentID); ok {
 			m.AgentHandle = &handle
 		}
-		h.publishLocked(org, &change{denial: &model.PolicyDenial{Decision: &m}})
+		publish(&change{denial: &model.PolicyDenial{Decision: &m}})
 	}
 }
 
-// closeLocked closes the room's tracked requests asked before ev that match.
-func (h *Hub) closeLocked(org string, ev *schema.Event, match func(*query.Attention) bool) {
-	k := [2]string{org, ev.RoomID}
-	list := h.attention[k]
+// closeLocked closes the room's open requests asked before ev that match.
+func (h *Hub) closeLocked(org string, o *orgState, ev *schema.Event, match func(*query.Attention) bool, publish func(*change)) {
+	list := o.attention[ev.RoomID]
 	kept := list[:0]
 	now := h.cfg.Now().UTC()
 	for _, a := range list {
 		if ev.Time.After(a.Since) && match(a) {
 			evID := ev.ID
-			h.nAttn--
-			h.publishLocked(org, &change{work: &model.WorkStatusChange{Kind: model.WorkChangeKindAttentionClosed, RoomID: ev.RoomID,
+			delete(o.asked, a.ID)
+			publish(&change{work: &model.WorkStatusChange{Kind: model.WorkChangeKindAttentionClosed, RoomID: ev.RoomID,
 				Time: ev.Time, EventID: &evID, Attention: h.attentionModel(org, a, now)}})
 			continue
 		}
 		kept = append(kept, a)
 	}
 	if len(kept) == 0 {
-		delete(h.attention, k)
+		delete(o.attention, ev.RoomID)
 	} else {
-		h.attention[k] = kept
+		o.attention[ev.RoomID] = kept
 	}
+}
+
+// cut returns the first n characters of s.
+func cut(s string, n int) string {
+	if utf8.RuneCountInString(s) <= n {
+		return s
+	}
+	return string([]rune(s)[:n])
 }
 
 func (h *Hub) handle(org, id string) (string, bool, bool) {
@@ -373,11 +501,12 @@ func (c *change) room() string {
 }
 
 type sub struct {
-	key, room string
-	kind      subKind
-	ch        chan *change
-	ctx       context.Context
-	closed    bool
+	key, org, room string
+	kind           subKind
+	ch             chan *change
+	ctx            context.Context
+	valid          func() bool // whether the key still allows it (nil: always)
+	closed         bool
 }
 
 type subKind int
@@ -453,14 +582,14 @@ var ErrTooManySubscriptions = errors.New("too many subscriptions")
 
 // subscribe registers a subscriber until ctx ends; the returned channel closes then,
 // or when the subscriber is dropped.
-func (h *Hub) subscribe(ctx context.Context, key, org, room string, kind subKind) (<-chan *change, error) {
+func (h *Hub) subscribe(ctx context.Context, key, org, room string, kind subKind, valid func() bool) (<-chan *change, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.perKey[key] >= h.cfg.MaxSubscriptionsPerKey {
 		return nil, fmt.Errorf("key %s has %d subscriptions open, the most it may (--graphql-max-subscriptions-per-key): %w",
 			key, h.perKey[key], ErrTooManySubscriptions)
 	}
-	s := &sub{key: key, room: room, kind: kind, ch: make(chan *change, h.cfg.Buffer), ctx: ctx}
+	s := &sub{key: key, org: org, room: room, kind: kind, ch: make(chan *change, h.cfg.Buffer), ctx: ctx, valid: valid}
 	if h.subs[org] == nil {
 		h.subs[org] = map[*sub]struct{}{}
 	}

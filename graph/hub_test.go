@@ -3,13 +3,17 @@ package graph
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/bandplane/bandplane/graph/model"
+	"github.com/bandplane/bandplane/ingest/store"
 	"github.com/bandplane/bandplane/query"
 	"github.com/bandplane/bandplane/schema"
 )
@@ -64,9 +68,9 @@ func TestHubTasksBecomeStuckOnTheirOwn(t *testing.T) {
 	h := NewHub(HubConfig{StuckAfter: 15 * time.Minute, Now: clk.now, Handles: fakeHandles{"org-a/a1": "lead/coder"}})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	work, err := h.subscribe(ctx, "k1", "org-a", "", subWork)
+	work, err := h.subscribe(ctx, "k1", "org-a", "", subWork, nil)
 	require.NoError(t, err)
-	other, err := h.subscribe(ctx, "k2", "org-b", "", subWork)
+	other, err := h.subscribe(ctx, "k2", "org-b", "", subWork, nil)
 	require.NoError(t, err)
 
 	h.Publish(liveEvent("e1", schema.TypeTaskUpdated, clk.now(), "org-a", "r1", "u1", schema.ActorUser,
@@ -112,11 +116,11 @@ func TestHubAttention(t *testing.T) {
 	h := NewHub(HubConfig{Now: clk.now, Handles: fakeHandles{"org-a/u-lead": "lead"}})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	work, err := h.subscribe(ctx, "k", "org-a", "r1", subWork)
+	work, err := h.subscribe(ctx, "k", "org-a", "r1", subWork, nil)
 	require.NoError(t, err)
-	asks, err := h.subscribe(ctx, "k", "org-a", "", subAttention)
+	asks, err := h.subscribe(ctx, "k", "org-a", "", subAttention, nil)
 	require.NoError(t, err)
-	elsewhere, err := h.subscribe(ctx, "k", "org-a", "r2", subWork)
+	elsewhere, err := h.subscribe(ctx, "k", "org-a", "r2", subWork, nil)
 	require.NoError(t, err)
 
 	h.Publish(liveEvent("q1", schema.TypeAttention, clk.now(), "org-a", "r1", "a1", schema.ActorAgent,
@@ -143,9 +147,9 @@ func TestHubDropsASlowSubscriberOnly(t *testing.T) {
 	h := NewHub(HubConfig{Buffer: 2, Now: clk.now})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	slow, err := h.subscribe(ctx, "k", "org-a", "", subWork)
+	slow, err := h.subscribe(ctx, "k", "org-a", "", subWork, nil)
 	require.NoError(t, err)
-	fast, err := h.subscribe(ctx, "k", "org-a", "", subWork)
+	fast, err := h.subscribe(ctx, "k", "org-a", "", subWork, nil)
 	require.NoError(t, err)
 	got := make(chan int)
 	go func() {
@@ -176,13 +180,13 @@ func TestHubDropsASlowSubscriberOnly(t *testing.T) {
 func TestHubReleasesOnCancelAndCapsKeys(t *testing.T) {
 	h := NewHub(HubConfig{MaxSubscriptionsPerKey: 2})
 	ctx, cancel := context.WithCancel(context.Background())
-	_, err := h.subscribe(ctx, "k", "org-a", "", subWork)
+	_, err := h.subscribe(ctx, "k", "org-a", "", subWork, nil)
 	require.NoError(t, err)
-	ch, err := h.subscribe(ctx, "k", "org-a", "", subDenied)
+	ch, err := h.subscribe(ctx, "k", "org-a", "", subDenied, nil)
 	require.NoError(t, err)
-	_, err = h.subscribe(ctx, "k", "org-a", "", subWork)
+	_, err = h.subscribe(ctx, "k", "org-a", "", subWork, nil)
 	require.ErrorIs(t, err, ErrTooManySubscriptions)
-	_, err = h.subscribe(ctx, "other", "org-a", "", subWork)
+	_, err = h.subscribe(ctx, "other", "org-a", "", subWork, nil)
 	require.NoError(t, err, "the cap is per key")
 	out := forward(ctx, ch, func(c *change) *model.PolicyDenial { return c.denial })
 	cancel()
@@ -193,7 +197,7 @@ func TestHubReleasesOnCancelAndCapsKeys(t *testing.T) {
 		t.Fatal("forward did not end with its context")
 	}
 	require.Eventually(t, func() bool { return h.Subscribers() == 0 }, 2*time.Second, 5*time.Millisecond)
-	_, err = h.subscribe(context.Background(), "k", "org-a", "", subWork)
+	_, err = h.subscribe(context.Background(), "k", "org-a", "", subWork, nil)
 	require.NoError(t, err, "the key's subscriptions were released")
 }
 
@@ -201,7 +205,7 @@ func TestHubIgnoresWhatItCannotRead(t *testing.T) {
 	h := NewHub(HubConfig{})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	ch, err := h.subscribe(ctx, "k", "org-a", "", subWork)
+	ch, err := h.subscribe(ctx, "k", "org-a", "", subWork, nil)
 	require.NoError(t, err)
 	now := time.Now()
 	for _, ev := range []*schema.Event{
@@ -218,4 +222,75 @@ func TestHubIgnoresWhatItCannotRead(t *testing.T) {
 
 func taskOf(id, room, assignee, status string, last time.Time) query.Task {
 	return query.Task{ID: id, RoomID: room, AssigneeID: assignee, Status: status, UpdatedAt: last, LastActivity: last}
+}
+
+func TestHubIsReplaySafeAndQuietOnReplay(t *testing.T) {
+	clk := &clock{t: time.Date(2026, 1, 1, 10, 0, 0, 0, time.UTC)}
+	h := NewHub(HubConfig{StuckAfter: time.Minute, Now: clk.now})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	work, err := h.subscribe(ctx, "k", "org-a", "", subWork, nil)
+	require.NoError(t, err)
+	start := liveEvent("s", schema.TypeTaskUpdated, clk.now(), "org-a", "r1", "u1", schema.ActorUser, schema.TaskData{TaskID: "t1", Status: "in_progress", Assignee: "a1"})
+	done := liveEvent("d", schema.TypeTaskUpdated, clk.now().Add(time.Second), "org-a", "r1", "u1", schema.ActorUser, schema.TaskData{TaskID: "t1", Status: "done", Assignee: "a1"})
+	h.Publish(start)
+	h.Publish(done)
+	next(t, work)
+	next(t, work)
+	h.Publish(start) // Kafka redelivers the older event: ignored
+	quiet(t, work)
+	clk.add(time.Hour)
+	h.checkStuck()
+	quiet(t, work) // t1 is done; the replay did not bring it back
+
+	ask := liveEvent("q", schema.TypeAttention, clk.now(), "org-a", "r1", "a1", schema.ActorAgent, schema.MessageData{Content: "?"})
+	h.Publish(ask)
+	next(t, work)
+	h.Publish(ask)
+	quiet(t, work) // the same request once
+
+	// Replay (catch-up at start) updates state and tells nobody.
+	h.Replay(liveEvent("s2", schema.TypeTaskUpdated, clk.now(), "org-a", "r1", "u1", schema.ActorUser, schema.TaskData{TaskID: "t2", Status: "in_progress", Assignee: "a2"}))
+	quiet(t, work)
+	clk.add(2 * time.Minute)
+	h.checkStuck()
+	require.Equal(t, "t2", next(t, work).work.Task.ID, "a replayed task is followed")
+
+	// A huge question is kept cut.
+	big := liveEvent("big", schema.TypeAttention, clk.now(), "org-a", "r1", "a1", schema.ActorAgent, schema.MessageData{Content: strings.Repeat("x", 900_000)})
+	h.Publish(big)
+	require.Len(t, next(t, work).work.Attention.Question, store.MaxQuestion)
+}
+
+func TestHubBudgetsArePerOrganization(t *testing.T) {
+	clk := &clock{t: time.Date(2026, 1, 1, 10, 0, 0, 0, time.UTC)}
+	h := NewHub(HubConfig{StuckAfter: time.Minute, MaxTracked: 2, Now: clk.now})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	b, err := h.subscribe(ctx, "k", "org-b", "", subWork, nil)
+	require.NoError(t, err)
+	for i := range 5 { // org-a fills its own budget
+		h.Publish(liveEvent(fmt.Sprint("a", i), schema.TypeTaskUpdated, clk.now(), "org-a", "r", "u", schema.ActorUser,
+			schema.TaskData{TaskID: fmt.Sprint("ta", i), Status: "in_progress", Assignee: "x"}))
+	}
+	h.Publish(liveEvent("b", schema.TypeTaskUpdated, clk.now(), "org-b", "r", "u", schema.ActorUser, schema.TaskData{TaskID: "tb", Status: "in_progress", Assignee: "x"}))
+	next(t, b)
+	clk.add(2 * time.Minute)
+	h.checkStuck()
+	c := next(t, b)
+	require.Equal(t, model.WorkChangeKindTaskStuck, c.work.Kind, "org-b's task is followed whatever org-a does")
+}
+
+func TestHubEndsSubscriptionsOfRevokedKeys(t *testing.T) {
+	h := NewHub(HubConfig{})
+	var revoked atomic.Bool
+	ch, err := h.subscribe(context.Background(), "k", "org-a", "", subWork, func() bool { return !revoked.Load() })
+	require.NoError(t, err)
+	h.checkKeys()
+	require.Equal(t, 1, h.Subscribers())
+	revoked.Store(true)
+	h.checkKeys()
+	_, ok := <-ch
+	require.False(t, ok, "closed")
+	require.Equal(t, 0, h.Subscribers())
 }

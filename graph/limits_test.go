@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/bandplane/bandplane/graph"
+	"github.com/bandplane/bandplane/graph/wsclient"
 	"github.com/bandplane/bandplane/query"
 )
 
@@ -279,4 +280,29 @@ func TestAliasesAreCapped(t *testing.T) {
 	_, errs = post(t, h, gqlBody(frag), bearerOf("tok-a-viewer"))
 	require.Len(t, errs, 1, "4 aliases through fragments")
 	require.Contains(t, errs[0].Message, "aliased fields")
+}
+
+func TestWebSocketsPerKey(t *testing.T) {
+	srv := httptest.NewServer(graph.NewHandler(&fakeQuerier{}, testKeys, graph.WithLimits(graph.Limits{MaxWebSocketsPerKey: 1})))
+	defer srv.Close()
+	url := "ws" + strings.TrimPrefix(srv.URL, "http")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	first, err := wsclient.Dial(ctx, url, "tok-a-viewer")
+	require.NoError(t, err)
+	_, err = wsclient.Dial(ctx, url, "tok-a-viewer")
+	require.Error(t, err)
+	require.Contains(t, err.Error(), "--graphql-max-websockets-per-key")
+	other, err := wsclient.Dial(ctx, url, "tok-a-compliance")
+	require.NoError(t, err, "another key has its own connections")
+	require.NoError(t, other.Close())
+	require.NoError(t, first.Close())
+	require.Eventually(t, func() bool {
+		c, err := wsclient.Dial(ctx, url, "tok-a-viewer")
+		if err != nil {
+			return false
+		}
+		c.Close()
+		return true
+	}, 5*time.Second, 50*time.Millisecond, "a closed connection gives its place back")
 }

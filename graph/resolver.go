@@ -139,7 +139,12 @@ func (r *Resolver) subscribe(ctx context.Context, orgID, roomID *string, roles [
 		return nil, &gqlerror.Error{Message: "live updates are not running in this process", Path: graphql.GetPath(ctx),
 			Extensions: map[string]any{"code": "UNAVAILABLE"}}
 	}
-	ch, err := r.hub.subscribe(ctx, k.ID, org, deref(roomID), kind)
+	token := tokenFrom(ctx)
+	valid := func() bool {
+		k, ok := r.auth.Lookup(context.WithoutCancel(ctx), token)
+		return ok && k.Has(roles...) && k.MayActOn(org)
+	}
+	ch, err := r.hub.subscribe(ctx, k.ID, org, deref(roomID), kind, valid)
 	if err != nil {
 		return nil, r.fail(ctx, err)
 	}

@@ -13,12 +13,15 @@ import (
 	"github.com/bandplane/bandplane/schema"
 )
 
-// Live reads the event topic from its newest offset, in every partition, outside any
-// consumer group: each serve process sees every event once it is produced, whichever
-// process ingests it. Records are decoded and enriched as ingest does (the directory
-// is its own, loaded from ClickHouse at start and kept by the directory events it
-// reads) and handed to Publish in partition order. Nothing is stored or committed: a
-// live reader that restarts starts at the newest offset again.
+// Live reads the event topic in every partition, outside any consumer group: each
+// serve process sees every event once it is produced, whichever process ingests it.
+// Records are decoded and enriched as ingest does (the directory is its own, loaded
+// from ClickHouse at start and kept by the directory events it reads) and handed to
+// Publish in partition order, from the newest offset at start on. What lies between
+// the ingest group's committed offsets (Start: what ClickHouse, and so the directory
+// and the hub's seed, may not hold yet) and that newest offset is handed to Replay
+// first, so that nothing produced before the start is missed by the state it keeps;
+// at most MaxReplay records per partition. Nothing is stored or committed.
 type Live struct {
 	cfg LiveConfig
 	log *slog.Logger
@@ -32,7 +35,15 @@ type LiveConfig struct {
 	// Publish receives each event, its organization resolved when the directory can.
 	// It is called from one goroutine per partition and must not block for long.
 	Publish func(ev *schema.Event)
-	Logger  *slog.Logger
+	// Replay receives the events before the newest offset at start (see Start); nil:
+	// they are skipped.
+	Replay func(ev *schema.Event)
+	// Start is where to begin each partition (the ingest group's committed offsets,
+	// read before the directory and the seed): absent partitions begin at the newest.
+	Start map[int]int64
+	// MaxReplay bounds the records replayed per partition (default 100,000).
+	MaxReplay int64
+	Logger    *slog.Logger
 	// Retry is the wait before reading a partition again after an error (default 1 s).
 	Retry time.Duration
 }
@@ -55,6 +66,9 @@ func NewLive(cfg LiveConfig) (*Live, error) {
 	if cfg.Retry <= 0 {
 		cfg.Retry = time.Second
 	}
+	if cfg.MaxReplay <= 0 {
+		cfg.MaxReplay = 100_000
+	}
 	log := cfg.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -62,8 +76,9 @@ func NewLive(cfg LiveConfig) (*Live, error) {
 	return &Live{cfg: cfg, log: log.With("component", "live")}, nil
 }
 
-// Run reads until ctx ends. ready is closed once every partition's reader is
-// positioned at its newest offset (events produced after that are seen).
+// Run reads until ctx ends. ready is closed once every partition's reader has
+// replayed up to its newest offset at start (events produced after that are
+// published).
 func (l *Live) Run(ctx context.Context, ready chan<- struct{}) error {
 	parts, err := l.partitions(ctx)
 	if err != nil {
@@ -98,12 +113,23 @@ func (l *Live) partitions(ctx context.Context) ([]int, error) {
 	}
 }
 
-// readPartition follows one partition from its newest offset; after an error it
-// carries on from the next offset it has not seen.
+// readPartition follows one partition; after an error it carries on from the next
+// offset it has not seen.
 func (l *Live) readPartition(ctx context.Context, partition int, positioned func()) {
 	var once sync.Once
 	defer once.Do(positioned)
-	next := kafkago.LastOffset
+	newest, err := l.newest(ctx, partition)
+	if err != nil {
+		return // ctx ended
+	}
+	next := newest
+	if start, ok := l.cfg.Start[partition]; ok && start < newest && l.cfg.Replay != nil {
+		next = max(start, newest-l.cfg.MaxReplay)
+		l.log.Info("replaying what ingest has not stored yet", "partition", partition, "from", next, "to", newest)
+	}
+	if next >= newest {
+		once.Do(positioned)
+	}
 	for ctx.Err() == nil {
 		r := kafkago.NewReader(kafkago.ReaderConfig{
 			Brokers: l.cfg.Brokers, Topic: l.cfg.Topic, Partition: partition,
@@ -113,18 +139,6 @@ func (l *Live) readPartition(ctx context.Context, partition int, positioned func
 		if err := r.SetOffset(next); err != nil {
 			l.log.Warn("cannot position the live reader", "partition", partition, "err", err)
 		}
-		if next == kafkago.LastOffset {
-			// SetOffset(LastOffset) is resolved on the first fetch; resolve it now, so
-			// that "ready" means events produced from here on are seen.
-			if conn, err := kafkago.DialLeader(ctx, "tcp", l.cfg.Brokers[0], l.cfg.Topic, partition); err == nil {
-				if last, err := conn.ReadLastOffset(); err == nil {
-					next = last
-					_ = r.SetOffset(last)
-				}
-				_ = conn.Close()
-			}
-		}
-		once.Do(positioned)
 		for {
 			m, err := r.ReadMessage(ctx)
 			if err != nil {
@@ -134,7 +148,10 @@ func (l *Live) readPartition(ctx context.Context, partition int, positioned func
 				break
 			}
 			next = m.Offset + 1
-			l.handle(m)
+			l.handle(m, m.Offset < newest)
+			if next >= newest {
+				once.Do(positioned)
+			}
 		}
 		_ = r.Close()
 		select {
@@ -144,7 +161,29 @@ func (l *Live) readPartition(ctx context.Context, partition int, positioned func
 	}
 }
 
-func (l *Live) handle(m kafkago.Message) {
+// newest reads the partition's next offset (where a record produced now goes),
+// retrying until it can or ctx ends.
+func (l *Live) newest(ctx context.Context, partition int) (int64, error) {
+	for {
+		conn, err := kafkago.DialLeader(ctx, "tcp", l.cfg.Brokers[0], l.cfg.Topic, partition)
+		if err == nil {
+			last, err2 := conn.ReadLastOffset()
+			_ = conn.Close()
+			if err2 == nil {
+				return last, nil
+			}
+			err = err2
+		}
+		l.log.Warn("cannot read the newest offset of a partition; retrying", "partition", partition, "err", err)
+		select {
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		case <-time.After(l.cfg.Retry):
+		}
+	}
+}
+
+func (l *Live) handle(m kafkago.Message, replay bool) {
 	ev, err := schema.DecodeAt(m.Value, m.Time)
 	if err != nil {
 		return // ingest dead-letters it; nothing to show live
@@ -155,6 +194,10 @@ func (l *Live) handle(m kafkago.Message) {
 		}
 	}
 	Enrich(&ev, l.cfg.Directory)
+	if replay {
+		l.cfg.Replay(&ev)
+		return
+	}
 	l.cfg.Publish(&ev)
 }
 

@@ -21,13 +21,6 @@ const (
 	MaxOpenToolCalls = 50
 )
 
-func limitErr(field string, limit, max int) error {
-	if limit < 0 || limit > max {
-		return fieldErr(field, "must be between 1 and %d, got %d", max, limit)
-	}
-	return nil
-}
-
 // ToolCall is a tool call without a result yet.
 type ToolCall struct {
 	ID, ToolName, RoomID string
@@ -66,12 +59,13 @@ func (s agentSQL) toolStats() string {
 		" WHERE org_id = ? AND kind = 'result' AND time >= ? AND agent_id IN (SELECT id FROM " + idsTable + ") GROUP BY agent_id"
 }
 
-// openCalls: calls of the window whose call_id has no result row.
+// openCalls: calls of the window whose (agent, call_id) has no result row. No FINAL:
+// a replayed row changes neither any() nor min() nor max().
 func (s agentSQL) openCalls() string {
-	return "SELECT call_id, any(agent_id) AS agent, any(room_id) AS room, any(tool_name) AS tool, min(time) AS called, min(time_ms) AS called_ms" +
-		" FROM " + s.db + ".tool_calls WHERE org_id = ? AND time >= ?" +
-		" GROUP BY call_id HAVING max(kind = 'result') = 0 AND agent IN (SELECT id FROM " + idsTable + ")" +
-		" ORDER BY called, call_id LIMIT ?"
+	return "SELECT agent_id, call_id, any(room_id) AS room, any(tool_name) AS tool, min(toUInt64(time) * 1000 + time_ms) AS called_ms" +
+		" FROM " + s.db + ".tool_calls WHERE org_id = ? AND time >= ? AND agent_id IN (SELECT id FROM " + idsTable + ")" +
+		" GROUP BY agent_id, call_id HAVING max(kind = 'result') = 0" +
+		" ORDER BY called_ms, agent_id, call_id LIMIT ?"
 }
 
 // Agents lists the organization's agents with their open tool calls and tool results.
@@ -80,7 +74,7 @@ func (qr *Querier) Agents(ctx context.Context, q AgentQuery) ([]Agent, error) {
 	if q.OrgID == "" {
 		errs = append(errs, fieldErr("org_id", "required"))
 	}
-	errs = append(errs, limitErr("limit", q.Limit, MaxListLimit))
+	errs = checkLimit(errs, q.Limit, MaxListLimit)
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
@@ -151,12 +145,12 @@ func (qr *Querier) Agents(ctx context.Context, q AgentQuery) ([]Agent, error) {
 	for rows.Next() {
 		var c ToolCall
 		var agent string
-		var ms uint16
-		if err := rows.Scan(&c.ID, &agent, &c.RoomID, &c.ToolName, &c.CalledAt, &ms); err != nil {
+		var msec uint64
+		if err := rows.Scan(&agent, &c.ID, &c.RoomID, &c.ToolName, &msec); err != nil {
 			rows.Close()
 			return nil, fmt.Errorf("%s: %w", what("list open tool calls"), err)
 		}
-		c.CalledAt = withMs(c.CalledAt, ms)
+		c.CalledAt = time.UnixMilli(int64(msec)).UTC()
 		if i, ok := idx[agent]; ok && len(out[i].OpenToolCalls) < MaxOpenToolCalls {
 			out[i].OpenToolCalls = append(out[i].OpenToolCalls, c)
 		}
@@ -266,7 +260,7 @@ func (qr *Querier) Rooms(ctx context.Context, q RoomQuery) ([]Room, error) {
 	if q.OrgID == "" {
 		errs = append(errs, fieldErr("org_id", "required"))
 	}
-	errs = append(errs, limitErr("limit", q.Limit, MaxListLimit))
+	errs = checkLimit(errs, q.Limit, MaxListLimit)
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
@@ -303,7 +297,7 @@ func (qr *Querier) Rooms(ctx context.Context, q RoomQuery) ([]Room, error) {
 	out := make([]Room, 0, len(ids))
 	for start := 0; start < len(ids); start += MaxWorkRooms {
 		chunk := ids[start:min(start+MaxWorkRooms, len(ids))]
-		work, err := qr.roomWork(ctx, wq, chunk)
+		work, _, err := qr.roomWork(ctx, wq, chunk)
 		if err != nil {
 			return nil, err
 		}

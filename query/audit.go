@@ -58,11 +58,17 @@ func (q AuditQuery) Validate() error {
 	var errs []error
 	errs = checkOrg(errs, q.OrgID)
 	errs = checkRange(errs, q.From, q.To)
+	if len(q.Types) > MaxAuditTypes {
+		errs = append(errs, fieldErr("types", "%d types; at most %d", len(q.Types), MaxAuditTypes))
+	}
 	for i, t := range q.Types {
-		if t == "" {
-			errs = append(errs, fieldErr("types", "entry %d is empty", i))
+		if t == "" || len(t) > 128 {
+			errs = append(errs, fieldErr("types", "entry %d must be 1 to 128 bytes, got %d", i, len(t)))
 		}
 	}
+	errs = checkID(errs, "room_id", q.RoomID)
+	errs = checkID(errs, "actor_id", q.ActorID)
+	errs = checkID(errs, "subject_id", q.SubjectID)
 	errs = checkOutcome(errs, q.Outcome)
 	errs = checkLimit(errs, q.Limit, MaxAuditLimit)
 	errs = checkCursor(errs, q.Before)
@@ -70,6 +76,17 @@ func (q AuditQuery) Validate() error {
 }
 
 // The checks the queries of this package share, each appending its problem to errs.
+
+// MaxAuditTypes bounds the types of one audit search.
+const MaxAuditTypes = 64
+
+// checkID refuses an id filter longer than any stored id (schema.MaxIDBytes).
+func checkID(errs []error, field, id string) []error {
+	if len(id) > 256 {
+		errs = append(errs, fieldErr(field, "longer than 256 bytes (%d), so it matches nothing", len(id)))
+	}
+	return errs
+}
 
 func checkOrg(errs []error, org string) []error {
 	if org == "" {
@@ -250,11 +267,17 @@ func (s auditSQL) where() *where {
 	if q.RoomID != "" {
 		w.add("room_id = ?", q.RoomID)
 	}
-	if q.ActorID != "" {
-		w.add("actor_id = ?", q.ActorID)
-	}
-	if q.SubjectID != "" {
-		w.add("subject_id = ?", q.SubjectID)
+	switch {
+	case q.ActorID != "" && q.ActorID == q.SubjectID:
+		// The same id as actor and subject: everything that party did or underwent.
+		w.add("(actor_id = ? OR subject_id = ?)", q.ActorID, q.SubjectID)
+	default:
+		if q.ActorID != "" {
+			w.add("actor_id = ?", q.ActorID)
+		}
+		if q.SubjectID != "" {
+			w.add("subject_id = ?", q.SubjectID)
+		}
 	}
 	if len(q.Types) > 0 {
 		w.add("has(?, type)", q.Types)

@@ -69,7 +69,7 @@ func TestAuditQueryValidateOutcomeAndCursors(t *testing.T) {
 	f(AuditQuery{From: t1, To: t0, Types: []string{""}, Outcome: "x", Limit: -1, Before: "!"},
 		"org_id: required",
 		"to: must be after from (from 2025-03-02T10:00:00Z, to 2025-03-01T10:00:00Z)",
-		"types: entry 0 is empty",
+		"types: entry 0 must be 1 to 128 bytes, got 0",
 		`outcome: unknown outcome "x" (want allowed, denied or nothing)`,
 		"limit: must be between 1 and 10000, got -1",
 		`before: malformed cursor "!" (pass a nextCursor unchanged)`)
@@ -340,5 +340,34 @@ func TestGroupContacts(t *testing.T) {
 	if _, err := groupContacts([]Event{ev("bad", "received", 0, "a1", `{"status":1}`)}); err == nil ||
 		!strings.Contains(err.Error(), "cannot decode the data of contact.request_received event bad") {
 		t.Errorf("bad data: error = %v", err)
+	}
+}
+
+func TestAuditActorAndSubjectTheSameIDMatchEitherRole(t *testing.T) {
+	sql, args := auditSQL{db: "db", q: AuditQuery{OrgID: "o", ActorID: "a1", SubjectID: "a1"}}.toSQL()
+	if !strings.Contains(sql, "(actor_id = ? OR subject_id = ?)") {
+		t.Errorf("sql = %s", sql)
+	}
+	n := 0
+	for _, a := range args {
+		if a == "a1" {
+			n++
+		}
+	}
+	if n == 0 || n%2 != 0 {
+		t.Errorf("args = %v", args)
+	}
+	sql, _ = auditSQL{db: "db", q: AuditQuery{OrgID: "o", ActorID: "a1", SubjectID: "a2"}}.toSQL()
+	if !strings.Contains(sql, "actor_id = ?") || !strings.Contains(sql, "subject_id = ?") || strings.Contains(sql, " OR subject_id") {
+		t.Errorf("different ids are both required: %s", sql)
+	}
+	for _, q := range []AuditQuery{
+		{OrgID: "o", SubjectID: strings.Repeat("x", 257)},
+		{OrgID: "o", Types: make([]string, MaxAuditTypes+1)},
+		{OrgID: "o", Types: []string{strings.Repeat("t", 129)}},
+	} {
+		if !IsInvalid(q.Validate()) {
+			t.Errorf("Validate(%+v) accepted it", q)
+		}
 	}
 }

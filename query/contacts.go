@@ -85,6 +85,7 @@ func (q ContactQuery) Validate() error {
 	if q.Status != "" && !slices.Contains(contactStatuses, q.Status) {
 		errs = append(errs, fieldErr("status", "unknown status %q (want one of %s)", q.Status, strings.Join(contactStatuses, ", ")))
 	}
+	errs = checkID(errs, "agent_id", q.AgentID)
 	errs = checkLimit(errs, q.Limit, MaxContactLimit)
 	return errors.Join(errs...)
 }

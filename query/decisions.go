@@ -72,6 +72,7 @@ func (q DecisionQuery) Validate() error {
 		errs = append(errs, fieldErr("decision", "unknown decision %q (want one of %s)", q.Decision, strings.Join(decisionNames, ", ")))
 	}
 	errs = checkOutcome(errs, q.Outcome)
+	errs = checkID(errs, "agent_id", q.AgentID)
 	errs = checkLimit(errs, q.Limit, MaxDecisionLimit)
 	errs = checkCursor(errs, q.Before)
 	return errors.Join(errs...)

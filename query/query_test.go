@@ -183,7 +183,7 @@ func TestAuditQueryValidate(t *testing.T) {
 	f(AuditQuery{OrgID: "o", To: t0})
 	f(AuditQuery{}, "org_id: required")
 	f(AuditQuery{OrgID: "o", From: t1, To: t0}, "to: must be after from (from 2025-03-02T10:00:00Z, to 2025-03-01T10:00:00Z)")
-	f(AuditQuery{OrgID: "o", Types: []string{"a", ""}}, "types: entry 1 is empty")
+	f(AuditQuery{OrgID: "o", Types: []string{"a", ""}}, "types: entry 1 must be 1 to 128 bytes, got 0")
 	f(AuditQuery{OrgID: "o", Limit: 10001}, "limit: must be between 1 and 10000, got 10001")
 	f(AuditQuery{OrgID: "o", Before: "!!"}, `before: malformed cursor "!!" (pass a nextCursor unchanged)`)
 	f(AuditQuery{OrgID: "o", Before: "djI6MTox"}, `before: malformed cursor "djI6MTox" (pass a nextCursor unchanged)`) // "v2:1:1"

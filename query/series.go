@@ -75,7 +75,7 @@ func (q SeriesQuery) Validate() error {
 	} else if n := q.To.Sub(q.From) / q.bucket(); n > MaxSeriesBuckets {
 		errs = append(errs, fieldErr("interval", "%d buckets between from and to; at most %d (use a wider interval or a shorter range)", n, MaxSeriesBuckets))
 	}
-	errs = append(errs, limitErr("limit", q.Limit, MaxSeriesLimit))
+	errs = checkLimit(errs, q.Limit, MaxSeriesLimit)
 	errs = append(errs, q.Filter.validate()...)
 	return errors.Join(errs...)
 }

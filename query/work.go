@@ -144,10 +144,15 @@ func (q *WorkQuery) normalize() error {
 // the same latest row before or after.
 type workSQL struct{ db string }
 
-// roomsWithWork: rooms with an unfinished task, a request for attention or activity
-// in the window, latest activity first.
+// activeRooms: rooms with activity in the window, latest first.
 func (s workSQL) activeRooms() string {
 	return "SELECT room_id, max(time) AS last FROM " + s.db + ".room_activity" +
+		" WHERE org_id = ? AND time >= ? GROUP BY room_id ORDER BY last DESC, room_id LIMIT ?"
+}
+
+// attentionRooms: rooms with requests for attention in the window, latest first.
+func (s workSQL) attentionRooms() string {
+	return "SELECT room_id, max(time) AS last FROM " + s.db + ".attention" +
 		" WHERE org_id = ? AND time >= ? GROUP BY room_id ORDER BY last DESC, room_id LIMIT ?"
 }
 
@@ -161,21 +166,18 @@ func (s workSQL) tasks() string {
 		" AND deleted = 0 AND (NOT has(?, lower(status)) OR updated_at >= ?) ORDER BY updated_at DESC, task_id LIMIT ?"
 }
 
-// lastTaskUpdates: per room and assignee, the latest update of any of its tasks.
-func (s workSQL) lastTaskUpdates() string {
-	return "SELECT room_id, assignee_id, max(toUInt64(updated_at) * 1000 + updated_ms) FROM " + s.db + ".tasks FINAL" +
-		" WHERE org_id = ? AND room_id IN (SELECT id FROM " + idsTable + ") AND updated_at >= ? GROUP BY room_id, assignee_id"
-}
-
+// activity reads every actor's latest event, message and task update in the rooms,
+// newest first (a cut keeps the newest).
 func (s workSQL) activity() string {
 	return "SELECT room_id, actor_id, toString(kind), toString(actor_type), actor_handle, time, time_ms, text" +
-		" FROM " + s.db + ".room_activity FINAL WHERE org_id = ? AND room_id IN (SELECT id FROM " + idsTable + ") LIMIT ?"
+		" FROM " + s.db + ".room_activity FINAL WHERE org_id = ? AND room_id IN (SELECT id FROM " + idsTable + ")" +
+		" ORDER BY time DESC, time_ms DESC LIMIT ?"
 }
 
 func (s workSQL) attention() string {
 	return "SELECT event_id, room_id, asker_id, asker_handle, mentions, question, time, time_ms" +
 		" FROM " + s.db + ".attention FINAL WHERE org_id = ? AND room_id IN (SELECT id FROM " + idsTable + ") AND time >= ?" +
-		" ORDER BY time, time_ms, event_id LIMIT ?"
+		" ORDER BY time DESC, time_ms DESC, event_id DESC LIMIT ?"
 }
 
 // messagesToday counts message.created per room and actor since the start of the
@@ -211,10 +213,11 @@ func (qr *Querier) WorkStatus(ctx context.Context, q WorkQuery) (WorkStatus, err
 			return WorkStatus{}, err
 		}
 	}
-	work, err := qr.roomWork(ctx, q, rooms)
+	work, cut, err := qr.roomWork(ctx, q, rooms)
 	if err != nil {
 		return WorkStatus{}, err
 	}
+	out.Truncated = out.Truncated || cut
 	for _, id := range rooms {
 		w := work[id]
 		if q.RoomID == "" && len(w.Tasks)+len(w.Attention)+len(w.Agents) == 0 {
@@ -228,48 +231,55 @@ func (qr *Querier) WorkStatus(ctx context.Context, q WorkQuery) (WorkStatus, err
 	return out, nil
 }
 
+// roomsWithWork lists the rooms with activity in the window (latest first), then
+// those with unfinished tasks, then those with requests for attention in
+// AttentionWindow, at most MaxWorkRooms (truncated beyond).
 func (qr *Querier) roomsWithWork(ctx context.Context, q WorkQuery) ([]string, map[string]time.Time, bool, error) {
 	s := workSQL{qr.db}
 	last := map[string]time.Time{}
 	var rooms []string
-	rows, err := qr.conn.Query(ctx, s.activeRooms(), q.OrgID, q.Now.Add(-ActiveWindow), MaxWorkRooms+1)
-	if err != nil {
-		return nil, nil, false, queryErr(ctx, err, fmt.Sprintf("cannot list the active rooms of org %q in %s.room_activity", q.OrgID, qr.db))
-	}
-	for rows.Next() {
-		var id string
-		var t time.Time
-		if err := rows.Scan(&id, &t); err != nil {
-			rows.Close()
-			return nil, nil, false, fmt.Errorf("cannot read the active rooms of org %q: %w", q.OrgID, err)
-		}
-		rooms, last[id] = append(rooms, id), t.UTC()
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return nil, nil, false, queryErr(ctx, err, fmt.Sprintf("cannot read the active rooms of org %q", q.OrgID))
-	}
-	rows, err = qr.conn.Query(ctx, workSQL{qr.db}.openTaskRooms(), q.OrgID, finishedStatuses, MaxWorkRooms+1)
-	if err != nil {
-		return nil, nil, false, queryErr(ctx, err, fmt.Sprintf("cannot list the rooms with open tasks of org %q in %s.tasks", q.OrgID, qr.db))
-	}
-	var withTasks []string
-	for rows.Next() {
-		var id string
-		if err := rows.Scan(&id); err != nil {
-			rows.Close()
-			return nil, nil, false, fmt.Errorf("cannot read the rooms with open tasks of org %q: %w", q.OrgID, err)
-		}
-		withTasks = append(withTasks, id)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return nil, nil, false, queryErr(ctx, err, fmt.Sprintf("cannot read the rooms with open tasks of org %q", q.OrgID))
-	}
-	slices.Sort(withTasks)
-	for _, id := range withTasks {
+	add := func(id string, t time.Time) {
 		if _, ok := last[id]; !ok {
-			rooms = append(rooms, id)
+			rooms, last[id] = append(rooms, id), t
+		}
+	}
+	for _, r := range []struct {
+		sql, what string
+		args      []any
+		timed     bool
+	}{
+		{s.activeRooms(), "the active rooms", []any{q.OrgID, q.Now.Add(-ActiveWindow), MaxWorkRooms + 1}, true},
+		{s.openTaskRooms(), "the rooms with open tasks", []any{q.OrgID, finishedStatuses, MaxWorkRooms + 1}, false},
+		{s.attentionRooms(), "the rooms with requests for attention", []any{q.OrgID, q.Now.Add(-AttentionWindow), MaxWorkRooms + 1}, true},
+	} {
+		rows, err := qr.conn.Query(ctx, r.sql, r.args...)
+		if err != nil {
+			return nil, nil, false, queryErr(ctx, err, fmt.Sprintf("cannot list %s of org %q in %s", r.what, q.OrgID, qr.db))
+		}
+		var ids []string
+		var times []time.Time
+		for rows.Next() {
+			var id string
+			var t time.Time
+			dest := []any{&id}
+			if r.timed {
+				dest = append(dest, &t)
+			}
+			if err := rows.Scan(dest...); err != nil {
+				rows.Close()
+				return nil, nil, false, fmt.Errorf("cannot read %s of org %q: %w", r.what, q.OrgID, err)
+			}
+			ids, times = append(ids, id), append(times, t.UTC())
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return nil, nil, false, queryErr(ctx, err, fmt.Sprintf("cannot read %s of org %q", r.what, q.OrgID))
+		}
+		if !r.timed {
+			slices.Sort(ids)
+		}
+		for i, id := range ids {
+			add(id, times[i])
 		}
 	}
 	truncated := len(rooms) > MaxWorkRooms
@@ -279,39 +289,45 @@ func (qr *Querier) roomsWithWork(ctx context.Context, q WorkQuery) ([]string, ma
 	return rooms, last, truncated, nil
 }
 
-// roomWork reads tasks, attention and active agents of the given rooms.
-func (qr *Querier) roomWork(ctx context.Context, q WorkQuery, rooms []string) (map[string]*RoomWork, error) {
+// roomWork reads tasks, attention and active agents of the given rooms; truncated
+// says a table read held more than maxWorkRows rows (the newest are kept).
+func (qr *Querier) roomWork(ctx context.Context, q WorkQuery, rooms []string) (map[string]*RoomWork, bool, error) {
 	s := workSQL{qr.db}
 	work := make(map[string]*RoomWork, len(rooms))
 	for _, id := range rooms {
 		work[id] = &RoomWork{RoomID: id, Tasks: []Task{}, Attention: []Attention{}, Agents: []ActiveAgent{}}
 	}
 	if len(rooms) == 0 {
-		return work, nil
+		return work, false, nil
 	}
 	ictx, err := withIDs(ctx, uniqueIDs(rooms))
 	if err != nil {
-		return nil, fmt.Errorf("cannot build the room table: %w", err)
+		return nil, false, fmt.Errorf("cannot build the room table: %w", err)
 	}
 	what := func(verb string) string { return fmt.Sprintf("cannot %s of org %q in %s", verb, q.OrgID, qr.db) }
 
 	// Activity first: it decides the tasks' last activity and the requests' closing.
 	type act struct {
-		any, msg                time.Time
+		any, msg, task          time.Time
 		actorType, handle, text string
 	}
 	acts := map[[2]string]*act{}
-	rows, err := qr.conn.Query(ictx, s.activity(), q.OrgID, maxWorkRows)
+	truncated := false
+	rows, err := qr.conn.Query(ictx, s.activity(), q.OrgID, maxWorkRows+1)
 	if err != nil {
-		return nil, queryErr(ctx, err, what("read room activity"))
+		return nil, false, queryErr(ctx, err, what("read room activity"))
 	}
-	for rows.Next() {
+	for n := 0; rows.Next(); n++ {
+		if n == maxWorkRows {
+			truncated = true
+			break
+		}
 		var room, actor, kind, actorType, handle, text string
 		var t time.Time
 		var ms uint16
 		if err := rows.Scan(&room, &actor, &kind, &actorType, &handle, &t, &ms, &text); err != nil {
 			rows.Close()
-			return nil, fmt.Errorf("%s: %w", what("read room activity"), err)
+			return nil, false, fmt.Errorf("%s: %w", what("read room activity"), err)
 		}
 		k := [2]string{room, actor}
 		a := acts[k]
@@ -320,28 +336,36 @@ func (qr *Querier) roomWork(ctx context.Context, q WorkQuery, rooms []string) (m
 			acts[k] = a
 		}
 		t = withMs(t, ms)
-		a.actorType, a.handle = actorType, handle
-		if kind == "message" {
+		switch kind {
+		case "message":
 			a.msg, a.text = t, text
-		} else {
+			a.actorType, a.handle = actorType, handle
+		case "task": // the actor was the assignee; its type is not known from this row
+			a.task = t
+		default:
 			a.any = t
+			a.actorType, a.handle = actorType, handle
 		}
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
-		return nil, queryErr(ctx, err, what("read room activity"))
+		return nil, false, queryErr(ctx, err, what("read room activity"))
 	}
 
-	rows, err = qr.conn.Query(ictx, s.tasks(), q.OrgID, finishedStatuses, q.Now.Add(-ActiveWindow), maxWorkRows)
+	rows, err = qr.conn.Query(ictx, s.tasks(), q.OrgID, finishedStatuses, q.Now.Add(-ActiveWindow), maxWorkRows+1)
 	if err != nil {
-		return nil, queryErr(ctx, err, what("read tasks"))
+		return nil, false, queryErr(ctx, err, what("read tasks"))
 	}
-	for rows.Next() {
+	for n := 0; rows.Next(); n++ {
+		if n == maxWorkRows {
+			truncated = true
+			break
+		}
 		var t Task
 		var ms uint16
 		if err := rows.Scan(&t.ID, &t.RoomID, &t.Title, &t.Status, &t.AssigneeID, &t.CreatedAt, &t.UpdatedAt, &ms); err != nil {
 			rows.Close()
-			return nil, fmt.Errorf("%s: %w", what("read tasks"), err)
+			return nil, false, fmt.Errorf("%s: %w", what("read tasks"), err)
 		}
 		t.UpdatedAt = withMs(t.UpdatedAt, ms)
 		if t.CreatedAt.Unix() <= 0 {
@@ -360,47 +384,32 @@ func (qr *Querier) roomWork(ctx context.Context, q WorkQuery, rooms []string) (m
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
-		return nil, queryErr(ctx, err, what("read tasks"))
+		return nil, false, queryErr(ctx, err, what("read tasks"))
 	}
 
 	since := q.Now.Add(-AttentionWindow)
-	updated := map[[2]string]time.Time{} // room, assignee → latest task update
-	rows, err = qr.conn.Query(ictx, s.lastTaskUpdates(), q.OrgID, since)
-	if err != nil {
-		return nil, queryErr(ctx, err, what("read task updates"))
-	}
-	for rows.Next() {
-		var room, assignee string
-		var msec uint64
-		if err := rows.Scan(&room, &assignee, &msec); err != nil {
-			rows.Close()
-			return nil, fmt.Errorf("%s: %w", what("read task updates"), err)
-		}
-		updated[[2]string{room, assignee}] = time.UnixMilli(int64(msec)).UTC()
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return nil, queryErr(ctx, err, what("read task updates"))
-	}
-
 	var asks []Attention
-	rows, err = qr.conn.Query(ictx, s.attention(), q.OrgID, since, maxWorkRows)
+	rows, err = qr.conn.Query(ictx, s.attention(), q.OrgID, since, maxWorkRows+1)
 	if err != nil {
-		return nil, queryErr(ctx, err, what("read attention requests"))
+		return nil, false, queryErr(ctx, err, what("read attention requests"))
 	}
-	for rows.Next() {
+	for n := 0; rows.Next(); n++ {
+		if n == maxWorkRows {
+			truncated = true
+			break
+		}
 		var a Attention
 		var ms uint16
 		if err := rows.Scan(&a.ID, &a.RoomID, &a.AskerID, &a.AskerHandle, &a.Mentions, &a.Question, &a.Since, &ms); err != nil {
 			rows.Close()
-			return nil, fmt.Errorf("%s: %w", what("read attention requests"), err)
+			return nil, false, fmt.Errorf("%s: %w", what("read attention requests"), err)
 		}
 		a.Since = withMs(a.Since, ms)
 		asks = append(asks, a)
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
-		return nil, queryErr(ctx, err, what("read attention requests"))
+		return nil, false, queryErr(ctx, err, what("read attention requests"))
 	}
 	var mentioned []string
 	for _, a := range asks {
@@ -408,7 +417,7 @@ func (qr *Querier) roomWork(ctx context.Context, q WorkQuery, rooms []string) (m
 	}
 	people, err := qr.kinds(ctx, q.OrgID, mentioned)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	personReplied := map[string]time.Time{} // room → the latest message of any person
 	for k, x := range acts {
@@ -431,7 +440,11 @@ func (qr *Querier) roomWork(ctx context.Context, q WorkQuery, rooms []string) (m
 		} else {
 			replied = personReplied[a.RoomID]
 		}
-		if !AttentionOpen(a.Since, replied, updated[[2]string{a.RoomID, a.AskerID}]) {
+		var askerTask time.Time
+		if x := acts[[2]string{a.RoomID, a.AskerID}]; x != nil {
+			askerTask = x.task
+		}
+		if !AttentionOpen(a.Since, replied, askerTask) {
 			continue
 		}
 		work[a.RoomID].Attention = append(work[a.RoomID].Attention, a)
@@ -462,14 +475,14 @@ func (qr *Querier) roomWork(ctx context.Context, q WorkQuery, rooms []string) (m
 	if len(agentIdx) > 0 {
 		rows, err = qr.conn.Query(ictx, s.messagesToday(), q.OrgID, today)
 		if err != nil {
-			return nil, queryErr(ctx, err, what("count today's messages"))
+			return nil, false, queryErr(ctx, err, what("count today's messages"))
 		}
 		for rows.Next() {
 			var room, actor string
 			var n uint64
 			if err := rows.Scan(&room, &actor, &n); err != nil {
 				rows.Close()
-				return nil, fmt.Errorf("%s: %w", what("count today's messages"), err)
+				return nil, false, fmt.Errorf("%s: %w", what("count today's messages"), err)
 			}
 			if a := agentIdx[[2]string{room, actor}]; a != nil {
 				a.MessagesToday = n
@@ -477,11 +490,11 @@ func (qr *Querier) roomWork(ctx context.Context, q WorkQuery, rooms []string) (m
 		}
 		rows.Close()
 		if err := rows.Err(); err != nil {
-			return nil, queryErr(ctx, err, what("count today's messages"))
+			return nil, false, queryErr(ctx, err, what("count today's messages"))
 		}
 		rows, err = qr.conn.Query(ictx, s.costToday(), q.OrgID, today)
 		if err != nil {
-			return nil, queryErr(ctx, err, what("sum today's cost"))
+			return nil, false, queryErr(ctx, err, what("sum today's cost"))
 		}
 		for rows.Next() {
 			var room, agent, currency string
@@ -489,18 +502,20 @@ func (qr *Querier) roomWork(ctx context.Context, q WorkQuery, rooms []string) (m
 			var events uint64
 			if err := rows.Scan(&room, &agent, &currency, &cost, &events); err != nil {
 				rows.Close()
-				return nil, fmt.Errorf("%s: %w", what("sum today's cost"), err)
+				return nil, false, fmt.Errorf("%s: %w", what("sum today's cost"), err)
 			}
-			if a := agentIdx[[2]string{room, agent}]; a != nil {
-				a.CostToday, a.Currency = a.CostToday.Add(cost), currency
+			// Amounts of two currencies are never added: an agent charged in two (a
+			// catalog that changed its currency today) shows the larger amount.
+			if a := agentIdx[[2]string{room, agent}]; a != nil && (a.Currency == "" || cost.GreaterThan(a.CostToday)) {
+				a.CostToday, a.Currency = cost, currency
 			}
 		}
 		rows.Close()
 		if err := rows.Err(); err != nil {
-			return nil, queryErr(ctx, err, what("sum today's cost"))
+			return nil, false, queryErr(ctx, err, what("sum today's cost"))
 		}
 	}
-	return work, nil
+	return work, truncated, nil
 }
 
 // AttentionOpen applies the closing rule of a request for attention asked at since
@@ -543,9 +558,13 @@ type OrgTask struct {
 // inProgressStatuses are the lower-case statuses InProgress accepts, for SQL.
 var inProgressStatuses = []string{"in_progress", "inprogress", "in progress", "working", "active", "started", "doing"}
 
+// SeedWindow is how recently a task in progress must have been updated for the live
+// hub to follow it from the start (an older one has long been stuck).
+const SeedWindow = 7 * 24 * time.Hour
+
 func (s workSQL) inProgress() string {
 	return "SELECT org_id, task_id, room_id, title, status, assignee_id, created_at, updated_at, updated_ms FROM " + s.db + ".tasks FINAL" +
-		" WHERE deleted = 0 AND has(?, lower(status)) ORDER BY updated_at DESC LIMIT ?"
+		" WHERE deleted = 0 AND has(?, lower(status)) AND updated_at >= ? ORDER BY updated_at DESC LIMIT ?"
 }
 
 func (s workSQL) assigneeActivity() string {
@@ -557,13 +576,14 @@ func (s workSQL) assigneeActivity() string {
 // partiesTable is the external table of (org, room, actor) triples.
 const partiesTable = "_bandplane_parties"
 
-// TasksInProgress lists up to limit tasks in progress of every organization, each
+// TasksInProgress lists up to limit tasks in progress of every organization updated
+// within SeedWindow, latest first, each
 // with its last activity (its assignee's latest event in the room, or its update). It
 // is not tenant-scoped: serve seeds its live hub with it, nothing answers a client
 // with it.
 func (qr *Querier) TasksInProgress(ctx context.Context, now time.Time, stuckAfter time.Duration, limit int) ([]OrgTask, error) {
 	s := workSQL{qr.db}
-	rows, err := qr.conn.Query(ctx, s.inProgress(), inProgressStatuses, limit)
+	rows, err := qr.conn.Query(ctx, s.inProgress(), inProgressStatuses, now.Add(-SeedWindow).UTC(), limit)
 	if err != nil {
 		return nil, queryErr(ctx, err, "cannot list the tasks in progress in "+qr.db+".tasks")
 	}

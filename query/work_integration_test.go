@@ -151,6 +151,40 @@ func TestIntegrationWorkStatus(t *testing.T) {
 	seeded, err := q.TasksInProgress(ctx, now, query.DefaultStuckAfter, 100)
 	require.NoError(t, err)
 	require.Len(t, seeded, 3)
+	seeded, err = q.TasksInProgress(ctx, now.Add(query.SeedWindow), query.DefaultStuckAfter, 100)
+	require.NoError(t, err)
+	require.Empty(t, seeded, "tasks not updated within the seed window are not followed")
+
+	// Organization c: a request in a room quiet for more than a day still shows; a
+	// request closed by the asker's task update stays closed when the task is
+	// reassigned; two agents' tool calls with the same id do not pair.
+	require.NoError(t, st.BatchInsert(ctx, &store.Batch{Directory: []store.DirectoryRow{
+		{Kind: "agent", ID: "x1", OrgID: "org-c", Handle: "c/x1", Version: 1},
+		{Kind: "agent", ID: "x2", OrgID: "org-c", Handle: "c/x2", Version: 1},
+	}}))
+	c := &workEvents{org: "org-c"}
+	c.add("old-q", schema.TypeAttention, ago(26*time.Hour), "quiet", "x1", "agent", schema.MessageData{Content: "still there?"})
+	c.add("q9", schema.TypeAttention, ago(10*time.Minute), "r3", "x1", "agent", schema.MessageData{Content: "go?"})
+	c.add("t9-a", schema.TypeTaskUpdated, ago(5*time.Minute), "r3", "u", "user", schema.TaskData{TaskID: "t9", Status: "in_progress", Assignee: "x1"})
+	c.add("t9-b", schema.TypeTaskUpdated, ago(time.Minute), "r3", "u", "user", schema.TaskData{TaskID: "t9", Status: "in_progress", Assignee: "x2"})
+	c.add("x1-call", schema.TypeToolCall, ago(3*time.Minute), "r3", "x1", "agent", schema.ToolCallData{ToolName: "a", ToolCallID: "call_0"})
+	c.add("x2-call", schema.TypeToolCall, ago(3*time.Minute), "r3", "x2", "agent", schema.ToolCallData{ToolName: "b", ToolCallID: "call_0"})
+	c.add("x2-res", schema.TypeToolResult, ago(2*time.Minute), "r3", "x2", "agent", schema.ToolResultData{ToolName: "b", ToolCallID: "call_0"})
+	require.NoError(t, st.BatchInsert(ctx, &store.Batch{Events: c.rows}))
+	ws, err = q.WorkStatus(ctx, query.WorkQuery{OrgID: "org-c", Now: now})
+	require.NoError(t, err)
+	open := map[string]string{}
+	for _, r := range ws.Rooms {
+		for _, a := range r.Attention {
+			open[a.ID] = r.RoomID
+		}
+	}
+	require.Equal(t, map[string]string{"old-q": "quiet"}, open, "q9 was closed by x1's task update before the reassignment")
+	agents, err = q.Agents(ctx, query.AgentQuery{OrgID: "org-c", Now: now})
+	require.NoError(t, err)
+	require.Len(t, agents, 2)
+	require.Len(t, agents[0].OpenToolCalls, 1, "x1's call_0 is not x2's")
+	require.Empty(t, agents[1].OpenToolCalls)
 
 	// Hostile input.
 	_, err = q.WorkStatus(ctx, query.WorkQuery{})

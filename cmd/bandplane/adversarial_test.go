@@ -300,7 +300,7 @@ func TestIntegrationAdversarialDecisionsAndKeys(t *testing.T) {
 		assert.Contains(t, q(viewer, audit), "FORBIDDEN", "a viewer does not read message content")
 		assert.Contains(t, q(compliance, `{ auditEvents(orgId: "org-other") { nextCursor } }`), "FORBIDDEN")
 		assert.NotContains(t, q(compliance, audit), "errors")
-		assert.Contains(t, q(viewer, `{ costs(orgId: "org-acme", from: "2026-01-01T00:00:00Z", to: "2026-01-02T00:00:00Z") { events } }`), `"costs"`)
+		assert.Contains(t, q(viewer, `{ costs(orgId: "org-acme", from: "2026-01-01T00:00:00Z", to: "2026-01-02T00:00:00Z") { rows { events } } }`), `"costs"`)
 		srv.alive()
 	})
 	t.Run("metrics need an operator key", func(t *testing.T) {

@@ -117,6 +117,7 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	fs.IntVar(&c.graphql.MaxTokens, "graphql-max-tokens", 10_000, "most tokens the GraphQL parser reads of one query")
 	fs.IntVar(&c.graphql.MaxComplexity, "graphql-max-complexity", 50_000, "most one GraphQL operation may ask for: a field counts once, an auditEvents page once per event of its limit (aliases add up)")
 	fs.IntVar(&c.graphql.MaxWebSockets, "graphql-max-websockets", 256, "most open GraphQL WebSocket connections (more: 503)")
+	fs.IntVar(&c.graphql.MaxWebSocketsPerKey, "graphql-max-websockets-per-key", 32, "most open GraphQL WebSocket connections of one API key (more: refused at init)")
 	fs.DurationVar(&c.graphql.InitTimeout, "graphql-init-timeout", 10*time.Second, "how long a GraphQL WebSocket may take to send its init message")
 	fs.DurationVar(&c.graphql.QueryTimeout, "graphql-query-timeout", 10*time.Second, "longest one GraphQL query may run (ClickHouse stops it too; longer: code TIMEOUT)")
 	fs.IntVar(&c.graphql.MaxAliases, "graphql-max-aliases", 100, "most aliased fields in one GraphQL operation, through fragments (more: refused, BAD_USER_INPUT)")
@@ -170,6 +171,7 @@ func (c *serveConfig) validateGraphQL() error {
 		{"--graphql-query-timeout", c.graphql.QueryTimeout > 0},
 		{"--graphql-max-concurrent-per-key", c.graphql.MaxConcurrentPerKey > 0},
 		{"--graphql-max-aliases", c.graphql.MaxAliases > 0},
+		{"--graphql-max-websockets-per-key", c.graphql.MaxWebSocketsPerKey > 0},
 		{"--graphql-clickhouse-conns", c.queryConns > 0},
 		{"--stuck-after", c.hub.StuckAfter > 0},
 		{"--graphql-subscriber-buffer", c.hub.Buffer > 0},
@@ -290,6 +292,13 @@ func serve(ctx context.Context, log *slog.Logger, reg *prometheus.Registry, c se
 	var live *ingest.Live
 	var liveReady atomic.Bool
 	if !c.noLive {
+		// The ingest group's offsets first: what lies after them may not be in
+		// ClickHouse yet (neither in the directory nor in the seed), so the live reader
+		// replays it into the hub before publishing (ingest.Live).
+		start, err := kafka.CommittedOffsets(ctx, brokers, c.stack.topic, c.group)
+		if err != nil {
+			return fmt.Errorf("cannot read the ingest group's offsets for the live reader: %w", err)
+		}
 		liveDir := ingest.NewDirectory()
 		snapshot, err := st.LoadDirectory(ctx)
 		if err != nil {
@@ -307,7 +316,8 @@ func serve(ctx context.Context, log *slog.Logger, reg *prometheus.Registry, c se
 			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "bandplane_live_subscriptions_dropped_total", Help: "Subscriptions dropped for falling behind (SLOW_SUBSCRIBER)."},
 				func() float64 { _, d := hub.Stats(); return float64(d) }),
 		)
-		live, err = ingest.NewLive(ingest.LiveConfig{Brokers: brokers, Topic: c.stack.topic, Directory: liveDir, Publish: hub.Publish, Logger: log})
+		live, err = ingest.NewLive(ingest.LiveConfig{Brokers: brokers, Topic: c.stack.topic, Directory: liveDir,
+			Publish: hub.Publish, Replay: hub.Replay, Start: start, Logger: log})
 		if err != nil {
 			return err
 		}
@@ -353,7 +363,7 @@ func serve(ctx context.Context, log *slog.Logger, reg *prometheus.Registry, c se
 			problems = append(problems, "policy: the directory is still loading")
 		}
 		if live != nil && !liveReady.Load() {
-			problems = append(problems, "live: the live reader is not at the newest offsets yet")
+			problems = append(problems, "live: the live reader is still catching up to the newest offsets")
 		}
 		if len(problems) > 0 {
 			w.WriteHeader(http.StatusServiceUnavailable)

@@ -2110,7 +2110,11 @@ type RoomWork {
 
 type WorkStatus {
   rooms: [RoomWork!]!
-  "True when the organization has more rooms with work than were returned."
+  """
+  True when the organization has more rooms with work than were returned (200), or a
+  room's tasks, requests or activity passed the 20,000 rows one answer reads (the
+  newest are kept).
+  """
   truncated: Boolean!
   "When the answer was computed (the stuck flags are as of then)."
   asOf: Time!
@@ -2148,7 +2152,7 @@ type ToolCall {
 type Room {
   id: ID!
   name: String
-  "Whether a room.deleted or room.removed was the last word on it."
+  "Whether a room.deleted is newer than its latest room.added (room.removed takes one agent out; it does not close the room)."
   closed: Boolean!
   lastActivity: Time
   openTasks: Int!

@@ -270,7 +270,7 @@ type Query struct {
 type Room struct {
 	ID   string  `json:"id"`
 	Name *string `json:"name,omitempty"`
-	// Whether a room.deleted or room.removed was the last word on it.
+	// Whether a room.deleted is newer than its latest room.added (room.removed takes one agent out; it does not close the room).
 	Closed        bool       `json:"closed"`
 	LastActivity  *time.Time `json:"lastActivity,omitempty"`
 	OpenTasks     int        `json:"openTasks"`
@@ -361,7 +361,9 @@ type UsageSeries struct {
 
 type WorkStatus struct {
 	Rooms []RoomWork `json:"rooms"`
-	// True when the organization has more rooms with work than were returned.
+	// True when the organization has more rooms with work than were returned (200), or a
+	// room's tasks, requests or activity passed the 20,000 rows one answer reads (the
+	// newest are kept).
 	Truncated bool `json:"truncated"`
 	// When the answer was computed (the stuck flags are as of then).
 	AsOf time.Time `json:"asOf"`

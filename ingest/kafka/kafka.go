@@ -394,3 +394,24 @@ func Partitions(ctx context.Context, brokers []string, topic string) ([]int, err
 	}
 	return nil, fmt.Errorf("topic %s does not exist", topic)
 }
+
+// CommittedOffsets returns the offset group has committed for each partition of topic
+// (the next record it will read); a partition without one is absent.
+func CommittedOffsets(ctx context.Context, brokers []string, topic, group string) (map[int]int64, error) {
+	parts, err := Partitions(ctx, brokers, topic)
+	if err != nil {
+		return nil, err
+	}
+	c := &kafkago.Client{Addr: kafkago.TCP(brokers...), Timeout: 10 * time.Second}
+	resp, err := c.OffsetFetch(ctx, &kafkago.OffsetFetchRequest{GroupID: group, Topics: map[string][]int{topic: parts}})
+	if err != nil {
+		return nil, fmt.Errorf("cannot fetch the offsets of group %s on topic %s: %w", group, topic, err)
+	}
+	out := map[int]int64{}
+	for _, p := range resp.Topics[topic] {
+		if p.CommittedOffset >= 0 {
+			out[p.Partition] = p.CommittedOffset
+		}
+	}
+	return out, nil
+}

@@ -81,8 +81,18 @@ func (w *Work) empty() bool {
 	return len(w.Tasks)+len(w.Activity)+len(w.Attention)+len(w.ToolCalls)+len(w.Rooms) == 0
 }
 
-// version orders the rows of one key: the event's time in milliseconds.
-func version(t time.Time) uint64 { return uint64(max(t.UnixMilli(), 0)) }
+// MaxTitle bounds a task's or a room's title as kept, in characters; MaxQuestion a
+// request for attention's text.
+const (
+	MaxTitle    = 500
+	MaxQuestion = 1000
+)
+
+// version orders the rows of one key: the event's time in milliseconds, then its
+// Kafka offset (modulo 10^6: the events of one room share a partition).
+func version(t time.Time, offset int64) uint64 {
+	return uint64(max(t.UnixMilli(), 0))*1_000_000 + uint64(max(offset, 0)%1_000_000)
+}
 
 // WorkOf derives the work-status rows of events. Events without an organization
 // (stored unattributed) have none. A payload that does not decode contributes no row
@@ -107,7 +117,7 @@ func WorkOf(events []EventRow) Work {
 		if e.OrgID == "" {
 			continue
 		}
-		v := version(e.Time)
+		v := version(e.Time, e.Offset)
 		if e.RoomID != "" && e.ActorID != "" && (e.ActorType == "agent" || e.ActorType == "user") {
 			keep(ActivityRow{OrgID: e.OrgID, RoomID: e.RoomID, ActorID: e.ActorID, Kind: "event", ActorType: e.ActorType,
 				ActorHandle: e.ActorHandle, Time: e.Time, Type: e.Type, EventID: e.ID, Version: v})
@@ -129,12 +139,12 @@ func WorkOf(events []EventRow) Work {
 					}
 				}
 				w.Attention = append(w.Attention, AttentionRow{OrgID: e.OrgID, RoomID: e.RoomID, EventID: e.ID, Time: e.Time,
-					AskerID: e.ActorID, AskerHandle: e.ActorHandle, Mentions: mentions, Question: cut(d.Content, 1000), Version: v})
+					AskerID: e.ActorID, AskerHandle: e.ActorHandle, Mentions: mentions, Question: cut(d.Content, MaxQuestion), Version: v})
 			}
 		case schema.TypeTaskCreated, schema.TypeTaskUpdated, schema.TypeTaskDeleted:
 			var d schema.TaskData
 			if json.Unmarshal([]byte(e.Data), &d) == nil && d.TaskID != "" {
-				r := TaskRow{OrgID: e.OrgID, TaskID: d.TaskID, RoomID: e.RoomID, Title: d.Title, Status: d.Status,
+				r := TaskRow{OrgID: e.OrgID, TaskID: d.TaskID, RoomID: e.RoomID, Title: cut(d.Title, MaxTitle), Status: cut(d.Status, 64),
 					AssigneeID: d.Assignee, ActorID: e.ActorID, UpdatedAt: e.Time, Deleted: e.Type == schema.TypeTaskDeleted,
 					EventID: e.ID, Version: v}
 				r.CreatedAt = insertedAt(d.Extra)
@@ -142,6 +152,10 @@ func WorkOf(events []EventRow) Work {
 					r.CreatedAt = e.Time
 				}
 				w.Tasks = append(w.Tasks, r)
+				if r.AssigneeID != "" && e.RoomID != "" {
+					keep(ActivityRow{OrgID: e.OrgID, RoomID: e.RoomID, ActorID: r.AssigneeID, Kind: "task", ActorType: "agent",
+						Time: e.Time, Type: e.Type, EventID: e.ID, Version: v})
+				}
 			}
 		case schema.TypeToolCall:
 			var d schema.ToolCallData
@@ -162,7 +176,7 @@ func WorkOf(events []EventRow) Work {
 		case schema.TypeRoomAdded:
 			var d schema.RoomData
 			if json.Unmarshal([]byte(e.Data), &d) == nil && e.RoomID != "" && d.Title != "" {
-				w.Rooms = append(w.Rooms, RoomRow{OrgID: e.OrgID, RoomID: e.RoomID, Kind: "title", Title: cut(d.Title, 200), Time: e.Time, EventID: e.ID, Version: v})
+				w.Rooms = append(w.Rooms, RoomRow{OrgID: e.OrgID, RoomID: e.RoomID, Kind: "title", Title: cut(d.Title, MaxTitle), Time: e.Time, EventID: e.ID, Version: v})
 			}
 		case schema.TypeRoomDeleted:
 			if e.RoomID != "" {
@@ -234,10 +248,10 @@ func (s *Store) insertWork(ctx context.Context, w Work) error {
 		}); err != nil {
 		return err
 	}
-	if err := s.send(ctx, "tool_calls", "org_id, call_id, kind, agent_id, room_id, tool_name, time, time_ms, is_error, event_id, version",
+	if err := s.send(ctx, "tool_calls", "org_id, agent_id, call_id, kind, room_id, tool_name, time, time_ms, is_error, event_id, version",
 		len(w.ToolCalls), func(i int) uint32 { return MonthPartition(w.ToolCalls[i].Time) }, func(b driver.Batch, i int) error {
 			r := &w.ToolCalls[i]
-			return b.Append(r.OrgID, r.CallID, r.Kind, r.AgentID, r.RoomID, r.ToolName, r.Time, ms(r.Time), b2u(r.IsError), r.EventID, r.Version)
+			return b.Append(r.OrgID, r.AgentID, r.CallID, r.Kind, r.RoomID, cut(r.ToolName, 256), r.Time, ms(r.Time), b2u(r.IsError), r.EventID, r.Version)
 		}); err != nil {
 		return err
 	}

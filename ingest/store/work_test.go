@@ -40,17 +40,22 @@ func TestWorkOf(t *testing.T) {
 	}
 	w := store.WorkOf(events)
 
-	var msg, ev []store.ActivityRow
+	var msg, ev, task []store.ActivityRow
 	for _, a := range w.Activity {
-		if a.Kind == "message" {
+		switch a.Kind {
+		case "message":
 			msg = append(msg, a)
-		} else {
+		case "task":
+			task = append(task, a)
+		default:
 			ev = append(ev, a)
 		}
 	}
+	require.Len(t, task, 1, "the assignee's task update: %+v", task)
+	require.Equal(t, "a1", task[0].ActorID)
 	require.Len(t, msg, 1)
 	require.Equal(t, "later", msg[0].Text)
-	require.Equal(t, uint64(t0.Add(time.Second).UnixMilli()), msg[0].Version)
+	require.Equal(t, uint64(t0.Add(time.Second).UnixMilli())*1_000_000, msg[0].Version)
 	for _, a := range ev {
 		if a.ActorID == "a1" {
 			require.Equal(t, "m2", a.EventID, "the latest event of a1 in r1")
@@ -65,9 +70,21 @@ func TestWorkOf(t *testing.T) {
 	require.Len(t, w.ToolCalls, 2, "a call without an id is not kept")
 	require.Equal(t, "event:res-noid", w.ToolCalls[1].CallID)
 	require.Equal(t, []store.RoomRow{
-		{OrgID: "org-a", RoomID: "r1", Kind: "title", Title: "Room one", Time: t0, EventID: "ra", Version: uint64(t0.UnixMilli())},
-		{OrgID: "org-a", RoomID: "r2", Kind: "deleted", Time: t0, EventID: "rd", Version: uint64(t0.UnixMilli())},
+		{OrgID: "org-a", RoomID: "r1", Kind: "title", Title: "Room one", Time: t0, EventID: "ra", Version: uint64(t0.UnixMilli()) * 1_000_000},
+		{OrgID: "org-a", RoomID: "r2", Kind: "deleted", Time: t0, EventID: "rd", Version: uint64(t0.UnixMilli()) * 1_000_000},
 	}, w.Rooms)
+
+	// Two messages of the same millisecond: the later Kafka offset wins.
+	a, b := workRow("x1", schema.TypeMessageCreated, t0, "r1", "a1", "agent", schema.MessageData{Content: "first"}),
+		workRow("x2", schema.TypeMessageCreated, t0, "r1", "a1", "agent", schema.MessageData{Content: "second"})
+	a.Offset, b.Offset = 7, 8
+	for _, order := range [][]store.EventRow{{a, b}, {b, a}} {
+		for _, r := range store.WorkOf(order).Activity {
+			if r.Kind == "message" {
+				require.Equal(t, "second", r.Text)
+			}
+		}
+	}
 
 	// A long message is cut to MaxActivityText characters, not bytes.
 	w = store.WorkOf(events[:1])

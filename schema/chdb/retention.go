@@ -91,6 +91,10 @@ func ApplyRetention(ctx context.Context, conn driver.Conn, db string, r Retentio
 		{"usage", false, r.Events},
 		{"usage_hourly", true, r.Rollup},
 		{"dead_letters", true, r.DeadLetters},
+		// Work status kept from the trail: requests for attention and tool calls go
+		// with it (tasks, room_activity and rooms are not partitioned: 003_work.sql).
+		{"attention", true, r.Events},
+		{"tool_calls", true, r.Events},
 	}
 	for _, t := range tables {
 		if t.keep == 0 {

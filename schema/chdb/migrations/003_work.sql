@@ -1,7 +1,11 @@
--- Work status (README, "Work status"), kept by ingest from the events it stores: each
--- row is derived from one event alone, and version is the event's time in
--- milliseconds, so the latest event wins under FINAL whatever order the rows arrive
--- in, and a replayed event writes a row equal to the one it wrote before.
+-- Work status (graph/README.md, "Work status"), kept by ingest from the events it
+-- stores: each row is derived from one event alone, and version is the event's time in
+-- milliseconds × 10^6 plus its Kafka offset modulo 10^6 (events of one room share a
+-- partition, so the offset orders two events of the same millisecond), so the latest
+-- event wins under FINAL whatever order the rows arrive in, and a replayed event
+-- writes a row equal to the one it wrote before. tasks, room_activity and rooms are
+-- not partitioned (a partition would keep a key's older row from collapsing with its
+-- newer one); retention does not drop them.
 
 -- The latest state of each task (task.created / task.updated / task.deleted carry the
 -- task's whole state, as the platform's frames do).
@@ -23,12 +27,14 @@ CREATE TABLE IF NOT EXISTS {db}.tasks (
 ORDER BY (org_id, task_id);
 
 -- Who did what last in each room: kind 'event' is an actor's latest event of any type
--- in the room, kind 'message' its latest message.created (text cut to 200 characters).
+-- in the room, kind 'message' its latest message.created (text cut to 200 characters),
+-- kind 'task' the latest task event of the room whose assignee the actor was then (a
+-- reassignment later does not move it: it closes that agent's requests for attention).
 CREATE TABLE IF NOT EXISTS {db}.room_activity (
     org_id       String,
     room_id      String,
     actor_id     String,
-    kind         Enum8('event' = 1, 'message' = 2),
+    kind         Enum8('event' = 1, 'message' = 2, 'task' = 3),
     actor_type   Enum8('agent' = 1, 'user' = 2, 'system' = 3),
     actor_handle String,
     time         DateTime('UTC'),
@@ -58,14 +64,15 @@ CREATE TABLE IF NOT EXISTS {db}.attention (
 PARTITION BY toYYYYMM(time)
 ORDER BY (org_id, room_id, event_id);
 
--- Tool calls and their results, paired by tool_call_id (kind 'call' / 'result'). A
--- result without a tool_call_id is keyed by its event id and pairs with nothing; a
--- call without one is not kept (it can never be paired).
+-- Tool calls and their results, paired by the agent and tool_call_id (kind 'call' /
+-- 'result': ids are the agent's own, two agents may both use call_0). A result without
+-- a tool_call_id is keyed by its event id and pairs with nothing; a call without one is
+-- not kept (it can never be paired).
 CREATE TABLE IF NOT EXISTS {db}.tool_calls (
     org_id       String,
+    agent_id     String,
     call_id      String,
     kind         Enum8('call' = 1, 'result' = 2),
-    agent_id     String,
     room_id      String,
     tool_name    String,
     time         DateTime('UTC'),
@@ -75,7 +82,7 @@ CREATE TABLE IF NOT EXISTS {db}.tool_calls (
     version      UInt64
 ) ENGINE = ReplacingMergeTree(version)
 PARTITION BY toYYYYMM(time)
-ORDER BY (org_id, call_id, kind);
+ORDER BY (org_id, agent_id, call_id, kind);
 
 -- Room names and closures: kind 'title' from room.added (its title), kind 'deleted'
 -- from room.deleted. A room is closed while its latest 'deleted' row is newer than its
