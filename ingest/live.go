@@ -39,7 +39,9 @@ type LiveConfig struct {
 	// they are skipped.
 	Replay func(ev *schema.Event)
 	// Start is where to begin each partition (the ingest group's committed offsets,
-	// read before the directory and the seed): absent partitions begin at the newest.
+	// read before the directory and the seed). A partition it lacks has nothing
+	// ingested yet and is replayed from its start; a nil Start begins every partition
+	// at its newest offset.
 	Start map[int]int64
 	// MaxReplay bounds the records replayed per partition (default 100,000).
 	MaxReplay int64
@@ -118,14 +120,17 @@ func (l *Live) partitions(ctx context.Context) ([]int, error) {
 func (l *Live) readPartition(ctx context.Context, partition int, positioned func()) {
 	var once sync.Once
 	defer once.Do(positioned)
-	newest, err := l.newest(ctx, partition)
+	oldest, newest, err := l.offsets(ctx, partition)
 	if err != nil {
 		return // ctx ended
 	}
 	next := newest
-	if start, ok := l.cfg.Start[partition]; ok && start < newest && l.cfg.Replay != nil {
-		next = max(start, newest-l.cfg.MaxReplay)
-		l.log.Info("replaying what ingest has not stored yet", "partition", partition, "from", next, "to", newest)
+	if l.cfg.Start != nil && l.cfg.Replay != nil {
+		start := l.cfg.Start[partition] // 0 when absent: nothing of it was ingested
+		if start < newest {
+			next = max(start, newest-l.cfg.MaxReplay, oldest)
+			l.log.Info("replaying what ingest has not stored yet", "partition", partition, "from", next, "to", newest)
+		}
 	}
 	if next >= newest {
 		once.Do(positioned)
@@ -161,23 +166,23 @@ func (l *Live) readPartition(ctx context.Context, partition int, positioned func
 	}
 }
 
-// newest reads the partition's next offset (where a record produced now goes),
-// retrying until it can or ctx ends.
-func (l *Live) newest(ctx context.Context, partition int) (int64, error) {
+// offsets reads the partition's oldest offset and its next one (where a record
+// produced now goes), retrying until it can or ctx ends.
+func (l *Live) offsets(ctx context.Context, partition int) (int64, int64, error) {
 	for {
 		conn, err := kafkago.DialLeader(ctx, "tcp", l.cfg.Brokers[0], l.cfg.Topic, partition)
 		if err == nil {
-			last, err2 := conn.ReadLastOffset()
+			first, last, err2 := conn.ReadOffsets()
 			_ = conn.Close()
 			if err2 == nil {
-				return last, nil
+				return first, last, nil
 			}
 			err = err2
 		}
 		l.log.Warn("cannot read the newest offset of a partition; retrying", "partition", partition, "err", err)
 		select {
 		case <-ctx.Done():
-			return 0, ctx.Err()
+			return 0, 0, ctx.Err()
 		case <-time.After(l.cfg.Retry):
 		}
 	}

@@ -196,3 +196,53 @@ func TestIntegrationLiveWorkStatus(t *testing.T) {
 	}
 	srv.alive()
 }
+
+// TestIntegrationLiveReplaysWhatIngestHasNotStored: a task put in progress while no
+// serve ran, and not in ClickHouse (the second serve ingests nothing), is still
+// followed: the live reader replays it from the ingest group's committed offset, and
+// the timer makes it stuck.
+func TestIntegrationLiveReplaysWhatIngestHasNotStored(t *testing.T) {
+	s := newStack(t)
+	viewer := s.key(t, "replay-viewer", "org-acme", keys.RoleViewer)
+	p, err := kafka.NewProducer(kafka.ProducerConfig{Brokers: stacktest.Brokers(), Topic: s.topic})
+	require.NoError(t, err)
+	t.Cleanup(func() { p.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	tag := strconv.FormatInt(time.Now().UnixNano(), 36)
+	lead := schema.Party{ID: "u-replay-lead", Type: schema.ActorUser, Handle: "lead"}
+	ev := func(id, typ string, actor schema.Party, subject *schema.Party, room string, data any) schema.Event {
+		b, _ := json.Marshal(data)
+		e := schema.Event{ID: id + "-" + tag, Type: typ, Time: time.Now().UTC(), OrgID: "org-acme", RoomID: room, Actor: actor, Subject: subject,
+			Source: "live-test", SchemaVersion: schema.Version, Data: b}
+		require.NoError(t, e.Validate())
+		return e
+	}
+	// A first serve ingests the directory and commits its offsets.
+	require.NoError(t, p.Produce(ctx, []schema.Event{ev("reg", schema.TypeUserRegistered, schema.Party{ID: "system", Type: schema.ActorSystem}, &lead, "", schema.UserData{Handle: "lead"})}))
+	first := s.serve(t)
+	require.Eventually(t, func() bool {
+		var n uint64
+		require.NoError(t, s.conn.QueryRow(ctx, "SELECT count() FROM "+s.db+".directory").Scan(&n))
+		return n == 1
+	}, 30*time.Second, 100*time.Millisecond)
+	first.stop()
+
+	// While nothing runs: a task goes in progress.
+	room := "room-replay-" + tag
+	task := ev("task", schema.TypeTaskUpdated, lead, nil, room, schema.TaskData{TaskID: "t-" + tag, Title: "Ship", Status: "in_progress", Assignee: "a-nobody"})
+	require.NoError(t, p.Produce(ctx, []schema.Event{task}))
+
+	srv := s.serve(t, "--no-consumer", "--stuck-after", "3s")
+	conn, err := wsclient.Dial(ctx, "ws"+strings.TrimPrefix(srv.url, "http")+"/graphql", viewer)
+	require.NoError(t, err)
+	defer conn.Close()
+	_, changes, err := conn.Subscribe(ctx, workSub, map[string]any{"room": room}, 8)
+	require.NoError(t, err)
+	c := nextChange(t, changes, 20*time.Second).WorkStatusChanged
+	require.Equal(t, "TASK_STUCK", c.Kind, "the replayed task becomes stuck, and its replay itself told nobody")
+	require.Equal(t, "t-"+tag, c.Task.ID)
+	var stored uint64
+	require.NoError(t, s.conn.QueryRow(ctx, "SELECT count() FROM "+s.db+".tasks").Scan(&stored))
+	require.Zero(t, stored, "nothing ingested it: only the replay knew")
+}
