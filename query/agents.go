@@ -21,6 +21,20 @@ const (
 	MaxOpenToolCalls = 50
 )
 
+// listLimit checks a listing's organization and limit, and returns the limit to
+// use (DefaultListLimit for 0).
+func listLimit(org string, limit int) (int, error) {
+	errs := checkOrg(nil, org)
+	errs = checkLimit(errs, limit, MaxListLimit)
+	if err := errors.Join(errs...); err != nil {
+		return 0, err
+	}
+	if limit == 0 {
+		limit = DefaultListLimit
+	}
+	return limit, nil
+}
+
 // ToolCall is a tool call without a result yet.
 type ToolCall struct {
 	ID, ToolName, RoomID string
@@ -70,16 +84,9 @@ func (s agentSQL) openCalls() string {
 
 // Agents lists the organization's agents with their open tool calls and tool results.
 func (qr *Querier) Agents(ctx context.Context, q AgentQuery) ([]Agent, error) {
-	var errs []error
-	if q.OrgID == "" {
-		errs = append(errs, fieldErr("org_id", "required"))
-	}
-	errs = checkLimit(errs, q.Limit, MaxListLimit)
-	if err := errors.Join(errs...); err != nil {
+	var err error
+	if q.Limit, err = listLimit(q.OrgID, q.Limit); err != nil {
 		return nil, err
-	}
-	if q.Limit == 0 {
-		q.Limit = DefaultListLimit
 	}
 	if q.Now.IsZero() {
 		q.Now = time.Now()
@@ -211,8 +218,8 @@ func (qr *Querier) RoomNames(ctx context.Context, orgID string, ids []string) (m
 }
 
 func (qr *Querier) roomInfo(ctx context.Context, orgID string, ids []string) (map[string]Room, error) {
-	if orgID == "" {
-		return nil, fieldErr("org_id", "required")
+	if err := errors.Join(checkOrg(nil, orgID)...); err != nil {
+		return nil, err
 	}
 	ids = uniqueIDs(ids)
 	out := make(map[string]Room, len(ids))
@@ -256,16 +263,9 @@ func (qr *Querier) roomInfo(ctx context.Context, orgID string, ids []string) (ma
 // Rooms lists the organization's rooms (those with a title or kept activity), latest
 // activity first, with their open and stuck tasks and waiting requests.
 func (qr *Querier) Rooms(ctx context.Context, q RoomQuery) ([]Room, error) {
-	var errs []error
-	if q.OrgID == "" {
-		errs = append(errs, fieldErr("org_id", "required"))
-	}
-	errs = checkLimit(errs, q.Limit, MaxListLimit)
-	if err := errors.Join(errs...); err != nil {
+	var err error
+	if q.Limit, err = listLimit(q.OrgID, q.Limit); err != nil {
 		return nil, err
-	}
-	if q.Limit == 0 {
-		q.Limit = DefaultListLimit
 	}
 	rows, err := qr.conn.Query(ctx, roomSQL{qr.db}.all(), q.OrgID, q.OrgID, q.Limit)
 	if err != nil {

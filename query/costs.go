@@ -91,10 +91,7 @@ func (f CostFilter) add(w *where) {
 
 // Validate reports every problem of the query at once, each naming its field.
 func (q CostQuery) Validate() error {
-	var errs []error
-	if q.OrgID == "" {
-		errs = append(errs, fieldErr("org_id", "required"))
-	}
+	errs := checkOrg(nil, q.OrgID)
 	if q.From.IsZero() {
 		errs = append(errs, fieldErr("from", "required"))
 	}

@@ -58,10 +58,7 @@ func (q *SeriesQuery) bucket() time.Duration {
 
 // Validate reports every problem of the query at once.
 func (q SeriesQuery) Validate() error {
-	var errs []error
-	if q.OrgID == "" {
-		errs = append(errs, fieldErr("org_id", "required"))
-	}
+	errs := checkOrg(nil, q.OrgID)
 	if q.Interval != DimHour && q.Interval != DimDay {
 		errs = append(errs, fieldErr("interval", "must be hour or day, got %q", q.Interval))
 	}

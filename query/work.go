@@ -118,10 +118,7 @@ type WorkStatus struct {
 }
 
 func (q *WorkQuery) normalize() error {
-	var errs []error
-	if q.OrgID == "" {
-		errs = append(errs, fieldErr("org_id", "required"))
-	}
+	errs := checkOrg(nil, q.OrgID)
 	if len(q.RoomID) > 256 {
 		errs = append(errs, fieldErr("room_id", "longer than 256 bytes"))
 	}
