@@ -87,6 +87,17 @@ func TestIntegrationCostsAndAudit(t *testing.T) {
 	require.Equal(t, "unknown", before.Unpriced[0].Model)
 	require.Equal(t, uint64(1), before.Unpriced[0].UnpricedEvents)
 	require.Equal(t, query.Tokens{Input: 10, Output: 10}, before.Unpriced[0].UnpricedTokens)
+	// Grouped by model and not cut, the totals and the unpriced usage come from the
+	// rows, without another read: the same as the reads give.
+	derived := day
+	derived.GroupBy = []string{"model", "agent"}
+	fromRows, err := q.Costs(ctx, derived)
+	require.NoError(t, err)
+	require.Equal(t, before.Unpriced, fromRows.Unpriced)
+	require.Len(t, fromRows.Totals, 1)
+	require.Equal(t, before.Totals[0].Cost.StringFixed(6), fromRows.Totals[0].Cost.StringFixed(6))
+	require.Equal(t, before.Totals[0].Tokens, fromRows.Totals[0].Tokens)
+	require.Equal(t, before.Totals[0].UnpricedEvents, fromRows.Totals[0].UnpricedEvents)
 
 	// Reprice u3 onto a real model: its group (model "unknown") is overwritten with zeros
 	// by the rebuild and must disappear, not linger as a stale version.
@@ -150,6 +161,28 @@ func TestIntegrationCostsAndAudit(t *testing.T) {
 	otherOrg := day
 	otherOrg.OrgID = "org-b"
 	check("org-b only sees its own", []keyed{{"", 1, "9.000000"}}, costs(otherOrg, func(query.CostRow) string { return "" }))
+
+	// A range of whole days reads the daily rollup: the same sums as the hours'.
+	threeDays := query.CostQuery{OrgID: "org-a", From: base.Add(-10 * time.Hour), To: base.Add(62 * time.Hour)}
+	viaDays, err := q.Costs(ctx, threeDays)
+	require.NoError(t, err)
+	threeDays.GroupBy = []string{"hour"}
+	viaHours, err := q.Costs(ctx, threeDays)
+	require.NoError(t, err)
+	var hourly query.CostRow
+	for _, r := range viaHours.Rows {
+		hourly.Events += r.Events
+		hourly.UnpricedEvents += r.UnpricedEvents
+		hourly.Tokens = hourly.Tokens.Add(r.Tokens)
+		hourly.Cost = hourly.Cost.Add(r.Cost)
+	}
+	require.Len(t, viaDays.Rows, 1)
+	require.Equal(t, hourly.Events, viaDays.Rows[0].Events)
+	require.Equal(t, hourly.Tokens, viaDays.Rows[0].Tokens)
+	require.Equal(t, hourly.Cost.StringFixed(6), viaDays.Rows[0].Cost.StringFixed(6), "the repriced group is zero in the days too")
+	var dailyRows uint64
+	require.NoError(t, conn.QueryRow(ctx, "SELECT count() FROM "+db+".usage_daily FINAL WHERE org_id = 'org-a' AND events > 0").Scan(&dailyRows))
+	require.NotZero(t, dailyRows)
 
 	// A row cap says so, and the totals still cover everything.
 	capped := byModel

@@ -88,10 +88,10 @@ func (s seriesSQL) costs() costsSQL {
 
 // top ranks the split dimension's values by cost, then events.
 func (s seriesSQL) top() (string, []any) {
-	w := s.costs().where()
+	src, args := s.costs().from(false, nil)
 	col := costDims[s.q.Split]
-	return "SELECT " + col + " AS k, sum(cost) AS total_cost, sum(events) AS total_events FROM " + s.db + ".usage_hourly FINAL" +
-		" WHERE " + w.String() + " GROUP BY k HAVING total_events > 0 ORDER BY total_cost DESC, total_events DESC, k LIMIT ?", append(w.args, s.limit())
+	return "SELECT " + col + " AS k, sum(cost) AS total_cost, sum(events) AS total_events FROM " + src +
+		" GROUP BY k HAVING total_events > 0 ORDER BY total_cost DESC, total_events DESC, k LIMIT ?", append(args, s.limit())
 }
 
 func (s seriesSQL) limit() int {
@@ -103,15 +103,16 @@ func (s seriesSQL) limit() int {
 
 // points sums per key, bucket and currency; keys restricts the split to the top ones.
 func (s seriesSQL) points(keys []string) (string, []any) {
-	w := s.costs().where()
 	key := "''"
+	var extra func(*where)
 	if s.q.Split != "" {
 		key = costDims[s.q.Split]
-		w.add("has(?, "+key+")", keys)
+		extra = func(w *where) { w.add("has(?, "+key+")", keys) }
 	}
+	src, args := s.costs().from(s.q.Interval == DimHour, extra)
 	b := costDims[s.q.Interval]
-	return "SELECT " + key + " AS k, " + b + " AS bucket, currency, " + sums + " FROM " + s.db + ".usage_hourly FINAL" +
-		" WHERE " + w.String() + " GROUP BY k, bucket, currency HAVING total_events > 0 ORDER BY k, currency, bucket", w.args
+	return "SELECT " + key + " AS k, " + b + " AS bucket, currency, " + sums + " FROM " + src +
+		" GROUP BY k, bucket, currency HAVING total_events > 0 ORDER BY k, currency, bucket", args
 }
 
 // UsageSeries returns the series of q, each with every bucket of the range.

@@ -23,7 +23,8 @@ type rollupKey struct {
 }
 
 // RefreshRollup rebuilds the hourly rollup of the given hours from usage FINAL, so a
-// replayed or repriced event is counted once. Groups that no longer exist in an hour (a
+// replayed or repriced event is counted once, and the daily rollup of their days from
+// the hourly one. Groups that no longer exist in an hour (a
 // reprice moved a row from model "unknown" to a real model) are overwritten with zeros.
 // It reads one query per organization and day of dirty hours, and writes one insert per
 // organization.
@@ -49,6 +50,10 @@ func (s *Store) RefreshRollup(ctx context.Context, keys []HourKey) error {
 }
 
 const rollupCols = "hour, org_id, owner_id, agent_id, room_id, model, events, unpriced_events, input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, reasoning_tokens," +
+	" unpriced_input_tokens, unpriced_output_tokens, unpriced_cache_read_tokens, unpriced_cache_write_tokens, unpriced_reasoning_tokens, cost, currency, version"
+
+// dailyCols are usage_daily's: rollupCols with day for hour.
+const dailyCols = "day, org_id, owner_id, agent_id, room_id, model, events, unpriced_events, input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, reasoning_tokens," +
 	" unpriced_input_tokens, unpriced_output_tokens, unpriced_cache_read_tokens, unpriced_cache_write_tokens, unpriced_reasoning_tokens, cost, currency, version"
 
 type rollupRow struct {
@@ -79,7 +84,106 @@ func (s *Store) refreshOrg(ctx context.Context, org string, hours []time.Time) e
 		start = end
 	}
 	version := uint64(time.Now().UnixNano())
+	// The days first: a crash between the two writes leaves the hours stale
+	// (StaleHours), and their catch-up rebuilds the days again.
+	daily, err := s.rebuildDays(ctx, org, hours, fresh)
+	if err != nil {
+		return err
+	}
+	if err := s.sendDaily(ctx, org, daily, version); err != nil {
+		return err
+	}
 	return s.sendRollup(ctx, org, fresh, version)
+}
+
+// add sums o into r (the key and currency stay r's, or o's when r has none).
+func (r *rollupRow) add(o *rollupRow) {
+	r.events, r.unpriced, r.in, r.out, r.cr, r.cw, r.r = r.events+o.events, r.unpriced+o.unpriced, r.in+o.in, r.out+o.out, r.cr+o.cr, r.cw+o.cw, r.r+o.r
+	r.uin, r.uout, r.ucr, r.ucw, r.ur = r.uin+o.uin, r.uout+o.uout, r.ucr+o.ucr, r.ucw+o.ucw, r.ur+o.ur
+	r.cost = r.cost.Add(o.cost)
+	if r.currency == "" {
+		r.currency = o.currency
+	}
+}
+
+// rebuildDays computes the daily rollup rows of the days of hours: the fresh rows of
+// the rebuilt hours plus usage_hourly FINAL's rows of the day's other hours, and zero
+// rows for the day's groups that no longer exist.
+func (s *Store) rebuildDays(ctx context.Context, org string, hours []time.Time, fresh []rollupRow) ([]rollupRow, error) {
+	rebuilt := map[time.Time]bool{}
+	days := map[time.Time]map[rollupKey]*rollupRow{}
+	for _, h := range hours {
+		rebuilt[h] = true
+		days[h.Truncate(24*time.Hour)] = map[rollupKey]*rollupRow{}
+	}
+	dayKey := func(k rollupKey) rollupKey { k.hour = k.hour.Truncate(24 * time.Hour); return k }
+	addTo := func(r *rollupRow) {
+		k := dayKey(r.key)
+		d := days[k.hour]
+		if d[k] == nil {
+			d[k] = &rollupRow{key: k, cost: decimal.Zero}
+		}
+		d[k].add(r)
+	}
+	for i := range fresh {
+		addTo(&fresh[i])
+	}
+	var out []rollupRow
+	for day, groups := range days {
+		rows, err := s.conn.Query(ctx, `SELECT hour, owner_id, agent_id, room_id, model, events, unpriced_events, input_tokens, output_tokens,
+			cache_read_tokens, cache_write_tokens, reasoning_tokens, unpriced_input_tokens, unpriced_output_tokens,
+			unpriced_cache_read_tokens, unpriced_cache_write_tokens, unpriced_reasoning_tokens, cost, currency
+			FROM `+s.db+`.usage_hourly FINAL WHERE org_id = ? AND hour >= ? AND hour < ?`, org, day, day.Add(24*time.Hour))
+		if err != nil {
+			return nil, fmt.Errorf("cannot read %s.usage_hourly of org %q for %s: %w", s.db, org, day.Format(time.DateOnly), err)
+		}
+		for rows.Next() {
+			var r rollupRow
+			if err := rows.Scan(&r.key.hour, &r.key.owner, &r.key.agent, &r.key.room, &r.key.model, &r.events, &r.unpriced, &r.in, &r.out,
+				&r.cr, &r.cw, &r.r, &r.uin, &r.uout, &r.ucr, &r.ucw, &r.ur, &r.cost, &r.currency); err != nil {
+				rows.Close()
+				return nil, fmt.Errorf("cannot read %s.usage_hourly of org %q: %w", s.db, org, err)
+			}
+			if r.key.hour = r.key.hour.UTC(); !rebuilt[r.key.hour] {
+				addTo(&r)
+			}
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return nil, err
+		}
+		old, err := s.conn.Query(ctx, `SELECT owner_id, agent_id, room_id, model FROM `+s.db+`.usage_daily FINAL
+			WHERE org_id = ? AND day = ? AND events > 0`, org, day)
+		if err != nil {
+			return nil, fmt.Errorf("cannot read %s.usage_daily of org %q: %w", s.db, org, err)
+		}
+		for old.Next() {
+			k := rollupKey{hour: day}
+			if err := old.Scan(&k.owner, &k.agent, &k.room, &k.model); err != nil {
+				old.Close()
+				return nil, err
+			}
+			if groups[k] == nil {
+				groups[k] = &rollupRow{key: k, cost: decimal.Zero} // gone from the day: overwritten with zeros
+			}
+		}
+		old.Close()
+		if err := old.Err(); err != nil {
+			return nil, err
+		}
+		for _, r := range groups {
+			out = append(out, *r)
+		}
+	}
+	return out, nil
+}
+
+func (s *Store) sendDaily(ctx context.Context, org string, rows []rollupRow, version uint64) error {
+	return s.send(ctx, "usage_daily", dailyCols, len(rows), func(i int) uint32 { return MonthPartition(rows[i].key.hour) }, func(b driver.Batch, i int) error {
+		r := &rows[i]
+		return b.Append(r.key.hour, org, r.key.owner, r.key.agent, r.key.room, r.key.model,
+			r.events, r.unpriced, r.in, r.out, r.cr, r.cw, r.r, r.uin, r.uout, r.ucr, r.ucw, r.ur, r.cost, r.currency, version)
+	})
 }
 
 // rebuildHours computes the rollup rows of the given hours of one organization, all

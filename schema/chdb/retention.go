@@ -90,6 +90,7 @@ func ApplyRetention(ctx context.Context, conn driver.Conn, db string, r Retentio
 		{"events", false, r.Events},
 		{"usage", false, r.Events},
 		{"usage_hourly", true, r.Rollup},
+		{"usage_daily", true, r.Rollup},
 		{"dead_letters", true, r.DeadLetters},
 		// Work status kept from the trail: requests for attention and tool calls go
 		// with it (tasks, room_activity and rooms are not partitioned: 003_work.sql).
