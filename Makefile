@@ -3,7 +3,7 @@ SHELL := /bin/bash
 GO    ?= go
 BIN   := bin/bandplane
 
-.PHONY: build run test up down unit bench-ingest bench-policy fuzz generate
+.PHONY: build run test up down unit bench-ingest bench-policy bench-query fuzz generate
 
 build:
 	$(GO) build -o $(BIN) ./cmd/bandplane
@@ -34,6 +34,12 @@ bench-ingest: build
 # Kafka, in one run (needs `make up`).
 bench-policy: build
 	$(BIN) bench policy --audit
+
+# 10M simulated events over 30 days, loaded once into their own database and reused;
+# costs and an audit page through GraphQL and through the Querier, and 1,000 WebSocket
+# subscribers at 20 changes/s (needs `make up`).
+bench-query: build
+	$(BIN) bench query
 
 # Regenerates the gqlgen code and the Grafana dashboards; tests fail when either is stale
 # (graph/generate_test.go, dashboards/dashboards_test.go).

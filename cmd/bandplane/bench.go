@@ -21,9 +21,11 @@ func runBench(ctx context.Context, e *env, args []string) error {
 			return runBenchIngest(ctx, e, args[1:])
 		case "policy":
 			return runBenchPolicy(ctx, e, args[1:])
+		case "query":
+			return runBenchQuery(ctx, e, args[1:])
 		}
 	}
-	fmt.Fprintln(e.stderr, "usage: bandplane bench ingest|policy [flags]")
+	fmt.Fprintln(e.stderr, "usage: bandplane bench ingest|policy|query [flags]")
 	return exitError{code: 2}
 }
 
