@@ -89,7 +89,7 @@ func writeQuerySummary(w io.Writer, r querybench.Report) {
 	c := r.Cost
 	p("costs by agent and model with names, org %s (%d rows, %d named), %d runs:", r.Target.Org, c.Rows, c.Named, c.GraphQL.N)
 	p("  GraphQL             p50 %7.2f ms  p99 %7.2f ms  max %7.2f ms   goal p99 <= %d ms: %s", c.GraphQL.P50, c.GraphQL.P99, c.GraphQL.Max, goalCostP99Ms, met(c.GraphQL.P99 <= goalCostP99Ms))
-	p("  Querier.Costs       p50 %7.2f ms  p99 %7.2f ms  max %7.2f ms   (3 statements on usage_hourly FINAL, rows scanned)", c.SQL.P50, c.SQL.P99, c.SQL.Max)
+	p("  Querier.Costs       p50 %7.2f ms  p99 %7.2f ms  max %7.2f ms   (the SQL and the scan, names not included)", c.SQL.P50, c.SQL.P99, c.SQL.Max)
 	p("  names lookup        p50 %7.2f ms  p99 %7.2f ms                  (Querier.Names, which the resolver adds)", c.Names.P50, c.Names.P99)
 	failures(p, "costs", c.GraphQL, c.SQL, c.Names)
 	p("  %s", cpuLine(c.CPU, "server and client"))
