@@ -172,6 +172,16 @@ func TestAuditSQL(t *testing.T) {
 	f("allowed send_message", auditSQL{q: AuditQuery{OrgID: "o1", Outcome: "allowed"}, decision: "send_message"},
 		page(" AND type = ? AND visitParamExtractBool(data, 'allow') = 1 AND visitParamExtractString(data, 'decision') = ?", 101),
 		twice("o1", "policy.decided", "send_message"))
+	// A window of a walk-back is the same query with one more range, and reads the rows
+	// the page still lacks.
+	f("window", auditSQL{q: AuditQuery{OrgID: "o1", From: t0, Types: []string{"message.created"}},
+		win: span{from: t1.Add(-24 * time.Hour).Add(5 * time.Millisecond), to: t1.Add(-time.Hour).Add(5 * time.Millisecond)}, rows: 37},
+		page(" AND time >= ? AND (time > ? OR time_ms >= ?)"+
+			" AND time >= ? AND (time > ? OR time_ms >= ?) AND time <= ? AND (time < ? OR time_ms < ?) AND has(?, type)", 37),
+		twice("o1", t0, t0, uint16(0), t1.Add(-24*time.Hour), t1.Add(-24*time.Hour), uint16(5),
+			t1.Add(-time.Hour), t1.Add(-time.Hour), uint16(5), []string{"message.created"}))
+	f("first window, open above", auditSQL{q: AuditQuery{OrgID: "o1"}, win: span{from: t1}},
+		page(" AND time >= ? AND (time > ? OR time_ms >= ?)", 101), twice("o1", t1, t1, uint16(0)))
 }
 
 func TestAuditQueryValidate(t *testing.T) {
