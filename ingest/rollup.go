@@ -59,6 +59,20 @@ func (r *Rollup) CatchUp(ctx context.Context) error {
 	if len(hours) > 0 {
 		r.log.Info("rebuilding rollup hours written since the last rebuild", "hours", len(hours))
 	}
+	// Days whose hours were rebuilt after them (a stop between the two writes): rebuilt
+	// now, from the hours (the last 35 days: a reprice rebuilds the days it touches).
+	days, err := r.store.StaleDays(ctx, time.Now().Add(-35*24*time.Hour))
+	if err != nil {
+		return err
+	}
+	for _, d := range days {
+		if err := r.store.RefreshDays(ctx, d.OrgID, []time.Time{d.Day}); err != nil {
+			return err
+		}
+	}
+	if len(days) > 0 {
+		r.log.Info("rebuilt daily rollup days older than their hours", "days", len(days))
+	}
 	return nil
 }
 

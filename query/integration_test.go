@@ -183,6 +183,21 @@ func TestIntegrationCostsAndAudit(t *testing.T) {
 	var dailyRows uint64
 	require.NoError(t, conn.QueryRow(ctx, "SELECT count() FROM "+db+".usage_daily FINAL WHERE org_id = 'org-a' AND events > 0").Scan(&dailyRows))
 	require.NotZero(t, dailyRows)
+	stale, err := st.StaleDays(ctx, base.Add(-48*time.Hour))
+	require.NoError(t, err)
+	require.Empty(t, stale, "every day was rebuilt after its hours")
+	// A stop between the hours and the days (here: the days lost): found, and rebuilt.
+	require.NoError(t, conn.Exec(ctx, "TRUNCATE TABLE "+db+".usage_daily"))
+	stale, err = st.StaleDays(ctx, base.Add(-48*time.Hour))
+	require.NoError(t, err)
+	require.Equal(t, []store.DayKey{{OrgID: "org-a", Day: base.Truncate(24 * time.Hour)}, {OrgID: "org-a", Day: base.Truncate(24 * time.Hour).Add(24 * time.Hour)},
+		{OrgID: "org-b", Day: base.Truncate(24 * time.Hour)}}, stale)
+	for _, d := range stale {
+		require.NoError(t, st.RefreshDays(ctx, d.OrgID, []time.Time{d.Day}))
+	}
+	again, err := q.Costs(ctx, query.CostQuery{OrgID: "org-a", From: base.Add(-10 * time.Hour), To: base.Add(62 * time.Hour)})
+	require.NoError(t, err)
+	require.Equal(t, viaDays.Rows[0].Cost.StringFixed(6), again.Rows[0].Cost.StringFixed(6))
 
 	// A row cap says so, and the totals still cover everything.
 	capped := byModel

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
@@ -23,8 +24,8 @@ type rollupKey struct {
 }
 
 // RefreshRollup rebuilds the hourly rollup of the given hours from usage FINAL, so a
-// replayed or repriced event is counted once, and the daily rollup of their days from
-// the hourly one. Groups that no longer exist in an hour (a
+// replayed or repriced event is counted once, then the daily rollup of their days from
+// the hourly one (RefreshDays). Groups that no longer exist in an hour (a
 // reprice moved a row from model "unknown" to a real model) are overwritten with zeros.
 // It reads one query per organization and day of dirty hours, and writes one insert per
 // organization.
@@ -83,17 +84,85 @@ func (s *Store) refreshOrg(ctx context.Context, org string, hours []time.Time) e
 		fresh = append(fresh, rows...)
 		start = end
 	}
-	version := uint64(time.Now().UnixNano())
-	// The days first: a crash between the two writes leaves the hours stale
-	// (StaleHours), and their catch-up rebuilds the days again.
-	daily, err := s.rebuildDays(ctx, org, hours, fresh)
+	if err := s.sendRollup(ctx, org, fresh, uint64(time.Now().UnixNano())); err != nil {
+		return err
+	}
+	days := make([]time.Time, 0, len(hours))
+	for _, h := range hours {
+		days = append(days, h.Truncate(24*time.Hour))
+	}
+	return s.RefreshDays(ctx, org, days)
+}
+
+// RefreshDays rebuilds the daily rollup of the given days of one organization from
+// usage_hourly FINAL, after the hours (refreshOrg). A day's version is the time just
+// before it is read, so of two processes rebuilding one day the later read, which
+// sees every hour written before it, wins; a crash between the hours and the days is
+// found by StaleDays.
+func (s *Store) RefreshDays(ctx context.Context, org string, days []time.Time) error {
+	slices.SortFunc(days, time.Time.Compare)
+	days = slices.CompactFunc(days, time.Time.Equal)
+	for _, day := range days {
+		version := uint64(time.Now().UnixNano())
+		rows, err := s.rebuildDay(ctx, org, day)
+		if err != nil {
+			return err
+		}
+		if err := s.sendDaily(ctx, org, rows, version); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// DayKey names one day of one organization in the daily rollup.
+type DayKey struct {
+	OrgID string
+	Day   time.Time
+}
+
+// StaleDays lists the days since since whose hours were rebuilt after the day was
+// (a process stopped between the two writes).
+func (s *Store) StaleDays(ctx context.Context, since time.Time) ([]DayKey, error) {
+	latest := func(q string) (map[DayKey]uint64, error) {
+		rows, err := s.conn.Query(ctx, q, since.UTC().Truncate(24*time.Hour))
+		if err != nil {
+			return nil, fmt.Errorf("cannot read the rollup versions of %s: %w", s.db, err)
+		}
+		defer rows.Close()
+		out := map[DayKey]uint64{}
+		for rows.Next() {
+			var k DayKey
+			var v uint64
+			if err := rows.Scan(&k.OrgID, &k.Day, &v); err != nil {
+				return nil, err
+			}
+			k.Day = k.Day.UTC()
+			out[k] = v
+		}
+		return out, rows.Err()
+	}
+	hourly, err := latest("SELECT org_id, toStartOfDay(hour) AS d, max(version) FROM " + s.db + ".usage_hourly WHERE hour >= ? GROUP BY org_id, d")
 	if err != nil {
-		return err
+		return nil, err
 	}
-	if err := s.sendDaily(ctx, org, daily, version); err != nil {
-		return err
+	daily, err := latest("SELECT org_id, day, max(version) FROM " + s.db + ".usage_daily WHERE day >= ? GROUP BY org_id, day")
+	if err != nil {
+		return nil, err
 	}
-	return s.sendRollup(ctx, org, fresh, version)
+	var out []DayKey
+	for k, v := range hourly {
+		if v > daily[k] {
+			out = append(out, k)
+		}
+	}
+	slices.SortFunc(out, func(a, b DayKey) int {
+		if c := strings.Compare(a.OrgID, b.OrgID); c != 0 {
+			return c
+		}
+		return a.Day.Compare(b.Day)
+	})
+	return out, nil
 }
 
 // add sums o into r (the key and currency stay r's, or o's when r has none).
@@ -101,79 +170,64 @@ func (r *rollupRow) add(o *rollupRow) {
 	r.events, r.unpriced, r.in, r.out, r.cr, r.cw, r.r = r.events+o.events, r.unpriced+o.unpriced, r.in+o.in, r.out+o.out, r.cr+o.cr, r.cw+o.cw, r.r+o.r
 	r.uin, r.uout, r.ucr, r.ucw, r.ur = r.uin+o.uin, r.uout+o.uout, r.ucr+o.ucr, r.ucw+o.ucw, r.ur+o.ur
 	r.cost = r.cost.Add(o.cost)
-	if r.currency == "" {
+	if r.currency == "" && o.events > 0 {
 		r.currency = o.currency
 	}
 }
 
-// rebuildDays computes the daily rollup rows of the days of hours: the fresh rows of
-// the rebuilt hours plus usage_hourly FINAL's rows of the day's other hours, and zero
-// rows for the day's groups that no longer exist.
-func (s *Store) rebuildDays(ctx context.Context, org string, hours []time.Time, fresh []rollupRow) ([]rollupRow, error) {
-	rebuilt := map[time.Time]bool{}
-	days := map[time.Time]map[rollupKey]*rollupRow{}
-	for _, h := range hours {
-		rebuilt[h] = true
-		days[h.Truncate(24*time.Hour)] = map[rollupKey]*rollupRow{}
+// rebuildDay computes the daily rollup rows of one day from usage_hourly FINAL, and
+// zero rows for the day's groups that no longer exist.
+func (s *Store) rebuildDay(ctx context.Context, org string, day time.Time) ([]rollupRow, error) {
+	groups := map[rollupKey]*rollupRow{}
+	rows, err := s.conn.Query(ctx, `SELECT owner_id, agent_id, room_id, model, events, unpriced_events, input_tokens, output_tokens,
+		cache_read_tokens, cache_write_tokens, reasoning_tokens, unpriced_input_tokens, unpriced_output_tokens,
+		unpriced_cache_read_tokens, unpriced_cache_write_tokens, unpriced_reasoning_tokens, cost, currency
+		FROM `+s.db+`.usage_hourly FINAL WHERE org_id = ? AND hour >= ? AND hour < ?`, org, day, day.Add(24*time.Hour))
+	if err != nil {
+		return nil, fmt.Errorf("cannot read %s.usage_hourly of org %q for %s: %w", s.db, org, day.Format(time.DateOnly), err)
 	}
-	dayKey := func(k rollupKey) rollupKey { k.hour = k.hour.Truncate(24 * time.Hour); return k }
-	addTo := func(r *rollupRow) {
-		k := dayKey(r.key)
-		d := days[k.hour]
-		if d[k] == nil {
-			d[k] = &rollupRow{key: k, cost: decimal.Zero}
+	for rows.Next() {
+		r := rollupRow{key: rollupKey{hour: day}}
+		if err := rows.Scan(&r.key.owner, &r.key.agent, &r.key.room, &r.key.model, &r.events, &r.unpriced, &r.in, &r.out,
+			&r.cr, &r.cw, &r.r, &r.uin, &r.uout, &r.ucr, &r.ucw, &r.ur, &r.cost, &r.currency); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("cannot read %s.usage_hourly of org %q: %w", s.db, org, err)
 		}
-		d[k].add(r)
-	}
-	for i := range fresh {
-		addTo(&fresh[i])
-	}
-	var out []rollupRow
-	for day, groups := range days {
-		rows, err := s.conn.Query(ctx, `SELECT hour, owner_id, agent_id, room_id, model, events, unpriced_events, input_tokens, output_tokens,
-			cache_read_tokens, cache_write_tokens, reasoning_tokens, unpriced_input_tokens, unpriced_output_tokens,
-			unpriced_cache_read_tokens, unpriced_cache_write_tokens, unpriced_reasoning_tokens, cost, currency
-			FROM `+s.db+`.usage_hourly FINAL WHERE org_id = ? AND hour >= ? AND hour < ?`, org, day, day.Add(24*time.Hour))
-		if err != nil {
-			return nil, fmt.Errorf("cannot read %s.usage_hourly of org %q for %s: %w", s.db, org, day.Format(time.DateOnly), err)
-		}
-		for rows.Next() {
-			var r rollupRow
-			if err := rows.Scan(&r.key.hour, &r.key.owner, &r.key.agent, &r.key.room, &r.key.model, &r.events, &r.unpriced, &r.in, &r.out,
-				&r.cr, &r.cw, &r.r, &r.uin, &r.uout, &r.ucr, &r.ucw, &r.ur, &r.cost, &r.currency); err != nil {
-				rows.Close()
-				return nil, fmt.Errorf("cannot read %s.usage_hourly of org %q: %w", s.db, org, err)
+		if g := groups[r.key]; g != nil {
+			g.add(&r)
+		} else {
+			if r.events == 0 {
+				r.currency = "" // a zeroed group's row says nothing of the currency
 			}
-			if r.key.hour = r.key.hour.UTC(); !rebuilt[r.key.hour] {
-				addTo(&r)
-			}
+			groups[r.key] = &r
 		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	old, err := s.conn.Query(ctx, `SELECT owner_id, agent_id, room_id, model FROM `+s.db+`.usage_daily FINAL
+		WHERE org_id = ? AND day = ? AND events > 0`, org, day)
+	if err != nil {
+		return nil, fmt.Errorf("cannot read %s.usage_daily of org %q: %w", s.db, org, err)
+	}
+	for old.Next() {
+		k := rollupKey{hour: day}
+		if err := old.Scan(&k.owner, &k.agent, &k.room, &k.model); err != nil {
+			old.Close()
 			return nil, err
 		}
-		old, err := s.conn.Query(ctx, `SELECT owner_id, agent_id, room_id, model FROM `+s.db+`.usage_daily FINAL
-			WHERE org_id = ? AND day = ? AND events > 0`, org, day)
-		if err != nil {
-			return nil, fmt.Errorf("cannot read %s.usage_daily of org %q: %w", s.db, org, err)
+		if groups[k] == nil {
+			groups[k] = &rollupRow{key: k, cost: decimal.Zero} // gone from the day: overwritten with zeros
 		}
-		for old.Next() {
-			k := rollupKey{hour: day}
-			if err := old.Scan(&k.owner, &k.agent, &k.room, &k.model); err != nil {
-				old.Close()
-				return nil, err
-			}
-			if groups[k] == nil {
-				groups[k] = &rollupRow{key: k, cost: decimal.Zero} // gone from the day: overwritten with zeros
-			}
-		}
-		old.Close()
-		if err := old.Err(); err != nil {
-			return nil, err
-		}
-		for _, r := range groups {
-			out = append(out, *r)
-		}
+	}
+	old.Close()
+	if err := old.Err(); err != nil {
+		return nil, err
+	}
+	out := make([]rollupRow, 0, len(groups))
+	for _, r := range groups {
+		out = append(out, *r)
 	}
 	return out, nil
 }
