@@ -124,10 +124,11 @@ func WorkOf(events []EventRow) Work {
 		}
 		switch e.Type {
 		case schema.TypeMessageCreated:
-			var d schema.MessageData
-			if json.Unmarshal([]byte(e.Data), &d) == nil && e.RoomID != "" && e.ActorID != "" {
+			// The text is read below, of the latest message per key only: most of a
+			// batch is messages, and decoding each would cost more than the insert.
+			if e.RoomID != "" && e.ActorID != "" {
 				keep(ActivityRow{OrgID: e.OrgID, RoomID: e.RoomID, ActorID: e.ActorID, Kind: "message", ActorType: e.ActorType,
-					ActorHandle: e.ActorHandle, Time: e.Time, Type: e.Type, Text: cut(d.Content, MaxActivityText), EventID: e.ID, Version: v})
+					ActorHandle: e.ActorHandle, Time: e.Time, Type: e.Type, Text: e.Data, EventID: e.ID, Version: v})
 			}
 		case schema.TypeAttention:
 			var d schema.MessageData
@@ -182,6 +183,15 @@ func WorkOf(events []EventRow) Work {
 			if e.RoomID != "" {
 				w.Rooms = append(w.Rooms, RoomRow{OrgID: e.OrgID, RoomID: e.RoomID, Kind: "deleted", Time: e.Time, EventID: e.ID, Version: v})
 			}
+		}
+	}
+	for i := range w.Activity {
+		if a := &w.Activity[i]; a.Kind == "message" {
+			var d schema.MessageData
+			if json.Unmarshal([]byte(a.Text), &d) != nil {
+				d.Content = ""
+			}
+			a.Text = cut(d.Content, MaxActivityText)
 		}
 	}
 	return w
