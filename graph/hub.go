@@ -10,7 +10,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-	"unicode/utf8"
 
 	"github.com/99designs/gqlgen/graphql/handler/transport"
 	"github.com/vektah/gqlparser/v2/gqlerror"
@@ -354,7 +353,7 @@ func (h *Hub) apply(ev *schema.Event, quiet bool) {
 		if len(o.seen) < 4*h.cfg.MaxTracked {
 			o.seen[d.TaskID] = taskSeen{time: ev.Time, id: ev.ID}
 		}
-		t := query.Task{ID: d.TaskID, RoomID: ev.RoomID, Title: cut(d.Title, store.MaxTitle), Status: cut(d.Status, 64), AssigneeID: d.Assignee,
+		t := query.Task{ID: d.TaskID, RoomID: ev.RoomID, Title: store.Cut(d.Title, store.MaxTitle), Status: store.Cut(d.Status, 64), AssigneeID: d.Assignee,
 			UpdatedAt: ev.Time, LastActivity: ev.Time}
 		if ev.Type == schema.TypeTaskCreated {
 			t.CreatedAt = ev.Time
@@ -376,7 +375,7 @@ func (h *Hub) apply(ev *schema.Event, quiet bool) {
 			return
 		}
 		a := &query.Attention{ID: ev.ID, RoomID: ev.RoomID, AskerID: ev.Actor.ID, AskerHandle: ev.Actor.Handle,
-			Question: cut(d.Content, store.MaxQuestion), Since: ev.Time}
+			Question: store.Cut(d.Content, store.MaxQuestion), Since: ev.Time}
 		for _, m := range d.Mentions {
 			if _, person, ok := h.handle(org, m.ID); ok && person {
 				a.AddressedTo = m.ID
@@ -445,14 +444,6 @@ func (h *Hub) closeLocked(org string, o *orgState, ev *schema.Event, match func(
 	} else {
 		o.attention[ev.RoomID] = kept
 	}
-}
-
-// cut returns the first n characters of s.
-func cut(s string, n int) string {
-	if utf8.RuneCountInString(s) <= n {
-		return s
-	}
-	return string([]rune(s)[:n])
 }
 
 func (h *Hub) handle(org, id string) (string, bool, bool) {

@@ -306,3 +306,24 @@ func TestWebSocketsPerKey(t *testing.T) {
 		return true
 	}, 5*time.Second, 50*time.Millisecond, "a closed connection gives its place back")
 }
+
+func TestSubscriptionArgumentsAreBounded(t *testing.T) {
+	srv := httptest.NewServer(graph.NewHandler(&fakeQuerier{}, testKeys, graph.WithHub(graph.NewHub(graph.HubConfig{}))))
+	defer srv.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := wsclient.Dial(ctx, "ws"+strings.TrimPrefix(srv.URL, "http"), "tok-a-viewer")
+	require.NoError(t, err)
+	defer c.Close()
+	for _, tc := range []struct{ query, code string }{
+		{`subscription { workStatusChanged(roomId: "` + strings.Repeat("r", 257) + `") { kind } }`, "BAD_USER_INPUT"},
+		{`subscription { attentionRequested(orgId: "org-b") { id } }`, "FORBIDDEN"},
+		{`subscription { policyDenied { decision { id } } }`, "FORBIDDEN"}, // a viewer may not
+	} {
+		_, ch, err := c.Subscribe(ctx, tc.query, nil, 1)
+		require.NoError(t, err)
+		m := <-ch
+		require.NotEmpty(t, m.Errors, tc.query)
+		require.Equal(t, tc.code, m.Errors[0].Code(), tc.query)
+	}
+}

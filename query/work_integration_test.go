@@ -3,6 +3,7 @@ package query_test
 import (
 	"context"
 	"encoding/json"
+	"strings"
 	"testing"
 	"time"
 
@@ -226,5 +227,17 @@ func TestTaskStuck(t *testing.T) {
 	}
 	for _, s := range []string{"in_progress", "In Progress", "working"} {
 		require.True(t, query.InProgress(s), s)
+	}
+}
+
+func TestWorkQueryRefusesHostileInput(t *testing.T) {
+	q := query.New(nil, "db") // refused before any read
+	for _, wq := range []query.WorkQuery{
+		{OrgID: "org-a", RoomID: strings.Repeat("r", 257)},
+		{OrgID: "org-a", StuckAfter: -time.Second},
+		{RoomID: "r1"},
+	} {
+		_, err := q.WorkStatus(context.Background(), wq)
+		require.True(t, query.IsInvalid(err), "%+v: %v", wq, err)
 	}
 }

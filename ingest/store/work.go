@@ -140,12 +140,12 @@ func WorkOf(events []EventRow) Work {
 					}
 				}
 				w.Attention = append(w.Attention, AttentionRow{OrgID: e.OrgID, RoomID: e.RoomID, EventID: e.ID, Time: e.Time,
-					AskerID: e.ActorID, AskerHandle: e.ActorHandle, Mentions: mentions, Question: cut(d.Content, MaxQuestion), Version: v})
+					AskerID: e.ActorID, AskerHandle: e.ActorHandle, Mentions: mentions, Question: Cut(d.Content, MaxQuestion), Version: v})
 			}
 		case schema.TypeTaskCreated, schema.TypeTaskUpdated, schema.TypeTaskDeleted:
 			var d schema.TaskData
 			if json.Unmarshal([]byte(e.Data), &d) == nil && d.TaskID != "" {
-				r := TaskRow{OrgID: e.OrgID, TaskID: d.TaskID, RoomID: e.RoomID, Title: cut(d.Title, MaxTitle), Status: cut(d.Status, 64),
+				r := TaskRow{OrgID: e.OrgID, TaskID: d.TaskID, RoomID: e.RoomID, Title: Cut(d.Title, MaxTitle), Status: Cut(d.Status, 64),
 					AssigneeID: d.Assignee, ActorID: e.ActorID, UpdatedAt: e.Time, Deleted: e.Type == schema.TypeTaskDeleted,
 					EventID: e.ID, Version: v}
 				r.CreatedAt = insertedAt(d.Extra)
@@ -177,7 +177,7 @@ func WorkOf(events []EventRow) Work {
 		case schema.TypeRoomAdded:
 			var d schema.RoomData
 			if json.Unmarshal([]byte(e.Data), &d) == nil && e.RoomID != "" && d.Title != "" {
-				w.Rooms = append(w.Rooms, RoomRow{OrgID: e.OrgID, RoomID: e.RoomID, Kind: "title", Title: cut(d.Title, MaxTitle), Time: e.Time, EventID: e.ID, Version: v})
+				w.Rooms = append(w.Rooms, RoomRow{OrgID: e.OrgID, RoomID: e.RoomID, Kind: "title", Title: Cut(d.Title, MaxTitle), Time: e.Time, EventID: e.ID, Version: v})
 			}
 		case schema.TypeRoomDeleted:
 			if e.RoomID != "" {
@@ -191,7 +191,7 @@ func WorkOf(events []EventRow) Work {
 			if json.Unmarshal([]byte(a.Text), &d) != nil {
 				d.Content = ""
 			}
-			a.Text = cut(d.Content, MaxActivityText)
+			a.Text = Cut(d.Content, MaxActivityText)
 		}
 	}
 	return w
@@ -217,8 +217,9 @@ func insertedAt(extra json.RawMessage) time.Time {
 	return time.Time{}
 }
 
-// cut returns the first n characters of s.
-func cut(s string, n int) string {
+// Cut returns the first n characters of s (the work tables' and the live hub's bound
+// on titles, questions and message text).
+func Cut(s string, n int) string {
 	if utf8.RuneCountInString(s) <= n {
 		return s
 	}
@@ -261,7 +262,7 @@ func (s *Store) insertWork(ctx context.Context, w Work) error {
 	if err := s.send(ctx, "tool_calls", "org_id, agent_id, call_id, kind, room_id, tool_name, time, time_ms, is_error, event_id, version",
 		len(w.ToolCalls), func(i int) uint32 { return MonthPartition(w.ToolCalls[i].Time) }, func(b driver.Batch, i int) error {
 			r := &w.ToolCalls[i]
-			return b.Append(r.OrgID, r.AgentID, r.CallID, r.Kind, r.RoomID, cut(r.ToolName, 256), r.Time, ms(r.Time), b2u(r.IsError), r.EventID, r.Version)
+			return b.Append(r.OrgID, r.AgentID, r.CallID, r.Kind, r.RoomID, Cut(r.ToolName, 256), r.Time, ms(r.Time), b2u(r.IsError), r.EventID, r.Version)
 		}); err != nil {
 		return err
 	}
