@@ -91,7 +91,7 @@ type Config struct {
 	DeadLetters MessageWriter // the dead-letter topic
 	Storage     Storage
 	Directory   *Directory
-	Catalog     *pricing.Catalog
+	Catalog     pricing.Source
 	Topic       string // the source topic, recorded with dead letters
 	// DeadLetterMaxBytes is the dead-letter writer's message limit: a dead letter that
 	// would be larger is sent and stored with its raw record cut (default
@@ -694,7 +694,7 @@ func (c *Consumer) toRows(p *pending, ev *schema.Event, rec int32, now time.Time
 	if ev.Type == schema.TypeUsageReported {
 		// First: a record dead-lettered here has no rows, so nothing below may be noted
 		// of it (an index into the events it will not be among, a party marked late).
-		u, err := UsageRow(ev, owner, c.cfg.Directory, c.cfg.Catalog)
+		u, err := UsageRow(ev, owner, c.cfg.Directory, c.cfg.Catalog.Current())
 		if err != nil {
 			c.deadLetter(p, rec, "validate", err.Error())
 			return

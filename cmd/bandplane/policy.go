@@ -61,7 +61,7 @@ type policyServer struct {
 
 // build returns the policy side of serve, or nil with --no-policy.
 func (p *policyFlags) build(ctx context.Context, log *slog.Logger, reg prometheus.Registerer, conn driver.Conn,
-	st stackFlags, cat *pricing.Catalog, auditor *kafka.Producer, auth keys.Authenticator) (*policyServer, error) {
+	st stackFlags, cat pricing.Source, auditor *kafka.Producer, auth keys.Authenticator) (*policyServer, error) {
 	if p.disabled {
 		return nil, nil
 	}

@@ -225,7 +225,11 @@ func serve(ctx context.Context, log *slog.Logger, reg *prometheus.Registry, c se
 		return err
 	}
 
-	pol, err := c.policy.build(ctx, log, reg, conn, c.stack, cat, auditor, keyCache)
+	prices, err := newPriceService(ctx, conn, c.stack.ch.Database, cat, auditor, log, reg)
+	if err != nil {
+		return err
+	}
+	pol, err := c.policy.build(ctx, log, reg, conn, c.stack, prices.Live, auditor, keyCache)
 	if err != nil {
 		return err
 	}
@@ -248,7 +252,7 @@ func serve(ctx context.Context, log *slog.Logger, reg *prometheus.Registry, c se
 	var pipeline *ingest.Pipeline
 	if !c.noConsumer {
 		pipeline, err = ingest.NewPipeline(ctx, ingest.PipelineConfig{
-			Brokers: brokers, Topic: c.stack.topic, DLQTopic: c.stack.dlq(), GroupID: c.group, Store: st, Catalog: cat,
+			Brokers: brokers, Topic: c.stack.topic, DLQTopic: c.stack.dlq(), GroupID: c.group, Store: st, Catalog: prices.Live,
 			BatchSize: c.batchSize, BatchBytes: c.batchBytes, MaxPendingBytes: c.pendingBytes, BatchAge: c.batchAge,
 			RollupInterval: c.rollupEvery, Logger: log, Metrics: metrics,
 		})
@@ -332,6 +336,11 @@ func serve(ctx context.Context, log *slog.Logger, reg *prometheus.Registry, c se
 	mux.Handle("/graphql", graph.NewHandler(querier, keyCache, graph.WithLogger(log), graph.WithLimits(c.graphql),
 		graph.WithAllowedHosts(hosts...), graph.WithHub(hub)))
 	mux.Handle("/", graph.BoardHandler(hosts))
+	export, err := auditExportHandler(qconn, c.stack.ch.Database, keyCache, c.seal.keyFile, log)
+	if err != nil {
+		return err
+	}
+	mux.Handle("/v1/audit/export", export)
 	metricsHandler := promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg})
 	if c.metricsListen == "" {
 		// The metrics are the whole process's, every organization's: platform keys only.
@@ -406,6 +415,7 @@ func serve(ctx context.Context, log *slog.Logger, reg *prometheus.Registry, c se
 	}
 	var workers sync.WaitGroup
 	workers.Go(func() { _ = keyCache.Run(consumerCtx) })
+	workers.Go(func() { prices.Run(consumerCtx) })
 	var pipelineWG sync.WaitGroup
 	if pipeline != nil {
 		pipelineWG.Go(func() { pipeline.Run(consumerCtx) })

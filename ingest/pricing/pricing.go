@@ -291,6 +291,15 @@ func parsePrice(a amount, required bool) (int64, error) {
 	return n.Int64(), nil
 }
 
+// Source gives the catalog to price with now: a *Catalog gives itself; a catalog kept
+// current from ClickHouse gives its latest version.
+type Source interface {
+	Current() *Catalog
+}
+
+// Current is the catalog itself (a *Catalog is a Source that never changes).
+func (c *Catalog) Current() *Catalog { return c }
+
 // Version is the catalog's version string.
 func (c *Catalog) Version() string { return c.version }
 

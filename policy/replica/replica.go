@@ -28,7 +28,7 @@ import (
 type Config struct {
 	Directory *policy.Directory
 	Spend     *policy.SpendTracker
-	Catalog   *pricing.Catalog
+	Catalog   pricing.Source
 	Conn      driver.Conn
 	Database  string
 	Brokers   []string
@@ -197,7 +197,7 @@ func (r *Replica) usage(ev *schema.Event) error {
 	}
 	a, _ := r.cfg.Directory.Agent(ev.Actor.ID)
 	model := first(u.Model, a.Model)
-	cost, _ := r.cfg.Catalog.Cost(model, u)
+	cost, _ := r.cfg.Catalog.Current().Cost(model, u)
 	org := first(ev.OrgID, a.Org)
 	agent, owner := ev.Actor.ID, a.Owner
 	if a.Org != "" && org != a.Org {
