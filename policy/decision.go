@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/open-policy-agent/opa/v1/ast"
 )
@@ -84,6 +85,11 @@ type Decision struct {
 	Owner string `json:"owner,omitempty"`
 	Org   string `json:"org,omitempty"`
 	Quota *Quota `json:"quota,omitempty"`
+	// ReservationID names the estimate a granted send_message reserved against its
+	// budgets (the decision id), until the usage report of its execution settles it or
+	// ReservationExpires passes.
+	ReservationID      string    `json:"reservation_id,omitempty"`
+	ReservationExpires time.Time `json:"reservation_expires,omitzero"`
 }
 
 // PeerInput asks peer_visible about one Candidate, or for the list when it is empty.
@@ -106,13 +112,15 @@ type ContactInput struct {
 	Handle string `json:"handle"`
 }
 
-// MessageInput asks send_message whether Agent may post in Room; Tokens and
-// CostMicros, when known, are checked against the daily budgets.
+// MessageInput asks send_message whether Agent may post in Room. Tokens and
+// CostMicros, when known, are the estimate checked against the budgets and reserved on
+// them; ExecutionID names the execution whose usage report settles the reservation.
 type MessageInput struct {
-	Agent      string `json:"agent"`
-	Room       string `json:"room"`
-	Tokens     int64  `json:"tokens,omitempty"`
-	CostMicros int64  `json:"cost_micros,omitempty"`
+	Agent       string `json:"agent"`
+	Room        string `json:"room"`
+	Tokens      int64  `json:"tokens,omitempty"`
+	CostMicros  int64  `json:"cost_micros,omitempty"`
+	ExecutionID string `json:"execution_id,omitempty"`
 }
 
 func str(s string) *ast.Term { return ast.StringTerm(s) }
@@ -139,12 +147,16 @@ func inputValue(input any) (ast.Value, error) {
 	case ContactInput:
 		return ast.NewObject(ast.Item(str("from"), str(in.From)), ast.Item(str("handle"), str(in.Handle))), nil
 	case MessageInput:
-		return ast.NewObject(
+		o := ast.NewObject(
 			ast.Item(str("agent"), str(in.Agent)),
 			ast.Item(str("room"), str(in.Room)),
 			ast.Item(str("tokens"), ast.InternedTerm(int(in.Tokens))),
 			ast.Item(str("cost_micros"), ast.InternedTerm(int(in.CostMicros))),
-		), nil
+		)
+		if in.ExecutionID != "" {
+			o.Insert(str("execution_id"), str(in.ExecutionID))
+		}
+		return o, nil
 	case *PeerInput:
 		return inputValue(*in)
 	case *AddInput:

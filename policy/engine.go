@@ -49,9 +49,10 @@ type Config struct {
 	// Bundle holds the policies (*.rego), their tests (*_test.rego) and policy data
 	// (data.json). Nil means DefaultBundle().
 	Bundle fs.FS
-	// Limiter and Spend enforce send_message quotas. Nil means new empty ones.
+	// Limiter and Ledger enforce send_message quotas and budgets. Nil means new empty
+	// ones (the ledger with DefaultReservationTTL).
 	Limiter *Limiter
-	Spend   *SpendTracker
+	Ledger  *Ledger
 	// Now is the clock of the limiter and budgets. Nil means time.Now.
 	Now func() time.Time
 }
@@ -71,7 +72,7 @@ func (c *Config) Validate() error {
 type Engine struct {
 	dir     *Directory
 	limiter *Limiter
-	spend   *SpendTracker
+	ledger  *Ledger
 	now     func() time.Time
 
 	rev      atomic.Pointer[revision]
@@ -93,12 +94,12 @@ func New(ctx context.Context, cfg Config) (*Engine, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("cannot create policy engine: %w", err)
 	}
-	e := &Engine{dir: cfg.Directory, limiter: cfg.Limiter, spend: cfg.Spend, now: cfg.Now}
+	e := &Engine{dir: cfg.Directory, limiter: cfg.Limiter, ledger: cfg.Ledger, now: cfg.Now}
 	if e.limiter == nil {
 		e.limiter = NewLimiter()
 	}
-	if e.spend == nil {
-		e.spend = NewSpendTracker()
+	if e.ledger == nil {
+		e.ledger = NewLedger(0)
 	}
 	if e.now == nil {
 		e.now = time.Now
@@ -121,8 +122,17 @@ func (e *Engine) Directory() *Directory { return e.dir }
 // Limiter returns the rate limiter of send_message.
 func (e *Engine) Limiter() *Limiter { return e.limiter }
 
-// Spend returns the spend tracker of send_message budgets.
-func (e *Engine) Spend() *SpendTracker { return e.spend }
+// Ledger returns the spend, reservations and budgets send_message checks.
+func (e *Engine) Ledger() *Ledger { return e.ledger }
+
+// Release gives back the reservation of a granted send_message decision that is not
+// used after all (its audit event could not be written); see Ledger.Release.
+func (e *Engine) Release(d *Decision) {
+	if d.ReservationID != "" {
+		e.ledger.Release(d.ReservationID, e.now())
+		d.ReservationID, d.ReservationExpires = "", time.Time{}
+	}
+}
 
 // Compiler returns the compiled policies of the revision serving now, for tools that
 // evaluate the bundle directly (bench policy times the bare OPA evaluation with it).
@@ -221,8 +231,10 @@ func (e *Engine) SendMessage(ctx context.Context, in MessageInput) (Decision, er
 	return e.Decide(ctx, SendMessage, in)
 }
 
-// enforce applies the quota the policy returned: daily budgets first (they take
-// nothing), then the per-agent-room and per-agent rates.
+// enforce applies the quota the policy returned: the budgets first (Ledger.Reserve:
+// the organization's, owner's, agent's and room's, day and month, and the quota's daily
+// defaults where no day budget is set), reserving the estimate; then the
+// per-agent-room and per-agent rates, which give the reservation back when they deny.
 func (e *Engine) enforce(d *Decision, input ast.Value) {
 	q := d.Quota
 	if q == nil {
@@ -230,37 +242,30 @@ func (e *Engine) enforce(d *Decision, input ast.Value) {
 	}
 	now := e.now()
 	tokens, cost := messageAmounts(input)
-	budgets := [...]struct {
-		scope        Scope
-		id           string
-		tokens, cost int64
-	}{
-		{ScopeAgent, d.Agent, q.TokensPerDayAgent, q.CostMicrosPerDayAgent},
-		{ScopeOwner, d.Owner, q.TokensPerDayOwner, q.CostMicrosPerDayOwner},
-		{ScopeOrg, d.Org, q.TokensPerDayOrg, q.CostMicrosPerDayOrg},
+	room := roomOf(input)
+	res, denied := e.ledger.Reserve(d.DecisionID, Charge{Org: d.Org, Owner: d.Owner, Agent: d.Agent, Room: room, Tokens: tokens, CostMicros: cost},
+		stringField(input, "execution_id"), DefaultLimits{
+			AgentTokens: q.TokensPerDayAgent, OwnerTokens: q.TokensPerDayOwner, OrgTokens: q.TokensPerDayOrg,
+			AgentCost: q.CostMicrosPerDayAgent, OwnerCost: q.CostMicrosPerDayOwner, OrgCost: q.CostMicrosPerDayOrg,
+		}, now)
+	if denied != nil {
+		e.deny(d, CodeBudgetExceeded, denied.RetryAfter, denied.Message)
+		return
 	}
-	for _, b := range budgets {
-		spentTokens, spentCost := e.spend.Spent(b.scope, b.id, now)
-		if over(spentTokens, tokens, b.tokens) {
-			e.deny(d, CodeBudgetExceeded, untilNextDay(now),
-				fmt.Sprintf("%s %s spent %d of %d tokens today", b.scope, b.id, spentTokens, b.tokens))
-			return
-		}
-		if over(spentCost, cost, b.cost) {
-			e.deny(d, CodeBudgetExceeded, untilNextDay(now),
-				fmt.Sprintf("%s %s spent %d of %d cost micros today", b.scope, b.id, spentCost, b.cost))
-			return
-		}
+	if res != nil {
+		d.ReservationID, d.ReservationExpires = res.ID, res.Expires
 	}
 	window := time.Duration(q.WindowSeconds) * time.Second
-	roomKey := "r\x00" + d.Agent + "\x00" + roomOf(input)
+	roomKey := "r\x00" + d.Agent + "\x00" + room
 	if ok, retry := e.limiter.Allow(roomKey, int(q.MessagesPerWindowAgentRoom), window, now); !ok {
+		e.Release(d)
 		e.deny(d, CodeRateLimited, retry,
 			fmt.Sprintf("agent %s may post %d messages per %s in this room", d.Agent, q.MessagesPerWindowAgentRoom, window))
 		return
 	}
 	if ok, retry := e.limiter.Allow("a\x00"+d.Agent, int(q.MessagesPerWindowAgent), window, now); !ok {
 		e.limiter.undo(roomKey, int(q.MessagesPerWindowAgentRoom), window)
+		e.Release(d)
 		e.deny(d, CodeRateLimited, retry,
 			fmt.Sprintf("agent %s may post %d messages per %s", d.Agent, q.MessagesPerWindowAgent, window))
 	}
@@ -285,9 +290,12 @@ func (e *Engine) deny(d *Decision, code string, retry time.Duration, msg string)
 	d.RetryAfterMs = max(1, (retry.Nanoseconds()+int64(time.Millisecond)-1)/int64(time.Millisecond))
 }
 
-func roomOf(v ast.Value) string {
+func roomOf(v ast.Value) string { return stringField(v, "room") }
+
+// stringField is the string field k of an input object, or "".
+func stringField(v ast.Value, k string) string {
 	if o, ok := v.(ast.Object); ok {
-		if t := o.Get(str("room")); t != nil {
+		if t := o.Get(str(k)); t != nil {
 			if s, ok := t.Value.(ast.String); ok {
 				return string(s)
 			}

@@ -344,12 +344,12 @@ func TestSendMessageLimits(t *testing.T) {
 
 	// Budgets: the owner's tokens for the day are spent; retry at UTC midnight.
 	now = now.Add(time.Minute / 2)
-	e.Spend().Set(ScopeOwner, "u-alice", 10_000_000, 0, now)
+	e.Ledger().Spend(Charge{Org: "org-acme", Owner: "u-alice", Tokens: 10_000_000}, "", now, now)
 	d, err = e.SendMessage(ctx, msg)
 	require.NoError(t, err)
 	assert.False(t, d.Allow)
 	assert.Equal(t, CodeBudgetExceeded, d.Reasons[0].Code)
-	assert.Contains(t, d.Reasons[0].Message, "owner u-alice spent 10000000 of 10000000 tokens")
+	assert.Contains(t, d.Reasons[0].Message, "the daily quota of owner u-alice: 10000000 spent and 12000 reserved of 10000000 tokens this day")
 	assert.Equal(t, int64(30_000), d.RetryAfterMs)
 
 	// A new day starts clean.

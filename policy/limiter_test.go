@@ -49,40 +49,6 @@ func TestLimiterConcurrentExact(t *testing.T) {
 	assert.Equal(t, int64(100), allowed.Load())
 }
 
-func TestSpendTracker(t *testing.T) {
-	s := NewSpendTracker()
-	day := time.Date(2026, 3, 1, 10, 0, 0, 0, time.UTC)
-	s.Add("a", "o", "g", 100, 5, day)
-	s.Add("a", "o", "", 50, 1, day.Add(time.Hour))
-	tok, cost := s.Spent(ScopeAgent, "a", day)
-	assert.Equal(t, [2]int64{150, 6}, [2]int64{tok, cost})
-	tok, _ = s.Spent(ScopeOrg, "g", day)
-	assert.Equal(t, int64(100), tok)
-	s.Add("a", "o", "g", 999, 0, day.Add(-24*time.Hour)) // yesterday's late event
-	tok, _ = s.Spent(ScopeAgent, "a", day)
-	assert.Equal(t, int64(150), tok)
-	s.Set(ScopeOwner, "o", 7, 8, day)
-	tok, cost = s.Spent(ScopeOwner, "o", day)
-	assert.Equal(t, [2]int64{7, 8}, [2]int64{tok, cost})
-	next := day.Add(24 * time.Hour)
-	tok, _ = s.Spent(ScopeAgent, "a", next)
-	assert.Zero(t, tok, "a new day reads zero")
-	s.Add("a", "o", "g", 1, 1, next)
-	tok, _ = s.Spent(ScopeAgent, "a", next)
-	assert.Equal(t, int64(1), tok)
-	assert.Equal(t, 14*time.Hour, untilNextDay(day))
-}
-
-func TestSpendTrackerSaturates(t *testing.T) {
-	s := NewSpendTracker()
-	day := time.Date(2026, 3, 1, 10, 0, 0, 0, time.UTC)
-	s.Add("a", "o", "g", math.MaxInt64, math.MaxInt64, day)
-	s.Add("a", "o", "g", math.MaxInt64, 1, day)
-	s.Add("a", "o", "g", -5, -5, day) // ignored: spend never shrinks
-	tok, cost := s.Spent(ScopeOrg, "g", day)
-	assert.Equal(t, [2]int64{math.MaxInt64, math.MaxInt64}, [2]int64{tok, cost}, "a total stops at the top instead of wrapping")
-}
-
 func TestOverNeverWraps(t *testing.T) {
 	for _, tc := range []struct {
 		spent, add, limit int64

@@ -98,6 +98,11 @@ const (
 	TypeKeyCreated     = "key.created"
 	TypeKeyRevoked     = "key.revoked"
 	TypeAuditSealed    = "audit.sealed"
+	// A manager's budget (policy.Budget as data), its removal, and spend crossing 80 %
+	// or 100 % of it (policy.Crossing as data): bandplane's own, from the policy side.
+	TypeBudgetSet     = "budget.set"
+	TypeBudgetDeleted = "budget.deleted"
+	TypeBudgetCrossed = "budget.crossed"
 )
 
 // Mention is one @mention of a message.

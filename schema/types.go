@@ -14,7 +14,7 @@ func IsDirectoryType(t string) bool {
 }
 
 // GovernanceTypes change what the policies decide from: the directory, contacts and
-// contact requests, room membership, and an operator's suspensions. The policy replica
+// contact requests, room membership, an operator's suspensions, and budgets. The policy replica
 // replays them from ClickHouse at start and follows them on the stream.
 var GovernanceTypes = []string{
 	TypeUserRegistered, TypeAgentRegistered, TypeAgentUpdated,
@@ -22,6 +22,7 @@ var GovernanceTypes = []string{
 	TypeParticipantAdded, TypeParticipantRemoved,
 	TypeRoomAdded, TypeRoomRemoved, TypeRoomDeleted,
 	TypeAgentSuspended, TypeAgentResumed,
+	TypeBudgetSet, TypeBudgetDeleted,
 }
 
 // SourceBandplane prefixes the source of every event bandplane itself writes

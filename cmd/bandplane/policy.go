@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"github.com/prometheus/client_golang/prometheus"
@@ -29,6 +30,7 @@ type policyFlags struct {
 	dir      string
 	group    string
 	failOpen string
+	resTTL   time.Duration
 }
 
 func (p *policyFlags) register(fs *flag.FlagSet) {
@@ -36,11 +38,12 @@ func (p *policyFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&p.disabled, "no-policy", false, "do not serve policy decisions")
 	fs.StringVar(&p.dir, "policy-dir", envOr("BANDPLANE_POLICY_DIR", ""), "policy folder (Rego, tests, data.json), watched for changes (default: the built-in bundle)")
 	fs.StringVar(&p.group, "policy-group", "policy-"+host, "consumer group of this process's policy replica (one per process)")
+	fs.DurationVar(&p.resTTL, "reservation-ttl", policy.DefaultReservationTTL, "how long a send_message estimate stays reserved against its budgets when no usage report of its execution settles it")
 	fs.StringVar(&p.failOpen, "fail-open", "", "comma-separated decisions that may grant access when their audit event cannot be written (default: none, all fail closed)")
 }
 
 func (p *policyFlags) engine(ctx context.Context, dir *policy.Directory) (*policy.Engine, error) {
-	cfg := policy.Config{Directory: dir}
+	cfg := policy.Config{Directory: dir, Ledger: policy.NewLedger(p.resTTL)}
 	if p.dir != "" {
 		cfg.Bundle = os.DirFS(p.dir)
 	}
@@ -81,7 +84,7 @@ func (p *policyFlags) build(ctx context.Context, log *slog.Logger, reg prometheu
 	if err != nil {
 		return nil, err
 	}
-	r, err := replica.New(replica.Config{Directory: dir, Spend: eng.Spend(), Catalog: cat, Conn: conn,
+	r, err := replica.New(replica.Config{Directory: dir, Ledger: eng.Ledger(), Catalog: cat, Conn: conn,
 		Database: st.ch.Database, Brokers: st.brokers(), Topic: st.topic, GroupID: p.group, Logger: log})
 	if err != nil {
 		return nil, err

@@ -446,6 +446,8 @@ func serve(ctx context.Context, log *slog.Logger, reg *prometheus.Registry, c se
 		workers.Go(func() { replicaErr <- pol.replica.Run(consumerCtx, ready) })
 		workers.Go(func() { pol.api.Watch(consumerCtx, 2*time.Second) })
 		workers.Go(func() { pol.engine.Limiter().Run(consumerCtx, time.Minute) })
+		workers.Go(func() { pol.engine.Ledger().Run(consumerCtx, 5*time.Second) })
+		workers.Go(func() { pol.api.RunCrossings(consumerCtx) })
 		select {
 		case <-ready:
 			policyReady.Store(true)

@@ -241,7 +241,7 @@ func checkIDs(in any) error {
 	case *policy.ContactInput:
 		fields = [][2]string{{"from", v.From}, {"handle", v.Handle}}
 	case *policy.MessageInput:
-		fields = [][2]string{{"agent", v.Agent}, {"room", v.Room}}
+		fields = [][2]string{{"agent", v.Agent}, {"room", v.Room}, {"execution_id", v.ExecutionID}}
 	}
 	for _, f := range fields {
 		if err := checkID(f[0], f[1]); err != nil {
@@ -281,6 +281,7 @@ func (a *API) Decide(ctx context.Context, name string, in any) (policy.Decision,
 			a.auditErrs.Inc()
 			a.log.Error("cannot write the audit event of a decision", "decision", name, "decision_id", d.DecisionID, "err", err)
 			if d.Allow && !a.cfg.FailOpen[name] {
+				a.cfg.Engine.Release(&d)
 				d.Allow = false
 				d.Reasons = append(d.Reasons, policy.Reason{Code: "audit_unavailable",
 					Message: "the decision could not be recorded in the audit trail, so access is not granted"})
@@ -449,19 +450,12 @@ func (a *API) Reload(ctx context.Context) (string, error) {
 // MaxReasonBytes bounds the reason an operator gives for a suspension.
 const MaxReasonBytes = 1024
 
-// suspend handles the operator's suspend and resume: the directory changes at once (the
-// next decision sees it), the change is recorded as agent.suspended or agent.resumed
-// (bandplane's own types, which the replicas replay: the suspension survives restarts
-// and no agent.updated from the platform lifts it), and a suspension also sends the
-// routing core an agent.control stop event. A resume that cannot be recorded is undone
-// (no unaudited grant); a suspension stays in force either way.
+// suspend handles the operator's POST /v1/agents/{id}/suspend and resume (SetSuspended).
 func (a *API) suspend(suspended bool) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		id := r.PathValue("id")
-		dir := a.cfg.Engine.Directory()
-		ag, ok := dir.Agent(id)
-		if !ok || !a.ownAgent(r, id) {
-			// The same answer for another organization's agent: no existence oracle.
+		by, _ := keys.FromContext(r.Context())
+		if !a.ownAgent(r, id) {
 			writeError(w, http.StatusNotFound, fmt.Sprintf("agent %q is not in the directory of this key's organization", id))
 			return
 		}
@@ -483,37 +477,29 @@ func (a *API) suspend(suspended bool) http.HandlerFunc {
 				writeError(w, http.StatusBadRequest, `cannot decode the body (want {"reason": "..."} or nothing): `+err.Error())
 				return
 			}
-			if len(req.Reason) > MaxReasonBytes {
-				writeError(w, http.StatusBadRequest, fmt.Sprintf("reason is %d bytes long, more than %d", len(req.Reason), MaxReasonBytes))
-				return
-			}
 		}
-		if err := dir.Suspend(r.Context(), id, suspended); err != nil {
-			writeError(w, http.StatusInternalServerError, err.Error())
+		_, events, err := a.SetSuspended(r.Context(), by, id, suspended, req.Reason)
+		if err != nil {
+			writeError(w, StatusOf(err), err.Error())
 			return
 		}
-		by, _ := keys.FromContext(r.Context())
-		events := []schema.Event{operatorAction(ag, suspended, req.Reason, by)}
-		if suspended {
-			events = append(events, agentControl(ag, "stop", req.Reason, by))
-		}
-		if a.cfg.Auditor != nil {
-			actx, cancel := context.WithTimeout(r.Context(), a.cfg.AuditTimeout)
-			err := a.cfg.Auditor.Produce(actx, events)
-			cancel()
-			if err != nil {
-				a.auditErrs.Inc()
-				if !suspended {
-					_ = dir.Suspend(context.WithoutCancel(r.Context()), id, true)
-				}
-				writeError(w, http.StatusServiceUnavailable, fmt.Sprintf(
-					"cannot record the change in the audit trail (the agent is suspended): %v", err))
-				return
-			}
-		}
-		a.log.Info("agent suspension changed by operator", "agent_id", id, "suspended", suspended, "reason", req.Reason, "key_id", by.ID)
-		keys.WriteJSON(w, http.StatusOK, map[string]any{"agent": id, "suspended": suspended, "events": eventIDs(events)})
+		keys.WriteJSON(w, http.StatusOK, map[string]any{"agent": id, "suspended": suspended, "events": events})
 	}
+}
+
+// StatusOf is the HTTP status of an error of this package's operations.
+func StatusOf(err error) int {
+	switch {
+	case errors.Is(err, ErrInvalid):
+		return http.StatusBadRequest
+	case errors.Is(err, ErrNotFound):
+		return http.StatusNotFound
+	case errors.Is(err, ErrForbidden):
+		return http.StatusForbidden
+	case errors.Is(err, ErrUnavailable):
+		return http.StatusServiceUnavailable
+	}
+	return http.StatusInternalServerError
 }
 
 func eventIDs(evs []schema.Event) []string {

@@ -49,7 +49,7 @@ func TestIntegrationDecisionsFollowTheStreamAndThrottleTheChattyAgent(t *testing
 	dir := policy.NewDirectory()
 	eng, err := policy.New(ctx, policy.Config{Directory: dir})
 	require.NoError(t, err)
-	rep, err := replica.New(replica.Config{Directory: dir, Spend: eng.Spend(), Catalog: pricing.Default(), Conn: conn,
+	rep, err := replica.New(replica.Config{Directory: dir, Ledger: eng.Ledger(), Catalog: pricing.Default(), Conn: conn,
 		Database: db, Brokers: stacktest.Brokers(), Topic: topic, GroupID: stacktest.Name(t), Logger: stacktest.Logger()})
 	require.NoError(t, err)
 	a, err := api.New(api.Config{Engine: eng, Auditor: producer})

@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"sync"
 	"time"
 
@@ -27,7 +28,7 @@ import (
 // Config configures a Replica.
 type Config struct {
 	Directory *policy.Directory
-	Spend     *policy.SpendTracker
+	Ledger    *policy.Ledger
 	Catalog   pricing.Source
 	Conn      driver.Conn
 	Database  string
@@ -40,8 +41,8 @@ type Config struct {
 
 func (c *Config) Validate() error {
 	var errs []error
-	if c.Directory == nil || c.Spend == nil || c.Catalog == nil {
-		errs = append(errs, errors.New("replica: directory, spend tracker and catalog are required"))
+	if c.Directory == nil || c.Ledger == nil || c.Catalog == nil {
+		errs = append(errs, errors.New("replica: directory, ledger and catalog are required"))
 	}
 	return errors.Join(errs...)
 }
@@ -137,9 +138,37 @@ func (r *Replica) Apply(ctx context.Context, ev *schema.Event) error {
 		if id := subjectID(ev); id != "" {
 			return d.Suspend(ctx, id, ev.Type == schema.TypeAgentSuspended)
 		}
+	case schema.TypeBudgetSet, schema.TypeBudgetDeleted:
+		return r.budget(ev)
 	case schema.TypeUsageReported:
 		return r.usage(ev)
 	}
+	return nil
+}
+
+// budget applies a budget's change. Only bandplane's policy side writes budget events
+// (the collector refuses budget.* from every client); one with another source is
+// ignored all the same.
+func (r *Replica) budget(ev *schema.Event) error {
+	if !schema.OwnSource(ev.Source) {
+		return fmt.Errorf("ignoring %s event %s from source %q: budgets come from bandplane only", ev.Type, ev.ID, ev.Source)
+	}
+	var b policy.Budget
+	if err := unmarshal(ev, &b); err != nil {
+		return err
+	}
+	b.Normalize()
+	if err := b.Validate(); err != nil {
+		return fmt.Errorf("invalid budget in %s event %s: %w", ev.Type, ev.ID, err)
+	}
+	if b.Org != ev.OrgID {
+		return fmt.Errorf("budget of %s in an event of organization %s (event %s)", b.Org, ev.OrgID, ev.ID)
+	}
+	if ev.Type == schema.TypeBudgetDeleted {
+		r.cfg.Ledger.Delete(b.ID, b.UpdatedAt)
+		return nil
+	}
+	r.cfg.Ledger.Set(b, r.cfg.Now())
 	return nil
 }
 
@@ -185,10 +214,11 @@ func (r *Replica) contactRequest(ctx context.Context, ev *schema.Event) error {
 	}
 }
 
-// usage adds today's usage to the spend the send_message budgets read.
+// usage adds usage of the current day and month to the spend the send_message budgets
+// read, and settles the reservation of its execution.
 func (r *Replica) usage(ev *schema.Event) error {
 	now := r.cfg.Now().UTC()
-	if ev.Time.UTC().Truncate(24*time.Hour) != now.Truncate(24*time.Hour) {
+	if ev.Time.Before(policy.PeriodStart(policy.PeriodMonth, now)) {
 		return nil
 	}
 	var u schema.UsageData
@@ -206,7 +236,9 @@ func (r *Replica) usage(ev *schema.Event) error {
 		// organization only, never against the agent's or its owner's budgets.
 		agent, owner = "", ""
 	}
-	r.cfg.Spend.Add(agent, owner, org, u.InputTokens+u.OutputTokens+u.CacheReadTokens+u.CacheWriteTokens, cost, ev.Time)
+	r.cfg.Ledger.Spend(policy.Charge{Org: org, Owner: owner, Agent: agent, Room: ev.RoomID,
+		Tokens: u.InputTokens + u.OutputTokens + u.CacheReadTokens + u.CacheWriteTokens, CostMicros: cost},
+		ev.ExecutionID, ev.Time, now)
 	return nil
 }
 
@@ -309,22 +341,51 @@ func (r *Replica) Bootstrap(ctx context.Context) (map[int]int64, error) {
 }
 
 func (r *Replica) bootstrapSpend(ctx context.Context) error {
-	day := r.cfg.Now().UTC().Truncate(24 * time.Hour)
-	rows, err := r.cfg.Conn.Query(ctx, `SELECT agent_id, owner_id, org_id,
-		sum(input_tokens + output_tokens + cache_read_tokens + cache_write_tokens), sum(cost)
-		FROM `+r.cfg.Database+`.usage FINAL WHERE time >= ? GROUP BY agent_id, owner_id, org_id`, day)
+	now := r.cfg.Now().UTC()
+	day, month := policy.PeriodStart(policy.PeriodDay, now), policy.PeriodStart(policy.PeriodMonth, now)
+	// Today from the usage rows themselves (the rollup may lag by its interval), the
+	// days of the month before it from the daily rollup. Crossings of restored spend
+	// were reported when they happened.
+	r.cfg.Ledger.Quiet(true)
+	defer r.cfg.Ledger.Quiet(false)
+	for _, q := range []struct {
+		sql  string
+		from time.Time
+		to   time.Time
+	}{
+		{`SELECT org_id, owner_id, agent_id, room_id,
+			sum(input_tokens + output_tokens + cache_read_tokens + cache_write_tokens), sum(cost), max(time)
+			FROM ` + r.cfg.Database + `.usage FINAL WHERE time >= ? AND time < ? GROUP BY org_id, owner_id, agent_id, room_id`, day, day.AddDate(0, 0, 1)},
+		{`SELECT org_id, owner_id, agent_id, room_id,
+			sum(input_tokens + output_tokens + cache_read_tokens + cache_write_tokens), sum(cost), max(day)
+			FROM ` + r.cfg.Database + `.usage_daily FINAL WHERE day >= ? AND day < ? GROUP BY org_id, owner_id, agent_id, room_id`, month, day},
+	} {
+		if !q.to.After(q.from) {
+			continue
+		}
+		if err := r.sumSpend(ctx, q.sql, q.from, q.to, now); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (r *Replica) sumSpend(ctx context.Context, sql string, from, to, now time.Time) error {
+	rows, err := r.cfg.Conn.Query(ctx, sql, from, to)
 	if err != nil {
-		return fmt.Errorf("cannot read today's spend from %s.usage: %w", r.cfg.Database, err)
+		return fmt.Errorf("cannot read this month's spend from %s: %w", r.cfg.Database, err)
 	}
 	defer rows.Close()
 	for rows.Next() {
-		var agent, owner, org string
+		var org, owner, agent, room string
 		var tokens uint64
 		var cost decimal.Decimal
-		if err := rows.Scan(&agent, &owner, &org, &tokens, &cost); err != nil {
-			return fmt.Errorf("cannot read today's spend: %w", err)
+		var at time.Time
+		if err := rows.Scan(&org, &owner, &agent, &room, &tokens, &cost, &at); err != nil {
+			return fmt.Errorf("cannot read this month's spend: %w", err)
 		}
-		r.cfg.Spend.Add(agent, owner, org, int64(tokens), cost.Shift(6).IntPart(), day)
+		r.cfg.Ledger.Spend(policy.Charge{Org: org, Owner: owner, Agent: agent, Room: room,
+			Tokens: int64(min(tokens, math.MaxInt64)), CostMicros: cost.Shift(6).IntPart()}, "", at.UTC(), now)
 	}
 	return rows.Err()
 }

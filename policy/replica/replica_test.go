@@ -24,10 +24,10 @@ func apply(t *testing.T, r *replica.Replica, lines ...string) {
 	}
 }
 
-func newReplica(t *testing.T, now time.Time) (*replica.Replica, *policy.Directory, *policy.SpendTracker) {
-	dir, spend := policy.NewDirectory(), policy.NewSpendTracker()
+func newReplica(t *testing.T, now time.Time) (*replica.Replica, *policy.Directory, *policy.Ledger) {
+	dir, spend := policy.NewDirectory(), policy.NewLedger(0)
 	// Apply needs no servers (Bootstrap and Run do).
-	r, err := replica.New(replica.Config{Directory: dir, Spend: spend, Catalog: pricing.Default(), Now: func() time.Time { return now }})
+	r, err := replica.New(replica.Config{Directory: dir, Ledger: spend, Catalog: pricing.Default(), Now: func() time.Time { return now }})
 	require.NoError(t, err)
 	return r, dir, spend
 }
@@ -82,12 +82,14 @@ func TestUsageOfTodayCountsTowardsBudgets(t *testing.T) {
 	apply(t, r, alice, architect,
 		`{"id":"u-1","type":"usage.reported","time":"2026-11-02T11:00:00Z","room_id":"room-1","actor":{"id":"a-arch","type":"agent"},"source":"t","data":{"input_tokens":1000,"output_tokens":100,"cache_read_tokens":0,"cache_write_tokens":0}}`,
 		`{"id":"u-2","type":"usage.reported","time":"2026-11-01T11:00:00Z","room_id":"room-1","actor":{"id":"a-arch","type":"agent"},"source":"t","data":{"input_tokens":5000,"output_tokens":100,"cache_read_tokens":0,"cache_write_tokens":0}}`)
-	tokens, cost := spend.Spent(policy.ScopeAgent, "a-arch", now)
-	assert.Equal(t, int64(1100), tokens, "yesterday's usage does not count")
+	tokens, cost, _, _ := spend.Spent("acme", policy.ScopeAgent, "a-arch", policy.PeriodDay, now)
+	assert.Equal(t, int64(1100), tokens, "yesterday's usage does not count today")
 	want, _ := pricing.Default().Cost("gpt-5-mini", schema.UsageData{InputTokens: 1000, OutputTokens: 100})
 	assert.Equal(t, want, cost)
-	orgTokens, _ := spend.Spent(policy.ScopeOrg, "acme", now)
+	orgTokens, _, _, _ := spend.Spent("acme", policy.ScopeOrg, "acme", policy.PeriodDay, now)
 	assert.Equal(t, int64(1100), orgTokens, "frames carry no org: it comes from the directory")
+	monthTokens, _, _, _ := spend.Spent("acme", policy.ScopeRoom, "room-1", policy.PeriodMonth, now)
+	assert.Equal(t, int64(6200), monthTokens, "yesterday's usage counts this month")
 }
 
 func TestOperatorSuspensionSurvivesPlatformUpdates(t *testing.T) {
@@ -128,10 +130,49 @@ func TestUsageUnderAnotherOrgSparesTheAgentsBudget(t *testing.T) {
 	r, _, spend := newReplica(t, now)
 	apply(t, r, alice, architect,
 		`{"id":"u-9","type":"usage.reported","time":"2026-11-02T11:00:00Z","org_id":"mallory","room_id":"room-1","actor":{"id":"a-arch","type":"agent"},"source":"t","data":{"input_tokens":1000,"output_tokens":0,"cache_read_tokens":0,"cache_write_tokens":0}}`)
-	tokens, _ := spend.Spent(policy.ScopeAgent, "a-arch", now)
+	tokens, _, _, _ := spend.Spent("acme", policy.ScopeAgent, "a-arch", policy.PeriodDay, now)
 	assert.Zero(t, tokens, "usage stamped with another organization must not eat acme's agent budget")
-	tokens, _ = spend.Spent(policy.ScopeOwner, "u-alice", now)
+	tokens, _, _, _ = spend.Spent("mallory", policy.ScopeAgent, "a-arch", policy.PeriodDay, now)
 	assert.Zero(t, tokens)
-	tokens, _ = spend.Spent(policy.ScopeOrg, "mallory", now)
+	tokens, _, _, _ = spend.Spent("acme", policy.ScopeOwner, "u-alice", policy.PeriodDay, now)
+	assert.Zero(t, tokens)
+	tokens, _, _, _ = spend.Spent("mallory", policy.ScopeOrg, "mallory", policy.PeriodDay, now)
 	assert.Equal(t, int64(1000), tokens, "it counts against the organization it was written for")
+}
+
+func TestBudgetEventsSetAndSettle(t *testing.T) {
+	now := time.Date(2026, 11, 2, 12, 0, 0, 0, time.UTC)
+	r, _, ledger := newReplica(t, now)
+	set := `{"id":"b1","type":"budget.set","time":"2026-11-02T09:00:00Z","org_id":"acme","actor":{"id":"key-m","type":"system"},"source":"bandplane-policy",` +
+		`"data":{"org":"acme","scope":"agent","scope_id":"a-arch","period":"day","tokens":5000,"hard":true,"updated_at":"2026-11-02T09:00:00Z"}}`
+	apply(t, r, alice, architect, set)
+	st := ledger.Budgets("acme", now)
+	require.Len(t, st, 1)
+	assert.Equal(t, policy.BudgetID("acme", policy.ScopeAgent, "a-arch", policy.PeriodDay), st[0].ID)
+
+	_, deny := ledger.Reserve("d1", policy.Charge{Org: "acme", Owner: "u-alice", Agent: "a-arch", Tokens: 4000}, "exec-1", policy.DefaultLimits{}, now)
+	require.Nil(t, deny)
+	apply(t, r, `{"id":"u-1","type":"usage.reported","time":"2026-11-02T11:59:00Z","org_id":"acme","room_id":"room-1","execution_id":"exec-1","actor":{"id":"a-arch","type":"agent"},"source":"t","data":{"input_tokens":1000,"output_tokens":100,"cache_read_tokens":0,"cache_write_tokens":0}}`)
+	st = ledger.Budgets("acme", now)
+	assert.Equal(t, [2]int64{1100, 0}, [2]int64{st[0].SpentTokens, st[0].ReservedTokens}, "the usage of the execution replaces its estimate")
+
+	// Forged budget events are refused: another source, or another organization's budget.
+	for _, forged := range []string{
+		`{"id":"b2","type":"budget.set","time":"2026-11-02T09:01:00Z","org_id":"acme","actor":{"id":"x","type":"system"},"source":"router",` +
+			`"data":{"org":"acme","scope":"agent","scope_id":"a-arch","period":"day","tokens":1,"hard":true,"updated_at":"2026-11-02T09:01:00Z"}}`,
+		`{"id":"b3","type":"budget.set","time":"2026-11-02T09:01:00Z","org_id":"acme","actor":{"id":"x","type":"system"},"source":"bandplane-policy",` +
+			`"data":{"org":"other","scope":"org","period":"day","tokens":1,"hard":true,"updated_at":"2026-11-02T09:01:00Z"}}`,
+		`{"id":"b4","type":"budget.set","time":"2026-11-02T09:01:00Z","org_id":"acme","actor":{"id":"x","type":"system"},"source":"bandplane-policy",` +
+			`"data":{"org":"acme","scope":"team","scope_id":"x","period":"day","tokens":1,"updated_at":"2026-11-02T09:01:00Z"}}`,
+	} {
+		ev, err := schema.Decode([]byte(forged))
+		require.NoError(t, err)
+		assert.Error(t, r.Apply(context.Background(), &ev))
+	}
+	assert.Equal(t, int64(5000), ledger.Budgets("acme", now)[0].Tokens)
+	assert.Empty(t, ledger.Budgets("other", now))
+
+	apply(t, r, `{"id":"b5","type":"budget.deleted","time":"2026-11-02T10:00:00Z","org_id":"acme","actor":{"id":"key-m","type":"system"},"source":"bandplane-policy",`+
+		`"data":{"org":"acme","scope":"agent","scope_id":"a-arch","period":"day","tokens":5000,"hard":true,"updated_at":"2026-11-02T10:00:00Z"}}`)
+	assert.Empty(t, ledger.Budgets("acme", now))
 }
