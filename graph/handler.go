@@ -102,6 +102,10 @@ type config struct {
 	hosts   []string
 	limits  Limits
 	hub     *Hub
+
+	operator Operator
+	currency string
+	prices   Prices
 }
 
 // keyCounter counts the WebSocket connections of each key.
@@ -172,7 +176,8 @@ func NewHandler(q Querier, auth keys.Authenticator, opts ...Option) http.Handler
 	}
 	cfg.limits.defaults()
 	gc := generated.Config{Resolvers: &Resolver{q: q, auth: auth, log: cfg.log.With("component", "graph"),
-		timeout: cfg.limits.QueryTimeout, slots: newKeySlots(cfg.limits.MaxConcurrentPerKey), hub: cfg.hub}}
+		timeout: cfg.limits.QueryTimeout, slots: newKeySlots(cfg.limits.MaxConcurrentPerKey), hub: cfg.hub,
+		operator: cfg.operator, currency: cfg.currency, prices: cfg.prices}}
 	// A field's cost is what it can return: an audit page costs its selection once per
 	// event it may hold, so limit: 10000 counts 10,000 times and aliases cannot multiply
 	// pages past MaxComplexity; every list field likewise (perRow). A workStatus answer

@@ -16,6 +16,7 @@ import (
 
 	"github.com/bandplane/bandplane/graph/model"
 	"github.com/bandplane/bandplane/ingest/store"
+	"github.com/bandplane/bandplane/policy"
 	"github.com/bandplane/bandplane/query"
 	"github.com/bandplane/bandplane/schema"
 )
@@ -58,8 +59,10 @@ type HubConfig struct {
 	MaxSubscriptionsPerKey int
 	Tick                   time.Duration // how often stuck tasks are looked for; default 1 s
 	Handles                Handles
-	Logger                 *slog.Logger
-	Now                    func() time.Time
+	// Currency is the billing currency of budgets (budgetExceeded).
+	Currency string
+	Logger   *slog.Logger
+	Now      func() time.Time
 }
 
 // Hub is safe for concurrent use.
@@ -421,6 +424,24 @@ func (h *Hub) apply(ev *schema.Event, quiet bool) {
 			m.AgentHandle = &handle
 		}
 		publish(&change{denial: &model.PolicyDenial{Decision: &m}})
+	case schema.TypeBudgetCrossed:
+		if quiet || !schema.OwnSource(ev.Source) {
+			return
+		}
+		var x policy.Crossing
+		if schema.DecodeData(ev.Data, &x) != nil || x.Budget.Org != org {
+			return
+		}
+		st := policy.BudgetStatus{Budget: x.Budget, PeriodStart: x.PeriodStart, PeriodEnd: policy.PeriodEnd(x.Budget.Period, x.PeriodStart),
+			SpentTokens: x.SpentTokens, SpentCost: x.SpentCost, ReservedTokens: x.ReservedTokens, ReservedCost: x.ReservedCost,
+			ProjectedTokens: x.SpentTokens, ProjectedCost: x.SpentCost}
+		b := budgetModel(st, h.cfg.Currency)
+		if x.Budget.Scope == policy.ScopeOwner || x.Budget.Scope == policy.ScopeAgent {
+			if handle, _, ok := h.handle(org, x.Budget.ScopeID); ok {
+				b.ScopeName = &handle
+			}
+		}
+		publish(&change{budget: &model.BudgetCrossing{Budget: &b, Threshold: x.Threshold, At: x.At, EventID: ev.ID}})
 	}
 }
 
@@ -479,6 +500,7 @@ type change struct {
 	work      *model.WorkStatusChange
 	attention *model.AttentionRequest
 	denial    *model.PolicyDenial
+	budget    *model.BudgetCrossing
 }
 
 func (c *change) room() string {
@@ -506,6 +528,7 @@ const (
 	subWork subKind = iota
 	subAttention
 	subDenied
+	subBudget
 )
 
 func (s *sub) wants(c *change) bool {
@@ -519,6 +542,8 @@ func (s *sub) wants(c *change) bool {
 		return c.attention != nil
 	case subDenied:
 		return c.denial != nil
+	case subBudget:
+		return c.budget != nil
 	}
 	return false
 }

@@ -46,6 +46,10 @@ type Resolver struct {
 	timeout time.Duration // Limits.QueryTimeout, for its error message
 	slots   *keySlots
 	hub     *Hub // nil: subscriptions answer UNAVAILABLE
+
+	operator Operator // nil: budgets and operator mutations answer UNAVAILABLE
+	currency string   // the billing currency of budgets
+	prices   Prices   // nil: prices and jobs answer UNAVAILABLE
 }
 
 // fail turns err into what the client sees: its own mistakes and authorization

@@ -11,8 +11,70 @@ import (
 
 	"github.com/bandplane/bandplane/graph/generated"
 	"github.com/bandplane/bandplane/graph/model"
+	"github.com/bandplane/bandplane/policy"
 	"github.com/bandplane/bandplane/query"
 )
+
+// SetBudget is the resolver for the setBudget field.
+func (r *mutationResolver) SetBudget(ctx context.Context, orgID *string, budget model.BudgetInput) (*model.Budget, error) {
+	k, org, err := r.authorize(ctx, orgID, managers)
+	if err != nil {
+		return nil, r.fail(ctx, err)
+	}
+	if r.operator == nil {
+		return nil, unavailable(ctx, "the policy side (decisions, budgets, suspensions)")
+	}
+	b, err := budgetOf(org, budget)
+	if err != nil {
+		return nil, r.fail(ctx, err)
+	}
+	b, err = r.operator.SetBudget(ctx, k, b)
+	if err != nil {
+		return nil, r.operatorError(ctx, err)
+	}
+	m := r.budgetModel(r.statusOf(org, b), nil)
+	return &m, nil
+}
+
+// DeleteBudget is the resolver for the deleteBudget field.
+func (r *mutationResolver) DeleteBudget(ctx context.Context, orgID *string, id string) (*model.Budget, error) {
+	k, org, err := r.authorize(ctx, orgID, managers)
+	if err != nil {
+		return nil, r.fail(ctx, err)
+	}
+	if r.operator == nil {
+		return nil, unavailable(ctx, "the policy side (decisions, budgets, suspensions)")
+	}
+	if len(id) > policy.MaxBudgetIDBytes {
+		return nil, r.fail(ctx, &query.FieldError{Field: "id", Msg: "longer than 256 bytes"})
+	}
+	b, err := r.operator.DeleteBudget(ctx, k, org, id)
+	if err != nil {
+		return nil, r.operatorError(ctx, err)
+	}
+	m := r.budgetModel(policy.BudgetStatus{Budget: b}, nil)
+	return &m, nil
+}
+
+// SuspendAgent is the resolver for the suspendAgent field.
+func (r *mutationResolver) SuspendAgent(ctx context.Context, orgID *string, agentID string, reason *string) (*model.AgentControlResult, error) {
+	return r.setSuspended(ctx, orgID, agentID, reason, true)
+}
+
+// ResumeAgent is the resolver for the resumeAgent field.
+func (r *mutationResolver) ResumeAgent(ctx context.Context, orgID *string, agentID string, reason *string) (*model.AgentControlResult, error) {
+	return r.setSuspended(ctx, orgID, agentID, reason, false)
+}
+
+// UpsertPrice is the resolver for the upsertPrice field.
+func (r *mutationResolver) UpsertPrice(ctx context.Context, orgID *string, price model.PriceInput) (*model.Price, error) {
+	return r.upsertPrice(ctx, orgID, price)
+}
+
+// Reprice is the resolver for the reprice field.
+func (r *mutationResolver) Reprice(ctx context.Context, orgID *string, from time.Time, to time.Time) (*model.Job, error) {
+	return r.reprice(ctx, orgID, from, to)
+}
 
 // Costs is the resolver for the costs field.
 func (r *queryResolver) Costs(ctx context.Context, orgID *string, from time.Time, to time.Time, groupBy []model.CostDimension, filter *model.CostFilter, limit *int) (*model.CostReport, error) {
@@ -339,6 +401,43 @@ func (r *queryResolver) Rooms(ctx context.Context, orgID *string, limit *int) ([
 	return out, nil
 }
 
+// Budgets is the resolver for the budgets field.
+func (r *queryResolver) Budgets(ctx context.Context, orgID *string) ([]model.Budget, error) {
+	org, done, err := r.begin(ctx, orgID, managers)
+	if err != nil {
+		return nil, r.fail(ctx, err)
+	}
+	defer done()
+	if r.operator == nil {
+		return nil, unavailable(ctx, "the policy side (decisions, budgets, suspensions)")
+	}
+	bs := r.operator.Budgets(org)
+	n, err := r.budgetNames(ctx, org, bs)
+	if err != nil {
+		return nil, r.fail(ctx, err)
+	}
+	out := make([]model.Budget, len(bs))
+	for i, b := range bs {
+		out[i] = r.budgetModel(b, &n)
+	}
+	return out, nil
+}
+
+// Prices is the resolver for the prices field.
+func (r *queryResolver) Prices(ctx context.Context, orgID *string) ([]model.Price, error) {
+	return r.listPrices(ctx, orgID)
+}
+
+// UnpricedModels is the resolver for the unpricedModels field.
+func (r *queryResolver) UnpricedModels(ctx context.Context, orgID *string, from *time.Time, to *time.Time, limit *int) ([]model.UnpricedModelUsage, error) {
+	return r.unpricedModels(ctx, orgID, from, to, limit)
+}
+
+// Jobs is the resolver for the jobs field.
+func (r *queryResolver) Jobs(ctx context.Context, orgID *string, limit *int) ([]model.Job, error) {
+	return r.jobs(ctx, orgID, limit)
+}
+
 // WorkStatusChanged is the resolver for the workStatusChanged field.
 func (r *subscriptionResolver) WorkStatusChanged(ctx context.Context, orgID *string, roomID *string) (<-chan *model.WorkStatusChange, error) {
 	in, err := r.subscribe(ctx, orgID, roomID, readers, subWork)
@@ -366,6 +465,18 @@ func (r *subscriptionResolver) PolicyDenied(ctx context.Context, orgID *string) 
 	return forward(ctx, in, func(c *change) *model.PolicyDenial { return c.denial }), nil
 }
 
+// BudgetExceeded is the resolver for the budgetExceeded field.
+func (r *subscriptionResolver) BudgetExceeded(ctx context.Context, orgID *string) (<-chan *model.BudgetCrossing, error) {
+	in, err := r.subscribe(ctx, orgID, nil, managers, subBudget)
+	if err != nil {
+		return nil, err
+	}
+	return forward(ctx, in, func(c *change) *model.BudgetCrossing { return c.budget }), nil
+}
+
+// Mutation returns generated.MutationResolver implementation.
+func (r *Resolver) Mutation() generated.MutationResolver { return &mutationResolver{r} }
+
 // Query returns generated.QueryResolver implementation.
 func (r *Resolver) Query() generated.QueryResolver { return &queryResolver{r} }
 
@@ -373,6 +484,7 @@ func (r *Resolver) Query() generated.QueryResolver { return &queryResolver{r} }
 func (r *Resolver) Subscription() generated.SubscriptionResolver { return &subscriptionResolver{r} }
 
 type (
+	mutationResolver     struct{ *Resolver }
 	queryResolver        struct{ *Resolver }
 	subscriptionResolver struct{ *Resolver }
 )

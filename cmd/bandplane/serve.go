@@ -310,7 +310,7 @@ func serve(ctx context.Context, log *slog.Logger, reg *prometheus.Registry, c se
 		}
 		liveDir.Load(snapshot)
 		hcfg := c.hub
-		hcfg.Handles, hcfg.Logger = liveDir, log.With("component", "hub")
+		hcfg.Handles, hcfg.Logger, hcfg.Currency = liveDir, log.With("component", "hub"), cat.Currency()
 		hub = graph.NewHub(hcfg)
 		reg.MustRegister(
 			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "bandplane_live_subscriptions", Help: "Open GraphQL subscriptions of this process."},
@@ -333,8 +333,11 @@ func serve(ctx context.Context, log *slog.Logger, reg *prometheus.Registry, c se
 			hub.SeedTask(t.OrgID, t.Task)
 		}
 	}
-	mux.Handle("/graphql", graph.NewHandler(querier, keyCache, graph.WithLogger(log), graph.WithLimits(c.graphql),
-		graph.WithAllowedHosts(hosts...), graph.WithHub(hub)))
+	gopts := []graph.Option{graph.WithLogger(log), graph.WithLimits(c.graphql), graph.WithAllowedHosts(hosts...), graph.WithHub(hub)}
+	if pol != nil {
+		gopts = append(gopts, graph.WithOperator(pol.api, cat.Currency()))
+	}
+	mux.Handle("/graphql", graph.NewHandler(querier, keyCache, gopts...))
 	mux.Handle("/", graph.BoardHandler(hosts))
 	export, err := auditExportHandler(qconn, c.stack.ch.Database, keyCache, c.seal.keyFile, log)
 	if err != nil {

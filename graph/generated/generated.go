@@ -28,6 +28,7 @@ func NewExecutableSchema(cfg Config) graphql.ExecutableSchema {
 type Config = graphql.Config[ResolverRoot, DirectiveRoot, ComplexityRoot]
 
 type ResolverRoot interface {
+	Mutation() MutationResolver
 	Query() QueryResolver
 	Subscription() SubscriptionResolver
 }
@@ -61,6 +62,13 @@ type ComplexityRoot struct {
 		ToolErrors    func(childComplexity int) int
 		ToolResults   func(childComplexity int) int
 		UpdatedAt     func(childComplexity int) int
+	}
+
+	AgentControlResult struct {
+		AgentHandle func(childComplexity int) int
+		AgentID     func(childComplexity int) int
+		EventIds    func(childComplexity int) int
+		Suspended   func(childComplexity int) int
 	}
 
 	AttentionRequest struct {
@@ -105,6 +113,37 @@ type ComplexityRoot struct {
 	AuditPage struct {
 		Events     func(childComplexity int) int
 		NextCursor func(childComplexity int) int
+	}
+
+	Budget struct {
+		Cost            func(childComplexity int) int
+		Currency        func(childComplexity int) int
+		ID              func(childComplexity int) int
+		Mode            func(childComplexity int) int
+		Period          func(childComplexity int) int
+		PeriodEnd       func(childComplexity int) int
+		PeriodStart     func(childComplexity int) int
+		ProjectedCost   func(childComplexity int) int
+		ProjectedTokens func(childComplexity int) int
+		RemainingCost   func(childComplexity int) int
+		RemainingTokens func(childComplexity int) int
+		ReservedCost    func(childComplexity int) int
+		ReservedTokens  func(childComplexity int) int
+		Scope           func(childComplexity int) int
+		ScopeID         func(childComplexity int) int
+		ScopeName       func(childComplexity int) int
+		SpentCost       func(childComplexity int) int
+		SpentTokens     func(childComplexity int) int
+		Tokens          func(childComplexity int) int
+		UpdatedAt       func(childComplexity int) int
+		UpdatedBy       func(childComplexity int) int
+	}
+
+	BudgetCrossing struct {
+		At        func(childComplexity int) int
+		Budget    func(childComplexity int) int
+		EventID   func(childComplexity int) int
+		Threshold func(childComplexity int) int
 	}
 
 	ChattyAgent struct {
@@ -193,6 +232,33 @@ type ComplexityRoot struct {
 		Message func(childComplexity int) int
 	}
 
+	Job struct {
+		CatalogVersion func(childComplexity int) int
+		CreatedAt      func(childComplexity int) int
+		DaysDone       func(childComplexity int) int
+		DaysTotal      func(childComplexity int) int
+		Error          func(childComplexity int) int
+		FinishedAt     func(childComplexity int) int
+		From           func(childComplexity int) int
+		ID             func(childComplexity int) int
+		Kind           func(childComplexity int) int
+		RequestedBy    func(childComplexity int) int
+		RowsChanged    func(childComplexity int) int
+		RowsScanned    func(childComplexity int) int
+		StartedAt      func(childComplexity int) int
+		State          func(childComplexity int) int
+		To             func(childComplexity int) int
+	}
+
+	Mutation struct {
+		DeleteBudget func(childComplexity int, orgID *string, id string) int
+		Reprice      func(childComplexity int, orgID *string, from time.Time, to time.Time) int
+		ResumeAgent  func(childComplexity int, orgID *string, agentID string, reason *string) int
+		SetBudget    func(childComplexity int, orgID *string, budget model.BudgetInput) int
+		SuspendAgent func(childComplexity int, orgID *string, agentID string, reason *string) int
+		UpsertPrice  func(childComplexity int, orgID *string, price model.PriceInput) int
+	}
+
 	PolicyDecision struct {
 		AgentHandle  func(childComplexity int) int
 		AgentID      func(childComplexity int) int
@@ -219,14 +285,29 @@ type ComplexityRoot struct {
 		Decision func(childComplexity int) int
 	}
 
+	Price struct {
+		CacheRead      func(childComplexity int) int
+		CacheWrite     func(childComplexity int) int
+		CatalogVersion func(childComplexity int) int
+		Currency       func(childComplexity int) int
+		Effective      func(childComplexity int) int
+		Input          func(childComplexity int) int
+		Model          func(childComplexity int) int
+		Output         func(childComplexity int) int
+	}
+
 	Query struct {
 		Agents          func(childComplexity int, orgID *string, limit *int) int
 		AuditEvents     func(childComplexity int, orgID *string, from *time.Time, to *time.Time, roomID *string, actorID *string, subjectID *string, types []string, outcome *model.DecisionOutcome, limit *int, before *string) int
+		Budgets         func(childComplexity int, orgID *string) int
 		ChattyAgents    func(childComplexity int, orgID *string, from *time.Time, to *time.Time, limit *int) int
 		ContactRequests func(childComplexity int, orgID *string, from *time.Time, to *time.Time, status *string, agentID *string, limit *int) int
 		Costs           func(childComplexity int, orgID *string, from time.Time, to time.Time, groupBy []model.CostDimension, filter *model.CostFilter, limit *int) int
+		Jobs            func(childComplexity int, orgID *string, limit *int) int
 		PolicyDecisions func(childComplexity int, orgID *string, from *time.Time, to *time.Time, decision *string, outcome *model.DecisionOutcome, agentID *string, limit *int, before *string) int
+		Prices          func(childComplexity int, orgID *string) int
 		Rooms           func(childComplexity int, orgID *string, limit *int) int
+		UnpricedModels  func(childComplexity int, orgID *string, from *time.Time, to *time.Time, limit *int) int
 		UsageSeries     func(childComplexity int, orgID *string, from time.Time, to time.Time, interval model.SeriesInterval, split *model.CostDimension, filter *model.CostFilter, limit *int) int
 		WorkStatus      func(childComplexity int, orgID *string, roomID *string) int
 	}
@@ -251,6 +332,7 @@ type ComplexityRoot struct {
 
 	Subscription struct {
 		AttentionRequested func(childComplexity int, orgID *string, roomID *string) int
+		BudgetExceeded     func(childComplexity int, orgID *string) int
 		PolicyDenied       func(childComplexity int, orgID *string) int
 		WorkStatusChanged  func(childComplexity int, orgID *string, roomID *string) int
 	}
@@ -292,6 +374,14 @@ type ComplexityRoot struct {
 		Tokens func(childComplexity int) int
 	}
 
+	UnpricedModelUsage struct {
+		Events    func(childComplexity int) int
+		FirstSeen func(childComplexity int) int
+		LastSeen  func(childComplexity int) int
+		Model     func(childComplexity int) int
+		Tokens    func(childComplexity int) int
+	}
+
 	UsagePoint struct {
 		Cost           func(childComplexity int) int
 		Events         func(childComplexity int) int
@@ -329,6 +419,14 @@ type ComplexityRoot struct {
 
 // region    ************************** generated!.gotpl **************************
 
+type MutationResolver interface {
+	SetBudget(ctx context.Context, orgID *string, budget model.BudgetInput) (*model.Budget, error)
+	DeleteBudget(ctx context.Context, orgID *string, id string) (*model.Budget, error)
+	SuspendAgent(ctx context.Context, orgID *string, agentID string, reason *string) (*model.AgentControlResult, error)
+	ResumeAgent(ctx context.Context, orgID *string, agentID string, reason *string) (*model.AgentControlResult, error)
+	UpsertPrice(ctx context.Context, orgID *string, price model.PriceInput) (*model.Price, error)
+	Reprice(ctx context.Context, orgID *string, from time.Time, to time.Time) (*model.Job, error)
+}
 type QueryResolver interface {
 	Costs(ctx context.Context, orgID *string, from time.Time, to time.Time, groupBy []model.CostDimension, filter *model.CostFilter, limit *int) (*model.CostReport, error)
 	UsageSeries(ctx context.Context, orgID *string, from time.Time, to time.Time, interval model.SeriesInterval, split *model.CostDimension, filter *model.CostFilter, limit *int) ([]model.UsageSeries, error)
@@ -339,11 +437,16 @@ type QueryResolver interface {
 	WorkStatus(ctx context.Context, orgID *string, roomID *string) (*model.WorkStatus, error)
 	Agents(ctx context.Context, orgID *string, limit *int) ([]model.Agent, error)
 	Rooms(ctx context.Context, orgID *string, limit *int) ([]model.Room, error)
+	Budgets(ctx context.Context, orgID *string) ([]model.Budget, error)
+	Prices(ctx context.Context, orgID *string) ([]model.Price, error)
+	UnpricedModels(ctx context.Context, orgID *string, from *time.Time, to *time.Time, limit *int) ([]model.UnpricedModelUsage, error)
+	Jobs(ctx context.Context, orgID *string, limit *int) ([]model.Job, error)
 }
 type SubscriptionResolver interface {
 	WorkStatusChanged(ctx context.Context, orgID *string, roomID *string) (<-chan *model.WorkStatusChange, error)
 	AttentionRequested(ctx context.Context, orgID *string, roomID *string) (<-chan *model.AttentionRequest, error)
 	PolicyDenied(ctx context.Context, orgID *string) (<-chan *model.PolicyDenial, error)
+	BudgetExceeded(ctx context.Context, orgID *string) (<-chan *model.BudgetCrossing, error)
 }
 
 // endregion ************************** generated!.gotpl **************************
@@ -491,6 +594,31 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.Agent.UpdatedAt(childComplexity), true
+
+	case "AgentControlResult.agentHandle":
+		if e.ComplexityRoot.AgentControlResult.AgentHandle == nil {
+			break
+		}
+
+		return e.ComplexityRoot.AgentControlResult.AgentHandle(childComplexity), true
+	case "AgentControlResult.agentId":
+		if e.ComplexityRoot.AgentControlResult.AgentID == nil {
+			break
+		}
+
+		return e.ComplexityRoot.AgentControlResult.AgentID(childComplexity), true
+	case "AgentControlResult.eventIds":
+		if e.ComplexityRoot.AgentControlResult.EventIds == nil {
+			break
+		}
+
+		return e.ComplexityRoot.AgentControlResult.EventIds(childComplexity), true
+	case "AgentControlResult.suspended":
+		if e.ComplexityRoot.AgentControlResult.Suspended == nil {
+			break
+		}
+
+		return e.ComplexityRoot.AgentControlResult.Suspended(childComplexity), true
 
 	case "AttentionRequest.addressedTo":
 		if e.ComplexityRoot.AttentionRequest.AddressedTo == nil {
@@ -704,6 +832,158 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.AuditPage.NextCursor(childComplexity), true
+
+	case "Budget.cost":
+		if e.ComplexityRoot.Budget.Cost == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Budget.Cost(childComplexity), true
+	case "Budget.currency":
+		if e.ComplexityRoot.Budget.Currency == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Budget.Currency(childComplexity), true
+	case "Budget.id":
+		if e.ComplexityRoot.Budget.ID == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Budget.ID(childComplexity), true
+	case "Budget.mode":
+		if e.ComplexityRoot.Budget.Mode == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Budget.Mode(childComplexity), true
+	case "Budget.period":
+		if e.ComplexityRoot.Budget.Period == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Budget.Period(childComplexity), true
+	case "Budget.periodEnd":
+		if e.ComplexityRoot.Budget.PeriodEnd == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Budget.PeriodEnd(childComplexity), true
+	case "Budget.periodStart":
+		if e.ComplexityRoot.Budget.PeriodStart == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Budget.PeriodStart(childComplexity), true
+	case "Budget.projectedCost":
+		if e.ComplexityRoot.Budget.ProjectedCost == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Budget.ProjectedCost(childComplexity), true
+	case "Budget.projectedTokens":
+		if e.ComplexityRoot.Budget.ProjectedTokens == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Budget.ProjectedTokens(childComplexity), true
+	case "Budget.remainingCost":
+		if e.ComplexityRoot.Budget.RemainingCost == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Budget.RemainingCost(childComplexity), true
+	case "Budget.remainingTokens":
+		if e.ComplexityRoot.Budget.RemainingTokens == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Budget.RemainingTokens(childComplexity), true
+	case "Budget.reservedCost":
+		if e.ComplexityRoot.Budget.ReservedCost == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Budget.ReservedCost(childComplexity), true
+	case "Budget.reservedTokens":
+		if e.ComplexityRoot.Budget.ReservedTokens == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Budget.ReservedTokens(childComplexity), true
+	case "Budget.scope":
+		if e.ComplexityRoot.Budget.Scope == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Budget.Scope(childComplexity), true
+	case "Budget.scopeId":
+		if e.ComplexityRoot.Budget.ScopeID == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Budget.ScopeID(childComplexity), true
+	case "Budget.scopeName":
+		if e.ComplexityRoot.Budget.ScopeName == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Budget.ScopeName(childComplexity), true
+	case "Budget.spentCost":
+		if e.ComplexityRoot.Budget.SpentCost == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Budget.SpentCost(childComplexity), true
+	case "Budget.spentTokens":
+		if e.ComplexityRoot.Budget.SpentTokens == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Budget.SpentTokens(childComplexity), true
+	case "Budget.tokens":
+		if e.ComplexityRoot.Budget.Tokens == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Budget.Tokens(childComplexity), true
+	case "Budget.updatedAt":
+		if e.ComplexityRoot.Budget.UpdatedAt == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Budget.UpdatedAt(childComplexity), true
+	case "Budget.updatedBy":
+		if e.ComplexityRoot.Budget.UpdatedBy == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Budget.UpdatedBy(childComplexity), true
+
+	case "BudgetCrossing.at":
+		if e.ComplexityRoot.BudgetCrossing.At == nil {
+			break
+		}
+
+		return e.ComplexityRoot.BudgetCrossing.At(childComplexity), true
+	case "BudgetCrossing.budget":
+		if e.ComplexityRoot.BudgetCrossing.Budget == nil {
+			break
+		}
+
+		return e.ComplexityRoot.BudgetCrossing.Budget(childComplexity), true
+	case "BudgetCrossing.eventId":
+		if e.ComplexityRoot.BudgetCrossing.EventID == nil {
+			break
+		}
+
+		return e.ComplexityRoot.BudgetCrossing.EventID(childComplexity), true
+	case "BudgetCrossing.threshold":
+		if e.ComplexityRoot.BudgetCrossing.Threshold == nil {
+			break
+		}
+
+		return e.ComplexityRoot.BudgetCrossing.Threshold(childComplexity), true
 
 	case "ChattyAgent.agentHandle":
 		if e.ComplexityRoot.ChattyAgent.AgentHandle == nil {
@@ -1085,6 +1365,164 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 
 		return e.ComplexityRoot.DecisionReason.Message(childComplexity), true
 
+	case "Job.catalogVersion":
+		if e.ComplexityRoot.Job.CatalogVersion == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Job.CatalogVersion(childComplexity), true
+	case "Job.createdAt":
+		if e.ComplexityRoot.Job.CreatedAt == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Job.CreatedAt(childComplexity), true
+	case "Job.daysDone":
+		if e.ComplexityRoot.Job.DaysDone == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Job.DaysDone(childComplexity), true
+	case "Job.daysTotal":
+		if e.ComplexityRoot.Job.DaysTotal == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Job.DaysTotal(childComplexity), true
+	case "Job.error":
+		if e.ComplexityRoot.Job.Error == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Job.Error(childComplexity), true
+	case "Job.finishedAt":
+		if e.ComplexityRoot.Job.FinishedAt == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Job.FinishedAt(childComplexity), true
+	case "Job.from":
+		if e.ComplexityRoot.Job.From == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Job.From(childComplexity), true
+	case "Job.id":
+		if e.ComplexityRoot.Job.ID == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Job.ID(childComplexity), true
+	case "Job.kind":
+		if e.ComplexityRoot.Job.Kind == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Job.Kind(childComplexity), true
+	case "Job.requestedBy":
+		if e.ComplexityRoot.Job.RequestedBy == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Job.RequestedBy(childComplexity), true
+	case "Job.rowsChanged":
+		if e.ComplexityRoot.Job.RowsChanged == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Job.RowsChanged(childComplexity), true
+	case "Job.rowsScanned":
+		if e.ComplexityRoot.Job.RowsScanned == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Job.RowsScanned(childComplexity), true
+	case "Job.startedAt":
+		if e.ComplexityRoot.Job.StartedAt == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Job.StartedAt(childComplexity), true
+	case "Job.state":
+		if e.ComplexityRoot.Job.State == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Job.State(childComplexity), true
+	case "Job.to":
+		if e.ComplexityRoot.Job.To == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Job.To(childComplexity), true
+
+	case "Mutation.deleteBudget":
+		if e.ComplexityRoot.Mutation.DeleteBudget == nil {
+			break
+		}
+
+		args, err := ec.field_Mutation_deleteBudget_args(ctx, rawArgs)
+		if err != nil {
+			return 0, false
+		}
+
+		return e.ComplexityRoot.Mutation.DeleteBudget(childComplexity, args["orgId"].(*string), args["id"].(string)), true
+	case "Mutation.reprice":
+		if e.ComplexityRoot.Mutation.Reprice == nil {
+			break
+		}
+
+		args, err := ec.field_Mutation_reprice_args(ctx, rawArgs)
+		if err != nil {
+			return 0, false
+		}
+
+		return e.ComplexityRoot.Mutation.Reprice(childComplexity, args["orgId"].(*string), args["from"].(time.Time), args["to"].(time.Time)), true
+	case "Mutation.resumeAgent":
+		if e.ComplexityRoot.Mutation.ResumeAgent == nil {
+			break
+		}
+
+		args, err := ec.field_Mutation_resumeAgent_args(ctx, rawArgs)
+		if err != nil {
+			return 0, false
+		}
+
+		return e.ComplexityRoot.Mutation.ResumeAgent(childComplexity, args["orgId"].(*string), args["agentId"].(string), args["reason"].(*string)), true
+	case "Mutation.setBudget":
+		if e.ComplexityRoot.Mutation.SetBudget == nil {
+			break
+		}
+
+		args, err := ec.field_Mutation_setBudget_args(ctx, rawArgs)
+		if err != nil {
+			return 0, false
+		}
+
+		return e.ComplexityRoot.Mutation.SetBudget(childComplexity, args["orgId"].(*string), args["budget"].(model.BudgetInput)), true
+	case "Mutation.suspendAgent":
+		if e.ComplexityRoot.Mutation.SuspendAgent == nil {
+			break
+		}
+
+		args, err := ec.field_Mutation_suspendAgent_args(ctx, rawArgs)
+		if err != nil {
+			return 0, false
+		}
+
+		return e.ComplexityRoot.Mutation.SuspendAgent(childComplexity, args["orgId"].(*string), args["agentId"].(string), args["reason"].(*string)), true
+	case "Mutation.upsertPrice":
+		if e.ComplexityRoot.Mutation.UpsertPrice == nil {
+			break
+		}
+
+		args, err := ec.field_Mutation_upsertPrice_args(ctx, rawArgs)
+		if err != nil {
+			return 0, false
+		}
+
+		return e.ComplexityRoot.Mutation.UpsertPrice(childComplexity, args["orgId"].(*string), args["price"].(model.PriceInput)), true
+
 	case "PolicyDecision.agentHandle":
 		if e.ComplexityRoot.PolicyDecision.AgentHandle == nil {
 			break
@@ -1190,6 +1628,55 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 
 		return e.ComplexityRoot.PolicyDenial.Decision(childComplexity), true
 
+	case "Price.cacheRead":
+		if e.ComplexityRoot.Price.CacheRead == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Price.CacheRead(childComplexity), true
+	case "Price.cacheWrite":
+		if e.ComplexityRoot.Price.CacheWrite == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Price.CacheWrite(childComplexity), true
+	case "Price.catalogVersion":
+		if e.ComplexityRoot.Price.CatalogVersion == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Price.CatalogVersion(childComplexity), true
+	case "Price.currency":
+		if e.ComplexityRoot.Price.Currency == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Price.Currency(childComplexity), true
+	case "Price.effective":
+		if e.ComplexityRoot.Price.Effective == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Price.Effective(childComplexity), true
+	case "Price.input":
+		if e.ComplexityRoot.Price.Input == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Price.Input(childComplexity), true
+	case "Price.model":
+		if e.ComplexityRoot.Price.Model == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Price.Model(childComplexity), true
+	case "Price.output":
+		if e.ComplexityRoot.Price.Output == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Price.Output(childComplexity), true
+
 	case "Query.agents":
 		if e.ComplexityRoot.Query.Agents == nil {
 			break
@@ -1212,6 +1699,17 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.Query.AuditEvents(childComplexity, args["orgId"].(*string), args["from"].(*time.Time), args["to"].(*time.Time), args["roomId"].(*string), args["actorId"].(*string), args["subjectId"].(*string), args["types"].([]string), args["outcome"].(*model.DecisionOutcome), args["limit"].(*int), args["before"].(*string)), true
+	case "Query.budgets":
+		if e.ComplexityRoot.Query.Budgets == nil {
+			break
+		}
+
+		args, err := ec.field_Query_budgets_args(ctx, rawArgs)
+		if err != nil {
+			return 0, false
+		}
+
+		return e.ComplexityRoot.Query.Budgets(childComplexity, args["orgId"].(*string)), true
 	case "Query.chattyAgents":
 		if e.ComplexityRoot.Query.ChattyAgents == nil {
 			break
@@ -1246,6 +1744,17 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 
 		return e.ComplexityRoot.Query.Costs(childComplexity, args["orgId"].(*string), args["from"].(time.Time), args["to"].(time.Time), args["groupBy"].([]model.CostDimension), args["filter"].(*model.CostFilter), args["limit"].(*int)), true
 
+	case "Query.jobs":
+		if e.ComplexityRoot.Query.Jobs == nil {
+			break
+		}
+
+		args, err := ec.field_Query_jobs_args(ctx, rawArgs)
+		if err != nil {
+			return 0, false
+		}
+
+		return e.ComplexityRoot.Query.Jobs(childComplexity, args["orgId"].(*string), args["limit"].(*int)), true
 	case "Query.policyDecisions":
 		if e.ComplexityRoot.Query.PolicyDecisions == nil {
 			break
@@ -1257,6 +1766,17 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.Query.PolicyDecisions(childComplexity, args["orgId"].(*string), args["from"].(*time.Time), args["to"].(*time.Time), args["decision"].(*string), args["outcome"].(*model.DecisionOutcome), args["agentId"].(*string), args["limit"].(*int), args["before"].(*string)), true
+	case "Query.prices":
+		if e.ComplexityRoot.Query.Prices == nil {
+			break
+		}
+
+		args, err := ec.field_Query_prices_args(ctx, rawArgs)
+		if err != nil {
+			return 0, false
+		}
+
+		return e.ComplexityRoot.Query.Prices(childComplexity, args["orgId"].(*string)), true
 	case "Query.rooms":
 		if e.ComplexityRoot.Query.Rooms == nil {
 			break
@@ -1268,6 +1788,17 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.Query.Rooms(childComplexity, args["orgId"].(*string), args["limit"].(*int)), true
+	case "Query.unpricedModels":
+		if e.ComplexityRoot.Query.UnpricedModels == nil {
+			break
+		}
+
+		args, err := ec.field_Query_unpricedModels_args(ctx, rawArgs)
+		if err != nil {
+			return 0, false
+		}
+
+		return e.ComplexityRoot.Query.UnpricedModels(childComplexity, args["orgId"].(*string), args["from"].(*time.Time), args["to"].(*time.Time), args["limit"].(*int)), true
 	case "Query.usageSeries":
 		if e.ComplexityRoot.Query.UsageSeries == nil {
 			break
@@ -1376,6 +1907,17 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.Subscription.AttentionRequested(childComplexity, args["orgId"].(*string), args["roomId"].(*string)), true
+	case "Subscription.budgetExceeded":
+		if e.ComplexityRoot.Subscription.BudgetExceeded == nil {
+			break
+		}
+
+		args, err := ec.field_Subscription_budgetExceeded_args(ctx, rawArgs)
+		if err != nil {
+			return 0, false
+		}
+
+		return e.ComplexityRoot.Subscription.BudgetExceeded(childComplexity, args["orgId"].(*string)), true
 	case "Subscription.policyDenied":
 		if e.ComplexityRoot.Subscription.PolicyDenied == nil {
 			break
@@ -1553,6 +2095,37 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 
 		return e.ComplexityRoot.UnpricedModel.Tokens(childComplexity), true
 
+	case "UnpricedModelUsage.events":
+		if e.ComplexityRoot.UnpricedModelUsage.Events == nil {
+			break
+		}
+
+		return e.ComplexityRoot.UnpricedModelUsage.Events(childComplexity), true
+	case "UnpricedModelUsage.firstSeen":
+		if e.ComplexityRoot.UnpricedModelUsage.FirstSeen == nil {
+			break
+		}
+
+		return e.ComplexityRoot.UnpricedModelUsage.FirstSeen(childComplexity), true
+	case "UnpricedModelUsage.lastSeen":
+		if e.ComplexityRoot.UnpricedModelUsage.LastSeen == nil {
+			break
+		}
+
+		return e.ComplexityRoot.UnpricedModelUsage.LastSeen(childComplexity), true
+	case "UnpricedModelUsage.model":
+		if e.ComplexityRoot.UnpricedModelUsage.Model == nil {
+			break
+		}
+
+		return e.ComplexityRoot.UnpricedModelUsage.Model(childComplexity), true
+	case "UnpricedModelUsage.tokens":
+		if e.ComplexityRoot.UnpricedModelUsage.Tokens == nil {
+			break
+		}
+
+		return e.ComplexityRoot.UnpricedModelUsage.Tokens(childComplexity), true
+
 	case "UsagePoint.cost":
 		if e.ComplexityRoot.UsagePoint.Cost == nil {
 			break
@@ -1686,7 +2259,9 @@ func (e *executableSchema) Exec(ctx context.Context) graphql.ResponseHandler {
 	ec := newExecutionContext(opCtx, e, make(chan graphql.DeferredResult))
 	inputUnmarshalers := func() *graphql.InputUnmarshalerIndex {
 		return graphql.NewInputUnmarshalerIndex(
+			graphql.NewInputUnmarshaler("BudgetInput", ec.unmarshalInputBudgetInput),
 			graphql.NewInputUnmarshaler("CostFilter", ec.unmarshalInputCostFilter),
+			graphql.NewInputUnmarshaler("PriceInput", ec.unmarshalInputPriceInput),
 		)
 	}
 	first := true
@@ -1721,6 +2296,21 @@ func (e *executableSchema) Exec(ctx context.Context) graphql.ResponseHandler {
 			}
 
 			return &response
+		}
+	case ast.Mutation:
+		return func(ctx context.Context) *graphql.Response {
+			if !first {
+				return nil
+			}
+			first = false
+			ctx = graphql.WithLazyInputUnmarshalerIndex(ctx, inputUnmarshalers)
+			data := ec._Mutation(ctx, opCtx.Operation.SelectionSet)
+			var buf bytes.Buffer
+			data.MarshalGQL(&buf)
+
+			return &graphql.Response{
+				Data: buf.Bytes(),
+			}
 		}
 	case ast.Subscription:
 		next := ec._Subscription(ctx, opCtx.Operation.SelectionSet)
@@ -2160,6 +2750,172 @@ type Room {
   openAttention: Int!
 }
 
+"What a budget counts: one organization, owner, agent or room (within the organization)."
+enum BudgetScope {
+  ORG
+  OWNER
+  AGENT
+  ROOM
+}
+
+"The stretch a budget's spend is counted over: the UTC day or the UTC calendar month."
+enum BudgetPeriod {
+  DAY
+  MONTH
+}
+
+"A hard budget denies send_message decisions that would pass it; a soft one only alerts."
+enum BudgetMode {
+  SOFT
+  HARD
+}
+
+"A budget to set. At least one of tokens and cost."
+input BudgetInput {
+  scope: BudgetScope!
+  "The owner, agent or room the budget counts; left out for ORG."
+  scopeId: ID
+  period: BudgetPeriod!
+  "Token limit; null or 0: none."
+  tokens: Int64
+  "Cost limit in the billing currency as a decimal string, at most 6 decimals, e.g. \"25.50\"; null: none."
+  cost: String
+  mode: BudgetMode!
+}
+
+"""
+A budget with its spend in the current period. Spent is the usage reported; reserved
+the estimates of granted send_message decisions whose usage has not arrived yet.
+"""
+type Budget {
+  id: ID!
+  scope: BudgetScope!
+  scopeId: ID!
+  "The owner's or agent's @handle, or the room's title, when known."
+  scopeName: String
+  period: BudgetPeriod!
+  mode: BudgetMode!
+  tokens: Int64
+  cost: String
+  currency: String!
+  updatedAt: Time!
+  "The API key that set it."
+  updatedBy: ID
+  periodStart: Time!
+  periodEnd: Time!
+  spentTokens: Int64!
+  spentCost: String!
+  reservedTokens: Int64!
+  reservedCost: String!
+  "tokens less spent and reserved (never below 0); null without a token limit."
+  remainingTokens: Int64
+  remainingCost: String
+  "Spend at the end of the period at the rate of the period so far (measured over at least an hour)."
+  projectedTokens: Int64!
+  projectedCost: String!
+}
+
+"Spend (actual plus reserved) of a budget reaching 80 % or 100 % of a limit; once per crossing."
+type BudgetCrossing {
+  budget: Budget!
+  "80 or 100."
+  threshold: Int!
+  at: Time!
+  "The budget.crossed audit event."
+  eventId: ID!
+}
+
+"An operator's suspension or resumption of an agent."
+type AgentControlResult {
+  agentId: ID!
+  agentHandle: String
+  suspended: Boolean!
+  "The audit events written: agent.suspended or agent.resumed, and agent.control for a suspension."
+  eventIds: [ID!]!
+}
+
+"A price of the catalog, per million tokens, in its currency."
+type Price {
+  model: String!
+  currency: String!
+  input: String!
+  output: String!
+  cacheRead: String!
+  cacheWrite: String!
+  "From when usage is priced with it."
+  effective: Time!
+  "The catalog version that holds it."
+  catalogVersion: String!
+}
+
+"A model's price to add to the catalog (decimal strings, at most 9 decimals)."
+input PriceInput {
+  model: String!
+  input: String!
+  output: String!
+  "Default: the input price."
+  cacheRead: String
+  "Default: the input price."
+  cacheWrite: String
+  "ISO 4217 code; default: the catalog's currency."
+  currency: String
+  "Default: now."
+  effective: Time
+}
+
+"A model usage was reported for that has no price, and when."
+type UnpricedModelUsage {
+  model: String!
+  events: Int64!
+  tokens: Tokens!
+  firstSeen: Time!
+  lastSeen: Time!
+}
+
+enum JobState {
+  QUEUED
+  RUNNING
+  DONE
+  FAILED
+  CANCELLED
+}
+
+"A background job (re-pricing a range of usage)."
+type Job {
+  id: ID!
+  kind: String!
+  state: JobState!
+  from: Time!
+  to: Time!
+  "Days of the range done, and in all."
+  daysDone: Int!
+  daysTotal: Int!
+  rowsScanned: Int64!
+  rowsChanged: Int64!
+  "The catalog version it prices with."
+  catalogVersion: String
+  requestedBy: ID
+  createdAt: Time!
+  startedAt: Time
+  finishedAt: Time
+  error: String
+}
+
+type Mutation {
+  "Sets (adds or replaces) the organization's budget of one scope and period."
+  setBudget(orgId: ID, budget: BudgetInput!): Budget!
+  "Removes a budget."
+  deleteBudget(orgId: ID, id: ID!): Budget!
+  "Suspends an agent: its decisions are denied (reason suspended) until resumed; the routing core gets agent.control stop."
+  suspendAgent(orgId: ID, agentId: ID!, reason: String): AgentControlResult!
+  "Lifts an operator's suspension."
+  resumeAgent(orgId: ID, agentId: ID!, reason: String): AgentControlResult!
+  "Adds a price to the platform-wide catalog as a new catalog version (platform admin keys only); orgId is not used."
+  upsertPrice(orgId: ID, price: PriceInput!): Price!
+  "Starts re-pricing the organization's usage in [from, to) with the current catalog, as a background job (see jobs)."
+  reprice(orgId: ID, from: Time!, to: Time!): Job!
+}
+
 type Query {
   """
   Token usage and cost of an organization over [from, to), widened to whole hours,
@@ -2222,6 +2978,18 @@ type Query {
 
   "The rooms of the organization, latest activity first. limit defaults to 500, at most 2000."
   rooms(orgId: ID, limit: Int): [Room!]!
+
+  "The organization's budgets with their spend, reservations and projection, by scope."
+  budgets(orgId: ID): [Budget!]!
+
+  "The catalog's prices in force now (platform-wide), by model."
+  prices(orgId: ID): [Price!]!
+
+  "Models with usage but no price in [from, to) (default: the last 30 days), most events first. limit defaults to 100, at most 1000."
+  unpricedModels(orgId: ID, from: Time, to: Time, limit: Int): [UnpricedModelUsage!]!
+
+  "The organization's background jobs, newest first. limit defaults to 50, at most 500."
+  jobs(orgId: ID, limit: Int): [Job!]!
 }
 
 "What changed in a room's work status."
@@ -2261,6 +3029,8 @@ type Subscription {
   attentionRequested(orgId: ID, roomId: ID): AttentionRequest!
   "Denied policy decisions of the organization, as they are audited."
   policyDenied(orgId: ID): PolicyDenial!
+  "Budgets of the organization crossing 80 % or 100 %, as they are audited (budget.crossed)."
+  budgetExceeded(orgId: ID): BudgetCrossing!
 }
 `, BuiltIn: false},
 }
@@ -2322,6 +3092,20 @@ func (ec *executionContext) childFields_Agent(ctx context.Context, field graphql
 		return ec.fieldContext_Agent_toolErrorRate(ctx, field)
 	}
 	return nil, fmt.Errorf("no field named %q was found under type Agent", field.Name)
+}
+
+func (ec *executionContext) childFields_AgentControlResult(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "agentId":
+		return ec.fieldContext_AgentControlResult_agentId(ctx, field)
+	case "agentHandle":
+		return ec.fieldContext_AgentControlResult_agentHandle(ctx, field)
+	case "suspended":
+		return ec.fieldContext_AgentControlResult_suspended(ctx, field)
+	case "eventIds":
+		return ec.fieldContext_AgentControlResult_eventIds(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type AgentControlResult", field.Name)
 }
 
 func (ec *executionContext) childFields_AttentionRequest(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
@@ -2410,6 +3194,68 @@ func (ec *executionContext) childFields_AuditPage(ctx context.Context, field gra
 		return ec.fieldContext_AuditPage_nextCursor(ctx, field)
 	}
 	return nil, fmt.Errorf("no field named %q was found under type AuditPage", field.Name)
+}
+
+func (ec *executionContext) childFields_Budget(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "id":
+		return ec.fieldContext_Budget_id(ctx, field)
+	case "scope":
+		return ec.fieldContext_Budget_scope(ctx, field)
+	case "scopeId":
+		return ec.fieldContext_Budget_scopeId(ctx, field)
+	case "scopeName":
+		return ec.fieldContext_Budget_scopeName(ctx, field)
+	case "period":
+		return ec.fieldContext_Budget_period(ctx, field)
+	case "mode":
+		return ec.fieldContext_Budget_mode(ctx, field)
+	case "tokens":
+		return ec.fieldContext_Budget_tokens(ctx, field)
+	case "cost":
+		return ec.fieldContext_Budget_cost(ctx, field)
+	case "currency":
+		return ec.fieldContext_Budget_currency(ctx, field)
+	case "updatedAt":
+		return ec.fieldContext_Budget_updatedAt(ctx, field)
+	case "updatedBy":
+		return ec.fieldContext_Budget_updatedBy(ctx, field)
+	case "periodStart":
+		return ec.fieldContext_Budget_periodStart(ctx, field)
+	case "periodEnd":
+		return ec.fieldContext_Budget_periodEnd(ctx, field)
+	case "spentTokens":
+		return ec.fieldContext_Budget_spentTokens(ctx, field)
+	case "spentCost":
+		return ec.fieldContext_Budget_spentCost(ctx, field)
+	case "reservedTokens":
+		return ec.fieldContext_Budget_reservedTokens(ctx, field)
+	case "reservedCost":
+		return ec.fieldContext_Budget_reservedCost(ctx, field)
+	case "remainingTokens":
+		return ec.fieldContext_Budget_remainingTokens(ctx, field)
+	case "remainingCost":
+		return ec.fieldContext_Budget_remainingCost(ctx, field)
+	case "projectedTokens":
+		return ec.fieldContext_Budget_projectedTokens(ctx, field)
+	case "projectedCost":
+		return ec.fieldContext_Budget_projectedCost(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type Budget", field.Name)
+}
+
+func (ec *executionContext) childFields_BudgetCrossing(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "budget":
+		return ec.fieldContext_BudgetCrossing_budget(ctx, field)
+	case "threshold":
+		return ec.fieldContext_BudgetCrossing_threshold(ctx, field)
+	case "at":
+		return ec.fieldContext_BudgetCrossing_at(ctx, field)
+	case "eventId":
+		return ec.fieldContext_BudgetCrossing_eventId(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type BudgetCrossing", field.Name)
 }
 
 func (ec *executionContext) childFields_ChattyAgent(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
@@ -2584,6 +3430,42 @@ func (ec *executionContext) childFields_DecisionReason(ctx context.Context, fiel
 	return nil, fmt.Errorf("no field named %q was found under type DecisionReason", field.Name)
 }
 
+func (ec *executionContext) childFields_Job(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "id":
+		return ec.fieldContext_Job_id(ctx, field)
+	case "kind":
+		return ec.fieldContext_Job_kind(ctx, field)
+	case "state":
+		return ec.fieldContext_Job_state(ctx, field)
+	case "from":
+		return ec.fieldContext_Job_from(ctx, field)
+	case "to":
+		return ec.fieldContext_Job_to(ctx, field)
+	case "daysDone":
+		return ec.fieldContext_Job_daysDone(ctx, field)
+	case "daysTotal":
+		return ec.fieldContext_Job_daysTotal(ctx, field)
+	case "rowsScanned":
+		return ec.fieldContext_Job_rowsScanned(ctx, field)
+	case "rowsChanged":
+		return ec.fieldContext_Job_rowsChanged(ctx, field)
+	case "catalogVersion":
+		return ec.fieldContext_Job_catalogVersion(ctx, field)
+	case "requestedBy":
+		return ec.fieldContext_Job_requestedBy(ctx, field)
+	case "createdAt":
+		return ec.fieldContext_Job_createdAt(ctx, field)
+	case "startedAt":
+		return ec.fieldContext_Job_startedAt(ctx, field)
+	case "finishedAt":
+		return ec.fieldContext_Job_finishedAt(ctx, field)
+	case "error":
+		return ec.fieldContext_Job_error(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type Job", field.Name)
+}
+
 func (ec *executionContext) childFields_PolicyDecision(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
 	switch field.Name {
 	case "id":
@@ -2634,6 +3516,28 @@ func (ec *executionContext) childFields_PolicyDenial(ctx context.Context, field 
 		return ec.fieldContext_PolicyDenial_decision(ctx, field)
 	}
 	return nil, fmt.Errorf("no field named %q was found under type PolicyDenial", field.Name)
+}
+
+func (ec *executionContext) childFields_Price(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "model":
+		return ec.fieldContext_Price_model(ctx, field)
+	case "currency":
+		return ec.fieldContext_Price_currency(ctx, field)
+	case "input":
+		return ec.fieldContext_Price_input(ctx, field)
+	case "output":
+		return ec.fieldContext_Price_output(ctx, field)
+	case "cacheRead":
+		return ec.fieldContext_Price_cacheRead(ctx, field)
+	case "cacheWrite":
+		return ec.fieldContext_Price_cacheWrite(ctx, field)
+	case "effective":
+		return ec.fieldContext_Price_effective(ctx, field)
+	case "catalogVersion":
+		return ec.fieldContext_Price_catalogVersion(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type Price", field.Name)
 }
 
 func (ec *executionContext) childFields_Room(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
@@ -2744,6 +3648,22 @@ func (ec *executionContext) childFields_UnpricedModel(ctx context.Context, field
 		return ec.fieldContext_UnpricedModel_tokens(ctx, field)
 	}
 	return nil, fmt.Errorf("no field named %q was found under type UnpricedModel", field.Name)
+}
+
+func (ec *executionContext) childFields_UnpricedModelUsage(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "model":
+		return ec.fieldContext_UnpricedModelUsage_model(ctx, field)
+	case "events":
+		return ec.fieldContext_UnpricedModelUsage_events(ctx, field)
+	case "tokens":
+		return ec.fieldContext_UnpricedModelUsage_tokens(ctx, field)
+	case "firstSeen":
+		return ec.fieldContext_UnpricedModelUsage_firstSeen(ctx, field)
+	case "lastSeen":
+		return ec.fieldContext_UnpricedModelUsage_lastSeen(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type UnpricedModelUsage", field.Name)
 }
 
 func (ec *executionContext) childFields_UsagePoint(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
@@ -2926,6 +3846,162 @@ func (ec *executionContext) childFields___Type(ctx context.Context, field graphq
 
 // region    ***************************** args.gotpl *****************************
 
+func (ec *executionContext) field_Mutation_deleteBudget_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
+	var err error
+	args := map[string]any{}
+	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "orgId",
+		func(ctx context.Context, v any) (*string, error) {
+			return ec.unmarshalOID2ᚖstring(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["orgId"] = arg0
+	arg1, err := graphql.ProcessArgField(ctx, rawArgs, "id",
+		func(ctx context.Context, v any) (string, error) {
+			return ec.unmarshalNID2string(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["id"] = arg1
+	return args, nil
+}
+
+func (ec *executionContext) field_Mutation_reprice_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
+	var err error
+	args := map[string]any{}
+	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "orgId",
+		func(ctx context.Context, v any) (*string, error) {
+			return ec.unmarshalOID2ᚖstring(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["orgId"] = arg0
+	arg1, err := graphql.ProcessArgField(ctx, rawArgs, "from",
+		func(ctx context.Context, v any) (time.Time, error) {
+			return ec.unmarshalNTime2timeᚐTime(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["from"] = arg1
+	arg2, err := graphql.ProcessArgField(ctx, rawArgs, "to",
+		func(ctx context.Context, v any) (time.Time, error) {
+			return ec.unmarshalNTime2timeᚐTime(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["to"] = arg2
+	return args, nil
+}
+
+func (ec *executionContext) field_Mutation_resumeAgent_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
+	var err error
+	args := map[string]any{}
+	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "orgId",
+		func(ctx context.Context, v any) (*string, error) {
+			return ec.unmarshalOID2ᚖstring(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["orgId"] = arg0
+	arg1, err := graphql.ProcessArgField(ctx, rawArgs, "agentId",
+		func(ctx context.Context, v any) (string, error) {
+			return ec.unmarshalNID2string(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["agentId"] = arg1
+	arg2, err := graphql.ProcessArgField(ctx, rawArgs, "reason",
+		func(ctx context.Context, v any) (*string, error) {
+			return ec.unmarshalOString2ᚖstring(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["reason"] = arg2
+	return args, nil
+}
+
+func (ec *executionContext) field_Mutation_setBudget_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
+	var err error
+	args := map[string]any{}
+	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "orgId",
+		func(ctx context.Context, v any) (*string, error) {
+			return ec.unmarshalOID2ᚖstring(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["orgId"] = arg0
+	arg1, err := graphql.ProcessArgField(ctx, rawArgs, "budget",
+		func(ctx context.Context, v any) (model.BudgetInput, error) {
+			return ec.unmarshalNBudgetInput2githubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐBudgetInput(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["budget"] = arg1
+	return args, nil
+}
+
+func (ec *executionContext) field_Mutation_suspendAgent_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
+	var err error
+	args := map[string]any{}
+	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "orgId",
+		func(ctx context.Context, v any) (*string, error) {
+			return ec.unmarshalOID2ᚖstring(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["orgId"] = arg0
+	arg1, err := graphql.ProcessArgField(ctx, rawArgs, "agentId",
+		func(ctx context.Context, v any) (string, error) {
+			return ec.unmarshalNID2string(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["agentId"] = arg1
+	arg2, err := graphql.ProcessArgField(ctx, rawArgs, "reason",
+		func(ctx context.Context, v any) (*string, error) {
+			return ec.unmarshalOString2ᚖstring(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["reason"] = arg2
+	return args, nil
+}
+
+func (ec *executionContext) field_Mutation_upsertPrice_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
+	var err error
+	args := map[string]any{}
+	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "orgId",
+		func(ctx context.Context, v any) (*string, error) {
+			return ec.unmarshalOID2ᚖstring(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["orgId"] = arg0
+	arg1, err := graphql.ProcessArgField(ctx, rawArgs, "price",
+		func(ctx context.Context, v any) (model.PriceInput, error) {
+			return ec.unmarshalNPriceInput2githubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐPriceInput(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["price"] = arg1
+	return args, nil
+}
+
 func (ec *executionContext) field_Query___type_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
 	var err error
 	args := map[string]any{}
@@ -3045,6 +4121,20 @@ func (ec *executionContext) field_Query_auditEvents_args(ctx context.Context, ra
 		return nil, err
 	}
 	args["before"] = arg9
+	return args, nil
+}
+
+func (ec *executionContext) field_Query_budgets_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
+	var err error
+	args := map[string]any{}
+	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "orgId",
+		func(ctx context.Context, v any) (*string, error) {
+			return ec.unmarshalOID2ᚖstring(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["orgId"] = arg0
 	return args, nil
 }
 
@@ -3194,6 +4284,28 @@ func (ec *executionContext) field_Query_costs_args(ctx context.Context, rawArgs 
 	return args, nil
 }
 
+func (ec *executionContext) field_Query_jobs_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
+	var err error
+	args := map[string]any{}
+	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "orgId",
+		func(ctx context.Context, v any) (*string, error) {
+			return ec.unmarshalOID2ᚖstring(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["orgId"] = arg0
+	arg1, err := graphql.ProcessArgField(ctx, rawArgs, "limit",
+		func(ctx context.Context, v any) (*int, error) {
+			return ec.unmarshalOInt2ᚖint(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["limit"] = arg1
+	return args, nil
+}
+
 func (ec *executionContext) field_Query_policyDecisions_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
 	var err error
 	args := map[string]any{}
@@ -3264,6 +4376,20 @@ func (ec *executionContext) field_Query_policyDecisions_args(ctx context.Context
 	return args, nil
 }
 
+func (ec *executionContext) field_Query_prices_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
+	var err error
+	args := map[string]any{}
+	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "orgId",
+		func(ctx context.Context, v any) (*string, error) {
+			return ec.unmarshalOID2ᚖstring(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["orgId"] = arg0
+	return args, nil
+}
+
 func (ec *executionContext) field_Query_rooms_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
 	var err error
 	args := map[string]any{}
@@ -3283,6 +4409,44 @@ func (ec *executionContext) field_Query_rooms_args(ctx context.Context, rawArgs 
 		return nil, err
 	}
 	args["limit"] = arg1
+	return args, nil
+}
+
+func (ec *executionContext) field_Query_unpricedModels_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
+	var err error
+	args := map[string]any{}
+	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "orgId",
+		func(ctx context.Context, v any) (*string, error) {
+			return ec.unmarshalOID2ᚖstring(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["orgId"] = arg0
+	arg1, err := graphql.ProcessArgField(ctx, rawArgs, "from",
+		func(ctx context.Context, v any) (*time.Time, error) {
+			return ec.unmarshalOTime2ᚖtimeᚐTime(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["from"] = arg1
+	arg2, err := graphql.ProcessArgField(ctx, rawArgs, "to",
+		func(ctx context.Context, v any) (*time.Time, error) {
+			return ec.unmarshalOTime2ᚖtimeᚐTime(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["to"] = arg2
+	arg3, err := graphql.ProcessArgField(ctx, rawArgs, "limit",
+		func(ctx context.Context, v any) (*int, error) {
+			return ec.unmarshalOInt2ᚖint(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["limit"] = arg3
 	return args, nil
 }
 
@@ -3389,6 +4553,20 @@ func (ec *executionContext) field_Subscription_attentionRequested_args(ctx conte
 		return nil, err
 	}
 	args["roomId"] = arg1
+	return args, nil
+}
+
+func (ec *executionContext) field_Subscription_budgetExceeded_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
+	var err error
+	args := map[string]any{}
+	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "orgId",
+		func(ctx context.Context, v any) (*string, error) {
+			return ec.unmarshalOID2ᚖstring(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["orgId"] = arg0
 	return args, nil
 }
 
@@ -3992,6 +5170,98 @@ func (ec *executionContext) _Agent_toolErrorRate(ctx context.Context, field grap
 }
 func (ec *executionContext) fieldContext_Agent_toolErrorRate(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
 	return graphql.NewScalarFieldContext("Agent", field, false, false, "Float")
+}
+
+func (ec *executionContext) _AgentControlResult_agentId(ctx context.Context, field graphql.CollectedField, obj *model.AgentControlResult) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_AgentControlResult_agentId(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.AgentID, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNID2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_AgentControlResult_agentId(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("AgentControlResult", field, false, false, "ID")
+}
+
+func (ec *executionContext) _AgentControlResult_agentHandle(ctx context.Context, field graphql.CollectedField, obj *model.AgentControlResult) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_AgentControlResult_agentHandle(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.AgentHandle, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_AgentControlResult_agentHandle(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("AgentControlResult", field, false, false, "String")
+}
+
+func (ec *executionContext) _AgentControlResult_suspended(ctx context.Context, field graphql.CollectedField, obj *model.AgentControlResult) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_AgentControlResult_suspended(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Suspended, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v bool) graphql.Marshaler {
+			return ec.marshalNBoolean2bool(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_AgentControlResult_suspended(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("AgentControlResult", field, false, false, "Boolean")
+}
+
+func (ec *executionContext) _AgentControlResult_eventIds(ctx context.Context, field graphql.CollectedField, obj *model.AgentControlResult) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_AgentControlResult_eventIds(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.EventIds, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v []string) graphql.Marshaler {
+			return ec.marshalNID2ᚕstringᚄ(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_AgentControlResult_eventIds(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("AgentControlResult", field, false, false, "ID")
 }
 
 func (ec *executionContext) _AttentionRequest_id(ctx context.Context, field graphql.CollectedField, obj *model.AttentionRequest) (ret graphql.Marshaler) {
@@ -4806,6 +6076,590 @@ func (ec *executionContext) _AuditPage_nextCursor(ctx context.Context, field gra
 }
 func (ec *executionContext) fieldContext_AuditPage_nextCursor(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
 	return graphql.NewScalarFieldContext("AuditPage", field, false, false, "String")
+}
+
+func (ec *executionContext) _Budget_id(ctx context.Context, field graphql.CollectedField, obj *model.Budget) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Budget_id(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.ID, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNID2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Budget_id(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Budget", field, false, false, "ID")
+}
+
+func (ec *executionContext) _Budget_scope(ctx context.Context, field graphql.CollectedField, obj *model.Budget) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Budget_scope(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Scope, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v model.BudgetScope) graphql.Marshaler {
+			return ec.marshalNBudgetScope2githubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐBudgetScope(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Budget_scope(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Budget", field, false, false, "BudgetScope")
+}
+
+func (ec *executionContext) _Budget_scopeId(ctx context.Context, field graphql.CollectedField, obj *model.Budget) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Budget_scopeId(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.ScopeID, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNID2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Budget_scopeId(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Budget", field, false, false, "ID")
+}
+
+func (ec *executionContext) _Budget_scopeName(ctx context.Context, field graphql.CollectedField, obj *model.Budget) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Budget_scopeName(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.ScopeName, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_Budget_scopeName(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Budget", field, false, false, "String")
+}
+
+func (ec *executionContext) _Budget_period(ctx context.Context, field graphql.CollectedField, obj *model.Budget) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Budget_period(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Period, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v model.BudgetPeriod) graphql.Marshaler {
+			return ec.marshalNBudgetPeriod2githubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐBudgetPeriod(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Budget_period(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Budget", field, false, false, "BudgetPeriod")
+}
+
+func (ec *executionContext) _Budget_mode(ctx context.Context, field graphql.CollectedField, obj *model.Budget) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Budget_mode(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Mode, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v model.BudgetMode) graphql.Marshaler {
+			return ec.marshalNBudgetMode2githubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐBudgetMode(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Budget_mode(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Budget", field, false, false, "BudgetMode")
+}
+
+func (ec *executionContext) _Budget_tokens(ctx context.Context, field graphql.CollectedField, obj *model.Budget) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Budget_tokens(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Tokens, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *int64) graphql.Marshaler {
+			return ec.marshalOInt642ᚖint64(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_Budget_tokens(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Budget", field, false, false, "Int64")
+}
+
+func (ec *executionContext) _Budget_cost(ctx context.Context, field graphql.CollectedField, obj *model.Budget) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Budget_cost(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Cost, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_Budget_cost(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Budget", field, false, false, "String")
+}
+
+func (ec *executionContext) _Budget_currency(ctx context.Context, field graphql.CollectedField, obj *model.Budget) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Budget_currency(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Currency, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Budget_currency(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Budget", field, false, false, "String")
+}
+
+func (ec *executionContext) _Budget_updatedAt(ctx context.Context, field graphql.CollectedField, obj *model.Budget) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Budget_updatedAt(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.UpdatedAt, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v time.Time) graphql.Marshaler {
+			return ec.marshalNTime2timeᚐTime(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Budget_updatedAt(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Budget", field, false, false, "Time")
+}
+
+func (ec *executionContext) _Budget_updatedBy(ctx context.Context, field graphql.CollectedField, obj *model.Budget) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Budget_updatedBy(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.UpdatedBy, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOID2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_Budget_updatedBy(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Budget", field, false, false, "ID")
+}
+
+func (ec *executionContext) _Budget_periodStart(ctx context.Context, field graphql.CollectedField, obj *model.Budget) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Budget_periodStart(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.PeriodStart, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v time.Time) graphql.Marshaler {
+			return ec.marshalNTime2timeᚐTime(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Budget_periodStart(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Budget", field, false, false, "Time")
+}
+
+func (ec *executionContext) _Budget_periodEnd(ctx context.Context, field graphql.CollectedField, obj *model.Budget) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Budget_periodEnd(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.PeriodEnd, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v time.Time) graphql.Marshaler {
+			return ec.marshalNTime2timeᚐTime(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Budget_periodEnd(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Budget", field, false, false, "Time")
+}
+
+func (ec *executionContext) _Budget_spentTokens(ctx context.Context, field graphql.CollectedField, obj *model.Budget) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Budget_spentTokens(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.SpentTokens, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int64) graphql.Marshaler {
+			return ec.marshalNInt642int64(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Budget_spentTokens(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Budget", field, false, false, "Int64")
+}
+
+func (ec *executionContext) _Budget_spentCost(ctx context.Context, field graphql.CollectedField, obj *model.Budget) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Budget_spentCost(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.SpentCost, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Budget_spentCost(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Budget", field, false, false, "String")
+}
+
+func (ec *executionContext) _Budget_reservedTokens(ctx context.Context, field graphql.CollectedField, obj *model.Budget) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Budget_reservedTokens(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.ReservedTokens, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int64) graphql.Marshaler {
+			return ec.marshalNInt642int64(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Budget_reservedTokens(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Budget", field, false, false, "Int64")
+}
+
+func (ec *executionContext) _Budget_reservedCost(ctx context.Context, field graphql.CollectedField, obj *model.Budget) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Budget_reservedCost(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.ReservedCost, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Budget_reservedCost(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Budget", field, false, false, "String")
+}
+
+func (ec *executionContext) _Budget_remainingTokens(ctx context.Context, field graphql.CollectedField, obj *model.Budget) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Budget_remainingTokens(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.RemainingTokens, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *int64) graphql.Marshaler {
+			return ec.marshalOInt642ᚖint64(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_Budget_remainingTokens(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Budget", field, false, false, "Int64")
+}
+
+func (ec *executionContext) _Budget_remainingCost(ctx context.Context, field graphql.CollectedField, obj *model.Budget) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Budget_remainingCost(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.RemainingCost, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_Budget_remainingCost(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Budget", field, false, false, "String")
+}
+
+func (ec *executionContext) _Budget_projectedTokens(ctx context.Context, field graphql.CollectedField, obj *model.Budget) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Budget_projectedTokens(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.ProjectedTokens, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int64) graphql.Marshaler {
+			return ec.marshalNInt642int64(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Budget_projectedTokens(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Budget", field, false, false, "Int64")
+}
+
+func (ec *executionContext) _Budget_projectedCost(ctx context.Context, field graphql.CollectedField, obj *model.Budget) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Budget_projectedCost(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.ProjectedCost, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Budget_projectedCost(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Budget", field, false, false, "String")
+}
+
+func (ec *executionContext) _BudgetCrossing_budget(ctx context.Context, field graphql.CollectedField, obj *model.BudgetCrossing) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_BudgetCrossing_budget(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Budget, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.Budget) graphql.Marshaler {
+			return ec.marshalNBudget2ᚖgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐBudget(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_BudgetCrossing_budget(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "BudgetCrossing",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_Budget(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _BudgetCrossing_threshold(ctx context.Context, field graphql.CollectedField, obj *model.BudgetCrossing) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_BudgetCrossing_threshold(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Threshold, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int) graphql.Marshaler {
+			return ec.marshalNInt2int(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_BudgetCrossing_threshold(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("BudgetCrossing", field, false, false, "Int")
+}
+
+func (ec *executionContext) _BudgetCrossing_at(ctx context.Context, field graphql.CollectedField, obj *model.BudgetCrossing) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_BudgetCrossing_at(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.At, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v time.Time) graphql.Marshaler {
+			return ec.marshalNTime2timeᚐTime(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_BudgetCrossing_at(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("BudgetCrossing", field, false, false, "Time")
+}
+
+func (ec *executionContext) _BudgetCrossing_eventId(ctx context.Context, field graphql.CollectedField, obj *model.BudgetCrossing) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_BudgetCrossing_eventId(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.EventID, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNID2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_BudgetCrossing_eventId(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("BudgetCrossing", field, false, false, "ID")
 }
 
 func (ec *executionContext) _ChattyAgent_agentId(ctx context.Context, field graphql.CollectedField, obj *model.ChattyAgent) (ret graphql.Marshaler) {
@@ -6324,6 +8178,615 @@ func (ec *executionContext) fieldContext_DecisionReason_message(_ context.Contex
 	return graphql.NewScalarFieldContext("DecisionReason", field, false, false, "String")
 }
 
+func (ec *executionContext) _Job_id(ctx context.Context, field graphql.CollectedField, obj *model.Job) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Job_id(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.ID, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNID2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Job_id(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Job", field, false, false, "ID")
+}
+
+func (ec *executionContext) _Job_kind(ctx context.Context, field graphql.CollectedField, obj *model.Job) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Job_kind(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Kind, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Job_kind(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Job", field, false, false, "String")
+}
+
+func (ec *executionContext) _Job_state(ctx context.Context, field graphql.CollectedField, obj *model.Job) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Job_state(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.State, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v model.JobState) graphql.Marshaler {
+			return ec.marshalNJobState2githubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐJobState(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Job_state(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Job", field, false, false, "JobState")
+}
+
+func (ec *executionContext) _Job_from(ctx context.Context, field graphql.CollectedField, obj *model.Job) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Job_from(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.From, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v time.Time) graphql.Marshaler {
+			return ec.marshalNTime2timeᚐTime(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Job_from(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Job", field, false, false, "Time")
+}
+
+func (ec *executionContext) _Job_to(ctx context.Context, field graphql.CollectedField, obj *model.Job) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Job_to(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.To, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v time.Time) graphql.Marshaler {
+			return ec.marshalNTime2timeᚐTime(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Job_to(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Job", field, false, false, "Time")
+}
+
+func (ec *executionContext) _Job_daysDone(ctx context.Context, field graphql.CollectedField, obj *model.Job) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Job_daysDone(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.DaysDone, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int) graphql.Marshaler {
+			return ec.marshalNInt2int(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Job_daysDone(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Job", field, false, false, "Int")
+}
+
+func (ec *executionContext) _Job_daysTotal(ctx context.Context, field graphql.CollectedField, obj *model.Job) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Job_daysTotal(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.DaysTotal, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int) graphql.Marshaler {
+			return ec.marshalNInt2int(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Job_daysTotal(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Job", field, false, false, "Int")
+}
+
+func (ec *executionContext) _Job_rowsScanned(ctx context.Context, field graphql.CollectedField, obj *model.Job) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Job_rowsScanned(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.RowsScanned, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int64) graphql.Marshaler {
+			return ec.marshalNInt642int64(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Job_rowsScanned(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Job", field, false, false, "Int64")
+}
+
+func (ec *executionContext) _Job_rowsChanged(ctx context.Context, field graphql.CollectedField, obj *model.Job) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Job_rowsChanged(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.RowsChanged, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int64) graphql.Marshaler {
+			return ec.marshalNInt642int64(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Job_rowsChanged(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Job", field, false, false, "Int64")
+}
+
+func (ec *executionContext) _Job_catalogVersion(ctx context.Context, field graphql.CollectedField, obj *model.Job) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Job_catalogVersion(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.CatalogVersion, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_Job_catalogVersion(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Job", field, false, false, "String")
+}
+
+func (ec *executionContext) _Job_requestedBy(ctx context.Context, field graphql.CollectedField, obj *model.Job) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Job_requestedBy(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.RequestedBy, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOID2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_Job_requestedBy(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Job", field, false, false, "ID")
+}
+
+func (ec *executionContext) _Job_createdAt(ctx context.Context, field graphql.CollectedField, obj *model.Job) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Job_createdAt(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.CreatedAt, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v time.Time) graphql.Marshaler {
+			return ec.marshalNTime2timeᚐTime(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Job_createdAt(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Job", field, false, false, "Time")
+}
+
+func (ec *executionContext) _Job_startedAt(ctx context.Context, field graphql.CollectedField, obj *model.Job) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Job_startedAt(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.StartedAt, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *time.Time) graphql.Marshaler {
+			return ec.marshalOTime2ᚖtimeᚐTime(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_Job_startedAt(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Job", field, false, false, "Time")
+}
+
+func (ec *executionContext) _Job_finishedAt(ctx context.Context, field graphql.CollectedField, obj *model.Job) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Job_finishedAt(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.FinishedAt, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *time.Time) graphql.Marshaler {
+			return ec.marshalOTime2ᚖtimeᚐTime(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_Job_finishedAt(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Job", field, false, false, "Time")
+}
+
+func (ec *executionContext) _Job_error(ctx context.Context, field graphql.CollectedField, obj *model.Job) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Job_error(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Error, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_Job_error(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Job", field, false, false, "String")
+}
+
+func (ec *executionContext) _Mutation_setBudget(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Mutation_setBudget(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			fc := graphql.GetFieldContext(ctx)
+			return ec.Resolvers.Mutation().SetBudget(ctx, fc.Args["orgId"].(*string), fc.Args["budget"].(model.BudgetInput))
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.Budget) graphql.Marshaler {
+			return ec.marshalNBudget2ᚖgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐBudget(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Mutation_setBudget(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Mutation",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_Budget(ctx, field)
+		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = ec.Recover(ctx, r)
+			ec.Error(ctx, err)
+		}
+	}()
+	ctx = graphql.WithFieldContext(ctx, fc)
+	if fc.Args, err = ec.field_Mutation_setBudget_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
+		ec.Error(ctx, err)
+		return fc, err
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _Mutation_deleteBudget(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Mutation_deleteBudget(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			fc := graphql.GetFieldContext(ctx)
+			return ec.Resolvers.Mutation().DeleteBudget(ctx, fc.Args["orgId"].(*string), fc.Args["id"].(string))
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.Budget) graphql.Marshaler {
+			return ec.marshalNBudget2ᚖgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐBudget(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Mutation_deleteBudget(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Mutation",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_Budget(ctx, field)
+		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = ec.Recover(ctx, r)
+			ec.Error(ctx, err)
+		}
+	}()
+	ctx = graphql.WithFieldContext(ctx, fc)
+	if fc.Args, err = ec.field_Mutation_deleteBudget_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
+		ec.Error(ctx, err)
+		return fc, err
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _Mutation_suspendAgent(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Mutation_suspendAgent(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			fc := graphql.GetFieldContext(ctx)
+			return ec.Resolvers.Mutation().SuspendAgent(ctx, fc.Args["orgId"].(*string), fc.Args["agentId"].(string), fc.Args["reason"].(*string))
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.AgentControlResult) graphql.Marshaler {
+			return ec.marshalNAgentControlResult2ᚖgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐAgentControlResult(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Mutation_suspendAgent(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Mutation",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_AgentControlResult(ctx, field)
+		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = ec.Recover(ctx, r)
+			ec.Error(ctx, err)
+		}
+	}()
+	ctx = graphql.WithFieldContext(ctx, fc)
+	if fc.Args, err = ec.field_Mutation_suspendAgent_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
+		ec.Error(ctx, err)
+		return fc, err
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _Mutation_resumeAgent(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Mutation_resumeAgent(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			fc := graphql.GetFieldContext(ctx)
+			return ec.Resolvers.Mutation().ResumeAgent(ctx, fc.Args["orgId"].(*string), fc.Args["agentId"].(string), fc.Args["reason"].(*string))
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.AgentControlResult) graphql.Marshaler {
+			return ec.marshalNAgentControlResult2ᚖgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐAgentControlResult(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Mutation_resumeAgent(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Mutation",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_AgentControlResult(ctx, field)
+		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = ec.Recover(ctx, r)
+			ec.Error(ctx, err)
+		}
+	}()
+	ctx = graphql.WithFieldContext(ctx, fc)
+	if fc.Args, err = ec.field_Mutation_resumeAgent_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
+		ec.Error(ctx, err)
+		return fc, err
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _Mutation_upsertPrice(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Mutation_upsertPrice(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			fc := graphql.GetFieldContext(ctx)
+			return ec.Resolvers.Mutation().UpsertPrice(ctx, fc.Args["orgId"].(*string), fc.Args["price"].(model.PriceInput))
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.Price) graphql.Marshaler {
+			return ec.marshalNPrice2ᚖgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐPrice(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Mutation_upsertPrice(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Mutation",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_Price(ctx, field)
+		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = ec.Recover(ctx, r)
+			ec.Error(ctx, err)
+		}
+	}()
+	ctx = graphql.WithFieldContext(ctx, fc)
+	if fc.Args, err = ec.field_Mutation_upsertPrice_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
+		ec.Error(ctx, err)
+		return fc, err
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _Mutation_reprice(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Mutation_reprice(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			fc := graphql.GetFieldContext(ctx)
+			return ec.Resolvers.Mutation().Reprice(ctx, fc.Args["orgId"].(*string), fc.Args["from"].(time.Time), fc.Args["to"].(time.Time))
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.Job) graphql.Marshaler {
+			return ec.marshalNJob2ᚖgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐJob(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Mutation_reprice(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Mutation",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_Job(ctx, field)
+		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = ec.Recover(ctx, r)
+			ec.Error(ctx, err)
+		}
+	}()
+	ctx = graphql.WithFieldContext(ctx, fc)
+	if fc.Args, err = ec.field_Mutation_reprice_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
+		ec.Error(ctx, err)
+		return fc, err
+	}
+	return fc, nil
+}
+
 func (ec *executionContext) _PolicyDecision_id(ctx context.Context, field graphql.CollectedField, obj *model.PolicyDecision) (ret graphql.Marshaler) {
 	return graphql.ResolveField(
 		ctx,
@@ -6742,6 +9205,190 @@ func (ec *executionContext) fieldContext_PolicyDenial_decision(_ context.Context
 	return fc, nil
 }
 
+func (ec *executionContext) _Price_model(ctx context.Context, field graphql.CollectedField, obj *model.Price) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Price_model(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Model, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Price_model(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Price", field, false, false, "String")
+}
+
+func (ec *executionContext) _Price_currency(ctx context.Context, field graphql.CollectedField, obj *model.Price) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Price_currency(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Currency, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Price_currency(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Price", field, false, false, "String")
+}
+
+func (ec *executionContext) _Price_input(ctx context.Context, field graphql.CollectedField, obj *model.Price) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Price_input(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Input, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Price_input(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Price", field, false, false, "String")
+}
+
+func (ec *executionContext) _Price_output(ctx context.Context, field graphql.CollectedField, obj *model.Price) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Price_output(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Output, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Price_output(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Price", field, false, false, "String")
+}
+
+func (ec *executionContext) _Price_cacheRead(ctx context.Context, field graphql.CollectedField, obj *model.Price) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Price_cacheRead(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.CacheRead, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Price_cacheRead(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Price", field, false, false, "String")
+}
+
+func (ec *executionContext) _Price_cacheWrite(ctx context.Context, field graphql.CollectedField, obj *model.Price) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Price_cacheWrite(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.CacheWrite, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Price_cacheWrite(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Price", field, false, false, "String")
+}
+
+func (ec *executionContext) _Price_effective(ctx context.Context, field graphql.CollectedField, obj *model.Price) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Price_effective(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Effective, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v time.Time) graphql.Marshaler {
+			return ec.marshalNTime2timeᚐTime(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Price_effective(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Price", field, false, false, "Time")
+}
+
+func (ec *executionContext) _Price_catalogVersion(ctx context.Context, field graphql.CollectedField, obj *model.Price) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Price_catalogVersion(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.CatalogVersion, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Price_catalogVersion(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Price", field, false, false, "String")
+}
+
 func (ec *executionContext) _Query_costs(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
 	return graphql.ResolveField(
 		ctx,
@@ -7132,6 +9779,182 @@ func (ec *executionContext) fieldContext_Query_rooms(ctx context.Context, field 
 	}()
 	ctx = graphql.WithFieldContext(ctx, fc)
 	if fc.Args, err = ec.field_Query_rooms_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
+		ec.Error(ctx, err)
+		return fc, err
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _Query_budgets(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Query_budgets(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			fc := graphql.GetFieldContext(ctx)
+			return ec.Resolvers.Query().Budgets(ctx, fc.Args["orgId"].(*string))
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v []model.Budget) graphql.Marshaler {
+			return ec.marshalNBudget2ᚕgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐBudgetᚄ(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Query_budgets(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Query",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_Budget(ctx, field)
+		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = ec.Recover(ctx, r)
+			ec.Error(ctx, err)
+		}
+	}()
+	ctx = graphql.WithFieldContext(ctx, fc)
+	if fc.Args, err = ec.field_Query_budgets_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
+		ec.Error(ctx, err)
+		return fc, err
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _Query_prices(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Query_prices(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			fc := graphql.GetFieldContext(ctx)
+			return ec.Resolvers.Query().Prices(ctx, fc.Args["orgId"].(*string))
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v []model.Price) graphql.Marshaler {
+			return ec.marshalNPrice2ᚕgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐPriceᚄ(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Query_prices(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Query",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_Price(ctx, field)
+		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = ec.Recover(ctx, r)
+			ec.Error(ctx, err)
+		}
+	}()
+	ctx = graphql.WithFieldContext(ctx, fc)
+	if fc.Args, err = ec.field_Query_prices_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
+		ec.Error(ctx, err)
+		return fc, err
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _Query_unpricedModels(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Query_unpricedModels(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			fc := graphql.GetFieldContext(ctx)
+			return ec.Resolvers.Query().UnpricedModels(ctx, fc.Args["orgId"].(*string), fc.Args["from"].(*time.Time), fc.Args["to"].(*time.Time), fc.Args["limit"].(*int))
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v []model.UnpricedModelUsage) graphql.Marshaler {
+			return ec.marshalNUnpricedModelUsage2ᚕgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐUnpricedModelUsageᚄ(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Query_unpricedModels(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Query",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_UnpricedModelUsage(ctx, field)
+		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = ec.Recover(ctx, r)
+			ec.Error(ctx, err)
+		}
+	}()
+	ctx = graphql.WithFieldContext(ctx, fc)
+	if fc.Args, err = ec.field_Query_unpricedModels_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
+		ec.Error(ctx, err)
+		return fc, err
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _Query_jobs(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Query_jobs(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			fc := graphql.GetFieldContext(ctx)
+			return ec.Resolvers.Query().Jobs(ctx, fc.Args["orgId"].(*string), fc.Args["limit"].(*int))
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v []model.Job) graphql.Marshaler {
+			return ec.marshalNJob2ᚕgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐJobᚄ(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Query_jobs(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Query",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_Job(ctx, field)
+		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = ec.Recover(ctx, r)
+			ec.Error(ctx, err)
+		}
+	}()
+	ctx = graphql.WithFieldContext(ctx, fc)
+	if fc.Args, err = ec.field_Query_jobs_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
 		ec.Error(ctx, err)
 		return fc, err
 	}
@@ -7643,6 +10466,50 @@ func (ec *executionContext) fieldContext_Subscription_policyDenied(ctx context.C
 	}()
 	ctx = graphql.WithFieldContext(ctx, fc)
 	if fc.Args, err = ec.field_Subscription_policyDenied_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
+		ec.Error(ctx, err)
+		return fc, err
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _Subscription_budgetExceeded(ctx context.Context, field graphql.CollectedField) (ret func(ctx context.Context) graphql.Marshaler) {
+	return graphql.ResolveFieldStream(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Subscription_budgetExceeded(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			fc := graphql.GetFieldContext(ctx)
+			return ec.Resolvers.Subscription().BudgetExceeded(ctx, fc.Args["orgId"].(*string))
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.BudgetCrossing) graphql.Marshaler {
+			return ec.marshalNBudgetCrossing2ᚖgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐBudgetCrossing(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Subscription_budgetExceeded(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Subscription",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_BudgetCrossing(ctx, field)
+		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = ec.Recover(ctx, r)
+			ec.Error(ctx, err)
+		}
+	}()
+	ctx = graphql.WithFieldContext(ctx, fc)
+	if fc.Args, err = ec.field_Subscription_budgetExceeded_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
 		ec.Error(ctx, err)
 		return fc, err
 	}
@@ -8231,6 +11098,130 @@ func (ec *executionContext) fieldContext_UnpricedModel_tokens(_ context.Context,
 		},
 	}
 	return fc, nil
+}
+
+func (ec *executionContext) _UnpricedModelUsage_model(ctx context.Context, field graphql.CollectedField, obj *model.UnpricedModelUsage) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_UnpricedModelUsage_model(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Model, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_UnpricedModelUsage_model(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("UnpricedModelUsage", field, false, false, "String")
+}
+
+func (ec *executionContext) _UnpricedModelUsage_events(ctx context.Context, field graphql.CollectedField, obj *model.UnpricedModelUsage) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_UnpricedModelUsage_events(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Events, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int64) graphql.Marshaler {
+			return ec.marshalNInt642int64(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_UnpricedModelUsage_events(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("UnpricedModelUsage", field, false, false, "Int64")
+}
+
+func (ec *executionContext) _UnpricedModelUsage_tokens(ctx context.Context, field graphql.CollectedField, obj *model.UnpricedModelUsage) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_UnpricedModelUsage_tokens(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Tokens, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.Tokens) graphql.Marshaler {
+			return ec.marshalNTokens2ᚖgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐTokens(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_UnpricedModelUsage_tokens(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "UnpricedModelUsage",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_Tokens(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _UnpricedModelUsage_firstSeen(ctx context.Context, field graphql.CollectedField, obj *model.UnpricedModelUsage) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_UnpricedModelUsage_firstSeen(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.FirstSeen, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v time.Time) graphql.Marshaler {
+			return ec.marshalNTime2timeᚐTime(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_UnpricedModelUsage_firstSeen(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("UnpricedModelUsage", field, false, false, "Time")
+}
+
+func (ec *executionContext) _UnpricedModelUsage_lastSeen(ctx context.Context, field graphql.CollectedField, obj *model.UnpricedModelUsage) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_UnpricedModelUsage_lastSeen(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.LastSeen, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v time.Time) graphql.Marshaler {
+			return ec.marshalNTime2timeᚐTime(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_UnpricedModelUsage_lastSeen(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("UnpricedModelUsage", field, false, false, "Time")
 }
 
 func (ec *executionContext) _UsagePoint_time(ctx context.Context, field graphql.CollectedField, obj *model.UsagePoint) (ret graphql.Marshaler) {
@@ -9811,6 +12802,83 @@ func (ec *executionContext) fieldContext___Type_isOneOf(_ context.Context, field
 
 // region    **************************** input.gotpl *****************************
 
+func (ec *executionContext) unmarshalInputBudgetInput(ctx context.Context, obj any) (model.BudgetInput, error) {
+	var it model.BudgetInput
+	if obj == nil {
+		return it, nil
+	}
+
+	asMap := map[string]any{}
+	for k, v := range obj.(map[string]any) {
+		asMap[k] = v
+	}
+
+	fieldsInOrder := [...]string{"scope", "scopeId", "period", "tokens", "cost", "mode"}
+	for _, k := range fieldsInOrder {
+		v, ok := asMap[k]
+		if !ok {
+			continue
+		}
+		switch k {
+		case "scope":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("scope"))
+			data, err := ec.unmarshalNBudgetScope2githubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐBudgetScope(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.Scope = data
+		case "scopeId":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("scopeId"))
+			data, err := ec.unmarshalOID2ᚖstring(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.ScopeID = data
+		case "period":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("period"))
+			data, err := ec.unmarshalNBudgetPeriod2githubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐBudgetPeriod(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.Period = data
+		case "tokens":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("tokens"))
+			data, err := ec.unmarshalOInt642ᚖint64(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.Tokens = data
+		case "cost":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("cost"))
+			data, err := ec.unmarshalOString2ᚖstring(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.Cost = data
+		case "mode":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("mode"))
+			data, err := ec.unmarshalNBudgetMode2githubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐBudgetMode(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.Mode = data
+		}
+	}
+	return it, nil
+}
+
+// UnmarshalBudgetInput unmarshals raw into the BudgetInput input type, using the
+// unmarshaler bound to ctx's request. Call it from a resolver to decode an input
+// object that was not passed as a field argument.
+//
+// ctx must come from a gqlgen request; outside one there is no unmarshaler to use
+// and the returned error says so.
+func UnmarshalBudgetInput(ctx context.Context, raw any) (model.BudgetInput, error) {
+	var out model.BudgetInput
+	err := graphql.UnmarshalNamedInputFromContext(ctx, "BudgetInput", raw, &out)
+	return out, err
+}
+
 func (ec *executionContext) unmarshalInputCostFilter(ctx context.Context, obj any) (model.CostFilter, error) {
 	var it model.CostFilter
 	if obj == nil {
@@ -9871,6 +12939,90 @@ func (ec *executionContext) unmarshalInputCostFilter(ctx context.Context, obj an
 func UnmarshalCostFilter(ctx context.Context, raw any) (model.CostFilter, error) {
 	var out model.CostFilter
 	err := graphql.UnmarshalNamedInputFromContext(ctx, "CostFilter", raw, &out)
+	return out, err
+}
+
+func (ec *executionContext) unmarshalInputPriceInput(ctx context.Context, obj any) (model.PriceInput, error) {
+	var it model.PriceInput
+	if obj == nil {
+		return it, nil
+	}
+
+	asMap := map[string]any{}
+	for k, v := range obj.(map[string]any) {
+		asMap[k] = v
+	}
+
+	fieldsInOrder := [...]string{"model", "input", "output", "cacheRead", "cacheWrite", "currency", "effective"}
+	for _, k := range fieldsInOrder {
+		v, ok := asMap[k]
+		if !ok {
+			continue
+		}
+		switch k {
+		case "model":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("model"))
+			data, err := ec.unmarshalNString2string(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.Model = data
+		case "input":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("input"))
+			data, err := ec.unmarshalNString2string(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.Input = data
+		case "output":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("output"))
+			data, err := ec.unmarshalNString2string(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.Output = data
+		case "cacheRead":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("cacheRead"))
+			data, err := ec.unmarshalOString2ᚖstring(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.CacheRead = data
+		case "cacheWrite":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("cacheWrite"))
+			data, err := ec.unmarshalOString2ᚖstring(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.CacheWrite = data
+		case "currency":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("currency"))
+			data, err := ec.unmarshalOString2ᚖstring(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.Currency = data
+		case "effective":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("effective"))
+			data, err := ec.unmarshalOTime2ᚖtimeᚐTime(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.Effective = data
+		}
+	}
+	return it, nil
+}
+
+// UnmarshalPriceInput unmarshals raw into the PriceInput input type, using the
+// unmarshaler bound to ctx's request. Call it from a resolver to decode an input
+// object that was not passed as a field argument.
+//
+// ctx must come from a gqlgen request; outside one there is no unmarshaler to use
+// and the returned error says so.
+func UnmarshalPriceInput(ctx context.Context, raw any) (model.PriceInput, error) {
+	var out model.PriceInput
+	err := graphql.UnmarshalNamedInputFromContext(ctx, "PriceInput", raw, &out)
 	return out, err
 }
 
@@ -10024,6 +13176,54 @@ func (ec *executionContext) _Agent(ctx context.Context, sel ast.SelectionSet, ob
 		case "toolErrorRate":
 			out.Values[i] = ec._Agent_toolErrorRate(ctx, field, obj)
 			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
+var agentControlResultImplementors = []string{"AgentControlResult"}
+
+func (ec *executionContext) _AgentControlResult(ctx context.Context, sel ast.SelectionSet, obj *model.AgentControlResult) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, agentControlResultImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("AgentControlResult")
+		case "agentId":
+			out.Values[i] = ec._AgentControlResult_agentId(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "agentHandle":
+			out.Values[i] = ec._AgentControlResult_agentHandle(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "suspended":
+			out.Values[i] = ec._AgentControlResult_suspended(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "eventIds":
+			out.Values[i] = ec._AgentControlResult_eventIds(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
 				out.Invalids++
 			}
 		default:
@@ -10283,6 +13483,187 @@ func (ec *executionContext) _AuditPage(ctx context.Context, sel ast.SelectionSet
 		case "nextCursor":
 			out.Values[i] = ec._AuditPage_nextCursor(ctx, field, obj)
 			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
+var budgetImplementors = []string{"Budget"}
+
+func (ec *executionContext) _Budget(ctx context.Context, sel ast.SelectionSet, obj *model.Budget) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, budgetImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("Budget")
+		case "id":
+			out.Values[i] = ec._Budget_id(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "scope":
+			out.Values[i] = ec._Budget_scope(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "scopeId":
+			out.Values[i] = ec._Budget_scopeId(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "scopeName":
+			out.Values[i] = ec._Budget_scopeName(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "period":
+			out.Values[i] = ec._Budget_period(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "mode":
+			out.Values[i] = ec._Budget_mode(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "tokens":
+			out.Values[i] = ec._Budget_tokens(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "cost":
+			out.Values[i] = ec._Budget_cost(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "currency":
+			out.Values[i] = ec._Budget_currency(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "updatedAt":
+			out.Values[i] = ec._Budget_updatedAt(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "updatedBy":
+			out.Values[i] = ec._Budget_updatedBy(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "periodStart":
+			out.Values[i] = ec._Budget_periodStart(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "periodEnd":
+			out.Values[i] = ec._Budget_periodEnd(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "spentTokens":
+			out.Values[i] = ec._Budget_spentTokens(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "spentCost":
+			out.Values[i] = ec._Budget_spentCost(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "reservedTokens":
+			out.Values[i] = ec._Budget_reservedTokens(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "reservedCost":
+			out.Values[i] = ec._Budget_reservedCost(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "remainingTokens":
+			out.Values[i] = ec._Budget_remainingTokens(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "remainingCost":
+			out.Values[i] = ec._Budget_remainingCost(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "projectedTokens":
+			out.Values[i] = ec._Budget_projectedTokens(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "projectedCost":
+			out.Values[i] = ec._Budget_projectedCost(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
+var budgetCrossingImplementors = []string{"BudgetCrossing"}
+
+func (ec *executionContext) _BudgetCrossing(ctx context.Context, sel ast.SelectionSet, obj *model.BudgetCrossing) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, budgetCrossingImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("BudgetCrossing")
+		case "budget":
+			out.Values[i] = ec._BudgetCrossing_budget(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "threshold":
+			out.Values[i] = ec._BudgetCrossing_threshold(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "at":
+			out.Values[i] = ec._BudgetCrossing_at(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "eventId":
+			out.Values[i] = ec._BudgetCrossing_eventId(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
 				out.Invalids++
 			}
 		default:
@@ -10836,6 +14217,187 @@ func (ec *executionContext) _DecisionReason(ctx context.Context, sel ast.Selecti
 	return out
 }
 
+var jobImplementors = []string{"Job"}
+
+func (ec *executionContext) _Job(ctx context.Context, sel ast.SelectionSet, obj *model.Job) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, jobImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("Job")
+		case "id":
+			out.Values[i] = ec._Job_id(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "kind":
+			out.Values[i] = ec._Job_kind(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "state":
+			out.Values[i] = ec._Job_state(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "from":
+			out.Values[i] = ec._Job_from(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "to":
+			out.Values[i] = ec._Job_to(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "daysDone":
+			out.Values[i] = ec._Job_daysDone(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "daysTotal":
+			out.Values[i] = ec._Job_daysTotal(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "rowsScanned":
+			out.Values[i] = ec._Job_rowsScanned(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "rowsChanged":
+			out.Values[i] = ec._Job_rowsChanged(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "catalogVersion":
+			out.Values[i] = ec._Job_catalogVersion(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "requestedBy":
+			out.Values[i] = ec._Job_requestedBy(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "createdAt":
+			out.Values[i] = ec._Job_createdAt(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "startedAt":
+			out.Values[i] = ec._Job_startedAt(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "finishedAt":
+			out.Values[i] = ec._Job_finishedAt(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "error":
+			out.Values[i] = ec._Job_error(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
+var mutationImplementors = []string{"Mutation"}
+
+func (ec *executionContext) _Mutation(ctx context.Context, sel ast.SelectionSet) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, mutationImplementors)
+	ctx = graphql.WithFieldContext(ctx, &graphql.FieldContext{
+		Object: "Mutation",
+	})
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		innerCtx := graphql.WithRootFieldContext(ctx, &graphql.RootFieldContext{
+			Object: field.Name,
+			Field:  field,
+		})
+
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("Mutation")
+		case "setBudget":
+			out.Values[i] = ec.OperationContext.RootResolverMiddleware(innerCtx, func(ctx context.Context) (res graphql.Marshaler) {
+				return ec._Mutation_setBudget(ctx, field)
+			})
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "deleteBudget":
+			out.Values[i] = ec.OperationContext.RootResolverMiddleware(innerCtx, func(ctx context.Context) (res graphql.Marshaler) {
+				return ec._Mutation_deleteBudget(ctx, field)
+			})
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "suspendAgent":
+			out.Values[i] = ec.OperationContext.RootResolverMiddleware(innerCtx, func(ctx context.Context) (res graphql.Marshaler) {
+				return ec._Mutation_suspendAgent(ctx, field)
+			})
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "resumeAgent":
+			out.Values[i] = ec.OperationContext.RootResolverMiddleware(innerCtx, func(ctx context.Context) (res graphql.Marshaler) {
+				return ec._Mutation_resumeAgent(ctx, field)
+			})
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "upsertPrice":
+			out.Values[i] = ec.OperationContext.RootResolverMiddleware(innerCtx, func(ctx context.Context) (res graphql.Marshaler) {
+				return ec._Mutation_upsertPrice(ctx, field)
+			})
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "reprice":
+			out.Values[i] = ec.OperationContext.RootResolverMiddleware(innerCtx, func(ctx context.Context) (res graphql.Marshaler) {
+				return ec._Mutation_reprice(ctx, field)
+			})
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
 var policyDecisionImplementors = []string{"PolicyDecision"}
 
 func (ec *executionContext) _PolicyDecision(ctx context.Context, sel ast.SelectionSet, obj *model.PolicyDecision) graphql.Marshaler {
@@ -11005,6 +14567,74 @@ func (ec *executionContext) _PolicyDenial(ctx context.Context, sel ast.Selection
 	return out
 }
 
+var priceImplementors = []string{"Price"}
+
+func (ec *executionContext) _Price(ctx context.Context, sel ast.SelectionSet, obj *model.Price) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, priceImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("Price")
+		case "model":
+			out.Values[i] = ec._Price_model(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "currency":
+			out.Values[i] = ec._Price_currency(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "input":
+			out.Values[i] = ec._Price_input(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "output":
+			out.Values[i] = ec._Price_output(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "cacheRead":
+			out.Values[i] = ec._Price_cacheRead(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "cacheWrite":
+			out.Values[i] = ec._Price_cacheWrite(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "effective":
+			out.Values[i] = ec._Price_effective(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "catalogVersion":
+			out.Values[i] = ec._Price_catalogVersion(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
 var queryImplementors = []string{"Query"}
 
 func (ec *executionContext) _Query(ctx context.Context, sel ast.SelectionSet) graphql.Marshaler {
@@ -11077,6 +14707,30 @@ func (ec *executionContext) _Query(ctx context.Context, sel ast.SelectionSet) gr
 				true, true,
 				func(ctx context.Context) graphql.Marshaler {
 					return ec._Query_rooms(ctx, field)
+				})
+		case "budgets":
+			out.ResolveRootConcurrently(innerCtx, ec.OperationContext, i,
+				true, true,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Query_budgets(ctx, field)
+				})
+		case "prices":
+			out.ResolveRootConcurrently(innerCtx, ec.OperationContext, i,
+				true, true,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Query_prices(ctx, field)
+				})
+		case "unpricedModels":
+			out.ResolveRootConcurrently(innerCtx, ec.OperationContext, i,
+				true, true,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Query_unpricedModels(ctx, field)
+				})
+		case "jobs":
+			out.ResolveRootConcurrently(innerCtx, ec.OperationContext, i,
+				true, true,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Query_jobs(ctx, field)
 				})
 		case "__type":
 			out.Values[i] = ec.OperationContext.RootResolverMiddleware(innerCtx, func(ctx context.Context) (res graphql.Marshaler) {
@@ -11244,6 +14898,8 @@ func (ec *executionContext) _Subscription(ctx context.Context, sel ast.Selection
 		return ec._Subscription_attentionRequested(ctx, fields[0])
 	case "policyDenied":
 		return ec._Subscription_policyDenied(ctx, fields[0])
+	case "budgetExceeded":
+		return ec._Subscription_budgetExceeded(ctx, fields[0])
 	default:
 		panic("unknown field " + strconv.Quote(fields[0].Name))
 	}
@@ -11466,6 +15122,59 @@ func (ec *executionContext) _UnpricedModel(ctx context.Context, sel ast.Selectio
 			}
 		case "tokens":
 			out.Values[i] = ec._UnpricedModel_tokens(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
+var unpricedModelUsageImplementors = []string{"UnpricedModelUsage"}
+
+func (ec *executionContext) _UnpricedModelUsage(ctx context.Context, sel ast.SelectionSet, obj *model.UnpricedModelUsage) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, unpricedModelUsageImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("UnpricedModelUsage")
+		case "model":
+			out.Values[i] = ec._UnpricedModelUsage_model(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "events":
+			out.Values[i] = ec._UnpricedModelUsage_events(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "tokens":
+			out.Values[i] = ec._UnpricedModelUsage_tokens(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "firstSeen":
+			out.Values[i] = ec._UnpricedModelUsage_firstSeen(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "lastSeen":
+			out.Values[i] = ec._UnpricedModelUsage_lastSeen(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
 				out.Invalids++
 			}
@@ -12100,6 +15809,14 @@ func (ec *executionContext) marshalNAgent2ᚕgithubᚗcomᚋbandplaneᚋbandplan
 	return ret
 }
 
+func (ec *executionContext) marshalNAgentControlResult2ᚖgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐAgentControlResult(ctx context.Context, sel ast.SelectionSet, v *model.AgentControlResult) graphql.Marshaler {
+	if v == nil {
+		graphql.AddInvalidNullError(ctx, "AgentControlResult!")
+		return graphql.Null
+	}
+	return ec._AgentControlResult(ctx, sel, v)
+}
+
 func (ec *executionContext) marshalNAttentionRequest2githubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐAttentionRequest(ctx context.Context, sel ast.SelectionSet, v model.AttentionRequest) graphql.Marshaler {
 	return ec._AttentionRequest(ctx, sel, &v)
 }
@@ -12168,6 +15885,77 @@ func (ec *executionContext) marshalNBoolean2bool(ctx context.Context, sel ast.Se
 		graphql.AddInvalidNullFromMarshaler(ctx, "Boolean!")
 	}
 	return res
+}
+
+func (ec *executionContext) marshalNBudget2githubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐBudget(ctx context.Context, sel ast.SelectionSet, v model.Budget) graphql.Marshaler {
+	return ec._Budget(ctx, sel, &v)
+}
+
+func (ec *executionContext) marshalNBudget2ᚕgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐBudgetᚄ(ctx context.Context, sel ast.SelectionSet, v []model.Budget) graphql.Marshaler {
+	ret := graphql.MarshalSliceConcurrently(ctx, len(v), 0, false, func(ctx context.Context, i int) graphql.Marshaler {
+		fc := graphql.GetFieldContext(ctx)
+		fc.Result = &v[i]
+		return ec.marshalNBudget2githubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐBudget(ctx, sel, v[i])
+	})
+
+	for _, e := range ret {
+		if e == graphql.Null {
+			return graphql.Null
+		}
+	}
+
+	return ret
+}
+
+func (ec *executionContext) marshalNBudget2ᚖgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐBudget(ctx context.Context, sel ast.SelectionSet, v *model.Budget) graphql.Marshaler {
+	if v == nil {
+		graphql.AddInvalidNullError(ctx, "Budget!")
+		return graphql.Null
+	}
+	return ec._Budget(ctx, sel, v)
+}
+
+func (ec *executionContext) marshalNBudgetCrossing2ᚖgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐBudgetCrossing(ctx context.Context, sel ast.SelectionSet, v *model.BudgetCrossing) graphql.Marshaler {
+	if v == nil {
+		graphql.AddInvalidNullError(ctx, "BudgetCrossing!")
+		return graphql.Null
+	}
+	return ec._BudgetCrossing(ctx, sel, v)
+}
+
+func (ec *executionContext) unmarshalNBudgetInput2githubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐBudgetInput(ctx context.Context, v any) (model.BudgetInput, error) {
+	res, err := ec.unmarshalInputBudgetInput(ctx, v)
+	return res, graphql.ErrorOnPath(ctx, err)
+}
+
+func (ec *executionContext) unmarshalNBudgetMode2githubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐBudgetMode(ctx context.Context, v any) (model.BudgetMode, error) {
+	var res model.BudgetMode
+	err := res.UnmarshalGQL(v)
+	return res, graphql.ErrorOnPath(ctx, err)
+}
+
+func (ec *executionContext) marshalNBudgetMode2githubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐBudgetMode(ctx context.Context, sel ast.SelectionSet, v model.BudgetMode) graphql.Marshaler {
+	return v
+}
+
+func (ec *executionContext) unmarshalNBudgetPeriod2githubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐBudgetPeriod(ctx context.Context, v any) (model.BudgetPeriod, error) {
+	var res model.BudgetPeriod
+	err := res.UnmarshalGQL(v)
+	return res, graphql.ErrorOnPath(ctx, err)
+}
+
+func (ec *executionContext) marshalNBudgetPeriod2githubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐBudgetPeriod(ctx context.Context, sel ast.SelectionSet, v model.BudgetPeriod) graphql.Marshaler {
+	return v
+}
+
+func (ec *executionContext) unmarshalNBudgetScope2githubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐBudgetScope(ctx context.Context, v any) (model.BudgetScope, error) {
+	var res model.BudgetScope
+	err := res.UnmarshalGQL(v)
+	return res, graphql.ErrorOnPath(ctx, err)
+}
+
+func (ec *executionContext) marshalNBudgetScope2githubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐBudgetScope(ctx context.Context, sel ast.SelectionSet, v model.BudgetScope) graphql.Marshaler {
+	return v
 }
 
 func (ec *executionContext) marshalNChattyAgent2githubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐChattyAgent(ctx context.Context, sel ast.SelectionSet, v model.ChattyAgent) graphql.Marshaler {
@@ -12330,6 +16118,35 @@ func (ec *executionContext) marshalNID2string(ctx context.Context, sel ast.Selec
 	return res
 }
 
+func (ec *executionContext) unmarshalNID2ᚕstringᚄ(ctx context.Context, v any) ([]string, error) {
+	vSlice := graphql.CoerceList(v)
+	var err error
+	res := make([]string, len(vSlice))
+	for i := range vSlice {
+		ctx := graphql.WithPathContext(ctx, graphql.NewPathWithIndex(i))
+		res[i], err = ec.unmarshalNID2string(ctx, vSlice[i])
+		if err != nil {
+			return nil, err
+		}
+	}
+	return res, nil
+}
+
+func (ec *executionContext) marshalNID2ᚕstringᚄ(ctx context.Context, sel ast.SelectionSet, v []string) graphql.Marshaler {
+	ret := make(graphql.Array, len(v))
+	for i := range v {
+		ret[i] = ec.marshalNID2string(ctx, sel, v[i])
+	}
+
+	for _, e := range ret {
+		if e == graphql.Null {
+			return graphql.Null
+		}
+	}
+
+	return ret
+}
+
 func (ec *executionContext) unmarshalNInt2int(ctx context.Context, v any) (int, error) {
 	res, err := graphql.UnmarshalInt(v)
 	return res, graphql.ErrorOnPath(ctx, err)
@@ -12356,6 +16173,44 @@ func (ec *executionContext) marshalNInt642int64(ctx context.Context, sel ast.Sel
 		graphql.AddInvalidNullFromMarshaler(ctx, "Int64!")
 	}
 	return res
+}
+
+func (ec *executionContext) marshalNJob2githubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐJob(ctx context.Context, sel ast.SelectionSet, v model.Job) graphql.Marshaler {
+	return ec._Job(ctx, sel, &v)
+}
+
+func (ec *executionContext) marshalNJob2ᚕgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐJobᚄ(ctx context.Context, sel ast.SelectionSet, v []model.Job) graphql.Marshaler {
+	ret := graphql.MarshalSliceConcurrently(ctx, len(v), 0, false, func(ctx context.Context, i int) graphql.Marshaler {
+		fc := graphql.GetFieldContext(ctx)
+		fc.Result = &v[i]
+		return ec.marshalNJob2githubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐJob(ctx, sel, v[i])
+	})
+
+	for _, e := range ret {
+		if e == graphql.Null {
+			return graphql.Null
+		}
+	}
+
+	return ret
+}
+
+func (ec *executionContext) marshalNJob2ᚖgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐJob(ctx context.Context, sel ast.SelectionSet, v *model.Job) graphql.Marshaler {
+	if v == nil {
+		graphql.AddInvalidNullError(ctx, "Job!")
+		return graphql.Null
+	}
+	return ec._Job(ctx, sel, v)
+}
+
+func (ec *executionContext) unmarshalNJobState2githubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐJobState(ctx context.Context, v any) (model.JobState, error) {
+	var res model.JobState
+	err := res.UnmarshalGQL(v)
+	return res, graphql.ErrorOnPath(ctx, err)
+}
+
+func (ec *executionContext) marshalNJobState2githubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐJobState(ctx context.Context, sel ast.SelectionSet, v model.JobState) graphql.Marshaler {
+	return v
 }
 
 func (ec *executionContext) marshalNPolicyDecision2githubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐPolicyDecision(ctx context.Context, sel ast.SelectionSet, v model.PolicyDecision) graphql.Marshaler {
@@ -12400,6 +16255,39 @@ func (ec *executionContext) marshalNPolicyDenial2ᚖgithubᚗcomᚋbandplaneᚋb
 		return graphql.Null
 	}
 	return ec._PolicyDenial(ctx, sel, v)
+}
+
+func (ec *executionContext) marshalNPrice2githubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐPrice(ctx context.Context, sel ast.SelectionSet, v model.Price) graphql.Marshaler {
+	return ec._Price(ctx, sel, &v)
+}
+
+func (ec *executionContext) marshalNPrice2ᚕgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐPriceᚄ(ctx context.Context, sel ast.SelectionSet, v []model.Price) graphql.Marshaler {
+	ret := graphql.MarshalSliceConcurrently(ctx, len(v), 0, false, func(ctx context.Context, i int) graphql.Marshaler {
+		fc := graphql.GetFieldContext(ctx)
+		fc.Result = &v[i]
+		return ec.marshalNPrice2githubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐPrice(ctx, sel, v[i])
+	})
+
+	for _, e := range ret {
+		if e == graphql.Null {
+			return graphql.Null
+		}
+	}
+
+	return ret
+}
+
+func (ec *executionContext) marshalNPrice2ᚖgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐPrice(ctx context.Context, sel ast.SelectionSet, v *model.Price) graphql.Marshaler {
+	if v == nil {
+		graphql.AddInvalidNullError(ctx, "Price!")
+		return graphql.Null
+	}
+	return ec._Price(ctx, sel, v)
+}
+
+func (ec *executionContext) unmarshalNPriceInput2githubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐPriceInput(ctx context.Context, v any) (model.PriceInput, error) {
+	res, err := ec.unmarshalInputPriceInput(ctx, v)
+	return res, graphql.ErrorOnPath(ctx, err)
 }
 
 func (ec *executionContext) marshalNRoom2githubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐRoom(ctx context.Context, sel ast.SelectionSet, v model.Room) graphql.Marshaler {
@@ -12537,6 +16425,26 @@ func (ec *executionContext) marshalNUnpricedModel2ᚕgithubᚗcomᚋbandplaneᚋ
 		fc := graphql.GetFieldContext(ctx)
 		fc.Result = &v[i]
 		return ec.marshalNUnpricedModel2githubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐUnpricedModel(ctx, sel, v[i])
+	})
+
+	for _, e := range ret {
+		if e == graphql.Null {
+			return graphql.Null
+		}
+	}
+
+	return ret
+}
+
+func (ec *executionContext) marshalNUnpricedModelUsage2githubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐUnpricedModelUsage(ctx context.Context, sel ast.SelectionSet, v model.UnpricedModelUsage) graphql.Marshaler {
+	return ec._UnpricedModelUsage(ctx, sel, &v)
+}
+
+func (ec *executionContext) marshalNUnpricedModelUsage2ᚕgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐUnpricedModelUsageᚄ(ctx context.Context, sel ast.SelectionSet, v []model.UnpricedModelUsage) graphql.Marshaler {
+	ret := graphql.MarshalSliceConcurrently(ctx, len(v), 0, false, func(ctx context.Context, i int) graphql.Marshaler {
+		fc := graphql.GetFieldContext(ctx)
+		fc.Result = &v[i]
+		return ec.marshalNUnpricedModelUsage2githubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐUnpricedModelUsage(ctx, sel, v[i])
 	})
 
 	for _, e := range ret {

@@ -46,6 +46,15 @@ type Agent struct {
 	ToolErrorRate *float64 `json:"toolErrorRate,omitempty"`
 }
 
+// An operator's suspension or resumption of an agent.
+type AgentControlResult struct {
+	AgentID     string  `json:"agentId"`
+	AgentHandle *string `json:"agentHandle,omitempty"`
+	Suspended   bool    `json:"suspended"`
+	// The audit events written: agent.suspended or agent.resumed, and agent.control for a suspension.
+	EventIds []string `json:"eventIds"`
+}
+
 // An agent asking a person for a decision (an event.attention). Open until the person
 // addressed posts in the room after it (anyone human, when it named nobody), or a task of
 // the room assigned to the agent that asked is updated after it.
@@ -101,6 +110,59 @@ type AuditPage struct {
 	// the trail as it was at the first page: events ingested later (newer ones, or late
 	// ones with older times) never shift or repeat the following pages.
 	NextCursor *string `json:"nextCursor,omitempty"`
+}
+
+// A budget with its spend in the current period. Spent is the usage reported; reserved
+// the estimates of granted send_message decisions whose usage has not arrived yet.
+type Budget struct {
+	ID      string      `json:"id"`
+	Scope   BudgetScope `json:"scope"`
+	ScopeID string      `json:"scopeId"`
+	// The owner's or agent's @handle, or the room's title, when known.
+	ScopeName *string      `json:"scopeName,omitempty"`
+	Period    BudgetPeriod `json:"period"`
+	Mode      BudgetMode   `json:"mode"`
+	Tokens    *int64       `json:"tokens,omitempty"`
+	Cost      *string      `json:"cost,omitempty"`
+	Currency  string       `json:"currency"`
+	UpdatedAt time.Time    `json:"updatedAt"`
+	// The API key that set it.
+	UpdatedBy      *string   `json:"updatedBy,omitempty"`
+	PeriodStart    time.Time `json:"periodStart"`
+	PeriodEnd      time.Time `json:"periodEnd"`
+	SpentTokens    int64     `json:"spentTokens"`
+	SpentCost      string    `json:"spentCost"`
+	ReservedTokens int64     `json:"reservedTokens"`
+	ReservedCost   string    `json:"reservedCost"`
+	// tokens less spent and reserved (never below 0); null without a token limit.
+	RemainingTokens *int64  `json:"remainingTokens,omitempty"`
+	RemainingCost   *string `json:"remainingCost,omitempty"`
+	// Spend at the end of the period at the rate of the period so far (measured over at least an hour).
+	ProjectedTokens int64  `json:"projectedTokens"`
+	ProjectedCost   string `json:"projectedCost"`
+}
+
+// Spend (actual plus reserved) of a budget reaching 80 % or 100 % of a limit; once per crossing.
+type BudgetCrossing struct {
+	Budget *Budget `json:"budget"`
+	// 80 or 100.
+	Threshold int       `json:"threshold"`
+	At        time.Time `json:"at"`
+	// The budget.crossed audit event.
+	EventID string `json:"eventId"`
+}
+
+// A budget to set. At least one of tokens and cost.
+type BudgetInput struct {
+	Scope BudgetScope `json:"scope"`
+	// The owner, agent or room the budget counts; left out for ORG.
+	ScopeID *string      `json:"scopeId,omitempty"`
+	Period  BudgetPeriod `json:"period"`
+	// Token limit; null or 0: none.
+	Tokens *int64 `json:"tokens,omitempty"`
+	// Cost limit in the billing currency as a decimal string, at most 6 decimals, e.g. "25.50"; null: none.
+	Cost *string    `json:"cost,omitempty"`
+	Mode BudgetMode `json:"mode"`
 }
 
 // An agent ranked by how much it talked.
@@ -230,6 +292,30 @@ type DecisionReason struct {
 	Message string `json:"message"`
 }
 
+// A background job (re-pricing a range of usage).
+type Job struct {
+	ID    string    `json:"id"`
+	Kind  string    `json:"kind"`
+	State JobState  `json:"state"`
+	From  time.Time `json:"from"`
+	To    time.Time `json:"to"`
+	// Days of the range done, and in all.
+	DaysDone    int   `json:"daysDone"`
+	DaysTotal   int   `json:"daysTotal"`
+	RowsScanned int64 `json:"rowsScanned"`
+	RowsChanged int64 `json:"rowsChanged"`
+	// The catalog version it prices with.
+	CatalogVersion *string    `json:"catalogVersion,omitempty"`
+	RequestedBy    *string    `json:"requestedBy,omitempty"`
+	CreatedAt      time.Time  `json:"createdAt"`
+	StartedAt      *time.Time `json:"startedAt,omitempty"`
+	FinishedAt     *time.Time `json:"finishedAt,omitempty"`
+	Error          *string    `json:"error,omitempty"`
+}
+
+type Mutation struct {
+}
+
 // One policy decision, as audited.
 type PolicyDecision struct {
 	ID   string    `json:"id"`
@@ -261,6 +347,35 @@ type PolicyDecisionPage struct {
 // A denied policy decision, as it happened.
 type PolicyDenial struct {
 	Decision *PolicyDecision `json:"decision"`
+}
+
+// A price of the catalog, per million tokens, in its currency.
+type Price struct {
+	Model      string `json:"model"`
+	Currency   string `json:"currency"`
+	Input      string `json:"input"`
+	Output     string `json:"output"`
+	CacheRead  string `json:"cacheRead"`
+	CacheWrite string `json:"cacheWrite"`
+	// From when usage is priced with it.
+	Effective time.Time `json:"effective"`
+	// The catalog version that holds it.
+	CatalogVersion string `json:"catalogVersion"`
+}
+
+// A model's price to add to the catalog (decimal strings, at most 9 decimals).
+type PriceInput struct {
+	Model  string `json:"model"`
+	Input  string `json:"input"`
+	Output string `json:"output"`
+	// Default: the input price.
+	CacheRead *string `json:"cacheRead,omitempty"`
+	// Default: the input price.
+	CacheWrite *string `json:"cacheWrite,omitempty"`
+	// ISO 4217 code; default: the catalog's currency.
+	Currency *string `json:"currency,omitempty"`
+	// Default: now.
+	Effective *time.Time `json:"effective,omitempty"`
 }
 
 type Query struct {
@@ -338,6 +453,15 @@ type UnpricedModel struct {
 	Tokens *Tokens `json:"tokens"`
 }
 
+// A model usage was reported for that has no price, and when.
+type UnpricedModelUsage struct {
+	Model     string    `json:"model"`
+	Events    int64     `json:"events"`
+	Tokens    *Tokens   `json:"tokens"`
+	FirstSeen time.Time `json:"firstSeen"`
+	LastSeen  time.Time `json:"lastSeen"`
+}
+
 // One bucket of a usage series.
 type UsagePoint struct {
 	Time           time.Time `json:"time"`
@@ -383,6 +507,178 @@ type WorkStatusChange struct {
 	// The agent, for AGENT_ACTIVE.
 	AgentID     *string `json:"agentId,omitempty"`
 	AgentHandle *string `json:"agentHandle,omitempty"`
+}
+
+// A hard budget denies send_message decisions that would pass it; a soft one only alerts.
+type BudgetMode string
+
+const (
+	BudgetModeSoft BudgetMode = "SOFT"
+	BudgetModeHard BudgetMode = "HARD"
+)
+
+var AllBudgetMode = []BudgetMode{
+	BudgetModeSoft,
+	BudgetModeHard,
+}
+
+func (e BudgetMode) IsValid() bool {
+	switch e {
+	case BudgetModeSoft, BudgetModeHard:
+		return true
+	}
+	return false
+}
+
+func (e BudgetMode) String() string {
+	return string(e)
+}
+
+func (e *BudgetMode) UnmarshalGQL(v any) error {
+	str, ok := v.(string)
+	if !ok {
+		return fmt.Errorf("enums must be strings")
+	}
+
+	*e = BudgetMode(str)
+	if !e.IsValid() {
+		return fmt.Errorf("%s is not a valid BudgetMode", str)
+	}
+	return nil
+}
+
+func (e BudgetMode) MarshalGQL(w io.Writer) {
+	_, _ = fmt.Fprint(w, strconv.Quote(e.String()))
+}
+
+func (e *BudgetMode) UnmarshalJSON(b []byte) error {
+	s, err := strconv.Unquote(string(b))
+	if err != nil {
+		return err
+	}
+	return e.UnmarshalGQL(s)
+}
+
+func (e BudgetMode) MarshalJSON() ([]byte, error) {
+	var buf bytes.Buffer
+	e.MarshalGQL(&buf)
+	return buf.Bytes(), nil
+}
+
+// The stretch a budget's spend is counted over: the UTC day or the UTC calendar month.
+type BudgetPeriod string
+
+const (
+	BudgetPeriodDay   BudgetPeriod = "DAY"
+	BudgetPeriodMonth BudgetPeriod = "MONTH"
+)
+
+var AllBudgetPeriod = []BudgetPeriod{
+	BudgetPeriodDay,
+	BudgetPeriodMonth,
+}
+
+func (e BudgetPeriod) IsValid() bool {
+	switch e {
+	case BudgetPeriodDay, BudgetPeriodMonth:
+		return true
+	}
+	return false
+}
+
+func (e BudgetPeriod) String() string {
+	return string(e)
+}
+
+func (e *BudgetPeriod) UnmarshalGQL(v any) error {
+	str, ok := v.(string)
+	if !ok {
+		return fmt.Errorf("enums must be strings")
+	}
+
+	*e = BudgetPeriod(str)
+	if !e.IsValid() {
+		return fmt.Errorf("%s is not a valid BudgetPeriod", str)
+	}
+	return nil
+}
+
+func (e BudgetPeriod) MarshalGQL(w io.Writer) {
+	_, _ = fmt.Fprint(w, strconv.Quote(e.String()))
+}
+
+func (e *BudgetPeriod) UnmarshalJSON(b []byte) error {
+	s, err := strconv.Unquote(string(b))
+	if err != nil {
+		return err
+	}
+	return e.UnmarshalGQL(s)
+}
+
+func (e BudgetPeriod) MarshalJSON() ([]byte, error) {
+	var buf bytes.Buffer
+	e.MarshalGQL(&buf)
+	return buf.Bytes(), nil
+}
+
+// What a budget counts: one organization, owner, agent or room (within the organization).
+type BudgetScope string
+
+const (
+	BudgetScopeOrg   BudgetScope = "ORG"
+	BudgetScopeOwner BudgetScope = "OWNER"
+	BudgetScopeAgent BudgetScope = "AGENT"
+	BudgetScopeRoom  BudgetScope = "ROOM"
+)
+
+var AllBudgetScope = []BudgetScope{
+	BudgetScopeOrg,
+	BudgetScopeOwner,
+	BudgetScopeAgent,
+	BudgetScopeRoom,
+}
+
+func (e BudgetScope) IsValid() bool {
+	switch e {
+	case BudgetScopeOrg, BudgetScopeOwner, BudgetScopeAgent, BudgetScopeRoom:
+		return true
+	}
+	return false
+}
+
+func (e BudgetScope) String() string {
+	return string(e)
+}
+
+func (e *BudgetScope) UnmarshalGQL(v any) error {
+	str, ok := v.(string)
+	if !ok {
+		return fmt.Errorf("enums must be strings")
+	}
+
+	*e = BudgetScope(str)
+	if !e.IsValid() {
+		return fmt.Errorf("%s is not a valid BudgetScope", str)
+	}
+	return nil
+}
+
+func (e BudgetScope) MarshalGQL(w io.Writer) {
+	_, _ = fmt.Fprint(w, strconv.Quote(e.String()))
+}
+
+func (e *BudgetScope) UnmarshalJSON(b []byte) error {
+	s, err := strconv.Unquote(string(b))
+	if err != nil {
+		return err
+	}
+	return e.UnmarshalGQL(s)
+}
+
+func (e BudgetScope) MarshalJSON() ([]byte, error) {
+	var buf bytes.Buffer
+	e.MarshalGQL(&buf)
+	return buf.Bytes(), nil
 }
 
 // A dimension costs can be grouped by.
@@ -502,6 +798,67 @@ func (e *DecisionOutcome) UnmarshalJSON(b []byte) error {
 }
 
 func (e DecisionOutcome) MarshalJSON() ([]byte, error) {
+	var buf bytes.Buffer
+	e.MarshalGQL(&buf)
+	return buf.Bytes(), nil
+}
+
+type JobState string
+
+const (
+	JobStateQueued    JobState = "QUEUED"
+	JobStateRunning   JobState = "RUNNING"
+	JobStateDone      JobState = "DONE"
+	JobStateFailed    JobState = "FAILED"
+	JobStateCancelled JobState = "CANCELLED"
+)
+
+var AllJobState = []JobState{
+	JobStateQueued,
+	JobStateRunning,
+	JobStateDone,
+	JobStateFailed,
+	JobStateCancelled,
+}
+
+func (e JobState) IsValid() bool {
+	switch e {
+	case JobStateQueued, JobStateRunning, JobStateDone, JobStateFailed, JobStateCancelled:
+		return true
+	}
+	return false
+}
+
+func (e JobState) String() string {
+	return string(e)
+}
+
+func (e *JobState) UnmarshalGQL(v any) error {
+	str, ok := v.(string)
+	if !ok {
+		return fmt.Errorf("enums must be strings")
+	}
+
+	*e = JobState(str)
+	if !e.IsValid() {
+		return fmt.Errorf("%s is not a valid JobState", str)
+	}
+	return nil
+}
+
+func (e JobState) MarshalGQL(w io.Writer) {
+	_, _ = fmt.Fprint(w, strconv.Quote(e.String()))
+}
+
+func (e *JobState) UnmarshalJSON(b []byte) error {
+	s, err := strconv.Unquote(string(b))
+	if err != nil {
+		return err
+	}
+	return e.UnmarshalGQL(s)
+}
+
+func (e JobState) MarshalJSON() ([]byte, error) {
 	var buf bytes.Buffer
 	e.MarshalGQL(&buf)
 	return buf.Bytes(), nil

@@ -66,7 +66,17 @@ type Replica struct {
 
 	mu       sync.Mutex
 	requests map[string][2]string // contact request id -> (from, to)
+
+	// orphans is usage of agents the directory does not know yet (registrations and
+	// usage travel on different partitions, so usage may come first), applied when the
+	// agent registers; at most MaxOrphans events.
+	orphans  map[string][]schema.Event
+	norphans int
 }
+
+// MaxOrphans bounds the usage events kept for agents not registered yet; beyond it,
+// such usage counts against its organization only (when it names one).
+const MaxOrphans = 10_000
 
 func New(cfg Config) (*Replica, error) {
 	if err := cfg.Validate(); err != nil {
@@ -78,7 +88,8 @@ func New(cfg Config) (*Replica, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	return &Replica{cfg: cfg, log: cfg.Logger.With("component", "policy-replica"), requests: map[string][2]string{}}, nil
+	return &Replica{cfg: cfg, log: cfg.Logger.With("component", "policy-replica"), requests: map[string][2]string{},
+		orphans: map[string][]schema.Event{}}, nil
 }
 
 // Apply changes the directory (or the spend) for one event. Events of other types are
@@ -97,11 +108,15 @@ func (r *Replica) Apply(ctx context.Context, ev *schema.Event) error {
 		if err := unmarshal(ev, &a); err != nil {
 			return err
 		}
-		return d.UpsertAgent(ctx, policy.Agent{
+		if err := d.UpsertAgent(ctx, policy.Agent{
 			ID: subjectID(ev), Handle: policy.NormalizeHandle(a.Handle), Owner: a.OwnerID, Org: ev.OrgID, Model: a.Model,
 			RegistryAccess: a.PersonalRegistryAccess, SharedWithOrg: a.SharedWithOrg, Global: a.Global,
 			Listed: a.Listed, Suspended: a.Suspended,
-		})
+		}); err != nil {
+			return err
+		}
+		r.adopt(subjectID(ev))
+		return nil
 	case schema.TypeContactAdded:
 		if other := subjectID(ev); ev.Actor.ID != "" && other != "" {
 			return d.AddContact(ctx, ev.Actor.ID, other)
@@ -225,7 +240,10 @@ func (r *Replica) usage(ev *schema.Event) error {
 	if err := unmarshal(ev, &u); err != nil {
 		return err
 	}
-	a, _ := r.cfg.Directory.Agent(ev.Actor.ID)
+	a, known := r.cfg.Directory.Agent(ev.Actor.ID)
+	if !known && ev.Actor.ID != "" && r.orphan(ev) {
+		return nil
+	}
 	model := first(u.Model, a.Model)
 	cost, _ := r.cfg.Catalog.Current().Cost(model, u)
 	org := first(ev.OrgID, a.Org)
@@ -240,6 +258,32 @@ func (r *Replica) usage(ev *schema.Event) error {
 		Tokens: u.InputTokens + u.OutputTokens + u.CacheReadTokens + u.CacheWriteTokens, CostMicros: cost},
 		ev.ExecutionID, ev.Time, now)
 	return nil
+}
+
+// orphan keeps usage of an unknown agent for when it registers; false when full.
+func (r *Replica) orphan(ev *schema.Event) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.norphans >= MaxOrphans {
+		return false
+	}
+	r.orphans[ev.Actor.ID] = append(r.orphans[ev.Actor.ID], *ev)
+	r.norphans++
+	return true
+}
+
+// adopt applies the usage kept for agent, now registered.
+func (r *Replica) adopt(agent string) {
+	r.mu.Lock()
+	evs := r.orphans[agent]
+	delete(r.orphans, agent)
+	r.norphans -= len(evs)
+	r.mu.Unlock()
+	for i := range evs {
+		if err := r.usage(&evs[i]); err != nil {
+			r.log.Warn("cannot apply usage kept for an agent that registered after it", "event_id", evs[i].ID, "err", err)
+		}
+	}
 }
 
 func unmarshal(ev *schema.Event, v any) error {

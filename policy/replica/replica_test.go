@@ -176,3 +176,18 @@ func TestBudgetEventsSetAndSettle(t *testing.T) {
 		`"data":{"org":"acme","scope":"agent","scope_id":"a-arch","period":"day","tokens":5000,"hard":true,"updated_at":"2026-11-02T10:00:00Z"}}`)
 	assert.Empty(t, ledger.Budgets("acme", now))
 }
+
+func TestUsageBeforeRegistrationCountsOnceItRegisters(t *testing.T) {
+	now := time.Date(2026, 11, 2, 12, 0, 0, 0, time.UTC)
+	r, _, ledger := newReplica(t, now)
+	// Usage travels on its room's partition, the registration on another: it may come first.
+	apply(t, r, `{"id":"u-0","type":"usage.reported","time":"2026-11-02T11:00:00Z","room_id":"room-1","actor":{"id":"a-arch","type":"agent"},"source":"t","data":{"input_tokens":700,"output_tokens":0,"cache_read_tokens":0,"cache_write_tokens":0}}`)
+	tokens, _, _, _ := ledger.Spent("acme", policy.ScopeOwner, "u-alice", policy.PeriodDay, now)
+	assert.Zero(t, tokens)
+	apply(t, r, alice, architect)
+	tokens, _, _, _ = ledger.Spent("acme", policy.ScopeOwner, "u-alice", policy.PeriodDay, now)
+	assert.Equal(t, int64(700), tokens, "kept until the agent registered, then counted once")
+	apply(t, r, architect) // an update does not count it again
+	tokens, _, _, _ = ledger.Spent("acme", policy.ScopeAgent, "a-arch", policy.PeriodDay, now)
+	assert.Equal(t, int64(700), tokens)
+}

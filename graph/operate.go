@@ -1,0 +1,196 @@
+package graph
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/99designs/gqlgen/graphql"
+	"github.com/shopspring/decimal"
+	"github.com/vektah/gqlparser/v2/gqlerror"
+
+	"github.com/bandplane/bandplane/graph/model"
+	"github.com/bandplane/bandplane/policy"
+	"github.com/bandplane/bandplane/policy/api"
+	"github.com/bandplane/bandplane/policy/keys"
+	"github.com/bandplane/bandplane/query"
+)
+
+// Operator is what the budget and operator mutations act through: the policy side of
+// the process (*api.API). Its errors match api.ErrInvalid, api.ErrNotFound,
+// api.ErrForbidden or api.ErrUnavailable.
+type Operator interface {
+	SetBudget(ctx context.Context, by keys.Key, b policy.Budget) (policy.Budget, error)
+	DeleteBudget(ctx context.Context, by keys.Key, org, id string) (policy.Budget, error)
+	Budgets(org string) []policy.BudgetStatus
+	SetSuspended(ctx context.Context, by keys.Key, id string, suspended bool, reason string) (policy.Agent, []string, error)
+}
+
+var _ Operator = (*api.API)(nil)
+
+// WithOperator serves the budget and operator fields through op (nil: they answer
+// UNAVAILABLE, as in a process run with --no-policy).
+func WithOperator(op Operator, currency string) Option {
+	return func(c *config) { c.operator, c.currency = op, currency }
+}
+
+// operators may suspend and resume agents.
+var operators = []keys.Role{keys.RoleOperator, keys.RoleAdmin}
+
+// errUnavailable is a field whose part of the process does not run here.
+func unavailable(ctx context.Context, what string) error {
+	return &gqlerror.Error{Message: what + " is not running in this process", Path: graphql.GetPath(ctx),
+		Extensions: map[string]any{"code": "UNAVAILABLE"}}
+}
+
+// operatorError maps the policy side's errors to the API's codes: a wrong or foreign
+// id is the caller's mistake (the same answer for both: no existence oracle).
+func (r *Resolver) operatorError(ctx context.Context, err error) error {
+	switch {
+	case errors.Is(err, api.ErrInvalid), errors.Is(err, api.ErrNotFound):
+		return r.fail(ctx, &query.FieldError{Msg: err.Error()})
+	case errors.Is(err, api.ErrForbidden):
+		return r.fail(ctx, fmt.Errorf("%w: %w", ErrForbidden, err))
+	case errors.Is(err, api.ErrUnavailable):
+		r.log.WarnContext(ctx, "operator action refused", "err", err)
+		return &gqlerror.Error{Message: strings.ReplaceAll(err.Error(), "\n", "; "), Path: graphql.GetPath(ctx),
+			Extensions: map[string]any{"code": "UNAVAILABLE"}}
+	}
+	return r.fail(ctx, err)
+}
+
+var budgetScopes = map[model.BudgetScope]policy.BudgetScope{
+	model.BudgetScopeOrg: policy.ScopeOrg, model.BudgetScopeOwner: policy.ScopeOwner,
+	model.BudgetScopeAgent: policy.ScopeAgent, model.BudgetScopeRoom: policy.ScopeRoom,
+}
+
+var budgetPeriods = map[model.BudgetPeriod]policy.Period{model.BudgetPeriodDay: policy.PeriodDay, model.BudgetPeriodMonth: policy.PeriodMonth}
+
+// budgetOf reads a BudgetInput for org.
+func budgetOf(org string, in model.BudgetInput) (policy.Budget, error) {
+	b := policy.Budget{Org: org, Scope: budgetScopes[in.Scope], ScopeID: deref(in.ScopeID), Period: budgetPeriods[in.Period],
+		Tokens: deref(in.Tokens), Hard: in.Mode == model.BudgetModeHard}
+	if in.Cost != nil {
+		micros, err := costMicros(*in.Cost)
+		if err != nil {
+			return b, &query.FieldError{Field: "budget.cost", Msg: err.Error()}
+		}
+		b.CostMicros = micros
+	}
+	return b, nil
+}
+
+// costMicros reads a decimal amount of at most 6 decimals into micro-units.
+func costMicros(s string) (int64, error) {
+	if len(s) > 32 {
+		return 0, fmt.Errorf("%d characters long, more than 32", len(s))
+	}
+	d, err := decimal.NewFromString(strings.TrimSpace(s))
+	if err != nil {
+		return 0, fmt.Errorf("%q is not a decimal number", s)
+	}
+	if d.IsNegative() {
+		return 0, fmt.Errorf("%q is negative", s)
+	}
+	if !d.Equal(d.Truncate(6)) {
+		return 0, fmt.Errorf("%q has more than 6 decimals", s)
+	}
+	m := d.Shift(6)
+	if m.GreaterThan(decimal.NewFromInt(policy.MaxBudget)) {
+		return 0, fmt.Errorf("%q is above the largest budget, %s", s, decimal.New(policy.MaxBudget, -6).String())
+	}
+	return m.IntPart(), nil
+}
+
+func micros(n int64) string { return decimal.New(n, -6).StringFixed(6) }
+
+var scopeModels = map[policy.BudgetScope]model.BudgetScope{
+	policy.ScopeOrg: model.BudgetScopeOrg, policy.ScopeOwner: model.BudgetScopeOwner,
+	policy.ScopeAgent: model.BudgetScopeAgent, policy.ScopeRoom: model.BudgetScopeRoom,
+}
+
+// budgetModel is a budget with its spend; n names its scope (nil: no names).
+func (r *Resolver) budgetModel(s policy.BudgetStatus, n *names) model.Budget {
+	m := budgetModel(s, r.currency)
+	if n != nil {
+		switch s.Scope {
+		case policy.ScopeRoom:
+			m.ScopeName = n.room(s.ScopeID)
+		case policy.ScopeOwner, policy.ScopeAgent:
+			n.party(s.ScopeID, &m.ScopeName, nil)
+		}
+	}
+	return m
+}
+
+// budgetModel is a budget with its spend, costs in currency.
+func budgetModel(s policy.BudgetStatus, currency string) model.Budget {
+	period := model.BudgetPeriodDay
+	if s.Period == policy.PeriodMonth {
+		period = model.BudgetPeriodMonth
+	}
+	mode := model.BudgetModeSoft
+	if s.Hard {
+		mode = model.BudgetModeHard
+	}
+	m := model.Budget{ID: s.ID, Scope: scopeModels[s.Scope], ScopeID: s.ScopeID, Period: period, Mode: mode,
+		Currency: currency, UpdatedAt: s.UpdatedAt, UpdatedBy: optString(s.UpdatedBy),
+		PeriodStart: s.PeriodStart, PeriodEnd: s.PeriodEnd,
+		SpentTokens: s.SpentTokens, SpentCost: micros(s.SpentCost), ReservedTokens: s.ReservedTokens, ReservedCost: micros(s.ReservedCost),
+		ProjectedTokens: s.ProjectedTokens, ProjectedCost: micros(s.ProjectedCost)}
+	if s.Tokens > 0 {
+		t, rem := s.Tokens, max(0, s.Tokens-s.SpentTokens-s.ReservedTokens)
+		m.Tokens, m.RemainingTokens = &t, &rem
+	}
+	if s.CostMicros > 0 {
+		c, rem := micros(s.CostMicros), micros(max(0, s.CostMicros-s.SpentCost-s.ReservedCost))
+		m.Cost, m.RemainingCost = &c, &rem
+	}
+	return m
+}
+
+// budgetNames looks up the names of the budgets' scopes.
+func (r *Resolver) budgetNames(ctx context.Context, org string, bs []policy.BudgetStatus) (names, error) {
+	var ids, rooms []string
+	for _, b := range bs {
+		if b.Scope == policy.ScopeRoom {
+			rooms = append(rooms, b.ScopeID)
+		} else if b.Scope != policy.ScopeOrg {
+			ids = append(ids, b.ScopeID)
+		}
+	}
+	return r.lookupNames(ctx, org, ids, rooms)
+}
+
+// statusOf is a budget as just set, with its spend now.
+func (r *Resolver) statusOf(org string, b policy.Budget) policy.BudgetStatus {
+	for _, s := range r.operator.Budgets(org) {
+		if s.ID == b.ID {
+			return s
+		}
+	}
+	return policy.BudgetStatus{Budget: b}
+}
+
+func (r *Resolver) setSuspended(ctx context.Context, orgID *string, agentID string, reason *string, suspended bool) (*model.AgentControlResult, error) {
+	k, _, err := r.authorize(ctx, orgID, operators)
+	if err != nil {
+		return nil, r.fail(ctx, err)
+	}
+	if r.operator == nil {
+		return nil, unavailable(ctx, "the policy side (decisions, budgets, suspensions)")
+	}
+	org := k.Org
+	if orgID != nil && *orgID != "" {
+		org = *orgID
+	}
+	// A platform key acts on the organization it names: the agent must be in it.
+	by := k
+	by.Org = org
+	ag, events, err := r.operator.SetSuspended(ctx, by, agentID, suspended, deref(reason))
+	if err != nil {
+		return nil, r.operatorError(ctx, err)
+	}
+	return &model.AgentControlResult{AgentID: ag.ID, AgentHandle: optString(ag.Handle), Suspended: ag.IsSuspended(), EventIds: events}, nil
+}
