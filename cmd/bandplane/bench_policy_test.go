@@ -27,6 +27,10 @@ func TestBenchPolicySmall(t *testing.T) {
 		assert.Positive(t, l, name)
 	}
 	assert.Positive(t, res.OverheadRatio)
+	assert.Positive(t, res.SendMessageReserving.P99Us)
+	assert.Positive(t, res.SendMessageReserving.Ledger.P99Us)
+	assert.Equal(t, 200+40+40, res.SendMessageReserving.Budgets, "a budget on every agent, owner (five agents each) and organization")
+	assert.Positive(t, res.SendMessageReserving.Allowed)
 	assert.Positive(t, res.HTTP.OK)
 	assert.Zero(t, res.HTTP.Failed)
 	assert.Positive(t, res.HTTPPerS)

@@ -25,6 +25,17 @@ type LatencyResult struct {
 	P99Us float64 `json:"p99_us"`
 }
 
+// ReservingResult is the latency of send_message decisions that reserve, and how many
+// were allowed (every one should be: the budgets and rates are far from reached).
+type ReservingResult struct {
+	LatencyResult
+	Budgets int `json:"budgets"`
+	Allowed int `json:"allowed"`
+	// Ledger is Ledger.Reserve alone for the same charges: the reservation's own part
+	// of the decision.
+	Ledger LatencyResult `json:"ledger_reserve"`
+}
+
 // BareResult is the latency of the bare prepared OPA evaluation.
 type BareResult struct {
 	P50Us float64 `json:"p50_us"`
@@ -35,6 +46,10 @@ type BareResult struct {
 type Result struct {
 	AddParticipant LatencyResult `json:"add_participant"`
 	SendMessage    LatencyResult `json:"send_message"`
+	// SendMessageReserving is send_message with an estimate reserved against three
+	// budgets in scope (the agent's, its owner's and its organization's, per day), each
+	// reservation settled by its usage report after the clock stops.
+	SendMessageReserving ReservingResult `json:"send_message_reserving"`
 	BareOPA        BareResult    `json:"bare_opa"`
 	// OverheadRatio is add_participant p99 through Engine.Decide ÷ bare OPA p99.
 	OverheadRatio float64 `json:"overhead_ratio"`
@@ -199,6 +214,78 @@ func (s *Setup) Measure(ctx context.Context, n int) (Result, error) {
 		lat[i] = time.Since(t0)
 	}
 	res.SendMessage = latency(lat)
+	res.SendMessageReserving, err = s.reserving(ctx, n)
+	return res, err
+}
+
+// reserving measures send_message with reservations: a fresh engine on the same
+// directory (so the rates of the decisions above do not count), a hard day budget on
+// every agent, owner and organization, and inputs that go round the (agent, room)
+// memberships, so no rate is reached. Each decision carries an estimate and an
+// execution id; its usage report settles it once the clock has stopped.
+func (s *Setup) reserving(ctx context.Context, n int) (ReservingResult, error) {
+	var res ReservingResult
+	dir := s.Engine.Directory()
+	ledger := policy.NewLedger(0)
+	e, err := policy.New(ctx, policy.Config{Directory: dir, Ledger: ledger})
+	if err != nil {
+		return res, fmt.Errorf("cannot build the reserving engine: %w", err)
+	}
+	now := time.Now()
+	set := func(org string, scope policy.BudgetScope, id string) {
+		b := policy.Budget{Org: org, Scope: scope, ScopeID: id, Period: policy.PeriodDay, Tokens: policy.MaxBudget, CostMicros: policy.MaxBudget, Hard: true, UpdatedAt: now}
+		b.Normalize()
+		if _, dup := ledger.Budget(b.ID); !dup && ledger.Set(b, now) {
+			res.Budgets++
+		}
+	}
+	for _, a := range s.Snapshot.Agents {
+		set(a.Org, policy.ScopeAgent, a.ID)
+		set(a.Org, policy.ScopeOwner, a.Owner)
+		set(a.Org, policy.ScopeOrg, a.Org)
+	}
+	var pairs []policy.MessageInput
+	for _, room := range s.rooms {
+		for _, m := range s.Snapshot.Rooms[room] {
+			if a, ok := dir.Agent(m); ok && !a.IsSuspended() {
+				pairs = append(pairs, policy.MessageInput{Agent: m, Room: room, Tokens: 500, CostMicros: 1000})
+			}
+		}
+	}
+	if len(pairs) == 0 {
+		return res, fmt.Errorf("cannot measure send_message_reserving: no agent is in a room")
+	}
+	lat := make([]time.Duration, n)
+	for i := range n {
+		in := pairs[i%len(pairs)]
+		in.ExecutionID = fmt.Sprintf("x%d", i)
+		t0 := time.Now()
+		d, err := e.SendMessage(ctx, in)
+		lat[i] = time.Since(t0)
+		if err != nil {
+			return res, err
+		}
+		if d.Allow {
+			res.Allowed++
+			ledger.Spend(policy.Charge{Org: d.Org, Owner: d.Owner, Agent: d.Agent, Room: in.Room, Tokens: 450, CostMicros: 900}, in.ExecutionID, now, now)
+		}
+	}
+	res.LatencyResult = latency(lat)
+	def := policy.DefaultLimits{}
+	for i := range n {
+		in := pairs[i%len(pairs)]
+		a, _ := dir.Agent(in.Agent)
+		ch := policy.Charge{Org: a.Org, Owner: a.Owner, Agent: a.ID, Room: in.Room, Tokens: 500, CostMicros: 1000}
+		exec := fmt.Sprintf("y%d", i)
+		t0 := time.Now()
+		_, denied := ledger.Reserve(exec, ch, exec, def, now)
+		lat[i] = time.Since(t0)
+		if denied == nil {
+			ch.Tokens, ch.CostMicros = 450, 900
+			ledger.Spend(ch, exec, now, now)
+		}
+	}
+	res.Ledger = latency(lat)
 	return res, nil
 }
 
