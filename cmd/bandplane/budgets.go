@@ -1,0 +1,260 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/shopspring/decimal"
+
+	"github.com/bandplane/bandplane/ingest/kafka"
+	"github.com/bandplane/bandplane/ingest/store"
+	"github.com/bandplane/bandplane/policy"
+	"github.com/bandplane/bandplane/policy/api"
+	"github.com/bandplane/bandplane/policy/keys"
+	"github.com/bandplane/bandplane/schema"
+)
+
+func init() {
+	register("budgets", "set, list and delete spend budgets (set, list, delete)", runBudgets)
+}
+
+const budgetsUsage = `usage: bandplane budgets <set|list|delete> [flags]
+
+  set --org ORG --scope org|owner|agent|room [--id ID] --period day|month [--tokens N] [--cost DECIMAL] [--mode hard|soft]
+                                 set (add or replace) the budget of one scope and period; prints it
+  list [--org ORG] [--table]     the budgets in force, from the trail in ClickHouse (spend and
+                                 reservations: the GraphQL budgets query of a running serve)
+  delete --org ORG --id BUDGET   remove a budget
+
+Each change is a budget.set or budget.deleted event on the events topic: every serve's
+policy side applies it within a second, and it is in the audit trail.
+Run 'bandplane budgets <command> -h' for its flags.
+`
+
+func runBudgets(ctx context.Context, e *env, args []string) error {
+	if len(args) == 0 {
+		fmt.Fprint(e.stderr, budgetsUsage)
+		return exitError{code: 2}
+	}
+	switch args[0] {
+	case "set":
+		return budgetsSet(ctx, e, args[1:])
+	case "list":
+		return budgetsList(ctx, e, args[1:])
+	case "delete":
+		return budgetsDelete(ctx, e, args[1:])
+	case "-h", "--help", "help":
+		fmt.Fprint(e.stderr, budgetsUsage)
+		return nil
+	}
+	fmt.Fprintf(e.stderr, "bandplane budgets: unknown command %q\n\n%s", args[0], budgetsUsage)
+	return exitError{code: 2}
+}
+
+func budgetFlagError(e *env, cmd, format string, args ...any) error {
+	fmt.Fprintf(e.stderr, "bandplane budgets %s: %s\n", cmd, fmt.Sprintf(format, args...))
+	return exitError{code: 2}
+}
+
+// cliKey is who a CLI change is recorded as: the --by name (no API key is involved).
+func cliKey(by string) keys.Key { return keys.Key{ID: "cli:" + by, Name: by} }
+
+// produceOwn writes bandplane's own events, one at a time, waiting for Kafka.
+func produceOwn(ctx context.Context, st *stackFlags, partitions int, events ...schema.Event) error {
+	brokers := st.brokers()
+	if err := kafka.EnsureTopic(ctx, brokers, st.topic, partitions); err != nil {
+		return err
+	}
+	p, err := kafka.NewProducer(kafka.ProducerConfig{Brokers: brokers, Topic: st.topic, BatchSize: 1, WriteTimeout: 15 * time.Second})
+	if err != nil {
+		return err
+	}
+	defer p.Close()
+	return p.Produce(ctx, events)
+}
+
+func budgetsSet(ctx context.Context, e *env, args []string) error {
+	fs := newFlagSet(e, "budgets set", "--org ORG --scope SCOPE [--id ID] --period PERIOD [--tokens N] [--cost DECIMAL] [--mode hard|soft]")
+	var kf keysFlags
+	kf.register(fs)
+	org := fs.String("org", "", "organization of the budget; required")
+	scope := fs.String("scope", "", "what it counts: org, owner, agent or room; required")
+	id := fs.String("id", "", "the owner, agent or room (not for --scope org)")
+	period := fs.String("period", "", "day or month (UTC); required")
+	tokens := fs.Int64("tokens", 0, "token limit (0: none)")
+	cost := fs.String("cost", "", "cost limit in the billing currency, a decimal with at most 6 places (empty: none)")
+	mode := fs.String("mode", "hard", "hard (deny what would pass it) or soft (alert only)")
+	pos, err := parseInterspersed(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) > 0 {
+		return budgetFlagError(e, "set", "unexpected argument %q", pos[0])
+	}
+	if *mode != "hard" && *mode != "soft" {
+		return budgetFlagError(e, "set", "--mode: %q is not hard or soft", *mode)
+	}
+	b := policy.Budget{Org: *org, Scope: policy.BudgetScope(*scope), ScopeID: *id, Period: policy.Period(*period),
+		Tokens: *tokens, Hard: *mode == "hard", UpdatedAt: time.Now().UTC(), UpdatedBy: "cli:" + kf.by}
+	if *cost != "" {
+		d, err := decimal.NewFromString(*cost)
+		if err != nil || d.IsNegative() || !d.Equal(d.Truncate(6)) || d.Shift(6).GreaterThan(decimal.NewFromInt(policy.MaxBudget)) {
+			return budgetFlagError(e, "set", "--cost: %q is not a non-negative decimal with at most 6 places, at most %s", *cost, decimal.New(policy.MaxBudget, -6))
+		}
+		b.CostMicros = d.Shift(6).IntPart()
+	}
+	b.Normalize()
+	if err := b.Validate(); err != nil {
+		return budgetFlagError(e, "set", "%s", strings.ReplaceAll(err.Error(), "\n", "; "))
+	}
+	conn, err := kf.stack.openDB(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	if b.Scope == policy.ScopeAgent || b.Scope == policy.ScopeOwner {
+		rows, err := store.New(conn, kf.stack.ch.Database).LoadDirectory(ctx)
+		if err != nil {
+			return err
+		}
+		if !slices.ContainsFunc(rows, func(r store.DirectoryRow) bool { return r.ID == b.ScopeID && r.OrgID == b.Org }) {
+			return fmt.Errorf("cannot set the budget: %s %q is not registered in organization %s", b.Scope, b.ScopeID, b.Org)
+		}
+	}
+	if err := produceOwn(ctx, &kf.stack, kf.partitions, api.BudgetEvent(schema.TypeBudgetSet, b, cliKey(kf.by))); err != nil {
+		return fmt.Errorf("cannot record the budget on %s (it is not set): %w", kf.stack.topic, err)
+	}
+	return printJSON(e.stdout, b)
+}
+
+// storedBudgets folds the budget events of the trail (of org, or of every
+// organization) into the budgets in force, as the policy replica does.
+func storedBudgets(ctx context.Context, st *stackFlags, org string) ([]policy.Budget, error) {
+	conn, err := st.openDB(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	rows, err := conn.Query(ctx, `SELECT type, source, org_id, data FROM `+st.ch.Database+`.events FINAL
+		WHERE has(?, type) AND (? = '' OR org_id = ?) ORDER BY time, time_ms, kafka_partition, kafka_offset`,
+		[]string{schema.TypeBudgetSet, schema.TypeBudgetDeleted}, org, org)
+	if err != nil {
+		return nil, fmt.Errorf("cannot read budgets from %s.events: %w", st.ch.Database, err)
+	}
+	defer rows.Close()
+	ledger := policy.NewLedger(0)
+	orgs := map[string]bool{}
+	for rows.Next() {
+		var typ, source, evOrg, data string
+		if err := rows.Scan(&typ, &source, &evOrg, &data); err != nil {
+			return nil, err
+		}
+		var b policy.Budget
+		if !schema.OwnSource(source) || schema.DecodeData([]byte(data), &b) != nil || b.Org != evOrg {
+			continue
+		}
+		b.Normalize()
+		if b.Validate() != nil {
+			continue
+		}
+		if typ == schema.TypeBudgetDeleted {
+			ledger.Delete(b.ID, b.UpdatedAt)
+			continue
+		}
+		ledger.Set(b, time.Now())
+		orgs[b.Org] = true
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	var out []policy.Budget
+	for _, o := range slices.Sorted(maps.Keys(orgs)) {
+		for _, s := range ledger.Budgets(o, time.Now()) {
+			out = append(out, s.Budget)
+		}
+	}
+	return out, nil
+}
+
+func budgetsList(ctx context.Context, e *env, args []string) error {
+	fs := newFlagSet(e, "budgets list", "[--org ORG] [--table] [flags]")
+	var st stackFlags
+	st.register(fs)
+	org := fs.String("org", "", "only this organization's budgets")
+	table := fs.Bool("table", false, "print a table instead of one JSON line per budget")
+	pos, err := parseInterspersed(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) > 0 {
+		return budgetFlagError(e, "list", "unexpected argument %q", pos[0])
+	}
+	list, err := storedBudgets(ctx, &st, *org)
+	if err != nil {
+		return err
+	}
+	if !*table {
+		for _, b := range list {
+			if err := printJSON(e.stdout, b); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tORG\tSCOPE\tSCOPE ID\tPERIOD\tTOKENS\tCOST\tMODE\tUPDATED\tBY")
+	for _, b := range list {
+		mode := "soft"
+		if b.Hard {
+			mode = "hard"
+		}
+		tok, cost := "-", "-"
+		if b.Tokens > 0 {
+			tok = fmt.Sprint(b.Tokens)
+		}
+		if b.CostMicros > 0 {
+			cost = decimal.New(b.CostMicros, -6).StringFixed(2)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", b.ID, b.Org, b.Scope, b.ScopeID, b.Period, tok, cost, mode,
+			b.UpdatedAt.Format(time.RFC3339), b.UpdatedBy)
+	}
+	return tw.Flush()
+}
+
+func budgetsDelete(ctx context.Context, e *env, args []string) error {
+	fs := newFlagSet(e, "budgets delete", "--org ORG --id BUDGET [flags]")
+	var kf keysFlags
+	kf.register(fs)
+	org := fs.String("org", "", "organization of the budget; required")
+	id := fs.String("id", "", "the budget's id (budgets list); required")
+	pos, err := parseInterspersed(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) > 0 {
+		return budgetFlagError(e, "delete", "unexpected argument %q", pos[0])
+	}
+	if *org == "" || *id == "" {
+		return budgetFlagError(e, "delete", "--org and --id are required")
+	}
+	list, err := storedBudgets(ctx, &kf.stack, *org)
+	if err != nil {
+		return err
+	}
+	i := slices.IndexFunc(list, func(b policy.Budget) bool { return b.ID == *id })
+	if i < 0 {
+		return errors.New("cannot delete: organization " + *org + " has no budget " + *id + " (budgets list --org " + *org + ")")
+	}
+	b := list[i]
+	b.UpdatedAt, b.UpdatedBy = time.Now().UTC(), "cli:"+kf.by
+	if err := produceOwn(ctx, &kf.stack, kf.partitions, api.BudgetEvent(schema.TypeBudgetDeleted, b, cliKey(kf.by))); err != nil {
+		return fmt.Errorf("cannot record the deletion on %s (the budget stays): %w", kf.stack.topic, err)
+	}
+	return printJSON(e.stdout, b)
+}
