@@ -14,6 +14,7 @@ import (
 
 	"github.com/bandplane/bandplane/graph/model"
 	"github.com/bandplane/bandplane/ingest/store"
+	"github.com/bandplane/bandplane/policy"
 	"github.com/bandplane/bandplane/query"
 	"github.com/bandplane/bandplane/schema"
 )
@@ -293,4 +294,42 @@ func TestHubEndsSubscriptionsOfRevokedKeys(t *testing.T) {
 	_, ok := <-ch
 	require.False(t, ok, "closed")
 	require.Equal(t, 0, h.Subscribers())
+}
+
+func TestHubBudgetCrossings(t *testing.T) {
+	h := NewHub(HubConfig{Currency: "USD"})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ch, err := h.subscribe(ctx, "k", "org-a", "", subBudget, nil)
+	require.NoError(t, err)
+	now := time.Now().UTC()
+	b := policy.Budget{Org: "org-a", Scope: policy.ScopeOrg, Period: policy.PeriodDay, Tokens: 100, Hard: true, UpdatedAt: now}
+	b.Normalize()
+	crossing := func(id, org, source string, b policy.Budget) *schema.Event {
+		data, _ := json.Marshal(policy.Crossing{Budget: b, Threshold: 80, PeriodStart: policy.PeriodStart(policy.PeriodDay, now), SpentTokens: 81, At: now})
+		return &schema.Event{ID: id, Type: schema.TypeBudgetCrossed, OrgID: org, Time: now, Source: source, Data: data}
+	}
+	other := b
+	other.Org = "org-b"
+	h.Publish(crossing("forged", "org-a", "router", b))              // not bandplane's own: ignored
+	h.Publish(crossing("mixed", "org-a", "bandplane-policy", other)) // another organization's budget: ignored
+	h.Publish(&schema.Event{ID: "bad", Type: schema.TypeBudgetCrossed, OrgID: "org-a", Time: now, Source: "bandplane-policy", Data: json.RawMessage(`{bad`)})
+	h.Publish(crossing("x1", "org-a", "bandplane-policy", b))
+	out := forward(ctx, ch, func(c *change) *model.BudgetCrossing { return c.budget })
+	select {
+	case x := <-out:
+		require.Equal(t, "x1", x.EventID)
+		require.Equal(t, 80, x.Threshold)
+		require.Equal(t, b.ID, x.Budget.ID)
+		require.Equal(t, int64(81), x.Budget.SpentTokens)
+		require.Equal(t, "USD", x.Budget.Currency)
+		require.Equal(t, int64(19), *x.Budget.RemainingTokens)
+	case <-time.After(2 * time.Second):
+		t.Fatal("no crossing delivered")
+	}
+	select {
+	case x := <-out:
+		t.Fatalf("a second crossing: %+v", x)
+	case <-time.After(100 * time.Millisecond):
+	}
 }
