@@ -14,7 +14,8 @@ func IsDirectoryType(t string) bool {
 }
 
 // GovernanceTypes change what the policies decide from: the directory, contacts and
-// contact requests, room membership, an operator's suspensions, and budgets. The policy replica
+// contact requests, room membership, and an operator's suspensions. (Budgets change
+// them too; the replica reads them from the budgets table, which retention never drops.) The policy replica
 // replays them from ClickHouse at start and follows them on the stream.
 var GovernanceTypes = []string{
 	TypeUserRegistered, TypeAgentRegistered, TypeAgentUpdated,
@@ -22,7 +23,6 @@ var GovernanceTypes = []string{
 	TypeParticipantAdded, TypeParticipantRemoved,
 	TypeRoomAdded, TypeRoomRemoved, TypeRoomDeleted,
 	TypeAgentSuspended, TypeAgentResumed,
-	TypeBudgetSet, TypeBudgetDeleted,
 }
 
 // SourceBandplane prefixes the source of every event bandplane itself writes

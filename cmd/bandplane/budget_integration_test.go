@@ -305,6 +305,13 @@ func TestIntegrationBudgetsHoldUnderConcurrency(t *testing.T) {
 		return !strings.Contains(string(a.Data), set.ID)
 	}), "serve never applied the CLI's deletion")
 
+	// A restart: the budget comes back from the budgets table, its spend from the usage.
+	srv.stop()
+	srv = s.serve(t, "--policy-dir", budgetBundle(t, tn.org))
+	b2 := budgets()
+	assert.Equal(t, b.ID, b2.ID)
+	assert.Equal(t, [2]int64{seedTokens + actual, 0}, [2]int64{b2.SpentTokens, b2.ReservedTokens}, "restored after a restart")
+
 	// Deleting the budget lifts it.
 	a = isoAsk(t, srv, manager, `mutation { deleteBudget(id: "`+b.ID+`") { id } }`)
 	require.Empty(t, a.Errors, "%s", a.raw)

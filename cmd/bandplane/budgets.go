@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"slices"
 	"strings"
 	"text/tabwriter"
@@ -133,50 +132,27 @@ func budgetsSet(ctx context.Context, e *env, args []string) error {
 	return printJSON(e.stdout, b)
 }
 
-// storedBudgets folds the budget events of the trail (of org, or of every
-// organization) into the budgets in force, as the policy replica does.
+// storedBudgets are the budgets in force that ingest keeps (of org, or of every
+// organization), checked as the policy replica checks them.
 func storedBudgets(ctx context.Context, st *stackFlags, org string) ([]policy.Budget, error) {
 	conn, err := st.openDB(ctx)
 	if err != nil {
 		return nil, err
 	}
 	defer conn.Close()
-	rows, err := conn.Query(ctx, `SELECT type, source, org_id, data FROM `+st.ch.Database+`.events FINAL
-		WHERE has(?, type) AND (? = '' OR org_id = ?) ORDER BY time, time_ms, kafka_partition, kafka_offset`,
-		[]string{schema.TypeBudgetSet, schema.TypeBudgetDeleted}, org, org)
+	rows, err := store.New(conn, st.ch.Database).Budgets(ctx, org)
 	if err != nil {
-		return nil, fmt.Errorf("cannot read budgets from %s.events: %w", st.ch.Database, err)
-	}
-	defer rows.Close()
-	ledger := policy.NewLedger(0)
-	orgs := map[string]bool{}
-	for rows.Next() {
-		var typ, source, evOrg, data string
-		if err := rows.Scan(&typ, &source, &evOrg, &data); err != nil {
-			return nil, err
-		}
-		var b policy.Budget
-		if !schema.OwnSource(source) || schema.DecodeData([]byte(data), &b) != nil || b.Org != evOrg {
-			continue
-		}
-		b.Normalize()
-		if b.Validate() != nil {
-			continue
-		}
-		if typ == schema.TypeBudgetDeleted {
-			ledger.Delete(b.ID, b.UpdatedAt)
-			continue
-		}
-		ledger.Set(b, time.Now())
-		orgs[b.Org] = true
-	}
-	if err := rows.Err(); err != nil {
 		return nil, err
 	}
 	var out []policy.Budget
-	for _, o := range slices.Sorted(maps.Keys(orgs)) {
-		for _, s := range ledger.Budgets(o, time.Now()) {
-			out = append(out, s.Budget)
+	for _, r := range rows {
+		var b policy.Budget
+		if r.Deleted || schema.DecodeData([]byte(r.Data), &b) != nil || b.Org != r.OrgID {
+			continue
+		}
+		b.Normalize()
+		if b.Validate() == nil {
+			out = append(out, b)
 		}
 	}
 	return out, nil

@@ -93,6 +93,11 @@ func (s *Store) BatchInsert(ctx context.Context, b *Batch) error {
 	if err := s.insertDirectory(ctx, b.Directory); err != nil {
 		return err
 	}
+	// Budgets before the events: a policy replica starting in between reads the budget
+	// and then the event again from the stream (harmless), never the event without it.
+	if err := s.insertBudgets(ctx, BudgetsOf(b.Events)); err != nil {
+		return err
+	}
 	if err := s.insertEvents(ctx, b.Events, b.IngestedAt); err != nil {
 		return err
 	}

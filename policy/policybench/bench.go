@@ -50,7 +50,7 @@ type Result struct {
 	// budgets in scope (the agent's, its owner's and its organization's, per day), each
 	// reservation settled by its usage report after the clock stops.
 	SendMessageReserving ReservingResult `json:"send_message_reserving"`
-	BareOPA        BareResult    `json:"bare_opa"`
+	BareOPA              BareResult      `json:"bare_opa"`
 	// OverheadRatio is add_participant p99 through Engine.Decide ÷ bare OPA p99.
 	OverheadRatio float64 `json:"overhead_ratio"`
 	// ReferenceCPU is a fixed CPU task (48 SHA-256 of one 1 KiB buffer, which stays in the

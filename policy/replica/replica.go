@@ -1,6 +1,7 @@
 // Package replica keeps the policy directory and the day's spend current from the audit
 // trail: on start it replays the governance events already in ClickHouse (agents,
-// people, contacts, contact requests, room membership) and sums the day's usage, then
+// people, contacts, contact requests, room membership, suspensions), loads the budgets
+// ingest keeps and sums the month's usage, then
 // follows the events topic from exactly where ClickHouse ends, as its own consumer
 // group. A restart therefore never replays the topic from the beginning.
 package replica
@@ -21,6 +22,7 @@ import (
 
 	"github.com/bandplane/bandplane/ingest/kafka"
 	"github.com/bandplane/bandplane/ingest/pricing"
+	"github.com/bandplane/bandplane/ingest/store"
 	"github.com/bandplane/bandplane/policy"
 	"github.com/bandplane/bandplane/schema"
 )
@@ -363,6 +365,9 @@ func (r *Replica) Bootstrap(ctx context.Context) (map[int]int64, error) {
 	if err := rows.Err(); err != nil {
 		return nil, err
 	}
+	if err := r.bootstrapBudgets(ctx); err != nil {
+		return nil, err
+	}
 	if err := r.bootstrapSpend(ctx); err != nil {
 		return nil, err
 	}
@@ -382,6 +387,29 @@ func (r *Replica) Bootstrap(ctx context.Context) (map[int]int64, error) {
 	}
 	r.log.Info("directory bootstrapped from clickhouse", "governance_events", n, "took", time.Since(start).String(), "resume_offsets", fmt.Sprint(offsets))
 	return offsets, orows.Err()
+}
+
+// bootstrapBudgets puts the budgets in force that ingest keeps in the budgets table
+// (the latest change of each; deleted ones are not in force).
+func (r *Replica) bootstrapBudgets(ctx context.Context) error {
+	rows, err := store.New(r.cfg.Conn, r.cfg.Database).Budgets(ctx, "")
+	if err != nil {
+		return err
+	}
+	n := 0
+	for _, row := range rows {
+		if row.Deleted {
+			continue
+		}
+		ev := schema.Event{ID: row.EventID, Type: schema.TypeBudgetSet, OrgID: row.OrgID, Source: schema.SourceBandplane, Data: json.RawMessage(row.Data)}
+		if err := r.budget(&ev); err != nil {
+			r.log.Warn("skipping a stored budget that cannot be applied", "budget_id", row.BudgetID, "err", err)
+			continue
+		}
+		n++
+	}
+	r.log.Info("budgets loaded from clickhouse", "budgets", n)
+	return nil
 }
 
 func (r *Replica) bootstrapSpend(ctx context.Context) error {
