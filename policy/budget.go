@@ -197,6 +197,15 @@ type BudgetStatus struct {
 	ProjectedTokens, ProjectedCost int64
 }
 
+// MaxBudgetsPerOrg bounds the budgets of one organization (every policy process holds
+// them all, and the budgets query lists them).
+const MaxBudgetsPerOrg = 1000
+
+// MaxReservationsPerAgent bounds the unsettled reservations of one agent: beyond it a
+// reserving decision is denied until usage reports or expiry release some, so a
+// runaway caller cannot grow the ledger without bound.
+const MaxReservationsPerAgent = 1000
+
 // DefaultReservationTTL is how long an estimate stays reserved when no usage report of
 // its execution settles it.
 const DefaultReservationTTL = 10 * time.Minute
@@ -226,6 +235,7 @@ type Ledger struct {
 	reservations map[string]*reservation // id ->
 	byExecution  map[string]*reservation // agent \x00 execution ->
 	byAgent      map[string][]*reservation
+	perAgent     map[string]int
 
 	crossings chan Crossing
 	quiet     atomic.Bool
@@ -275,6 +285,7 @@ func NewLedger(ttl time.Duration) *Ledger {
 	}
 	return &Ledger{ttl: ttl, budgets: map[string]*budgetEntry{}, index: map[scopeKey][]*budgetEntry{},
 		reservations: map[string]*reservation{}, byExecution: map[string]*reservation{}, byAgent: map[string][]*reservation{},
+		perAgent:  map[string]int{},
 		crossings: make(chan Crossing, 1024)}
 }
 
@@ -370,6 +381,19 @@ func (l *Ledger) detach(e *budgetEntry) {
 	e.c.mu.Lock()
 	e.c.budgets = slices.DeleteFunc(e.c.budgets, func(x *budgetEntry) bool { return x == e })
 	e.c.mu.Unlock()
+}
+
+// Count is the number of budgets of org.
+func (l *Ledger) Count(org string) int {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	n := 0
+	for _, e := range l.budgets {
+		if e.b.Org == org {
+			n++
+		}
+	}
+	return n
 }
 
 // Budget returns the budget with id.
@@ -538,6 +562,14 @@ func (l *Ledger) Reserve(id string, ch Charge, execution string, def DefaultLimi
 		unlock()
 		return nil, nil
 	}
+	l.resMu.Lock()
+	held := l.perAgent[ch.Agent]
+	l.resMu.Unlock()
+	if held >= MaxReservationsPerAgent {
+		unlock()
+		return nil, &BudgetDenial{RetryAfter: time.Second, Message: fmt.Sprintf(
+			"agent %s holds %d unsettled reservations, the most it may: wait for their usage reports (by execution_id) or their expiry", ch.Agent, held)}
+	}
 	r := &reservation{id: id, agent: ch.Agent, execution: execution, tokens: max(ch.Tokens, 0), cost: max(ch.CostMicros, 0),
 		expires: now.Add(l.ttl), counters: make([]*counter, m), starts: make([]int64, m)}
 	for i, c := range cs[:m] {
@@ -548,6 +580,7 @@ func (l *Ledger) Reserve(id string, ch Charge, execution string, def DefaultLimi
 	unlock()
 	l.resMu.Lock()
 	l.reservations[id] = r
+	l.perAgent[ch.Agent]++
 	if execution != "" {
 		if old := l.byExecution[ch.Agent+"\x00"+execution]; old != nil {
 			// A second decision of one execution: the usage report settles both.
@@ -585,6 +618,9 @@ func (l *Ledger) take(r *reservation) *reservation {
 		return nil
 	}
 	delete(l.reservations, r.id)
+	if l.perAgent[r.agent]--; l.perAgent[r.agent] <= 0 {
+		delete(l.perAgent, r.agent)
+	}
 	if r.execution != "" && l.byExecution[r.agent+"\x00"+r.execution] == r {
 		delete(l.byExecution, r.agent+"\x00"+r.execution)
 	}

@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"fmt"
 	"math"
 	"strings"
 	"sync"
@@ -266,4 +267,25 @@ func TestBudgetValidate(t *testing.T) {
 			assert.Contains(t, err.Error(), tc.want, name)
 		}
 	}
+}
+
+func TestLedgerBoundsReservationsPerAgent(t *testing.T) {
+	l := NewLedger(time.Minute)
+	ch := Charge{Org: "org-a", Agent: "a", Tokens: 1}
+	def := DefaultLimits{AgentTokens: math.MaxInt64 / 2}
+	for i := range MaxReservationsPerAgent {
+		_, deny := l.Reserve(fmt.Sprint("d", i), ch, "", def, day0)
+		require.Nil(t, deny)
+	}
+	_, deny := l.Reserve("one-more", ch, "", def, day0)
+	require.NotNil(t, deny)
+	assert.Contains(t, deny.Message, "holds 1000 unsettled reservations")
+	_, deny = l.Reserve("other", Charge{Org: "org-a", Agent: "b", Tokens: 1}, "", def, day0)
+	assert.Nil(t, deny, "per agent")
+	l.Spend(ch, "", day0, day0) // settles one
+	_, deny = l.Reserve("again", ch, "", def, day0)
+	assert.Nil(t, deny)
+	assert.Equal(t, MaxReservationsPerAgent+1, l.Reservations())
+	l.Expire(day0.Add(time.Minute))
+	assert.Zero(t, l.Reservations())
 }

@@ -126,6 +126,13 @@ func budgetsSet(ctx context.Context, e *env, args []string) error {
 			return fmt.Errorf("cannot set the budget: %s %q is not registered in organization %s", b.Scope, b.ScopeID, b.Org)
 		}
 	}
+	inForce, err := storedBudgets(ctx, &kf.stack, b.Org)
+	if err != nil {
+		return err
+	}
+	if len(inForce) >= policy.MaxBudgetsPerOrg && !slices.ContainsFunc(inForce, func(x policy.Budget) bool { return x.ID == b.ID }) {
+		return fmt.Errorf("cannot set the budget: organization %s has %d budgets, the most it may have; delete one first", b.Org, len(inForce))
+	}
 	if err := produceOwn(ctx, &kf.stack, kf.partitions, api.BudgetEvent(schema.TypeBudgetSet, b, cliKey(kf.by))); err != nil {
 		return fmt.Errorf("cannot record the budget on %s (it is not set): %w", kf.stack.topic, err)
 	}

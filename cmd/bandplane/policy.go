@@ -84,6 +84,13 @@ func (p *policyFlags) build(ctx context.Context, log *slog.Logger, reg prometheu
 	if err != nil {
 		return nil, err
 	}
+	ledger := eng.Ledger()
+	reg.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "bandplane_policy_reservations", Help: "Unsettled send_message estimates reserved against budgets."},
+			func() float64 { return float64(ledger.Reservations()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "bandplane_policy_budget_crossings_dropped_total", Help: "Budget crossings not written because the writer fell behind."},
+			func() float64 { return float64(ledger.Dropped()) }),
+	)
 	r, err := replica.New(replica.Config{Directory: dir, Ledger: eng.Ledger(), Catalog: cat, Conn: conn,
 		Database: st.ch.Database, Brokers: st.brokers(), Topic: st.topic, GroupID: p.group, Logger: log})
 	if err != nil {

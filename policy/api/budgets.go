@@ -42,6 +42,10 @@ func (a *API) SetBudget(ctx context.Context, by keys.Key, b policy.Budget) (poli
 			return policy.Budget{}, fmt.Errorf("%w: %s %q is not registered in organization %s", ErrNotFound, b.Scope, b.ScopeID, b.Org)
 		}
 	}
+	ledger := a.cfg.Engine.Ledger()
+	if _, exists := ledger.Budget(b.ID); !exists && ledger.Count(b.Org) >= policy.MaxBudgetsPerOrg {
+		return policy.Budget{}, fmt.Errorf("%w: organization %s has %d budgets, the most it may have; delete one first", ErrInvalid, b.Org, policy.MaxBudgetsPerOrg)
+	}
 	if err := a.record(ctx, budgetEvent(schema.TypeBudgetSet, b, by)); err != nil {
 		return policy.Budget{}, fmt.Errorf("%w; the budget is not set", err)
 	}
