@@ -59,7 +59,9 @@ func (f *fakeOperator) DeleteBudget(_ context.Context, by keys.Key, org, id stri
 	return b, nil
 }
 
-func (f *fakeOperator) Budgets(org string) []policy.BudgetStatus { return f.ledger.Budgets(org, time.Now()) }
+func (f *fakeOperator) Budgets(org string) []policy.BudgetStatus {
+	return f.ledger.Budgets(org, time.Now())
+}
 
 func (f *fakeOperator) SetSuspended(_ context.Context, by keys.Key, id string, suspended bool, reason string) (policy.Agent, []string, error) {
 	f.gotBy = by

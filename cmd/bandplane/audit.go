@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"strings"
 	"time"
 
 	"github.com/bandplane/bandplane/ingest/kafka"
@@ -13,17 +14,22 @@ import (
 )
 
 func init() {
-	register("audit", "tamper-evident audit trail: keygen, seal, verify", runAudit)
+	register("audit", "tamper-evident audit trail: keygen, seal, verify, export", runAudit)
 }
 
 func auditUsage(w io.Writer) {
-	fmt.Fprint(w, `usage: bandplane audit <keygen|seal|verify> [flags]
+	fmt.Fprint(w, `usage: bandplane audit <keygen|seal|verify|export> [flags]
 
   keygen --out FILE      make an Ed25519 audit key (FILE, mode 0600) and its public half (FILE.pub)
   seal --audit-key FILE  seal what was ingested, now (serve --audit-key does it every --seal-every)
   verify --audit-key FILE [--org ORG] [--from T] [--to T]
                          recompute everything sealed; exit 0 if it matches, 1 if not;
                          the last line on stdout is the report as JSON
+  verify --export FILE --audit-key FILE.pub
+                         check a compliance export offline (no database): seals, manifest, every line
+  export --out FILE --from T --to T [--format ndjson|csv] [--type T] [--actor A] [--room R] [--org ORG]
+         [--server URL] [--key TOKEN] [--resume]
+                         a signed export of one organization's sealed trail from bandplane serve
 
 Run 'bandplane audit <command> -h' for a command's flags.
 `)
@@ -41,6 +47,8 @@ func runAudit(ctx context.Context, e *env, args []string) error {
 		return runAuditSeal(ctx, e, args[1:])
 	case "verify":
 		return runAuditVerify(ctx, e, args[1:])
+	case "export":
+		return runAuditExport(ctx, e, args[1:])
 	case "-h", "--help", "help":
 		auditUsage(e.stderr)
 		return exitError{code: 0}
@@ -117,16 +125,33 @@ func runAuditSeal(ctx context.Context, e *env, args []string) error {
 }
 
 func runAuditVerify(ctx context.Context, e *env, args []string) error {
-	fs := newFlagSet(e, "audit verify", "--audit-key FILE [--org ORG] [--from T] [--to T] [flags]")
+	fs := newFlagSet(e, "audit verify", "--audit-key FILE [--org ORG] [--from T] [--to T] [flags] | --export FILE --audit-key FILE")
 	var st stackFlags
 	st.register(fs)
 	keyFile := auditKeyFlag(fs, "the audit key: the public key file (FILE.pub) suffices, the private one works too")
+	export := fs.String("export", "", "check this export file (bandplane audit export) offline instead of the database")
 	org := fs.String("org", "", `verify only this organization's chain ("" is the chain of events stored without one; default: every chain)`)
 	from := fs.String("from", "", "only events at or after this time, RFC 3339 or YYYY-MM-DD")
 	to := fs.String("to", "", "only events before this time, RFC 3339 or YYYY-MM-DD")
 	margin := fs.Duration("margin", seal.DefaultMargin, "the sealer's --margin: unsealed rows ingested that long before the last seal are unexpected")
 	if err := parse(fs, args); err != nil {
 		return err
+	}
+	if *export != "" {
+		if fs.NArg() > 0 {
+			return fmt.Errorf("unexpected arguments %q", fs.Args())
+		}
+		var online []string
+		fs.Visit(func(fl *flag.Flag) {
+			switch fl.Name {
+			case "org", "from", "to", "margin":
+				online = append(online, "--"+fl.Name)
+			}
+		})
+		if len(online) > 0 {
+			return fmt.Errorf("%s: not with --export (an export names its own selection)", strings.Join(online, ", "))
+		}
+		return runAuditVerifyExport(ctx, e, *export, *keyFile)
 	}
 	var f seal.Filter
 	fs.Visit(func(fl *flag.Flag) {

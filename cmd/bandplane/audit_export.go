@@ -1,15 +1,667 @@
 package main
 
 import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
+	"github.com/bandplane/bandplane/ingest/seal"
 	"github.com/bandplane/bandplane/policy/keys"
+	"github.com/bandplane/bandplane/schema"
 )
 
+// The compliance export (README, "Compliance export"): GET /v1/audit/export streams a
+// selection of one organization's sealed trail with the proof to check it offline
+// (the format is ingest/seal's: seal.ExportFormat); `bandplane audit export` drives it
+// and resumes an interrupted file; `bandplane audit verify --export FILE` checks one.
+
+// maxConcurrentExports bounds the exports one serve runs at once: each holds a
+// ClickHouse connection of the query pool while it reads.
+const maxConcurrentExports = 2
+
+// exportWriteWindow is how long the handler gives each MiB of an export to reach the
+// client (serve's --write-timeout would cut a long export).
+const exportWriteWindow = 2 * time.Minute
+
+// Response headers of an export.
+const (
+	headerExportAsOf     = "X-Bandplane-Export-As-Of"
+	headerExportExpected = "X-Bandplane-Export-Expected-Events"
+)
+
+type exportHandler struct {
+	x       *seal.Exporter // nil without --audit-key
+	auditor seal.Producer  // records each export (nil: not recorded; tests of refusals)
+	log     *slog.Logger
+	slots   chan struct{}
+}
+
+// TypeAuditExported is the audit event of one export request: who took which part of
+// the trail away (bandplane's own type; audit.* is refused from clients).
+const TypeAuditExported = "audit.exported"
+
+// exportedData is the data of audit.exported.
+type exportedData struct {
+	KeyName string    `json:"key_name,omitempty"`
+	From    time.Time `json:"from"`
+	To      time.Time `json:"to"`
+	Types   []string  `json:"types"`
+	Actors  []string  `json:"actors"`
+	Rooms   []string  `json:"rooms"`
+	Format  string    `json:"format"`
+	AsOf    time.Time `json:"as_of"`
+	Resumed bool      `json:"resumed"`
+}
+
 // auditExportHandler serves GET /v1/audit/export (issue 9, section 4).
-func auditExportHandler(conn driver.Conn, db string, auth keys.Authenticator, auditKeyFile string, log *slog.Logger) (http.Handler, error) {
-	return http.NotFoundHandler(), nil
+// Each export is recorded as an audit.exported event through auditor before a byte of
+// it is sent; one that cannot be recorded is refused (503).
+func auditExportHandler(conn driver.Conn, db string, auth keys.Authenticator, auditKeyFile string, auditor seal.Producer, log *slog.Logger) (http.Handler, error) {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	h := &exportHandler{auditor: auditor, log: log.With("component", "audit_export"), slots: make(chan struct{}, maxConcurrentExports)}
+	if auditKeyFile != "" {
+		key, err := seal.LoadPrivateKey(auditKeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("cannot use --audit-key for the audit export: %w", err)
+		}
+		if h.x, err = seal.NewExporter(seal.ExportConfig{Conn: conn, Database: db, Key: key, Logger: log}); err != nil {
+			return nil, err
+		}
+	}
+	return keys.Require(auth, keys.RoleCompliance, keys.RoleAdmin)(h), nil
+}
+
+func (h *exportHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodGet {
+		w.Header().Set("Allow", http.MethodGet)
+		keys.WriteError(w, http.StatusMethodNotAllowed, "method_not_allowed", r.Method+" /v1/audit/export: use GET")
+		return
+	}
+	if h.x == nil {
+		keys.WriteError(w, http.StatusServiceUnavailable, "unavailable",
+			"the audit export signs what it exports with the audit key, and this serve has none: start it with --audit-key (env BANDPLANE_AUDIT_KEY)")
+		return
+	}
+	q, err := url.ParseQuery(r.URL.RawQuery)
+	if err != nil {
+		keys.WriteError(w, http.StatusBadRequest, "bad_request", "malformed query string: "+err.Error())
+		return
+	}
+	req, err := seal.ParseExportRequest(q)
+	if err != nil {
+		keys.WriteError(w, http.StatusBadRequest, "bad_request", strings.ReplaceAll(err.Error(), "\n", "; "))
+		return
+	}
+	k, _ := keys.FromContext(r.Context())
+	switch org := req.Selection.Org; {
+	case org == "" && k.Platform():
+		keys.WriteError(w, http.StatusBadRequest, "bad_request", "org: required: a platform key names the organization to export (org=…)")
+		return
+	case org == "":
+		req.Selection.Org = k.Org
+	case !k.MayActOn(org):
+		keys.Forbidden(w, k, org)
+		return
+	}
+	select {
+	case h.slots <- struct{}{}:
+		defer func() { <-h.slots }()
+	default:
+		w.Header().Set("Retry-After", "10")
+		keys.WriteError(w, http.StatusTooManyRequests, "too_many_requests", fmt.Sprintf("%d exports are running, the most this server runs at once; retry later", maxConcurrentExports))
+		return
+	}
+	ctx := r.Context()
+	rc := http.NewResponseController(w)
+	_ = rc.SetWriteDeadline(time.Now().Add(exportWriteWindow)) // not every writer has one
+	start := time.Now()
+	exp, err := h.x.Prepare(ctx, req)
+	switch {
+	case err == nil:
+	case errors.Is(err, seal.ErrExportConflict):
+		keys.WriteError(w, http.StatusConflict, "conflict", strings.TrimPrefix(err.Error(), seal.ErrExportConflict.Error()+": "))
+		return
+	case ctx.Err() != nil:
+		return
+	default:
+		h.log.Error("cannot prepare an audit export", "err", err, "org", req.Selection.Org, "key_id", k.ID)
+		keys.WriteError(w, http.StatusServiceUnavailable, "unavailable", "cannot read the audit trail from ClickHouse; retry (the server log says why)")
+		return
+	}
+	if h.auditor != nil {
+		sel := req.Selection
+		data, _ := json.Marshal(exportedData{KeyName: k.Name, From: sel.From, To: sel.To, Types: sel.Types, Actors: sel.Actors, Rooms: sel.Rooms,
+			Format: req.Encoding, AsOf: exp.AsOf(), Resumed: req.After != nil})
+		ev := schema.Event{ID: schema.NewID(), Type: TypeAuditExported, Time: time.Now().UTC(), OrgID: sel.Org,
+			Actor: schema.Party{ID: k.ID, Type: schema.ActorSystem}, Source: seal.Source, SchemaVersion: schema.Version, Data: data}
+		actx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		err := h.auditor.Produce(actx, []schema.Event{ev})
+		cancel()
+		if err != nil {
+			h.log.Error("cannot record an audit export; refusing it", "err", err, "org", sel.Org, "key_id", k.ID)
+			keys.WriteError(w, http.StatusServiceUnavailable, "unavailable", "the export could not be recorded in the audit trail, so it is not served; retry")
+			return
+		}
+	}
+	ct := "application/x-ndjson"
+	if req.Encoding == seal.EncodingCSV {
+		ct = "text/csv; charset=utf-8"
+	}
+	w.Header().Set("Content-Type", ct)
+	w.Header().Set("Cache-Control", "no-store")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.Header().Set(headerExportAsOf, exp.AsOf().Format(time.RFC3339))
+	w.Header().Set(headerExportExpected, strconv.FormatUint(exp.Expected(), 10))
+	w.WriteHeader(http.StatusOK)
+	flush := func() error {
+		_ = rc.SetWriteDeadline(time.Now().Add(exportWriteWindow))
+		if err := rc.Flush(); err != nil && !errors.Is(err, http.ErrNotSupported) {
+			return err
+		}
+		return nil
+	}
+	_ = flush()
+	st, err := exp.Stream(ctx, w, flush)
+	attrs := []any{"org", req.Selection.Org, "key_id", k.ID, "format", req.Encoding, "as_of", exp.AsOf(), "resumed", req.After != nil,
+		"events", st.Events, "total_events", st.Total, "seals", st.Seals, "entries", st.Entries, "bytes", st.Bytes, "duration", time.Since(start).Round(time.Millisecond)}
+	switch {
+	case err == nil:
+		h.log.Info("audit export", attrs...)
+	case ctx.Err() != nil:
+		h.log.Info("audit export stopped: the client went away", attrs...)
+	default:
+		h.log.Error("audit export failed", append(attrs, "err", err)...)
+	}
+}
+
+// listFlag is a repeatable flag whose values may also be comma-separated.
+type listFlag []string
+
+func (l *listFlag) String() string { return strings.Join(*l, ",") }
+func (l *listFlag) Set(v string) error {
+	*l = append(*l, v)
+	return nil
+}
+
+func runAuditExport(ctx context.Context, e *env, args []string) error {
+	fs := newFlagSet(e, "audit export", "--out FILE --from T --to T [flags]")
+	out := fs.String("out", "", "file to write (required); it is written as FILE.part and renamed once complete")
+	format := fs.String("format", seal.EncodingNDJSON, "ndjson or csv")
+	from := fs.String("from", "", "events at or after this time, RFC 3339 or YYYY-MM-DD (required)")
+	to := fs.String("to", "", "events before this time, RFC 3339 or YYYY-MM-DD (required)")
+	org := fs.String("org", "", "the organization (required with a platform key; an organization's key exports its own)")
+	asOf := fs.String("as-of", "", "the watermark, RFC 3339: the as_of of an earlier export's header gives the same export again (default: the latest seal)")
+	var types, actors, rooms listFlag
+	fs.Var(&types, "type", "only events of this type (repeat it, or comma-separate)")
+	fs.Var(&actors, "actor", "only events of this actor id (repeat it, or comma-separate)")
+	fs.Var(&rooms, "room", "only events of this room id (repeat it, or comma-separate)")
+	server := fs.String("server", envOr("BANDPLANE_SERVER", "http://127.0.0.1:8080"), "bandplane serve's URL (env BANDPLANE_SERVER)")
+	token := fs.String("key", "", "API key of role compliance or admin (default: env BANDPLANE_KEY)")
+	resume := fs.Bool("resume", false, "continue FILE.part, an interrupted export, from its last complete event")
+	quiet := fs.Bool("quiet", false, "no progress on stderr")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if *out == "" {
+		fs.Usage()
+		return errors.New("--out is required")
+	}
+	if *token == "" {
+		*token = os.Getenv("BANDPLANE_KEY")
+	}
+	if *token == "" {
+		return errors.New("no API key: give --key or set BANDPLANE_KEY (a key of role compliance or admin)")
+	}
+	base, err := url.Parse(*server)
+	if err != nil || (base.Scheme != "http" && base.Scheme != "https") || base.Host == "" {
+		return fmt.Errorf("--server %q is not an http(s) URL", *server)
+	}
+	// What the flags ask for, checked here as the server would.
+	q := url.Values{}
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	for _, p := range []struct{ name, v string }{{"org", *org}, {"from", *from}, {"to", *to}, {"format", *format}, {"as_of", *asOf}} {
+		if p.v != "" {
+			q.Set(p.name, p.v)
+		}
+	}
+	for _, l := range []struct {
+		name string
+		vals listFlag
+	}{{"types", types}, {"actors", actors}, {"rooms", rooms}} {
+		for _, v := range l.vals {
+			q.Add(l.name, v)
+		}
+	}
+	selectionGiven := given["from"] || given["to"] || given["type"] || given["actor"] || given["room"] || given["org"] || given["as-of"]
+	var want *seal.ExportRequest
+	if !*resume || selectionGiven {
+		req, err := seal.ParseExportRequest(q)
+		if err != nil {
+			return errors.New(strings.ReplaceAll(strings.ReplaceAll(err.Error(), "\n", "; "), "as_of:", "--as-of:"))
+		}
+		want = &req
+	}
+	x := &exporter{e: e, base: base, token: *token, out: *out, part: *out + ".part", quiet: *quiet}
+	if *resume {
+		asked := ""
+		if given["format"] {
+			asked = *format
+		}
+		return x.resume(ctx, want, asked)
+	}
+	return x.fresh(ctx, *want)
+}
+
+// exporter is one run of `bandplane audit export`.
+type exporter struct {
+	e           *env
+	base        *url.URL
+	token       string
+	out, part   string
+	quiet       bool
+	resumed     bool
+	priorEvents uint64
+}
+
+func exists(path string) bool {
+	_, err := os.Lstat(path)
+	return err == nil
+}
+
+func (x *exporter) fresh(ctx context.Context, req seal.ExportRequest) error {
+	if exists(x.out) {
+		return fmt.Errorf("%s exists: remove it or choose another --out", x.out)
+	}
+	if exists(x.part) {
+		return fmt.Errorf("%s holds an interrupted export: --resume continues it (or remove it to start over)", x.part)
+	}
+	f, err := os.OpenFile(x.part, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return fmt.Errorf("cannot create %s: %w", x.part, err)
+	}
+	defer f.Close()
+	done, err := x.fetch(ctx, f, req, 0)
+	if err != nil && !done {
+		if info, serr := f.Stat(); serr == nil && info.Size() == 0 {
+			f.Close()
+			_ = os.Remove(x.part) // nothing came: nothing to resume
+		}
+	}
+	return err
+}
+
+// resume continues x.part. want is the selection the flags give (nil: none given),
+// format the --format given ("" when not).
+func (x *exporter) resume(ctx context.Context, want *seal.ExportRequest, format string) error {
+	if !exists(x.part) {
+		if exists(x.out) {
+			fmt.Fprintf(x.e.stderr, "audit export: %s is complete: nothing to resume\n", x.out)
+			return nil
+		}
+		return fmt.Errorf("no interrupted export %s to resume (run without --resume to start one)", x.part)
+	}
+	f, err := os.OpenFile(x.part, os.O_RDWR, 0)
+	if err != nil {
+		return fmt.Errorf("cannot open %s: %w", x.part, err)
+	}
+	defer f.Close()
+	first := make([]byte, 1)
+	n, _ := f.ReadAt(first, 0)
+	enc := seal.EncodingNDJSON
+	if n == 1 && first[0] == 'k' {
+		enc = seal.EncodingCSV
+	}
+	if format != "" && n == 1 && format != enc {
+		return fmt.Errorf("%s is a %s export, not %s: --resume continues it as it is (drop --format)", x.part, enc, format)
+	}
+	sc := seal.NewExportScanner(enc)
+	if _, err := io.Copy(sc, io.NewSectionReader(f, 0, 1<<62)); err != nil {
+		return fmt.Errorf("cannot read %s: %w", x.part, err)
+	}
+	if sc.Complete() {
+		return x.finish(f, sc.Manifest, enc)
+	}
+	if sc.Header == nil {
+		// Cut before its header was whole: nothing of it is worth keeping.
+		if want == nil {
+			return fmt.Errorf("%s holds no complete header, so its selection is unknown: give the selection again (--from, --to, …) with --resume, or remove it", x.part)
+		}
+		if err := f.Truncate(0); err != nil {
+			return fmt.Errorf("cannot truncate %s: %w", x.part, err)
+		}
+		_, err := x.fetch(ctx, f, *want, 0)
+		return err
+	}
+	h, err := seal.ParseExportHeader(enc, sc.Header)
+	if err != nil {
+		return fmt.Errorf("%s: %w (remove it and start over)", x.part, err)
+	}
+	cut, events := sc.HeaderEnd, sc.Events
+	var c seal.Cursor
+	if events > 0 {
+		last, err := seal.ExportEventKey(enc, sc.LastEvent)
+		if err != nil {
+			return fmt.Errorf("%s: %w (remove it and start over)", x.part, err)
+		}
+		cut = sc.LastEventEnd
+		c, err = seal.NewCursor(&h, events, last.Time, last.ID)
+		if err != nil {
+			return fmt.Errorf("%s: %w", x.part, err)
+		}
+	} else if c, err = seal.NewCursor(&h, 0, time.Time{}, ""); err != nil {
+		return fmt.Errorf("%s: %w", x.part, err)
+	}
+	req, err := h.Request(&c)
+	if err != nil {
+		return fmt.Errorf("%s: %w", x.part, err)
+	}
+	if want != nil && !sameSelection(want, &req, format != "") {
+		return fmt.Errorf("%s is an export of another selection (%s, %s to %s, as of %s): --resume takes the selection from the file; drop the selection flags or give the same ones",
+			x.part, req.Selection.Org, h.From, h.To, h.AsOf)
+	}
+	if err := f.Truncate(cut); err != nil {
+		return fmt.Errorf("cannot truncate %s to its last complete event: %w", x.part, err)
+	}
+	x.resumed, x.priorEvents = true, events
+	fmt.Fprintf(x.e.stderr, "audit export: resuming %s after %d events (as of %s)\n", x.part, events, h.AsOf)
+	_, err = x.fetch(ctx, f, req, cut)
+	return err
+}
+
+// sameSelection says whether the flags given with --resume ask for the file's export.
+func sameSelection(want, got *seal.ExportRequest, formatGiven bool) bool {
+	w, g := want.Selection, got.Selection
+	if w.Org != "" && w.Org != g.Org || !w.From.Equal(g.From) || !w.To.Equal(g.To) ||
+		strings.Join(w.Types, "\x00") != strings.Join(g.Types, "\x00") ||
+		strings.Join(w.Actors, "\x00") != strings.Join(g.Actors, "\x00") ||
+		strings.Join(w.Rooms, "\x00") != strings.Join(g.Rooms, "\x00") {
+		return false
+	}
+	if formatGiven && want.Encoding != got.Encoding {
+		return false
+	}
+	return want.AsOf.IsZero() || want.AsOf.Equal(got.AsOf)
+}
+
+// fetch runs one request and appends its body to f at offset at. done says whether
+// the export is complete (and renamed).
+func (x *exporter) fetch(ctx context.Context, f *os.File, req seal.ExportRequest, at int64) (bool, error) {
+	if _, err := f.Seek(at, io.SeekStart); err != nil {
+		return false, fmt.Errorf("cannot write %s: %w", x.part, err)
+	}
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	u := *x.base
+	u.Path = strings.TrimSuffix(u.Path, "/") + "/v1/audit/export"
+	u.RawQuery = req.Values().Encode()
+	hreq, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
+	if err != nil {
+		return false, err
+	}
+	hreq.Header.Set("Authorization", "Bearer "+x.token)
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.ResponseHeaderTimeout = 5 * time.Minute // Prepare counts the rows; a resume counts what the file holds
+	client := &http.Client{Transport: tr}
+	resp, err := client.Do(hreq)
+	if err != nil {
+		return false, fmt.Errorf("cannot reach %s: %w", x.base.Redacted(), err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		body, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+		var eb keys.ErrorBody
+		if json.Unmarshal(body, &eb) == nil && eb.Error != "" {
+			return false, fmt.Errorf("the server answered %d (%s): %s", resp.StatusCode, eb.Code, eb.Error)
+		}
+		return false, fmt.Errorf("the server answered %d: %.200s", resp.StatusCode, body)
+	}
+	expected, _ := strconv.ParseUint(resp.Header.Get(headerExportExpected), 10, 64)
+	p := newExportProgress(x.e.stderr, x.quiet, expected, x.priorEvents)
+	defer p.stop()
+
+	// A stalled connection ends the request: the file resumes later.
+	var alive atomic.Int64
+	alive.Store(time.Now().UnixNano())
+	go func() {
+		t := time.NewTicker(5 * time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				if time.Since(time.Unix(0, alive.Load())) > 2*time.Minute {
+					cancel(errors.New("no data from the server for 2 minutes"))
+					return
+				}
+			}
+		}
+	}()
+	sc := seal.NewExportScanner(req.Encoding)
+	buf := make([]byte, 256<<10)
+	var rerr error
+	for {
+		n, err := resp.Body.Read(buf)
+		if n > 0 {
+			alive.Store(time.Now().UnixNano())
+			// Written as it comes, unbuffered: a process killed now leaves whole
+			// records and at most one cut, which --resume drops.
+			if _, werr := f.Write(buf[:n]); werr != nil {
+				return false, fmt.Errorf("cannot write %s: %w", x.part, werr)
+			}
+			_, _ = sc.Write(buf[:n])
+			p.update(sc.Events, sc.Offset())
+		}
+		if err != nil {
+			if !errors.Is(err, io.EOF) {
+				rerr = err
+				if c := context.Cause(ctx); c != nil && !errors.Is(c, context.Canceled) {
+					rerr = c
+				}
+			}
+			break
+		}
+	}
+	p.stop()
+	switch {
+	case sc.Error != nil:
+		// Keep the records before the server's error, not the error itself.
+		_ = f.Truncate(at + sc.ErrorStart)
+		return false, fmt.Errorf("the server stopped the export after %d events: %s; run again with --resume to continue %s",
+			x.priorEvents+sc.Events, seal.ParseExportError(req.Encoding, sc.Error), x.part)
+	case sc.Complete():
+		return true, x.finish(f, sc.Manifest, req.Encoding)
+	case rerr != nil:
+		return false, fmt.Errorf("the export stopped after %d events (%v): run again with --resume to continue %s", x.priorEvents+sc.Events, rerr, x.part)
+	}
+	return false, fmt.Errorf("the export ended before its manifest after %d events: run again with --resume to continue %s", x.priorEvents+sc.Events, x.part)
+}
+
+// finish makes the complete file durable and gives it its name.
+func (x *exporter) finish(f *os.File, manifest []byte, enc string) error {
+	if err := f.Sync(); err != nil {
+		return fmt.Errorf("cannot sync %s: %w", x.part, err)
+	}
+	info, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	if exists(x.out) {
+		return fmt.Errorf("%s is complete, but %s exists: rename it yourself", x.part, x.out)
+	}
+	if err := os.Rename(x.part, x.out); err != nil {
+		return fmt.Errorf("cannot rename %s to %s: %w", x.part, x.out, err)
+	}
+	if d, err := os.Open(filepath.Dir(x.out)); err == nil {
+		_ = d.Sync() // the rename itself
+		d.Close()
+	}
+	m, err := seal.ParseExportManifest(enc, manifest)
+	if err != nil {
+		return fmt.Errorf("%s: %w", x.out, err)
+	}
+	return printJSON(x.e.stdout, map[string]any{"file": x.out, "format": enc, "events": m.Events, "seals": m.Seals, "entries": m.Entries,
+		"as_of": m.AsOf, "bytes": info.Size(), "resumed": x.resumed})
+}
+
+// exportProgress shows events/s and an ETA on stderr: redrawn in place on a terminal,
+// a line every few seconds otherwise.
+type exportProgress struct {
+	w        io.Writer
+	tty      bool
+	start    time.Time
+	expected uint64
+	prior    uint64
+	events   atomic.Uint64
+	bytes    atomic.Int64
+	done     chan struct{}
+	once     sync.Once
+	wg       sync.WaitGroup
+}
+
+func newExportProgress(w io.Writer, quiet bool, expected, prior uint64) *exportProgress {
+	p := &exportProgress{w: w, start: time.Now(), expected: expected, prior: prior, done: make(chan struct{})}
+	if quiet {
+		close(p.done)
+		p.once.Do(func() {})
+		return p
+	}
+	if f, ok := w.(*os.File); ok {
+		if st, err := f.Stat(); err == nil && st.Mode()&os.ModeCharDevice != 0 {
+			p.tty = true
+		}
+	}
+	every := 5 * time.Second
+	if p.tty {
+		every = 250 * time.Millisecond
+	}
+	p.wg.Go(func() {
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for {
+			select {
+			case <-p.done:
+				return
+			case <-t.C:
+				p.draw(false)
+			}
+		}
+	})
+	return p
+}
+
+func (p *exportProgress) update(events uint64, bytes int64) {
+	p.events.Store(events)
+	p.bytes.Store(bytes)
+}
+
+func (p *exportProgress) stop() {
+	p.once.Do(func() {
+		close(p.done)
+		p.wg.Wait()
+		p.draw(true)
+	})
+}
+
+func (p *exportProgress) draw(last bool) {
+	n := p.events.Load()
+	total := p.prior + n
+	secs := time.Since(p.start).Seconds()
+	rate := 0.0
+	if secs > 0 {
+		rate = float64(n) / secs
+	}
+	line := fmt.Sprintf("audit export: %d", total)
+	if p.expected > 0 {
+		line += fmt.Sprintf("/~%d events (%d%%)", p.expected, min(100, total*100/max(1, p.expected)))
+	} else {
+		line += " events"
+	}
+	line += fmt.Sprintf(", %.0f events/s, %.1f MB", rate, float64(p.bytes.Load())/1e6)
+	if !last && p.expected > total && rate > 0 {
+		line += ", ETA " + (time.Duration(float64(p.expected-total)/rate) * time.Second).Round(time.Second).String()
+	}
+	if last {
+		line += fmt.Sprintf(" in %s", time.Since(p.start).Round(time.Millisecond))
+	}
+	switch {
+	case p.tty && last:
+		fmt.Fprintf(p.w, "\r\033[K%s\n", line)
+	case p.tty:
+		fmt.Fprintf(p.w, "\r\033[K%s", line)
+	default:
+		fmt.Fprintln(p.w, line)
+	}
+}
+
+// runAuditVerifyExport checks an export file offline: no database.
+func runAuditVerifyExport(ctx context.Context, e *env, file, keyFile string) error {
+	pub, err := seal.LoadPublicKey(keyFile)
+	if err != nil {
+		return fmt.Errorf("--audit-key: %w", err)
+	}
+	f, err := os.Open(file)
+	if err != nil {
+		return fmt.Errorf("--export: %w", err)
+	}
+	defer f.Close()
+	info, err := f.Stat()
+	if err != nil {
+		return fmt.Errorf("--export: %w", err)
+	}
+	if !info.Mode().IsRegular() {
+		return fmt.Errorf("--export: %s is not a regular file", file)
+	}
+	start := time.Now()
+	rep, err := seal.VerifyExport(ctx, f, info.Size(), pub, seal.ExportVerifyOptions{})
+	if err != nil {
+		return err
+	}
+	const shown = 20
+	for i, p := range rep.Problems {
+		if i == shown {
+			fmt.Fprintf(e.stderr, "audit verify: … and %d more problems (the report on stdout lists up to %d)\n", len(rep.Problems)-shown+int(rep.MoreProblems), seal.MaxExportProblems)
+			break
+		}
+		where := "file"
+		if p.Line > 0 {
+			where = fmt.Sprintf("line %d", p.Line)
+		}
+		fmt.Fprintf(e.stderr, "audit verify: %s: %s: %s\n", where, p.Kind, p.Reason)
+	}
+	verdict := "OK: every line is sealed and the export is whole"
+	if !rep.OK() {
+		verdict = fmt.Sprintf("%d problems", len(rep.Problems)+int(rep.MoreProblems))
+	}
+	fmt.Fprintf(e.stderr, "audit verify: export %s: org %q, %s to %s as of %s: %d events, %d seals, %d entries (%d exported, %d expired) in %s: %s\n",
+		file, rep.Org, rep.From, rep.To, rep.AsOf, rep.Events, rep.Seals, rep.Entries, rep.Exported, rep.Expired,
+		time.Since(start).Round(time.Millisecond), verdict)
+	if err := printJSON(e.stdout, rep); err != nil {
+		return err
+	}
+	if !rep.OK() {
+		return exitError{code: 1}
+	}
+	return nil
 }

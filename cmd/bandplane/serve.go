@@ -339,7 +339,7 @@ func serve(ctx context.Context, log *slog.Logger, reg *prometheus.Registry, c se
 	}
 	mux.Handle("/graphql", graph.NewHandler(querier, keyCache, gopts...))
 	mux.Handle("/", graph.BoardHandler(hosts))
-	export, err := auditExportHandler(qconn, c.stack.ch.Database, keyCache, c.seal.keyFile, log)
+	export, err := auditExportHandler(qconn, c.stack.ch.Database, keyCache, c.seal.keyFile, auditor, log)
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,192 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/bandplane/bandplane/ingest/seal"
+	"github.com/bandplane/bandplane/policy/keys"
+)
+
+// fakeAuth knows a fixed set of tokens.
+type fakeAuth map[string]keys.Key
+
+func (a fakeAuth) Lookup(_ context.Context, token string) (keys.Key, bool) {
+	k, ok := a[token]
+	return k, ok
+}
+
+// noConn is a connection nothing may use: the requests below are answered before the
+// export reads the trail.
+type noConn struct{ driver.Conn }
+
+var exportAuth = fakeAuth{
+	"compliance-a": {ID: "k1", Org: "org-a", Role: keys.RoleCompliance},
+	"admin-a":      {ID: "k2", Org: "org-a", Role: keys.RoleAdmin},
+	"viewer-a":     {ID: "k3", Org: "org-a", Role: keys.RoleViewer},
+	"operator-p":   {ID: "k4", Org: keys.PlatformOrg, Role: keys.RoleOperator},
+	"admin-p":      {ID: "k5", Org: keys.PlatformOrg, Role: keys.RoleAdmin},
+}
+
+func exportHandlerForTest(t *testing.T, withKey bool) http.Handler {
+	t.Helper()
+	keyFile := ""
+	if withKey {
+		keyFile = filepath.Join(t.TempDir(), "audit.key")
+		require.NoError(t, seal.GenerateKey(keyFile))
+	}
+	h, err := auditExportHandler(noConn{}, "db", exportAuth, keyFile, nil, nil)
+	require.NoError(t, err)
+	return h
+}
+
+func exportAsk(t *testing.T, h http.Handler, method, token, query string) (int, keys.ErrorBody, http.Header) {
+	t.Helper()
+	req := httptest.NewRequest(method, "/v1/audit/export?"+query, nil)
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	var body keys.ErrorBody
+	require.NoError(t, json.Unmarshal(rec.Body.Bytes(), &body), "%d %s", rec.Code, rec.Body.String())
+	return rec.Code, body, rec.Header()
+}
+
+func TestExportHandlerRefuses(t *testing.T) {
+	h := exportHandlerForTest(t, true)
+	ok := "from=2026-03-01&to=2026-03-02"
+	long := strings.Repeat("x", 300)
+	for _, tc := range []struct {
+		name, method, token, query string
+		status                     int
+		code, want                 string
+	}{
+		{"no key", "GET", "", ok, 401, keys.CodeUnauthenticated, "missing API key"},
+		{"unknown key", "GET", "nope", ok, 401, keys.CodeUnauthenticated, "unknown or revoked"},
+		{"viewer", "GET", "viewer-a", ok, 403, keys.CodeForbidden, "needs one of: compliance, admin"},
+		{"operator", "GET", "operator-p", ok, 403, keys.CodeForbidden, "needs one of: compliance, admin"},
+		{"post", "POST", "compliance-a", ok, 405, "method_not_allowed", "use GET"},
+		{"other org", "GET", "compliance-a", ok + "&org=org-b", 403, keys.CodeForbidden, "may not act on organization org-b"},
+		{"every org", "GET", "admin-a", ok + "&org=*", 400, "bad_request", "'*' is not an organization"},
+		{"platform without org", "GET", "admin-p", ok, 400, "bad_request", "org: required: a platform key names the organization"},
+		{"no range", "GET", "compliance-a", "", 400, "bad_request", "from: required"},
+		{"range backwards", "GET", "compliance-a", "from=2026-03-02&to=2026-03-01", 400, "bad_request", "to: must be after from"},
+		{"range too long", "GET", "compliance-a", "from=2024-01-01&to=2026-01-01", 400, "bad_request", "spans more than 401 days"},
+		{"id too long", "GET", "compliance-a", ok + "&actors=" + long, 400, "bad_request", "actors: a value of 300 bytes is longer than 256 bytes"},
+		{"control character", "GET", "compliance-a", ok + "&rooms=a%0Ab", 400, "bad_request", `rooms: "a\nb" has a control character`},
+		{"unknown parameter", "GET", "compliance-a", ok + "&type=x", 400, "bad_request", `unknown parameter "type"`},
+		{"bad format", "GET", "compliance-a", ok + "&format=xlsx", 400, "bad_request", `format: "xlsx" is not ndjson or csv`},
+		{"bad cursor", "GET", "compliance-a", ok + "&as_of=2026-03-02T00:00:00Z&after=zzz", 400, "bad_request", "after: malformed cursor"},
+		{"malformed query", "GET", "compliance-a", ok + "&%zz", 400, "bad_request", "malformed query string"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			status, body, _ := exportAsk(t, h, tc.method, tc.token, tc.query)
+			assert.Equal(t, tc.status, status, "%+v", body)
+			assert.Equal(t, tc.code, body.Code)
+			assert.Contains(t, body.Error, tc.want)
+		})
+	}
+	// Many problems at once, each named.
+	many := strings.Repeat("t,", 150)
+	status, body, _ := exportAsk(t, h, "GET", "compliance-a", "types="+many+"&format=x")
+	assert.Equal(t, 400, status)
+	for _, want := range []string{"from: required", "types:", "format:"} {
+		assert.Contains(t, body.Error, want)
+	}
+}
+
+func TestExportHandlerWithoutAuditKey(t *testing.T) {
+	h := exportHandlerForTest(t, false)
+	status, body, _ := exportAsk(t, h, "GET", "compliance-a", "from=2026-03-01&to=2026-03-02")
+	assert.Equal(t, http.StatusServiceUnavailable, status)
+	assert.Equal(t, "unavailable", body.Code)
+	assert.Contains(t, body.Error, "start it with --audit-key")
+	// Authentication still comes first.
+	status, _, _ = exportAsk(t, h, "GET", "", "from=2026-03-01&to=2026-03-02")
+	assert.Equal(t, http.StatusUnauthorized, status)
+	// A key file that is not a private key stops serve at start.
+	pub := filepath.Join(t.TempDir(), "audit.key")
+	require.NoError(t, seal.GenerateKey(pub))
+	_, err := auditExportHandler(noConn{}, "db", exportAuth, pub+".pub", nil, nil)
+	assert.ErrorContains(t, err, "is a public key")
+}
+
+func TestExportCLIRefuses(t *testing.T) {
+	dir := t.TempDir()
+	done := filepath.Join(dir, "done.ndjson")
+	require.NoError(t, os.WriteFile(done, []byte("x"), 0o600))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "cut.ndjson.part"), []byte("x"), 0o600))
+	t.Setenv("BANDPLANE_KEY", "")
+	for _, tc := range []struct {
+		name string
+		args []string
+		code int
+		want string
+	}{
+		{"no out", []string{"audit", "export", "--key", "k"}, 1, "--out is required"},
+		{"no key", []string{"audit", "export", "--out", filepath.Join(dir, "a")}, 1, "no API key"},
+		{"bad server", []string{"audit", "export", "--out", filepath.Join(dir, "a"), "--key", "k", "--server", "ftp://x"}, 1, "is not an http(s) URL"},
+		{"no range", []string{"audit", "export", "--out", filepath.Join(dir, "a"), "--key", "k"}, 1, "from: required"},
+		{"bad as-of", []string{"audit", "export", "--out", filepath.Join(dir, "a"), "--key", "k", "--from", "2026-01-01", "--to", "2026-01-02", "--as-of", "now"}, 1, "--as-of: want"},
+		{"exists", []string{"audit", "export", "--out", done, "--key", "k", "--from", "2026-01-01", "--to", "2026-01-02"}, 1, "exists: remove it"},
+		{"part exists", []string{"audit", "export", "--out", filepath.Join(dir, "cut.ndjson"), "--key", "k", "--from", "2026-01-01", "--to", "2026-01-02"}, 1, "--resume continues it"},
+		{"nothing to resume", []string{"audit", "export", "--out", filepath.Join(dir, "none"), "--key", "k", "--resume"}, 1, "no interrupted export"},
+		{"resume garbage", []string{"audit", "export", "--out", filepath.Join(dir, "cut.ndjson"), "--key", "k", "--resume"}, 1, "holds no complete header"},
+		{"resume as another format", []string{"audit", "export", "--out", filepath.Join(dir, "cut.ndjson"), "--key", "k", "--resume", "--format", "csv"}, 1, "is a ndjson export, not csv"},
+		{"server down", []string{"audit", "export", "--out", filepath.Join(dir, "b"), "--key", "k", "--from", "2026-01-01", "--to", "2026-01-02", "--server", "http://127.0.0.1:1"}, 1, "cannot reach"},
+		{"verify export with --org", []string{"audit", "verify", "--export", done, "--audit-key", "k", "--org", "o"}, 1, "--org: not with --export"},
+		{"verify missing export", []string{"audit", "verify", "--export", filepath.Join(dir, "nope"), "--audit-key", filepath.Join(dir, "k")}, 1, "does not exist"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			code, _, stderr := bandplane(t, tc.args...)
+			assert.Equal(t, tc.code, code, stderr)
+			assert.Contains(t, stderr, tc.want)
+		})
+	}
+	assert.NoFileExists(t, filepath.Join(dir, "b.part"), "a failed start leaves no file")
+
+	// verify --export on files that are no export: exit 1, the problem named.
+	keyFile := filepath.Join(dir, "audit.key")
+	require.NoError(t, seal.GenerateKey(keyFile))
+	for _, content := range []string{"", "garbage\n", `{"kind":"header"}` + "\n", strings.Repeat("{", 1000)} {
+		f := filepath.Join(dir, "bad.ndjson")
+		require.NoError(t, os.WriteFile(f, []byte(content), 0o600))
+		code, stdout, stderr := bandplane(t, "audit", "verify", "--export", f, "--audit-key", keyFile+".pub")
+		assert.Equal(t, 1, code, "%q: %s", content, stderr)
+		var rep seal.ExportReport
+		lastLine(t, stdout, &rep)
+		assert.NotEmpty(t, rep.Problems, "%q", content)
+	}
+	code, _, stderr := bandplane(t, "audit", "verify", "--export", dir, "--audit-key", keyFile+".pub")
+	assert.Equal(t, 1, code)
+	assert.Contains(t, stderr, "is not a regular file")
+}
+
+func TestExportHandlerBusy(t *testing.T) {
+	keyFile := filepath.Join(t.TempDir(), "audit.key")
+	require.NoError(t, seal.GenerateKey(keyFile))
+	key, err := seal.LoadPrivateKey(keyFile)
+	require.NoError(t, err)
+	x, err := seal.NewExporter(seal.ExportConfig{Conn: noConn{}, Database: "db", Key: key})
+	require.NoError(t, err)
+	h := &exportHandler{x: x, log: slog.New(slog.DiscardHandler), slots: make(chan struct{}, maxConcurrentExports)}
+	for range maxConcurrentExports {
+		h.slots <- struct{}{} // every slot taken by a running export
+	}
+	status, body, hdr := exportAsk(t, keys.Require(exportAuth, keys.RoleCompliance, keys.RoleAdmin)(h), "GET", "compliance-a", "from=2026-03-01&to=2026-03-02")
+	assert.Equal(t, http.StatusTooManyRequests, status)
+	assert.Equal(t, "too_many_requests", body.Code)
+	assert.Equal(t, "10", hdr.Get("Retry-After"))
+}

@@ -1,0 +1,400 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/bandplane/bandplane/deploy/stacktest"
+	"github.com/bandplane/bandplane/ingest/seal"
+	"github.com/bandplane/bandplane/ingest/store"
+	"github.com/bandplane/bandplane/policy/keys"
+	"github.com/bandplane/bandplane/schema"
+)
+
+// TestIntegrationExport drives the real `bandplane serve --audit-key` and the real CLI:
+// events posted to the collector (and a few awkward rows written by hand) are sealed
+// with `bandplane audit seal`, exported as NDJSON and CSV through GET /v1/audit/export,
+// and verified offline; a changed, a dropped and an added line are each named; an
+// export killed midway (SIGKILL) and resumed equals, byte for byte, an uninterrupted
+// export of the same selection; rows edited or deleted in ClickHouse after sealing show
+// in the next export's verification.
+func TestIntegrationExport(t *testing.T) {
+	began := time.Now()
+	s := newStack(t)
+	keyFile := filepath.Join(s.dir, "audit.key")
+	require.NoError(t, seal.GenerateKey(keyFile))
+	pubFile := keyFile + ".pub"
+	ingestKey := s.key(t, "platform-ingest", keys.PlatformOrg, keys.RoleIngest)
+	compliance := s.key(t, "alpha-compliance", "org-alpha", keys.RoleCompliance)
+	viewer := s.key(t, "alpha-viewer", "org-alpha", keys.RoleViewer)
+	bravoAdmin := s.key(t, "bravo-admin", "org-bravo", keys.RoleAdmin)
+	platformAdmin := s.key(t, "platform-admin", keys.PlatformOrg, keys.RoleAdmin)
+	srv := s.serve(t, "--audit-key", keyFile, "--seal-every", "1h", "--no-policy")
+	t.Logf("serve ready after %s", time.Since(began).Round(time.Millisecond))
+
+	// The range holds the posted events only (the key.created events are stamped now).
+	from := time.Now().UTC().Add(-2 * time.Hour).Truncate(time.Second)
+	to := from.Add(time.Hour)
+	rangeArgs := []string{"--from", from.Format(time.RFC3339), "--to", to.Format(time.RFC3339)}
+	exportQuery := "from=" + url.QueryEscape(from.Format(time.RFC3339)) + "&to=" + url.QueryEscape(to.Format(time.RFC3339))
+
+	// Nothing sealed yet: 409, saying what to do.
+	code, body := srv.do(http.MethodGet, "/v1/audit/export?"+exportQuery, compliance, "", nil)
+	require.Equal(t, http.StatusConflict, code, "%s", body)
+	assert.Contains(t, string(body), "is serve running with --audit-key?")
+
+	const alphaEvents, bravoEvents = 2400, 300
+	var evs []schema.Event
+	content := strings.Repeat(`quote " comma , backslash \ tab	 `, 24)
+	for i := range alphaEvents + bravoEvents {
+		org, n := "org-alpha", i
+		if i >= alphaEvents {
+			org, n = "org-bravo", i-alphaEvents
+		}
+		typ := []string{"message.created", "event.tool_call", "message.created"}[n%3]
+		data, _ := json.Marshal(map[string]any{"content": fmt.Sprintf("%s %d <&>", content, n), "n": n})
+		evs = append(evs, schema.Event{ID: fmt.Sprintf("%s-%05d", org, n), Type: typ, Time: from.Add(time.Duration(n) * 1300 * time.Millisecond),
+			OrgID: org, RoomID: []string{"room-1", "room-2"}[n%2], Actor: schema.Party{ID: fmt.Sprintf("agent-%d", n%5), Type: schema.ActorAgent},
+			Source: "band", SchemaVersion: schema.Version, Data: data})
+	}
+	// Two rounds, each sealed: the export's proof holds several chained seals.
+	stackArgs := []string{"--clickhouse", stacktest.ClickHouseAddr(), "--clickhouse-db", s.db, "--kafka", strings.Join(stacktest.Brokers(), ","), "--topic", s.topic}
+	// sealNow seals until every one of ids has an entry (a row that lands after a run's
+	// settle is sealed by the next one).
+	sealNow := func(ids []string) seal.Result {
+		t.Helper()
+		isoWaitStored(t, s, ids)
+		var res seal.Result
+		for run := 1; ; run++ {
+			// --settle 1s cuts at now() − 1 s in whole seconds: a row is sealed once it
+			// is two seconds old.
+			time.Sleep(2500 * time.Millisecond)
+			code, stdout, stderr := bandplane(t, append([]string{"audit", "seal", "--audit-key", keyFile, "--settle", "1s"}, stackArgs...)...)
+			require.Equal(t, 0, code, stderr)
+			var r seal.Result
+			lastLine(t, stdout, &r)
+			res.Seals, res.Events = res.Seals+r.Seals, res.Events+r.Events
+			var n uint64
+			require.NoError(t, s.conn.QueryRow(context.Background(), "SELECT uniqExact(id) FROM "+s.db+".seal_entries WHERE has(?, id)", ids).Scan(&n))
+			if n == uint64(len(ids)) {
+				return res
+			}
+			require.Less(t, run, 5, "%d of %d events sealed after %d runs", n, len(ids), run)
+			t.Logf("run %d sealed %d of %d events; sealing again", run, n, len(ids))
+		}
+	}
+	var firstIDs []string
+	for i := 0; i < alphaEvents/2; i += 600 {
+		batch := evs[i:min(alphaEvents/2, i+600)]
+		isoPost(t, srv, ingestKey, batch)
+		for _, e := range batch {
+			firstIDs = append(firstIDs, e.ID)
+		}
+	}
+	first := sealNow(firstIDs)
+	for i := alphaEvents / 2; i < len(evs); i += 600 {
+		isoPost(t, srv, ingestKey, evs[i:min(len(evs), i+600)])
+	}
+	// Rows no collector would store, written by hand: the export carries them exactly.
+	odd := []string{"raw\nnewline", "carriage\r\nreturn", "\xff not utf-8", `"quoted"`, ""}
+	var rows []store.EventRow
+	for i, d := range odd {
+		rows = append(rows, store.EventRow{ID: fmt.Sprintf("odd-%d", i), Type: "message.created", Time: from.Add(time.Duration(i)*time.Second + 7*time.Millisecond),
+			OrgID: "org-alpha", RoomID: "room-1", ActorID: "agent-1", ActorType: "agent", Source: "band", SchemaVersion: 1, Data: d,
+			IngestedAt: time.Now().UTC().Add(-time.Minute)})
+	}
+	require.NoError(t, store.New(s.conn, s.db).BatchInsert(context.Background(), &store.Batch{Events: rows}))
+	var ids []string
+	for _, e := range evs {
+		ids = append(ids, e.ID)
+	}
+	for _, r := range rows {
+		ids = append(ids, r.ID)
+	}
+	sealed := sealNow(ids)
+	require.GreaterOrEqual(t, first.Events+sealed.Events, alphaEvents+bravoEvents+len(odd))
+	t.Logf("%d events posted, stored and sealed in %d seals after %s", first.Events+sealed.Events, first.Seals+sealed.Seals, time.Since(began).Round(time.Millisecond))
+
+	// Who may export what.
+	for _, tc := range []struct {
+		name, token, query string
+		status             int
+	}{
+		{"no key", "", exportQuery, 401},
+		{"viewer", viewer, exportQuery, 403},
+		{"another organization", bravoAdmin, exportQuery + "&org=org-alpha", 403},
+		{"platform without org", platformAdmin, exportQuery, 400},
+		{"bad parameter", compliance, exportQuery + "&types=" + strings.Repeat("x,", 101), 400},
+	} {
+		code, body := srv.do(http.MethodGet, "/v1/audit/export?"+tc.query, tc.token, "", nil)
+		assert.Equal(t, tc.status, code, "%s: %s", tc.name, body)
+		var eb keys.ErrorBody
+		assert.NoError(t, json.Unmarshal(body, &eb), "%s: %s", tc.name, body)
+		assert.NotEmpty(t, eb.Error, tc.name)
+	}
+
+	dir := t.TempDir()
+	export := func(t *testing.T, token, out string, args ...string) (int, string, string) {
+		t.Helper()
+		return bandplane(t, append([]string{"audit", "export", "--out", out, "--server", srv.url, "--key", token, "--quiet"}, args...)...)
+	}
+	verify := func(t *testing.T, file string) (int, seal.ExportReport, string) {
+		t.Helper()
+		code, stdout, stderr := bandplane(t, "audit", "verify", "--export", file, "--audit-key", pubFile)
+		var rep seal.ExportReport
+		lastLine(t, stdout, &rep)
+		return code, rep, stderr
+	}
+	type summary struct {
+		Events uint64 `json:"events"`
+		Seals  uint64 `json:"seals"`
+		AsOf   string `json:"as_of"`
+		Bytes  int64  `json:"bytes"`
+	}
+
+	// The whole range, both encodings: every event of org-alpha, none of org-bravo.
+	files := map[string]string{}
+	for _, format := range []string{"ndjson", "csv"} {
+		t.Run(format, func(t *testing.T) {
+			start := time.Now()
+			out := filepath.Join(dir, "alpha."+format)
+			code, stdout, stderr := export(t, compliance, out, append(rangeArgs, "--format", format)...)
+			require.Equal(t, 0, code, stderr)
+			var sum summary
+			lastLine(t, stdout, &sum)
+			assert.Equal(t, uint64(alphaEvents+len(odd)), sum.Events)
+			assert.GreaterOrEqual(t, sum.Seals, uint64(2), "both rounds")
+			t.Logf("%s: %d events, %d seals, %d bytes in %s", format, sum.Events, sum.Seals, sum.Bytes, time.Since(start).Round(time.Millisecond))
+			start = time.Now()
+			code, rep, stderr := verify(t, out)
+			require.Equal(t, 0, code, stderr)
+			assert.True(t, rep.OK())
+			assert.Equal(t, int64(alphaEvents+len(odd)), rep.Events)
+			assert.Contains(t, stderr, "OK: every line is sealed and the export is whole")
+			t.Logf("%s verified offline in %s", format, time.Since(start).Round(time.Millisecond))
+			b, err := os.ReadFile(out)
+			require.NoError(t, err)
+			assert.False(t, bytes.Contains(b, []byte("org-bravo-")), "an event of another organization")
+			files[format] = out
+		})
+	}
+	require.Len(t, files, 2)
+
+	// A selection by type and room, and another organization with a platform key.
+	out := filepath.Join(dir, "filtered.ndjson")
+	code2, stdout, stderr := export(t, compliance, out, append(rangeArgs, "--type", "message.created", "--room", "room-1,room-9")...)
+	require.Equal(t, 0, code2, stderr)
+	var sum summary
+	lastLine(t, stdout, &sum)
+	want := len(odd)
+	for _, e := range evs[:alphaEvents] {
+		if e.Type == "message.created" && e.RoomID == "room-1" {
+			want++
+		}
+	}
+	assert.Equal(t, uint64(want), sum.Events)
+	code2, _, stderr = verifyCLI(t, out, pubFile)
+	require.Equal(t, 0, code2, stderr)
+	out = filepath.Join(dir, "bravo.csv")
+	code2, stdout, stderr = export(t, platformAdmin, out, append(rangeArgs, "--org", "org-bravo", "--format", "csv")...)
+	require.Equal(t, 0, code2, stderr)
+	lastLine(t, stdout, &sum)
+	assert.Equal(t, uint64(bravoEvents), sum.Events)
+	code2, _, stderr = verifyCLI(t, out, pubFile)
+	require.Equal(t, 0, code2, stderr)
+
+	// Tampering with the file: each change is named by line and event id.
+	original, err := os.ReadFile(files["ndjson"])
+	require.NoError(t, err)
+	ls := bytes.SplitAfter(original, []byte("\n"))
+	tampered := func(name string, edit func([][]byte) [][]byte) seal.ExportReport {
+		t.Helper()
+		f := filepath.Join(dir, name+".ndjson")
+		require.NoError(t, os.WriteFile(f, bytes.Join(edit(append([][]byte{}, ls...)), nil), 0o600))
+		code, rep, stderr := verify(t, f)
+		assert.Equal(t, 1, code, stderr)
+		return rep
+	}
+	// Line 1 is the header; line 2 + i holds the i-th event in (time, id) order.
+	rep := tampered("changed", func(l [][]byte) [][]byte {
+		l[101] = bytes.Replace(l[101], []byte("backslash"), []byte("BACKSLASH"), 1)
+		return l
+	})
+	require.Len(t, rep.Problems, 1, "%+v", rep.Problems)
+	assert.Equal(t, seal.ExportChanged, rep.Problems[0].Kind)
+	assert.Equal(t, int64(102), rep.Problems[0].Line)
+	changedID := lineID(t, ls[101])
+	assert.Equal(t, changedID, rep.Problems[0].ID)
+	rep = tampered("dropped", func(l [][]byte) [][]byte { return append(l[:500], l[501:]...) })
+	require.Equal(t, seal.ExportDropped, rep.Problems[0].Kind, "%+v", rep.Problems)
+	assert.Equal(t, int64(501), rep.Problems[0].Line)
+	assert.Equal(t, lineID(t, ls[500]), rep.Problems[0].ID)
+	rep = tampered("added", func(l [][]byte) [][]byte {
+		extra := bytes.Replace(l[1000], []byte(lineID(t, l[1000])), []byte(lineID(t, l[1000])+"-copy"), 1)
+		return append(append(l[:1001:1001], extra), l[1001:]...)
+	})
+	require.Equal(t, seal.ExportAdded, rep.Problems[0].Kind, "%+v", rep.Problems)
+	assert.Equal(t, int64(1002), rep.Problems[0].Line)
+	assert.Equal(t, lineID(t, ls[1000])+"-copy", rep.Problems[0].ID)
+
+	// Killed midway, resumed: the file equals an uninterrupted export of the selection.
+	for _, format := range []string{"ndjson", "csv"} {
+		t.Run("kill and resume "+format, func(t *testing.T) {
+			full, err := os.ReadFile(files[format])
+			require.NoError(t, err)
+			cutAt := int64(len(full)) * 45 / 100
+			for full[cutAt-1] == '\n' {
+				cutAt++ // a cut inside a line: --resume drops the partial one
+			}
+			proxy := pausingProxy(t, srv.url, cutAt)
+			out := filepath.Join(dir, "killed."+format)
+			cmd := exec.Command(bandplaneBinary(t), append([]string{"audit", "export", "--out", out, "--server", proxy.URL, "--key", compliance, "--format", format}, rangeArgs...)...)
+			var cliErr bytes.Buffer
+			cmd.Stderr = &cliErr
+			require.NoError(t, cmd.Start())
+			require.True(t, stacktest.Eventually(t, 60*time.Second, 10*time.Millisecond, func() bool {
+				info, err := os.Stat(out + ".part")
+				return err == nil && info.Size() >= cutAt
+			}), "the CLI never wrote %d bytes: %s", cutAt, cliErr.String())
+			require.NoError(t, cmd.Process.Kill()) // SIGKILL: no cleanup of any kind
+			_ = cmd.Wait()
+			part, err := os.ReadFile(out + ".part")
+			require.NoError(t, err)
+			require.Equal(t, full[:cutAt], part, "the killed CLI left what it had received")
+			require.NoFileExists(t, out)
+
+			code, stdout, stderr := export(t, compliance, out, "--resume")
+			require.Equal(t, 0, code, stderr)
+			assert.Contains(t, stderr, "resuming")
+			var sum summary
+			lastLine(t, stdout, &sum)
+			resumed, err := os.ReadFile(out)
+			require.NoError(t, err)
+			require.True(t, bytes.Equal(full, resumed), "the resumed file differs from the uninterrupted export (%d and %d bytes)", len(resumed), len(full))
+			assert.NoFileExists(t, out+".part")
+			// The same as an export pinned at the file's as_of, started afresh.
+			again := filepath.Join(dir, "again."+format)
+			code, _, stderr = export(t, compliance, again, append(rangeArgs, "--format", format, "--as-of", sum.AsOf)...)
+			require.Equal(t, 0, code, stderr)
+			b, err := os.ReadFile(again)
+			require.NoError(t, err)
+			assert.True(t, bytes.Equal(full, b), "an export as of %s differs", sum.AsOf)
+			// Resuming a complete file does nothing.
+			code, _, stderr = export(t, compliance, out, "--resume")
+			assert.Equal(t, 0, code, stderr)
+			assert.Contains(t, stderr, "is complete: nothing to resume")
+		})
+	}
+
+	// A cursor of another selection, and one whose file does not match the trail: 409.
+	h, err := seal.ParseExportHeader("ndjson", ls[0])
+	require.NoError(t, err)
+	last, err := seal.ExportEventKey("ndjson", ls[700])
+	require.NoError(t, err)
+	for _, tc := range []struct {
+		name   string
+		events uint64
+		edit   func(q url.Values)
+		want   string
+	}{
+		{"other selection", 700, func(q url.Values) { q.Set("format", "csv") }, "belongs to another export"},
+		{"wrong count", 650, func(url.Values) {}, "the file holds 650 events"},
+	} {
+		c, err := seal.NewCursor(&h, tc.events, last.Time, last.ID)
+		require.NoError(t, err)
+		req, err := h.Request(&c)
+		require.NoError(t, err)
+		q := req.Values()
+		tc.edit(q)
+		code, body := srv.do(http.MethodGet, "/v1/audit/export?"+q.Encode(), compliance, "", nil)
+		assert.Equal(t, http.StatusConflict, code, "%s: %s", tc.name, body)
+		assert.Contains(t, string(body), tc.want, tc.name)
+	}
+
+	// The trail edited in ClickHouse after sealing: the next export proves it.
+	ctx := context.Background()
+	require.NoError(t, s.conn.Exec(ctx, "ALTER TABLE "+s.db+".events UPDATE data = '{\"content\":\"rewritten\"}' WHERE id = 'org-alpha-00042'"))
+	require.NoError(t, s.conn.Exec(ctx, "ALTER TABLE "+s.db+".events DELETE WHERE id = 'org-alpha-00043'"))
+	require.True(t, stacktest.Eventually(t, 60*time.Second, 100*time.Millisecond, func() bool {
+		var pending uint64
+		require.NoError(t, s.conn.QueryRow(ctx, "SELECT count() FROM system.mutations WHERE database = ? AND is_done = 0", s.db).Scan(&pending))
+		return pending == 0
+	}))
+	out = filepath.Join(dir, "edited.ndjson")
+	code2, _, stderr = export(t, compliance, out, rangeArgs...)
+	require.Equal(t, 0, code2, stderr)
+	code2, rep, stderr = verify(t, out)
+	assert.Equal(t, 1, code2, stderr)
+	got := map[string]string{}
+	for _, p := range rep.Problems {
+		got[p.ID] = p.Kind
+	}
+	assert.Equal(t, map[string]string{"org-alpha-00042": seal.ExportChanged, "org-alpha-00043": seal.ExportMissing}, got, "%+v", rep.Problems)
+
+	// Every export served is in the trail: audit.exported, with the key that took it.
+	var exported uint64
+	require.True(t, stacktest.Eventually(t, 20*time.Second, 200*time.Millisecond, func() bool {
+		require.NoError(t, s.conn.QueryRow(ctx, "SELECT count() FROM "+s.db+".events WHERE type = ? AND org_id = 'org-alpha' AND actor_id = ?",
+			TypeAuditExported, s.ids["alpha-compliance"]).Scan(&exported))
+		return exported >= 3
+	}), "audit.exported events of org-alpha's compliance key: %d", exported)
+	srv.alive()
+	t.Logf("done after %s", time.Since(began).Round(time.Millisecond))
+}
+
+func verifyCLI(t *testing.T, file, pub string) (int, string, string) {
+	t.Helper()
+	return bandplane(t, "audit", "verify", "--export", file, "--audit-key", pub)
+}
+
+// lineID is the id of an NDJSON event line.
+func lineID(t *testing.T, line []byte) string {
+	t.Helper()
+	k, err := seal.ExportEventKey("ndjson", line)
+	require.NoError(t, err)
+	return k.ID
+}
+
+// pausingProxy forwards to target but sends only the first limit bytes of each answer,
+// then holds the connection open: a client caught mid-stream.
+func pausingProxy(t *testing.T, target string, limit int64) *httptest.Server {
+	t.Helper()
+	p := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		req, err := http.NewRequestWithContext(r.Context(), r.Method, target+r.URL.RequestURI(), nil)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadGateway)
+			return
+		}
+		req.Header = r.Header.Clone()
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadGateway)
+			return
+		}
+		defer resp.Body.Close()
+		for k, v := range resp.Header {
+			w.Header()[k] = v
+		}
+		w.WriteHeader(resp.StatusCode)
+		_, _ = io.Copy(w, io.LimitReader(resp.Body, limit))
+		w.(http.Flusher).Flush()
+		<-r.Context().Done()
+	}))
+	t.Cleanup(p.Close)
+	return p
+}
