@@ -91,8 +91,8 @@ type Config struct {
 	DeadLetters MessageWriter // the dead-letter topic
 	Storage     Storage
 	Directory   *Directory
-	Catalog     pricing.Source
-	Topic       string // the source topic, recorded with dead letters
+	Catalog     pricing.Source // read per usage event: a new catalog version prices the next one
+	Topic       string         // the source topic, recorded with dead letters
 	// DeadLetterMaxBytes is the dead-letter writer's message limit: a dead letter that
 	// would be larger is sent and stored with its raw record cut (default
 	// kafka.MaxMessageBytes).

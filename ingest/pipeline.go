@@ -100,7 +100,7 @@ func NewPipeline(ctx context.Context, cfg PipelineConfig) (*Pipeline, error) {
 		p.reader.Close()
 		return nil, err
 	}
-	p.rollup = NewRollup(st, dir, cfg.Catalog.Current(), cfg.RollupInterval, cfg.Logger, cfg.Metrics)
+	p.rollup = NewRollup(st, dir, cfg.Catalog, cfg.RollupInterval, cfg.Logger, cfg.Metrics)
 	p.consumer, err = New(Config{
 		Reader: p.reader, DeadLetters: p.dlq, Storage: st, Directory: dir, Catalog: cfg.Catalog, Topic: cfg.Topic,
 		BatchSize: cfg.BatchSize, BatchAge: cfg.BatchAge, BatchBytes: cfg.BatchBytes, MaxPendingBytes: cfg.MaxPendingBytes,

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"sync"
 	"time"
 
@@ -18,7 +19,7 @@ import (
 type Rollup struct {
 	store    *store.Store
 	dir      *Directory
-	catalog  *pricing.Catalog
+	catalog  pricing.Source
 	interval time.Duration
 	log      *slog.Logger
 	m        *Metrics
@@ -28,7 +29,8 @@ type Rollup struct {
 	agents map[string]bool
 }
 
-func NewRollup(st *store.Store, dir *Directory, cat *pricing.Catalog, interval time.Duration, log *slog.Logger, m *Metrics) *Rollup {
+// NewRollup returns a Rollup that reprices with the catalog cat gives at each tick.
+func NewRollup(st *store.Store, dir *Directory, cat pricing.Source, interval time.Duration, log *slog.Logger, m *Metrics) *Rollup {
 	if interval <= 0 {
 		interval = 2 * time.Second
 	}
@@ -108,7 +110,7 @@ func (r *Rollup) Flush(ctx context.Context) error {
 	r.mu.Unlock()
 	var errs []error
 	for a := range agents {
-		res, err := Reprice(ctx, r.store, r.dir, r.catalog, store.UsageFilter{AgentID: a, UnpricedOnly: true})
+		res, err := Reprice(ctx, r.store, r.dir, r.catalog.Current(), store.UsageFilter{AgentID: a, UnpricedOnly: true})
 		if err != nil {
 			r.Mark(nil, []string{a})
 			errs = append(errs, err)
@@ -157,11 +159,15 @@ type RepriceResult struct {
 	HoursRebuilt   int    `json:"hours_rebuilt"`
 }
 
-// Reprice recomputes the cost of the usage facts that f selects with the catalog (and,
-// for usage whose model was unknown, the agent's registered model), writes the rows
-// that changed with a higher version so they replace the old ones, and rebuilds the
-// rollup hours they fall in. Running it twice changes nothing the second time.
-func Reprice(ctx context.Context, st *store.Store, dir *Directory, cat *pricing.Catalog, f store.UsageFilter) (RepriceResult, error) {
+// Reprice recomputes the cost of the usage facts that f selects with the catalog src
+// gives now (each row at the price in effect at its time; and, for usage whose model
+// was unknown, with the agent's registered model), writes the rows that changed with a
+// higher version so they replace the old ones, and rebuilds the rollup hours they fall
+// in. Running it twice changes nothing the second time. Ingest uses it for the usage of
+// late registrations; reprice jobs use RepriceRange, which never leaves an hour half
+// rewritten.
+func Reprice(ctx context.Context, st *store.Store, dir *Directory, src pricing.Source, f store.UsageFilter) (RepriceResult, error) {
+	cat := src.Current()
 	res := RepriceResult{CatalogVersion: cat.Version()}
 	hours := map[store.HourKey]bool{}
 	err := st.ScanUsage(ctx, f, 50000, func(rows []store.UsageRow) error {
@@ -176,6 +182,7 @@ func Reprice(ctx context.Context, st *store.Store, dir *Directory, cat *pricing.
 				}
 			}
 			nr = PriceUsage(cat, nr, nil)
+			nr.Version = max(nr.Version, old.Version+1) // replaces old even behind a clock ahead of ours
 			res.CostAfter += nr.CostMicros
 			if !nr.Priced {
 				res.StillUnpriced++
@@ -205,4 +212,112 @@ func Reprice(ctx context.Context, st *store.Store, dir *Directory, cat *pricing.
 		return res, fmt.Errorf("repriced %d rows but cannot rebuild the rollup: %w", res.Changed, err)
 	}
 	return res, nil
+}
+
+// RepriceRange reprices the usage of one organization (org "" is the unattributed
+// usage) in [from, to), of one agent unless agent is "", with cat: each row at the
+// price in effect at its time, usage of model "unknown" with its agent's registered
+// model when there is one now. It is the unit of work of a reprice job:
+//
+//   - the usage is read (FINAL) in time order and the rows that change are written in
+//     one insert per repriceChunk rows, cut at an hour's end (a day is one partition, and
+//     an insert into one partition is one part, seen whole or not at all): a reader of
+//     usage FINAL, and so a rollup rebuilt by ingest meanwhile, sees each hour (for a
+//     range of a day of at most repriceChunk changed rows, the whole range) wholly at
+//     its old prices or wholly at its new ones; only an hour of more than repriceChunk
+//     changed rows of one organization is written in several inserts;
+//   - each rewritten row keeps its key (org, time, event id) and gets a higher version,
+//     so it replaces the old row (ReplacingMergeTree(version)): never a second row;
+//   - then the rollup of every hour in the range that has usage (changed or not: a run
+//     interrupted before its rebuild is finished by the next) is rebuilt from usage
+//     FINAL, hourly then daily, one insert each for a day of one organization.
+//
+// A row is rewritten only when its model, cost, currency or pricedness change: a row
+// whose cost is the same keeps the catalog version that priced it, which priced it
+// alike. A row priced by a newer catalog version than cat's (ingest priced it after a
+// later price change) is left as it is: a reprice never takes a row back to older
+// prices. Running it twice changes nothing the second time.
+func RepriceRange(ctx context.Context, st *store.Store, dir *Directory, cat *pricing.Catalog, org, agent string, from, to time.Time) (RepriceResult, error) {
+	res := RepriceResult{CatalogVersion: cat.Version()}
+	catNum, catNumbered := catalogNumber(cat.Version())
+	var hours []store.HourKey
+	seen := map[time.Time]bool{}
+	var pending []store.UsageRow // changed rows of whole hours, not written yet
+	flush := func() error {
+		if err := st.InsertUsage(ctx, pending); err != nil {
+			return err
+		}
+		res.Changed += len(pending)
+		pending = nil
+		return nil
+	}
+	err := st.ScanUsageHours(ctx, org, agent, from, to, repriceChunk, func(hour time.Time, rows []store.UsageRow) error {
+		if !seen[hour] {
+			seen[hour] = true
+			hours = append(hours, store.HourKey{OrgID: org, Hour: hour})
+		}
+		var changed []store.UsageRow
+		for _, old := range rows {
+			res.Scanned++
+			res.CostBefore += old.CostMicros
+			if n, ok := catalogNumber(old.CatalogVersion); ok && catNumbered && n > catNum {
+				res.CostAfter += old.CostMicros
+				if !old.Priced {
+					res.StillUnpriced++
+				}
+				continue
+			}
+			nr := old
+			if nr.Model == Unknown || nr.Model == "" {
+				if a, ok := dir.Agent(nr.AgentID); ok && a.Model != "" {
+					nr.Model = a.Model
+				}
+			}
+			nr = PriceUsage(cat, nr, nil)
+			nr.Version = max(nr.Version, old.Version+1)
+			res.CostAfter += nr.CostMicros
+			if !nr.Priced {
+				res.StillUnpriced++
+			}
+			if nr.Model == old.Model && nr.CostMicros == old.CostMicros && nr.Priced == old.Priced && nr.Currency == old.Currency {
+				continue
+			}
+			changed = append(changed, nr)
+		}
+		if len(pending)+len(changed) > repriceChunk {
+			if err := flush(); err != nil {
+				return err
+			}
+		}
+		pending = append(pending, changed...)
+		return nil
+	})
+	if err == nil {
+		err = flush()
+	}
+	if err != nil {
+		// What was rewritten is rebuilt now if the server lets us, so that the rollup
+		// agrees with usage; the caller runs the range again in any case.
+		if len(hours) > 0 {
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+			_ = st.RefreshRollup(rctx, hours)
+			cancel()
+		}
+		return res, fmt.Errorf("cannot reprice usage of org %q from %s: %w", org, from.UTC().Format(time.RFC3339), err)
+	}
+	res.HoursRebuilt = len(hours)
+	if err := st.RefreshRollup(ctx, hours); err != nil {
+		return res, fmt.Errorf("repriced %d rows of org %q but cannot rebuild the rollup: %w", res.Changed, org, err)
+	}
+	return res, nil
+}
+
+// repriceChunk bounds the usage rows of one hour RepriceRange holds and writes at once.
+const repriceChunk = 200_000
+
+// catalogNumber reads a catalog version kept in ClickHouse ("1", "2", …; ingest/prices);
+// a file catalog's version ("2026-11-01") is not one, and counts as older than all.
+func catalogNumber(v string) (uint64, bool) {
+	n, err := strconv.ParseUint(v, 10, 64)
+	return n, err == nil
 }

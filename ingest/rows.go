@@ -58,7 +58,8 @@ func UsageRow(ev *schema.Event, owner string, dir *Directory, cat *pricing.Catal
 }
 
 // PriceUsage sets the cost, currency, catalog version and a fresh version of a usage
-// row. Ingest and reprice price the same way through it.
+// row, with the model's price in effect at the row's time (pricing.Catalog.CostAt).
+// Ingest and reprice price the same way through it.
 func PriceUsage(cat *pricing.Catalog, r store.UsageRow, reasoning *int64) store.UsageRow {
 	if reasoning != nil {
 		r.Reasoning = uint64(*reasoning)
@@ -66,7 +67,7 @@ func PriceUsage(cat *pricing.Catalog, r store.UsageRow, reasoning *int64) store.
 		v := int64(r.Reasoning)
 		reasoning = &v
 	}
-	r.CostMicros, r.Priced = cat.Cost(r.Model, schema.UsageData{
+	r.CostMicros, r.Priced = cat.CostAt(r.Model, r.Time, schema.UsageData{
 		InputTokens: int64(r.InputTokens), OutputTokens: int64(r.OutputTokens),
 		CacheReadTokens: int64(r.CacheReadTokens), CacheWriteTokens: int64(r.CacheWriteTokens),
 		ReasoningTokens: reasoning,

@@ -140,6 +140,12 @@ type CostReport struct {
 	Truncated bool
 	Totals    []CostRow // only Currency and the sums are set
 	Unpriced  []CostRow // only Model and the sums are set
+	// Repricing lists the reprice jobs overlapping the range (widened to whole hours)
+	// that have not repriced all of it: while one is queued or running the figures are
+	// provisional (some days at the new prices, the rest at the old; each hour wholly at
+	// one or the other); a failed or cancelled one left the days from its cursor on at
+	// their old prices. Empty when the figures are final.
+	Repricing []RepriceJob
 }
 
 // costsSQL builds the SELECT of a validated CostQuery.
@@ -321,6 +327,9 @@ func (qr *Querier) Costs(ctx context.Context, q CostQuery) (CostReport, error) {
 			return strings.Compare(a.Model, b.Model)
 		})
 		rep.Unpriced = rep.Unpriced[:min(len(rep.Unpriced), MaxUnpricedModels)]
+	}
+	if rep.Repricing, err = qr.repricing(ctx, q.OrgID, q.From.UTC().Truncate(time.Hour), ceilHour(q.To)); err != nil {
+		return CostReport{}, err
 	}
 	return rep, nil
 }

@@ -1,5 +1,5 @@
 // Package pricing is bandplane's price catalog: list prices per million tokens for each
-// model, and the exact cost of one usage event.
+// model over time, and the exact cost of one usage event at the time it happened.
 //
 // # Catalog format
 //
@@ -13,6 +13,17 @@
 // places, in the catalog's currency per million tokens, at most MaxPricePerMillion. input and output prices are
 // required; a missing cache_read or cache_write price bills those tokens at the input
 // price. reasoning_per_mtok is optional, see below. Unknown fields are ignored.
+//
+// # Effective time
+//
+// A model may be listed more than once with different effective times (a date, or an
+// RFC 3339 time): its price history. Usage at time t is priced with the model's entry
+// whose effective time is the latest at or before t. Usage before the model's first
+// effective time is unpriced (stored with its tokens and no cost, like usage of an
+// unknown model, and listed as unpriced), never priced with a price that was not in
+// effect yet: to price it, set a price with an earlier effective time and reprice.
+// Cost, without a time, prices at the time of the call (what a budget estimate of
+// usage happening now needs).
 //
 // # Token kinds
 //
@@ -49,9 +60,11 @@ import (
 	"math"
 	"math/bits"
 	"os"
+	"regexp"
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/bandplane/bandplane/schema"
@@ -72,7 +85,11 @@ const maxScale = 9
 // With schema.MaxTokens it bounds the cost of one report (see the package doc).
 const MaxPricePerMillion = 1_000_000
 
-// Price is one model's prices, in nano-units of the currency per million tokens.
+// MaxPriceNanos is MaxPricePerMillion in nano-units, the unit of Price's fields.
+const MaxPriceNanos = MaxPricePerMillion * nanoPerUnit
+
+// Price is one model's prices from its effective time on, in nano-units of the
+// currency per million tokens.
 type Price struct {
 	Model      string
 	Aliases    []string
@@ -85,14 +102,20 @@ type Price struct {
 	// reasoning tokens are part of the output tokens (the default) and not billed again.
 	Reasoning    int64
 	HasReasoning bool
-	Effective    time.Time
+	Effective    time.Time // UTC
+}
+
+// model is one model's price history, sorted by Effective, oldest first. Every entry
+// carries the model's name, aliases and provider.
+type model struct {
+	history []Price
 }
 
 // Catalog is a validated, immutable price catalog. It is safe for concurrent use.
 type Catalog struct {
 	version  string
 	currency string
-	models   []Price        // in file order
+	models   []model        // in file order
 	byName   map[string]int // model name and aliases → index in models
 	lower    map[string]int // lower-cased names, for a case-insensitive fallback
 	names    []string       // canonical model names, sorted
@@ -191,12 +214,7 @@ func Parse(b []byte) (*Catalog, error) {
 	if len(f.Models) == 0 {
 		errs = append(errs, errors.New("models: empty"))
 	}
-	c := &Catalog{
-		version:  f.Version,
-		currency: f.Currency,
-		byName:   make(map[string]int),
-		lower:    make(map[string]int),
-	}
+	var prices []Price
 	for i, m := range f.Models {
 		name := strings.TrimSpace(m.Model)
 		where := fmt.Sprintf("model %q", name)
@@ -231,37 +249,165 @@ func Parse(b []byte) (*Catalog, error) {
 		}
 		if strings.TrimSpace(m.Effective) == "" {
 			errs = append(errs, fmt.Errorf("%s: effective: missing", where))
-		} else if p.Effective, err = time.Parse(time.DateOnly, m.Effective); err != nil {
-			errs = append(errs, fmt.Errorf("%s: effective: %q is not a YYYY-MM-DD date", where, m.Effective))
+		} else if p.Effective, err = parseEffective(m.Effective); err != nil {
+			errs = append(errs, fmt.Errorf("%s: effective: %q is not a YYYY-MM-DD date (or an RFC 3339 time)", where, m.Effective))
 		}
-		idx := len(c.models)
-		for _, n := range append([]string{name}, m.Aliases...) {
-			n = strings.TrimSpace(n)
-			if n == "" {
-				if name != "" {
-					errs = append(errs, fmt.Errorf("%s: aliases: empty alias", where))
-				}
-				continue
-			}
-			if _, dup := c.byName[n]; dup {
-				errs = append(errs, fmt.Errorf("%s: duplicate model %q", where, n))
-				continue
-			}
-			c.byName[n] = idx
-			if _, dup := c.lower[strings.ToLower(n)]; !dup {
-				c.lower[strings.ToLower(n)] = idx
-			}
-		}
-		c.models = append(c.models, p)
-		if name != "" {
-			c.names = append(c.names, name)
+		if name != "" && !p.Effective.IsZero() {
+			prices = append(prices, p) // for the checks across models, even with errors above
 		}
 	}
-	if len(errs) > 0 {
+	c, more := build(f.Version, f.Currency, prices)
+	if errs = append(errs, more...); len(errs) > 0 {
 		return nil, errors.Join(errs...)
+	}
+	return c, nil
+}
+
+func parseEffective(s string) (time.Time, error) {
+	s = strings.TrimSpace(s)
+	if t, err := time.Parse(time.DateOnly, s); err == nil {
+		return t, nil
+	}
+	t, err := time.Parse(time.RFC3339, s)
+	return t.UTC(), err
+}
+
+// New builds a catalog from its entries. Entries of one model (by Model) are its price
+// history: their aliases are merged, the last non-empty provider wins, and two entries
+// of a model with the same effective time are an error. A name or alias may belong to
+// one model only. All problems are reported together.
+func New(version, currency string, prices []Price) (*Catalog, error) {
+	var errs []error
+	if strings.TrimSpace(version) == "" {
+		errs = append(errs, errors.New("version: missing"))
+	}
+	if strings.TrimSpace(currency) == "" {
+		errs = append(errs, errors.New("currency: missing"))
+	}
+	if len(prices) == 0 {
+		errs = append(errs, errors.New("models: empty"))
+	}
+	c, more := build(version, currency, prices)
+	if errs = append(errs, more...); len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	return c, nil
+}
+
+// build is New without the checks of the version, currency and count.
+func build(version, currency string, prices []Price) (*Catalog, []error) {
+	var errs []error
+	c := &Catalog{version: version, currency: currency, byName: map[string]int{}, lower: map[string]int{}}
+	index := map[string]int{} // canonical name → index in c.models
+	for _, p := range prices {
+		name := p.Model
+		where := fmt.Sprintf("model %q", name)
+		if strings.TrimSpace(name) == "" || name != strings.TrimSpace(name) {
+			errs = append(errs, fmt.Errorf("%s: model: empty or with spaces around it", where))
+			continue
+		}
+		for _, f := range []struct {
+			field string
+			v     int64
+		}{{"input_per_mtok", p.Input}, {"output_per_mtok", p.Output}, {"cache_read_per_mtok", p.CacheRead},
+			{"cache_write_per_mtok", p.CacheWrite}, {"reasoning_per_mtok", p.Reasoning}} {
+			if f.v < 0 || f.v > MaxPriceNanos {
+				errs = append(errs, fmt.Errorf("%s: %s: %s is outside [0, %d]", where, f.field, FormatPrice(f.v), MaxPricePerMillion))
+			}
+		}
+		if p.Effective.IsZero() {
+			errs = append(errs, fmt.Errorf("%s: effective: missing", where))
+		}
+		p.Effective = p.Effective.UTC()
+		idx, known := index[name]
+		if !known {
+			if other, taken := c.byName[name]; taken {
+				errs = append(errs, fmt.Errorf("%s: duplicate model %q (an alias of %q)", where, name, c.models[other].history[0].Model))
+				continue
+			}
+			idx = len(c.models)
+			index[name] = idx
+			c.models = append(c.models, model{})
+			c.names = append(c.names, name)
+			c.byName[name] = idx
+		}
+		m := &c.models[idx]
+		dup := false
+		for _, h := range m.history {
+			if h.Effective.Equal(p.Effective) {
+				errs = append(errs, fmt.Errorf("%s: duplicate model %q at effective %s", where, name, p.Effective.Format(time.RFC3339)))
+				dup = true
+			}
+		}
+		if dup {
+			continue
+		}
+		for _, a := range p.Aliases {
+			a = strings.TrimSpace(a)
+			if a == "" {
+				errs = append(errs, fmt.Errorf("%s: aliases: empty alias", where))
+				continue
+			}
+			if other, taken := c.byName[a]; taken && other != idx {
+				errs = append(errs, fmt.Errorf("%s: duplicate model %q", where, a))
+				continue
+			}
+			c.byName[a] = idx
+		}
+		p.Aliases = nil
+		m.history = append(m.history, p)
+	}
+	if len(errs) > 0 {
+		return nil, errs
+	}
+	// Every entry of a model carries its aliases (all of them) and provider.
+	aliases := make([][]string, len(c.models))
+	for n, i := range c.byName {
+		if n != c.models[i].history[0].Model {
+			aliases[i] = append(aliases[i], n)
+		}
+	}
+	for i := range c.models {
+		m := &c.models[i]
+		sort.Slice(m.history, func(a, b int) bool { return m.history[a].Effective.Before(m.history[b].Effective) })
+		sort.Strings(aliases[i])
+		provider := ""
+		for _, h := range m.history {
+			if h.Provider != "" {
+				provider = h.Provider
+			}
+		}
+		for j := range m.history {
+			m.history[j].Aliases, m.history[j].Provider = aliases[i], provider
+		}
+	}
+	// Lower-cased names in the order models were listed, so that the first one listed
+	// wins a case-insensitive tie, whatever the map order.
+	for i := range c.models {
+		names := append([]string{c.models[i].history[0].Model}, aliases[i]...)
+		for _, n := range names {
+			if _, dup := c.lower[strings.ToLower(n)]; !dup {
+				c.lower[strings.ToLower(n)] = i
+			}
+		}
 	}
 	sort.Strings(c.names)
 	return c, nil
+}
+
+// plainDecimal is the text a price may be: digits, a fraction, a small exponent (JSON
+// numbers); anything longer or stranger is refused before a decimal is built from it
+// (an exponent of -2³¹ would make the rounding check compute 10^2147483648).
+var plainDecimal = regexp.MustCompile(`^[0-9]+(\.[0-9]+)?([eE][+-]?[0-9]{1,3})?$`)
+
+// maxPriceText bounds the text of a price.
+const maxPriceText = 64
+
+// ParsePrice reads a price per million tokens written as a decimal string, in
+// nano-units: at most 9 decimal places, in [0, MaxPricePerMillion]. The error says
+// what is wrong with s (quoted).
+func ParsePrice(s string) (int64, error) {
+	return parsePrice(amount{set: true, s: s}, true)
 }
 
 func parsePrice(a amount, required bool) (int64, error) {
@@ -271,12 +417,19 @@ func parsePrice(a amount, required bool) (int64, error) {
 		}
 		return 0, nil
 	}
-	d, err := decimal.NewFromString(strings.TrimSpace(a.s))
-	if err != nil {
+	s := strings.TrimSpace(a.s)
+	if len(s) > maxPriceText {
+		return 0, fmt.Errorf("%q is longer than %d characters", a.s[:maxPriceText]+"…", maxPriceText)
+	}
+	if strings.HasPrefix(s, "-") && plainDecimal.MatchString(s[1:]) {
+		return 0, fmt.Errorf("%q is negative", a.s)
+	}
+	if !plainDecimal.MatchString(s) {
 		return 0, fmt.Errorf("%q is not a decimal", a.s)
 	}
-	if d.IsNegative() {
-		return 0, fmt.Errorf("%q is negative", a.s)
+	d, err := decimal.NewFromString(s)
+	if err != nil {
+		return 0, fmt.Errorf("%q is not a decimal", a.s)
 	}
 	if d.GreaterThan(decimal.NewFromInt(MaxPricePerMillion)) {
 		return 0, fmt.Errorf("%q is above the cap of %d per million tokens", a.s, MaxPricePerMillion)
@@ -291,14 +444,48 @@ func parsePrice(a amount, required bool) (int64, error) {
 	return n.Int64(), nil
 }
 
+// FormatPrice writes a price in nano-units as a decimal string of currency units per
+// million tokens, without trailing zeros ("3", "0.075").
+func FormatPrice(nanos int64) string { return decimal.New(nanos, -maxScale).String() }
+
+// PriceDecimal is a price in nano-units as a decimal of currency units.
+func PriceDecimal(nanos int64) decimal.Decimal { return decimal.New(nanos, -maxScale) }
+
 // Source gives the catalog to price with now: a *Catalog gives itself; a catalog kept
-// current from ClickHouse gives its latest version.
+// current from ClickHouse gives its latest version. Current never blocks and never
+// returns nil.
 type Source interface {
 	Current() *Catalog
 }
 
 // Current is the catalog itself (a *Catalog is a Source that never changes).
 func (c *Catalog) Current() *Catalog { return c }
+
+// Live is a Source whose catalog is replaced as new versions arrive (the price service
+// sets it from ClickHouse). Current is one atomic load: ingest calls it per event.
+type Live struct {
+	cur atomic.Pointer[Catalog]
+}
+
+// NewLive returns a Live starting at c, which must not be nil.
+func NewLive(c *Catalog) *Live {
+	if c == nil {
+		panic("pricing: NewLive(nil)")
+	}
+	l := &Live{}
+	l.cur.Store(c)
+	return l
+}
+
+// Current is the latest catalog set.
+func (l *Live) Current() *Catalog { return l.cur.Load() }
+
+// Set makes c the catalog Current returns; nil is ignored.
+func (l *Live) Set(c *Catalog) {
+	if c != nil {
+		l.cur.Store(c)
+	}
+}
 
 // Version is the catalog's version string.
 func (c *Catalog) Version() string { return c.version }
@@ -309,31 +496,86 @@ func (c *Catalog) Currency() string { return c.currency }
 // Models returns the catalog's canonical model names (not aliases), sorted.
 func (c *Catalog) Models() []string { return append([]string(nil), c.names...) }
 
-// Lookup returns the prices of a model, by name or alias; an exact match wins over a
-// case-insensitive one.
-func (c *Catalog) Lookup(model string) (Price, bool) {
+// Prices returns every entry: the models in the order they were listed, each model's
+// history oldest first.
+func (c *Catalog) Prices() []Price {
+	var out []Price
+	for _, m := range c.models {
+		out = append(out, m.history...)
+	}
+	return out
+}
+
+// History returns the entries of a model (by name or alias), oldest first.
+func (c *Catalog) History(model string) []Price {
+	i, ok := c.index(model)
+	if !ok {
+		return nil
+	}
+	return append([]Price(nil), c.models[i].history...)
+}
+
+// Canonical returns the canonical name of a model given by name or alias, exactly or
+// ignoring case.
+func (c *Catalog) Canonical(model string) (string, bool) {
+	i, ok := c.index(model)
+	if !ok {
+		return "", false
+	}
+	return c.models[i].history[0].Model, true
+}
+
+func (c *Catalog) index(model string) (int, bool) {
 	if c == nil || model == "" {
-		return Price{}, false
+		return 0, false
 	}
 	i, ok := c.byName[model]
 	if !ok {
 		i, ok = c.lower[strings.ToLower(strings.TrimSpace(model))]
 	}
+	return i, ok
+}
+
+// Lookup returns the prices of a model in effect now, by name or alias; an exact match
+// wins over a case-insensitive one.
+func (c *Catalog) Lookup(model string) (Price, bool) { return c.PriceAt(model, time.Now()) }
+
+// PriceAt returns the prices of a model in effect at t: its entry whose effective time
+// is the latest at or before t. There is none before the model's first effective time.
+func (c *Catalog) PriceAt(model string, t time.Time) (Price, bool) {
+	i, ok := c.index(model)
 	if !ok {
 		return Price{}, false
 	}
-	return c.models[i], true
+	h := c.models[i].history
+	// The first entry effective after t; the one before it is in effect.
+	j := sort.Search(len(h), func(k int) bool { return h[k].Effective.After(t) })
+	if j == 0 {
+		return Price{}, false
+	}
+	return h[j-1], true
 }
 
-// Cost is the price of one usage event in micro-units (10⁻⁶) of the catalog's currency,
-// exact and rounded half up once. priced is false, and micros 0, for an empty or unknown
-// model, for a negative token count, and if the cost does not fit in an int64.
-// usage.Model is ignored: the caller passes the model it resolved.
+// Cost is CostAt now: the price of usage happening at the time of the call.
 func (c *Catalog) Cost(model string, u schema.UsageData) (micros int64, priced bool) {
-	p, ok := c.Lookup(model)
+	return c.CostAt(model, time.Now(), u)
+}
+
+// CostAt is the price of one usage event at time t, in micro-units (10⁻⁶) of the
+// catalog's currency, exact and rounded half up once. priced is false, and micros 0,
+// for an empty or unknown model, for t before the model's first effective time, for a
+// negative token count, and if the cost does not fit in an int64. usage.Model is
+// ignored: the caller passes the model it resolved.
+func (c *Catalog) CostAt(model string, t time.Time, u schema.UsageData) (micros int64, priced bool) {
+	p, ok := c.PriceAt(model, t)
 	if !ok {
 		return 0, false
 	}
+	return p.Cost(u)
+}
+
+// Cost is the price of one usage event at these prices (see CostAt).
+func (p Price) Cost(u schema.UsageData) (micros int64, priced bool) {
 	if u.InputTokens < 0 || u.OutputTokens < 0 || u.CacheReadTokens < 0 || u.CacheWriteTokens < 0 {
 		return 0, false
 	}

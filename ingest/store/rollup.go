@@ -70,7 +70,13 @@ type rollupRow struct {
 // at a time: FINAL reads every part in its range at once, and on 18.16 that costs
 // megabytes of buffers per part (a rebuild spanning 250 daily partitions was refused
 // at the 4 GiB memory limit); a day is a partition, so a query reads only its parts.
+//
+// The version of the rows written is the time just before the first read, as for the
+// days (RefreshDays): of two processes rebuilding one hour (ingest's rollup, and a
+// reprice job that has just rewritten the hour's usage), the one whose read started
+// later, and so saw every usage row written before it, wins, whichever writes last.
 func (s *Store) refreshOrg(ctx context.Context, org string, hours []time.Time) error {
+	version := uint64(time.Now().UnixNano())
 	var fresh []rollupRow
 	for start := 0; start < len(hours); {
 		end := start + 1
@@ -84,7 +90,7 @@ func (s *Store) refreshOrg(ctx context.Context, org string, hours []time.Time) e
 		fresh = append(fresh, rows...)
 		start = end
 	}
-	if err := s.sendRollup(ctx, org, fresh, uint64(time.Now().UnixNano())); err != nil {
+	if err := s.sendRollup(ctx, org, fresh, version); err != nil {
 		return err
 	}
 	days := make([]time.Time, 0, len(hours))
