@@ -74,6 +74,21 @@ func (r *Resolver) authorize(ctx context.Context, orgID *string, roles []keys.Ro
 	return k, org, nil
 }
 
+// authorizeKey checks the request's key for a field of roles that reads or changes
+// what every organization shares: orgId need not be given, even with a platform key,
+// and when given must be one the key may act on.
+func (r *Resolver) authorizeKey(ctx context.Context, orgID *string, roles []keys.Role) (keys.Key, error) {
+	if orgID == nil || *orgID == "" {
+		k, ok := r.auth.Lookup(ctx, tokenFrom(ctx))
+		if ok && k.Platform() {
+			star := keys.PlatformOrg
+			orgID = &star
+		}
+	}
+	k, _, err := r.authorize(ctx, orgID, roles)
+	return k, err
+}
+
 func roleList(roles []keys.Role) string {
 	s := make([]string, len(roles))
 	for i, r := range roles {

@@ -63,8 +63,10 @@ var (
 const pricesOff = "the price service"
 
 func (r *Resolver) upsertPrice(ctx context.Context, orgID *string, in model.PriceInput) (*model.Price, error) {
-	// Prices are the platform's: the key's organization is checked, orgId only as usual.
-	k, _, err := r.authorize(ctx, orgID, pricers)
+	// Prices are every organization's: orgId names none (a platform key need not give
+	// one; another organization's is refused as everywhere), and the price service
+	// admits platform keys only.
+	k, err := r.authorizeKey(ctx, orgID, pricers)
 	if err != nil {
 		return nil, r.fail(ctx, err)
 	}

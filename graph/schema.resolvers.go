@@ -7,6 +7,7 @@ package graph
 
 import (
 	"context"
+	"strings"
 	"time"
 
 	"github.com/bandplane/bandplane/graph/generated"
@@ -100,7 +101,13 @@ func (r *queryResolver) Costs(ctx context.Context, orgID *string, from time.Time
 		return nil, r.fail(ctx, err)
 	}
 	out := &model.CostReport{Rows: make([]model.CostRow, len(rep.Rows)), Truncated: rep.Truncated,
-		Totals: make([]model.CostTotal, len(rep.Totals)), Unpriced: make([]model.UnpricedModel, len(rep.Unpriced))}
+		Totals: make([]model.CostTotal, len(rep.Totals)), Unpriced: make([]model.UnpricedModel, len(rep.Unpriced)),
+		Repricing: make([]model.RepricingJob, len(rep.Repricing))}
+	for i, j := range rep.Repricing {
+		out.Repricing[i] = model.RepricingJob{ID: j.ID, State: model.JobState(strings.ToUpper(j.State)), From: j.From, To: j.To,
+			Cursor: optTime(j.Cursor), DaysDone: int(j.DaysDone), DaysTotal: int(j.DaysTotal)}
+		out.Provisional = out.Provisional || j.Provisional()
+	}
 	for i, row := range rep.Rows {
 		out.Rows[i] = costRow(row, q.GroupBy, &n)
 	}

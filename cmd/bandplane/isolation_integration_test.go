@@ -54,6 +54,7 @@ func TestIntegrationTenantIsolationFromSchema(t *testing.T) {
 		aKeys[r] = s.key(t, "alpha-"+string(r), a.org, r)
 	}
 	bAdmin := s.key(t, "bravo-admin", b.org, keys.RoleAdmin)
+	platformAdmin := s.key(t, "platform-admin", keys.PlatformOrg, keys.RoleAdmin)
 	srv := s.serve(t)
 	t.Logf("serve ready after %s", time.Since(began).Round(time.Millisecond))
 
@@ -78,6 +79,23 @@ func TestIntegrationTenantIsolationFromSchema(t *testing.T) {
 	}
 	a.addDecision(isoDecide(t, srv, router, a.coder.ID, b.room2, 0).DecisionID)
 	isoWaitStored(t, s, append(slices.Clone(a.events), b.events...))
+	// Each organization's budget (crossed live below) and a reprice job.
+	for _, tn := range []*isoTenant{a, b} {
+		admin := bAdmin
+		if tn == a {
+			admin = aKeys[keys.RoleAdmin]
+		}
+		ans := isoAsk(t, srv, admin, `mutation { setBudget(budget: {scope: AGENT, scopeId: "`+tn.coder.ID+`", period: DAY, tokens: 100000, mode: SOFT}) { id } }`)
+		require.Empty(t, ans.Errors, "%s", ans.raw)
+		var set struct{ SetBudget struct{ ID string } }
+		require.NoError(t, json.Unmarshal(ans.Data, &set))
+		tn.secret(set.SetBudget.ID)
+		ans = isoAsk(t, srv, admin, `mutation { reprice(from: "`+seedAt.Add(-time.Hour).Format(time.RFC3339)+`", to: "`+time.Now().UTC().Format(time.RFC3339)+`") { id } }`)
+		require.Empty(t, ans.Errors, "%s", ans.raw)
+		var job struct{ Reprice struct{ ID string } }
+		require.NoError(t, json.Unmarshal(ans.Data, &job))
+		tn.secret(job.Reprice.ID)
+	}
 	t.Logf("both organizations' data stored after %s", time.Since(began).Round(time.Millisecond))
 
 	// What each side must never see: everything of the other, except the ids A's own
@@ -98,10 +116,14 @@ func TestIntegrationTenantIsolationFromSchema(t *testing.T) {
 
 	exercised := map[string][]string{} // field -> checks done
 	problem := t.Errorf
-	var subs []isoField
+	var subs, muts []isoField
 	for _, f := range roots {
 		if f.op == "subscription" {
 			subs = append(subs, f)
+			continue
+		}
+		if f.op == "mutation" {
+			muts = append(muts, f) // part (d), after the subscriptions
 			continue
 		}
 		key := f.op + " " + f.Name
@@ -112,6 +134,8 @@ func TestIntegrationTenantIsolationFromSchema(t *testing.T) {
 
 		// Both sides have data for this field: B's admin sees B's, A's admin A's, in
 		// some variant (ingest's derived tables and the rollup may lag the events).
+		// A platform-wide field (the price catalog) carries nothing of either: both see
+		// the same, non-empty answer.
 		var bAnswers []isoAnswer
 		seen := stacktest.Eventually(t, 20*time.Second, 250*time.Millisecond, func() bool {
 			bAnswers = bAnswers[:0]
@@ -119,8 +143,14 @@ func TestIntegrationTenantIsolationFromSchema(t *testing.T) {
 			for _, v := range vs {
 				ans := isoAsk(t, srv, bAdmin, sch.document(f, v, ""))
 				bAnswers = append(bAnswers, ans)
+				aAns := isoAsk(t, srv, aKeys[keys.RoleAdmin], sch.document(f, v, ""))
+				if isoPlatformWide[f.Name] {
+					same := len(ans.Errors) == 0 && !ans.fieldNull(f.Name) && string(ans.Data) == string(aAns.Data) && !strings.Contains(string(ans.Data), "[]")
+					bSees, aSees = bSees || same, aSees || same
+					continue
+				}
 				bSees = bSees || isoFind(string(ans.Data), isoWithout(b.own, v.passed)) != ""
-				aSees = aSees || isoFind(string(isoAsk(t, srv, aKeys[keys.RoleAdmin], sch.document(f, v, "")).Data), isoWithout(a.own, v.passed)) != ""
+				aSees = aSees || isoFind(string(aAns.Data), isoWithout(a.own, v.passed)) != ""
 			}
 			return bSees && aSees
 		})
@@ -235,9 +265,6 @@ func TestIntegrationTenantIsolationFromSchema(t *testing.T) {
 		problem("B's tool call %s is no longer open for B's admin after A posted a result of the same id: %s", b.call, ans.raw)
 	}
 
-	if sch.MutationType == nil {
-		t.Log("the schema has no Mutation type")
-	}
 	t.Logf("queries checked after %s", time.Since(began).Round(time.Millisecond))
 
 	// (c) Subscriptions.
@@ -245,6 +272,10 @@ func TestIntegrationTenantIsolationFromSchema(t *testing.T) {
 		isoSubscriptions(t, srv, sch, subs, a, b, aKeys, bAdmin, platform, router, documented, exercised, problem)
 	}
 	t.Logf("subscriptions checked after %s", time.Since(began).Round(time.Millisecond))
+
+	// (d) Mutations.
+	isoMutationChecks(t, srv, muts, a, b, aKeys, bAdmin, platformAdmin, documented, exercised, problem)
+	t.Logf("mutations checked after %s", time.Since(began).Round(time.Millisecond))
 
 	want := map[string][]string{"query": {"data on both sides", "roles", "no orgId", "orgId B"}, "mutation": {"data on both sides", "roles", "no orgId", "orgId B"},
 		"subscription": {"roles", "orgId B", "live"}}
@@ -460,6 +491,10 @@ func isoSubscriptions(t *testing.T, srv *server, sch *isoSchema, subs []isoField
 	}
 }
 
+// isoPlatformWide are the fields whose answers are every organization's (the price
+// catalog): checked for roles and aiming, and for carrying nothing of either side.
+var isoPlatformWide = map[string]bool{"prices": true}
+
 // isoRoles are every role a key can have.
 var isoRoles = []keys.Role{keys.RoleIngest, keys.RoleRouter, keys.RoleViewer, keys.RoleManager, keys.RoleCompliance, keys.RoleOperator, keys.RoleAdmin}
 
@@ -620,6 +655,10 @@ func (tn *isoTenant) live(t *testing.T, srv *server, ingest, router string, at t
 	tn.addDecision(d.DecisionID)
 	ids = append(ids, d.DecisionID)
 	tn.liveIDs = append(tn.liveIDs, ids...)
+	// An estimate past the coder's soft budget: allowed, and budgetExceeded tells.
+	d = isoDecide(t, srv, router, tn.coder.ID, tn.room, 150_000)
+	require.True(t, d.Allow, "a soft budget never denies: %+v", d)
+	tn.addDecision(d.DecisionID)
 	return ids
 }
 

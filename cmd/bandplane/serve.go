@@ -333,7 +333,8 @@ func serve(ctx context.Context, log *slog.Logger, reg *prometheus.Registry, c se
 			hub.SeedTask(t.OrgID, t.Task)
 		}
 	}
-	gopts := []graph.Option{graph.WithLogger(log), graph.WithLimits(c.graphql), graph.WithAllowedHosts(hosts...), graph.WithHub(hub)}
+	gopts := []graph.Option{graph.WithLogger(log), graph.WithLimits(c.graphql), graph.WithAllowedHosts(hosts...), graph.WithHub(hub),
+		graph.WithPrices(prices.graphPrices(querier))}
 	if pol != nil {
 		gopts = append(gopts, graph.WithOperator(pol.api, cat.Currency()))
 	}
@@ -401,7 +402,7 @@ func serve(ctx context.Context, log *slog.Logger, reg *prometheus.Registry, c se
 		}
 	}
 	log.Info("serving", "addr", servers[0].ln.Addr().String(), "metrics_addr", c.metricsListen, "topic", c.stack.topic, "group", c.group,
-		"clickhouse", c.stack.ch.Addr, "database", c.stack.ch.Database, "catalog_version", cat.Version(), "sealing", sealer != nil)
+		"clickhouse", c.stack.ch.Addr, "database", c.stack.ch.Database, "catalog_version", prices.Service.CurrentVersion(), "sealing", sealer != nil)
 
 	// Workers stop in order: HTTP intake first, then the pipeline (the consumer flushes
 	// and commits, then the rollup catches up), the policy replica and the sealer (one

@@ -190,10 +190,12 @@ type ComplexityRoot struct {
 	}
 
 	CostReport struct {
-		Rows      func(childComplexity int) int
-		Totals    func(childComplexity int) int
-		Truncated func(childComplexity int) int
-		Unpriced  func(childComplexity int) int
+		Provisional func(childComplexity int) int
+		Repricing   func(childComplexity int) int
+		Rows        func(childComplexity int) int
+		Totals      func(childComplexity int) int
+		Truncated   func(childComplexity int) int
+		Unpriced    func(childComplexity int) int
 	}
 
 	CostRow struct {
@@ -310,6 +312,16 @@ type ComplexityRoot struct {
 		UnpricedModels  func(childComplexity int, orgID *string, from *time.Time, to *time.Time, limit *int) int
 		UsageSeries     func(childComplexity int, orgID *string, from time.Time, to time.Time, interval model.SeriesInterval, split *model.CostDimension, filter *model.CostFilter, limit *int) int
 		WorkStatus      func(childComplexity int, orgID *string, roomID *string) int
+	}
+
+	RepricingJob struct {
+		Cursor    func(childComplexity int) int
+		DaysDone  func(childComplexity int) int
+		DaysTotal func(childComplexity int) int
+		From      func(childComplexity int) int
+		ID        func(childComplexity int) int
+		State     func(childComplexity int) int
+		To        func(childComplexity int) int
 	}
 
 	Room struct {
@@ -1175,6 +1187,18 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 
 		return e.ComplexityRoot.ContactRequestStep.Time(childComplexity), true
 
+	case "CostReport.provisional":
+		if e.ComplexityRoot.CostReport.Provisional == nil {
+			break
+		}
+
+		return e.ComplexityRoot.CostReport.Provisional(childComplexity), true
+	case "CostReport.repricing":
+		if e.ComplexityRoot.CostReport.Repricing == nil {
+			break
+		}
+
+		return e.ComplexityRoot.CostReport.Repricing(childComplexity), true
 	case "CostReport.rows":
 		if e.ComplexityRoot.CostReport.Rows == nil {
 			break
@@ -1822,6 +1846,49 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 
 		return e.ComplexityRoot.Query.WorkStatus(childComplexity, args["orgId"].(*string), args["roomId"].(*string)), true
 
+	case "RepricingJob.cursor":
+		if e.ComplexityRoot.RepricingJob.Cursor == nil {
+			break
+		}
+
+		return e.ComplexityRoot.RepricingJob.Cursor(childComplexity), true
+	case "RepricingJob.daysDone":
+		if e.ComplexityRoot.RepricingJob.DaysDone == nil {
+			break
+		}
+
+		return e.ComplexityRoot.RepricingJob.DaysDone(childComplexity), true
+	case "RepricingJob.daysTotal":
+		if e.ComplexityRoot.RepricingJob.DaysTotal == nil {
+			break
+		}
+
+		return e.ComplexityRoot.RepricingJob.DaysTotal(childComplexity), true
+	case "RepricingJob.from":
+		if e.ComplexityRoot.RepricingJob.From == nil {
+			break
+		}
+
+		return e.ComplexityRoot.RepricingJob.From(childComplexity), true
+	case "RepricingJob.id":
+		if e.ComplexityRoot.RepricingJob.ID == nil {
+			break
+		}
+
+		return e.ComplexityRoot.RepricingJob.ID(childComplexity), true
+	case "RepricingJob.state":
+		if e.ComplexityRoot.RepricingJob.State == nil {
+			break
+		}
+
+		return e.ComplexityRoot.RepricingJob.State(childComplexity), true
+	case "RepricingJob.to":
+		if e.ComplexityRoot.RepricingJob.To == nil {
+			break
+		}
+
+		return e.ComplexityRoot.RepricingJob.To(childComplexity), true
+
 	case "Room.closed":
 		if e.ComplexityRoot.Room.Closed == nil {
 			break
@@ -2456,6 +2523,27 @@ type CostReport {
   totals: [CostTotal!]!
   "Usage without a price, by model, most events first."
   unpriced: [UnpricedModel!]!
+  """
+  Reprice jobs overlapping the range that have not repriced all of it. While one is
+  QUEUED or RUNNING the figures are provisional (some days at the new prices, the rest
+  at the old; each hour wholly at one or the other); after a FAILED or CANCELLED one,
+  the days from its cursor on keep their old prices. Empty: the figures are final.
+  """
+  repricing: [RepricingJob!]!
+  "True while a listed job may still change the figures."
+  provisional: Boolean!
+}
+
+"A reprice job a costs answer overlaps."
+type RepricingJob {
+  id: ID!
+  state: JobState!
+  from: Time!
+  to: Time!
+  "Every day before it is repriced (null: none yet)."
+  cursor: Time
+  daysDone: Int!
+  daysTotal: Int!
 }
 
 "Restricts costs and usageSeries to some owners, agents, rooms or models (each: any of the ids given)."
@@ -3354,6 +3442,10 @@ func (ec *executionContext) childFields_CostReport(ctx context.Context, field gr
 		return ec.fieldContext_CostReport_totals(ctx, field)
 	case "unpriced":
 		return ec.fieldContext_CostReport_unpriced(ctx, field)
+	case "repricing":
+		return ec.fieldContext_CostReport_repricing(ctx, field)
+	case "provisional":
+		return ec.fieldContext_CostReport_provisional(ctx, field)
 	}
 	return nil, fmt.Errorf("no field named %q was found under type CostReport", field.Name)
 }
@@ -3538,6 +3630,26 @@ func (ec *executionContext) childFields_Price(ctx context.Context, field graphql
 		return ec.fieldContext_Price_catalogVersion(ctx, field)
 	}
 	return nil, fmt.Errorf("no field named %q was found under type Price", field.Name)
+}
+
+func (ec *executionContext) childFields_RepricingJob(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "id":
+		return ec.fieldContext_RepricingJob_id(ctx, field)
+	case "state":
+		return ec.fieldContext_RepricingJob_state(ctx, field)
+	case "from":
+		return ec.fieldContext_RepricingJob_from(ctx, field)
+	case "to":
+		return ec.fieldContext_RepricingJob_to(ctx, field)
+	case "cursor":
+		return ec.fieldContext_RepricingJob_cursor(ctx, field)
+	case "daysDone":
+		return ec.fieldContext_RepricingJob_daysDone(ctx, field)
+	case "daysTotal":
+		return ec.fieldContext_RepricingJob_daysTotal(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type RepricingJob", field.Name)
 }
 
 func (ec *executionContext) childFields_Room(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
@@ -7521,6 +7633,61 @@ func (ec *executionContext) fieldContext_CostReport_unpriced(_ context.Context, 
 	return fc, nil
 }
 
+func (ec *executionContext) _CostReport_repricing(ctx context.Context, field graphql.CollectedField, obj *model.CostReport) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_CostReport_repricing(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Repricing, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v []model.RepricingJob) graphql.Marshaler {
+			return ec.marshalNRepricingJob2ᚕgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐRepricingJobᚄ(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_CostReport_repricing(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "CostReport",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_RepricingJob(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _CostReport_provisional(ctx context.Context, field graphql.CollectedField, obj *model.CostReport) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_CostReport_provisional(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Provisional, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v bool) graphql.Marshaler {
+			return ec.marshalNBoolean2bool(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_CostReport_provisional(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("CostReport", field, false, false, "Boolean")
+}
+
 func (ec *executionContext) _CostRow_ownerId(ctx context.Context, field graphql.CollectedField, obj *model.CostRow) (ret graphql.Marshaler) {
 	return graphql.ResolveField(
 		ctx,
@@ -10035,6 +10202,167 @@ func (ec *executionContext) fieldContext_Query___schema(_ context.Context, field
 		},
 	}
 	return fc, nil
+}
+
+func (ec *executionContext) _RepricingJob_id(ctx context.Context, field graphql.CollectedField, obj *model.RepricingJob) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_RepricingJob_id(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.ID, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNID2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_RepricingJob_id(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("RepricingJob", field, false, false, "ID")
+}
+
+func (ec *executionContext) _RepricingJob_state(ctx context.Context, field graphql.CollectedField, obj *model.RepricingJob) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_RepricingJob_state(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.State, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v model.JobState) graphql.Marshaler {
+			return ec.marshalNJobState2githubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐJobState(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_RepricingJob_state(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("RepricingJob", field, false, false, "JobState")
+}
+
+func (ec *executionContext) _RepricingJob_from(ctx context.Context, field graphql.CollectedField, obj *model.RepricingJob) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_RepricingJob_from(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.From, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v time.Time) graphql.Marshaler {
+			return ec.marshalNTime2timeᚐTime(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_RepricingJob_from(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("RepricingJob", field, false, false, "Time")
+}
+
+func (ec *executionContext) _RepricingJob_to(ctx context.Context, field graphql.CollectedField, obj *model.RepricingJob) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_RepricingJob_to(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.To, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v time.Time) graphql.Marshaler {
+			return ec.marshalNTime2timeᚐTime(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_RepricingJob_to(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("RepricingJob", field, false, false, "Time")
+}
+
+func (ec *executionContext) _RepricingJob_cursor(ctx context.Context, field graphql.CollectedField, obj *model.RepricingJob) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_RepricingJob_cursor(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Cursor, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *time.Time) graphql.Marshaler {
+			return ec.marshalOTime2ᚖtimeᚐTime(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_RepricingJob_cursor(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("RepricingJob", field, false, false, "Time")
+}
+
+func (ec *executionContext) _RepricingJob_daysDone(ctx context.Context, field graphql.CollectedField, obj *model.RepricingJob) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_RepricingJob_daysDone(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.DaysDone, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int) graphql.Marshaler {
+			return ec.marshalNInt2int(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_RepricingJob_daysDone(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("RepricingJob", field, false, false, "Int")
+}
+
+func (ec *executionContext) _RepricingJob_daysTotal(ctx context.Context, field graphql.CollectedField, obj *model.RepricingJob) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_RepricingJob_daysTotal(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.DaysTotal, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int) graphql.Marshaler {
+			return ec.marshalNInt2int(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_RepricingJob_daysTotal(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("RepricingJob", field, false, false, "Int")
 }
 
 func (ec *executionContext) _Room_id(ctx context.Context, field graphql.CollectedField, obj *model.Room) (ret graphql.Marshaler) {
@@ -13981,6 +14309,16 @@ func (ec *executionContext) _CostReport(ctx context.Context, sel ast.SelectionSe
 			if out.Values[i] == graphql.Null {
 				out.Invalids++
 			}
+		case "repricing":
+			out.Values[i] = ec._CostReport_repricing(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "provisional":
+			out.Values[i] = ec._CostReport_provisional(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
 		default:
 			panic("unknown field " + strconv.Quote(field.Name))
 		}
@@ -14745,6 +15083,69 @@ func (ec *executionContext) _Query(ctx context.Context, sel ast.SelectionSet) gr
 			})
 			if out.Values[i] == graphql.Null {
 				atomic.AddUint32(&out.Invalids, 1)
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
+var repricingJobImplementors = []string{"RepricingJob"}
+
+func (ec *executionContext) _RepricingJob(ctx context.Context, sel ast.SelectionSet, obj *model.RepricingJob) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, repricingJobImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("RepricingJob")
+		case "id":
+			out.Values[i] = ec._RepricingJob_id(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "state":
+			out.Values[i] = ec._RepricingJob_state(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "from":
+			out.Values[i] = ec._RepricingJob_from(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "to":
+			out.Values[i] = ec._RepricingJob_to(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "cursor":
+			out.Values[i] = ec._RepricingJob_cursor(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "daysDone":
+			out.Values[i] = ec._RepricingJob_daysDone(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "daysTotal":
+			out.Values[i] = ec._RepricingJob_daysTotal(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
 			}
 		default:
 			panic("unknown field " + strconv.Quote(field.Name))
@@ -16288,6 +16689,26 @@ func (ec *executionContext) marshalNPrice2ᚖgithubᚗcomᚋbandplaneᚋbandplan
 func (ec *executionContext) unmarshalNPriceInput2githubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐPriceInput(ctx context.Context, v any) (model.PriceInput, error) {
 	res, err := ec.unmarshalInputPriceInput(ctx, v)
 	return res, graphql.ErrorOnPath(ctx, err)
+}
+
+func (ec *executionContext) marshalNRepricingJob2githubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐRepricingJob(ctx context.Context, sel ast.SelectionSet, v model.RepricingJob) graphql.Marshaler {
+	return ec._RepricingJob(ctx, sel, &v)
+}
+
+func (ec *executionContext) marshalNRepricingJob2ᚕgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐRepricingJobᚄ(ctx context.Context, sel ast.SelectionSet, v []model.RepricingJob) graphql.Marshaler {
+	ret := graphql.MarshalSliceConcurrently(ctx, len(v), 0, false, func(ctx context.Context, i int) graphql.Marshaler {
+		fc := graphql.GetFieldContext(ctx)
+		fc.Result = &v[i]
+		return ec.marshalNRepricingJob2githubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐRepricingJob(ctx, sel, v[i])
+	})
+
+	for _, e := range ret {
+		if e == graphql.Null {
+			return graphql.Null
+		}
+	}
+
+	return ret
 }
 
 func (ec *executionContext) marshalNRoom2githubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐRoom(ctx context.Context, sel ast.SelectionSet, v model.Room) graphql.Marshaler {

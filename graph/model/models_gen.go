@@ -238,6 +238,13 @@ type CostReport struct {
 	Totals []CostTotal `json:"totals"`
 	// Usage without a price, by model, most events first.
 	Unpriced []UnpricedModel `json:"unpriced"`
+	// Reprice jobs overlapping the range that have not repriced all of it. While one is
+	// QUEUED or RUNNING the figures are provisional (some days at the new prices, the rest
+	// at the old; each hour wholly at one or the other); after a FAILED or CANCELLED one,
+	// the days from its cursor on keep their old prices. Empty: the figures are final.
+	Repricing []RepricingJob `json:"repricing"`
+	// True while a listed job may still change the figures.
+	Provisional bool `json:"provisional"`
 }
 
 // Usage and cost of one group. Only the fields of the requested dimensions are set;
@@ -379,6 +386,18 @@ type PriceInput struct {
 }
 
 type Query struct {
+}
+
+// A reprice job a costs answer overlaps.
+type RepricingJob struct {
+	ID    string    `json:"id"`
+	State JobState  `json:"state"`
+	From  time.Time `json:"from"`
+	To    time.Time `json:"to"`
+	// Every day before it is repriced (null: none yet).
+	Cursor    *time.Time `json:"cursor,omitempty"`
+	DaysDone  int        `json:"daysDone"`
+	DaysTotal int        `json:"daysTotal"`
 }
 
 // A room of the organization.

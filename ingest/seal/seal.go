@@ -75,6 +75,11 @@
 // watermark less Margin (or more than Margin in the future) — otherwise it is merely
 // not sealed yet.
 //
+// # Export
+//
+// GET /v1/audit/export takes a selection of the sealed trail away with the seals and
+// entries that prove it and a signed manifest: see ExportFormat (export.go).
+//
 // # Retention
 //
 // `bandplane retention` drops whole daily partitions of events and records each run's

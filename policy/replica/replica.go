@@ -247,7 +247,7 @@ func (r *Replica) usage(ev *schema.Event) error {
 		return nil
 	}
 	model := first(u.Model, a.Model)
-	cost, _ := r.cfg.Catalog.Current().Cost(model, u)
+	cost, _ := r.cfg.Catalog.Current().CostAt(model, ev.Time, u)
 	org := first(ev.OrgID, a.Org)
 	agent, owner := ev.Actor.ID, a.Owner
 	if a.Org != "" && org != a.Org {
