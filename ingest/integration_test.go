@@ -73,8 +73,9 @@ type sums struct {
 func (p *pipeline) sums() sums {
 	ctx := context.Background()
 	var s sums
-	// The simulator's events: the seals' own announcements (audit.sealed) are not among them.
-	require.NoError(p.t, p.conn.QueryRow(ctx, "SELECT count() FROM "+p.db+".events FINAL WHERE type != 'audit.sealed'").Scan(&s.Events))
+	// The simulator's events: bandplane's own (the seals' announcements, the price
+	// catalog's seeding by serve) are not among them.
+	require.NoError(p.t, p.conn.QueryRow(ctx, "SELECT count() FROM "+p.db+".events FINAL WHERE lower(source) NOT LIKE 'bandplane%'").Scan(&s.Events))
 	var cost, rcost decimal.Decimal
 	require.NoError(p.t, p.conn.QueryRow(ctx, `SELECT sum(input_tokens), sum(output_tokens), sum(cache_read_tokens),
 		sum(cache_write_tokens), sum(cost), countIf(priced = 0) FROM `+p.db+`.usage FINAL`).
