@@ -173,8 +173,8 @@ func (c *Charge) scopes() [4]scopeKey {
 }
 
 // Crossing is spend (actual plus reserved) of a budget reaching 80 % or 100 % of one of
-// its limits in the current period. Each upward crossing is reported once; a crossing
-// is reported again only after the spend fell back below it (a reservation expired).
+// its limits in the current period. Each threshold is reported once per period (and
+// again when the budget's limits change).
 type Crossing struct {
 	Budget         Budget    `json:"budget"`
 	Threshold      int       `json:"threshold"` // 80 | 100
@@ -240,7 +240,15 @@ type Ledger struct {
 	crossings chan Crossing
 	quiet     atomic.Bool
 	dropped   atomic.Uint64
+
+	rooms     atomic.Int64         // room counters held
+	untracked atomic.Uint64        // room spend not counted past MaxRoomCounters
+	deleted   map[string]time.Time // budget id -> deleted at (an hour), guarded by mu
 }
+
+// MaxRoomCounters bounds the rooms whose spend is counted without a budget on them
+// (each room costs a day and a month counter; room ids come from clients).
+const MaxRoomCounters = 200_000
 
 type scopeKey struct {
 	org   string
@@ -258,6 +266,7 @@ type counter struct {
 	period Period
 
 	mu                         sync.Mutex
+	dead                       bool  // swept: a holder of the pointer looks it up again
 	start                      int64 // current period start, Unix seconds
 	spentT, spentC, resT, resC int64
 	budgets                    []*budgetEntry
@@ -285,7 +294,7 @@ func NewLedger(ttl time.Duration) *Ledger {
 	}
 	return &Ledger{ttl: ttl, budgets: map[string]*budgetEntry{}, index: map[scopeKey][]*budgetEntry{},
 		reservations: map[string]*reservation{}, byExecution: map[string]*reservation{}, byAgent: map[string][]*reservation{},
-		perAgent:  map[string]int{},
+		perAgent: map[string]int{}, deleted: map[string]time.Time{},
 		crossings: make(chan Crossing, 1024)}
 }
 
@@ -307,9 +316,65 @@ func (l *Ledger) counter(k counterKey) *counter {
 	if v, ok := l.counters.Load(k); ok {
 		return v.(*counter)
 	}
-	v, _ := l.counters.LoadOrStore(k, &counter{seq: l.seq.Add(1), period: k.period})
+	if k.scope == ScopeRoom && l.rooms.Load() >= MaxRoomCounters {
+		// Room ids are the clients': past the cap, new rooms are not counted (a room
+		// with a budget always is: Set creates its counter).
+		l.untracked.Add(1)
+		return nil
+	}
+	v, loaded := l.counters.LoadOrStore(k, &counter{seq: l.seq.Add(1), period: k.period})
+	if !loaded && k.scope == ScopeRoom {
+		l.rooms.Add(1)
+	}
 	return v.(*counter)
 }
+
+// mustCounter is counter without the cap (for a budget's own counter).
+func (l *Ledger) mustCounter(k counterKey) *counter {
+	if v, ok := l.counters.Load(k); ok {
+		return v.(*counter)
+	}
+	v, loaded := l.counters.LoadOrStore(k, &counter{seq: l.seq.Add(1), period: k.period})
+	if !loaded && k.scope == ScopeRoom {
+		l.rooms.Add(1)
+	}
+	return v.(*counter)
+}
+
+// Sweep forgets the counters of periods that are over, without a budget or a
+// reservation: their spend can no longer count. It returns how many it removed.
+func (l *Ledger) Sweep(now time.Time) (removed int) {
+	l.mu.RLock() // not while a budget is being attached to a counter (Set)
+	l.counters.Range(func(k, v any) bool {
+		c := v.(*counter)
+		c.mu.Lock()
+		idle := c.start < PeriodStart(c.period, now).Unix() && len(c.budgets) == 0 && c.resT == 0 && c.resC == 0
+		if idle {
+			c.dead = true
+		}
+		c.mu.Unlock()
+		if idle && l.counters.CompareAndDelete(k, v) {
+			removed++
+			if k.(counterKey).scope == ScopeRoom {
+				l.rooms.Add(-1)
+			}
+		}
+		return true
+	})
+	l.mu.RUnlock()
+	l.mu.Lock()
+	for id, at := range l.deleted {
+		if now.Sub(at) > time.Hour {
+			delete(l.deleted, id)
+		}
+	}
+	l.mu.Unlock()
+	return removed
+}
+
+// Untracked is how often a room's spend was not counted because MaxRoomCounters rooms
+// already were.
+func (l *Ledger) Untracked() uint64 { return l.untracked.Load() }
 
 // roll moves c to the period starting at start when that is later than c's; it reports
 // whether start is c's period now (false: start is an earlier period, which is over).
@@ -336,22 +401,41 @@ func satAdd(a, b int64) int64 {
 // is now in force.
 func (l *Ledger) Set(b Budget, now time.Time) bool {
 	l.mu.Lock()
+	defer l.mu.Unlock()
 	old, ok := l.budgets[b.ID]
 	if ok && old.b.UpdatedAt.After(b.UpdatedAt) {
-		l.mu.Unlock()
 		return false
 	}
+	if at, gone := l.deleted[b.ID]; gone && !b.UpdatedAt.After(at) {
+		return false // a replay of a change the deletion came after
+	}
+	delete(l.deleted, b.ID)
 	sk := scopeKey{b.Org, b.Scope, b.ScopeID}
-	c := l.counter(counterKey{sk, b.Period})
+	c := l.mustCounter(counterKey{sk, b.Period})
+	for { // a counter swept meanwhile is replaced by a fresh one
+		c.mu.Lock()
+		dead := c.dead
+		c.mu.Unlock()
+		if !dead {
+			break
+		}
+		c = l.mustCounter(counterKey{sk, b.Period})
+	}
 	e := &budgetEntry{b: b, c: c}
+	level := 0
 	if ok {
+		c.mu.Lock()
+		if old.b.Tokens == b.Tokens && old.b.CostMicros == b.CostMicros {
+			level = old.level // the same limits again (a replica re-applying it): no new crossing
+		}
+		c.mu.Unlock()
 		l.detach(old)
 	}
 	l.budgets[b.ID] = e
 	l.index[sk] = append(l.index[sk], e)
-	l.mu.Unlock()
 	c.mu.Lock()
 	c.roll(PeriodStart(b.Period, now).Unix())
+	e.level = level
 	c.budgets = append(c.budgets, e)
 	l.check(c, now)
 	c.mu.Unlock()
@@ -368,6 +452,7 @@ func (l *Ledger) Delete(id string, at time.Time) bool {
 	}
 	l.detach(e)
 	delete(l.budgets, id)
+	l.deleted[id] = at
 	return true
 }
 
@@ -487,6 +572,17 @@ type Reservation struct {
 // nothing; it is denied only by a limit already reached. id names the reservation
 // (the decision id).
 func (l *Ledger) Reserve(id string, ch Charge, execution string, def DefaultLimits, now time.Time) (*Reservation, *BudgetDenial) {
+	for {
+		r, deny, swept := l.reserve(id, ch, execution, def, now)
+		if !swept {
+			return r, deny
+		}
+	}
+}
+
+// reserve is Reserve once; swept says a counter it locked had just been swept (try
+// again: the next lookup makes a fresh one).
+func (l *Ledger) reserve(id string, ch Charge, execution string, def DefaultLimits, now time.Time) (*Reservation, *BudgetDenial, bool) {
 	var lims [16]limit
 	n := 0
 	l.mu.RLock()
@@ -494,16 +590,14 @@ func (l *Ledger) Reserve(id string, ch Charge, execution string, def DefaultLimi
 		if sk.id == "" {
 			continue
 		}
-		dayBudget := false
 		for _, e := range l.index[sk] {
 			if n == len(lims) {
 				break
 			}
 			lims[n] = limit{c: e.c, tokens: e.b.Tokens, cost: e.b.CostMicros, hard: e.b.Hard, what: e.b.ID}
 			n++
-			dayBudget = dayBudget || e.b.Period == PeriodDay
 		}
-		if dayBudget || n == len(lims) {
+		if n == len(lims) {
 			continue
 		}
 		var t, c int64
@@ -516,14 +610,14 @@ func (l *Ledger) Reserve(id string, ch Charge, execution string, def DefaultLimi
 			t, c = def.OrgTokens, def.OrgCost
 		}
 		if t > 0 || c > 0 {
-			lims[n] = limit{c: l.counter(counterKey{sk, PeriodDay}), tokens: t, cost: c, hard: true,
+			lims[n] = limit{c: l.mustCounter(counterKey{sk, PeriodDay}), tokens: t, cost: c, hard: true,
 				what: "the daily quota of " + string(sk.scope) + " " + sk.id}
 			n++
 		}
 	}
 	l.mu.RUnlock()
 	if n == 0 {
-		return nil, nil
+		return nil, nil, false
 	}
 	// The distinct counters, locked in creation order (no deadlock between decisions).
 	var cs [16]*counter
@@ -535,14 +629,20 @@ func (l *Ledger) Reserve(id string, ch Charge, execution string, def DefaultLimi
 		}
 	}
 	slices.SortFunc(cs[:m], func(a, b *counter) int { return cmp.Compare(a.seq, b.seq) })
+	swept := false
 	for _, c := range cs[:m] {
 		c.mu.Lock()
+		swept = swept || c.dead
 		c.roll(PeriodStart(c.period, now).Unix())
 	}
 	unlock := func() {
 		for _, c := range cs[:m] {
 			c.mu.Unlock()
 		}
+	}
+	if swept {
+		unlock()
+		return nil, nil, true
 	}
 	for _, lm := range lims[:n] {
 		if !lm.hard {
@@ -551,24 +651,29 @@ func (l *Ledger) Reserve(id string, ch Charge, execution string, def DefaultLimi
 		c := lm.c
 		if over(satAdd(c.spentT, c.resT), ch.Tokens, lm.tokens) {
 			unlock()
-			return nil, l.denial(lm, "tokens", c.spentT, c.resT, lm.tokens, now)
+			return nil, l.denial(lm, "tokens", c.spentT, c.resT, lm.tokens, now), false
 		}
 		if over(satAdd(c.spentC, c.resC), ch.CostMicros, lm.cost) {
 			unlock()
-			return nil, l.denial(lm, "cost micros", c.spentC, c.resC, lm.cost, now)
+			return nil, l.denial(lm, "cost micros", c.spentC, c.resC, lm.cost, now), false
 		}
 	}
 	if ch.Tokens <= 0 && ch.CostMicros <= 0 {
 		unlock()
-		return nil, nil
+		return nil, nil, false
 	}
+	// Taken before reserving (given back if it is not kept), so that decisions of one
+	// agent on disjoint counters cannot pass the cap together.
 	l.resMu.Lock()
 	held := l.perAgent[ch.Agent]
+	if held < MaxReservationsPerAgent {
+		l.perAgent[ch.Agent]++
+	}
 	l.resMu.Unlock()
 	if held >= MaxReservationsPerAgent {
 		unlock()
 		return nil, &BudgetDenial{RetryAfter: time.Second, Message: fmt.Sprintf(
-			"agent %s holds %d unsettled reservations, the most it may: wait for their usage reports (by execution_id) or their expiry", ch.Agent, held)}
+			"agent %s holds %d unsettled reservations, the most it may: wait for their usage reports (by execution_id) or their expiry", ch.Agent, held)}, false
 	}
 	r := &reservation{id: id, agent: ch.Agent, execution: execution, tokens: max(ch.Tokens, 0), cost: max(ch.CostMicros, 0),
 		expires: now.Add(l.ttl), counters: make([]*counter, m), starts: make([]int64, m)}
@@ -580,7 +685,6 @@ func (l *Ledger) Reserve(id string, ch Charge, execution string, def DefaultLimi
 	unlock()
 	l.resMu.Lock()
 	l.reservations[id] = r
-	l.perAgent[ch.Agent]++
 	if execution != "" {
 		if old := l.byExecution[ch.Agent+"\x00"+execution]; old != nil {
 			// A second decision of one execution: the usage report settles both.
@@ -592,7 +696,7 @@ func (l *Ledger) Reserve(id string, ch Charge, execution string, def DefaultLimi
 		l.byAgent[ch.Agent] = append(l.byAgent[ch.Agent], r)
 	}
 	l.resMu.Unlock()
-	return &Reservation{ID: id, Expires: r.expires}, nil
+	return &Reservation{ID: id, Expires: r.expires}, nil, false
 }
 
 func (l *Ledger) denial(lm limit, measure string, spent, reserved, max int64, now time.Time) *BudgetDenial {
@@ -654,18 +758,34 @@ func (l *Ledger) release(r *reservation, now time.Time) {
 // without one (or none reserved under it) the agent's oldest reservation without an
 // execution. Usage of a period already over counts nowhere.
 func (l *Ledger) Spend(ch Charge, execution string, at, now time.Time) {
+	if at.After(now) {
+		// Usage stamped ahead of this clock (a sender's clock, the collector's allowed
+		// skew) counts now: it must never move a counter into a period not begun, which
+		// would forget the current one's spend.
+		at = now
+	}
 	for _, sk := range ch.scopes() {
 		if sk.id == "" {
 			continue
 		}
 		for _, p := range Periods {
-			c := l.counter(counterKey{sk, p})
-			c.mu.Lock()
-			if c.roll(PeriodStart(p, at).Unix()) {
-				c.spentT, c.spentC = satAdd(c.spentT, max(ch.Tokens, 0)), satAdd(c.spentC, max(ch.CostMicros, 0))
-				l.check(c, now)
+			for {
+				c := l.counter(counterKey{sk, p})
+				if c == nil {
+					break
+				}
+				c.mu.Lock()
+				if c.dead { // swept meanwhile: a fresh one
+					c.mu.Unlock()
+					continue
+				}
+				if c.roll(PeriodStart(p, at).Unix()) {
+					c.spentT, c.spentC = satAdd(c.spentT, max(ch.Tokens, 0)), satAdd(c.spentC, max(ch.CostMicros, 0))
+					l.check(c, now)
+				}
+				c.mu.Unlock()
+				break
 			}
-			c.mu.Unlock()
 		}
 	}
 	if ch.Agent == "" {
@@ -683,7 +803,7 @@ func (l *Ledger) Spend(ch Charge, execution string, at, now time.Time) {
 			}
 		}
 	}
-	if len(settled) == 0 {
+	if len(settled) == 0 && execution == "" {
 		for _, o := range l.byAgent[ch.Agent] {
 			if o.execution == "" {
 				settled = append(settled, l.take(o))
@@ -752,9 +872,8 @@ func (l *Ledger) check(c *counter, now time.Time) {
 				level = 80
 			}
 		}
-		if level < e.level {
-			e.level = level // fell back: the next rise is a new crossing
-			continue
+		if level <= e.level {
+			continue // each threshold is reported once per period (roll resets the levels)
 		}
 		for _, t := range []int{80, 100} {
 			if e.level < t && level >= t {
@@ -781,12 +900,17 @@ func (l *Ledger) report(x Crossing) {
 func (l *Ledger) Run(ctx context.Context, every time.Duration) {
 	t := time.NewTicker(every)
 	defer t.Stop()
+	var swept time.Time
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case now := <-t.C:
 			l.Expire(now)
+			if now.Sub(swept) >= time.Minute {
+				l.Sweep(now)
+				swept = now
+			}
 		}
 	}
 }

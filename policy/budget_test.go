@@ -173,9 +173,15 @@ func TestLedgerCrossingsOncePerCrossing(t *testing.T) {
 	_, deny = l.Reserve("d2", Charge{Org: "org-a", Agent: "a", Tokens: 16}, "", DefaultLimits{}, day0)
 	require.Nil(t, deny)
 	assert.Equal(t, []int{100}, thresholds())
-	l.Expire(day0.Add(time.Minute)) // back to 84: below 100, the next rise is a new crossing
+	l.Expire(day0.Add(time.Minute)) // back to 84, then up again: reported once per day only
 	l.Spend(Charge{Org: "org-a", Agent: "a", Tokens: 50}, "", day0, day0)
-	assert.Equal(t, []int{100}, thresholds())
+	assert.Empty(t, thresholds())
+	l.Set(b, day0) // the same budget again (a replica re-applying it): no new crossing
+	assert.Empty(t, thresholds())
+	changed := b
+	changed.Tokens, changed.UpdatedAt = 120, day0.Add(time.Second)
+	l.Set(changed, day0) // new limits: 134 of 120 crosses both again
+	assert.Equal(t, []int{80, 100}, thresholds())
 	l.Spend(Charge{Org: "org-a", Agent: "a", Tokens: 1}, "", day0.AddDate(0, 0, 1), day0.AddDate(0, 0, 1))
 	assert.Empty(t, thresholds(), "a new day starts below every threshold")
 	l.Quiet(true)
@@ -183,21 +189,58 @@ func TestLedgerCrossingsOncePerCrossing(t *testing.T) {
 	assert.Empty(t, thresholds(), "quiet while bootstrapping")
 }
 
-func TestLedgerDayBudgetReplacesDefault(t *testing.T) {
+func TestLedgerDefaultsAlwaysApply(t *testing.T) {
 	l := NewLedger(0)
-	def := DefaultLimits{AgentTokens: 10}
-	_, deny := l.Reserve("d1", Charge{Org: "org-a", Agent: "a", Tokens: 11}, "", def, day0)
+	def := DefaultLimits{AgentTokens: 30}
+	_, deny := l.Reserve("d1", Charge{Org: "org-a", Agent: "a", Tokens: 31}, "", def, day0)
 	require.NotNil(t, deny)
 	assert.Contains(t, deny.Message, "the daily quota of agent a")
-	l.Set(budget(t, ScopeAgent, "a", PeriodDay, 1000, 0, true), day0)
-	_, deny = l.Reserve("d2", Charge{Org: "org-a", Agent: "a", Tokens: 11}, "", def, day0)
-	assert.Nil(t, deny, "a day budget of the agent replaces the default")
+	l.Set(budget(t, ScopeAgent, "a", PeriodDay, 1_000_000, 0, false), day0)
+	_, deny = l.Reserve("d2", Charge{Org: "org-a", Agent: "a", Tokens: 31}, "", def, day0)
+	assert.NotNil(t, deny, "a budget only tightens what the policy data allows: a manager cannot lift the platform's quota")
 	l.Set(budget(t, ScopeAgent, "a", PeriodMonth, 20, 0, true), day0)
 	_, deny = l.Reserve("d3", Charge{Org: "org-a", Agent: "a", Tokens: 11}, "", def, day0)
 	require.Nil(t, deny)
 	_, deny = l.Reserve("d4", Charge{Org: "org-a", Agent: "a", Tokens: 11}, "", def, day0)
 	require.NotNil(t, deny, "the month budget counts too")
 	assert.Contains(t, deny.Message, "this month")
+}
+
+func TestLedgerFutureUsageCountsNow(t *testing.T) {
+	l := NewLedger(0)
+	l.Set(budget(t, ScopeOrg, "", PeriodDay, 1000, 0, true), day0)
+	l.Spend(Charge{Org: "org-a", Tokens: 900}, "", day0, day0)
+	late := day0.Add(14*time.Hour - time.Minute)                                  // 23:59
+	l.Spend(Charge{Org: "org-a", Tokens: 50}, "", late.Add(30*time.Minute), late) // stamped tomorrow 00:29
+	spent, _, _, _ := l.Spent("org-a", ScopeOrg, "org-a", PeriodDay, late)
+	assert.Equal(t, int64(950), spent, "usage ahead of the clock counts today and never resets today's spend")
+	_, deny := l.Reserve("d", Charge{Org: "org-a", Tokens: 100}, "", DefaultLimits{}, late)
+	assert.NotNil(t, deny)
+}
+
+func TestLedgerSettlesOnlyItsOwnExecution(t *testing.T) {
+	l := NewLedger(0)
+	l.Set(budget(t, ScopeAgent, "a", PeriodDay, 1000, 0, true), day0)
+	_, deny := l.Reserve("d1", Charge{Org: "org-a", Agent: "a", Tokens: 500}, "", DefaultLimits{}, day0)
+	require.Nil(t, deny)
+	l.Spend(Charge{Org: "org-a", Agent: "a", Tokens: 10}, "exec-elsewhere", day0, day0)
+	_, _, res, _ := l.Spent("org-a", ScopeAgent, "a", PeriodDay, day0)
+	assert.Equal(t, int64(500), res, "usage of another execution does not release this reservation")
+}
+
+func TestLedgerSweepsEndedPeriodsAndRemembersDeletions(t *testing.T) {
+	l := NewLedger(0)
+	b := budget(t, ScopeAgent, "a", PeriodDay, 1000, 0, true)
+	l.Set(b, day0)
+	l.Spend(Charge{Org: "org-a", Owner: "u", Agent: "a", Room: "r", Tokens: 5}, "", day0, day0)
+	next := day0.AddDate(0, 0, 1)
+	removed := l.Sweep(next)
+	assert.Equal(t, 3, removed, "yesterday's day counters of org, owner and room; not the agent's (it has a budget), nor the month's")
+	assert.True(t, l.Delete(b.ID, day0.Add(time.Minute)))
+	assert.False(t, l.Set(b, day0), "a replay of the budget's set after its deletion does not bring it back")
+	newer := b
+	newer.UpdatedAt = day0.Add(2 * time.Minute)
+	assert.True(t, l.Set(newer, day0), "a later set does")
 }
 
 func TestLedgerSetAndDeleteFollowTime(t *testing.T) {

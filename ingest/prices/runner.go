@@ -155,6 +155,11 @@ func (s *Service) work(ctx context.Context, rs *runState) error {
 	j := rs.job
 	rs.mu.Unlock()
 	if j.CatalogVersion == 0 { // pinned at the first start: a resumed job keeps its prices
+		// The newest version stored, not this process's copy (refreshed every 2 s): a
+		// price set through another process just before must be the one applied.
+		if err := s.Refresh(ctx); err != nil {
+			return fmt.Errorf("cannot read the newest price catalog before repricing: %w", err)
+		}
 		j.CatalogVersion = s.CurrentVersion()
 		if j.CatalogVersion == 0 {
 			return errors.New("the price catalog is not stored in ClickHouse yet")

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	mrand "math/rand/v2"
 	"net/url"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -452,6 +453,35 @@ func TestExportVerifyHostileFiles(t *testing.T) {
 			}
 		})
 	}
+	t.Run("a seal of no entries", func(t *testing.T) {
+		// A seal record that claims 0 events, with the root of no entries: a seal
+		// problem, never an index out of range.
+		var sealLine []byte
+		for _, l := range lines(f.build(t, EncodingNDJSON)) {
+			if bytes.Contains(l, []byte(`"kind":"seal"`)) {
+				sealLine = l
+				break
+			}
+		}
+		require.NotNil(t, sealLine)
+		forged := regexp.MustCompile(`"events":[0-9]+`).ReplaceAll(bytes.TrimRight(sealLine, "\n"), []byte(`"events":0`))
+		forged = regexp.MustCompile(`"root":"[0-9a-f]+"`).ReplaceAll(forged, []byte(`"root":"`+Root(nil)+`"`))
+		require.NotEqual(t, bytes.TrimRight(sealLine, "\n"), forged)
+		ls := lines(f.build(t, EncodingNDJSON))
+		var out [][]byte
+		for _, l := range ls {
+			switch {
+			case bytes.Contains(l, []byte(`"kind":"seal"`)):
+				out = append(out, append(forged, '\n'))
+			case bytes.Contains(l, []byte(`"kind":"entry"`)):
+			default:
+				out = append(out, l)
+			}
+		}
+		rep := verifyBytes(t, join(out), f.pub(), 0)
+		require.False(t, rep.OK())
+		assert.NotEmpty(t, problemsOf(rep, ExportSeal), "%+v", rep.Problems)
+	})
 	t.Run("many problems", func(t *testing.T) {
 		// Every event line dropped: one problem each, listed up to the cap.
 		g := newExportFixture(t, 0)

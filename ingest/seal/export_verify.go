@@ -779,6 +779,8 @@ func (v *exportVerifier) finishSeal(o *openSeal) {
 		fail(fmt.Sprintf("more than %d entries", MaxSealEntries))
 	case o.corrupt > 0:
 		fail(fmt.Sprintf("%d of its entries are not readable", o.corrupt))
+	case len(o.entries) == 0:
+		fail("it covers no entries (a seal is made for one event at least)")
 	case Root(o.entries) != s.Root:
 		fail("its entries do not match its root")
 	default:

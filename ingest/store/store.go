@@ -98,13 +98,15 @@ func (s *Store) BatchInsert(ctx context.Context, b *Batch) error {
 	if err := s.insertBudgets(ctx, BudgetsOf(b.Events)); err != nil {
 		return err
 	}
+	// Usage before the events too: a policy replica bootstrapping in between sums the
+	// usage of stored events only, and reads the rest from the stream.
+	if err := s.InsertUsage(ctx, b.Usage); err != nil {
+		return err
+	}
 	if err := s.insertEvents(ctx, b.Events, b.IngestedAt); err != nil {
 		return err
 	}
 	if err := s.insertWork(ctx, WorkOf(b.Events)); err != nil {
-		return err
-	}
-	if err := s.InsertUsage(ctx, b.Usage); err != nil {
 		return err
 	}
 	return s.insertDeadLetters(ctx, b.DeadLetters)

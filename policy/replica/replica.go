@@ -11,8 +11,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"log/slog"
+	"maps"
 	"math"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -72,8 +76,11 @@ type Replica struct {
 	// orphans is usage of agents the directory does not know yet (registrations and
 	// usage travel on different partitions, so usage may come first), applied when the
 	// agent registers; at most MaxOrphans events.
-	orphans  map[string][]schema.Event
-	norphans int
+	orphans    map[string][]usage
+	norphans   int
+	orphanOrgs map[string]int
+
+	recent recentIDs // usage event ids applied lately
 }
 
 // MaxOrphans bounds the usage events kept for agents not registered yet; beyond it,
@@ -91,7 +98,7 @@ func New(cfg Config) (*Replica, error) {
 		cfg.Now = time.Now
 	}
 	return &Replica{cfg: cfg, log: cfg.Logger.With("component", "policy-replica"), requests: map[string][2]string{},
-		orphans: map[string][]schema.Event{}}, nil
+		orphans: map[string][]usage{}, orphanOrgs: map[string]int{}}, nil
 }
 
 // Apply changes the directory (or the spend) for one event. Events of other types are
@@ -232,7 +239,8 @@ func (r *Replica) contactRequest(ctx context.Context, ev *schema.Event) error {
 }
 
 // usage adds usage of the current day and month to the spend the send_message budgets
-// read, and settles the reservation of its execution.
+// read, and settles the reservation of its execution. An event seen again (a client's
+// retried POST, a redelivery) counts once.
 func (r *Replica) usage(ev *schema.Event) error {
 	now := r.cfg.Now().UTC()
 	if ev.Time.Before(policy.PeriodStart(policy.PeriodMonth, now)) {
@@ -242,50 +250,131 @@ func (r *Replica) usage(ev *schema.Event) error {
 	if err := unmarshal(ev, &u); err != nil {
 		return err
 	}
-	a, known := r.cfg.Directory.Agent(ev.Actor.ID)
-	if !known && ev.Actor.ID != "" && r.orphan(ev) {
+	if r.recent.seen(ev.ID) {
 		return nil
 	}
+	u.Extra = nil
+	r.charge(usage{id: ev.ID, at: ev.Time, org: ev.OrgID, room: ev.RoomID, agent: ev.Actor.ID, execution: ev.ExecutionID, data: u}, now)
+	return nil
+}
+
+// usage is what the ledger needs of a usage report (kept for an agent not registered
+// yet without the report's unknown fields).
+type usage struct {
+	id, org, room, agent, execution string
+	at                              time.Time
+	data                            schema.UsageData
+}
+
+func (r *Replica) charge(o usage, now time.Time) {
+	a, known := r.cfg.Directory.Agent(o.agent)
+	if !known && o.agent != "" && r.orphan(o, now) {
+		return
+	}
+	u := o.data
 	model := first(u.Model, a.Model)
-	cost, _ := r.cfg.Catalog.Current().CostAt(model, ev.Time, u)
-	org := first(ev.OrgID, a.Org)
-	agent, owner := ev.Actor.ID, a.Owner
+	cost, _ := r.cfg.Catalog.Current().CostAt(model, o.at, u)
+	org := first(o.org, a.Org)
+	agent, owner := o.agent, a.Owner
 	if a.Org != "" && org != a.Org {
 		// Usage stamped with another organization than the agent's registration (an
 		// org-scoped ingest key writing as an agent it does not own) counts against that
 		// organization only, never against the agent's or its owner's budgets.
 		agent, owner = "", ""
 	}
-	r.cfg.Ledger.Spend(policy.Charge{Org: org, Owner: owner, Agent: agent, Room: ev.RoomID,
+	r.cfg.Ledger.Spend(policy.Charge{Org: org, Owner: owner, Agent: agent, Room: o.room,
 		Tokens: u.InputTokens + u.OutputTokens + u.CacheReadTokens + u.CacheWriteTokens, CostMicros: cost},
-		ev.ExecutionID, ev.Time, now)
-	return nil
+		o.execution, o.at, now)
 }
 
-// orphan keeps usage of an unknown agent for when it registers; false when full.
-func (r *Replica) orphan(ev *schema.Event) bool {
+// MaxOrphansPerOrg bounds the usage kept for one organization's unregistered agents,
+// so that one organization cannot fill the buffer for every other; kept usage older
+// than OrphanTTL is dropped (its agent never registered).
+const (
+	MaxOrphansPerOrg = 1_000
+	OrphanTTL        = time.Hour
+)
+
+// orphan keeps usage of an unknown agent for when it registers; false when full (then
+// it counts at once, against its organization only).
+func (r *Replica) orphan(o usage, now time.Time) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.norphans >= MaxOrphans {
+	if r.norphans >= MaxOrphans/2 {
+		for agent, list := range r.orphans { // forget what waited too long
+			kept := slices.DeleteFunc(list, func(x usage) bool { return now.Sub(x.at) > OrphanTTL })
+			r.norphans -= len(list) - len(kept)
+			r.orphanOrgs[orgOf(list)] -= len(list) - len(kept)
+			if len(kept) == 0 {
+				delete(r.orphans, agent)
+			} else {
+				r.orphans[agent] = kept
+			}
+		}
+	}
+	if r.norphans >= MaxOrphans || r.orphanOrgs[o.org] >= MaxOrphansPerOrg {
 		return false
 	}
-	r.orphans[ev.Actor.ID] = append(r.orphans[ev.Actor.ID], *ev)
+	r.orphans[o.agent] = append(r.orphans[o.agent], o)
 	r.norphans++
+	r.orphanOrgs[o.org]++
 	return true
+}
+
+func orgOf(list []usage) string {
+	if len(list) == 0 {
+		return ""
+	}
+	return list[0].org
 }
 
 // adopt applies the usage kept for agent, now registered.
 func (r *Replica) adopt(agent string) {
 	r.mu.Lock()
-	evs := r.orphans[agent]
+	list := r.orphans[agent]
 	delete(r.orphans, agent)
-	r.norphans -= len(evs)
-	r.mu.Unlock()
-	for i := range evs {
-		if err := r.usage(&evs[i]); err != nil {
-			r.log.Warn("cannot apply usage kept for an agent that registered after it", "event_id", evs[i].ID, "err", err)
-		}
+	r.norphans -= len(list)
+	for _, o := range list {
+		r.orphanOrgs[o.org]--
 	}
+	r.mu.Unlock()
+	now := r.cfg.Now().UTC()
+	for _, o := range list {
+		r.charge(o, now)
+	}
+}
+
+// recentIDs remembers the last recentSize usage event ids (as 64-bit hashes).
+type recentIDs struct {
+	mu   sync.Mutex
+	set  map[uint64]struct{}
+	ring []uint64
+	next int
+}
+
+const recentSize = 100_000
+
+func (s *recentIDs) seen(id string) bool {
+	h := fnv.New64a()
+	h.Write([]byte(id))
+	k := h.Sum64()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.set == nil {
+		s.set, s.ring = make(map[uint64]struct{}, recentSize), make([]uint64, 0, recentSize)
+	}
+	if _, ok := s.set[k]; ok {
+		return true
+	}
+	if len(s.ring) < recentSize {
+		s.ring = append(s.ring, k)
+	} else {
+		delete(s.set, s.ring[s.next])
+		s.ring[s.next] = k
+		s.next = (s.next + 1) % recentSize
+	}
+	s.set[k] = struct{}{}
+	return false
 }
 
 func unmarshal(ev *schema.Event, v any) error {
@@ -332,6 +421,13 @@ func (r *Replica) Bootstrap(ctx context.Context) (map[int]int64, error) {
 	}
 	db, conn := r.cfg.Database, r.cfg.Conn
 	start := time.Now()
+	// The offsets first: what is stored after them is read again from the stream, and
+	// every change applied below is safe to apply twice, except usage, whose sum reads
+	// only the events before them.
+	offsets, err := r.storedOffsets(ctx)
+	if err != nil {
+		return nil, err
+	}
 	rows, err := conn.Query(ctx, `SELECT id, type, time, time_ms, org_id, room_id, actor_id, toString(actor_type), actor_handle,
 		subject_id, subject_type, subject_handle, data
 		FROM `+db+`.events FINAL WHERE has(?, type) ORDER BY time, time_ms, kafka_partition, kafka_offset`, schema.GovernanceTypes)
@@ -368,9 +464,16 @@ func (r *Replica) Bootstrap(ctx context.Context) (map[int]int64, error) {
 	if err := r.bootstrapBudgets(ctx); err != nil {
 		return nil, err
 	}
-	if err := r.bootstrapSpend(ctx); err != nil {
+	if err := r.bootstrapSpend(ctx, offsets); err != nil {
 		return nil, err
 	}
+	r.log.Info("directory bootstrapped from clickhouse", "governance_events", n, "took", time.Since(start).String(), "resume_offsets", fmt.Sprint(offsets))
+	return offsets, nil
+}
+
+// storedOffsets is, per partition, the offset after the last record ClickHouse holds.
+func (r *Replica) storedOffsets(ctx context.Context) (map[int]int64, error) {
+	db, conn := r.cfg.Database, r.cfg.Conn
 	offsets := map[int]int64{}
 	orows, err := conn.Query(ctx, "SELECT kafka_partition, max(kafka_offset) FROM "+db+".events GROUP BY kafka_partition")
 	if err != nil {
@@ -385,7 +488,6 @@ func (r *Replica) Bootstrap(ctx context.Context) (map[int]int64, error) {
 		}
 		offsets[int(p)] = o + 1
 	}
-	r.log.Info("directory bootstrapped from clickhouse", "governance_events", n, "took", time.Since(start).String(), "resume_offsets", fmt.Sprint(offsets))
 	return offsets, orows.Err()
 }
 
@@ -412,38 +514,48 @@ func (r *Replica) bootstrapBudgets(ctx context.Context) error {
 	return nil
 }
 
-func (r *Replica) bootstrapSpend(ctx context.Context) error {
+func (r *Replica) bootstrapSpend(ctx context.Context, offsets map[int]int64) error {
 	now := r.cfg.Now().UTC()
 	day, month := policy.PeriodStart(policy.PeriodDay, now), policy.PeriodStart(policy.PeriodMonth, now)
-	// Today from the usage rows themselves (the rollup may lag by its interval), the
-	// days of the month before it from the daily rollup. Crossings of restored spend
-	// were reported when they happened.
+	// Today and yesterday from the usage rows of the events stored before the offsets
+	// (the stream brings the rest; the rollups may lag by their interval, more so just
+	// after midnight), the days of the month before them from the daily rollup.
+	// Crossings of restored spend were reported when they happened.
 	r.cfg.Ledger.Quiet(true)
 	defer r.cfg.Ledger.Quiet(false)
-	for _, q := range []struct {
-		sql  string
-		from time.Time
-		to   time.Time
-	}{
-		{`SELECT org_id, owner_id, agent_id, room_id,
+	recent := day.AddDate(0, 0, -1)
+	if recent.Before(month) {
+		recent = month
+	}
+	var stored []string
+	for _, p := range slices.Sorted(maps.Keys(offsets)) {
+		stored = append(stored, fmt.Sprintf("(kafka_partition = %d AND kafka_offset < %d)", p, offsets[p]))
+	}
+	if len(stored) > 0 {
+		q := `SELECT org_id, owner_id, agent_id, room_id,
 			sum(input_tokens + output_tokens + cache_read_tokens + cache_write_tokens), sum(cost), max(time)
-			FROM ` + r.cfg.Database + `.usage FINAL WHERE time >= ? AND time < ? GROUP BY org_id, owner_id, agent_id, room_id`, day, day.AddDate(0, 0, 1)},
-		{`SELECT org_id, owner_id, agent_id, room_id,
-			sum(input_tokens + output_tokens + cache_read_tokens + cache_write_tokens), sum(cost), max(day)
-			FROM ` + r.cfg.Database + `.usage_daily FINAL WHERE day >= ? AND day < ? GROUP BY org_id, owner_id, agent_id, room_id`, month, day},
-	} {
-		if !q.to.After(q.from) {
-			continue
+			FROM ` + r.cfg.Database + `.usage FINAL WHERE time >= ? AND time < ?
+			AND event_id IN (SELECT id FROM ` + r.cfg.Database + `.events WHERE type = '` + schema.TypeUsageReported + `'
+				AND time >= ? AND time < ? AND (` + strings.Join(stored, " OR ") + `))
+			GROUP BY org_id, owner_id, agent_id, toDate(time), room_id`
+		end := day.AddDate(0, 0, 1)
+		if err := r.sumSpend(ctx, q, []any{recent, end, recent, end}, now); err != nil {
+			return err
 		}
-		if err := r.sumSpend(ctx, q.sql, q.from, q.to, now); err != nil {
+	}
+	if recent.After(month) {
+		q := `SELECT org_id, owner_id, agent_id, room_id,
+			sum(input_tokens + output_tokens + cache_read_tokens + cache_write_tokens), sum(cost), max(day)
+			FROM ` + r.cfg.Database + `.usage_daily FINAL WHERE day >= ? AND day < ? GROUP BY org_id, owner_id, agent_id, room_id`
+		if err := r.sumSpend(ctx, q, []any{month, recent}, now); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-func (r *Replica) sumSpend(ctx context.Context, sql string, from, to, now time.Time) error {
-	rows, err := r.cfg.Conn.Query(ctx, sql, from, to)
+func (r *Replica) sumSpend(ctx context.Context, sql string, args []any, now time.Time) error {
+	rows, err := r.cfg.Conn.Query(ctx, sql, args...)
 	if err != nil {
 		return fmt.Errorf("cannot read this month's spend from %s: %w", r.cfg.Database, err)
 	}

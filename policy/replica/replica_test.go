@@ -191,3 +191,12 @@ func TestUsageBeforeRegistrationCountsOnceItRegisters(t *testing.T) {
 	tokens, _, _, _ = ledger.Spent("acme", policy.ScopeAgent, "a-arch", policy.PeriodDay, now)
 	assert.Equal(t, int64(700), tokens)
 }
+
+func TestUsageSeenTwiceCountsOnce(t *testing.T) {
+	now := time.Date(2026, 11, 2, 12, 0, 0, 0, time.UTC)
+	r, _, ledger := newReplica(t, now)
+	u := `{"id":"u-dup","type":"usage.reported","time":"2026-11-02T11:00:00Z","room_id":"room-1","actor":{"id":"a-arch","type":"agent"},"source":"t","data":{"input_tokens":300,"output_tokens":0,"cache_read_tokens":0,"cache_write_tokens":0}}`
+	apply(t, r, alice, architect, u, u) // a client's retried POST: two records, one event id
+	tokens, _, _, _ := ledger.Spent("acme", policy.ScopeAgent, "a-arch", policy.PeriodDay, now)
+	assert.Equal(t, int64(300), tokens)
+}
