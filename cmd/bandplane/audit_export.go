@@ -31,8 +31,9 @@ import (
 // and resumes an interrupted file; `bandplane audit verify --export FILE` checks one.
 
 // maxConcurrentExports bounds the exports one serve runs at once: each holds a
-// ClickHouse connection of the query pool while it reads.
-const maxConcurrentExports = 2
+// ClickHouse connection of the query pool while it reads. One API key runs one at a
+// time, so that one organization's slow reader cannot hold every slot.
+const maxConcurrentExports = 4
 
 // exportWriteWindow is how long the handler gives each MiB of an export to reach the
 // client (serve's --write-timeout would cut a long export).
@@ -49,6 +50,9 @@ type exportHandler struct {
 	auditor seal.Producer  // records each export (nil: not recorded; tests of refusals)
 	log     *slog.Logger
 	slots   chan struct{}
+
+	mu      sync.Mutex
+	running map[string]bool // key id -> an export of it is running
 }
 
 // TypeAuditExported is the audit event of one export request: who took which part of
@@ -120,6 +124,25 @@ func (h *exportHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		keys.Forbidden(w, k, org)
 		return
 	}
+	h.mu.Lock()
+	if h.running == nil {
+		h.running = map[string]bool{}
+	}
+	busy := h.running[k.ID]
+	if !busy {
+		h.running[k.ID] = true
+	}
+	h.mu.Unlock()
+	if busy {
+		w.Header().Set("Retry-After", "10")
+		keys.WriteError(w, http.StatusTooManyRequests, "too_many_requests", "an export of this key is running already: one at a time per key; retry when it ends")
+		return
+	}
+	defer func() {
+		h.mu.Lock()
+		delete(h.running, k.ID)
+		h.mu.Unlock()
+	}()
 	select {
 	case h.slots <- struct{}{}:
 		defer func() { <-h.slots }()

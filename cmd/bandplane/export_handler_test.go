@@ -189,4 +189,11 @@ func TestExportHandlerBusy(t *testing.T) {
 	assert.Equal(t, http.StatusTooManyRequests, status)
 	assert.Equal(t, "too_many_requests", body.Code)
 	assert.Equal(t, "10", hdr.Get("Retry-After"))
+
+	// One export at a time per key, whatever slots are free.
+	h = &exportHandler{x: x, log: slog.New(slog.DiscardHandler), slots: make(chan struct{}, maxConcurrentExports),
+		running: map[string]bool{exportAuth["compliance-a"].ID: true}}
+	status, body, _ = exportAsk(t, keys.Require(exportAuth, keys.RoleCompliance, keys.RoleAdmin)(h), "GET", "compliance-a", "from=2026-03-01&to=2026-03-02")
+	assert.Equal(t, http.StatusTooManyRequests, status)
+	assert.Contains(t, body.Error, "one at a time per key")
 }

@@ -310,7 +310,7 @@ func serve(ctx context.Context, log *slog.Logger, reg *prometheus.Registry, c se
 		}
 		liveDir.Load(snapshot)
 		hcfg := c.hub
-		hcfg.Handles, hcfg.Logger, hcfg.Currency = liveDir, log.With("component", "hub"), cat.Currency()
+		hcfg.Handles, hcfg.Logger, hcfg.Currency = liveDir, log.With("component", "hub"), prices.Live.Current().Currency()
 		hub = graph.NewHub(hcfg)
 		reg.MustRegister(
 			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "bandplane_live_subscriptions", Help: "Open GraphQL subscriptions of this process."},
@@ -336,7 +336,7 @@ func serve(ctx context.Context, log *slog.Logger, reg *prometheus.Registry, c se
 	gopts := []graph.Option{graph.WithLogger(log), graph.WithLimits(c.graphql), graph.WithAllowedHosts(hosts...), graph.WithHub(hub),
 		graph.WithPrices(prices.graphPrices(querier))}
 	if pol != nil {
-		gopts = append(gopts, graph.WithOperator(pol.api, cat.Currency()))
+		gopts = append(gopts, graph.WithOperator(pol.api, prices.Live.Current().Currency()))
 	}
 	mux.Handle("/graphql", graph.NewHandler(querier, keyCache, gopts...))
 	mux.Handle("/", graph.BoardHandler(hosts))

@@ -88,7 +88,9 @@ func (a *API) record(ctx context.Context, events ...schema.Event) error {
 	defer cancel()
 	if err := a.cfg.Auditor.Produce(actx, events); err != nil {
 		a.auditErrs.Inc()
-		return fmt.Errorf("%w: cannot record the change in the audit trail: %v", ErrUnavailable, err)
+		// The cause (broker addresses, Kafka's own words) goes to the log, not to the caller.
+		a.log.Error("cannot write bandplane's own events to the trail", "type", events[0].Type, "event_id", events[0].ID, "err", err)
+		return fmt.Errorf("%w: cannot record the change in the audit trail (Kafka does not acknowledge; the server log says why)", ErrUnavailable)
 	}
 	return nil
 }
@@ -134,8 +136,12 @@ func (a *API) RunCrossings(ctx context.Context) {
 		case x := <-ch:
 			ev := crossedEvent(x)
 			err := a.record(ctx, ev)
-			if err != nil && ctx.Err() == nil {
-				time.Sleep(time.Second)
+			if err != nil {
+				select {
+				case <-ctx.Done():
+					return
+				case <-time.After(time.Second):
+				}
 				err = a.record(ctx, ev)
 			}
 			if err != nil {
