@@ -50,6 +50,9 @@ type Conn struct {
 	nextID int
 	done   chan struct{}
 	err    error
+
+	closing   chan struct{} // closed by Close: the reader stops waiting on full channels
+	closeOnce sync.Once
 }
 
 // Dial connects to url (ws:// or wss://), sends connection_init with the bearer token
@@ -80,7 +83,7 @@ func Dial(ctx context.Context, url, token string) (*Conn, error) {
 		}
 		switch f.Type {
 		case "connection_ack":
-			c := &Conn{ws: ws, subs: map[string]chan Message{}, done: make(chan struct{})}
+			c := &Conn{ws: ws, subs: map[string]chan Message{}, done: make(chan struct{}), closing: make(chan struct{})}
 			go c.read()
 			return c, nil
 		case "ping":
@@ -121,11 +124,20 @@ func (c *Conn) Complete(ctx context.Context, id string) error {
 	return wsjson.Write(ctx, c.ws, frame{ID: id, Type: "complete"})
 }
 
-// Close closes the connection normally.
+// Close closes the connection normally. Messages nobody read are dropped.
 func (c *Conn) Close() error {
+	c.closeOnce.Do(func() { close(c.closing) })
 	err := c.ws.Close(websocket.StatusNormalClosure, "")
 	<-c.done
 	return err
+}
+
+// deliver hands m to ch unless the connection is being closed.
+func (c *Conn) deliver(ch chan Message, m Message) {
+	select {
+	case ch <- m:
+	case <-c.closing:
+	}
 }
 
 // Done is closed when the connection has ended.
@@ -141,7 +153,7 @@ func (c *Conn) read() {
 			c.mu.Lock()
 			c.err = fmt.Errorf("connection closed: %w", err)
 			for id, ch := range c.subs {
-				ch <- Message{Err: c.err}
+				c.deliver(ch, Message{Err: c.err})
 				close(ch)
 				delete(c.subs, id)
 			}
@@ -163,7 +175,7 @@ func (c *Conn) read() {
 			ch := c.subs[f.ID]
 			c.mu.Unlock()
 			if ch != nil {
-				ch <- Message{Data: p.Data, Errors: p.Errors}
+				c.deliver(ch, Message{Data: p.Data, Errors: p.Errors})
 			}
 		case "error", "complete":
 			c.mu.Lock()
@@ -176,7 +188,7 @@ func (c *Conn) read() {
 			if f.Type == "error" {
 				var errs []GraphQLError
 				_ = json.Unmarshal(f.Payload, &errs)
-				ch <- Message{Errors: errs, Err: fmt.Errorf("subscription failed: %s", f.Payload)}
+				c.deliver(ch, Message{Errors: errs, Err: fmt.Errorf("subscription failed: %s", f.Payload)})
 			}
 			close(ch)
 		}

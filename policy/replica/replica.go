@@ -568,6 +568,17 @@ func (r *Replica) sumSpend(ctx context.Context, sql string, args []any, now time
 		if err := rows.Scan(&org, &owner, &agent, &room, &tokens, &cost, &at); err != nil {
 			return fmt.Errorf("cannot read this month's spend: %w", err)
 		}
+		// Attribution as for usage from the stream (charge): the owner and organization
+		// from this replica's directory, loaded before, not from the row, which ingest
+		// may have stored before it knew the agent (its registration came on another
+		// partition) and attributes later.
+		if a, ok := r.cfg.Directory.Agent(agent); ok {
+			org = first(org, a.Org)
+			owner = a.Owner
+			if a.Org != "" && org != a.Org {
+				agent, owner = "", ""
+			}
+		}
 		r.cfg.Ledger.Spend(policy.Charge{Org: org, Owner: owner, Agent: agent, Room: room,
 			Tokens: int64(min(tokens, math.MaxInt64)), CostMicros: cost.Shift(6).IntPart()}, "", at.UTC(), now)
 	}
