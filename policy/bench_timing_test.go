@@ -28,3 +28,15 @@ func BenchmarkPeerList(b *testing.B) {
 		}
 	}
 }
+
+func BenchmarkSendMessage(b *testing.B) {
+	ctx := context.Background()
+	e := exampleEngine(b)
+	in := MessageInput{Agent: "a-coder", Room: "room-webhook-retries", Tokens: 10, CostMicros: 10}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := e.SendMessage(ctx, in); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
