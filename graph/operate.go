@@ -72,35 +72,13 @@ func budgetOf(org string, in model.BudgetInput) (policy.Budget, error) {
 	b := policy.Budget{Org: org, Scope: budgetScopes[in.Scope], ScopeID: deref(in.ScopeID), Period: budgetPeriods[in.Period],
 		Tokens: deref(in.Tokens), Hard: in.Mode == model.BudgetModeHard}
 	if in.Cost != nil {
-		micros, err := costMicros(*in.Cost)
+		micros, err := policy.ParseCostMicros(*in.Cost)
 		if err != nil {
 			return b, &query.FieldError{Field: "budget.cost", Msg: err.Error()}
 		}
 		b.CostMicros = micros
 	}
 	return b, nil
-}
-
-// costMicros reads a decimal amount of at most 6 decimals into micro-units.
-func costMicros(s string) (int64, error) {
-	if len(s) > 32 {
-		return 0, fmt.Errorf("%d characters long, more than 32", len(s))
-	}
-	d, err := decimal.NewFromString(strings.TrimSpace(s))
-	if err != nil {
-		return 0, fmt.Errorf("%q is not a decimal number", s)
-	}
-	if d.IsNegative() {
-		return 0, fmt.Errorf("%q is negative", s)
-	}
-	if !d.Equal(d.Truncate(6)) {
-		return 0, fmt.Errorf("%q has more than 6 decimals", s)
-	}
-	m := d.Shift(6)
-	if m.GreaterThan(decimal.NewFromInt(policy.MaxBudget)) {
-		return 0, fmt.Errorf("%q is above the largest budget, %s", s, decimal.New(policy.MaxBudget, -6).String())
-	}
-	return m.IntPart(), nil
 }
 
 func micros(n int64) string { return decimal.New(n, -6).StringFixed(6) }

@@ -9,10 +9,13 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 	"unicode/utf8"
+
+	"github.com/shopspring/decimal"
 )
 
 // BudgetScope is what a budget counts: the spend of one organization, one owner, one
@@ -130,6 +133,28 @@ func (b *Budget) Validate() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// ParseCostMicros reads a cost limit written as a decimal amount of the billing
+// currency (at most 6 decimals, at most MaxBudget micro-units) into micro-units.
+func ParseCostMicros(s string) (int64, error) {
+	if len(s) > 32 {
+		return 0, fmt.Errorf("%d characters long, more than 32", len(s))
+	}
+	d, err := decimal.NewFromString(strings.TrimSpace(s))
+	if err != nil {
+		return 0, fmt.Errorf("%q is not a decimal number", s)
+	}
+	if d.IsNegative() {
+		return 0, fmt.Errorf("%q is negative", s)
+	}
+	if !d.Equal(d.Truncate(6)) {
+		return 0, fmt.Errorf("%q has more than 6 decimals", s)
+	}
+	if m := d.Shift(6); m.GreaterThan(decimal.NewFromInt(MaxBudget)) {
+		return 0, fmt.Errorf("%q is above the largest budget, %s", s, decimal.New(MaxBudget, -6).String())
+	}
+	return d.Shift(6).IntPart(), nil
 }
 
 func checkBudgetID(v string) error {

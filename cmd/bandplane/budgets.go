@@ -102,11 +102,11 @@ func budgetsSet(ctx context.Context, e *env, args []string) error {
 	b := policy.Budget{Org: *org, Scope: policy.BudgetScope(*scope), ScopeID: *id, Period: policy.Period(*period),
 		Tokens: *tokens, Hard: *mode == "hard", UpdatedAt: time.Now().UTC(), UpdatedBy: "cli:" + kf.by}
 	if *cost != "" {
-		d, err := decimal.NewFromString(*cost)
-		if err != nil || d.IsNegative() || !d.Equal(d.Truncate(6)) || d.Shift(6).GreaterThan(decimal.NewFromInt(policy.MaxBudget)) {
-			return budgetFlagError(e, "set", "--cost: %q is not a non-negative decimal with at most 6 places, at most %s", *cost, decimal.New(policy.MaxBudget, -6))
+		m, err := policy.ParseCostMicros(*cost)
+		if err != nil {
+			return budgetFlagError(e, "set", "--cost: %v", err)
 		}
-		b.CostMicros = d.Shift(6).IntPart()
+		b.CostMicros = m
 	}
 	b.Normalize()
 	if err := b.Validate(); err != nil {
