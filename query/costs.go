@@ -291,11 +291,22 @@ func (qr *Querier) Costs(ctx context.Context, q CostQuery) (CostReport, error) {
 	if limit == 0 {
 		limit = DefaultCostLimit
 	}
+	// The reprice jobs of the range are read while the rows are (a round trip less);
+	// they are read when the rows start, so a job that was running then is listed.
+	type jobs struct {
+		list []RepriceJob
+		err  error
+	}
+	jobsc := make(chan jobs, 1)
+	go func() {
+		list, err := qr.repricing(ctx, q.OrgID, q.From.UTC().Truncate(time.Hour), ceilHour(q.To))
+		jobsc <- jobs{list, err}
+	}()
 	s := costsSQL{db: qr.db, q: q}
 	sql, args := s.toSQL()
 	rows, err := qr.costRows(ctx, q, sql, args, q.GroupBy, true)
 	if err != nil {
-		return CostReport{}, err
+		return CostReport{}, err // the buffered channel lets the jobs read end
 	}
 	rep := CostReport{Rows: rows}
 	if len(rep.Rows) > limit {
@@ -328,9 +339,11 @@ func (qr *Querier) Costs(ctx context.Context, q CostQuery) (CostReport, error) {
 		})
 		rep.Unpriced = rep.Unpriced[:min(len(rep.Unpriced), MaxUnpricedModels)]
 	}
-	if rep.Repricing, err = qr.repricing(ctx, q.OrgID, q.From.UTC().Truncate(time.Hour), ceilHour(q.To)); err != nil {
-		return CostReport{}, err
+	j := <-jobsc
+	if j.err != nil {
+		return CostReport{}, j.err
 	}
+	rep.Repricing = j.list
 	return rep, nil
 }
 
