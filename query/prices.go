@@ -229,7 +229,7 @@ const maxRepriceJobs = 20
 // failed or cancelled ones whose cursor stopped inside the overlap, unless a later job
 // of org or every organization did all of that remainder (state done).
 func (qr *Querier) repricing(ctx context.Context, org string, from, to time.Time) ([]RepriceJob, error) {
-	rows, err := qr.conn.Query(ctx, `SELECT id, state, range_from, range_to, cursor, days_done, days_total, requested_at
+	rows, err := qr.conn.Query(ctx, `SELECT id, state, range_from, range_to, cursor, days_done, days_total, requested_at, agent_id
 		FROM `+qr.db+`.jobs FINAL WHERE kind = 'reprice' AND has(?, org_id) AND range_from < ? AND range_to > ?
 		ORDER BY requested_at, id`, []string{org, PlatformOrg}, to, from)
 	if err != nil {
@@ -239,11 +239,12 @@ func (qr *Querier) repricing(ctx context.Context, org string, from, to time.Time
 	type job struct {
 		RepriceJob
 		requested time.Time
+		agent     string // "" for every agent of the organization
 	}
 	var all []job
 	for rows.Next() {
 		var j job
-		if err := rows.Scan(&j.ID, &j.State, &j.From, &j.To, &j.Cursor, &j.DaysDone, &j.DaysTotal, &j.requested); err != nil {
+		if err := rows.Scan(&j.ID, &j.State, &j.From, &j.To, &j.Cursor, &j.DaysDone, &j.DaysTotal, &j.requested, &j.agent); err != nil {
 			return nil, fmt.Errorf("cannot read the reprice jobs of org %q: %w", org, err)
 		}
 		j.From, j.To = j.From.UTC(), j.To.UTC()
@@ -273,7 +274,8 @@ func (qr *Querier) repricing(ctx context.Context, org string, from, to time.Time
 			}
 			done := false
 			for _, k := range all[i+1:] {
-				if k.State == "done" && !k.From.After(left) && !k.To.Before(right) {
+				// A later job covers it when it repriced at least the same agents.
+				if k.State == "done" && (k.agent == "" || k.agent == j.agent) && !k.From.After(left) && !k.To.Before(right) {
 					done = true
 				}
 			}

@@ -160,6 +160,11 @@ func TestIntegrationCostsRepricing(t *testing.T) {
 	assert.Equal(t, []string{"failed-acme:failed"}, ids(base.Add(19*day), base.Add(30*day)), "failed at its cursor; the cancelled one had finished its range")
 	assert.Equal(t, []string{}, ids(base.Add(20*day), base.Add(22*day)), "the failed job repriced this part before it stopped")
 	assert.Equal(t, []string{}, ids(base.Add(40*day), base.Add(45*day)), "a later done job redid the failed one's remainder")
+	// A later done job of one agent does not redo an organization-wide job's remainder.
+	job("failed-org-wide", "acme", "failed", base.Add(70*day), base.Add(75*day), base.Add(71*day), 8*time.Hour)
+	require.NoError(t, st.InsertJob(ctx, store.JobRow{ID: "redo-one-agent", OrgID: "acme", AgentID: "a-1", Kind: "reprice", From: base.Add(69 * day),
+		To: base.Add(76 * day), State: "done", Cursor: base.Add(76 * day), RequestedAt: base.Add(9 * time.Hour), CostBefore: decimal.Zero, CostAfter: decimal.Zero, Version: 1}))
+	assert.Equal(t, []string{"failed-org-wide:failed"}, ids(base.Add(70*day), base.Add(75*day)))
 	rep, err := q.Costs(ctx, query.CostQuery{OrgID: "acme", From: base, To: base.Add(60 * day)})
 	require.NoError(t, err)
 	var got []string
