@@ -218,9 +218,11 @@ func NewHandler(q Querier, auth keys.Authenticator, opts ...Option) http.Handler
 	// catalog's models) have no limit: they count as 100 rows.
 	gc.Complexity.Query.Budgets = func(child int, _ *string) int { return perRow(child, nil, 100, 100) }
 	gc.Complexity.Query.Prices = func(child int, _ *string) int { return perRow(child, nil, 100, 100) }
-	gc.Complexity.Query.Jobs = func(child int, _ *string, limit *int) int { return perRow(child, limit, 50, 500) }
+	gc.Complexity.Query.Jobs = func(child int, _ *string, limit *int) int {
+		return perRow(child, limit, DefaultJobsLimit, MaxJobsLimit)
+	}
 	gc.Complexity.Query.UnpricedModels = func(child int, _ *string, _, _ *time.Time, limit *int) int {
-		return perRow(child, limit, 100, 1000)
+		return perRow(child, limit, DefaultUnpricedLimit, MaxUnpricedLimit)
 	}
 	es := generated.NewExecutableSchema(gc)
 	srv := handler.New(es)

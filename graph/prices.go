@@ -2,6 +2,7 @@ package graph
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"time"
 
@@ -61,6 +62,24 @@ var (
 )
 
 const pricesOff = "the price service"
+
+// The limits of jobs and unpricedModels: default and most.
+const (
+	DefaultJobsLimit, MaxJobsLimit         = 50, 500
+	DefaultUnpricedLimit, MaxUnpricedLimit = 100, 1000
+)
+
+// limitOf is a list field's limit: def when not given (or 0), else within 1..most.
+func limitOf(limit *int, def, most int) (int, error) {
+	n := deref(limit)
+	if n == 0 {
+		n = def
+	}
+	if n < 1 || n > most {
+		return 0, &query.FieldError{Field: "limit", Msg: fmt.Sprintf("must be between 1 and %d", most)}
+	}
+	return n, nil
+}
 
 func (r *Resolver) upsertPrice(ctx context.Context, orgID *string, in model.PriceInput) (*model.Price, error) {
 	// Prices are every organization's: orgId names none (a platform key need not give
@@ -133,12 +152,9 @@ func (r *Resolver) jobs(ctx context.Context, orgID *string, limit *int) ([]model
 	if r.prices == nil {
 		return nil, unavailable(ctx, pricesOff)
 	}
-	n := deref(limit)
-	if n == 0 {
-		n = 50
-	}
-	if n < 1 || n > 500 {
-		return nil, r.fail(ctx, &query.FieldError{Field: "limit", Msg: "must be between 1 and 500"})
+	n, err := limitOf(limit, DefaultJobsLimit, MaxJobsLimit)
+	if err != nil {
+		return nil, r.fail(ctx, err)
 	}
 	js, err := r.prices.Jobs(ctx, org, n)
 	if err != nil {
@@ -175,12 +191,9 @@ func (r *Resolver) unpricedModels(ctx context.Context, orgID *string, from, to *
 	if f.IsZero() {
 		f = t.Add(-30 * 24 * time.Hour)
 	}
-	n := deref(limit)
-	if n == 0 {
-		n = 100
-	}
-	if n < 1 || n > 1000 {
-		return nil, r.fail(ctx, &query.FieldError{Field: "limit", Msg: "must be between 1 and 1000"})
+	n, err := limitOf(limit, DefaultUnpricedLimit, MaxUnpricedLimit)
+	if err != nil {
+		return nil, r.fail(ctx, err)
 	}
 	us, err := r.prices.UnpricedModels(ctx, org, f, t, n)
 	if err != nil {
