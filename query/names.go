@@ -5,8 +5,9 @@ import (
 	"fmt"
 	"slices"
 
-	"github.com/ClickHouse/clickhouse-go/v2"
 	"github.com/ClickHouse/clickhouse-go/v2/ext"
+
+	"github.com/bandplane/bandplane/schema/chdb"
 )
 
 // MaxNames bounds the ids one Names call looks up (a costs page has at most
@@ -76,7 +77,7 @@ func withIDs(ctx context.Context, ids []string) (context.Context, error) {
 	if err != nil {
 		return nil, err
 	}
-	return clickhouse.Context(ctx, clickhouse.WithExternalTable(tbl)), nil
+	return chdb.WithExternalTable(ctx, tbl), nil
 }
 
 // uniqueIDs returns ids sorted, without duplicates and "".

@@ -8,8 +8,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/ClickHouse/clickhouse-go/v2"
 	"github.com/ClickHouse/clickhouse-go/v2/ext"
+
+	"github.com/bandplane/bandplane/schema/chdb"
 	"github.com/shopspring/decimal"
 )
 
@@ -616,7 +617,7 @@ func (qr *Querier) TasksInProgress(ctx context.Context, now time.Time, stuckAfte
 			}
 		}
 		last := map[[3]string]time.Time{}
-		rows, err := qr.conn.Query(clickhouse.Context(ctx, clickhouse.WithExternalTable(tbl)), s.assigneeActivity())
+		rows, err := qr.conn.Query(chdb.WithExternalTable(ctx, tbl), s.assigneeActivity())
 		if err != nil {
 			return nil, queryErr(ctx, err, "cannot read the assignees' activity in "+qr.db+".room_activity")
 		}

@@ -12,8 +12,10 @@ if [[ -n "$unformatted" ]]; then
   exit 1
 fi
 go vet ./...
-# The live work board's test drives a headless Chromium.
+# The live work board's test drives a headless Chromium; the two-engine tests
+# (deploy/stacktest/dual) run ClickHouse 26.9 in process from a project-local venv.
 "$(dirname "${BASH_SOURCE[0]}")/chromium.sh" install
+"$(dirname "${BASH_SOURCE[0]}")/chdb.sh" install
 export BANDPLANE_INTEGRATION=1
 go test -count=1 -timeout 30m ./...
 BANDPLANE_OUTAGE_TESTS=1 go test -count=1 -timeout 20m -run 'TestIntegrationOutage' -v ./ingest/

@@ -5,8 +5,9 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/ClickHouse/clickhouse-go/v2"
 	"github.com/ClickHouse/clickhouse-go/v2/ext"
+
+	"github.com/bandplane/bandplane/schema/chdb"
 )
 
 // EventKey is the events table's replacing key (ORDER BY org_id, time, id): two rows
@@ -56,7 +57,7 @@ func (s *Store) StoredEvents(ctx context.Context, keys []EventKey) ([]EventRow, 
 		"subject_id, subject_type, subject_handle, execution_id, source, schema_version, data, ingested_at, kafka_partition, kafka_offset " +
 		"FROM " + s.db + ".events PREWHERE id IN (SELECT id FROM _bandplane_keys) " +
 		"WHERE (org_id, time, id) IN (SELECT org_id, toDateTime(time), id FROM _bandplane_keys)"
-	rows, err := s.conn.Query(clickhouse.Context(ctx, clickhouse.WithExternalTable(tbl)), q)
+	rows, err := s.conn.Query(chdb.WithExternalTable(ctx, tbl), q)
 	if err != nil {
 		return nil, fmt.Errorf("cannot look up %d stored events in %s.events: %w", len(want), s.db, err)
 	}

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2"
+	"github.com/ClickHouse/clickhouse-go/v2/ext"
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 )
 
@@ -83,4 +84,23 @@ func Open(ctx context.Context, cfg Config) (driver.Conn, error) {
 		return nil, fmt.Errorf("cannot reach clickhouse at %s (is it running? `make up` starts it): %w", cfg.Addr, err)
 	}
 	return conn, nil
+}
+
+// externalKey is the context key of the external tables WithExternalTable attached.
+type externalKey struct{}
+
+// WithExternalTable returns ctx sending tbl with its query as an external table (a
+// set of ids or keys the query joins with, without putting them in its text). It is
+// the one way bandplane attaches external tables, so the ones a context carries can be
+// read back (ExternalTables): the two-engine test replays them on the other engine.
+func WithExternalTable(ctx context.Context, tbl *ext.Table) context.Context {
+	tables := append(ExternalTables(ctx), tbl)
+	ctx = context.WithValue(ctx, externalKey{}, tables)
+	return clickhouse.Context(ctx, clickhouse.WithExternalTable(tables...))
+}
+
+// ExternalTables are the external tables WithExternalTable attached to ctx.
+func ExternalTables(ctx context.Context) []*ext.Table {
+	tables, _ := ctx.Value(externalKey{}).([]*ext.Table)
+	return tables[:len(tables):len(tables)]
 }

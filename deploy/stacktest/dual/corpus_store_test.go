@@ -1,0 +1,92 @@
+package dual_test
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/bandplane/bandplane/deploy/stacktest"
+	"github.com/bandplane/bandplane/deploy/stacktest/dual"
+	"github.com/bandplane/bandplane/ingest"
+	"github.com/bandplane/bandplane/ingest/kafka"
+	"github.com/bandplane/bandplane/ingest/prices"
+	"github.com/bandplane/bandplane/ingest/pricing"
+	"github.com/bandplane/bandplane/ingest/store"
+	"github.com/bandplane/bandplane/policy"
+	"github.com/bandplane/bandplane/policy/keys"
+	"github.com/bandplane/bandplane/policy/replica"
+	"github.com/bandplane/bandplane/schema"
+)
+
+// The price catalog (seeded, a new version), a reprice job over the loaded range, the
+// reprice of unpriced usage ingest runs for late registrations, budgets kept by ingest,
+// and a policy replica's bootstrap (governance events, offsets, budgets, the spend of
+// today, yesterday and the month) on the same simulated traffic, on 18.16 and on 26.9.
+func TestIntegrationCorpusPricesBudgetsReplica(t *testing.T) {
+	ctx := context.Background()
+	other := dual.Chdb(t)
+	rec, db := dual.Database(t)
+	loadSimulated(t, rec, 2000)
+	st := store.New(rec, db)
+
+	// A budget of the first organization, as the policy side writes it.
+	var org string
+	require.NoError(t, rec.Conn.QueryRow(ctx, "SELECT any(org_id) FROM "+db+".usage_hourly WHERE org_id != ''").Scan(&org))
+	now := time.Now().UTC().Truncate(time.Second)
+	b := policy.Budget{ID: policy.BudgetID(org, policy.ScopeOrg, org, policy.PeriodMonth), Org: org, Scope: policy.ScopeOrg,
+		ScopeID: org, Period: policy.PeriodMonth, CostMicros: 5_000_000, Hard: true, UpdatedAt: now}
+	data, err := json.Marshal(b)
+	require.NoError(t, err)
+	require.NoError(t, st.BatchInsert(ctx, &store.Batch{Events: []store.EventRow{{ID: "budget-1", Type: schema.TypeBudgetSet,
+		Time: now, OrgID: org, ActorID: "manager", ActorType: "user", Source: schema.SourceBandplane, Data: string(data),
+		SchemaVersion: 1, IngestedAt: now}}}))
+	budgets, err := st.Budgets(ctx, org)
+	require.NoError(t, err)
+	require.Len(t, budgets, 1)
+
+	// Prices: the seeded catalog, a new version, a reprice job of every organization.
+	auditTopic := stacktest.Topic(t, 1)
+	producer, err := kafka.NewProducer(kafka.ProducerConfig{Brokers: stacktest.Brokers(), Topic: auditTopic, BatchSize: kafka.AuditBatchSize})
+	require.NoError(t, err)
+	defer producer.Close()
+	svc, err := prices.New(ctx, prices.Config{Conn: rec, Database: db, Seed: pricing.Default(), Auditor: producer,
+		Logger: stacktest.Logger(), Runner: "corpus"})
+	require.NoError(t, err)
+	admin := keys.Key{ID: "key-platform-admin", Org: keys.PlatformOrg, Role: keys.RoleAdmin}
+	from := now.Add(-3 * time.Hour).Truncate(time.Hour)
+	_, err = svc.UpsertPrice(ctx, admin, prices.PriceInput{Model: "gpt-5-mini", Input: "0.4", Output: "3.3", Effective: from.Add(-24 * time.Hour)})
+	require.NoError(t, err)
+	list, err := svc.ListPrices(ctx)
+	require.NoError(t, err)
+	require.NotEmpty(t, list)
+	job, err := svc.RunNow(ctx, "corpus", keys.PlatformOrg, "", from.Truncate(24*time.Hour), now.Add(time.Hour))
+	require.NoError(t, err)
+	assert.Equal(t, prices.JobDone, job.State)
+	jobs, err := svc.Jobs(ctx, keys.PlatformOrg, 10)
+	require.NoError(t, err)
+	require.NotEmpty(t, jobs)
+
+	// Ingest's own reprice of the usage of an agent whose model it learns late.
+	_, err = ingest.Reprice(ctx, st, ingest.NewDirectory(), svc.Live(), store.UsageFilter{From: from, To: now.Add(time.Hour), UnpricedOnly: true})
+	require.NoError(t, err)
+
+	// A policy replica bootstraps from ClickHouse, two weeks into the month so that both
+	// the recent usage and the daily rollup are read.
+	dir := policy.NewDirectory()
+	eng, err := policy.New(ctx, policy.Config{Directory: dir})
+	require.NoError(t, err)
+	rep, err := replica.New(replica.Config{Directory: dir, Ledger: eng.Ledger(), Catalog: svc.Live(), Conn: rec, Database: db,
+		Brokers: stacktest.Brokers(), Topic: auditTopic, GroupID: stacktest.Name(t), Logger: stacktest.Logger(),
+		Now: func() time.Time { return now.AddDate(0, 0, 14) }})
+	require.NoError(t, err)
+	_, err = rep.Bootstrap(ctx)
+	require.NoError(t, err)
+	assert.NotEmpty(t, dir.Snapshot().Agents)
+
+	steps := rec.Replay(ctx, t, other)
+	t.Logf("%d steps replayed on %s", len(steps), other.Name())
+}

@@ -1,0 +1,90 @@
+package dual
+
+import (
+	"fmt"
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+)
+
+// CorpusDirs are the packages whose SQL the two-engine corpus must cover: every call
+// there that sends SQL (CallSites) has to be made through a Recorder by some corpus
+// test, so a new query cannot escape the comparison.
+var CorpusDirs = []string{
+	"schema/chdb", "ingest/store", "ingest/seal", "ingest/prices",
+	"query", "policy/replica", "policy/keys",
+}
+
+// seen holds the callers (file:line) of every recorded statement and batch.
+var seen sync.Map
+
+func markSeen(caller string) { seen.Store(caller, true) }
+
+// Covered are the calls in bandplane's code (file:line) recorded so far in this
+// process.
+func Covered() map[string]bool {
+	out := map[string]bool{}
+	seen.Range(func(k, _ any) bool { out[k.(string)] = true; return true })
+	return out
+}
+
+// sqlMethods are driver.Conn's methods that send SQL.
+var sqlMethods = map[string]bool{"Query": true, "QueryRow": true, "Exec": true, "Select": true, "PrepareBatch": true}
+
+// CallSites lists (as file:line relative to root) every call of a driver.Conn method
+// that sends SQL in the non-test Go files of dirs: a method of sqlMethods called on a
+// value named conn or Conn (bandplane's one spelling of a ClickHouse connection, e.g.
+// qr.conn.Query, x.cfg.Conn.QueryRow).
+func CallSites(root string, dirs []string) ([]string, error) {
+	var out []string
+	fset := token.NewFileSet()
+	for _, d := range dirs {
+		files, err := filepath.Glob(filepath.Join(root, d, "*.go"))
+		if err != nil {
+			return nil, err
+		}
+		for _, f := range files {
+			if strings.HasSuffix(f, "_test.go") {
+				continue
+			}
+			src, err := os.ReadFile(f)
+			if err != nil {
+				return nil, err
+			}
+			file, err := parser.ParseFile(fset, f, src, 0)
+			if err != nil {
+				return nil, err
+			}
+			rel, _ := filepath.Rel(root, f)
+			ast.Inspect(file, func(n ast.Node) bool {
+				call, ok := n.(*ast.CallExpr)
+				if !ok {
+					return true
+				}
+				sel, ok := call.Fun.(*ast.SelectorExpr)
+				if !ok || !sqlMethods[sel.Sel.Name] || !isConn(sel.X) {
+					return true
+				}
+				out = append(out, fmt.Sprintf("%s:%d", rel, fset.Position(sel.Sel.Pos()).Line))
+				return true
+			})
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out), nil
+}
+
+func isConn(x ast.Expr) bool {
+	switch v := x.(type) {
+	case *ast.Ident:
+		return v.Name == "conn" || v.Name == "Conn"
+	case *ast.SelectorExpr:
+		return v.Sel.Name == "conn" || v.Sel.Name == "Conn"
+	}
+	return false
+}
