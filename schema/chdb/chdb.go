@@ -4,6 +4,9 @@
 // releases: it avoids what 18.16 lacks (DateTime64, TTL, Map, LowCardinality, window
 // functions, ADD COLUMN IF NOT EXISTS) and what current releases refuse (a JOIN
 // subquery without an alias, positional ORDER BY, an INSERT block over 100 partitions).
+// Times cross the wire as values, never as text: 18.16 writes the zero DateTime as
+// 0000-00-00 00:00:00, which 26.9 parses as a date of the current year, not the epoch.
+// deploy/stacktest/dual runs every statement of this package and the others on both.
 package chdb
 
 import (
