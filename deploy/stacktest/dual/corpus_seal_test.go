@@ -307,11 +307,17 @@ func replayed(t *testing.T, rec *dual.Recorder, other dual.Engine, tables ...str
 	ctx := context.Background()
 	srv := dual.Server(t)
 	for _, table := range tables {
+		// The replay keeps every part (no merges), the recorded database may have
+		// merged replaced rows away: compare the rows that count, FINAL.
+		final := " FINAL"
+		if table == "retention_cuts" { // a plain MergeTree
+			final = ""
+		}
 		var want uint64
-		require.NoError(t, rec.Conn.QueryRow(ctx, "SELECT count() FROM "+rec.DB()+"."+table).Scan(&want))
+		require.NoError(t, rec.Conn.QueryRow(ctx, "SELECT count() FROM "+rec.DB()+"."+table+final).Scan(&want))
 		require.NotZero(t, want, table)
 		for _, e := range []dual.Engine{srv, other} {
-			r, err := e.Query(ctx, "SELECT count() FROM "+rec.ReplayDB()+"."+table)
+			r, err := e.Query(ctx, "SELECT count() FROM "+rec.ReplayDB()+"."+table+final)
 			require.NoError(t, err, e.Name())
 			assert.Equal(t, fmt.Sprint(want), r.Rows[0][0], "%s: rows of %s after the replay", e.Name(), table)
 		}
