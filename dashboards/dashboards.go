@@ -1,12 +1,16 @@
-// Package dashboards owns bandplane's Grafana dashboards as code: pure builder functions
-// over grafana-foundation-sdk whose raw SQL targets read the ClickHouse tables through
-// the Grafana ClickHouse data source plugin. The JSON in deploy/grafana/dashboards is
-// generated from here (`bandplane dashboards`) and never edited by hand.
+// Package dashboards owns bandplane's Grafana dashboards and alert rules as code: pure
+// builder functions over grafana-foundation-sdk whose raw SQL targets read the ClickHouse
+// tables through the Grafana ClickHouse data source plugin (v4). The JSON in
+// deploy/grafana/dashboards and deploy/grafana/provisioning/alerting is generated from
+// here (`bandplane dashboards`) and never edited by hand.
 //
-// Every query must run on ClickHouse 18.16 as well as on current releases: no window
-// functions, no DateTime64 (so no *_ms macros), no toStartOfInterval (so no
-// $__timeInterval), one JOIN per SELECT, written ANY LEFT JOIN … USING. Tables that feed
-// sums are ReplacingMergeTrees and are read with FINAL so a replayed event counts once.
+// Every query must run on ClickHouse 18.16 as well as on current releases (the tests run
+// each one on 18.16 and 26.9): no window functions, no DateTime64 (so no *_ms macros), no
+// toStartOfInterval (so no $__timeInterval), one JOIN per SELECT, an alias on every
+// subquery, no positional ORDER BY, no LowCardinality/Map/Bool. Tables are
+// ReplacingMergeTrees, read with FINAL so a replayed event counts once. Variables enter
+// the SQL only through value (vars.go); macros.go expands a query as Grafana and the
+// plugin do.
 package dashboards
 
 import (
@@ -16,6 +20,7 @@ import (
 	"fmt"
 	"io/fs"
 	"sort"
+	"strconv"
 	"strings"
 
 	"github.com/grafana/grafana-foundation-sdk/go/common"
@@ -24,23 +29,28 @@ import (
 
 // Dashboard uids, stable so links and provisioning survive regeneration.
 const (
-	CostUID   = "bandplane-cost"
-	IngestUID = "bandplane-ingest"
+	CostUID       = "bandplane-cost"
+	ActivityUID   = "bandplane-agents"
+	GovernanceUID = "bandplane-governance"
+	ComplianceUID = "bandplane-compliance"
+	WorkUID       = "bandplane-work"
+	IngestUID     = "bandplane-ingest"
 )
 
 // File names of the generated dashboards, in deploy/grafana/dashboards.
 const (
-	CostFile   = "cost-attribution.json"
-	IngestFile = "ingest-health.json"
+	CostFile       = "cost-attribution.json"
+	ActivityFile   = "agent-activity.json"
+	GovernanceFile = "governance.json"
+	ComplianceFile = "compliance-audit.json"
+	WorkFile       = "work-status.json"
+	IngestFile     = "ingest-health.json"
 )
 
 // datasourceVar is the dashboard variable holding the ClickHouse data source. Panels and
-// the org variable refer to it instead of a fixed uid, so the JSON imports into any
-// Grafana; with the provisioned data source it is the only choice.
+// variables refer to it instead of a fixed uid, so the JSON imports into any Grafana;
+// with the provisioned data source it is the only choice.
 const datasourceVar = "datasource"
-
-// orgQuery lists the organizations for the org variable.
-const orgQuery = "SELECT DISTINCT org_id FROM bandplane.usage_hourly"
 
 func datasourceRef() *common.DataSourceRef {
 	typ, uid := PluginID, "${"+datasourceVar+"}"
@@ -53,34 +63,6 @@ func datasourceVariable() *dashboard.DatasourceVariableBuilder {
 		Type(PluginID)
 }
 
-// orgVariable is the tenant picker. With all, it is multi-valued with an "All" option
-// that the panels' $__conditionalAll turns into no filter at all (an org without usage
-// rows is not in the list but still counted).
-func orgVariable(all bool) *dashboard.QueryVariableBuilder {
-	q := orgQuery
-	v := dashboard.NewQueryVariableBuilder("org").
-		Label("Organization").
-		Datasource(*datasourceRef()).
-		Query(dashboard.StringOrMap{String: &q}).
-		Definition(q).
-		Refresh(dashboard.VariableRefreshOnDashboardLoad).
-		AllowCustomValue(false).
-		Sort(dashboard.VariableSortAlphabeticalAsc)
-	if all {
-		allValue := "$__all"
-		text := "All"
-		v = v.Multi(true).IncludeAll(true).Current(dashboard.VariableOption{
-			Text:  dashboard.StringOrArrayOfString{ArrayOfString: []string{text}},
-			Value: dashboard.StringOrArrayOfString{ArrayOfString: []string{allValue}},
-		})
-	}
-	return v
-}
-
-func at(x, y, w, h uint32) dashboard.GridPos {
-	return dashboard.GridPos{X: x, Y: y, W: w, H: h}
-}
-
 func thresholds(steps ...dashboard.Threshold) *dashboard.ThresholdsConfigBuilder {
 	return dashboard.NewThresholdsConfigBuilder().Mode(dashboard.ThresholdsModeAbsolute).Steps(steps)
 }
@@ -89,12 +71,29 @@ func step(color string, from *float64) dashboard.Threshold {
 	return dashboard.Threshold{Color: color, Value: from}
 }
 
+func itoa(n int) string { return strconv.Itoa(n) }
+
+// lastColumn is the last name of a key like "org_id, room_id".
+func lastColumn(key string) string {
+	parts := strings.Split(key, ",")
+	return strings.TrimSpace(parts[len(parts)-1])
+}
+
+// builders are the dashboards, keyed by file name.
+func builders() map[string]*dashboard.DashboardBuilder {
+	return map[string]*dashboard.DashboardBuilder{
+		CostFile:       CostAttribution(),
+		ActivityFile:   AgentActivity(),
+		GovernanceFile: Governance(),
+		ComplianceFile: ComplianceAudit(),
+		WorkFile:       WorkStatus(),
+		IngestFile:     PipelineHealth(),
+	}
+}
+
 // Build builds every dashboard, keyed by its file name.
 func Build() (map[string]dashboard.Dashboard, error) {
-	builders := map[string]*dashboard.DashboardBuilder{
-		CostFile:   CostAttribution(),
-		IngestFile: IngestHealth(),
-	}
+	builders := builders()
 	out := make(map[string]dashboard.Dashboard, len(builders))
 	var errs []error
 	for _, name := range sortedKeys(builders) {

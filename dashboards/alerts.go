@@ -1,0 +1,282 @@
+package dashboards
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"time"
+
+	"github.com/grafana/grafana-foundation-sdk/go/alerting"
+	"github.com/grafana/grafana-foundation-sdk/go/cog"
+	"github.com/grafana/grafana-foundation-sdk/go/common"
+	"github.com/grafana/grafana-foundation-sdk/go/expr"
+)
+
+// Alert rules as code. Each rule is one ClickHouse query (refId A, table format: string
+// label columns and one numeric column, which Grafana's alerting turns into one alert
+// instance per row) and a threshold on it (refId B, a server-side expression). Alerting
+// runs a rule's query on the plugin's backend only (macros.go, step 3): no template
+// variables and no $__conditionalAll, so the rules see every organization.
+//
+// The rules are built with the SDK's alerting package (its Rule is the provisioning HTTP
+// API's shape) and written in Grafana's file-provisioning format
+// (pkg/services/provisioning/alerting/rules_types.go, AlertRuleGroupV1: apiVersion,
+// groups[].orgId/name/folder/interval/rules[] with uid, title, condition, data[],
+// noDataState, execErrState, for, annotations, labels, isPaused), as JSON (the reader
+// takes .json, .yaml and .yml files, and refuses any other file in the folder).
+
+// AlertsFile is the generated alert-rule file in deploy/grafana/provisioning/alerting.
+const AlertsFile = "bandplane-alerts.json"
+
+// DatasourceUID is the uid of the provisioned ClickHouse data source
+// (deploy/grafana/provisioning/datasources/clickhouse.yaml); alert rules name their data
+// source by uid.
+const DatasourceUID = "bandplane-clickhouse"
+
+// alertFolder is the folder the rules are provisioned into (created if missing), the
+// dashboards' folder too.
+const alertFolder = "bandplane"
+
+// AlertRule is one alert rule: its query and when it fires.
+type AlertRule struct {
+	UID, Title string
+	// SQL is the rule's query; it runs over the last Range up to now.
+	SQL   string
+	Range time.Duration
+	// The rule fires while the value column is above Above for For.
+	Above    float64
+	For      string
+	Severity string
+	Summary  string
+	// NoData is the state when the query returns no rows: OK for rules whose rows are
+	// the offenders (no row, nothing wrong).
+	NoData alerting.RuleNoDataState
+}
+
+var (
+	// The hard budgets and the share of their limit their current period has used.
+	budgetAlertSQL = sql(`
+	SELECT ` + nameOr("org_name", "org_id") + ` AS organization, budget, period, used
+	FROM (
+	  SELECT org_id, budget_of AS budget, period, used_pct / 100 AS used
+	  FROM ` + budgetStatus("1 = 1") + `
+	  WHERE hard
+	) AS hard_budgets
+	ANY LEFT JOIN ` + orgLookup + ` USING (org_id)
+	ORDER BY used DESC, organization, budget`)
+
+	freshnessAlertSQL = sql(`
+	SELECT toInt64(now()) - toInt64(max(ingested_at)) AS freshness
+	FROM bandplane.events FINAL
+	WHERE ` + recentEvents)
+
+	deadLettersAlertSQL = sql(`
+	SELECT count() AS dead_letters
+	FROM bandplane.dead_letters FINAL
+	WHERE ` + timeFilter("received_at"))
+
+	throttledAlertSQL = sql(`
+	SELECT ` + nameOr("org_name", "org_id") + ` AS organization, agent, throttles
+	FROM (
+	  SELECT org_id, ` + nameOr("agent_name", "agent_id") + ` AS agent, throttles
+	  FROM (
+	    SELECT org_id, actor_id AS agent_id, count() AS throttles
+	    FROM bandplane.events FINAL
+	    WHERE type = 'policy.decided' AND ` + throttled + ` AND ` + timeFilter("time") + `
+	    GROUP BY org_id, agent_id
+	  ) AS t
+	  ANY LEFT JOIN ` + agentLookup + ` USING (agent_id)
+	) AS named
+	ANY LEFT JOIN ` + orgLookup + ` USING (org_id)
+	ORDER BY throttles DESC, organization, agent`)
+)
+
+// Alerts are bandplane's alert rules.
+func Alerts() []AlertRule {
+	return []AlertRule{
+		{
+			UID: "bandplane-budget-80", Title: "Hard budget at 80 %",
+			SQL: budgetAlertSQL, Range: 10 * time.Minute, Above: 0.8, For: "0s", Severity: "warning",
+			Summary: "{{ $labels.budget }} ({{ $labels.organization }}, per {{ $labels.period }}) has used {{ humanizePercentage $values.A.Value }} of its hard limit: decisions will be denied at 100 %.",
+			NoData:  alerting.RuleNoDataStateOK,
+		},
+		{
+			UID: "bandplane-ingest-freshness", Title: "Ingest freshness over 60 s",
+			SQL: freshnessAlertSQL, Range: 10 * time.Minute, Above: 60, For: "2m", Severity: "critical",
+			Summary: "No event reached ClickHouse for {{ $values.A.Value }} s: ingest is stalled or behind (check bandplane_ingest_consumer_lag and /readyz), or the platform is quiet.",
+			NoData:  alerting.RuleNoDataStateAlerting,
+		},
+		{
+			UID: "bandplane-dead-letters", Title: "Dead letters in the last 5 minutes",
+			SQL: deadLettersAlertSQL, Range: 5 * time.Minute, Above: 0, For: "0s", Severity: "warning",
+			Summary: "{{ $values.A.Value }} records were dead-lettered in the last 5 minutes: see the Pipeline health dashboard's dead-letter reasons.",
+			NoData:  alerting.RuleNoDataStateAlerting,
+		},
+		{
+			UID: "bandplane-chatty-throttled", Title: "Chatty agent throttled repeatedly",
+			SQL: throttledAlertSQL, Range: 10 * time.Minute, Above: 4, For: "0s", Severity: "warning",
+			Summary: "{{ $labels.agent }} ({{ $labels.organization }}) was throttled {{ $values.A.Value }} times in 10 minutes (message rate or budget): consider suspending it.",
+			NoData:  alerting.RuleNoDataStateOK,
+		},
+	}
+}
+
+// rule builds r with the SDK.
+func (r AlertRule) rule() *alerting.RuleBuilder {
+	q := NewClickHouseQuery(r.SQL).Datasource(common.DataSourceRef{Type: strPtr(PluginID), Uid: strPtr(DatasourceUID)})
+	exprRef := common.DataSourceRef{Type: strPtr("__expr__"), Uid: strPtr("__expr__")}
+	threshold := expr.NewExprBuilder().TypeThreshold(expr.NewTypeThresholdBuilder().
+		RefId("B").
+		Datasource(exprRef).
+		Expression("A").
+		Conditions([]cog.Builder[expr.ExprTypeThresholdConditions]{
+			expr.NewExprTypeThresholdConditionsBuilder().Evaluator(
+				expr.NewExprTypeThresholdConditionsEvaluatorBuilder().
+					Type(expr.ExprTypeThresholdConditionsEvaluatorTypeGt).
+					Params([]float64{r.Above})),
+		}))
+	seconds := alerting.Duration(r.Range / time.Second)
+	return alerting.NewRuleBuilder(r.Title).
+		Uid(r.UID).
+		Condition("B").
+		WithQuery(alerting.NewQueryBuilder("A").DatasourceUid(DatasourceUID).QueryType(string(QueryTypeTable)).
+			RelativeTimeRange(seconds, 0).Model(q)).
+		WithQuery(alerting.NewQueryBuilder("B").DatasourceUid("__expr__").RelativeTimeRange(0, 0).Model(threshold)).
+		For(r.For).
+		NoDataState(r.NoData).
+		ExecErrState(alerting.RuleExecErrStateError).
+		FolderUID(alertFolder).
+		RuleGroup("bandplane").
+		OrgID(1).
+		Labels(map[string]string{"severity": r.Severity, "service": "bandplane"}).
+		Annotations(map[string]string{"summary": r.Summary})
+}
+
+// The file-provisioning format (rules_types.go).
+type alertFileV1 struct {
+	APIVersion int            `json:"apiVersion"`
+	Groups     []alertGroupV1 `json:"groups"`
+}
+
+type alertGroupV1 struct {
+	OrgID    int64         `json:"orgId"`
+	Name     string        `json:"name"`
+	Folder   string        `json:"folder"`
+	Interval string        `json:"interval"`
+	Rules    []alertRuleV1 `json:"rules"`
+}
+
+type alertRuleV1 struct {
+	UID          string            `json:"uid"`
+	Title        string            `json:"title"`
+	Condition    string            `json:"condition"`
+	Data         []alertQueryV1    `json:"data"`
+	NoDataState  string            `json:"noDataState"`
+	ExecErrState string            `json:"execErrState"`
+	For          string            `json:"for"`
+	Annotations  map[string]string `json:"annotations,omitempty"`
+	Labels       map[string]string `json:"labels,omitempty"`
+	IsPaused     bool              `json:"isPaused"`
+}
+
+// alertQueryV1's relativeTimeRange is in seconds (models.RelativeTimeRange).
+type alertQueryV1 struct {
+	RefID             string          `json:"refId"`
+	QueryType         string          `json:"queryType"`
+	RelativeTimeRange relativeRangeV1 `json:"relativeTimeRange"`
+	DatasourceUID     string          `json:"datasourceUid"`
+	Model             json.RawMessage `json:"model"`
+}
+
+type relativeRangeV1 struct {
+	From int64 `json:"from"`
+	To   int64 `json:"to"`
+}
+
+// AlertFile builds the rules and renders them as the provisioning file.
+func AlertFile() ([]byte, error) {
+	group := alertGroupV1{OrgID: 1, Name: "bandplane", Folder: alertFolder, Interval: "1m"}
+	var errs []error
+	for _, r := range Alerts() {
+		built, err := r.rule().Build()
+		if err != nil {
+			errs = append(errs, fmt.Errorf("cannot build alert rule %s: %w", r.UID, err))
+			continue
+		}
+		out := alertRuleV1{UID: deref(built.Uid), Title: built.Title, Condition: built.Condition,
+			NoDataState: string(built.NoDataState), ExecErrState: string(built.ExecErrState), For: built.For,
+			Annotations: built.Annotations, Labels: built.Labels}
+		for _, q := range built.Data {
+			model, err := json.Marshal(q.Model)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("cannot marshal query %s of alert rule %s: %w", deref(q.RefId), r.UID, err))
+				continue
+			}
+			aq := alertQueryV1{RefID: deref(q.RefId), QueryType: deref(q.QueryType), DatasourceUID: deref(q.DatasourceUid), Model: model}
+			if q.RelativeTimeRange != nil {
+				aq.RelativeTimeRange = relativeRangeV1{From: int64(derefDuration(q.RelativeTimeRange.From)), To: int64(derefDuration(q.RelativeTimeRange.To))}
+			}
+			out.Data = append(out.Data, aq)
+		}
+		group.Rules = append(group.Rules, out)
+	}
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	b, err := json.MarshalIndent(alertFileV1{APIVersion: 1, Groups: []alertGroupV1{group}}, "", "  ")
+	if err != nil {
+		return nil, fmt.Errorf("cannot marshal the alert rules: %w", err)
+	}
+	return append(unescapeHTML(b), '\n'), nil
+}
+
+func derefDuration(d *alerting.Duration) alerting.Duration {
+	if d == nil {
+		return 0
+	}
+	return *d
+}
+
+// AlertFiles are the files of deploy/grafana/provisioning/alerting: name → contents.
+func AlertFiles() (map[string][]byte, error) {
+	b, err := AlertFile()
+	if err != nil {
+		return nil, err
+	}
+	return map[string][]byte{AlertsFile: b}, nil
+}
+
+// CheckAlerts compares the files at the root of dir with AlertFiles, like Check. Any
+// other file there is a problem too: Grafana refuses to start its alerting provisioning
+// when the folder holds a file that is not .json, .yaml or .yml, and would load any
+// other rule file as well.
+func CheckAlerts(dir fs.FS) ([]string, error) {
+	want, err := AlertFiles()
+	if err != nil {
+		return nil, err
+	}
+	var problems []string
+	for _, name := range sortedKeys(want) {
+		got, err := fs.ReadFile(dir, name)
+		switch {
+		case errors.Is(err, fs.ErrNotExist):
+			problems = append(problems, name+": missing")
+		case err != nil:
+			return nil, fmt.Errorf("cannot read generated alert rules %s: %w", name, err)
+		case !bytes.Equal(got, want[name]):
+			problems = append(problems, name+": differs from the generated alert rules")
+		}
+	}
+	entries, err := fs.ReadDir(dir, ".")
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("cannot list alert rule files: %w", err)
+	}
+	for _, e := range entries {
+		if _, ok := want[e.Name()]; !ok {
+			problems = append(problems, e.Name()+": not generated (Grafana's alerting provisioning reads every file of this folder; remove it)")
+		}
+	}
+	return problems, nil
+}

@@ -1,0 +1,457 @@
+package dashboards_test
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"regexp"
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/grafana/grafana-foundation-sdk/go/dashboard"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/bandplane/bandplane/dashboards"
+	"github.com/bandplane/bandplane/deploy/stacktest/dual"
+)
+
+// inDB points the dashboards' SQL, which names its tables bandplane.<table>, at the
+// test's database: the one place that does it.
+func inDB(sql, db string) string { return strings.ReplaceAll(sql, "bandplane.", db+".") }
+
+// scenario is a selection a manager could make: variable name → value (missing: "All",
+// or "" for a text box). multi gives a variable several values, as a URL can.
+type scenario struct {
+	name   string
+	values map[string]string
+	multi  map[string][]string
+	// rows says the scenario must give every panel rows (only "all" does: a narrower
+	// selection may rightly be empty).
+	rows bool
+}
+
+func (w *world) scenarios() []scenario {
+	a := w.agents[0]
+	var owner, room string
+	for _, o := range w.owners {
+		if o.org == a.org {
+			owner = o.id
+			break
+		}
+	}
+	for _, r := range w.rooms {
+		if r.org == a.org {
+			room = r.id
+			break
+		}
+	}
+	h := w.hostile
+	return []scenario{
+		{name: "all", rows: true},
+		{name: "one org", values: map[string]string{"org": a.org}},
+		{name: "one of each", values: map[string]string{"org": a.org, "owner": owner, "agent": a.id, "room": room,
+			"model": w.models[0], "actor": a.id, "type": "message.created", "search": "review", "decision": "send_message"}},
+		{name: "hostile ids", values: map[string]string{"org": h.org, "owner": h.owner, "agent": h.agents[0], "room": h.room,
+			"model": h.model, "actor": h.agents[1], "search": `ünï/cødé \"模型`}},
+		{name: "hostile agent only", values: map[string]string{"agent": h.agents[1], "actor": h.agents[2], "owner": h.owner}},
+		{name: "newline from a URL", values: map[string]string{"org": h.org + "\n", "agent": h.agents[0] + "\n' OR 1=1 --"}},
+		{name: "two values from a URL", multi: map[string][]string{"org": {h.org, a.org}, "agent": {h.agents[0], a.id}}},
+	}
+}
+
+// query is one SQL the plugin runs for a dashboard: a panel's target or a variable's
+// query.
+type query struct {
+	where    string // dashboard: panel or variable
+	sql      string
+	panel    *dashboard.Panel // nil for a variable
+	interval time.Duration
+}
+
+func queriesOf(name string, d dashboard.Dashboard) []query {
+	var out []query
+	for _, v := range d.Templating.List {
+		if v.Type == "query" && v.Query != nil && v.Query.String != nil {
+			out = append(out, query{where: name + ": variable " + v.Name, sql: *v.Query.String})
+		}
+	}
+	for _, p := range panelsOf(d) {
+		for _, t := range p.Targets {
+			q := t.(dashboards.ClickHouseQuery)
+			out = append(out, query{where: name + ": " + deref(p.Title), sql: q.RawSql, panel: &p})
+		}
+	}
+	return out
+}
+
+func panelsOf(d dashboard.Dashboard) []dashboard.Panel {
+	var out []dashboard.Panel
+	for _, p := range d.Panels {
+		if p.Panel != nil {
+			out = append(out, *p.Panel)
+		}
+	}
+	return out
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
+}
+
+// interval is about what Grafana gives a panel of ~1000 px: the range over 1000, rounded
+// up to a whole minute, at least the panel's minimum interval.
+func interval(p *dashboard.Panel, from, to time.Time) time.Duration {
+	iv := (to.Sub(from) / 1000).Round(time.Minute)
+	if iv < time.Minute {
+		iv = time.Minute
+	}
+	if p != nil && p.Interval != nil {
+		if min, err := time.ParseDuration(*p.Interval); err == nil && min > iv {
+			iv = min
+		}
+	}
+	return iv
+}
+
+// variables are the dashboard's variables in s, in the order Grafana resolves them: a
+// query variable's options come from running its query (expanded with the variables
+// before it), which "All" then stands for.
+func (w *world) variables(t *testing.T, ctx context.Context, d dashboard.Dashboard, s scenario) []dashboards.Variable {
+	t.Helper()
+	var vars []dashboards.Variable
+	for _, v := range d.Templating.List {
+		dv := dashboards.Variable{Name: v.Name}
+		switch v.Type {
+		case "datasource":
+			continue
+		case "textbox":
+			dv.Values = []string{s.values[v.Name]}
+		case "custom":
+			for _, opt := range strings.Split(deref(v.Query.String), ",") {
+				parts := strings.SplitN(opt, " : ", 2)
+				dv.Options = append(dv.Options, strings.TrimSpace(parts[len(parts)-1]))
+			}
+		case "query":
+			req := dashboards.Request{From: w.from, To: w.to, Interval: time.Minute, Vars: vars}
+			sql, err := req.Expand(*v.Query.String)
+			require.NoError(t, err, "variable %s", v.Name)
+			res, err := w.server.Query(ctx, inDB(sql, w.db))
+			require.NoError(t, err, "variable %s:\n%s", v.Name, sql)
+			for _, r := range res.Rows {
+				dv.Options = append(dv.Options, r[0])
+			}
+		default:
+			t.Fatalf("variable %s has type %s, which this test does not model", v.Name, v.Type)
+		}
+		if vals, ok := s.multi[v.Name]; ok {
+			dv.Values, dv.Multi = vals, true
+		} else if val, ok := s.values[v.Name]; ok && v.Type != "textbox" {
+			dv.Values = []string{val}
+		} else if v.Type != "textbox" {
+			dv.All, dv.Values = true, []string{dashboards.AllValue}
+		}
+		vars = append(vars, dv)
+	}
+	return vars
+}
+
+// TestIntegrationEveryQueryRunsOnBothClickHouses expands every panel's and variable's
+// SQL as Grafana and the plugin do, for several selections (every "All"; one
+// organization; one of everything; ids full of quotes, backslashes, commas, ampersands
+// and unicode; values a URL could inject), runs it on ClickHouse 18.16 and 26.9 over the
+// same data, and checks both agree, the result has the shape its panel needs, and with
+// everything on "All" every query returns rows. Hostile values must filter exactly as
+// a correctly quoted literal of the same id does.
+func TestIntegrationEveryQueryRunsOnBothClickHouses(t *testing.T) {
+	w := loadWorld(t)
+	ctx := context.Background()
+	all, err := dashboards.Build()
+	require.NoError(t, err)
+	ids := w.namedIDs(t, ctx)
+	hostileRows := map[string]int{} // dashboard → panels with rows for the hostile organization
+	for _, name := range sortedKeys(all) {
+		d := all[name]
+		for _, s := range w.scenarios() {
+			vars := w.variables(t, ctx, d, s)
+			for _, q := range queriesOf(name, d) {
+				req := dashboards.Request{From: w.from, To: w.to, Interval: interval(q.panel, w.from, w.to), Vars: vars}
+				sql, err := req.Expand(q.sql)
+				if !assert.NoError(t, err, "%s [%s]", q.where, s.name) {
+					continue
+				}
+				a, b := w.run(t, ctx, q.where+" ["+s.name+"]", sql)
+				if a == nil || b == nil {
+					continue
+				}
+				if s.rows && len(a.Rows) == 0 {
+					t.Errorf("%s [%s]: no rows on the simulated workload: the panel could never show data\n%s", q.where, s.name, sql)
+				}
+				checkShape(t, q, s.name, a, ids)
+				if s.name == "hostile ids" && q.panel != nil && len(a.Rows) > 0 {
+					hostileRows[name]++
+				}
+				w.checkOracle(t, ctx, q.where+" ["+s.name+"]", sql, a)
+			}
+		}
+	}
+	// The hostile organization has data of every kind: its selection must find it, or the
+	// oracle comparisons above compared empty results only.
+	for _, name := range sortedKeys(all) {
+		assert.GreaterOrEqual(t, hostileRows[name], 2, "%s: panels with rows for the hostile organization", name)
+	}
+	t.Logf("panels with rows for the hostile organization: %v", hostileRows)
+}
+
+// run runs sql on both engines; it fails t and returns nils when either refuses it or
+// the two disagree. now() is pinned to one instant, so that "as of now" panels are
+// compared row by row too (dual.Diff compares only the columns of a query that reads
+// the clock).
+func (w *world) run(t *testing.T, ctx context.Context, where, sql string) (*dual.Result, *dual.Result) {
+	t.Helper()
+	sql = strings.ReplaceAll(inDB(sql, w.db), "now()", w.pinnedNow())
+	a, errA := w.server.Query(ctx, sql)
+	b, errB := w.current.Query(ctx, sql)
+	if errA != nil || errB != nil {
+		t.Errorf("%s:\n%s: %v\n%s: %v\n%s", where, w.server.Name(), errA, w.current.Name(), errB, sql)
+		return nil, nil
+	}
+	if d := dual.Diff(sql, a, b); d != "" {
+		t.Errorf("%s: %s vs %s: %s\n%s", where, w.server.Name(), w.current.Name(), d, sql)
+		return nil, nil
+	}
+	return a, b
+}
+
+var decoded = regexp.MustCompile(`decodeURLComponent\('([^']*)'\)`)
+
+// checkOracle runs sql again with every decodeURLComponent('<percent-encoded>') replaced
+// by a string literal of the decoded value, quoted the way ClickHouse reads it (\ and '
+// escaped): the filter must select exactly the rows that literal does.
+func (w *world) checkOracle(t *testing.T, ctx context.Context, where, sql string, got *dual.Result) {
+	t.Helper()
+	if !decoded.MatchString(sql) {
+		return
+	}
+	oracle := decoded.ReplaceAllStringFunc(sql, func(m string) string {
+		enc := decoded.FindStringSubmatch(m)[1]
+		v, err := url.PathUnescape(enc)
+		require.NoError(t, err, "%s: %q is not percent-encoded", where, enc)
+		return chLiteral(v)
+	})
+	want, err := w.server.Query(ctx, strings.ReplaceAll(inDB(oracle, w.db), "now()", w.pinnedNow()))
+	if !assert.NoError(t, err, "%s: oracle\n%s", where, oracle) {
+		return
+	}
+	if d := dual.Diff(sql, want, got); d != "" {
+		t.Errorf("%s: the decoded filter differs from the literal one: %s\n%s", where, d, sql)
+	}
+}
+
+// pinnedNow is the instant every query of the test reads as now().
+func (w *world) pinnedNow() string { return fmt.Sprintf("toDateTime(%d, 'UTC')", w.now.Unix()) }
+
+// chLiteral quotes s as a ClickHouse string literal.
+func chLiteral(s string) string {
+	r := strings.NewReplacer(`\`, `\\`, `'`, `\'`, "\n", `\n`, "\r", `\r`, "\t", `\t`, "\x00", `\0`)
+	return "'" + r.Replace(s) + "'"
+}
+
+// namedIDs are the ids that have a name (directory handles, room titles, organizations):
+// a column people read must show the name instead.
+func (w *world) namedIDs(t *testing.T, ctx context.Context) map[string]bool {
+	t.Helper()
+	out := map[string]bool{}
+	for _, q := range []string{
+		"SELECT id FROM " + w.db + ".directory FINAL WHERE handle != ''",
+		"SELECT room_id FROM " + w.db + ".rooms FINAL WHERE kind = 'title' AND title != ''",
+		"SELECT DISTINCT org_id FROM " + w.db + ".directory FINAL WHERE org_id != ''",
+	} {
+		res, err := w.server.Query(ctx, q)
+		require.NoError(t, err)
+		for _, r := range res.Rows {
+			out[r[0]] = true
+		}
+	}
+	return out
+}
+
+var uuid = regexp.MustCompile(`[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}`)
+
+// idColumns may hold ids: the hidden ones links use, event ids, and raw text.
+func idColumn(name string) bool {
+	return name == "id" || strings.HasSuffix(name, "_id") || slices.Contains([]string{"excerpt", "last_record", "operator", "question", "source"}, name)
+}
+
+func numeric(typ string) bool {
+	typ = strings.TrimSuffix(strings.TrimPrefix(typ, "Nullable("), ")")
+	return strings.HasPrefix(typ, "UInt") || strings.HasPrefix(typ, "Int") || strings.HasPrefix(typ, "Float") ||
+		strings.HasPrefix(typ, "Decimal")
+}
+
+func isTime(typ string) bool {
+	typ = strings.TrimSuffix(strings.TrimPrefix(typ, "Nullable("), ")")
+	return strings.HasPrefix(typ, "DateTime")
+}
+
+// checkShape checks what the panel's visualisation needs of the result.
+func checkShape(t *testing.T, q query, scenario string, r *dual.Result, named map[string]bool) {
+	t.Helper()
+	where := q.where + " [" + scenario + "]"
+	cols := r.Columns
+	require.NotEmpty(t, cols, where)
+	numbers := 0
+	for _, c := range cols {
+		if numeric(c.Type) {
+			numbers++
+		}
+	}
+	if q.panel == nil { // a variable: id (or value) first, then its name
+		assert.LessOrEqual(t, len(cols), 2, "%s: a variable query returns value and text", where)
+		for _, c := range cols {
+			assert.Equal(t, "String", c.Type, "%s: column %s", where, c.Name)
+		}
+		if len(cols) == 2 {
+			for _, row := range r.Rows {
+				if named[row[0]] {
+					assert.NotEqual(t, row[0], row[1], "%s: option %q shows its id, not its name", where, row[0])
+				}
+			}
+		}
+		return
+	}
+	switch q.panel.Type {
+	case "timeseries":
+		assert.True(t, isTime(cols[0].Type), "%s: a time series starts with its time column, got %v", where, cols[0])
+		assert.Positive(t, numbers, "%s: no numeric column in %v", where, cols)
+		for _, c := range cols[1:] {
+			assert.True(t, numeric(c.Type) || c.Type == "String", "%s: column %v is neither a label nor a value", where, c)
+		}
+		times := make([]string, len(r.Rows))
+		for i, row := range r.Rows {
+			times[i] = row[0]
+		}
+		assert.True(t, sort.StringsAreSorted(times), "%s: the plugin needs the rows sorted by time", where)
+	case "stat", "barchart":
+		assert.Positive(t, numbers, "%s: no numeric column in %v", where, cols)
+		for _, c := range cols {
+			assert.True(t, numeric(c.Type) || c.Type == "String", "%s: column %v", where, c)
+		}
+	case "table":
+	default:
+		t.Errorf("%s: panel type %s not checked", where, q.panel.Type)
+	}
+	if q.panel.Type == "barchart" {
+		assert.Equal(t, "String", cols[0].Type, "%s: the bars' names come first", where)
+	}
+	for i, c := range cols {
+		if c.Type != "String" || idColumn(c.Name) {
+			continue
+		}
+	rows:
+		for _, row := range r.Rows {
+			for _, id := range append([]string{row[i]}, uuid.FindAllString(row[i], -1)...) {
+				if named[id] {
+					t.Errorf("%s: column %s shows the id %q, which has a name: %q", where, c.Name, id, row[i])
+					break rows
+				}
+			}
+		}
+	}
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
+
+// TestIntegrationAlertRulesRun runs each alert rule's query as Grafana's alerting does
+// (the plugin's backend macros only, over the rule's relative range up to now) on both
+// engines: one numeric column and string labels, and rows on the simulated workload.
+func TestIntegrationAlertRulesRun(t *testing.T) {
+	w := loadWorld(t)
+	ctx := context.Background()
+	now := time.Now().UTC()
+	for _, r := range dashboards.Alerts() {
+		req := dashboards.Request{From: now.Add(-r.Range), To: now, Interval: time.Minute}
+		front, err := req.Frontend(r.SQL)
+		require.NoError(t, err)
+		require.Equal(t, r.SQL, front, "%s: an alert rule's SQL must not depend on dashboard variables", r.UID)
+		sql, err := req.Backend(r.SQL)
+		require.NoError(t, err, r.UID)
+		a, _ := w.run(t, ctx, "alert "+r.UID, sql)
+		if a == nil {
+			continue
+		}
+		numbers := 0
+		for _, c := range a.Columns {
+			if numeric(c.Type) {
+				numbers++
+			} else {
+				assert.Equal(t, "String", c.Type, "%s: label column %s", r.UID, c.Name)
+			}
+		}
+		assert.Equal(t, 1, numbers, "%s: alerting needs exactly one numeric column: %v", r.UID, a.Columns)
+		assert.NotEmpty(t, a.Rows, "%s: no rows on the simulated workload (which should make it fire)\n%s", r.UID, sql)
+		t.Logf("%s: %s", r.UID, a.String())
+	}
+}
+
+// TestIntegrationHostileValuesFilterExactly: a variable holding a hostile id selects
+// exactly that id's rows, on both engines, and a value that is not an id (a prefix of
+// one, one with a newline a URL added, two values a URL gave) selects nothing. The
+// filter is the one every panel uses (value() and is() in vars.go; the unit tests hold
+// every panel to that form).
+func TestIntegrationHostileValuesFilterExactly(t *testing.T) {
+	w := loadWorld(t)
+	ctx := context.Background()
+	h := w.hostile
+	filter := func(col, name string) string {
+		return fmt.Sprintf("$__conditionalAll(%s = decodeURLComponent('${%s:percentencode}'), $%s)", col, name, name)
+	}
+	cases := []struct {
+		variable, col, table string
+		ids                  []string // that exist: each selects itself
+	}{
+		{"org", "org_id", "events", []string{h.org}},
+		{"agent", "actor_id", "events", h.agents},
+		{"owner", "owner_id", "directory", []string{h.owner}},
+		{"room", "room_id", "events", []string{h.room}},
+		{"model", "model", "usage_hourly", []string{h.model}},
+	}
+	for _, c := range cases {
+		sql := "SELECT DISTINCT " + c.col + " AS v FROM bandplane." + c.table + " FINAL WHERE " + filter(c.col, c.variable) + " ORDER BY v"
+		check := func(v dashboards.Variable, want []string) {
+			t.Helper()
+			expanded, err := dashboards.Request{Vars: []dashboards.Variable{v}}.Expand(sql)
+			require.NoError(t, err)
+			a, _ := w.run(t, ctx, fmt.Sprintf("%s = %q", c.variable, v.Values), expanded)
+			if a == nil {
+				return
+			}
+			var got []string
+			for _, r := range a.Rows {
+				got = append(got, r[0])
+			}
+			assert.Equal(t, want, got, "%s = %q\n%s", c.variable, v.Values, expanded)
+		}
+		for _, id := range c.ids {
+			check(dashboards.Variable{Name: c.variable, Values: []string{id}}, []string{id})
+			check(dashboards.Variable{Name: c.variable, Values: []string{id + "\n"}}, nil)
+			r := []rune(id)
+			check(dashboards.Variable{Name: c.variable, Values: []string{string(r[:len(r)-1])}}, nil)
+			check(dashboards.Variable{Name: c.variable, Values: []string{id, id}, Multi: true}, nil)
+			check(dashboards.Variable{Name: c.variable, Values: []string{`x\' OR 1=1 --`[:3]}}, nil)
+		}
+	}
+}

@@ -1,0 +1,335 @@
+package dashboards_test
+
+import (
+	"context"
+	"crypto/ed25519"
+	"encoding/json"
+	"fmt"
+	"testing"
+	"time"
+
+	kafkago "github.com/segmentio/kafka-go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/bandplane/bandplane/deploy/stacktest"
+	"github.com/bandplane/bandplane/deploy/stacktest/dual"
+	"github.com/bandplane/bandplane/ingest"
+	"github.com/bandplane/bandplane/ingest/kafka"
+	"github.com/bandplane/bandplane/ingest/prices"
+	"github.com/bandplane/bandplane/ingest/pricing"
+	"github.com/bandplane/bandplane/ingest/seal"
+	"github.com/bandplane/bandplane/ingest/simulate"
+	"github.com/bandplane/bandplane/policy"
+	"github.com/bandplane/bandplane/policy/api"
+	"github.com/bandplane/bandplane/schema"
+)
+
+// world is the data the dashboards are tried on: a simulated workload and bandplane's
+// own events (decisions, suspensions, budgets, seals, dead letters) written through the
+// real ingest pipeline into a recorded database, then replayed so that the 18.16 server
+// and ClickHouse 26.9 hold the same rows in db.
+type world struct {
+	db       string // the replayed database, on both engines
+	server   dual.Engine
+	current  dual.Engine
+	from, to time.Time // a dashboard time range covering every event
+	now      time.Time // what the queries read as now(), once the data is loaded
+
+	orgs   []entity // the simulator's organizations, with a label each
+	agents []entity // agents with messages, by org
+	owners []entity
+	rooms  []entity
+	models []string
+
+	hostile hostileWorld
+}
+
+// entity is an id and, for the assertions, the org it belongs to.
+type entity struct{ id, org string }
+
+// hostileWorld is an organization whose ids are made of the characters that break
+// string literals and URL encodings. Every variable of every dashboard is tried with
+// them.
+type hostileWorld struct {
+	org, owner, room, model string
+	agents                  []string
+}
+
+func hostileIDs() hostileWorld {
+	return hostileWorld{
+		org:    `a'b`,
+		owner:  `c,d`,
+		room:   `e&f=g%20 {x}`,
+		model:  `ünï/cødé "模型"`,
+		agents: []string{`x\`, `x\' OR 1=1 --`, `агент Ω ✓`},
+	}
+}
+
+// simulated is the size of the simulated workload: a few thousand events, which a
+// 2-core machine ingests in seconds and which give every panel rows.
+const simulated = 2500
+
+func loadWorld(t *testing.T) *world {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	rec, db := dual.Database(t)
+	topic := stacktest.Topic(t, 4)
+	stop := stacktest.RunIngest(t, topic, rec, db, "ingest")
+	producer, err := kafka.NewProducer(kafka.ProducerConfig{Brokers: stacktest.Brokers(), Topic: topic})
+	require.NoError(t, err)
+	t.Cleanup(func() { producer.Close() })
+
+	// The price catalog as serve seeds it (the cache-savings panels read bandplane.prices);
+	// its price.seeded event is in the trail too.
+	_, err = prices.New(ctx, prices.Config{Conn: rec, Database: db, Seed: pricing.Default(), Auditor: producer})
+	require.NoError(t, err)
+
+	// The workload (about 11 hours of simulated time) ends a little before now, so that
+	// "now" panels (budgets of the current period, freshness, ages) see it, whatever time
+	// of day the test runs.
+	now := time.Now().UTC()
+	start := now.Add(-12 * time.Hour).Truncate(time.Minute)
+	cfg := simulate.DefaultConfig()
+	cfg.Events, cfg.Seed, cfg.Start = simulated, 7, start
+	sum, err := simulate.Run(ctx, cfg, ingest.ProducerSink{Producer: producer}, nil)
+	require.NoError(t, err)
+	want := uint64(sum.Events) + 1
+	waitEvents(t, rec, db, want)
+
+	w := &world{from: start.Add(-time.Hour), to: now.Add(time.Hour)}
+	w.readEntities(t, ctx, rec, db)
+	w.hostile = hostileIDs()
+
+	own := w.ownEvents(t, now)
+	own = append(own, hostileEvents(w.hostile, start.Add(30*time.Minute))...)
+	require.NoError(t, producer.Produce(ctx, own))
+	poison := []kafkago.Message{
+		{Key: []byte("poison"), Value: []byte(`{"topic":"chat_room:r1","event":"message_created","payload":`)},
+		{Key: []byte("poison"), Value: []byte(`["not","an","event"]`)},
+	}
+	require.NoError(t, producer.ProduceMessages(ctx, poison))
+	want += uint64(len(own))
+	waitEvents(t, rec, db, want)
+	require.True(t, stacktest.Eventually(t, 60*time.Second, 200*time.Millisecond, func() bool {
+		var n uint64
+		_ = rec.Conn.QueryRow(ctx, "SELECT count() FROM "+db+".dead_letters FINAL").Scan(&n)
+		return n == uint64(len(poison))
+	}), "dead letters of the poison records")
+
+	_, key, err := ed25519.GenerateKey(nil)
+	require.NoError(t, err)
+	sealer, err := seal.New(seal.Config{Conn: rec, Database: db, Key: key, Producer: producer, Settle: time.Millisecond})
+	require.NoError(t, err)
+	// ingested_at has seconds: a row of the current second waits for the next run.
+	time.Sleep(1100 * time.Millisecond)
+	res, err := sealer.SealNow(ctx)
+	require.NoError(t, err)
+	require.Positive(t, res.Seals, "seals made")
+	// The seals' announcements (audit.sealed) land too; wait for them before stopping.
+	waitEvents(t, rec, db, want+uint64(res.Emitted))
+	stop()
+
+	w.current = dual.Chdb(t)
+	rec.Replay(ctx, t, w.current)
+	w.server = dual.Server(t)
+	w.db = rec.ReplayDB()
+	w.now = time.Now().UTC()
+	return w
+}
+
+func waitEvents(t *testing.T, rec *dual.Recorder, db string, want uint64) {
+	t.Helper()
+	ctx := context.Background()
+	var n uint64
+	ok := stacktest.Eventually(t, 90*time.Second, 200*time.Millisecond, func() bool {
+		_ = rec.Conn.QueryRow(ctx, "SELECT count() FROM "+db+".events FINAL").Scan(&n)
+		return n >= want
+	})
+	if !ok {
+		rows, err := rec.Conn.Query(ctx, "SELECT stage, reason, substring(raw, 1, 300) FROM "+db+".dead_letters FINAL")
+		require.NoError(t, err)
+		defer rows.Close()
+		for rows.Next() {
+			var stage, reason, raw string
+			require.NoError(t, rows.Scan(&stage, &reason, &raw))
+			t.Logf("dead letter: %s: %s: %s", stage, reason, raw)
+		}
+		t.Fatalf("events in %s: %d, want %d", db, n, want)
+	}
+}
+
+func (w *world) readEntities(t *testing.T, ctx context.Context, rec *dual.Recorder, db string) {
+	t.Helper()
+	scan := func(sql string, each func(a, b string)) {
+		rows, err := rec.Conn.Query(ctx, sql)
+		require.NoError(t, err, sql)
+		defer rows.Close()
+		for rows.Next() {
+			var a, b string
+			require.NoError(t, rows.Scan(&a, &b))
+			each(a, b)
+		}
+		require.NoError(t, rows.Err())
+	}
+	scan("SELECT DISTINCT org_id, org_id FROM "+db+".directory FINAL WHERE org_id != '' ORDER BY org_id", func(a, _ string) {
+		w.orgs = append(w.orgs, entity{a, a})
+	})
+	scan("SELECT actor_id, any(org_id) FROM "+db+".events FINAL WHERE type = 'message.created' AND actor_type = 'agent' AND org_id != '' GROUP BY actor_id ORDER BY count() DESC, actor_id", func(a, b string) {
+		w.agents = append(w.agents, entity{a, b})
+	})
+	scan("SELECT owner_id, any(org_id) FROM "+db+".usage FINAL WHERE owner_id != '' GROUP BY owner_id ORDER BY count() DESC, owner_id", func(a, b string) {
+		w.owners = append(w.owners, entity{a, b})
+	})
+	scan("SELECT room_id, any(org_id) FROM "+db+".usage FINAL WHERE room_id != '' GROUP BY room_id ORDER BY count() DESC, room_id", func(a, b string) {
+		w.rooms = append(w.rooms, entity{a, b})
+	})
+	scan("SELECT model, '' FROM "+db+".usage FINAL GROUP BY model ORDER BY count() DESC, model", func(a, _ string) {
+		w.models = append(w.models, a)
+	})
+	require.NotEmpty(t, w.orgs)
+	require.NotEmpty(t, w.agents)
+	require.NotEmpty(t, w.owners)
+	require.NotEmpty(t, w.rooms)
+	require.NotEmpty(t, w.models)
+}
+
+// ownEvents are the events bandplane's policy side writes, as policy/api writes them:
+// decisions (allowed, throttled, denied for a suspension and for a cross-organization
+// add, under two policy revisions), an operator's suspension and resume, budgets of
+// every scope (hard and soft) and a crossing.
+func (w *world) ownEvents(t *testing.T, now time.Time) []schema.Event {
+	t.Helper()
+	var out []schema.Event
+	chatty := w.agents[0] // the most messages: the simulator's chatty agent
+	n := 0
+	decided := func(at time.Time, agent entity, room, decision string, allow bool, rev string, reasons ...policy.Reason) {
+		n++
+		in, _ := json.Marshal(map[string]any{"agent": agent.id, "room": room, "n": n})
+		data, err := json.Marshal(api.DecidedData{Decision: decision, Allow: allow, Reasons: reasons, PolicyRevision: rev,
+			InputDigest: fmt.Sprintf("%064x", n), Input: in, RetryAfterMs: map[bool]int64{true: 0, false: 1500}[allow]})
+		require.NoError(t, err)
+		out = append(out, schema.Event{ID: schema.NewID(), Type: schema.TypePolicyDecided, Time: at.Truncate(time.Millisecond),
+			OrgID: agent.org, RoomID: room, Actor: schema.Party{ID: agent.id, Type: schema.ActorAgent},
+			Source: api.SourcePolicy, SchemaVersion: schema.Version, Data: data})
+	}
+	revA, revB := "rev-a1b2c3", "rev-d4e5f6"
+	room := w.rooms[0].id
+	for i := range 40 {
+		at := w.from.Add(time.Hour + time.Duration(i)*4*time.Minute)
+		rev := revA
+		if i >= 20 {
+			rev = revB
+		}
+		a := w.agents[i%len(w.agents)]
+		decided(at, a, room, "send_message", true, rev, policy.Reason{Code: "allowed", Message: "within limits"})
+		decided(at.Add(time.Second), a, room, "peer_visible", true, rev, policy.Reason{Code: "owner", Message: "owner"})
+		if i%5 == 0 {
+			decided(at.Add(2*time.Second), a, room, "add_participant", false, rev,
+				policy.Reason{Code: "cross_org_requires_contact", Message: "another organization"})
+			decided(at.Add(3*time.Second), a, room, "contact_request", false, rev, policy.Reason{Code: "pending", Message: "pending"})
+		}
+		if i%7 == 0 {
+			decided(at.Add(4*time.Second), a, room, "add_participant", true, rev, policy.Reason{Code: "contact", Message: "contact"})
+		}
+	}
+	// The chatty agent is throttled again and again in the last minutes (the alert's window).
+	for i := range 8 {
+		decided(now.Add(-5*time.Minute+time.Duration(i)*20*time.Second), chatty, room, "send_message", false, revB,
+			policy.Reason{Code: policy.CodeRateLimited, Message: "message rate used up"})
+	}
+	decided(now.Add(-20*time.Minute), chatty, room, "send_message", false, revB,
+		policy.Reason{Code: policy.CodeBudgetExceeded, Message: "daily budget spent"})
+	// An operator suspends an agent and resumes it; decisions in between are denied.
+	susp := w.agents[1%len(w.agents)]
+	op := schema.Party{ID: "key-operator", Type: schema.ActorSystem}
+	opData, _ := json.Marshal(api.OperatorData{Reason: "runaway loop", KeyName: "ops"})
+	out = append(out, schema.Event{ID: schema.NewID(), Type: schema.TypeAgentSuspended, Time: now.Add(-90 * time.Minute).Truncate(time.Second),
+		OrgID: susp.org, Actor: op, Subject: &schema.Party{ID: susp.id, Type: schema.ActorAgent}, Source: api.SourcePolicy,
+		SchemaVersion: schema.Version, Data: opData})
+	decided(now.Add(-80*time.Minute), susp, room, "send_message", false, revB, policy.Reason{Code: "suspended", Message: "suspended"})
+	out = append(out, schema.Event{ID: schema.NewID(), Type: schema.TypeAgentResumed, Time: now.Add(-60 * time.Minute).Truncate(time.Second),
+		OrgID: susp.org, Actor: op, Subject: &schema.Party{ID: susp.id, Type: schema.ActorAgent}, Source: api.SourcePolicy,
+		SchemaVersion: schema.Version, Data: opData})
+
+	// Budgets: per scope, hard and soft, daily and monthly, some well spent already.
+	budget := func(org string, scope policy.BudgetScope, id string, period policy.Period, tokens, costMicros int64, hard bool) policy.Budget {
+		b := policy.Budget{ID: policy.BudgetID(org, scope, id, period), Org: org, Scope: scope, ScopeID: id, Period: period,
+			Tokens: tokens, CostMicros: costMicros, Hard: hard, UpdatedAt: w.from.Add(30 * time.Minute), UpdatedBy: "key-admin"}
+		data, err := json.Marshal(b)
+		require.NoError(t, err)
+		out = append(out, schema.Event{ID: schema.NewID(), Type: schema.TypeBudgetSet, Time: b.UpdatedAt, OrgID: org,
+			Actor: schema.Party{ID: "key-admin", Type: schema.ActorSystem}, Source: api.SourcePolicy, SchemaVersion: schema.Version, Data: data})
+		return b
+	}
+	org := w.orgs[0].id
+	hardOrg := budget(org, policy.ScopeOrg, org, policy.PeriodDay, 0, 2_000_000, true)
+	budget(org, policy.ScopeOrg, org, policy.PeriodMonth, 0, 500_000_000, false)
+	budget(chatty.org, policy.ScopeAgent, chatty.id, policy.PeriodDay, 200_000, 0, true)
+	budget(w.owners[0].org, policy.ScopeOwner, w.owners[0].id, policy.PeriodMonth, 50_000_000, 100_000_000, false)
+	budget(w.rooms[0].org, policy.ScopeRoom, w.rooms[0].id, policy.PeriodDay, 0, 1_000_000, true)
+	gone := budget(org, policy.ScopeAgent, w.agents[len(w.agents)-1].id, policy.PeriodDay, 1000, 0, true)
+	goneData, _ := json.Marshal(gone)
+	out = append(out, schema.Event{ID: schema.NewID(), Type: schema.TypeBudgetDeleted, Time: gone.UpdatedAt.Add(time.Minute), OrgID: org,
+		Actor: schema.Party{ID: "key-admin", Type: schema.ActorSystem}, Source: api.SourcePolicy, SchemaVersion: schema.Version, Data: goneData})
+	crossing, _ := json.Marshal(policy.Crossing{Budget: hardOrg, Threshold: 80, PeriodStart: policy.PeriodStart(policy.PeriodDay, now),
+		SpentCost: 1_700_000, At: now.Add(-30 * time.Minute).Truncate(time.Second)})
+	out = append(out, schema.Event{ID: schema.NewID(), Type: schema.TypeBudgetCrossed, Time: now.Add(-30 * time.Minute).Truncate(time.Second), OrgID: org,
+		Actor: schema.Party{ID: api.SourcePolicy, Type: schema.ActorSystem}, Subject: &schema.Party{ID: org, Type: schema.ActorSystem},
+		Source: api.SourcePolicy, SchemaVersion: schema.Version, Data: crossing})
+	return out
+}
+
+// hostileEvents are a small organization whose ids are hostile, in canonical form: its
+// directory, a room, messages with mentions, a tool call that fails, usage of a model
+// with a hostile name, a task, a request for attention and a throttled decision.
+func hostileEvents(h hostileWorld, at time.Time) []schema.Event {
+	var out []schema.Event
+	step := 0
+	ev := func(typ, room string, actor schema.Party, subject *schema.Party, data any) {
+		step++
+		raw, err := json.Marshal(data)
+		if err != nil {
+			panic(err)
+		}
+		src := simulate.Source
+		if typ == schema.TypePolicyDecided || typ == schema.TypeBudgetSet {
+			src = api.SourcePolicy
+		}
+		out = append(out, schema.Event{ID: schema.NewID(), Type: typ, Time: at.Add(time.Duration(step) * 7 * time.Second), OrgID: h.org,
+			RoomID: room, Actor: actor, Subject: subject, Source: src, SchemaVersion: schema.Version, Data: raw})
+	}
+	owner := schema.Party{ID: h.owner, Type: schema.ActorUser, Handle: "hostile.owner"}
+	system := schema.Party{ID: "system", Type: schema.ActorSystem}
+	ev(schema.TypeUserRegistered, "", system, &owner, schema.UserData{Handle: "hostile.owner", Name: `Owner "O'Hara" \ ünï`})
+	var agents []schema.Party
+	for i, id := range h.agents {
+		handle := fmt.Sprintf("hostile.owner/agent-%d", i)
+		a := schema.Party{ID: id, Type: schema.ActorAgent, Handle: handle}
+		agents = append(agents, a)
+		ev(schema.TypeAgentRegistered, "", owner, &a, schema.AgentData{Handle: handle, Name: fmt.Sprintf("Agent %d ' \\ ,", i),
+			OwnerID: h.owner, Model: h.model, Listed: true})
+	}
+	ev(schema.TypeRoomAdded, h.room, owner, nil, schema.RoomData{Title: `Room 'e&f' \ {x}`})
+	for _, a := range agents {
+		ev(schema.TypeParticipantAdded, h.room, owner, &a, schema.ParticipantData{ParticipantID: a.ID, ParticipantType: schema.ActorAgent, Handle: a.Handle})
+	}
+	for i, a := range agents {
+		other := agents[(i+1)%len(agents)]
+		ev(schema.TypeMessageCreated, h.room, a, nil, schema.MessageData{Content: "@" + other.Handle + " hi", MessageType: "text",
+			Mentions: []schema.Mention{{ID: other.ID, Handle: other.Handle}}})
+		ev(schema.TypeToolCall, h.room, a, nil, schema.ToolCallData{ToolName: "sql_query", ToolCallID: fmt.Sprintf("call_%d", i)})
+		ev(schema.TypeToolResult, h.room, a, nil, schema.ToolResultData{ToolName: "sql_query", ToolCallID: fmt.Sprintf("call_%d", i), IsError: i == 0})
+		ev(schema.TypeUsageReported, h.room, a, nil, schema.UsageData{InputTokens: 1000 * int64(i+1), OutputTokens: 100, CacheReadTokens: 500, Model: h.model})
+	}
+	ev(schema.TypeTaskCreated, h.room, agents[0], nil, schema.TaskData{TaskID: `t'1\`, Title: "hostile task", Status: "blocked", Assignee: agents[0].ID})
+	ev(schema.TypeAttention, h.room, agents[1], nil, schema.MessageData{Content: "@hostile.owner decide?", MessageType: "attention",
+		Mentions: []schema.Mention{{ID: h.owner, Handle: "hostile.owner"}}})
+	b := policy.Budget{ID: policy.BudgetID(h.org, policy.ScopeAgent, h.agents[0], policy.PeriodDay), Org: h.org, Scope: policy.ScopeAgent,
+		ScopeID: h.agents[0], Period: policy.PeriodDay, Tokens: 5000, Hard: true, UpdatedAt: at}
+	ev(schema.TypeBudgetSet, "", schema.Party{ID: "key-admin", Type: schema.ActorSystem}, nil, b)
+	reason := []policy.Reason{{Code: policy.CodeRateLimited, Message: "rate"}}
+	data := api.DecidedData{Decision: "send_message", Allow: false, Reasons: reason, PolicyRevision: "rev-d4e5f6", InputDigest: "00", Input: json.RawMessage(`{}`)}
+	ev(schema.TypePolicyDecided, h.room, agents[0], nil, data)
+	return out
+}
