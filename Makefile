@@ -41,11 +41,11 @@ bench-policy: build
 bench-query: build
 	$(BIN) bench query
 
-# Regenerates the gqlgen code and the Grafana dashboards; tests fail when either is stale
+# Regenerates the gqlgen code, the Grafana dashboards and alert rules; tests fail when any is stale
 # (graph/generate_test.go, dashboards/dashboards_test.go).
 generate:
 	$(GO) tool gqlgen generate
-	$(GO) run ./cmd/bandplane dashboards --out deploy/grafana/dashboards
+	$(GO) run ./cmd/bandplane dashboards --out deploy/grafana/dashboards --alerts deploy/grafana/provisioning/alerting
 
 # 60 s each: the event decoder, and the collector's HTTP handler.
 fuzz:
