@@ -8,7 +8,8 @@
 #   deploy/local/chdb.sh python    # prints the venv's python (exit 1 if not installed)
 #
 # The wheel (180 MB) is kept in ~/.cache/bandplane/pip, so a new checkout on the same
-# machine installs without downloading it again. Only chdb-core itself is installed
+# machine installs without downloading it again. Two installs at once are not guarded
+# against (make test runs one). Only chdb-core itself is installed
 # (--no-deps): the engine needs none of its optional pandas/pyarrow dependencies.
 set -euo pipefail
 
@@ -23,14 +24,19 @@ die() { say "$*"; exit 1; }
 
 installed() {
   [[ -x "$VENV/bin/python" ]] &&
-    "$VENV/bin/python" -c "import importlib.metadata as m, sys; sys.exit(m.version('chdb-core') != '$VERSION')" 2>/dev/null
+    "$VENV/bin/python" -c "import importlib.metadata as m, sys, chdb; sys.exit(m.version('chdb-core') != '$VERSION')" 2>/dev/null
 }
 
 install() {
   if installed; then return 0; fi
   command -v python3 >/dev/null || die "python3 not found: install Python 3.9 or later"
   say "creating $VENV with chdb-core $VERSION (ClickHouse 26.9) ..."
-  rm -rf "$VENV"
+  # Only ever remove a virtual environment (or nothing): BANDPLANE_CHDB_VENV may point
+  # anywhere.
+  if [[ -e "$VENV" ]]; then
+    [[ -f "$VENV/pyvenv.cfg" ]] || die "$VENV exists and is not a virtual environment: remove it or set BANDPLANE_CHDB_VENV"
+    rm -rf "$VENV"
+  fi
   if ! python3 -m venv "$VENV"; then
     # Debian's python3 ships venv separately.
     command -v apt-get >/dev/null && [[ $(id -u) -eq 0 ]] || die "python3 -m venv failed (Debian: apt-get install python3-venv)"
@@ -42,8 +48,14 @@ install() {
     python3 -m venv "$VENV" || die "python3 -m venv failed"
   fi
   mkdir -p "$CACHE"
-  "$VENV/bin/pip" install -q --disable-pip-version-check --cache-dir "$CACHE" --no-deps "chdb-core==$VERSION" ||
-    die "pip install chdb-core==$VERSION failed"
+  # The wheel itself is kept (pip's own cache does not keep one this large), so a new
+  # checkout installs it without the network.
+  if ! compgen -G "$CACHE/chdb_core-$VERSION-*.whl" >/dev/null; then
+    "$VENV/bin/pip" download -q --disable-pip-version-check --no-deps --only-binary=:all: -d "$CACHE" "chdb-core==$VERSION" ||
+      die "pip download chdb-core==$VERSION failed"
+  fi
+  "$VENV/bin/pip" install -q --disable-pip-version-check --no-index --find-links "$CACHE" --no-deps "chdb-core==$VERSION" ||
+    die "pip install chdb-core==$VERSION (from $CACHE) failed"
   installed || die "chdb-core $VERSION is not importable after installing it"
   say "engine $("$VENV/bin/python" -c 'import chdb; print(chdb.query("SELECT version()", "TabSeparated").bytes().decode().strip())')"
 }

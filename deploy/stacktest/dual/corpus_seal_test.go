@@ -124,7 +124,13 @@ func TestIntegrationCorpusSealVerifyExportRetention(t *testing.T) {
 	require.NoError(t, st.BatchInsert(ctx, &store.Batch{Events: append(append(append([]store.EventRow{}, recent...), day3...), day20...)}))
 	twice := sealRows("twice", org, 1, now.Add(-30*time.Minute), now.Add(-time.Minute))
 	require.NoError(t, st.BatchInsert(ctx, &store.Batch{Events: twice}))
+	// Stored again a second later, as a second delivery is: the copy FINAL keeps (the
+	// last inserted) is the one the export picks (the last ingested) while the parts are
+	// not merged yet (the corpus keeps every part). Two copies of one key differing in
+	// content within the same second are picked by a hash instead: see the closing note
+	// of issue 10.
 	twice[0].Data = `{"content":"stored again, edited"}`
+	twice[0].IngestedAt = twice[0].IngestedAt.Add(time.Second)
 	require.NoError(t, st.BatchInsert(ctx, &store.Batch{Events: twice}))
 	ownRows := len(recent) + len(day3) + len(day20) + 1
 	time.Sleep(2 * time.Second) // past the settle of the simulated traffic's last insert

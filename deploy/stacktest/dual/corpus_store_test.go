@@ -48,6 +48,41 @@ func TestIntegrationCorpusPricesBudgetsReplica(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, budgets, 1)
 
+	// What ingest reads at start and on replays: stale rollup hours and days, parties
+	// stored without an organization, agents with usage of an unknown model (and
+	// ingest's reprice of it below), stored copies of redelivered events.
+	require.NoError(t, st.BatchInsert(ctx, &store.Batch{
+		Events: []store.EventRow{{ID: "orphan-1", Type: schema.TypeMessageCreated, Time: now, ActorID: "agent-without-org",
+			ActorType: "agent", Source: "platform", Data: `{}`, SchemaVersion: 1, IngestedAt: now}},
+		Usage: []store.UsageRow{{EventID: "usage-unknown-1", Time: now.Add(-time.Minute), OrgID: org, AgentID: "agent-late",
+			Model: "unknown", InputTokens: 10, OutputTokens: 5, Currency: "USD", Version: uint64(now.UnixNano())}},
+	}))
+	stale, err := st.StaleHours(ctx, 24*time.Hour)
+	require.NoError(t, err)
+	assert.NotEmpty(t, stale)
+	_, err = st.StaleDays(ctx, now.Add(-24*time.Hour))
+	require.NoError(t, err)
+	parties, err := st.UnattributedParties(ctx, now.Add(-time.Hour))
+	require.NoError(t, err)
+	assert.Contains(t, parties, "agent-without-org")
+	late, err := st.UnpricedAgents(ctx, now.Add(-time.Hour))
+	require.NoError(t, err)
+	assert.Contains(t, late, "agent-late")
+	var eventKeys []store.EventKey
+	rows, err := rec.Conn.Query(ctx, "SELECT org_id, toUInt32(time), id FROM "+db+".events ORDER BY time LIMIT 50")
+	require.NoError(t, err)
+	for rows.Next() {
+		var k store.EventKey
+		var sec uint32
+		require.NoError(t, rows.Scan(&k.OrgID, &sec, &k.ID))
+		k.Time = int64(sec)
+		eventKeys = append(eventKeys, k)
+	}
+	rows.Close()
+	stored, err := st.StoredEvents(ctx, eventKeys)
+	require.NoError(t, err)
+	assert.Len(t, stored, len(eventKeys))
+
 	// Prices: the seeded catalog, a new version, a reprice job of every organization.
 	auditTopic := stacktest.Topic(t, 1)
 	producer, err := kafka.NewProducer(kafka.ProducerConfig{Brokers: stacktest.Brokers(), Topic: auditTopic, BatchSize: kafka.AuditBatchSize})
@@ -71,8 +106,9 @@ func TestIntegrationCorpusPricesBudgetsReplica(t *testing.T) {
 	require.NotEmpty(t, jobs)
 
 	// Ingest's own reprice of the usage of an agent whose model it learns late.
-	_, err = ingest.Reprice(ctx, st, ingest.NewDirectory(), svc.Live(), store.UsageFilter{From: from, To: now.Add(time.Hour), UnpricedOnly: true})
+	res, err := ingest.Reprice(ctx, st, ingest.NewDirectory(), svc.Live(), store.UsageFilter{From: from, To: now.Add(time.Hour), UnpricedOnly: true})
 	require.NoError(t, err)
+	assert.NotZero(t, res.Scanned, "the unknown model's usage is scanned")
 
 	// A policy replica bootstraps from ClickHouse, two weeks into the month so that both
 	// the recent usage and the daily rollup are read.

@@ -14,22 +14,32 @@ import (
 
 // CorpusDirs are the packages whose SQL the two-engine corpus must cover: every call
 // there that sends SQL (CallSites) has to be made through a Recorder by some corpus
-// test, so a new query cannot escape the comparison.
+// test and compared on both engines with rows, so a new query cannot escape the
+// comparison. Outside them only the benchmarks (ingest/bench, policy/policybench) and
+// the test helpers (deploy/stacktest) send SQL.
 var CorpusDirs = []string{
 	"schema/chdb", "ingest/store", "ingest/seal", "ingest/prices",
 	"query", "policy/replica", "policy/keys",
 }
 
-// seen holds the callers (file:line) of every recorded statement and batch.
-var seen sync.Map
+// compared holds the calls in bandplane's code (file:line) whose statements a Replay
+// ran and compared on both engines: true once one of them had effect (a batch, a
+// statement) or returned rows that were compared, false while all returned none.
+var compared sync.Map
 
-func markSeen(caller string) { seen.Store(caller, true) }
+func markCompared(caller string, rows bool) {
+	if rows {
+		compared.Store(caller, true)
+		return
+	}
+	compared.LoadOrStore(caller, false)
+}
 
-// Covered are the calls in bandplane's code (file:line) recorded so far in this
-// process.
+// Covered are the calls in bandplane's code (file:line) compared on both engines so far
+// in this process, each true when some comparison had rows (see markCompared).
 func Covered() map[string]bool {
 	out := map[string]bool{}
-	seen.Range(func(k, _ any) bool { out[k.(string)] = true; return true })
+	compared.Range(func(k, v any) bool { out[k.(string)] = v.(bool); return true })
 	return out
 }
 

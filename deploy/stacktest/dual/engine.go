@@ -184,6 +184,7 @@ type chdbEngine struct {
 	cmd    *exec.Cmd
 	stderr *bytes.Buffer
 	name   string
+	dead   error // set when the engine was killed
 }
 
 func (c *chdbEngine) Name() string { return c.name }
@@ -209,6 +210,9 @@ func (c *chdbEngine) read() (string, error) {
 	return r.Out, nil
 }
 
+// do sends one request and waits for its reply, or for ctx: a statement the engine
+// never finishes (say, a mutation on a table whose merges are stopped) kills the engine,
+// and every later request fails at once instead of hanging the test.
 func (c *chdbEngine) do(ctx context.Context, req map[string]string) (string, error) {
 	if err := ctx.Err(); err != nil {
 		return "", err
@@ -219,10 +223,27 @@ func (c *chdbEngine) do(ctx context.Context, req map[string]string) (string, err
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if c.dead != nil {
+		return "", c.dead
+	}
 	if _, err := c.in.Write(append(b, '\n')); err != nil {
 		return "", fmt.Errorf("chdb engine: %v; stderr: %s", err, c.stderr.String())
 	}
-	return c.read()
+	type reply struct {
+		out string
+		err error
+	}
+	done := make(chan reply, 1)
+	go func() { out, err := c.read(); done <- reply{out, err} }()
+	select {
+	case r := <-done:
+		return r.out, r.err
+	case <-ctx.Done():
+		c.dead = fmt.Errorf("chdb engine killed: a statement outlived its context (%v): %.300s", ctx.Err(), req["sql"])
+		_ = c.cmd.Process.Kill()
+		<-done
+		return "", c.dead
+	}
 }
 
 func (c *chdbEngine) Exec(ctx context.Context, sql string) error {
@@ -256,8 +277,12 @@ func (c *chdbEngine) Insert(ctx context.Context, insert string, tsv []byte) erro
 	return err
 }
 
+// Null is how a Result holds NULL: no text ClickHouse writes unescaped (the string \N
+// is written \\N and read back as \N).
+const Null = "\x00NULL\x00"
+
 // ParseTSV reads TabSeparatedWithNamesAndTypes: a line of names, a line of types, then
-// rows; values are unescaped, NULL stays `\N`.
+// rows; values are unescaped, NULL is Null.
 func ParseTSV(b []byte) (*Result, error) {
 	lines := strings.Split(strings.TrimSuffix(string(b), "\n"), "\n")
 	if len(lines) < 2 {
@@ -284,7 +309,10 @@ func ParseTSV(b []byte) (*Result, error) {
 func splitTSV(line string) []string {
 	fields := strings.Split(line, "\t")
 	for i, f := range fields {
-		if f != `\N` && strings.IndexByte(f, '\\') >= 0 {
+		switch {
+		case f == `\N`:
+			fields[i] = Null
+		case strings.IndexByte(f, '\\') >= 0:
 			fields[i] = unescapeTSV(f)
 		}
 	}

@@ -11,6 +11,12 @@ import (
 	"github.com/bandplane/bandplane/deploy/stacktest/dual"
 )
 
+// emptyOK are the calls whose results are empty on any data the corpus can make, by
+// design, with the reason.
+var emptyOK = map[string]string{
+	"ingest/seal/cut.go:106": "the days of events before a signed retention cut: retention drops them before it records the cut, so only a drop that failed half-way leaves rows",
+}
+
 // TestMain checks, after a full integration run of the corpus tests (no -run filter),
 // that they made every SQL-sending call of the corpus packages through a Recorder: a
 // query nobody compares on both engines fails the package.
@@ -25,15 +31,25 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	covered := dual.Covered()
-	var missing []string
+	var missing, empty []string
 	for _, s := range sites {
-		if !covered[s] {
+		rows, ok := covered[s]
+		switch {
+		case !ok:
 			missing = append(missing, s)
+		case !rows && emptyOK[s] == "":
+			empty = append(empty, s)
 		}
 	}
 	if len(missing) > 0 {
-		fmt.Fprintf(os.Stderr, "corpus coverage: %d of %d calls that send SQL were not run on both engines by any corpus test:\n  %s\n",
+		fmt.Fprintf(os.Stderr, "corpus coverage: %d of %d calls that send SQL were not compared on both engines by any corpus test:\n  %s\n",
 			len(missing), len(sites), strings.Join(missing, "\n  "))
+	}
+	if len(empty) > 0 {
+		fmt.Fprintf(os.Stderr, "corpus coverage: %d calls were compared on both engines only on empty results (give the corpus data they return, or list them in emptyOK with the reason):\n  %s\n",
+			len(empty), strings.Join(empty, "\n  "))
+	}
+	if len(missing)+len(empty) > 0 {
 		os.Exit(1)
 	}
 	fmt.Printf("corpus coverage: all %d calls that send SQL in %s ran on both engines\n", len(sites), strings.Join(dual.CorpusDirs, ", "))

@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2"
-	"github.com/ClickHouse/clickhouse-go/v2/ext"
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
 	"github.com/bandplane/bandplane/deploy/stacktest"
@@ -30,9 +29,11 @@ type Step struct {
 	SQL     string // the statement as the server received it (arguments bound)
 	Err     error  // what the server said on the recorded run, nil if it succeeded
 
-	external []*ext.Table
-	stage    string // staging table of a batch
-	columns  string // the batch's column list
+	external   []External
+	extErr     error
+	resultRows string // the rows the server returned on the recorded run (query_log)
+	stage      string // staging table of a batch
+	columns    string // the batch's column list
 }
 
 // Recorder is a driver.Conn that records every statement and batch the code under test
@@ -46,6 +47,12 @@ type Recorder struct {
 
 	mu    sync.Mutex
 	steps []*Step
+	// gate orders statements and sends as they took effect: a statement holds it
+	// shared while it starts (until the call returns), a batch's Send exclusively, so no
+	// statement can see a batch's rows before the batch's step is recorded, nor miss
+	// them after.
+	gate    sync.RWMutex
+	batches int
 }
 
 // Database creates a unique database on the local 18.16 and migrates it through a
@@ -121,14 +128,19 @@ func caller() string {
 func (r *Recorder) begin(ctx context.Context, method string) (context.Context, *Step) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	s := &Step{N: len(r.steps) + 1, Method: method, Caller: caller(), external: chdb.ExternalTables(ctx)}
+	s := &Step{N: len(r.steps) + 1, Method: method, Caller: caller()}
 	s.QueryID = fmt.Sprintf("%s%d", r.id, s.N)
-	markSeen(s.Caller)
+	// The external tables as they are now: the caller may change them later.
+	if s.external, s.extErr = externals(chdb.ExternalTables(ctx)); s.extErr != nil {
+		r.t.Errorf("dual: step %d at %s: %v", s.N, s.Caller, s.extErr)
+	}
 	r.steps = append(r.steps, s)
 	return clickhouse.Context(ctx, clickhouse.WithQueryID(s.QueryID)), s
 }
 
 func (r *Recorder) Query(ctx context.Context, query string, args ...any) (driver.Rows, error) {
+	r.gate.RLock()
+	defer r.gate.RUnlock()
 	ctx, s := r.begin(ctx, "Query")
 	rows, err := r.Conn.Query(ctx, query, args...)
 	s.Err = err
@@ -136,6 +148,8 @@ func (r *Recorder) Query(ctx context.Context, query string, args ...any) (driver
 }
 
 func (r *Recorder) QueryRow(ctx context.Context, query string, args ...any) driver.Row {
+	r.gate.RLock()
+	defer r.gate.RUnlock()
 	ctx, s := r.begin(ctx, "QueryRow")
 	row := r.Conn.QueryRow(ctx, query, args...)
 	s.Err = row.Err()
@@ -143,15 +157,38 @@ func (r *Recorder) QueryRow(ctx context.Context, query string, args ...any) driv
 }
 
 func (r *Recorder) Select(ctx context.Context, dest any, query string, args ...any) error {
+	r.gate.RLock()
+	defer r.gate.RUnlock()
 	ctx, s := r.begin(ctx, "Select")
 	s.Err = r.Conn.Select(ctx, dest, query, args...)
 	return s.Err
 }
 
 func (r *Recorder) Exec(ctx context.Context, query string, args ...any) error {
+	r.gate.RLock()
+	defer r.gate.RUnlock()
 	ctx, s := r.begin(ctx, "Exec")
 	s.Err = r.Conn.Exec(ctx, query, args...)
+	if s.Err == nil {
+		r.stopMerges(query)
+	}
 	return s.Err
+}
+
+// stopMerges stops the merges of a MergeTree table query created, as Replay does on
+// both engines: reads without FINAL then see the same parts on the recorded run and on
+// the replays.
+func (r *Recorder) stopMerges(query string) {
+	m := createTable.FindStringSubmatch(query)
+	if m == nil || !strings.Contains(strings.ToUpper(query), "MERGETREE") {
+		return
+	}
+	// A context of its own: the statement's carries its query id.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := r.Conn.Exec(ctx, "SYSTEM STOP MERGES "+m[2]); err != nil {
+		r.t.Errorf("dual: SYSTEM STOP MERGES %s: %v", m[2], err)
+	}
 }
 
 func (r *Recorder) unsupported(method string) error {
@@ -182,7 +219,11 @@ func (r *Recorder) PrepareBatch(ctx context.Context, query string, opts ...drive
 	if m == nil {
 		return nil, r.unsupported("a batch without an explicit column list (" + query + ")")
 	}
-	real, err := r.Conn.PrepareBatch(ctx, query, opts...)
+	r.mu.Lock()
+	r.batches++
+	id := fmt.Sprintf("%sb%d", r.id, r.batches)
+	r.mu.Unlock()
+	real, err := r.Conn.PrepareBatch(clickhouse.Context(ctx, clickhouse.WithQueryID(id)), query, opts...)
 	if err != nil {
 		return nil, err
 	}
@@ -192,8 +233,7 @@ func (r *Recorder) PrepareBatch(ctx context.Context, query string, opts ...drive
 	r.mu.Lock()
 	n := len(r.steps) + 1
 	r.mu.Unlock()
-	s := &Step{Method: "Batch", Caller: caller(), SQL: "INSERT INTO " + m[1] + " (" + m[2] + ")", columns: m[2]}
-	markSeen(s.Caller)
+	s := &Step{Method: "Batch", Caller: caller(), QueryID: id, SQL: "INSERT INTO " + m[1] + " (" + m[2] + ")", columns: m[2]}
 	s.stage = fmt.Sprintf("%s.b%d_%d", r.stage, n, time.Now().UnixNano())
 	if err := r.Conn.Exec(ctx, "CREATE TABLE "+s.stage+" AS "+m[1]+" ENGINE = Log"); err != nil {
 		return nil, fmt.Errorf("dual: staging table for %s: %w", m[1], err)
@@ -209,9 +249,10 @@ func (r *Recorder) PrepareBatch(ctx context.Context, query string, opts ...drive
 // which is when its rows become visible.
 type batch struct {
 	driver.Batch
-	staged driver.Batch
-	r      *Recorder
-	s      *Step
+	staged  driver.Batch
+	r       *Recorder
+	s       *Step
+	flushed int // rows sent by Flush before Send
 }
 
 func (b *batch) Append(v ...any) error {
@@ -233,22 +274,28 @@ func (b *batch) Column(i int) driver.BatchColumn {
 }
 
 func (b *batch) Flush() error {
+	b.flushed += b.Batch.Rows() // Rows counts since the last Flush
 	if err := b.Batch.Flush(); err != nil {
 		return err
 	}
 	return b.staged.Flush()
 }
 
+// Send sends the real batch, then the staged copy, and records the step. A Send that
+// failed may still have stored the rows (a cancelled context after the server took
+// the block): the server's query_log says whether the insert finished.
 func (b *batch) Send() error {
-	rows := b.Batch.Rows()
+	b.r.gate.Lock()
+	defer b.r.gate.Unlock()
+	rows := b.flushed + b.Batch.Rows()
 	err := b.Batch.Send()
-	if err != nil {
+	if err != nil && !b.r.committed(b.s.QueryID) {
 		_ = b.staged.Abort()
 		return err
 	}
-	if err := b.staged.Send(); err != nil {
-		b.r.t.Errorf("dual: staging the rows of %s: %v", b.s.SQL, err)
-		return nil
+	if serr := b.staged.Send(); serr != nil {
+		b.r.t.Errorf("dual: staging the rows of %s: %v", b.s.SQL, serr)
+		return err
 	}
 	if rows > 0 {
 		b.r.mu.Lock()
@@ -256,7 +303,31 @@ func (b *batch) Send() error {
 		b.r.steps = append(b.r.steps, b.s)
 		b.r.mu.Unlock()
 	}
-	return nil
+	return err
+}
+
+// committed reports whether the server logged the statement of query id as finished.
+// The server may still be finishing it when the client gives up, so it waits (up to
+// 5 s) for the statement's end in query_log: finished, or failed.
+func (r *Recorder) committed(id string) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		if err := r.Conn.Exec(ctx, "SYSTEM FLUSH LOGS"); err != nil {
+			r.t.Errorf("dual: SYSTEM FLUSH LOGS: %v", err)
+			return false
+		}
+		var finished, failed uint64
+		if err := r.Conn.QueryRow(ctx, "SELECT countIf(type = 2), countIf(type > 2) FROM system.query_log "+
+			"WHERE event_date >= yesterday() AND query_id = ?", id).Scan(&finished, &failed); err != nil {
+			r.t.Errorf("dual: reading query_log: %v", err)
+			return false
+		}
+		if finished+failed > 0 {
+			return finished > 0
+		}
+	}
+	return false
 }
 
 func (b *batch) Abort() error {
