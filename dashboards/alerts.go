@@ -55,21 +55,28 @@ type AlertRule struct {
 	NoData alerting.RuleNoDataState
 }
 
+// Alert instances are told apart by their labels alone: two rows with the same label set
+// make Grafana refuse the whole rule ("frame cannot uniquely be identified by its
+// labels: has duplicate results"). Names are not unique (two rooms may share a title,
+// two agents a handle), so every rule that returns several rows carries the ids of what
+// a row is about as labels too (budget_id, org_id, agent_id), next to the names people
+// read.
 var (
-	// The hard budgets and the share of their limit their current period has used.
+	// The hard budgets and the share of their limit their current period has used: one
+	// row per budget (budget_id).
 	budgetAlertSQL = sql(`
-	SELECT ` + nameOr("org_name", "org_id") + ` AS organization, budget, period, used
+	SELECT ` + nameOr("org_name", "org_id") + ` AS organization, budget, period, budget_id, org_id, used
 	FROM (
-	  SELECT org_id, budget_of AS budget, period, used_pct / 100 AS used
+	  SELECT org_id, budget_of AS budget, period, budget_id, used_pct / 100 AS used
 	  FROM ` + budgetStatus("1 = 1") + `
 	  WHERE hard
 	) AS hard_budgets
 	ANY LEFT JOIN ` + orgLookup + ` USING (org_id)
-	ORDER BY used DESC, organization, budget`)
+	ORDER BY used DESC, organization, budget, budget_id`)
 
 	freshnessAlertSQL = sql(`
 	SELECT toInt64(now()) - toInt64(max(ingested_at)) AS freshness
-	FROM bandplane.events FINAL
+	FROM ` + newestIngest + `
 	WHERE ` + recentEvents)
 
 	deadLettersAlertSQL = sql(`
@@ -77,10 +84,11 @@ var (
 	FROM bandplane.dead_letters FINAL
 	WHERE ` + timeFilter("received_at"))
 
+	// One row per organization and agent (org_id, agent_id).
 	throttledAlertSQL = sql(`
-	SELECT ` + nameOr("org_name", "org_id") + ` AS organization, agent, throttles
+	SELECT ` + nameOr("org_name", "org_id") + ` AS organization, agent, org_id, agent_id, throttles
 	FROM (
-	  SELECT org_id, ` + nameOr("agent_name", "agent_id") + ` AS agent, throttles
+	  SELECT org_id, ` + nameOr("agent_name", "agent_id") + ` AS agent, agent_id, throttles
 	  FROM (
 	    SELECT org_id, actor_id AS agent_id, count() AS throttles
 	    FROM bandplane.events FINAL
@@ -90,7 +98,7 @@ var (
 	  ANY LEFT JOIN ` + agentLookup + ` USING (agent_id)
 	) AS named
 	ANY LEFT JOIN ` + orgLookup + ` USING (org_id)
-	ORDER BY throttles DESC, organization, agent`)
+	ORDER BY throttles DESC, organization, agent, org_id, agent_id`)
 )
 
 // Alerts are bandplane's alert rules.

@@ -29,7 +29,7 @@ var (
 	    SELECT time, time_ms, at, type, multiIf(actor_name != '', actor_name, actor_handle != '', concat('@', actor_handle), actor_id) AS actor,
 	      org_id, room_id, subject_id, subject_type, subject_handle, source, id, excerpt, actor_id
 	    FROM (
-	      SELECT time, time_ms, concat(toString(time), '.', substring(toString(1000 + time_ms), 2, 3)) AS at, type,
+	      SELECT time, time_ms, concat(toString(time, 'UTC'), '.', substring(toString(1000 + time_ms), 2, 3)) AS at, type,
 	        actor_id, actor_handle, org_id, room_id, subject_id, subject_type, subject_handle,
 	        source, id, substringUTF8(data, 1, 300) AS excerpt
 	      FROM bandplane.events FINAL
@@ -57,6 +57,17 @@ var (
 	// it is sealed, so the rows ingested at or after it are not sealed yet. Driven by the
 	// events so that an organization never sealed shows too. Whether the chain verifies
 	// (signatures, digests) is `bandplane audit verify`'s to say: SQL cannot check Ed25519.
+	//
+	// events is read without FINAL, which would merge the whole trail on every refresh:
+	//   - which organizations have events needs no deduplication (GROUP BY org_id);
+	//   - the events not sealed yet are the distinct keys (time, id) of an organization
+	//     (the table's key is org_id, time, id) with a row ingested at or after its
+	//     watermark: uniqExact counts a key stored twice once. That is the count of events
+	//     FINAL: ingest stores a key again only as a later insert with the same content and
+	//     a newer ingested_at, and FINAL keeps the last insert, so the kept row is at or
+	//     after the watermark exactly when some row of the key is.
+	// Only rows that can count are read: ingested_at at or after the oldest watermark of
+	// the selected organizations, and every row of an organization never sealed.
 	sealStatusSQL = sql(`
 	SELECT if(org_id = '', '(no organization)', ` + nameOr("org_name", "org_id") + `) AS organization, status, last_seq,
 	  sealed, age, watermark, sealed_events, seals, unsealed_events, org_id
@@ -66,27 +77,49 @@ var (
 	    if(seals = 0, NULL, toInt64(now()) - toInt64(sealed_at)) AS age,
 	    multiIf(seals = 0, 'never sealed', unsealed_events = 0, 'sealed', concat(toString(unsealed_events), ' events not sealed yet')) AS status
 	  FROM (
-	    SELECT org_id, any(last_seq) AS last_seq, any(last_sealed_at) AS sealed_at, any(last_through) AS through,
-	      any(last_events) AS sealed_events, any(seal_count) AS seals, sumIf(n, ingested >= last_through) AS unsealed_events
+	    SELECT org_id, last_seq, last_sealed_at AS sealed_at, last_through AS through, last_events AS sealed_events,
+	      seal_count AS seals, unsealed_events
 	    FROM (
-	      SELECT org_id, ingested_at AS ingested, count() AS n
-	      FROM bandplane.events FINAL
-	      WHERE ` + is("org_id", varOrg) + `
-	      GROUP BY org_id, ingested
-	    ) AS e
+	      SELECT org_id, last_seq, last_sealed_at, last_through, last_events, seal_count
+	      FROM (
+	        SELECT org_id
+	        FROM ` + unmerged("events", "which organizations have events") + `
+	        WHERE ` + is("org_id", varOrg) + `
+	        GROUP BY org_id
+	      ) AS orgs
+	      ANY LEFT JOIN ` + sealHeads("heads") + ` USING (org_id)
+	    ) AS with_seal
 	    ANY LEFT JOIN (
-	      SELECT org_id, max(seq) AS last_seq, argMax(sealed_at, (seq, sealed_at)) AS last_sealed_at,
-	        argMax(through, (seq, sealed_at)) AS last_through, argMax(events, (seq, sealed_at)) AS last_events, count() AS seal_count
-	      FROM bandplane.seals FINAL
-	      WHERE ` + is("org_id", varOrg) + `
+	      SELECT org_id, uniqExact(time, id) AS unsealed_events
+	      FROM (
+	        SELECT org_id, time, id, ingested_at
+	        FROM ` + unmerged("events", "uniqExact counts each key once") + `
+	        WHERE ` + is("org_id", varOrg) + `
+	          AND (ingested_at >= (SELECT min(last_through) FROM ` + sealHeads("oldest") + `)
+	            OR org_id NOT IN (SELECT org_id FROM bandplane.seals FINAL WHERE ` + is("org_id", varOrg) + `))
+	      ) AS recent
+	      ANY LEFT JOIN ` + sealHeads("marks") + ` USING (org_id)
+	      WHERE ingested_at >= last_through
 	      GROUP BY org_id
-	    ) AS s USING (org_id)
-	    GROUP BY org_id
+	    ) AS unsealed USING (org_id)
 	  ) AS per_org
 	) AS st
 	ANY LEFT JOIN ` + orgLookup + ` USING (org_id)
 	ORDER BY organization`)
 )
+
+// sealHeads is the newest seal of each selected organization's chain, as the subquery
+// alias: its seq, sealed_at, through (last_through), events and the number of seals.
+func sealHeads(alias string) string {
+	return `(
+	        SELECT org_id, max(seq) AS last_seq, argMax(sealed_at, (seq, sealed_at)) AS last_sealed_at,
+	          argMax(through, (seq, sealed_at)) AS last_through, argMax(events, (seq, sealed_at)) AS last_events,
+	          count() AS seal_count
+	        FROM bandplane.seals FINAL
+	        WHERE ` + is("org_id", varOrg) + `
+	        GROUP BY org_id
+	      ) AS ` + alias
+}
 
 // ComplianceAudit is "bandplane — Compliance audit": the audit trail, searchable by
 // actor, room, type, text and time, and how far each organization's trail is sealed.

@@ -16,7 +16,7 @@ var usageWhere = is("org_id", varOrg) + `
 	  AND ` + is("agent_id", varAgent) + `
 	  AND ` + is("model", varModel) + `
 	  AND ` + is("room_id", varRoom) + `
-	  AND hour >= toStartOfHour` + fromTime + ` AND hour <= ` + toTime + `
+	  AND hour >= toStartOfHour(` + fromTime + `, 'UTC') AND hour <= ` + toTime + `
 	  AND events > 0`
 
 // tokensSum is what a budget counts as tokens (policy/replica): every kind but reasoning,
@@ -247,7 +247,7 @@ var (
 	      arrayCumSum(arrayMap(x -> x.3, points)) AS cum_cost
 	    FROM (
 	      SELECT budget_id, scope_id, period, hard, limit_tokens, limit_micros, hour,
-	        if(period = 'month', toDateTime(toStartOfMonth(hour), 'UTC'), toStartOfDay(hour)) AS period_start,
+	        if(period = 'month', toDateTime(toStartOfMonth(hour, 'UTC'), 'UTC'), toStartOfDay(hour, 'UTC')) AS period_start,
 	        sum(tokens) AS hour_tokens, toFloat64(sum(cost)) AS hour_cost
 	      FROM (
 	        SELECT ` + budgetFields + `
@@ -258,7 +258,7 @@ var (
 	        SELECT org_id, owner_id, agent_id, room_id, hour, sum(` + tokensSum + `) AS tokens, sum(cost) AS cost
 	        FROM bandplane.usage_hourly FINAL
 	        WHERE ` + is("org_id", varOrg) + `
-	          AND hour >= toDateTime(toStartOfMonth` + fromTime + `, 'UTC') AND hour <= ` + toTime + ` AND events > 0
+	          AND hour >= toDateTime(toStartOfMonth(` + fromTime + `, 'UTC'), 'UTC') AND hour <= ` + toTime + ` AND events > 0
 	        GROUP BY org_id, owner_id, agent_id, room_id, hour
 	      ) AS u USING (org_id)
 	      WHERE ` + inScope + `
@@ -267,7 +267,7 @@ var (
 	    GROUP BY budget_id, scope_id, period, hard, limit_tokens, limit_micros, period_start
 	  ) AS p
 	  ARRAY JOIN hours AS t, cum_tokens AS spent_tokens, cum_cost AS spent_cost
-	  WHERE t >= toStartOfHour` + fromTime + `
+	  WHERE t >= toStartOfHour(` + fromTime + `, 'UTC')
 	) AS d
 	ANY LEFT JOIN ` + scopeLookup + ` USING (scope_id)
 	ORDER BY time, budget`)

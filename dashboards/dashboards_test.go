@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"testing/fstest"
@@ -135,13 +136,15 @@ func TestDashboardsHaveExpectedPanels(t *testing.T) {
 type sqlOf struct {
 	where, sql string
 	panel      *dashboard.Panel
+	variable   string // the variable's name, for a variable's query
 }
 
 func queries(name string, d dashboard.Dashboard) []sqlOf {
 	var out []sqlOf
 	for _, v := range d.Templating.List {
 		if v.Type == "query" {
-			out = append(out, sqlOf{where: name + ": variable " + v.Name, sql: deref(v.Query.String)})
+			q, _ := VariableSQL(v.Query)
+			out = append(out, sqlOf{where: name + ": variable " + v.Name, sql: q, variable: v.Name})
 		}
 	}
 	for _, p := range panels(d) {
@@ -154,7 +157,8 @@ func queries(name string, d dashboard.Dashboard) []sqlOf {
 }
 
 var (
-	fromTable    = regexp.MustCompile(`\bFROM\s+(\w+)\.(\w+)(\s+FINAL)?`)
+	// fromTable is a read of a table: FINAL, or unmerged's comment saying why not.
+	fromTable    = regexp.MustCompile(`\bFROM\s+(\w+)\.(\w+)(\s+FINAL\b|\s+/\* no FINAL: [^*]+ \*/)?`)
 	varRef       = regexp.MustCompile(`\$\{(\w+)(?::([^}]*))?\}|\$(\w+)`)
 	ch1816Breaks = []string{
 		"toStartOfInterval", "$__timeInterval", "$__fromTime_ms", "$__toTime_ms", "$__timeFilter_ms", // no toStartOfInterval, no DateTime64
@@ -176,6 +180,11 @@ func TestQueriesFollowTheRules(t *testing.T) {
 		}
 		for _, q := range queries(name, d) {
 			checkSQL(t, q.where, q.sql, vars)
+			if q.variable != varOrg { // the org variable lists the organizations
+				for _, p := range tenantProblems(q.where, q.sql) {
+					t.Error(p)
+				}
+			}
 			if q.panel == nil {
 				continue
 			}
@@ -184,14 +193,6 @@ func TestQueriesFollowTheRules(t *testing.T) {
 			assert.NoError(t, cq.Validate(), q.where)
 			assert.Equal(t, "${datasource}", deref(cq.Datasource.Uid), "%s: query data source", q.where)
 			assert.Equal(t, "${datasource}", deref(p.Datasource.Uid), "%s: panel data source", q.where)
-			// Every table but the dead letters and the price catalog belongs to a tenant.
-			tenant := false
-			for _, m := range fromTable.FindAllStringSubmatch(q.sql, -1) {
-				tenant = tenant || m[2] != "dead_letters" && m[2] != "prices"
-			}
-			if tenant && !strings.Contains(q.sql, "${org:percentencode}") {
-				t.Errorf("%s: does not filter on the org variable:\n%s", q.where, q.sql)
-			}
 			if !strings.Contains(q.sql, "$__timeFilter(") && !strings.Contains(q.sql, "$__fromTime") && !strings.Contains(q.sql, "now()") {
 				t.Errorf("%s: neither uses the dashboard's range nor is as of now:\n%s", q.where, q.sql)
 			}
@@ -227,10 +228,13 @@ func sqlProblems(where, s string, vars map[string]bool) []string {
 		if m[1] != "bandplane" {
 			errorf("%s: reads %s.%s, want database bandplane", where, m[1], m[2])
 		}
-		if m[3] == "" { // every table is a ReplacingMergeTree: without FINAL a replay counts twice
-			errorf("%s: reads %s.%s without FINAL", where, m[1], m[2])
+		// Every table is a ReplacingMergeTree: without FINAL a replay counts twice, unless
+		// the read is one whose answer FINAL does not change, said so with unmerged.
+		if m[3] == "" {
+			errorf("%s: reads %s.%s without FINAL (or unmerged's reason why not)", where, m[1], m[2])
 		}
 	}
+	out = append(out, timezoneProblems(where, s)...)
 	for _, bad := range ch1816Breaks {
 		if strings.Contains(s, bad) {
 			errorf("%s: uses %q, which ClickHouse 18.16 or current releases treat differently:\n%s", where, bad, s)
@@ -300,7 +304,7 @@ func subqueryProblems(where, s string) []string {
 			}
 			before := strings.TrimRight(s[:open], " \t\n")
 			after := strings.TrimLeft(s[i+1:], " \t\n")
-			if strings.HasSuffix(before, " IN") || strings.HasSuffix(before, "WITH") {
+			if strings.HasSuffix(before, " IN") || strings.HasSuffix(before, "WITH") || scalarAfter.MatchString(before) {
 				continue
 			}
 			if !regexp.MustCompile(`^AS \w+`).MatchString(after) {
@@ -315,6 +319,183 @@ func subqueryProblems(where, s string) []string {
 			}
 		}
 	}
+	return out
+}
+
+// scalarAfter is the end of the text before a scalar subquery: a comparison.
+var scalarAfter = regexp.MustCompile(`(=|<|>|!=)$`)
+
+// roundsTime are ClickHouse's functions that round, split or read a DateTime in a time
+// zone: the server's unless told. The macros expand to toDateTime(<seconds>), a DateTime
+// in the server's zone, so every such call names 'UTC' as its last argument, whatever it
+// is given (a column, a macro, now()).
+var roundsTime = regexp.MustCompile(`\b(toStartOf\w+|toDate|toDateTime|toMonday|toYYYYMM\w*|toYear|toQuarter|toMonth|toDayOf\w+|toHour|toMinute|toSecond|toRelative\w+|toISOWeek|toISOYear|toWeek|toYearWeek|toTime)\(`)
+
+func timezoneProblems(where, s string) []string {
+	var out []string
+	for _, m := range roundsTime.FindAllStringSubmatchIndex(s, -1) {
+		args := macroArgs(s, m[1]-1)
+		if args == nil {
+			out = append(out, fmt.Sprintf("%s: %s( does not close", where, s[m[2]:m[3]]))
+			continue
+		}
+		if len(args) < 2 || strings.TrimSpace(args[len(args)-1]) != "'UTC'" {
+			out = append(out, fmt.Sprintf("%s: %s(%s) uses the server's time zone: pass 'UTC' as its last argument", where, s[m[2]:m[3]], strings.Join(args, ",")))
+		}
+	}
+	return out
+}
+
+// selectNode is one SELECT of a query: its own text (with each subquery cut out as
+// (#n)), its subqueries, and whether it is a lookup.
+type selectNode struct {
+	own      string
+	children []*selectNode
+	// lookup: the right side of a JOIN that reads only the directory and rooms (names,
+	// handles and organizations by id).
+	lookup bool
+}
+
+// parseSelects splits a query into its SELECTs: the parts of a UNION ALL at the top,
+// each with the subqueries of its own text.
+func parseSelects(s string) []*selectNode {
+	n := 0
+	return parseUnion(s, &n)
+}
+
+func parseUnion(s string, n *int) []*selectNode {
+	text, groups := parseLevel(s, n)
+	var out []*selectNode
+	for _, part := range strings.Split(text, "UNION ALL") {
+		node := &selectNode{own: part}
+		for id, g := range groups {
+			if strings.Contains(part, "(#"+itoa(id)+")") {
+				node.children = append(node.children, g...)
+			}
+		}
+		out = append(out, node)
+	}
+	return out
+}
+
+// parseLevel is s with each parenthesised SELECT replaced by (#n), and those SELECTs by
+// n. Parentheses inside string literals do not count.
+func parseLevel(s string, n *int) (string, map[int][]*selectNode) {
+	var b strings.Builder
+	groups := map[int][]*selectNode{}
+	for i := 0; i < len(s); i++ {
+		switch s[i] {
+		case '\'':
+			j := skipLiteral(s, i)
+			b.WriteString(s[i:j])
+			i = j - 1
+		case '(':
+			j := closingParen(s, i)
+			inner := s[i+1 : j]
+			if t := strings.TrimSpace(inner); strings.HasPrefix(t, "SELECT") || strings.HasPrefix(t, "WITH") {
+				*n++
+				id := *n
+				g := parseUnion(inner, n)
+				if strings.HasSuffix(strings.TrimSpace(b.String()), "JOIN") && readsOnly(inner, "directory", "rooms") {
+					markLookup(g)
+				}
+				groups[id] = g
+				b.WriteString("(#" + itoa(id) + ")")
+			} else {
+				text, inner := parseLevel(inner, n)
+				for id, g := range inner {
+					groups[id] = g
+				}
+				b.WriteString("(" + text + ")")
+			}
+			i = j
+		default:
+			b.WriteByte(s[i])
+		}
+	}
+	return b.String(), groups
+}
+
+// skipLiteral is the index after the string literal that opens at i (\ escapes).
+func skipLiteral(s string, i int) int {
+	for j := i + 1; j < len(s); j++ {
+		switch s[j] {
+		case '\\':
+			j++
+		case '\'':
+			return j + 1
+		}
+	}
+	return len(s)
+}
+
+// closingParen is the index of the ")" that closes the "(" at i (len(s) if none).
+func closingParen(s string, i int) int {
+	depth := 0
+	for j := i; j < len(s); j++ {
+		switch s[j] {
+		case '\'':
+			j = skipLiteral(s, j) - 1
+		case '(':
+			depth++
+		case ')':
+			depth--
+			if depth == 0 {
+				return j
+			}
+		}
+	}
+	return len(s)
+}
+
+func readsOnly(s string, tables ...string) bool {
+	froms := fromTable.FindAllStringSubmatch(s, -1)
+	for _, m := range froms {
+		if !slices.Contains(tables, m[2]) {
+			return false
+		}
+	}
+	return len(froms) > 0
+}
+
+func markLookup(nodes []*selectNode) {
+	for _, n := range nodes {
+		n.lookup = true
+		markLookup(n.children)
+	}
+}
+
+// orgFiltered is the org variable's test, in the one form vars.go writes it.
+var orgFiltered = regexp.MustCompile(`\$__conditionalAll\(.*decodeURLComponent\('\$\{org:percentencode\}'\).*, \$org\)`)
+
+// tenantProblems: every SELECT that reads a tenant's table (all but the dead letters and
+// the price catalog, which have no organization) is filtered by the org variable, in its
+// own WHERE or in a SELECT it is nested in (its rows reach the panel only through that
+// one: the cross-organization adds read every participant.added and keep those whose
+// room or participant is of the organization). Not filtered, on purpose:
+//   - lookups, the right side of a JOIN that reads only the directory and rooms: they
+//     name ids of rows already filtered, and filtering them by organization too would
+//     lose the names and organizations of parties and rooms of other organizations (a
+//     participant from another organization, a room whose org_id is another's);
+//   - the org variable's own query, which lists the organizations;
+//   - the alert rules, which have no variables and see every organization.
+func tenantProblems(where, s string) []string {
+	var out []string
+	var walk func(nodes []*selectNode, filtered bool)
+	walk = func(nodes []*selectNode, filtered bool) {
+		for _, n := range nodes {
+			here := filtered || orgFiltered.MatchString(n.own)
+			if !here && !n.lookup {
+				for _, m := range fromTable.FindAllStringSubmatch(n.own, -1) {
+					if m[2] != "dead_letters" && m[2] != "prices" {
+						out = append(out, fmt.Sprintf("%s: a SELECT reads %s without filtering on the org variable:\n%s", where, m[2], strings.TrimSpace(n.own)))
+					}
+				}
+			}
+			walk(n.children, here)
+		}
+	}
+	walk(parseSelects(s), false)
 	return out
 }
 
@@ -334,11 +515,44 @@ func TestSQLRulesCatchMistakes(t *testing.T) {
 		"SELECT 1 FROM bandplane.t FINAL ORDER BY 2":                                                                                                                    "positional",
 		"SELECT toStartOfInterval(t, INTERVAL 1 hour) FROM bandplane.t FINAL":                                                                                           "toStartOfInterval",
 		"SELECT 1 FROM bandplane.t FINAL ANY INNER JOIN (SELECT 1 FROM bandplane.u FINAL) AS u USING (a)":                                                               "ANY INNER JOIN",
+		"SELECT 1 FROM bandplane.t /* no FINAL */":                                                                                                                      "without FINAL",
+		"SELECT toStartOfHour(($__fromTime)) FROM bandplane.t FINAL":                                                                                                    "toStartOfHour(($__fromTime)) uses the server's time zone",
+		"SELECT 1 FROM bandplane.t FINAL WHERE toStartOfMonth(hour, 'Europe/Paris') = 1":                                                                                "toStartOfMonth(hour, 'Europe/Paris') uses",
+		"SELECT toDateTime(intDiv(toUInt32(t), 60) * 60) FROM bandplane.t FINAL":                                                                                        "toDateTime(intDiv(toUInt32(t), 60) * 60) uses",
+		"SELECT 1 FROM bandplane.t FINAL WHERE a >= toStartOfDay(now())":                                                                                                "toStartOfDay(now()) uses",
 	} {
 		problems := strings.Join(sqlProblems("q", bad, vars), "\n")
 		assert.Contains(t, problems, want, bad)
 	}
 	assert.Empty(t, sqlProblems("q", "SELECT a FROM (SELECT a FROM bandplane.t FINAL WHERE $__conditionalAll(org_id = decodeURLComponent('${org:percentencode}'), $org) AND h <= ($__toTime)) AS t ANY LEFT JOIN (SELECT a FROM bandplane.u FINAL) AS u USING (a) WHERE a IN (SELECT a FROM bandplane.v FINAL)", vars))
+	assert.Empty(t, sqlProblems("q", "SELECT max(x) FROM "+unmerged("t", "max is the same")+" WHERE h >= toStartOfHour(($__fromTime), 'UTC') AND a >= (SELECT min(b) FROM bandplane.u FINAL)", vars))
+	assert.Panics(t, func() { unmerged("t", "a reason (with parentheses)") })
+}
+
+// The tenant rule looks at each SELECT, not at the query as a whole.
+func TestTenantRuleCatchesAnUnfilteredSelect(t *testing.T) {
+	org := "$__conditionalAll(org_id = decodeURLComponent('${org:percentencode}'), $org)"
+	for bad, want := range map[string]string{
+		"SELECT a FROM bandplane.events FINAL WHERE 1": "reads events without filtering",
+		"SELECT a FROM (SELECT a FROM bandplane.events FINAL WHERE " + org + ") AS x UNION ALL SELECT a FROM bandplane.tasks FINAL":                             "reads tasks without",
+		"SELECT a FROM (SELECT a FROM bandplane.events FINAL WHERE " + org + ") AS x ANY LEFT JOIN (SELECT a FROM bandplane.usage_hourly FINAL) AS u USING (a)": "reads usage_hourly without",
+	} {
+		assert.Contains(t, strings.Join(tenantProblems("q", bad), "\n"), want, bad)
+	}
+	for _, good := range []string{
+		// filtered by the SELECT it is nested in
+		"SELECT a FROM (SELECT a, o FROM bandplane.events FINAL) AS x WHERE " + strings.ReplaceAll(org, "org_id", "o"),
+		// a set an IN tests rows of a filtered SELECT against
+		"SELECT a FROM bandplane.events FINAL WHERE " + org + " AND a IN (SELECT a FROM bandplane.seals FINAL)",
+		// a lookup of names by id
+		"SELECT a FROM (SELECT a FROM bandplane.events FINAL WHERE " + org + ") AS x ANY LEFT JOIN (SELECT id AS a, handle FROM bandplane.directory FINAL) AS names USING (a)",
+		// no organization in the dead letters and prices
+		"SELECT count() FROM bandplane.dead_letters FINAL UNION ALL SELECT count() FROM bandplane.prices FINAL",
+		// a literal's parenthesis is not a subquery
+		"SELECT if(a = '', '(x', a) FROM bandplane.events FINAL WHERE " + org,
+	} {
+		assert.Empty(t, tenantProblems("q", good), good)
+	}
 }
 
 // hostileValues are ids full of what breaks string literals and URL encodings.
@@ -428,7 +642,15 @@ func TestVariables(t *testing.T) {
 			assert.Equal(t, AllValue, deref(v.Current.Value.String), "%s: %s", name, v.Name)
 			if v.Type == "query" {
 				assert.Equal(t, "${datasource}", deref(v.Datasource.Uid), "%s: %s", name, v.Name)
-				assert.Equal(t, deref(v.Query.String), deref(v.Definition), "%s: %s", name, v.Name)
+				// The plugin's query object (vars.go, variableQuery), the SQL also as the
+				// definition.
+				if assert.NotNil(t, v.Query, "%s: %s", name, v.Name) {
+					assert.Nil(t, v.Query.String, "%s: %s: a plain string gives no options in some plugin releases", name, v.Name)
+					sql, ok := VariableSQL(v.Query)
+					assert.True(t, ok, "%s: %s: no rawSql", name, v.Name)
+					assert.Equal(t, map[string]any{"refId": "var", "editorType": "sql", "queryType": "sql", "rawSql": sql}, v.Query.Map, "%s: %s", name, v.Name)
+					assert.Equal(t, sql, deref(v.Definition), "%s: %s", name, v.Name)
+				}
 			}
 		}
 	}
@@ -520,10 +742,15 @@ func TestGeneratedFilesUpToDate(t *testing.T) {
 func TestCheckReportsStaleFiles(t *testing.T) {
 	files, err := Files()
 	require.NoError(t, err)
+	// Grafana's file provider reads every *.json below its path, subfolders too; other
+	// files it ignores.
 	dir := fstest.MapFS{
-		"old.json":     {Data: []byte("{}\n")},
-		"README.md":    {Data: []byte("not a dashboard")},
-		"sub/sub.json": {Data: []byte("{}\n")},
+		"old.json":                  {Data: []byte("{}\n")},
+		"README.md":                 {Data: []byte("not a dashboard")},
+		"sub/sub.json":              {Data: []byte("{}\n")},
+		"sub/notes.txt":             {Data: []byte("not a dashboard")},
+		"a/b/" + CostFile:           {Data: files[CostFile]},
+		"dir.json/inside/deep.json": {Data: []byte("{}\n")},
 	}
 	for name, b := range files {
 		if name != IngestFile {
@@ -532,9 +759,13 @@ func TestCheckReportsStaleFiles(t *testing.T) {
 	}
 	problems, err := Check(dir)
 	require.NoError(t, err)
+	stray := ": not generated by any dashboard (removed? delete the file)"
 	want := []string{
 		IngestFile + ": missing",
-		"old.json: not generated by any dashboard (removed? delete the file)",
+		"a/b/" + CostFile + stray,
+		"dir.json/inside/deep.json" + stray,
+		"old.json" + stray,
+		"sub/sub.json" + stray,
 	}
 	if diff := cmp.Diff(want, problems); diff != "" {
 		t.Errorf("problems (-want +got):\n%s", diff)
@@ -542,7 +773,9 @@ func TestCheckReportsStaleFiles(t *testing.T) {
 
 	dir[IngestFile] = &fstest.MapFile{Data: append([]byte(nil), files[IngestFile]...)}
 	dir[IngestFile].Data[len(dir[IngestFile].Data)-1] = ' ' // one byte changed
-	delete(dir, "old.json")
+	for _, name := range []string{"old.json", "sub/sub.json", "a/b/" + CostFile, "dir.json/inside/deep.json"} {
+		delete(dir, name)
+	}
 	problems, err = Check(dir)
 	require.NoError(t, err)
 	if diff := cmp.Diff([]string{IngestFile + ": differs from the generated dashboard"}, problems); diff != "" {

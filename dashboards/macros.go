@@ -6,6 +6,22 @@ package dashboards
 // lives in the package so that the rules the dashboards' SQL must follow are written
 // down next to that SQL, once.
 //
+// Plugin releases: this is the plugin from 4.0.3 to 4.18.x (4.2.0 added the
+// $__dateTimeFilter / $__dt modelled below, which the dashboards do not use), and the
+// deployment pins PluginVersion, 4.3.2, a release of that range whose CHANGELOG was
+// checked against this file. Around the range the backend differs:
+//   - 4.0.0 to 4.0.2 expand $__timeFilter, $__fromTime and $__toTime to
+//     toDateTime64(ms / 1000, 3), which ClickHouse 18.16 does not have (Code 46,
+//     UNKNOWN_FUNCTION); 4.0.3 went back to toDateTime(seconds) (CHANGELOG 4.0.3,
+//     grafana/clickhouse-datasource#699) and added the *_ms macros. So 4.0.3 is the
+//     oldest release the dashboards run on.
+//   - 4.19.0 replaced the backend's engine, the SDK's sqlutil.Interpolate modelled in
+//     step 3, with grafana/macropro (#1802: nested macros stopped expanding until 4.20,
+//     comments and quoted text are skipped), and moved variables onto its own
+//     CustomVariableSupport. The dashboards' SQL avoids what differs (no backend macro
+//     nested in another, none in a comment or a literal), but this file models the
+//     earlier engine, and the releases after 4.18 are not tested.
+//
 // A panel query goes through three steps, in this order:
 //
 //  1. The plugin's frontend, Datasource.applyTemplateVariables
@@ -46,7 +62,30 @@ import (
 	"strings"
 	"time"
 	"unicode/utf8"
+
+	"github.com/grafana/grafana-foundation-sdk/go/dashboard"
 )
+
+// PluginVersion is the release of grafana-clickhouse-datasource the deployment installs
+// (deploy/grafana/README.md) and this file models.
+const PluginVersion = "4.3.2"
+
+// VariableSQL is the SQL a query variable runs, read from its stored query the way the
+// plugin does: an object's rawSql, when its editorType is "sql" or missing
+// (Datasource.metricFindQuery, and CHVariableSupport.query from 4.19). A plain string
+// gives nothing here: it is the SQL for metricFindQuery, but the CHVariableSupport.query
+// of some releases reads target.rawSql only and gives a string no options at all, so
+// only the object form works with every release (vars.go, variableQuery).
+func VariableSQL(q *dashboard.StringOrMap) (string, bool) {
+	if q == nil || q.Map == nil {
+		return "", false
+	}
+	if e, ok := q.Map["editorType"]; ok && e != "sql" {
+		return "", false
+	}
+	s, ok := q.Map["rawSql"].(string)
+	return s, ok && s != ""
+}
 
 // AllValue is the value Grafana gives a variable whose "All" option is selected.
 const AllValue = "$__all"

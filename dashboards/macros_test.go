@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/grafana/grafana-foundation-sdk/go/dashboard"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -189,4 +190,26 @@ func TestExpandRunsBothSteps(t *testing.T) {
 		" AND t >= toDateTime(1415792726) AND t <= toDateTime(1447328726) AND h <= (toDateTime(1447328726))"
 	assert.Equal(t, want, got)
 	assert.False(t, strings.Contains(got, "$"))
+}
+
+// VariableSQL reads a variable's stored query as the strictest plugin releases do: the
+// object's rawSql, never a plain string.
+func TestVariableSQL(t *testing.T) {
+	q := variableQuery("SELECT 1")
+	got, ok := VariableSQL(&q)
+	assert.True(t, ok)
+	assert.Equal(t, "SELECT 1", got)
+	s := "SELECT 1"
+	for _, bad := range []*dashboard.StringOrMap{
+		nil,
+		{String: &s}, // CHVariableSupport.query reading target.rawSql gives nothing for it
+		{Map: map[string]any{"refId": "var"}},
+		{Map: map[string]any{"editorType": "builder", "rawSql": "SELECT 1"}},
+		{Map: map[string]any{"rawSql": ""}},
+	} {
+		_, ok := VariableSQL(bad)
+		assert.False(t, ok, "%+v", bad)
+	}
+	_, ok = VariableSQL(&dashboard.StringOrMap{Map: map[string]any{"rawSql": "SELECT 1"}})
+	assert.True(t, ok, "no editorType: metricFindQuery runs it as SQL")
 }

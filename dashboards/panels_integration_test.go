@@ -7,6 +7,7 @@ import (
 	"regexp"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -75,8 +76,12 @@ type query struct {
 func queriesOf(name string, d dashboard.Dashboard) []query {
 	var out []query
 	for _, v := range d.Templating.List {
-		if v.Type == "query" && v.Query != nil && v.Query.String != nil {
-			out = append(out, query{where: name + ": variable " + v.Name, sql: *v.Query.String})
+		if v.Type == "query" {
+			sql, ok := dashboards.VariableSQL(v.Query)
+			if !ok {
+				panic(name + ": variable " + v.Name + ": no query the plugin runs")
+			}
+			out = append(out, query{where: name + ": variable " + v.Name, sql: sql})
 		}
 	}
 	for _, p := range panelsOf(d) {
@@ -140,7 +145,9 @@ func (w *world) variables(t *testing.T, ctx context.Context, d dashboard.Dashboa
 			}
 		case "query":
 			req := dashboards.Request{From: w.from, To: w.to, Interval: time.Minute, Vars: vars}
-			sql, err := req.Expand(*v.Query.String)
+			q, ok := dashboards.VariableSQL(v.Query)
+			require.True(t, ok, "variable %s: no query the plugin runs", v.Name)
+			sql, err := req.Expand(q)
 			require.NoError(t, err, "variable %s", v.Name)
 			res, err := w.server.Query(ctx, inDB(sql, w.db))
 			require.NoError(t, err, "variable %s:\n%s", v.Name, sql)
@@ -377,11 +384,28 @@ func sortedKeys[V any](m map[string]V) []string {
 
 // TestIntegrationAlertRulesRun runs each alert rule's query as Grafana's alerting does
 // (the plugin's backend macros only, over the rule's relative range up to now) on both
-// engines: one numeric column and string labels, and rows on the simulated workload.
+// engines: one numeric column and string labels, rows on the simulated workload, every
+// row's label set unique (Grafana refuses the whole rule otherwise: "frame cannot
+// uniquely be identified by its labels"), also for the twins, whose rooms share a title
+// and agents a handle, and the twins' budgets and agents, which should fire, above the
+// rule's threshold.
 func TestIntegrationAlertRulesRun(t *testing.T) {
 	w := loadWorld(t)
 	ctx := context.Background()
 	now := time.Now().UTC()
+	// What must fire: rule → the value of the label column → at least this value.
+	fires := map[string]map[string]map[string]float64{
+		"bandplane-budget-80":        {"budget_id": {}},
+		"bandplane-chatty-throttled": {"agent_id": {}},
+		"bandplane-dead-letters":     {"": {"": 2}}, // the two poison records, no labels
+	}
+	for id, used := range w.twins.used {
+		fires["bandplane-budget-80"]["budget_id"][id] = used
+	}
+	for _, id := range w.twins.agents {
+		fires["bandplane-chatty-throttled"]["agent_id"][id] = float64(w.twins.throttles)
+	}
+	fires["bandplane-chatty-throttled"]["agent_id"][w.agents[0].id] = 8 // the chatty agent
 	for _, r := range dashboards.Alerts() {
 		req := dashboards.Request{From: now.Add(-r.Range), To: now, Interval: time.Minute}
 		front, err := req.Frontend(r.SQL)
@@ -389,14 +413,14 @@ func TestIntegrationAlertRulesRun(t *testing.T) {
 		require.Equal(t, r.SQL, front, "%s: an alert rule's SQL must not depend on dashboard variables", r.UID)
 		sql, err := req.Backend(r.SQL)
 		require.NoError(t, err, r.UID)
-		a, _ := w.run(t, ctx, "alert "+r.UID, sql)
+		a, b := w.run(t, ctx, "alert "+r.UID, sql)
 		if a == nil {
 			continue
 		}
-		numbers := 0
-		for _, c := range a.Columns {
+		numbers, value := 0, -1
+		for i, c := range a.Columns {
 			if numeric(c.Type) {
-				numbers++
+				numbers, value = numbers+1, i
 			} else {
 				assert.Equal(t, "String", c.Type, "%s: label column %s", r.UID, c.Name)
 			}
@@ -404,7 +428,70 @@ func TestIntegrationAlertRulesRun(t *testing.T) {
 		assert.Equal(t, 1, numbers, "%s: alerting needs exactly one numeric column: %v", r.UID, a.Columns)
 		assert.NotEmpty(t, a.Rows, "%s: no rows on the simulated workload (which should make it fire)\n%s", r.UID, sql)
 		t.Logf("%s: %s", r.UID, a.String())
+		if value < 0 {
+			continue
+		}
+		for _, res := range []*dual.Result{a, b} {
+			assert.Empty(t, duplicateLabels(res, value), "%s: rows with the same labels make Grafana refuse the rule", r.UID)
+		}
+		for col, want := range fires[r.UID] {
+			at := slices.Index(a.ColumnNames(), col)
+			if col != "" && !assert.GreaterOrEqual(t, at, 0, "%s: no label %s", r.UID, col) {
+				continue
+			}
+			got := map[string]float64{}
+			for _, row := range a.Rows {
+				key := ""
+				if col != "" {
+					key = row[at]
+				}
+				v, err := strconv.ParseFloat(row[value], 64)
+				require.NoError(t, err, "%s: value %q", r.UID, row[value])
+				got[key] = v
+			}
+			for key, wantValue := range want {
+				v, ok := got[key]
+				if !assert.True(t, ok, "%s: no row for %s %q, which should fire", r.UID, col, key) {
+					continue
+				}
+				assert.Greater(t, v, r.Above, "%s: %s %q should fire: its value is not above the threshold", r.UID, col, key)
+				assert.InDelta(t, wantValue, v, 1e-9, "%s: %s %q", r.UID, col, key)
+			}
+		}
 	}
+	require.Len(t, w.twins.budgets, 2)
+	require.Len(t, w.twins.agents, 2)
+}
+
+// duplicateLabels are the label sets (every column but the value) that more than one
+// row of r has.
+func duplicateLabels(r *dual.Result, value int) []string {
+	seen := map[string]int{}
+	var dups []string
+	for _, row := range r.Rows {
+		var labels []string
+		for i, v := range row {
+			if i != value {
+				labels = append(labels, r.Columns[i].Name+"="+strconv.Quote(v))
+			}
+		}
+		key := strings.Join(labels, ", ")
+		if seen[key]++; seen[key] == 2 {
+			dups = append(dups, key)
+		}
+	}
+	return dups
+}
+
+func columnIndex(t *testing.T, r *dual.Result, name string) int {
+	t.Helper()
+	for i, c := range r.Columns {
+		if c.Name == name {
+			return i
+		}
+	}
+	t.Fatalf("no column %s in %v", name, r.ColumnNames())
+	return -1
 }
 
 // TestIntegrationHostileValuesFilterExactly: a variable holding a hostile id selects
@@ -454,4 +541,152 @@ func TestIntegrationHostileValuesFilterExactly(t *testing.T) {
 			check(dashboards.Variable{Name: c.variable, Values: []string{`x\' OR 1=1 --`[:3]}}, nil)
 		}
 	}
+}
+
+// eventColumns are bandplane.events' columns, in order.
+const eventColumns = "id, type, time, time_ms, org_id, room_id, actor_id, actor_type, actor_handle, owner_id, subject_id, " +
+	"subject_type, subject_handle, execution_id, source, schema_version, data, ingested_at, kafka_partition, kafka_offset"
+
+// Oracles: what the reads without FINAL (dashboards' unmerged) replaced, reading FINAL.
+const (
+	sealStatusFinal = `
+	SELECT org_id, any(last_seq) AS last_seq, any(seal_count) AS seals, any(last_events) AS sealed_events,
+	  sumIf(n, ingested >= last_through) AS unsealed_events
+	FROM (
+	  SELECT org_id, ingested_at AS ingested, count() AS n
+	  FROM bandplane.events FINAL
+	  WHERE $__conditionalAll(org_id = decodeURLComponent('${org:percentencode}'), $org)
+	  GROUP BY org_id, ingested
+	) AS e
+	ANY LEFT JOIN (
+	  SELECT org_id, max(seq) AS last_seq, argMax(through, (seq, sealed_at)) AS last_through,
+	    argMax(events, (seq, sealed_at)) AS last_events, count() AS seal_count
+	  FROM bandplane.seals FINAL
+	  WHERE $__conditionalAll(org_id = decodeURLComponent('${org:percentencode}'), $org)
+	  GROUP BY org_id
+	) AS s USING (org_id)
+	GROUP BY org_id
+	ORDER BY org_id`
+	freshnessFinal = `
+	SELECT toInt64(now()) - toInt64(max(ingested_at)) AS freshness
+	FROM bandplane.events FINAL
+	WHERE $__conditionalAll(org_id = decodeURLComponent('${org:percentencode}'), $org) AND time >= now() - INTERVAL 2 DAY`
+)
+
+// TestIntegrationReadsWithoutFinalAreExact: the reads that skip FINAL (the seal status
+// and freshness panels, the freshness alert) answer what reading FINAL answers, on both
+// engines, with keys stored more than once as ingest can store them: the same row twice
+// (a redelivery), a row again with a newer ingested_at (an insert retried after its
+// first copy was sealed), and the rows of an organization never sealed. Merges are
+// stopped on the replayed tables, so every copy stays a row of its own.
+func TestIntegrationReadsWithoutFinalAreExact(t *testing.T) {
+	w := loadWorld(t)
+	ctx := context.Background()
+	require.GreaterOrEqual(t, len(w.orgs), 2)
+	orgA, orgB, never := w.orgs[0].id, w.orgs[1].id, "never-sealed-org"
+	all, err := dashboards.Build()
+	require.NoError(t, err)
+	seal := panelSQL(t, all[dashboards.ComplianceFile], "Latest seal per organization")
+	freshness := panelSQL(t, all[dashboards.IngestFile], "Freshness")
+	var freshnessAlert string
+	for _, r := range dashboards.Alerts() {
+		if r.UID == "bandplane-ingest-freshness" {
+			freshnessAlert = r.SQL
+		}
+	}
+	require.NotEmpty(t, freshnessAlert)
+
+	expand := func(sql, org string) string {
+		v := dashboards.Variable{Name: "org", All: true, Values: []string{dashboards.AllValue}}
+		if org != "" {
+			v = dashboards.Variable{Name: "org", Values: []string{org}}
+		}
+		out, err := dashboards.Request{From: w.from, To: w.to, Interval: time.Minute, Vars: []dashboards.Variable{v}}.Expand(sql)
+		require.NoError(t, err)
+		return out
+	}
+	oracle := func(org string) map[string][]string {
+		res, _ := w.run(t, ctx, "seal status FINAL", expand(sealStatusFinal, org))
+		require.NotNil(t, res)
+		return byOrg(t, res)
+	}
+	before := oracle(orgA)[orgA]
+
+	newer := fmt.Sprintf("toDateTime(%d, 'UTC') AS ingested_at", w.now.Unix()-1)
+	copyOf := func(org, cols string, limit int) string {
+		// The source rows in a subquery: an alias in cols (… AS org_id) would stand for the
+		// column in a WHERE next to it.
+		return "INSERT INTO " + w.db + ".events (" + eventColumns + ") SELECT " + cols + " FROM (SELECT * FROM " + w.db +
+			".events WHERE org_id = " + chLiteral(org) + " ORDER BY time, id LIMIT " + strconv.Itoa(limit) + ") AS src"
+	}
+	for _, insert := range []string{
+		// an organization never sealed (3 events of orgA's, renamed), and redelivered
+		copyOf(orgA, strings.NewReplacer("org_id", chLiteral(never)+" AS org_id", "id, type", "concat(id, '-n') AS id, type").Replace(eventColumns), 3),
+		copyOf(never, eventColumns, 3),
+		copyOf(orgA, eventColumns, 40),                                           // redelivered: the same rows again
+		copyOf(orgB, strings.Replace(eventColumns, "ingested_at", newer, 1), 25), // stored again after sealing
+	} {
+		for _, e := range []dual.Engine{w.server, w.current} {
+			require.NoError(t, e.Exec(ctx, insert), "%s: %s", e.Name(), insert)
+		}
+	}
+
+	for _, org := range []string{"", orgA, orgB, never, w.hostile.org} {
+		want := oracle(org)
+		res, _ := w.run(t, ctx, "seal status ["+org+"]", expand(seal, org))
+		require.NotNil(t, res)
+		assert.Equal(t, want, byOrg(t, res), "seal status [%s]: the read without FINAL differs from FINAL", org)
+		queries := []string{freshness}
+		if org == "" {
+			queries = append(queries, freshnessAlert) // no org variable: every organization
+		}
+		fin, _ := w.run(t, ctx, "freshness FINAL ["+org+"]", expand(freshnessFinal, org))
+		require.NotNil(t, fin)
+		for _, q := range queries {
+			got, _ := w.run(t, ctx, "freshness ["+org+"]", expand(q, org))
+			require.NotNil(t, got)
+			assert.Equal(t, fin.Rows, got.Rows, "freshness [%s]: the read without FINAL differs from FINAL", org)
+		}
+	}
+	// The copies were seen: the redelivered rows counted once, the rows stored again
+	// after sealing as not sealed yet, the organization never sealed with its 3 events.
+	after := oracle("")
+	assert.Equal(t, before, after[orgA], "redelivered rows count once")
+	assert.GreaterOrEqual(t, atoi(t, after[orgB][3]), 25, "rows stored again after sealing are not sealed yet: %v", after[orgB])
+	assert.Equal(t, []string{"0", "0", "0", "3"}, after[never], "the organization never sealed")
+}
+
+// byOrg is a seal status result as org_id → last_seq, seals, sealed_events,
+// unsealed_events.
+func byOrg(t *testing.T, r *dual.Result) map[string][]string {
+	t.Helper()
+	out := map[string][]string{}
+	cols := []int{columnIndex(t, r, "last_seq"), columnIndex(t, r, "seals"), columnIndex(t, r, "sealed_events"), columnIndex(t, r, "unsealed_events")}
+	org := columnIndex(t, r, "org_id")
+	for _, row := range r.Rows {
+		var v []string
+		for _, c := range cols {
+			v = append(v, row[c])
+		}
+		out[row[org]] = v
+	}
+	return out
+}
+
+func atoi(t *testing.T, s string) int {
+	t.Helper()
+	n, err := strconv.Atoi(s)
+	require.NoError(t, err)
+	return n
+}
+
+func panelSQL(t *testing.T, d dashboard.Dashboard, title string) string {
+	t.Helper()
+	for _, p := range panelsOf(d) {
+		if deref(p.Title) == title {
+			return p.Targets[0].(dashboards.ClickHouseQuery).RawSql
+		}
+	}
+	t.Fatalf("no panel %q", title)
+	return ""
 }

@@ -85,12 +85,14 @@ func bucket(col string) string {
 // its SQL returns the id first and the name second, which the plugin's metricFindQuery
 // turns into options that show the name and pass the id (src/data/CHDatasource.ts:
 // "convention - assume the first field is an id field"; CHVariableSupport keeps it).
+// The query is stored as the plugin's query object (variableQuery), the SQL also as the
+// variable's definition (what Grafana's variable list shows).
 func queryVar(name, label, description, sql string, refresh dashboard.VariableRefresh) *dashboard.QueryVariableBuilder {
 	return dashboard.NewQueryVariableBuilder(name).
 		Label(label).
 		Description(description).
 		Datasource(*datasourceRef()).
-		Query(dashboard.StringOrMap{String: &sql}).
+		Query(variableQuery(sql)).
 		Definition(sql).
 		Refresh(refresh).
 		Sort(dashboard.VariableSortAlphabeticalCaseInsensitiveAsc).
@@ -99,6 +101,34 @@ func queryVar(name, label, description, sql string, refresh dashboard.VariableRe
 		AllowCustomValue(false).
 		Current(allOption())
 }
+
+// variableQuery is a variable's SQL as the plugin's query object, the one form every
+// plugin release runs:
+//   - up to 4.18 the plugin has no variable support of its own: Grafana hands the stored
+//     query to Datasource.metricFindQuery, which takes a string or an object and runs an
+//     object whose editorType is "sql" (or missing) as its rawSql;
+//   - from 4.19 (CustomVariableSupport, src/data/CHVariableSupport.tsx) Grafana hands it
+//     to CHVariableSupport.query, and some releases of it read target.rawSql only, so a
+//     plain string gives no options at all.
+//
+// The object is what the plugin's variable editor saves for a "Custom SQL" variable
+// (CHVariableQuery: refId, queryType "sql", rawSql; database, table, column only for the
+// guided types), plus editorType "sql", which is what metricFindQuery wraps a plain
+// string into and what it checks. (One revision of CHVariableSupport.query returned a
+// text field only, so its options would pass names instead of ids: no stored form helps
+// there, one more reason the releases from 4.19 are outside the tested range,
+// deploy/grafana/README.md.)
+func variableQuery(sql string) dashboard.StringOrMap {
+	return dashboard.StringOrMap{Map: map[string]any{
+		"refId":      variableRefID,
+		"editorType": "sql",
+		"queryType":  "sql",
+		"rawSql":     sql,
+	}}
+}
+
+// variableRefID is the refId the plugin's variable editor gives a new variable query.
+const variableRefID = "var"
 
 func allOption() dashboard.VariableOption {
 	sel := true
@@ -174,7 +204,7 @@ func modelVariable() *dashboard.QueryVariableBuilder {
 	SELECT DISTINCT model
 	FROM bandplane.usage_hourly FINAL
 	WHERE ` + is("org_id", varOrg) + ` AND events > 0
-	  AND hour >= toStartOfHour` + fromTime + ` AND hour <= ` + toTime + `
+	  AND hour >= toStartOfHour(` + fromTime + `, 'UTC') AND hour <= ` + toTime + `
 	ORDER BY model`)
 	return queryVar(varModel, "Model", "Models with usage in the time range (a model's name is its id).", q,
 		dashboard.VariableRefreshOnTimeRangeChanged)
@@ -248,8 +278,10 @@ func searchVariable() *dashboard.TextBoxVariableBuilder {
 }
 
 // ownedBy tests that the agent id in col belongs to the chosen owner (directory), for
-// tables without an owner column; no test for "All".
+// tables without an owner column; no test for "All". An owner's agents are of the
+// owner's organization, so the org filter changes nothing but keeps the read in the
+// tenant like every other.
 func ownedBy(col string) string {
 	return "$__conditionalAll(" + col + " IN (SELECT id FROM bandplane.directory FINAL WHERE kind = 'agent' AND owner_id = " +
-		value(varOwner) + "), $" + varOwner + ")"
+		value(varOwner) + " AND " + is("org_id", varOrg) + "), $" + varOwner + ")"
 }

@@ -42,6 +42,7 @@ type world struct {
 	models []string
 
 	hostile hostileWorld
+	twins   twinWorld
 }
 
 // entity is an id and, for the assertions, the org it belongs to.
@@ -101,8 +102,17 @@ func loadWorld(t *testing.T) *world {
 	w.readEntities(t, ctx, rec, db)
 	w.hostile = hostileIDs()
 
+	// The twins' people, agents and rooms are registered first, so that their usage is
+	// attributed whatever batch it lands in.
+	twins, twinDir, twinRest := twinEvents(w.models[0], start.Add(40*time.Minute), now)
+	w.twins = twins
+	require.NoError(t, producer.Produce(ctx, twinDir))
+	want += uint64(len(twinDir))
+	waitEvents(t, rec, db, want)
+
 	own := w.ownEvents(t, now)
 	own = append(own, hostileEvents(w.hostile, start.Add(30*time.Minute))...)
+	own = append(own, twinRest...)
 	require.NoError(t, producer.Produce(ctx, own))
 	poison := []kafkago.Message{
 		{Key: []byte("poison"), Value: []byte(`{"topic":"chat_room:r1","event":"message_created","payload":`)},
@@ -332,4 +342,81 @@ func hostileEvents(h hostileWorld, at time.Time) []schema.Event {
 	data := api.DecidedData{Decision: "send_message", Allow: false, Reasons: reason, PolicyRevision: "rev-d4e5f6", InputDigest: "00", Input: json.RawMessage(`{}`)}
 	ev(schema.TypePolicyDecided, h.room, agents[0], nil, data)
 	return out
+}
+
+// twinWorld is an organization whose names collide: two rooms with one title, each with
+// a hard budget that its usage has taken past the alert's 80 %, and two agents with one
+// handle, each throttled more often than the chatty-agent rule allows. An alert instance
+// labelled by names alone would have the same labels as its twin, and Grafana refuses a
+// rule whose instances are not told apart by their labels.
+type twinWorld struct {
+	org     string
+	rooms   []string
+	budgets []string // the rooms' hard budgets, by budget id
+	agents  []string
+	// used is each budget's share of its limit (the value the budget rule compares with
+	// 0.8); throttles is how often each agent was throttled in the last minutes.
+	used      map[string]float64
+	throttles int
+}
+
+// Budget and title of the twins.
+const (
+	twinTitle       = "Standup"
+	twinHandle      = "twin.owner/helper"
+	twinLimitTokens = 1000
+)
+
+// twinEvents are the twins' events: first the registrations and rooms (dir), then the
+// budgets, usage and throttled decisions (rest). Registrations are at, usage and
+// decisions in the minutes before now (usage in now's UTC month, the budgets' period).
+func twinEvents(model string, at, now time.Time) (twinWorld, []schema.Event, []schema.Event) {
+	w := twinWorld{org: "twin-" + schema.NewID(), used: map[string]float64{}, throttles: 5}
+	var dir, rest []schema.Event
+	ev := func(out *[]schema.Event, typ string, t time.Time, room string, actor schema.Party, subject *schema.Party, data any) {
+		raw, err := json.Marshal(data)
+		if err != nil {
+			panic(err)
+		}
+		src := simulate.Source
+		if typ == schema.TypePolicyDecided || typ == schema.TypeBudgetSet {
+			src = api.SourcePolicy
+		}
+		*out = append(*out, schema.Event{ID: schema.NewID(), Type: typ, Time: t.Truncate(time.Millisecond), OrgID: w.org, RoomID: room,
+			Actor: actor, Subject: subject, Source: src, SchemaVersion: schema.Version, Data: raw})
+	}
+	system := schema.Party{ID: "system", Type: schema.ActorSystem}
+	owner := schema.Party{ID: "twin-owner-" + schema.NewID(), Type: schema.ActorUser, Handle: "twin.owner"}
+	ev(&dir, schema.TypeUserRegistered, at, "", system, &owner, schema.UserData{Handle: "twin.owner"})
+	var agents []schema.Party
+	for i := range 2 {
+		a := schema.Party{ID: fmt.Sprintf("twin-agent-%d-%s", i, schema.NewID()), Type: schema.ActorAgent, Handle: twinHandle}
+		agents = append(agents, a)
+		w.agents = append(w.agents, a.ID)
+		ev(&dir, schema.TypeAgentRegistered, at.Add(time.Second), "", owner, &a, schema.AgentData{Handle: twinHandle, OwnerID: owner.ID, Model: model})
+		room := fmt.Sprintf("twin-room-%d-%s", i, schema.NewID())
+		w.rooms = append(w.rooms, room)
+		ev(&dir, schema.TypeRoomAdded, at.Add(2*time.Second), room, owner, nil, schema.RoomData{Title: twinTitle})
+	}
+	usedAt := now.Add(-2 * time.Minute)
+	if usedAt.UTC().Month() != now.UTC().Month() {
+		usedAt = now
+	}
+	admin := schema.Party{ID: "key-admin", Type: schema.ActorSystem}
+	for i, room := range w.rooms {
+		b := policy.Budget{ID: policy.BudgetID(w.org, policy.ScopeRoom, room, policy.PeriodMonth), Org: w.org, Scope: policy.ScopeRoom,
+			ScopeID: room, Period: policy.PeriodMonth, Tokens: twinLimitTokens, Hard: true, UpdatedAt: at.Add(time.Minute), UpdatedBy: admin.ID}
+		w.budgets = append(w.budgets, b.ID)
+		ev(&rest, schema.TypeBudgetSet, b.UpdatedAt, "", admin, nil, b)
+		tokens := int64(900 + 50*i) // 90 % and 95 % of the limit
+		w.used[b.ID] = float64(tokens) / twinLimitTokens
+		ev(&rest, schema.TypeUsageReported, usedAt, room, agents[i], nil, schema.UsageData{InputTokens: tokens - 100, OutputTokens: 100, Model: model})
+		for k := range w.throttles {
+			data := api.DecidedData{Decision: "send_message", Allow: false, RetryAfterMs: 1500, PolicyRevision: "rev-d4e5f6",
+				Reasons:     []policy.Reason{{Code: policy.CodeRateLimited, Message: "message rate used up"}},
+				InputDigest: fmt.Sprintf("%064x", 1000+10*i+k), Input: json.RawMessage(`{}`)}
+			ev(&rest, schema.TypePolicyDecided, now.Add(-4*time.Minute+time.Duration(k)*10*time.Second), room, agents[i], nil, data)
+		}
+	}
+	return w, dir, rest
 }
