@@ -1,7 +1,6 @@
 package dashboards
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -265,17 +264,9 @@ func CheckAlerts(dir fs.FS) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	var problems []string
-	for _, name := range sortedKeys(want) {
-		got, err := fs.ReadFile(dir, name)
-		switch {
-		case errors.Is(err, fs.ErrNotExist):
-			problems = append(problems, name+": missing")
-		case err != nil:
-			return nil, fmt.Errorf("cannot read generated alert rules %s: %w", name, err)
-		case !bytes.Equal(got, want[name]):
-			problems = append(problems, name+": differs from the generated alert rules")
-		}
+	problems, err := compareFiles(dir, want, "alert rules")
+	if err != nil {
+		return nil, err
 	}
 	entries, err := fs.ReadDir(dir, ".")
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {

@@ -158,17 +158,9 @@ func Check(dir fs.FS) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	var problems []string
-	for _, name := range sortedKeys(want) {
-		got, err := fs.ReadFile(dir, name)
-		switch {
-		case errors.Is(err, fs.ErrNotExist):
-			problems = append(problems, name+": missing")
-		case err != nil:
-			return nil, fmt.Errorf("cannot read generated dashboard %s: %w", name, err)
-		case !bytes.Equal(got, want[name]):
-			problems = append(problems, name+": differs from the generated dashboard")
-		}
+	problems, err := compareFiles(dir, want, "dashboard")
+	if err != nil {
+		return nil, err
 	}
 	err = fs.WalkDir(dir, ".", func(name string, e fs.DirEntry, err error) error {
 		switch {
@@ -184,6 +176,24 @@ func Check(dir fs.FS) ([]string, error) {
 	})
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return nil, fmt.Errorf("cannot list dashboards: %w", err)
+	}
+	return problems, nil
+}
+
+// compareFiles returns a line per file of want that is missing from dir or differs
+// from its generated content (what names the kind of file, for the messages).
+func compareFiles(dir fs.FS, want map[string][]byte, what string) ([]string, error) {
+	var problems []string
+	for _, name := range sortedKeys(want) {
+		got, err := fs.ReadFile(dir, name)
+		switch {
+		case errors.Is(err, fs.ErrNotExist):
+			problems = append(problems, name+": missing")
+		case err != nil:
+			return nil, fmt.Errorf("cannot read generated %s %s: %w", what, name, err)
+		case !bytes.Equal(got, want[name]):
+			problems = append(problems, name+": differs from the generated "+what)
+		}
 	}
 	return problems, nil
 }

@@ -55,9 +55,18 @@ type server struct {
 func (s *server) Name() string { return s.name }
 
 func (s *server) post(ctx context.Context, params url.Values, body string) ([]byte, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.base+"?"+params.Encode(), strings.NewReader(body))
+	return s.send(ctx, params, "", strings.NewReader(body))
+}
+
+// send POSTs body (of contentType, "" for plain) with the URL parameters params and
+// returns the response, or the server's error text.
+func (s *server) send(ctx context.Context, params url.Values, contentType string, body io.Reader) ([]byte, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.base+"?"+params.Encode(), body)
 	if err != nil {
 		return nil, err
+	}
+	if contentType != "" {
+		req.Header.Set("Content-Type", contentType)
 	}
 	resp, err := s.client.Do(req)
 	if err != nil {
@@ -104,22 +113,9 @@ func (s *server) Query(ctx context.Context, sql string, ext ...External) (*Resul
 	if err := mw.Close(); err != nil {
 		return nil, err
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.base+"?"+params.Encode(), &body)
+	out, err := s.send(ctx, params, mw.FormDataContentType(), &body)
 	if err != nil {
 		return nil, err
-	}
-	req.Header.Set("Content-Type", mw.FormDataContentType())
-	resp, err := s.client.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	out, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return nil, err
-	}
-	if resp.StatusCode != http.StatusOK {
-		return nil, errors.New(strings.TrimSpace(string(out)))
 	}
 	return ParseTSV(out)
 }
