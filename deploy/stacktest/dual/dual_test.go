@@ -67,5 +67,8 @@ func TestNormalize(t *testing.T) {
 	assert.False(t, dual.Equal("SELECT c", res("UInt8", "1", "1"), res("UInt8", "1")))
 	assert.False(t, dual.Equal("SELECT c", res("UInt8", "1"), res("UInt16", "1")))
 	assert.True(t, dual.Equal("SELECT now() - max(t)", res("Int32", "1"), res("Int32", "2")))
+	assert.False(t, dual.Equal("SELECT c FROM t WHERE id = 'now() or today()'", res("Int32", "1"), res("Int32", "2")),
+		"a bound value that reads now() does not make the statement volatile")
+	assert.True(t, dual.Equal(`SELECT now() FROM t WHERE id = 'it\'s'`, res("DateTime", "1"), res("DateTime", "2")))
 	assert.Contains(t, dual.Diff("SELECT c", res("UInt8", "1"), res("UInt8", "2")), "only in the first (1): 1")
 }

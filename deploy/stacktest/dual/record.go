@@ -68,7 +68,9 @@ func Database(t testing.TB) (*Recorder, string) {
 		Addr:        []string{stacktest.ClickHouseAddr()},
 		Auth:        clickhouse.Auth{Database: "default", Username: "default"},
 		DialTimeout: 5 * time.Second, ReadTimeout: 60 * time.Second,
-		MaxOpenConns: 8,
+		// Room for the staging batches and query_log reads beside the code's own: a
+		// statement waiting for a connection holds the gate shared.
+		MaxOpenConns: 32,
 		// Every statement lands in system.query_log with the text the server ran.
 		Settings: clickhouse.Settings{"log_queries": 1},
 	})
@@ -249,10 +251,9 @@ func (r *Recorder) PrepareBatch(ctx context.Context, query string, opts ...drive
 // which is when its rows become visible.
 type batch struct {
 	driver.Batch
-	staged  driver.Batch
-	r       *Recorder
-	s       *Step
-	flushed int // rows sent by Flush before Send
+	staged driver.Batch
+	r      *Recorder
+	s      *Step
 }
 
 func (b *batch) Append(v ...any) error {
@@ -273,13 +274,10 @@ func (b *batch) Column(i int) driver.BatchColumn {
 	return column{b.Batch.Column(i), b.staged.Column(i)}
 }
 
-func (b *batch) Flush() error {
-	b.flushed += b.Batch.Rows() // Rows counts since the last Flush
-	if err := b.Batch.Flush(); err != nil {
-		return err
-	}
-	return b.staged.Flush()
-}
+// Flush is refused: each flushed block is visible on the server at once, before the
+// batch's step is recorded at Send, so the replay would put its rows too late.
+// bandplane does not flush batches.
+func (b *batch) Flush() error { return b.r.unsupported("Batch.Flush") }
 
 // Send sends the real batch, then the staged copy, and records the step. A Send that
 // failed may still have stored the rows (a cancelled context after the server took
@@ -287,7 +285,7 @@ func (b *batch) Flush() error {
 func (b *batch) Send() error {
 	b.r.gate.Lock()
 	defer b.r.gate.Unlock()
-	rows := b.flushed + b.Batch.Rows()
+	rows := b.Batch.Rows()
 	err := b.Batch.Send()
 	if err != nil && !b.r.committed(b.s.QueryID) {
 		_ = b.staged.Abort()
