@@ -180,7 +180,7 @@ func AgentActivity() *dashboard.DashboardBuilder {
 		[]string{"agents"}, "now-24h").
 		WithVariable(orgVariable()).
 		WithVariable(ownerVariable()).
-		WithVariable(agentVariable()).
+		WithVariable(agentVariable(true)).
 		WithVariable(roomVariable())
 
 	d = d.WithPanel(timeSeriesPanel(g, 16, 9, "Messages per agent", "message.created events per interval and agent.",

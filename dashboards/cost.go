@@ -315,7 +315,7 @@ func CostAttribution() *dashboard.DashboardBuilder {
 		[]string{"cost"}, "now-7d").
 		WithVariable(orgVariable()).
 		WithVariable(ownerVariable()).
-		WithVariable(agentVariable()).
+		WithVariable(agentVariable(true)).
 		WithVariable(modelVariable()).
 		WithVariable(roomVariable())
 

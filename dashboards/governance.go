@@ -162,7 +162,7 @@ func Governance() *dashboard.DashboardBuilder {
 		[]string{"governance"}, "now-7d").
 		WithVariable(orgVariable()).
 		WithVariable(ownerVariable()).
-		WithVariable(agentOnlyVariable()).
+		WithVariable(agentVariable(false)).
 		WithVariable(roomVariable()).
 		WithVariable(decisionVariable())
 

@@ -179,24 +179,20 @@ func ownerVariable() *dashboard.QueryVariableBuilder {
 		dashboard.VariableRefreshOnDashboardLoad)
 }
 
-func agentVariable() *dashboard.QueryVariableBuilder {
+// agentVariable lists the agents of the organization, and of the owner variable's
+// choice when byOwner (dashboards without an owner variable pass false).
+func agentVariable(byOwner bool) *dashboard.QueryVariableBuilder {
+	filter, description := is("org_id", varOrg), "Agents of the organization, from the directory."
+	if byOwner {
+		filter += ` AND ` + is("owner_id", varOwner)
+		description = "Agents of the organization (and of the owner, when one is chosen), from the directory."
+	}
 	q := sql(`
 	SELECT id, concat('@', handle) AS agent_name
 	FROM bandplane.directory FINAL
-	WHERE kind = 'agent' AND ` + is("org_id", varOrg) + ` AND ` + is("owner_id", varOwner) + `
+	WHERE kind = 'agent' AND ` + filter + `
 	ORDER BY agent_name`)
-	return queryVar(varAgent, "Agent", "Agents of the organization (and of the owner, when one is chosen), from the directory.", q,
-		dashboard.VariableRefreshOnDashboardLoad)
-}
-
-func agentOnlyVariable() *dashboard.QueryVariableBuilder {
-	q := sql(`
-	SELECT id, concat('@', handle) AS agent_name
-	FROM bandplane.directory FINAL
-	WHERE kind = 'agent' AND ` + is("org_id", varOrg) + `
-	ORDER BY agent_name`)
-	return queryVar(varAgent, "Agent", "Agents of the organization, from the directory.", q,
-		dashboard.VariableRefreshOnDashboardLoad)
+	return queryVar(varAgent, "Agent", description, q, dashboard.VariableRefreshOnDashboardLoad)
 }
 
 func modelVariable() *dashboard.QueryVariableBuilder {

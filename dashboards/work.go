@@ -174,7 +174,7 @@ func WorkStatus() *dashboard.DashboardBuilder {
 		Refresh("1m").
 		WithVariable(orgVariable()).
 		WithVariable(roomVariable()).
-		WithVariable(agentOnlyVariable())
+		WithVariable(agentVariable(false))
 
 	d = d.WithPanel(barPanel(g, 8, 8, "Tasks by status", "Tasks updated in the range, by the status they have now.",
 		tasksByStatusSQL, "task_status", "short"))
