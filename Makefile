@@ -3,7 +3,7 @@ SHELL := /bin/bash
 GO    ?= go
 BIN   := bin/bandplane
 
-.PHONY: build run test up down unit bench-ingest bench-policy bench-query fuzz generate
+.PHONY: build run test test-cluster up down unit bench-ingest bench-policy bench-query fuzz generate
 
 build:
 	$(GO) build -o $(BIN) ./cmd/bandplane
@@ -16,6 +16,12 @@ run: build
 # Starts what the tests need, runs gofmt/vet and all tests, stops what it started.
 test:
 	deploy/local/with-deps.sh deploy/local/test.sh
+
+# The cluster tests: starts ZooKeeper, four ClickHouse servers (2 shards x 2 replicas) and
+# three Kafka brokers if needed, runs the TestIntegrationCluster* tests and the query tests
+# on the cluster, stops what it started.
+test-cluster:
+	deploy/local/test-cluster.sh
 
 # Dependencies only, for development and benchmarks.
 up:
@@ -46,6 +52,7 @@ bench-query: build
 generate:
 	$(GO) tool gqlgen generate
 	$(GO) run ./cmd/bandplane dashboards --out deploy/grafana/dashboards --alerts deploy/grafana/provisioning/alerting
+	$(GO) run ./cmd/bandplane config-reference
 
 # 60 s each: the event decoder, and the collector's HTTP handler.
 fuzz:

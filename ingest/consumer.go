@@ -134,6 +134,19 @@ type Config struct {
 	// LateParties are the parties with events stored without an organization within
 	// LateHorizon (store.UnattributedParties), each with the last time, read at start.
 	LateParties map[string]time.Time
+	// Unattributed reads those parties again (store.UnattributedParties). When set, it
+	// is read before every batch's check of what is stored: with several ingest
+	// processes in one group, a record another process stored without an organization
+	// and did not commit before it died is delivered here again, and this process never
+	// saw the party late; the read tells it, so the replay keeps org "" and collapses
+	// with the stored row instead of being stored a second time, attributed.
+	Unattributed func(ctx context.Context, since time.Time) (map[string]time.Time, error)
+	// ReloadDirectory reads the directory ClickHouse holds (store.LoadDirectory). When
+	// set, a batch that ends with events of parties this process does not know reloads
+	// it first (at most once a second): with several ingest processes in one group, a
+	// party's registration is consumed by the process that holds its partition, and
+	// the others learn it only from ClickHouse.
+	ReloadDirectory func(ctx context.Context) ([]store.DirectoryRow, error)
 	// UnpricedAgents are the agents with usage stored unpriced for want of a model
 	// within UnpricedHorizon (store.UnpricedAgents), read at start.
 	UnpricedAgents map[string]time.Time
@@ -198,6 +211,7 @@ type Consumer struct {
 	// organization. Both are owned by the Run goroutine (add, toRows).
 	unpriced *expiring
 	late     *expiring
+	reloaded time.Time          // the directory's last reload for parked events (main loop only)
 	stored   prometheus.Counter // m.Records{result="stored"}, looked up once
 }
 
@@ -682,10 +696,39 @@ func (c *Consumer) unknownParty(ev *schema.Event) bool {
 // now that the whole batch has been read.
 func (c *Consumer) resolveParked(p *pending) {
 	now := c.now()
+	c.reloadForParked(p, now)
 	for i := range p.parked {
 		c.toRows(p, &p.parked[i].ev, p.parked[i].rec, now)
 	}
 	p.parked = nil
+}
+
+// reloadForParked reloads the directory from ClickHouse when a parked event's party is
+// still unknown (Config.ReloadDirectory), at most once a second, so that a party that
+// never registers does not cost a reload per batch.
+func (c *Consumer) reloadForParked(p *pending, now time.Time) {
+	if c.cfg.ReloadDirectory == nil || len(p.parked) == 0 || now.Sub(c.reloaded) < time.Second {
+		return
+	}
+	unknown := false
+	for i := range p.parked {
+		if c.unknownParty(&p.parked[i].ev) {
+			unknown = true
+			break
+		}
+	}
+	if !unknown {
+		return
+	}
+	c.reloaded = now
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	rows, err := c.cfg.ReloadDirectory(ctx)
+	if err != nil {
+		c.log.Warn("cannot reload the directory for events of unknown parties; they are stored without organization", "err", err, "events", len(p.parked))
+		return
+	}
+	c.cfg.Directory.Load(rows)
 }
 
 func (c *Consumer) toRows(p *pending, ev *schema.Event, rec int32, now time.Time) {
@@ -893,6 +936,7 @@ func (c *Consumer) store(ctx context.Context, p *pending) bool {
 // this check existed, rather than stalled.
 func (c *Consumer) checkStored(ctx context.Context, p *pending) bool {
 	ev := p.batch.Events
+	c.recheckOthersLate(ctx, p)
 	keys := make([]store.EventKey, 0, len(ev)+len(p.recheck))
 	for i := range ev {
 		keys = append(keys, store.KeyOf(&ev[i]))
@@ -1004,6 +1048,42 @@ func (c *Consumer) checkStored(ctx context.Context, p *pending) bool {
 	}
 	p.recheck = nil // indexes into the events before compaction
 	return true
+}
+
+// recheckOthersLate adds to p's rechecks the attributed events of parties that another
+// process (or this one, before it restarted) stored without an organization, as
+// Config.Unattributed reads them now. A read that fails is logged, and the batch is
+// checked with what this process knows.
+func (c *Consumer) recheckOthersLate(ctx context.Context, p *pending) {
+	if c.cfg.Unattributed == nil || len(p.batch.Events) == 0 {
+		return
+	}
+	now := c.now()
+	parties, err := c.cfg.Unattributed(ctx, now.Add(-c.cfg.LateHorizon))
+	if err != nil {
+		c.m.LookupErrors.Inc()
+		c.log.Warn("cannot read the parties stored without an organization; checking the batch with what this process knows", "err", err)
+		return
+	}
+	if len(parties) == 0 {
+		return
+	}
+	// c.late belongs to the fetch loop (this runs in the checker): the read alone
+	// decides, and it holds every party this process stored late too.
+	has := make(map[int]bool, len(p.recheck))
+	for _, i := range p.recheck {
+		has[i] = true
+	}
+	for i := range p.batch.Events {
+		e := &p.batch.Events[i]
+		pid := e.ActorID
+		if pid == "" {
+			pid = e.SubjectID
+		}
+		if at, ok := parties[pid]; ok && e.OrgID != "" && !has[i] && now.Sub(at) < c.cfg.LateHorizon {
+			p.recheck = append(p.recheck, i)
+		}
+	}
 }
 
 // lookup reads the stored rows of keys. A lookup of several keys that ClickHouse has

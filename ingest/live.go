@@ -167,10 +167,11 @@ func (l *Live) readPartition(ctx context.Context, partition int, positioned func
 }
 
 // offsets reads the partition's oldest offset and its next one (where a record
-// produced now goes), retrying until it can or ctx ends.
+// produced now goes), retrying until it can or ctx ends. Each try asks the next
+// bootstrap broker for the partition's leader, so one broker down does not stop it.
 func (l *Live) offsets(ctx context.Context, partition int) (int64, int64, error) {
-	for {
-		conn, err := kafkago.DialLeader(ctx, "tcp", l.cfg.Brokers[0], l.cfg.Topic, partition)
+	for try := 0; ; try++ {
+		conn, err := kafkago.DialLeader(ctx, "tcp", l.cfg.Brokers[try%len(l.cfg.Brokers)], l.cfg.Topic, partition)
 		if err == nil {
 			first, last, err2 := conn.ReadOffsets()
 			_ = conn.Close()

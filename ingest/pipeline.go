@@ -106,7 +106,7 @@ func NewPipeline(ctx context.Context, cfg PipelineConfig) (*Pipeline, error) {
 		BatchSize: cfg.BatchSize, BatchAge: cfg.BatchAge, BatchBytes: cfg.BatchBytes, MaxPendingBytes: cfg.MaxPendingBytes,
 		RetryMin: cfg.RetryMin, RetryMax: cfg.RetryMax,
 		DeadLetterMaxBytes: kafka.MaxMessageBytes, LateHorizon: cfg.LateHorizon, UnpricedHorizon: cfg.UnpricedHorizon,
-		LateParties: late, UnpricedAgents: unpriced, AfterFlush: p.rollup.Mark, Logger: cfg.Logger, Metrics: cfg.Metrics,
+		LateParties: late, Unattributed: st.UnattributedParties, ReloadDirectory: st.LoadDirectory, UnpricedAgents: unpriced, AfterFlush: p.rollup.Mark, Logger: cfg.Logger, Metrics: cfg.Metrics,
 	})
 	if err != nil {
 		p.Close()

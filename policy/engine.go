@@ -256,14 +256,14 @@ func (e *Engine) enforce(d *Decision, input ast.Value) {
 		d.ReservationID, d.ReservationExpires = res.ID, res.Expires
 	}
 	window := time.Duration(q.WindowSeconds) * time.Second
-	roomKey := "r\x00" + d.Agent + "\x00" + room
+	roomKey := RoomRateKey(d.Agent, room)
 	if ok, retry := e.limiter.Allow(roomKey, int(q.MessagesPerWindowAgentRoom), window, now); !ok {
 		e.Release(d)
 		e.deny(d, CodeRateLimited, retry,
 			fmt.Sprintf("agent %s may post %d messages per %s in this room", d.Agent, q.MessagesPerWindowAgentRoom, window))
 		return
 	}
-	if ok, retry := e.limiter.Allow("a\x00"+d.Agent, int(q.MessagesPerWindowAgent), window, now); !ok {
+	if ok, retry := e.limiter.Allow(AgentRateKey(d.Agent), int(q.MessagesPerWindowAgent), window, now); !ok {
 		e.limiter.undo(roomKey, int(q.MessagesPerWindowAgentRoom), window)
 		e.Release(d)
 		e.deny(d, CodeRateLimited, retry,

@@ -187,7 +187,7 @@ func TestIntegrationCostsAndAudit(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, stale, "every day was rebuilt after its hours")
 	// A stop between the hours and the days (here: the days lost): found, and rebuilt.
-	require.NoError(t, conn.Exec(ctx, "TRUNCATE TABLE "+db+".usage_daily"))
+	stacktest.Truncate(t, conn, db, "usage_daily")
 	stale, err = st.StaleDays(ctx, base.Add(-48*time.Hour))
 	require.NoError(t, err)
 	require.Equal(t, []store.DayKey{{OrgID: "org-a", Day: base.Truncate(24 * time.Hour)}, {OrgID: "org-a", Day: base.Truncate(24 * time.Hour).Add(24 * time.Hour)},

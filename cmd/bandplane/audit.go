@@ -5,7 +5,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"strings"
 	"time"
 
@@ -14,11 +13,13 @@ import (
 )
 
 func init() {
-	register("audit", "tamper-evident audit trail: keygen, seal, verify, export", runAudit)
+	registerGroup("audit", "tamper-evident audit trail: keygen, seal, verify, export", auditUsage, map[string]runFunc{
+		"keygen": func(_ context.Context, e *env, args []string) error { return runAuditKeygen(e, args) },
+		"seal":   runAuditSeal, "verify": runAuditVerify, "export": runAuditExport,
+	})
 }
 
-func auditUsage(w io.Writer) {
-	fmt.Fprint(w, `usage: bandplane audit <keygen|seal|verify|export> [flags]
+const auditUsage = `usage: bandplane audit <keygen|seal|verify|export> [flags]
 
   keygen --out FILE      make an Ed25519 audit key (FILE, mode 0600) and its public half (FILE.pub)
   seal --audit-key FILE  seal what was ingested, now (serve --audit-key does it every --seal-every)
@@ -32,31 +33,7 @@ func auditUsage(w io.Writer) {
                          a signed export of one organization's sealed trail from bandplane serve
 
 Run 'bandplane audit <command> -h' for a command's flags.
-`)
-}
-
-func runAudit(ctx context.Context, e *env, args []string) error {
-	if len(args) == 0 {
-		auditUsage(e.stderr)
-		return exitError{code: 2}
-	}
-	switch args[0] {
-	case "keygen":
-		return runAuditKeygen(e, args[1:])
-	case "seal":
-		return runAuditSeal(ctx, e, args[1:])
-	case "verify":
-		return runAuditVerify(ctx, e, args[1:])
-	case "export":
-		return runAuditExport(ctx, e, args[1:])
-	case "-h", "--help", "help":
-		auditUsage(e.stderr)
-		return exitError{code: 0}
-	}
-	fmt.Fprintf(e.stderr, "bandplane audit: unknown command %q\n\n", args[0])
-	auditUsage(e.stderr)
-	return exitError{code: 2}
-}
+`
 
 func auditKeyFlag(fs *flag.FlagSet, what string) *string {
 	return fs.String("audit-key", envOr("BANDPLANE_AUDIT_KEY", ""), what+" (env BANDPLANE_AUDIT_KEY)")

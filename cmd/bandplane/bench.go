@@ -11,22 +11,8 @@ import (
 )
 
 func init() {
-	register("bench", "measure the stack: `bench ingest`, `bench policy` (see -h)", runBench)
-}
-
-func runBench(ctx context.Context, e *env, args []string) error {
-	if len(args) > 0 {
-		switch args[0] {
-		case "ingest":
-			return runBenchIngest(ctx, e, args[1:])
-		case "policy":
-			return runBenchPolicy(ctx, e, args[1:])
-		case "query":
-			return runBenchQuery(ctx, e, args[1:])
-		}
-	}
-	fmt.Fprintln(e.stderr, "usage: bandplane bench ingest|policy|query [flags]")
-	return exitError{code: 2}
+	registerGroup("bench", "measure the stack: `bench ingest`, `bench policy` (see -h)", "usage: bandplane bench ingest|policy|query [flags]\n",
+		map[string]runFunc{"ingest": runBenchIngest, "policy": runBenchPolicy, "query": runBenchQuery})
 }
 
 func runBenchIngest(ctx context.Context, e *env, args []string) error {

@@ -20,7 +20,8 @@ import (
 )
 
 func init() {
-	register("budgets", "set, list and delete spend budgets (set, list, delete)", runBudgets)
+	registerGroup("budgets", "set, list and delete spend budgets (set, list, delete)", budgetsUsage,
+		map[string]runFunc{"set": budgetsSet, "list": budgetsList, "delete": budgetsDelete})
 }
 
 const budgetsUsage = `usage: bandplane budgets <set|list|delete> [flags]
@@ -35,26 +36,6 @@ Each change is a budget.set or budget.deleted event on the events topic: every s
 policy side applies it within a second, and it is in the audit trail.
 Run 'bandplane budgets <command> -h' for its flags.
 `
-
-func runBudgets(ctx context.Context, e *env, args []string) error {
-	if len(args) == 0 {
-		fmt.Fprint(e.stderr, budgetsUsage)
-		return exitError{code: 2}
-	}
-	switch args[0] {
-	case "set":
-		return budgetsSet(ctx, e, args[1:])
-	case "list":
-		return budgetsList(ctx, e, args[1:])
-	case "delete":
-		return budgetsDelete(ctx, e, args[1:])
-	case "-h", "--help", "help":
-		fmt.Fprint(e.stderr, budgetsUsage)
-		return nil
-	}
-	fmt.Fprintf(e.stderr, "bandplane budgets: unknown command %q\n\n%s", args[0], budgetsUsage)
-	return exitError{code: 2}
-}
 
 func budgetFlagError(e *env, cmd, format string, args ...any) error {
 	fmt.Fprintf(e.stderr, "bandplane budgets %s: %s\n", cmd, fmt.Sprintf(format, args...))

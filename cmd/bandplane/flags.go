@@ -36,11 +36,13 @@ func (s *stackFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&s.kafka, "kafka", envOr("BANDPLANE_KAFKA", "127.0.0.1:19092"), "Kafka bootstrap brokers, comma-separated (env BANDPLANE_KAFKA)")
 	fs.StringVar(&s.topic, "topic", envOr("BANDPLANE_TOPIC", "bandplane.events"), "events topic")
 	fs.StringVar(&s.dlqTopic, "dlq-topic", "", "dead-letter topic (default: <topic>.dlq)")
-	fs.StringVar(&s.ch.Addr, "clickhouse", envOr("BANDPLANE_CLICKHOUSE", def.Addr), "ClickHouse native address host:port (env BANDPLANE_CLICKHOUSE)")
+	fs.StringVar(&s.ch.Addr, "clickhouse", envOr("BANDPLANE_CLICKHOUSE", def.Addr), "ClickHouse native address host:port, or several comma-separated (servers of a cluster, tried in order: the next when one is down) (env BANDPLANE_CLICKHOUSE)")
 	fs.StringVar(&s.ch.Database, "clickhouse-db", envOr("BANDPLANE_CLICKHOUSE_DB", def.Database), "ClickHouse database (env BANDPLANE_CLICKHOUSE_DB)")
 	fs.StringVar(&s.ch.User, "clickhouse-user", envOr("BANDPLANE_CLICKHOUSE_USER", def.User), "ClickHouse user")
 	s.ch.Password = os.Getenv("BANDPLANE_CLICKHOUSE_PASSWORD")
 	fs.DurationVar(&s.ch.ReadTimeout, "clickhouse-timeout", def.ReadTimeout, "ClickHouse read timeout")
+	fs.StringVar(&s.ch.Cluster, "cluster", envOr("BANDPLANE_CLICKHOUSE_CLUSTER", ""), "ClickHouse cluster the schema is on (migrate --cluster makes it there: replicated local tables, Distributed tables over them); empty: one server (env BANDPLANE_CLICKHOUSE_CLUSTER)")
+	fs.IntVar(&s.ch.InsertQuorum, "insert-quorum", 2, "with --cluster: replicas of a shard that must hold an insert into the audit trail (and the other tables of record) before it returns (insert_quorum; 2 loses nothing acknowledged when one replica dies; 0 or 1: one)")
 	s.ch.DialTimeout, s.ch.MaxOpenConns = def.DialTimeout, def.MaxOpenConns
 }
 
@@ -64,13 +66,17 @@ func (s *stackFlags) dlq() string {
 	return s.topic + ".dlq"
 }
 
-// newFlagSet returns a flag set that reports errors and usage on e.stderr.
+// newFlagSet returns a flag set that reports errors and usage on e.stderr (and
+// records it in e.flagSets, for config-reference).
 func newFlagSet(e *env, name, args string) *flag.FlagSet {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(e.stderr)
 	fs.Usage = func() {
 		fmt.Fprintf(e.stderr, "usage: bandplane %s %s\n\nflags:\n", name, args)
 		fs.PrintDefaults()
+	}
+	if e.flagSets != nil {
+		e.flagSets.add(name, args, fs)
 	}
 	return fs
 }

@@ -14,7 +14,8 @@ import (
 )
 
 func init() {
-	register("keys", "create, list and revoke API keys (create, list, revoke ID)", runKeys)
+	registerGroup("keys", "create, list and revoke API keys (create, list, revoke ID)", keysUsage,
+		map[string]runFunc{"create": keysCreate, "list": keysList, "revoke": keysRevoke})
 }
 
 const keysUsage = `usage: bandplane keys <create|list|revoke> [flags]
@@ -25,26 +26,6 @@ const keysUsage = `usage: bandplane keys <create|list|revoke> [flags]
 
 Run 'bandplane keys <command> -h' for its flags.
 `
-
-func runKeys(ctx context.Context, e *env, args []string) error {
-	if len(args) == 0 {
-		fmt.Fprint(e.stderr, keysUsage)
-		return exitError{code: 2}
-	}
-	switch args[0] {
-	case "create":
-		return keysCreate(ctx, e, args[1:])
-	case "list":
-		return keysList(ctx, e, args[1:])
-	case "revoke":
-		return keysRevoke(ctx, e, args[1:])
-	case "-h", "--help", "help":
-		fmt.Fprint(e.stderr, keysUsage)
-		return nil
-	}
-	fmt.Fprintf(e.stderr, "bandplane keys: unknown command %q\n\n%s", args[0], keysUsage)
-	return exitError{code: 2}
-}
 
 // keysFlags are the flags create and revoke share.
 type keysFlags struct {

@@ -21,6 +21,9 @@ type env struct {
 	stdout io.Writer
 	stderr io.Writer
 	log    *slog.Logger
+	// flagSets, when set, records every flag set newFlagSet makes: config-reference
+	// runs each command with -h to read its flags without running it.
+	flagSets *flagSetLog
 }
 
 // exitError carries a non-zero exit status without printing anything more: the
@@ -29,24 +32,60 @@ type exitError struct{ code int }
 
 func (e exitError) Error() string { return fmt.Sprintf("exit status %d", e.code) }
 
+type runFunc = func(ctx context.Context, e *env, args []string) error
+
 type command struct {
 	summary string
-	run     func(ctx context.Context, e *env, args []string) error
+	run     runFunc
+	// subs are a group's subcommands (`keys create`), which run dispatches to; usage
+	// is the group's usage text. config-reference walks the same table.
+	subs   map[string]runFunc
+	usage  string
+	hidden bool // left out of the command list and the configuration reference
 }
 
 // commands is filled by each subcommand's file in its init, so that adding a command
 // touches one file only.
 var commands = map[string]command{}
 
-func register(name, summary string, run func(ctx context.Context, e *env, args []string) error) {
+func register(name, summary string, run runFunc) {
 	commands[name] = command{summary: summary, run: run}
+}
+
+// registerGroup registers a command made of subcommands: `bandplane NAME SUB [flags]`
+// runs subs[SUB]; without SUB, or with an unknown one, it prints usage and exits 2;
+// -h prints usage and exits 0.
+func registerGroup(name, summary, usage string, subs map[string]runFunc) {
+	commands[name] = group(name, summary, usage, subs)
+}
+
+// group is the command registerGroup registers.
+func group(name, summary, usage string, subs map[string]runFunc) command {
+	return command{summary: summary, subs: subs, usage: usage, run: func(ctx context.Context, e *env, args []string) error {
+		if len(args) == 0 {
+			fmt.Fprint(e.stderr, usage)
+			return exitError{code: 2}
+		}
+		if run, ok := subs[args[0]]; ok {
+			return run(ctx, e, args[1:])
+		}
+		switch args[0] {
+		case "-h", "--help", "help":
+			fmt.Fprint(e.stderr, usage)
+			return exitError{code: 0}
+		}
+		fmt.Fprintf(e.stderr, "bandplane %s: unknown command %q\n\n%s", name, args[0], usage)
+		return exitError{code: 2}
+	}}
 }
 
 func usage(w io.Writer) {
 	fmt.Fprintln(w, "usage: bandplane <command> [flags]\n\ncommands:")
 	names := make([]string, 0, len(commands))
-	for n := range commands {
-		names = append(names, n)
+	for n, c := range commands {
+		if !c.hidden {
+			names = append(names, n)
+		}
 	}
 	sort.Strings(names)
 	for _, n := range names {

@@ -60,7 +60,7 @@ func runRetention(ctx context.Context, e *env, args []string) error {
 	if err := r.Validate(); err != nil {
 		return err
 	}
-	opts := chdb.RetentionOptions{DryRun: *dry}
+	opts := chdb.RetentionOptions{DryRun: *dry, Cluster: st.ch.Cluster}
 	if *keyFile != "" {
 		key, err := seal.LoadPrivateKey(*keyFile)
 		if err != nil {

@@ -2,8 +2,11 @@ package main
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"os"
 	"strings"
@@ -18,10 +21,12 @@ import (
 	"github.com/bandplane/bandplane/policy/api"
 	"github.com/bandplane/bandplane/policy/keys"
 	"github.com/bandplane/bandplane/policy/replica"
+	"github.com/bandplane/bandplane/policy/shard"
 )
 
 func init() {
-	register("policy", "evaluate a policy decision offline: `policy eval` (see -h)", runPolicy)
+	registerGroup("policy", "evaluate a policy decision offline: `policy eval` (see -h)",
+		"usage: bandplane policy eval --directory FILE --decision NAME --input JSON\n", map[string]runFunc{"eval": runPolicyEval})
 }
 
 // policyFlags configure the policy side of `serve`.
@@ -31,6 +36,8 @@ type policyFlags struct {
 	group    string
 	failOpen string
 	resTTL   time.Duration
+	peers    string
+	self     string
 }
 
 func (p *policyFlags) register(fs *flag.FlagSet) {
@@ -40,6 +47,67 @@ func (p *policyFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&p.group, "policy-group", "policy-"+host, "consumer group of this process's policy replica (one per process)")
 	fs.DurationVar(&p.resTTL, "reservation-ttl", policy.DefaultReservationTTL, "how long a send_message estimate stays reserved against its budgets when no usage report of its execution settles it")
 	fs.StringVar(&p.failOpen, "fail-open", "", "comma-separated decisions that may grant access when their audit event cannot be written (default: none, all fail closed)")
+	fs.StringVar(&p.peers, "policy-peers", envOr("BANDPLANE_POLICY_PEERS", ""), "comma-separated base URLs of every policy replica of the deployment, the same list on each (env BANDPLANE_POLICY_PEERS); organizations are sharded over them and a send_message of another replica's organization is answered 421 with its owner (default: this process is the only replica)")
+	fs.StringVar(&p.self, "policy-self", envOr("BANDPLANE_POLICY_SELF", ""), "this replica's own base URL in --policy-peers (env BANDPLANE_POLICY_SELF)")
+}
+
+// shards is the assignment of organizations to the replicas of --policy-peers, or nil
+// without it (one replica: every organization is this process's).
+func (p *policyFlags) shards() (*shard.Shards, error) {
+	var peers []string
+	for _, u := range strings.Split(p.peers, ",") {
+		if u = strings.TrimSpace(u); u != "" {
+			peers = append(peers, u)
+		}
+	}
+	if len(peers) == 0 {
+		if strings.TrimSpace(p.self) != "" {
+			return nil, fmt.Errorf("--policy-self %q needs --policy-peers (env BANDPLANE_POLICY_PEERS), the list of every replica it is one of", p.self)
+		}
+		return nil, nil
+	}
+	if strings.TrimSpace(p.self) == "" {
+		return nil, errors.New("--policy-peers needs --policy-self (env BANDPLANE_POLICY_SELF): this replica's own entry of the list")
+	}
+	s, err := shard.New(shard.Config{Peers: peers, Self: strings.TrimSpace(p.self)})
+	if err != nil {
+		return nil, fmt.Errorf("invalid --policy-peers %q / --policy-self %q: %w", p.peers, p.self, err)
+	}
+	return s, nil
+}
+
+// maxWindow is the largest quota window (window_seconds) of the bundle's policy data,
+// 0 when it names none: how far back a restarted replica reads decisions.
+func maxWindow(bundle fs.FS) (time.Duration, error) {
+	raw, err := fs.ReadFile(bundle, "data.json")
+	if errors.Is(err, fs.ErrNotExist) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	var doc struct {
+		Quotas struct {
+			Defaults struct {
+				WindowSeconds int64 `json:"window_seconds"`
+			} `json:"defaults"`
+			Orgs, Agents map[string]struct {
+				WindowSeconds int64 `json:"window_seconds"`
+			}
+		} `json:"quotas"`
+	}
+	if err := json.Unmarshal(raw, &doc); err != nil {
+		return 0, fmt.Errorf("cannot read the quota windows of data.json: %w", err)
+	}
+	w := doc.Quotas.Defaults.WindowSeconds
+	for _, m := range []map[string]struct {
+		WindowSeconds int64 `json:"window_seconds"`
+	}{doc.Quotas.Orgs, doc.Quotas.Agents} {
+		for _, q := range m {
+			w = max(w, q.WindowSeconds)
+		}
+	}
+	return time.Duration(w) * time.Second, nil
 }
 
 func (p *policyFlags) engine(ctx context.Context, dir *policy.Directory) (*policy.Engine, error) {
@@ -68,6 +136,11 @@ func (p *policyFlags) build(ctx context.Context, log *slog.Logger, reg prometheu
 	if p.disabled {
 		return nil, nil
 	}
+	shards, err := p.shards()
+	if err != nil {
+		return nil, err
+	}
+	started := time.Now()
 	dir := policy.NewDirectory()
 	eng, err := p.engine(ctx, dir)
 	if err != nil {
@@ -80,7 +153,7 @@ func (p *policyFlags) build(ctx context.Context, log *slog.Logger, reg prometheu
 		}
 	}
 	a, err := api.New(api.Config{Engine: eng, Auditor: auditor, FailOpen: failOpen, Auth: auth,
-		BundleDir: p.dir, Logger: log, Registerer: reg})
+		BundleDir: p.dir, Shards: shards, Logger: log, Registerer: reg})
 	if err != nil {
 		return nil, err
 	}
@@ -91,26 +164,34 @@ func (p *policyFlags) build(ctx context.Context, log *slog.Logger, reg prometheu
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "bandplane_policy_budget_crossings_dropped_total", Help: "Budget crossings not written because the writer fell behind."},
 			func() float64 { return float64(ledger.Dropped()) }),
 	)
+	bundle := policy.DefaultBundle()
+	if p.dir != "" {
+		bundle = os.DirFS(p.dir)
+	}
+	window, err := maxWindow(bundle)
+	if err != nil {
+		return nil, fmt.Errorf("cannot use --policy-dir %q: %w", p.dir, err)
+	}
 	r, err := replica.New(replica.Config{Directory: dir, Ledger: eng.Ledger(), Catalog: cat, Conn: conn,
-		Database: st.ch.Database, Brokers: st.brokers(), Topic: st.topic, GroupID: p.group, Logger: log})
+		Database: st.ch.Database, Brokers: st.brokers(), Topic: st.topic, GroupID: p.group, Logger: log,
+		Limiter: eng.Limiter(), Owns: shards.Owns, RestoreWindow: window, Started: started})
 	if err != nil {
 		return nil, err
+	}
+	if shards != nil {
+		log.Info("policy replica of a sharded deployment", "self", shards.Self(), "peers", strings.Join(shards.Peers(), ","))
 	}
 	return &policyServer{engine: eng, api: a, replica: r}, nil
 }
 
-func runPolicy(ctx context.Context, e *env, args []string) error {
-	if len(args) == 0 || args[0] != "eval" {
-		fmt.Fprintln(e.stderr, "usage: bandplane policy eval --directory FILE --decision NAME --input JSON")
-		return exitError{code: 2}
-	}
+func runPolicyEval(ctx context.Context, e *env, args []string) error {
 	fs := newFlagSet(e, "policy eval", "--directory FILE --decision NAME --input JSON")
 	var p policyFlags
 	dirFile := fs.String("directory", "", "directory file (JSON, see policy/README.md); required")
 	decision := fs.String("decision", "", "peer_visible | add_participant | contact_request | send_message; required")
 	input := fs.String("input", "", "the decision's input as JSON, or @FILE; required")
 	fs.StringVar(&p.dir, "policy-dir", "", "policy folder (default: the built-in bundle)")
-	if err := parse(fs, args[1:]); err != nil {
+	if err := parse(fs, args); err != nil {
 		return err
 	}
 	if *dirFile == "" || *decision == "" || *input == "" {

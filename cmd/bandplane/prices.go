@@ -14,7 +14,8 @@ import (
 )
 
 func init() {
-	register("prices", "set and list the model prices kept in ClickHouse (set, list)", runPrices)
+	registerGroup("prices", "set and list the model prices kept in ClickHouse (set, list)", pricesUsage,
+		map[string]runFunc{"set": pricesSet, "list": pricesList})
 }
 
 const pricesUsage = `usage: bandplane prices <set|list> [flags]
@@ -27,24 +28,6 @@ const pricesUsage = `usage: bandplane prices <set|list> [flags]
 
 Run 'bandplane prices <command> -h' for its flags.
 `
-
-func runPrices(ctx context.Context, e *env, args []string) error {
-	if len(args) == 0 {
-		fmt.Fprint(e.stderr, pricesUsage)
-		return exitError{code: 2}
-	}
-	switch args[0] {
-	case "set":
-		return pricesSet(ctx, e, args[1:])
-	case "list":
-		return pricesList(ctx, e, args[1:])
-	case "-h", "--help", "help":
-		fmt.Fprint(e.stderr, pricesUsage)
-		return nil
-	}
-	fmt.Fprintf(e.stderr, "bandplane prices: unknown command %q\n\n%s", args[0], pricesUsage)
-	return exitError{code: 2}
-}
 
 // priceFlags are the flags every command that opens the price service shares.
 type priceFlags struct {

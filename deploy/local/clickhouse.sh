@@ -9,6 +9,9 @@
 #   BANDPLANE_CH_PORT        native TCP port (default 19000)
 #   BANDPLANE_CH_HTTP_PORT   HTTP port (default 18123)
 #   BANDPLANE_CH_START_TIMEOUT  seconds to wait for the server (default 60)
+#   BANDPLANE_CH_CONF_DIR    a folder whose config.d/*.xml and users.d/*.xml are merged
+#                            into the server's config (deploy/local/cluster.sh uses it for
+#                            ZooKeeper, the cluster, macros and the replication port)
 #
 # `status` exits 0 when running, 3 when not. Installs the Debian packages
 # clickhouse-server/clickhouse-client (18.16 on Debian 12) when no server binary is found.
@@ -27,6 +30,7 @@ CONFIG="$ETC/config.xml"
 TCP_PORT="${BANDPLANE_CH_PORT:-19000}"
 HTTP_PORT="${BANDPLANE_CH_HTTP_PORT:-18123}"
 START_TIMEOUT="${BANDPLANE_CH_START_TIMEOUT:-60}"
+CONF_DIR="${BANDPLANE_CH_CONF_DIR:-}"
 STOP_TIMEOUT=30
 
 say() { echo "clickhouse: $*"; }
@@ -123,6 +127,16 @@ render_config() {
       "$HERE/clickhouse/config.xml" >"$tmp"
   mv -f "$tmp" "$CONFIG"
   cp -f "$HERE/clickhouse/users.xml" "$ETC/users.xml"
+  # Extra config merged by the server (config.d/ beside config.xml, users.d/ beside
+  # users.xml): replaced as a whole, so a file removed from CONF_DIR is gone too.
+  local d
+  for d in config.d users.d; do
+    rm -rf "$ETC/$d"
+    if [[ -n "$CONF_DIR" && -d "$CONF_DIR/$d" ]]; then
+      mkdir -p "$ETC/$d"
+      cp -f "$CONF_DIR/$d"/*.xml "$ETC/$d/"
+    fi
+  done
   # Empty substitutions file, so a system-wide /etc/metrika.xml is never read.
   [[ -f "$ETC/metrika.xml" ]] || echo '<yandex></yandex>' >"$ETC/metrika.xml"
 }

@@ -32,6 +32,22 @@ func Brokers() []string {
 
 func ClickHouseAddr() string { return env("BANDPLANE_CLICKHOUSE", "127.0.0.1:19000") }
 
+// ClickHouseCluster is the cluster the tests' databases are made on (BANDPLANE_CLICKHOUSE_CLUSTER,
+// as the CLI's --cluster), "" for one server. `make test-cluster` runs the integration
+// tests of the query and ingest packages on deploy/local/cluster.sh's cluster this way.
+func ClickHouseCluster() string { return os.Getenv("BANDPLANE_CLICKHOUSE_CLUSTER") }
+
+// ClickHouseConfig is the connection config of the tests' ClickHouse for database db.
+func ClickHouseConfig(db string) chdb.Config {
+	cfg := chdb.DefaultConfig()
+	cfg.Addr = ClickHouseAddr()
+	cfg.Database = db
+	if cfg.Cluster = ClickHouseCluster(); cfg.Cluster != "" {
+		cfg.InsertQuorum = 2
+	}
+	return cfg
+}
+
 func env(k, def string) string {
 	if v := os.Getenv(k); v != "" {
 		return v
@@ -87,25 +103,49 @@ func Topic(t testing.TB, partitions int) string {
 func Database(t testing.TB) (driver.Conn, string) {
 	t.Helper()
 	Require(t)
-	cfg := chdb.DefaultConfig()
-	cfg.Addr = ClickHouseAddr()
-	cfg.Database = Name(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	cfg := ClickHouseConfig(Name(t))
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	conn, err := chdb.Open(ctx, cfg)
 	if err != nil {
 		t.Fatalf("%v", err)
 	}
-	if _, err := chdb.Migrate(ctx, conn, cfg.Database); err != nil {
+	if _, err := chdb.MigrateOn(ctx, conn, cfg.Database, cfg.Cluster); err != nil {
 		t.Fatalf("%v", err)
 	}
 	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 		defer cancel()
-		_ = conn.Exec(ctx, "DROP DATABASE IF EXISTS "+cfg.Database)
+		drop := "DROP DATABASE IF EXISTS " + cfg.Database
+		if cfg.Cluster != "" {
+			drop += " ON CLUSTER " + cfg.Cluster
+		}
+		_ = conn.Exec(ctx, drop)
 		conn.Close()
 	})
 	return conn, cfg.Database
+}
+
+// Truncate empties db.table, on every server of the cluster when the tests run on one
+// (a TRUNCATE of the Distributed table would leave its local tables as they are).
+func Truncate(t testing.TB, conn driver.Conn, db, table string) {
+	t.Helper()
+	q := "TRUNCATE TABLE " + db + "." + table
+	if c := ClickHouseCluster(); c != "" {
+		q = "TRUNCATE TABLE " + db + "." + table + chdb.LocalSuffix + " ON CLUSTER " + c
+	}
+	if err := conn.Exec(context.Background(), q); err != nil {
+		t.Fatalf("%s: %v", q, err)
+	}
+}
+
+// SkipOnCluster skips a test of one server's physical layout (parts, partitions, DDL
+// on a table) when the tests run on a cluster.
+func SkipOnCluster(t testing.TB, why string) {
+	t.Helper()
+	if ClickHouseCluster() != "" {
+		t.Skip("not on a cluster: " + why)
+	}
 }
 
 // RepoRoot is the repository's top folder (for deploy scripts and the binary build).

@@ -156,11 +156,11 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 
 	// (a) raw inserts of the same rows, built beforehand.
 	rawDB := cfg.ClickHouse.Database + "_bench_raw_" + stamp
-	if err := freshDB(ctx, conn, rawDB); err != nil {
+	if err := freshDB(ctx, conn, rawDB, cfg.ClickHouse.Cluster); err != nil {
 		return res, err
 	}
 	if !cfg.KeepData {
-		defer dropDB(conn, rawDB)
+		defer dropDB(conn, rawDB, cfg.ClickHouse.Cluster)
 	}
 	batches, usage, err := rowBatches(w.events, cfg.BatchSize)
 	if err != nil {
@@ -247,15 +247,20 @@ func rowBatches(events []schema.Event, size int) ([]*store.Batch, int, error) {
 	return out, usage, nil
 }
 
-func freshDB(ctx context.Context, conn driver.Conn, db string) error {
-	_, err := chdb.Migrate(ctx, conn, db)
+// freshDB makes db (on cluster c, "" for one server).
+func freshDB(ctx context.Context, conn driver.Conn, db, c string) error {
+	_, err := chdb.MigrateOn(ctx, conn, db, c)
 	return err
 }
 
-func dropDB(conn driver.Conn, db string) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+func dropDB(conn driver.Conn, db, c string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	_ = conn.Exec(ctx, "DROP DATABASE IF EXISTS "+db)
+	q := "DROP DATABASE IF EXISTS " + db
+	if c != "" {
+		q += " ON CLUSTER " + c
+	}
+	_ = conn.Exec(ctx, q)
 }
 
 func produceAll(ctx context.Context, p *kafka.Producer, msgs []kafkago.Message) error {
@@ -281,7 +286,7 @@ type pipeline struct {
 
 func newPipeline(ctx context.Context, cfg Config, conn driver.Conn, suffix string) (*pipeline, error) {
 	p := &pipeline{cfg: cfg, conn: conn, db: cfg.ClickHouse.Database + "_bench_" + suffix, topic: "bandplane.bench." + suffix}
-	if err := freshDB(ctx, conn, p.db); err != nil {
+	if err := freshDB(ctx, conn, p.db, cfg.ClickHouse.Cluster); err != nil {
 		return nil, err
 	}
 	for _, t := range []string{p.topic, p.topic + ".dlq"} {
@@ -332,7 +337,7 @@ func (p *pipeline) close() {
 	c := &kafkago.Client{Addr: kafkago.TCP(p.cfg.Brokers...), Timeout: 10 * time.Second}
 	_, _ = c.DeleteTopics(context.Background(), &kafkago.DeleteTopicsRequest{Topics: []string{p.topic, p.topic + ".dlq"}})
 	if !p.cfg.KeepData {
-		dropDB(p.conn, p.db)
+		dropDB(p.conn, p.db, p.cfg.ClickHouse.Cluster)
 	}
 }
 

@@ -132,6 +132,95 @@ func TestIntegrationEnsureTopicRaisesALowerLimit(t *testing.T) {
 	assert.Equal(t, 8<<20, limit)
 }
 
+func TestReplicationFollowsTheLiveBrokers(t *testing.T) {
+	for _, tc := range []struct{ brokers, factor, minInsync int }{
+		{0, 1, 1}, // no broker listed (yet): what one would get; CreateTopics then fails
+		{1, 1, 1}, // the local single node: as before
+		{2, 2, 2}, // a cluster with a broker down: both copies must acknowledge
+		{3, 3, 2}, // any one broker can be lost, and writes go on with one down
+		{5, 3, 2},
+	} {
+		factor, minInsync := kafka.Replication(tc.brokers)
+		assert.Equal(t, tc.factor, factor, "replication factor with %d brokers", tc.brokers)
+		assert.Equal(t, tc.minInsync, minInsync, "min.insync.replicas with %d brokers", tc.brokers)
+		assert.LessOrEqual(t, minInsync, factor, "a topic must be writable with every replica in sync")
+	}
+}
+
+// TestIntegrationEnsureTopicReplication: on the local single broker a topic gets one
+// replica and min.insync.replicas 1, as before there were clusters (on whatever
+// BANDPLANE_KAFKA names: what Replication says for its brokers).
+func TestIntegrationEnsureTopicReplication(t *testing.T) {
+	topic := stacktest.Topic(t, 2)
+	ctx := context.Background()
+	live, err := kafka.LiveBrokers(ctx, stacktest.Brokers())
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, live, 1)
+	wantFactor, wantMinInsync := kafka.Replication(live)
+	if live == 1 {
+		require.Equal(t, 1, wantFactor)
+		require.Equal(t, 1, wantMinInsync)
+	}
+	factor, minInsync, err := kafka.TopicReplication(ctx, stacktest.Brokers(), topic)
+	require.NoError(t, err)
+	assert.Equal(t, wantFactor, factor)
+	assert.Equal(t, wantMinInsync, minInsync)
+
+	_, _, err = kafka.TopicReplication(ctx, stacktest.Brokers(), topic+"_missing")
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), topic+"_missing")
+}
+
+// TestIntegrationClusterEnsureTopicReplication runs on the three-broker cluster (`make
+// test-cluster`): a new topic gets three replicas and min.insync.replicas 2; an existing
+// one with one replica is left so, without an error, and TopicReplication shows it; one
+// with three replicas and min.insync.replicas 1 is raised to 2.
+func TestIntegrationClusterEnsureTopicReplication(t *testing.T) {
+	topic := stacktest.ClusterTopic(t, 3)
+	ctx := context.Background()
+	brokers := stacktest.ClusterBrokers()
+	live, err := kafka.LiveBrokers(ctx, brokers)
+	require.NoError(t, err)
+	require.Equal(t, 3, live)
+	factor, minInsync, err := kafka.TopicReplication(ctx, brokers, topic)
+	require.NoError(t, err)
+	assert.Equal(t, 3, factor)
+	assert.Equal(t, 2, minInsync)
+
+	c := &kafkago.Client{Addr: kafkago.TCP(brokers...), Timeout: 15 * time.Second}
+	create := func(name string, rf int, minISR string) {
+		resp, err := c.CreateTopics(ctx, &kafkago.CreateTopicsRequest{Topics: []kafkago.TopicConfig{{
+			Topic: name, NumPartitions: 2, ReplicationFactor: rf,
+			ConfigEntries: []kafkago.ConfigEntry{{ConfigName: "min.insync.replicas", ConfigValue: minISR}},
+		}}})
+		require.NoError(t, err)
+		require.NoError(t, resp.Errors[name])
+		t.Cleanup(func() {
+			_, _ = c.DeleteTopics(context.Background(), &kafkago.DeleteTopicsRequest{Topics: []string{name}})
+		})
+	}
+	single := stacktest.Name(t)
+	create(single, 1, "1")
+	require.NoError(t, kafka.EnsureTopic(ctx, brokers, single, 2), "a topic with fewer replicas is not an error")
+	factor, minInsync, err = kafka.TopicReplication(ctx, brokers, single)
+	require.NoError(t, err)
+	wantFactor, _ := kafka.Replication(live)
+	assert.Equal(t, 1, factor, "EnsureTopic does not reassign partitions")
+	assert.Less(t, factor, wantFactor, "the shortfall is detectable")
+	assert.Equal(t, 1, minInsync)
+
+	loose := stacktest.Name(t)
+	create(loose, 3, "1")
+	require.NoError(t, kafka.EnsureTopic(ctx, brokers, loose, 2))
+	// The brokers apply a configuration change from the metadata log a moment later.
+	ok := stacktest.Eventually(t, 10*time.Second, 50*time.Millisecond, func() bool {
+		_, minInsync, err = kafka.TopicReplication(ctx, brokers, loose)
+		require.NoError(t, err)
+		return minInsync == 2
+	})
+	assert.True(t, ok, "min.insync.replicas raised to 2, is %d", minInsync)
+}
+
 // eventualLimit reads the topic's max.message.bytes until it is want, for up to 10 s,
 // and returns the last value read.
 func eventualLimit(t *testing.T, topic string, want int) int {

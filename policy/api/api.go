@@ -22,6 +22,7 @@ import (
 
 	"github.com/bandplane/bandplane/policy"
 	"github.com/bandplane/bandplane/policy/keys"
+	"github.com/bandplane/bandplane/policy/shard"
 	"github.com/bandplane/bandplane/schema"
 )
 
@@ -49,8 +50,13 @@ type Config struct {
 	// MaxBodyBytes bounds a request body (default DefaultMaxBodyBytes); a larger one is
 	// answered 413.
 	MaxBodyBytes int64
-	Logger       *slog.Logger
-	Registerer   prometheus.Registerer
+	// Shards assigns organizations to the policy replicas of the deployment (nil: this
+	// is the only one). A send_message decision of an organization another replica owns
+	// is answered 421 with the owner (shard.go), and the budget crossings of those
+	// organizations are left to their owner.
+	Shards     *shard.Shards
+	Logger     *slog.Logger
+	Registerer prometheus.Registerer
 }
 
 // DefaultMaxBodyBytes is the largest decision request body by default: inputs are a few
@@ -78,6 +84,9 @@ func New(cfg Config) (*API, error) {
 	}
 	if cfg.MaxBodyBytes <= 0 {
 		cfg.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if cfg.Shards != nil && cfg.Auditor != nil {
+		cfg.Auditor = ownedCrossings{Auditor: cfg.Auditor, shards: cfg.Shards}
 	}
 	a := &API{cfg: cfg, log: cfg.Logger.With("component", "policy-api"), mux: http.NewServeMux(),
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "bandplane_policy_decisions_total",
@@ -267,21 +276,42 @@ func checkID(field, v string) error {
 }
 
 // Decide evaluates, audits and returns one decision; the HTTP handlers and the CLI go
-// through it.
+// through it. With Config.Shards, a send_message decision of an organization another
+// replica owns is a *MisdirectedError, taken before anything is evaluated, audited or
+// reserved.
 func (a *API) Decide(ctx context.Context, name string, in any) (policy.Decision, error) {
+	stateful := name == policy.SendMessage && a.cfg.Shards != nil
+	if stateful {
+		if err := a.misdirected(in); err != nil {
+			return policy.Decision{}, err
+		}
+	}
+	at := time.Now()
 	d, err := a.cfg.Engine.Decide(ctx, name, in)
 	if err != nil {
 		return d, err
 	}
+	if stateful {
+		if err := a.registeredMeanwhile(&d, in); err != nil {
+			return policy.Decision{}, err
+		}
+	}
 	if a.cfg.Auditor != nil {
+		var taken *TakenData
+		if name == policy.SendMessage && d.Allow && d.Quota != nil {
+			taken = a.taken(at, in, &d)
+		}
 		actx, cancel := context.WithTimeout(ctx, a.cfg.AuditTimeout)
-		err := a.cfg.Auditor.Produce(actx, []schema.Event{a.auditEvent(ctx, name, in, &d)})
+		err := a.cfg.Auditor.Produce(actx, []schema.Event{a.auditEvent(ctx, name, in, &d, taken)})
 		cancel()
 		if err != nil {
 			a.auditErrs.Inc()
 			a.log.Error("cannot write the audit event of a decision", "decision", name, "decision_id", d.DecisionID, "err", err)
 			if d.Allow && !a.cfg.FailOpen[name] {
-				a.cfg.Engine.Release(&d)
+				// Neither the reservation nor the rate is taken by a decision that is not
+				// granted: the limiter then counts exactly the allowed decisions of the
+				// trail, which is what a restarted replica rebuilds it from.
+				a.giveBack(&d, in)
 				d.Allow = false
 				d.Reasons = append(d.Reasons, policy.Reason{Code: "audit_unavailable",
 					Message: "the decision could not be recorded in the audit trail, so access is not granted"})
@@ -307,15 +337,65 @@ type DecidedData struct {
 	RetryAfterMs   int64           `json:"retry_after_ms,omitempty"`
 	// RequestedBy is the id of the API key that asked (absent for the CLI).
 	RequestedBy string `json:"requested_by,omitempty"`
+	// Taken is what an allowed send_message took (absent on every other decision).
+	Taken *TakenData `json:"taken,omitempty"`
 }
 
-func (a *API) auditEvent(ctx context.Context, name string, in any, d *policy.Decision) schema.Event {
+// TakenData is what an allowed send_message decision took from the limiter and the
+// ledger, written into its audit event so that the replica that owns the organization
+// after a restart rebuilds exactly that state from the trail (policy/replica).
+type TakenData struct {
+	// At is read before the engine decides: never later than the engine's own clock,
+	// so replaying the event at it never takes more than the decision did.
+	At    time.Time    `json:"at"`
+	Quota policy.Quota `json:"quota"`
+	// AgentTAT and RoomTAT are the theoretical arrival times of the agent's rate and of
+	// its rate in the room right after this decision (policy.Limiter.TAT): the state of
+	// the limiter whatever came before (a sender saturated for longer than the window
+	// carries its first burst in them). Absent for an unlimited rate.
+	AgentTAT time.Time `json:"agent_tat,omitzero"`
+	RoomTAT  time.Time `json:"room_tat,omitzero"`
+	// ReservationExpires is when the estimate reserved on the budgets expires unless a
+	// usage report of its execution settles it first.
+	ReservationExpires time.Time `json:"reservation_expires,omitzero"`
+}
+
+// taken reads what the allowed send_message d took. A concurrent decision of the same
+// agent may have taken after it (a TAT read later is never earlier): a restore from it
+// can be stricter than the live limiter by the other decision, never looser.
+func (a *API) taken(at time.Time, in any, d *policy.Decision) *TakenData {
+	t := &TakenData{At: at.UTC(), Quota: *d.Quota, ReservationExpires: d.ReservationExpires}
+	agent, room := d.Agent, roomOf(in) // the keys Engine.enforce took
+	lim := a.cfg.Engine.Limiter()
+	if tat, ok := lim.TAT(policy.AgentRateKey(agent)); ok && d.Quota.MessagesPerWindowAgent > 0 {
+		t.AgentTAT = tat.UTC()
+	}
+	if tat, ok := lim.TAT(policy.RoomRateKey(agent, room)); ok && d.Quota.MessagesPerWindowAgentRoom > 0 {
+		t.RoomTAT = tat.UTC()
+	}
+	return t
+}
+
+// giveBack returns what a granted send_message took (its reservation and both rates)
+// when it is not granted after all.
+func (a *API) giveBack(d *policy.Decision, in any) {
+	if d.Name == policy.SendMessage && d.Quota != nil {
+		agent, room := d.Agent, roomOf(in)
+		window := time.Duration(d.Quota.WindowSeconds) * time.Second
+		lim := a.cfg.Engine.Limiter()
+		lim.Undo(policy.RoomRateKey(agent, room), int(d.Quota.MessagesPerWindowAgentRoom), window)
+		lim.Undo(policy.AgentRateKey(agent), int(d.Quota.MessagesPerWindowAgent), window)
+	}
+	a.cfg.Engine.Release(d)
+}
+
+func (a *API) auditEvent(ctx context.Context, name string, in any, d *policy.Decision, taken *TakenData) schema.Event {
 	canonical, _ := json.Marshal(in) // struct fields in a fixed order: canonical
 	sum := sha256.Sum256(canonical)
 	data, _ := json.Marshal(DecidedData{
 		Decision: name, Allow: d.Allow, Reasons: d.Reasons, PolicyRevision: d.PolicyRevision,
 		InputDigest: hex.EncodeToString(sum[:]), Input: canonical, RetryAfterMs: d.RetryAfterMs,
-		RequestedBy: keyID(ctx),
+		RequestedBy: keyID(ctx), Taken: taken,
 	})
 	actor, room := subjectOf(in)
 	ev := schema.Event{
@@ -335,8 +415,22 @@ func keyID(ctx context.Context) string {
 	return k.ID
 }
 
+// roomOf is the room of a typed input ("" for other forms).
+func roomOf(in any) string {
+	_, room := subjectOf(in)
+	return room
+}
+
 func subjectOf(in any) (actor, room string) {
 	switch v := in.(type) {
+	case policy.PeerInput:
+		return v.Agent, v.Room
+	case policy.AddInput:
+		return v.Actor, v.Room
+	case policy.ContactInput:
+		return v.From, ""
+	case policy.MessageInput:
+		return v.Agent, v.Room
 	case *policy.PeerInput:
 		return v.Agent, v.Room
 	case *policy.AddInput:
@@ -369,8 +463,18 @@ func (a *API) decide(w http.ResponseWriter, r *http.Request) {
 	}
 	d, err := a.Decide(r.Context(), name, in)
 	if err != nil {
+		var mis *MisdirectedError
+		if errors.As(err, &mis) {
+			a.writeMisdirected(w, mis)
+			return
+		}
 		writeError(w, http.StatusInternalServerError, err.Error())
 		return
+	}
+	if name == policy.SendMessage && a.cfg.Shards != nil && d.Org != "" {
+		// The organization is this replica's (Decide checked): the client pins the agent
+		// to it (policy/client). An unknown agent's answer names no owner.
+		w.Header().Set(OwnerHeader, a.cfg.Shards.Self())
 	}
 	if p, ok := in.(*policy.PeerInput); ok && p.Candidate == "" {
 		keys.WriteJSON(w, http.StatusOK, peerList(d))

@@ -3,7 +3,10 @@
 // people, contacts, contact requests, room membership, suspensions), loads the budgets
 // ingest keeps and sums the month's usage, then
 // follows the events topic from exactly where ClickHouse ends, as its own consumer
-// group. A restart therefore never replays the topic from the beginning.
+// group. A restart therefore never replays the topic from the beginning. With a
+// limiter it also rebuilds the message rates and open reservations of the
+// organizations it owns from the allowed send_message decisions of the trail
+// (restore.go says how).
 package replica
 
 import (
@@ -43,7 +46,32 @@ type Config struct {
 	GroupID   string // one group per policy process: every replica needs every partition
 	Logger    *slog.Logger
 	Now       func() time.Time
+
+	// Limiter, when set, is rebuilt at start from the allowed send_message decisions
+	// of the trail (ClickHouse, then the topic up to its end at start) made in the last
+	// RestoreWindow before Started, of the organizations Owns says are this replica's,
+	// and their open reservations (those of the Ledger's TTL) are reserved again. Nil:
+	// both start empty.
+	Limiter *policy.Limiter
+	// Owns says whether this replica decides send_message for an organization (nil:
+	// every one; policy/shard's Shards.Owns).
+	Owns func(org string) bool
+	// RestoreWindow is how far back decisions can still weigh on a rate: the largest
+	// quota window of the policy data (default DefaultRestoreWindow).
+	RestoreWindow time.Duration
+	// Started is when this process began deciding nothing yet: decisions from then on
+	// are its own, already in its limiter (default: New's clock).
+	Started time.Time
+	// CatchUpTimeout bounds how long Run reads the topic's tail before it reports ready
+	// (default DefaultCatchUpTimeout); past it, it serves with what it read, and says so.
+	CatchUpTimeout time.Duration
 }
+
+// Defaults of Config.
+const (
+	DefaultRestoreWindow  = time.Hour
+	DefaultCatchUpTimeout = 60 * time.Second
+)
 
 func (c *Config) Validate() error {
 	var errs []error
@@ -81,6 +109,8 @@ type Replica struct {
 	orphanOrgs map[string]int
 
 	recent recentIDs // usage event ids applied lately
+
+	restored restoreState // decisions restored into the limiter (restore.go)
 }
 
 // MaxOrphans bounds the usage events kept for agents not registered yet; beyond it,
@@ -96,6 +126,18 @@ func New(cfg Config) (*Replica, error) {
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
+	}
+	if cfg.Started.IsZero() {
+		cfg.Started = cfg.Now()
+	}
+	if cfg.RestoreWindow <= 0 {
+		cfg.RestoreWindow = DefaultRestoreWindow
+	}
+	if cfg.CatchUpTimeout <= 0 {
+		cfg.CatchUpTimeout = DefaultCatchUpTimeout
+	}
+	if cfg.Owns == nil {
+		cfg.Owns = func(string) bool { return true }
 	}
 	return &Replica{cfg: cfg, log: cfg.Logger.With("component", "policy-replica"), requests: map[string][2]string{},
 		orphans: map[string][]usage{}, orphanOrgs: map[string]int{}}, nil
@@ -467,6 +509,9 @@ func (r *Replica) Bootstrap(ctx context.Context) (map[int]int64, error) {
 	if err := r.bootstrapSpend(ctx, offsets); err != nil {
 		return nil, err
 	}
+	if err := r.bootstrapRates(ctx); err != nil {
+		return nil, err
+	}
 	r.log.Info("directory bootstrapped from clickhouse", "governance_events", n, "took", time.Since(start).String(), "resume_offsets", fmt.Sprint(offsets))
 	return offsets, nil
 }
@@ -586,7 +631,10 @@ func (r *Replica) sumSpend(ctx context.Context, sql string, args []any, now time
 }
 
 // Run bootstraps, then consumes the topic from where ClickHouse ended until ctx ends.
-// ready is closed once the bootstrap is done (decisions may then be served).
+// ready is closed once the bootstrap is done (decisions may then be served); with a
+// Limiter, only once the topic is also read up to where it ended at start (or
+// CatchUpTimeout passed): the decisions the previous process took and ingest has not
+// stored yet are there.
 func (r *Replica) Run(ctx context.Context, ready chan<- struct{}) error {
 	offsets, err := r.Bootstrap(ctx)
 	if err != nil {
@@ -595,8 +643,15 @@ func (r *Replica) Run(ctx context.Context, ready chan<- struct{}) error {
 	if err := r.seekGroupWhenFree(ctx, offsets); err != nil {
 		return err
 	}
-	if ready != nil {
-		close(ready)
+	var tail *catchUp
+	if r.cfg.Limiter != nil {
+		if tail, err = r.newCatchUp(ctx, offsets); err != nil {
+			return err
+		}
+	}
+	if tail.done() {
+		r.caughtUp(tail, ready)
+		ready = nil
 	}
 	reader, err := kafka.NewReader(kafka.ReaderConfig{Brokers: r.cfg.Brokers, Topic: r.cfg.Topic, GroupID: r.cfg.GroupID, Logger: r.cfg.Logger})
 	if err != nil {
@@ -606,10 +661,20 @@ func (r *Replica) Run(ctx context.Context, ready chan<- struct{}) error {
 	var lastCommit time.Time
 	var pending []kafkago.Message
 	for {
-		m, err := reader.FetchMessage(ctx)
+		fctx, cancel := ctx, context.CancelFunc(func() {})
+		if ready != nil {
+			fctx, cancel = context.WithDeadline(ctx, tail.deadline)
+		}
+		m, err := reader.FetchMessage(fctx)
+		cancel()
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil
+			}
+			if ready != nil && time.Now().After(tail.deadline) {
+				r.caughtUp(tail, ready)
+				ready = nil
+				continue
 			}
 			r.log.Warn("cannot fetch governance events, retrying", "err", err)
 			time.Sleep(time.Second)
@@ -621,6 +686,16 @@ func (r *Replica) Run(ctx context.Context, ready chan<- struct{}) error {
 			if err := r.Apply(ctx, &ev); err != nil {
 				r.log.Warn("cannot apply governance event", "event_id", ev.ID, "err", err)
 			}
+			// A decision stamped well after this process started is not one it must
+			// restore (taken here, or by another process, then also after Started).
+			if r.cfg.Limiter != nil && ev.Type == schema.TypePolicyDecided && ev.Time.Before(r.cfg.Started.Add(time.Minute)) &&
+				r.restoreDecision(ev.ID, ev.OrgID, ev.Data) {
+				r.restored.count(true)
+			}
+		}
+		if ready != nil && tail.read(m.Partition, m.Offset) {
+			r.caughtUp(tail, ready)
+			ready = nil
 		}
 		pending = append(pending, m)
 		// Commits only report progress (lag): the start position comes from ClickHouse.

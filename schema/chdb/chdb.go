@@ -13,7 +13,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"regexp"
+	"strings"
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2"
@@ -23,13 +25,23 @@ import (
 
 // Config says where the database is.
 type Config struct {
-	Addr         string // host:port of the native protocol
+	// Addr is host:port of the native protocol, or several, comma-separated: servers
+	// of one cluster, tried in order, the next when one cannot be reached.
+	Addr         string
 	Database     string
 	User         string
 	Password     string
 	DialTimeout  time.Duration
 	ReadTimeout  time.Duration // set explicitly: the driver's default is minutes
 	MaxOpenConns int
+	// Cluster is the ClickHouse cluster the schema was made on (MigrateOn), "" for one
+	// server: connections then carry ClusterSettings, and DDL and partition drops name
+	// the local tables ON CLUSTER.
+	Cluster string
+	// InsertQuorum is the replicas of a shard that must hold an insert into a table of
+	// record before it returns, with Cluster (0 or 1: one replica, the others copy it
+	// later); recordTables in cluster.go.
+	InsertQuorum int
 }
 
 // DefaultConfig matches deploy/local/clickhouse.sh.
@@ -52,13 +64,39 @@ func (c Config) Validate() error {
 	if c.Addr == "" {
 		errs = append(errs, errors.New("clickhouse address is empty (--clickhouse)"))
 	}
+	addrs := c.Addrs()
+	if len(addrs) > 64 {
+		errs = append(errs, fmt.Errorf("%d clickhouse addresses: at most 64 (--clickhouse)", len(addrs)))
+	}
+	for i, a := range addrs {
+		if _, _, err := net.SplitHostPort(a); err != nil {
+			errs = append(errs, fmt.Errorf("clickhouse address %d %q is not host:port (--clickhouse): %w", i+1, a, err))
+		}
+	}
 	if !identRe.MatchString(c.Database) {
 		errs = append(errs, fmt.Errorf("clickhouse database %q is not a plain identifier (--clickhouse-db)", c.Database))
+	}
+	if c.Cluster != "" && !identRe.MatchString(c.Cluster) {
+		errs = append(errs, fmt.Errorf("clickhouse cluster %q is not a plain identifier (--cluster)", c.Cluster))
+	}
+	if c.InsertQuorum < 0 || c.InsertQuorum > 16 {
+		errs = append(errs, fmt.Errorf("insert quorum %d is out of range 0..16 (--insert-quorum)", c.InsertQuorum))
 	}
 	if c.ReadTimeout <= 0 {
 		errs = append(errs, errors.New("clickhouse read timeout must be > 0"))
 	}
 	return errors.Join(errs...)
+}
+
+// Addrs are the addresses of Addr.
+func (c Config) Addrs() []string {
+	var out []string
+	for _, a := range strings.Split(c.Addr, ",") {
+		if a = strings.TrimSpace(a); a != "" {
+			out = append(out, a)
+		}
+	}
+	return out
 }
 
 // Open connects and pings. The database itself need not exist yet (Migrate creates it),
@@ -71,8 +109,13 @@ func Open(ctx context.Context, cfg Config) (driver.Conn, error) {
 	if cfg.MaxOpenConns <= 0 {
 		cfg.MaxOpenConns = 8
 	}
+	var settings clickhouse.Settings
+	if cfg.Cluster != "" {
+		settings = ClusterSettings()
+	}
 	conn, err := clickhouse.Open(&clickhouse.Options{
-		Addr:         []string{cfg.Addr},
+		Addr:         cfg.Addrs(),
+		Settings:     settings,
 		Auth:         clickhouse.Auth{Database: "default", Username: cfg.User, Password: cfg.Password},
 		DialTimeout:  cfg.DialTimeout,
 		ReadTimeout:  cfg.ReadTimeout,
@@ -85,6 +128,13 @@ func Open(ctx context.Context, cfg Config) (driver.Conn, error) {
 	if err := conn.Ping(ctx); err != nil {
 		conn.Close()
 		return nil, fmt.Errorf("cannot reach clickhouse at %s (is it running? `make up` starts it): %w", cfg.Addr, err)
+	}
+	if cfg.Cluster != "" {
+		if err := CheckCluster(ctx, conn, cfg.Cluster); err != nil {
+			conn.Close()
+			return nil, err
+		}
+		conn = withQuorum(conn, cfg.InsertQuorum)
 	}
 	return conn, nil
 }

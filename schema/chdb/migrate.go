@@ -107,19 +107,39 @@ type MigrateResult struct {
 // Migrate creates the database if needed and applies every migration newer than the
 // database's version, recording each in schema_migrations.
 func Migrate(ctx context.Context, conn driver.Conn, db string) (MigrateResult, error) {
+	return MigrateOn(ctx, conn, db, "")
+}
+
+// migrationsTable is schema_migrations, created before the migrations are read.
+const migrationsTable = `CREATE TABLE IF NOT EXISTS {db}.schema_migrations (
+	version UInt32, name String, checksum String, applied_at DateTime('UTC')
+) ENGINE = MergeTree() ORDER BY version`
+
+// MigrateOn is Migrate on cluster c (every server of it, ON CLUSTER, with replicated
+// local tables and Distributed tables over them: cluster.go), or on the one server
+// conn talks to when c is "".
+func MigrateOn(ctx context.Context, conn driver.Conn, db, c string) (MigrateResult, error) {
 	if !identRe.MatchString(db) {
 		return MigrateResult{}, fmt.Errorf("database name %q is not a plain identifier", db)
+	}
+	if c != "" && !identRe.MatchString(c) {
+		return MigrateResult{}, fmt.Errorf("cluster name %q is not a plain identifier (--cluster)", c)
 	}
 	ms, err := Migrations()
 	if err != nil {
 		return MigrateResult{}, err
 	}
-	if err := conn.Exec(ctx, "CREATE DATABASE IF NOT EXISTS "+db); err != nil {
+	onCluster := ""
+	if c != "" {
+		if err := CheckCluster(ctx, conn, c); err != nil {
+			return MigrateResult{}, err
+		}
+		onCluster = " ON CLUSTER " + c
+	}
+	if err := conn.Exec(ctx, "CREATE DATABASE IF NOT EXISTS "+db+onCluster); err != nil {
 		return MigrateResult{}, fmt.Errorf("cannot create database %s: %w", db, err)
 	}
-	if err := conn.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+db+`.schema_migrations (
-		version UInt32, name String, checksum String, applied_at DateTime('UTC')
-	) ENGINE = MergeTree() ORDER BY version`); err != nil {
+	if err := apply(ctx, conn, db, c, migrationsTable); err != nil {
 		return MigrateResult{}, fmt.Errorf("cannot create %s.schema_migrations: %w", db, err)
 	}
 	cur, err := SchemaVersion(ctx, conn, db)
@@ -132,7 +152,7 @@ func Migrate(ctx context.Context, conn driver.Conn, db string) (MigrateResult, e
 			continue
 		}
 		for i, stmt := range m.Statements {
-			if err := conn.Exec(ctx, strings.ReplaceAll(stmt, "{db}", db)); err != nil && !alreadyAdded(stmt, err) {
+			if err := apply(ctx, conn, db, c, stmt); err != nil {
 				return res, fmt.Errorf("cannot apply migration %03d_%s (statement %d) to %s: %w", m.Version, m.Name, i+1, db, err)
 			}
 		}
@@ -150,6 +170,28 @@ func Migrate(ctx context.Context, conn driver.Conn, db string) (MigrateResult, e
 		res.Applied = append(res.Applied, fmt.Sprintf("%03d_%s", m.Version, m.Name))
 	}
 	return res, nil
+}
+
+// apply runs one migration statement on db, rewritten for cluster c unless c is "".
+func apply(ctx context.Context, conn driver.Conn, db, c, stmt string) error {
+	steps := []clusterStep{{sql: stmt}}
+	if c != "" {
+		var err error
+		if steps, err = clusterStatements(stmt, c); err != nil {
+			return err
+		}
+	}
+	for _, s := range steps {
+		if err := conn.Exec(ctx, strings.ReplaceAll(s.sql, "{db}", db)); err != nil && !alreadyAdded(s.sql, err) {
+			return err
+		}
+		if s.remakeDist != "" {
+			if err := remakeDistributed(ctx, conn, db, c, s.remakeDist); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // alreadyAdded says whether err is an ADD COLUMN finding its column there: 18.16 has

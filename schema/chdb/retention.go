@@ -57,6 +57,9 @@ type RetentionOptions struct {
 	// audit key, so it reports sealed events of partitions dropped without one as
 	// missing.
 	Sign func(*Cut)
+	// Cluster is the cluster the schema is on (Config.Cluster): partitions are listed
+	// on its servers and dropped from the local tables ON CLUSTER.
+	Cluster string
 }
 
 // RetentionResult is what ApplyRetention dropped (or would drop, in a dry run) and
@@ -85,6 +88,9 @@ func ApplyRetention(ctx context.Context, conn driver.Conn, db string, r Retentio
 	if !identRe.MatchString(db) {
 		return res, fmt.Errorf("database name %q is not a plain identifier", db)
 	}
+	if opts.Cluster != "" && !identRe.MatchString(opts.Cluster) {
+		return res, fmt.Errorf("cluster name %q is not a plain identifier (--cluster)", opts.Cluster)
+	}
 	now = now.UTC().Truncate(time.Second) // as retention_cuts stores it, and as it is signed
 	tables := []partitioning{
 		{"events", false, r.Events},
@@ -102,7 +108,7 @@ func ApplyRetention(ctx context.Context, conn driver.Conn, db string, r Retentio
 			continue
 		}
 		cutoff := now.Add(-t.keep)
-		parts, err := partitions(ctx, conn, db, t.table)
+		parts, err := partitions(ctx, conn, db, t.table, opts.Cluster)
 		if err != nil {
 			return res, err
 		}
@@ -135,7 +141,7 @@ func ApplyRetention(ctx context.Context, conn driver.Conn, db string, r Retentio
 		res.Cuts = append(res.Cuts, cut)
 		for _, p := range drop {
 			if !opts.DryRun {
-				if err := conn.Exec(ctx, fmt.Sprintf("ALTER TABLE %s.%s DROP PARTITION %s", db, t.table, p)); err != nil {
+				if err := conn.Exec(ctx, dropPartition(db, t.table, p, opts.Cluster)); err != nil {
 					return res, fmt.Errorf("cannot drop partition %s of %s.%s: %w", p, db, t.table, err)
 				}
 			}
@@ -193,8 +199,23 @@ func RetentionCuts(ctx context.Context, conn driver.Conn, db, table string) ([]C
 	return out, rows.Err()
 }
 
-func partitions(ctx context.Context, conn driver.Conn, db, table string) ([]string, error) {
-	rows, err := conn.Query(ctx, "SELECT DISTINCT partition FROM system.parts WHERE database = ? AND table = ? AND active ORDER BY partition", db, table)
+// dropPartition is the statement that drops partition p of db.table (of its local
+// table on every shard, on cluster c).
+func dropPartition(db, table, p, c string) string {
+	if c != "" {
+		return fmt.Sprintf("ALTER TABLE %s.%s%s ON CLUSTER %s DROP PARTITION %s", db, table, LocalSuffix, c, p)
+	}
+	return fmt.Sprintf("ALTER TABLE %s.%s DROP PARTITION %s", db, table, p)
+}
+
+// partitions lists the partitions of db.table that hold rows: of its local tables on
+// one replica of every shard of cluster c, when c is not "".
+func partitions(ctx context.Context, conn driver.Conn, db, table, c string) ([]string, error) {
+	from := "system.parts"
+	if c != "" {
+		from, table = "cluster('"+c+"', system.parts)", table+LocalSuffix
+	}
+	rows, err := conn.Query(ctx, "SELECT DISTINCT partition FROM "+from+" WHERE database = ? AND table = ? AND active ORDER BY partition", db, table)
 	if err != nil {
 		return nil, fmt.Errorf("cannot list partitions of %s.%s: %w", db, table, err)
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/bandplane/bandplane/ingest/pricing"
 	"github.com/bandplane/bandplane/ingest/store"
 	"github.com/bandplane/bandplane/policy"
+	"github.com/bandplane/bandplane/policy/api"
 	"github.com/bandplane/bandplane/policy/keys"
 	"github.com/bandplane/bandplane/policy/replica"
 	"github.com/bandplane/bandplane/schema"
@@ -122,6 +123,35 @@ func TestIntegrationCorpusPricesBudgetsReplica(t *testing.T) {
 	_, err = rep.Bootstrap(ctx)
 	require.NoError(t, err)
 	assert.NotEmpty(t, dir.Snapshot().Agents)
+
+	// A restarted policy owner rebuilds its limiter and open reservations from the
+	// allowed send_message decisions of the trail and the usage reports that settled
+	// them (policy/replica/restore.go).
+	decided := func(id, execution string, at time.Time) store.EventRow {
+		in, err := json.Marshal(policy.MessageInput{Agent: "agent-chatty", Room: "room-1", Tokens: 100, ExecutionID: execution})
+		require.NoError(t, err)
+		d, err := json.Marshal(api.DecidedData{Decision: policy.SendMessage, Allow: true, PolicyRevision: "corpus", Input: in,
+			Taken: &api.TakenData{At: at, Quota: policy.Quota{WindowSeconds: 60, MessagesPerWindowAgent: 10},
+				AgentTAT: at.Add(30 * time.Second), ReservationExpires: at.Add(10 * time.Minute)}})
+		require.NoError(t, err)
+		return store.EventRow{ID: id, Type: schema.TypePolicyDecided, Time: at, OrgID: org, RoomID: "room-1", ActorID: "agent-chatty",
+			ActorType: "agent", Source: api.SourcePolicy, Data: string(d), SchemaVersion: 1, IngestedAt: at}
+	}
+	require.NoError(t, st.BatchInsert(ctx, &store.Batch{Events: []store.EventRow{
+		decided("decision-1", "exec-1", now.Add(-10*time.Second)), decided("decision-2", "exec-2", now.Add(-5*time.Second)),
+		{ID: "usage-exec-1", Type: schema.TypeUsageReported, Time: now.Add(-2 * time.Second), OrgID: org, ActorID: "agent-chatty",
+			ActorType: "agent", ExecutionID: "exec-1", Source: "platform", Data: `{}`, SchemaVersion: 1, IngestedAt: now},
+	}}))
+	owner, err := policy.New(ctx, policy.Config{Directory: dir})
+	require.NoError(t, err)
+	restarted, err := replica.New(replica.Config{Directory: dir, Ledger: owner.Ledger(), Limiter: owner.Limiter(), Catalog: svc.Live(),
+		Conn: rec, Database: db, Brokers: stacktest.Brokers(), Topic: auditTopic, GroupID: stacktest.Name(t), Logger: stacktest.Logger(),
+		Started: now, Now: func() time.Time { return now }})
+	require.NoError(t, err)
+	_, err = restarted.Bootstrap(ctx)
+	require.NoError(t, err)
+	_, ok := owner.Limiter().TAT(policy.AgentRateKey("agent-chatty"))
+	assert.True(t, ok, "the agent's rate is restored from its decisions")
 
 	steps := rec.Replay(ctx, t, other)
 	t.Logf("%d steps replayed on %s", len(steps), other.Name())
