@@ -703,11 +703,16 @@ func (c *Consumer) resolveParked(p *pending) {
 	p.parked = nil
 }
 
-// reloadForParked reloads the directory from ClickHouse when a parked event's party is
-// still unknown (Config.ReloadDirectory), at most once a second, so that a party that
-// never registers does not cost a reload per batch.
+// directoryReload is how often the directory is reloaded from ClickHouse
+// (Config.ReloadDirectory) whatever the batches hold: an agent.updated (a new model or
+// owner) is applied by the process that consumes it, and the others learn it so.
+const directoryReload = 10 * time.Second
+
+// reloadForParked reloads the directory from ClickHouse (Config.ReloadDirectory) when a
+// parked event's party is still unknown, at most once a second, so that a party that
+// never registers does not cost a reload per batch; and every directoryReload.
 func (c *Consumer) reloadForParked(p *pending, now time.Time) {
-	if c.cfg.ReloadDirectory == nil || len(p.parked) == 0 || now.Sub(c.reloaded) < time.Second {
+	if c.cfg.ReloadDirectory == nil || now.Sub(c.reloaded) < time.Second {
 		return
 	}
 	unknown := false
@@ -717,7 +722,7 @@ func (c *Consumer) reloadForParked(p *pending, now time.Time) {
 			break
 		}
 	}
-	if !unknown {
+	if !unknown && now.Sub(c.reloaded) < directoryReload {
 		return
 	}
 	c.reloaded = now
@@ -725,7 +730,7 @@ func (c *Consumer) reloadForParked(p *pending, now time.Time) {
 	defer cancel()
 	rows, err := c.cfg.ReloadDirectory(ctx)
 	if err != nil {
-		c.log.Warn("cannot reload the directory for events of unknown parties; they are stored without organization", "err", err, "events", len(p.parked))
+		c.log.Warn("cannot reload the directory from clickhouse; events of parties this process does not know are stored without organization", "err", err, "events", len(p.parked))
 		return
 	}
 	c.cfg.Directory.Load(rows)

@@ -169,3 +169,36 @@ func TestByteBudget(t *testing.T) {
 	b.release(500)
 	assert.Zero(t, b.held())
 }
+
+// With several ingest processes, a registration consumed by another process reaches
+// this one through ClickHouse: a batch ending with an unknown party reloads the
+// directory (at most once a second), and the event is attributed.
+func TestParkedEventOfAnotherProcesssRegistrationIsAttributed(t *testing.T) {
+	at := time.Date(2026, 11, 2, 10, 0, 0, 0, time.UTC)
+	reloads := 0
+	c, err := New(Config{Reader: nop{}, DeadLetters: nop{}, Storage: nop{}, Directory: NewDirectory(), Catalog: pricing.Default(),
+		BatchSize: 10, BatchAge: time.Second, ReloadDirectory: func(context.Context) ([]store.DirectoryRow, error) {
+			reloads++
+			return []store.DirectoryRow{{Kind: "agent", ID: "agent-elsewhere", OrgID: "org-1", OwnerID: "owner-1", Version: 1}}, nil
+		}})
+	require.NoError(t, err)
+	c.now = func() time.Time { return at }
+	p := newPending(10)
+	p.msgs = append(p.msgs, kafkago.Message{Offset: 0})
+	ev := schema.Event{ID: "m-1", Type: schema.TypeMessageCreated, Time: at, RoomID: "r", Actor: schema.Party{ID: "agent-elsewhere", Type: schema.ActorAgent},
+		Source: "t", SchemaVersion: 1, Data: []byte(`{"content":"hi"}`)}
+	p.parked = append(p.parked, parked{ev: ev, rec: 0})
+	c.resolveParked(p)
+	require.Len(t, p.batch.Events, 1)
+	assert.Equal(t, "org-1", p.batch.Events[0].OrgID, "attributed from the reloaded directory")
+	assert.Equal(t, 1, reloads)
+
+	// Hostile: a party that never registers costs one reload a second, not one a batch.
+	q := newPending(10)
+	q.msgs = append(q.msgs, kafkago.Message{Offset: 1})
+	ev.ID, ev.Actor.ID = "m-2", "agent-never"
+	q.parked = append(q.parked, parked{ev: ev, rec: 0})
+	c.resolveParked(q)
+	assert.Equal(t, 1, reloads)
+	assert.Empty(t, q.batch.Events[0].OrgID)
+}

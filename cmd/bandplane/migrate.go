@@ -28,7 +28,7 @@ func runMigrate(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	defer conn.Close()
-	res, err := chdb.Migrate(ctx, conn, st.ch.Database)
+	res, err := chdb.MigrateOn(ctx, conn, st.ch.Database, st.ch.Cluster)
 	if err != nil {
 		return err
 	}

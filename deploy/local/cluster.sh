@@ -98,8 +98,9 @@ zk_stop() {
   if ! pid="$(zk_pid)"; then rm -f "$ZK_PID"; say "zookeeper not running"; return 0; fi
   kill -TERM "$pid" 2>/dev/null || true
   local deadline=$((SECONDS + 20))
-  while kill -0 "$pid" 2>/dev/null && ((SECONDS < deadline)); do sleep 0.2; done
-  kill -KILL "$pid" 2>/dev/null || true
+  while zk_pid >/dev/null && ((SECONDS < deadline)); do sleep 0.2; done
+  # Only a process that is still ours (the pid could be another's by now).
+  if zk_pid >/dev/null; then kill -KILL "$pid" 2>/dev/null || true; fi
   rm -f "$ZK_PID"
   say "zookeeper stopped"
 }

@@ -3,8 +3,8 @@
 # 2 shards x 2 replicas of ClickHouse 18.16) and a real three-broker Kafka (kafka.sh
 # --brokers 3), both started here when they are not running and stopped afterwards
 # (only what this run started). Runs:
-#   - the four TestIntegrationCluster* tests (a replica, a broker and an ingest process
-#     SIGKILLed mid-stream; two policy replicas);
+#   - the TestIntegrationCluster* tests (a replica, a broker and an ingest process
+#     SIGKILLed mid-stream; two policy replicas; migrate --cluster; topic replication);
 #   - the query package's integration tests with their databases made by `migrate
 #     --cluster`, so every read of the GraphQL API's queries goes through the
 #     Distributed tables and is checked against the same expectations as on one server.

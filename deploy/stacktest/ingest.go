@@ -29,17 +29,26 @@ func Logger() *slog.Logger {
 // and commit); cleanup calls it too.
 func RunIngest(t testing.TB, topic string, conn driver.Conn, db, group string) (stop func()) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	dlqTopic := topic + "_dlq"
-	if err := kafka.EnsureTopic(ctx, Brokers(), dlqTopic, 1); err != nil {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := kafka.EnsureTopic(ctx, Brokers(), topic+"_dlq", 1); err != nil {
 		t.Fatal(err)
 	}
+	return runIngest(t, Brokers(), topic, conn, db, group)
+}
+
+// runIngest runs the pipeline on topic of brokers (its dead-letter topic, topic_dlq,
+// made already) until stop or cleanup.
+func runIngest(t testing.TB, brokers []string, topic string, conn driver.Conn, db, group string) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
 	p, err := ingest.NewPipeline(ctx, ingest.PipelineConfig{
-		Brokers: Brokers(), Topic: topic, DLQTopic: dlqTopic, GroupID: group, Store: store.New(conn, db),
+		Brokers: brokers, Topic: topic, DLQTopic: topic + "_dlq", GroupID: group, Store: store.New(conn, db),
 		Catalog: pricing.Default(), BatchSize: 2000, BatchAge: 200 * time.Millisecond, RollupInterval: 200 * time.Millisecond,
 		RetryMin: 50 * time.Millisecond, RetryMax: time.Second, Logger: Logger(),
 	})
 	if err != nil {
+		cancel()
 		t.Fatal(err)
 	}
 	done := make(chan struct{})

@@ -8,17 +8,13 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	kafkago "github.com/segmentio/kafka-go"
 
-	"github.com/bandplane/bandplane/ingest"
 	"github.com/bandplane/bandplane/ingest/kafka"
-	"github.com/bandplane/bandplane/ingest/pricing"
-	"github.com/bandplane/bandplane/ingest/store"
 )
 
 // The three-node Kafka cluster of `deploy/local/kafka.sh --brokers 3` (`make
@@ -63,7 +59,7 @@ func ensureClusterTopic(t testing.TB, topic string, partitions int) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := kafka.EnsureTopic(ctx, ClusterBrokers(), topic, partitions); err != nil {
+	if err := ensureTopic(ctx, ClusterBrokers(), topic, partitions); err != nil {
 		t.Fatalf("%v\n(start the cluster with `deploy/local/kafka.sh --brokers 3 start`)", err)
 	}
 	t.Cleanup(func() {
@@ -76,30 +72,8 @@ func ensureClusterTopic(t testing.TB, topic string, partitions int) {
 // dead-letter topic beside it, on the cluster too) into db.
 func RunClusterIngest(t testing.TB, topic string, conn driver.Conn, db, group string) (stop func()) {
 	t.Helper()
-	dlqTopic := topic + "_dlq"
-	ensureClusterTopic(t, dlqTopic, 1)
-	ctx, cancel := context.WithCancel(context.Background())
-	p, err := ingest.NewPipeline(ctx, ingest.PipelineConfig{
-		Brokers: ClusterBrokers(), Topic: topic, DLQTopic: dlqTopic, GroupID: group, Store: store.New(conn, db),
-		Catalog: pricing.Default(), BatchSize: 2000, BatchAge: 200 * time.Millisecond, RollupInterval: 200 * time.Millisecond,
-		RetryMin: 50 * time.Millisecond, RetryMax: time.Second, Logger: Logger(),
-	})
-	if err != nil {
-		cancel()
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() { defer close(done); p.Run(ctx) }()
-	var once sync.Once
-	stop = func() {
-		once.Do(func() {
-			cancel()
-			<-done
-			_ = p.Close()
-		})
-	}
-	t.Cleanup(stop)
-	return stop
+	ensureClusterTopic(t, topic+"_dlq", 1)
+	return runIngest(t, ClusterBrokers(), topic, conn, db, group)
 }
 
 // kafkaSh runs deploy/local/kafka.sh --brokers 3 with args and returns its output.

@@ -89,7 +89,7 @@ func Topic(t testing.TB, partitions int) string {
 	topic := Name(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := kafka.EnsureTopic(ctx, Brokers(), topic, partitions); err != nil {
+	if err := ensureTopic(ctx, Brokers(), topic, partitions); err != nil {
 		t.Fatalf("%v\n(start the stack with `make up`)", err)
 	}
 	t.Cleanup(func() {
@@ -97,6 +97,23 @@ func Topic(t testing.TB, partitions int) string {
 		_, _ = c.DeleteTopics(context.Background(), &kafkago.DeleteTopicsRequest{Topics: []string{topic}})
 	})
 	return topic
+}
+
+// ensureTopic is kafka.EnsureTopic, tried again for a few seconds: a broker that was
+// just restarted (the cluster tests kill them) may reset the first connections.
+func ensureTopic(ctx context.Context, brokers []string, topic string, partitions int) error {
+	var err error
+	for try := 0; try < 5; try++ {
+		if err = kafka.EnsureTopic(ctx, brokers, topic, partitions); err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(time.Second):
+		}
+	}
+	return err
 }
 
 // Database creates and migrates a unique database, and drops it at cleanup.

@@ -26,7 +26,7 @@ import (
 // Config says where the database is.
 type Config struct {
 	// Addr is host:port of the native protocol, or several, comma-separated: servers
-	// of one cluster, tried in order, the next when one cannot be reached.
+	// of one cluster, connected to in turn (one that cannot be reached is skipped).
 	Addr         string
 	Database     string
 	User         string
@@ -114,13 +114,16 @@ func Open(ctx context.Context, cfg Config) (driver.Conn, error) {
 		settings = ClusterSettings()
 	}
 	conn, err := clickhouse.Open(&clickhouse.Options{
-		Addr:         cfg.Addrs(),
-		Settings:     settings,
-		Auth:         clickhouse.Auth{Database: "default", Username: cfg.User, Password: cfg.Password},
-		DialTimeout:  cfg.DialTimeout,
-		ReadTimeout:  cfg.ReadTimeout,
-		MaxOpenConns: cfg.MaxOpenConns,
-		MaxIdleConns: cfg.MaxOpenConns,
+		Addr: cfg.Addrs(),
+		// Servers of a cluster are equals: spread the processes' connections over them
+		// (a server that cannot be reached is skipped, the next tried).
+		ConnOpenStrategy: clickhouse.ConnOpenRoundRobin,
+		Settings:         settings,
+		Auth:             clickhouse.Auth{Database: "default", Username: cfg.User, Password: cfg.Password},
+		DialTimeout:      cfg.DialTimeout,
+		ReadTimeout:      cfg.ReadTimeout,
+		MaxOpenConns:     cfg.MaxOpenConns,
+		MaxIdleConns:     cfg.MaxOpenConns,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("cannot open clickhouse at %s: %w", cfg.Addr, err)

@@ -188,28 +188,29 @@ func distributedDDL(table, c string) string {
 }
 
 // remakeDistributed drops and creates the Distributed table of table from its local
-// table, after waiting until every server of the cluster has the same columns for it
-// (an ALTER of a replicated table reaches the other replica through ZooKeeper, a moment
-// after ON CLUSTER returns). The Distributed table holds no data (inserts are
-// synchronous), so nothing is lost; reads of it fail for the moment between.
+// table, once the shards agree on its columns. 18.16's ALTER of a replicated table
+// returns once every active replica has applied it, so one replica of each shard
+// (cluster(), which connects as the Distributed tables do, with the credentials of
+// remote_servers) stands for its shard. The Distributed table holds no data (inserts
+// are synchronous), so nothing is lost; reads of it fail for the moment between.
 func remakeDistributed(ctx context.Context, conn driver.Conn, db, c, table string) error {
-	hosts, err := ClusterHosts(ctx, conn, c)
-	if err != nil {
-		return err
-	}
+	// Every shard holds the same (name, type) pairs when the rows number shards × the
+	// distinct pairs and those are the local table's (a shard missing a column, or with
+	// another type for one, breaks one of the two equalities).
+	q := fmt.Sprintf(`SELECT (SELECT uniqExact(shard_num) FROM system.clusters WHERE cluster = ?) AS shards,
+		count() AS n, uniqExact(name, type) AS pairs, (SELECT count() FROM system.columns WHERE database = ? AND table = ?) AS local
+		FROM cluster('%s', system.columns) WHERE database = ? AND table = ?`, c)
 	deadline := time.Now().Add(2 * time.Minute)
 	for {
-		var variants uint64
-		q := fmt.Sprintf(`SELECT uniqExact(cols) FROM (SELECT hostName() AS h, groupArray(concat(name, ' ', type)) AS cols
-			FROM (SELECT * FROM remote('%s', system.columns) WHERE database = ? AND table = ? ORDER BY name) GROUP BY h)`, strings.Join(hosts, ","))
-		if err := conn.QueryRow(ctx, q, db, table+LocalSuffix).Scan(&variants); err != nil {
-			return fmt.Errorf("cannot compare the columns of %s.%s%s on the servers of cluster %s: %w", db, table, LocalSuffix, c, err)
+		var shards, n, pairs, local uint64
+		if err := conn.QueryRow(ctx, q, c, db, table+LocalSuffix, db, table+LocalSuffix).Scan(&shards, &n, &pairs, &local); err != nil {
+			return fmt.Errorf("cannot compare the columns of %s.%s%s on the shards of cluster %s: %w", db, table, LocalSuffix, c, err)
 		}
-		if variants == 1 {
+		if n == shards*pairs && pairs == local {
 			break
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("the servers of cluster %s still disagree on the columns of %s.%s%s after 2 minutes", c, db, table, LocalSuffix)
+			return fmt.Errorf("the shards of cluster %s still disagree on the columns of %s.%s%s after 2 minutes", c, db, table, LocalSuffix)
 		}
 		select {
 		case <-ctx.Done():
