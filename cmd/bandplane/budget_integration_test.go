@@ -118,7 +118,7 @@ func TestIntegrationBudgetsHoldUnderConcurrency(t *testing.T) {
 	}
 	// The seed's usage (two reports of the lead's agents) counts already.
 	seedTokens := int64(1200 + 300 + 10 + 5 + 700 + 90 + 10 + 5)
-	require.True(t, stacktest.Eventually(t, 20*time.Second, 200*time.Millisecond, func() bool { return budgets().SpentTokens == seedTokens }),
+	require.True(t, stacktest.Eventually(t, time.Minute, 200*time.Millisecond, func() bool { return budgets().SpentTokens == seedTokens }),
 		"the budget never showed the seed's usage: %+v", budgets())
 	// Names come from ingest's directory table, which may lag the replica a little.
 	assert.True(t, stacktest.Eventually(t, 10*time.Second, 200*time.Millisecond, func() bool { return budgets().ScopeName == tn.lead.Handle }),
