@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2/ext"
 )
@@ -28,17 +29,36 @@ func (r *Recorder) ReplayDB() string { return r.db + replaySuffix }
 func (r *Recorder) Replay(ctx context.Context, t testing.TB, other Engine) []*Step {
 	t.Helper()
 	srv := Server(t).(*server)
-	if err := srv.Exec(ctx, "SYSTEM FLUSH LOGS"); err != nil {
-		t.Fatalf("SYSTEM FLUSH LOGS: %v", err)
-	}
-	logged, err := srv.Query(ctx, "SELECT query_id, query, toString(result_rows), toString(toUInt8(type)) FROM system.query_log "+
-		"WHERE event_date >= yesterday() AND startsWith(query_id, '"+r.id+"') AND toUInt8(type) != 1")
-	if err != nil {
-		t.Fatalf("read the recorded statements from system.query_log: %v", err)
-	}
-	text, resultRows, finished := map[string]string{}, map[string]string{}, map[string]bool{}
-	for _, row := range logged.Rows {
-		text[row[0]], resultRows[row[0]], finished[row[0]] = row[1], row[2], row[3] == "2"
+	steps := r.Steps()
+	// A statement's row is logged when the server has finished it, which for the last
+	// query read can be a moment after its caller returned: read the log again, briefly,
+	// until it holds every statement that reached the server.
+	var text, resultRows map[string]string
+	var finished map[string]bool
+	for try := 0; ; try++ {
+		if err := srv.Exec(ctx, "SYSTEM FLUSH LOGS"); err != nil {
+			t.Fatalf("SYSTEM FLUSH LOGS: %v", err)
+		}
+		logged, err := srv.Query(ctx, "SELECT query_id, query, toString(result_rows), toString(toUInt8(type)) FROM system.query_log "+
+			"WHERE event_date >= yesterday() AND startsWith(query_id, '"+r.id+"') AND toUInt8(type) != 1")
+		if err != nil {
+			t.Fatalf("read the recorded statements from system.query_log: %v", err)
+		}
+		text, resultRows, finished = map[string]string{}, map[string]string{}, map[string]bool{}
+		for _, row := range logged.Rows {
+			text[row[0]], resultRows[row[0]], finished[row[0]] = row[1], row[2], row[3] == "2"
+		}
+		missing := false
+		for _, s := range steps {
+			if _, ok := text[s.QueryID]; s.Method != "Batch" && s.Err == nil && !ok {
+				missing = true
+				break
+			}
+		}
+		if !missing || try == 20 {
+			break
+		}
+		time.Sleep(250 * time.Millisecond)
 	}
 	db, rdb := r.db, r.ReplayDB()
 	rename := func(sql string) string { return strings.ReplaceAll(sql, db, rdb) }
@@ -47,7 +67,6 @@ func (r *Recorder) Replay(ctx context.Context, t testing.TB, other Engine) []*St
 			t.Fatalf("%s: create %s: %v", e.Name(), rdb, err)
 		}
 	}
-	steps := r.Steps()
 	for _, s := range steps {
 		if s.Method != "Batch" {
 			sql, ok := text[s.QueryID]
