@@ -26,6 +26,12 @@ import (
 // budgetBundle is the built-in policy bundle with the message rates of org lifted, so
 // that only the budget can refuse the test's burst of decisions.
 func budgetBundle(t *testing.T, org string) string {
+	return bundleWithQuotas(t, `{"messages_per_window_agent": 100000, "messages_per_window_agent_room": 100000}`, org)
+}
+
+// bundleWithQuotas is a copy of the built-in policy bundle whose data.json gives each
+// of orgs the quota (JSON) instead of the default.
+func bundleWithQuotas(t *testing.T, quota string, orgs ...string) string {
 	t.Helper()
 	dir := t.TempDir()
 	src := filepath.Join(stacktest.RepoRoot(), "policy", "rego")
@@ -37,10 +43,12 @@ func budgetBundle(t *testing.T, org string) string {
 		if e.Name() == "data.json" {
 			var doc map[string]map[string]json.RawMessage
 			require.NoError(t, json.Unmarshal(b, &doc))
-			var orgs map[string]json.RawMessage
-			require.NoError(t, json.Unmarshal(doc["quotas"]["orgs"], &orgs))
-			orgs[org] = json.RawMessage(`{"messages_per_window_agent": 100000, "messages_per_window_agent_room": 100000}`)
-			doc["quotas"]["orgs"], err = json.Marshal(orgs)
+			var quotas map[string]json.RawMessage
+			require.NoError(t, json.Unmarshal(doc["quotas"]["orgs"], &quotas))
+			for _, org := range orgs {
+				quotas[org] = json.RawMessage(quota)
+			}
+			doc["quotas"]["orgs"], err = json.Marshal(quotas)
 			require.NoError(t, err)
 			b, err = json.Marshal(doc)
 			require.NoError(t, err)

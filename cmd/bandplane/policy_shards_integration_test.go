@@ -6,9 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -29,30 +27,7 @@ import (
 // agent, 6 an hour per agent in one room (one every 3¾ and 10 minutes), so that nothing
 // refills while the test runs and every answer is exact to compare.
 func shardBundle(t *testing.T, orgs ...string) string {
-	t.Helper()
-	dir := t.TempDir()
-	src := filepath.Join(stacktest.RepoRoot(), "policy", "rego")
-	entries, err := os.ReadDir(src)
-	require.NoError(t, err)
-	for _, e := range entries {
-		b, err := os.ReadFile(filepath.Join(src, e.Name()))
-		require.NoError(t, err)
-		if e.Name() == "data.json" {
-			var doc map[string]map[string]json.RawMessage
-			require.NoError(t, json.Unmarshal(b, &doc))
-			var quotas map[string]json.RawMessage
-			require.NoError(t, json.Unmarshal(doc["quotas"]["orgs"], &quotas))
-			for _, org := range orgs {
-				quotas[org] = json.RawMessage(`{"window_seconds": 3600, "messages_per_window_agent": 16, "messages_per_window_agent_room": 6}`)
-			}
-			doc["quotas"]["orgs"], err = json.Marshal(quotas)
-			require.NoError(t, err)
-			b, err = json.Marshal(doc)
-			require.NoError(t, err)
-		}
-		require.NoError(t, os.WriteFile(filepath.Join(dir, e.Name()), b, 0o644))
-	}
-	return dir
+	return bundleWithQuotas(t, `{"window_seconds": 3600, "messages_per_window_agent": 16, "messages_per_window_agent_room": 6}`, orgs...)
 }
 
 // serveAt starts `bandplane serve` listening on addr (a replica's URL must be known
