@@ -258,16 +258,20 @@ func EnsureTopic(ctx context.Context, brokers []string, topic string, partitions
 	}
 	err = resp.Errors[topic]
 	if err == nil {
-		return nil
+		return awaitTopic(ctx, md.Brokers, topic)
 	}
 	if !errors.Is(err, kafkago.TopicAlreadyExists) {
 		return fmt.Errorf("cannot create topic %s with %d partitions and replication factor %d: %w", topic, partitions, factor, err)
 	}
-	have, err := topicIntConfigs(ctx, c, topic, "max.message.bytes", "min.insync.replicas")
+	// Another process may have created it a moment ago: the broker asked may not know
+	// it yet.
+	have, err := whileUnknown(ctx, func() ([]int, error) {
+		return topicIntConfigs(ctx, c, topic, "max.message.bytes", "min.insync.replicas")
+	})
 	if err != nil {
 		return err
 	}
-	rf, err := topicReplicationFactor(ctx, c, topic)
+	rf, err := whileUnknown(ctx, func() (int, error) { return topicReplicationFactor(ctx, c, topic) })
 	if err != nil {
 		return err
 	}
@@ -297,6 +301,56 @@ func EnsureTopic(ctx context.Context, brokers []string, topic string, partitions
 	}
 	if err != nil {
 		return fmt.Errorf("cannot raise %s of topic %s: %w", strings.Join(what, " and "), topic, err)
+	}
+	return nil
+}
+
+// topicPropagation bounds how long a broker may take to learn a topic the controller
+// has created (each broker applies the metadata log on its own; a moment on a healthy
+// cluster).
+const topicPropagation = 15 * time.Second
+
+// whileUnknown calls read again, every 100 ms for up to topicPropagation, while it
+// fails with UnknownTopicOrPartition or LeaderNotAvailable: for a topic known to exist
+// (created, or reported existing, by the controller) that the broker asked has not
+// learnt yet, or whose partitions have no leader yet.
+func whileUnknown[T any](ctx context.Context, read func() (T, error)) (T, error) {
+	deadline := time.Now().Add(topicPropagation)
+	for {
+		v, err := read()
+		settling := errors.Is(err, kafkago.UnknownTopicOrPartition) || errors.Is(err, kafkago.LeaderNotAvailable)
+		if !settling || time.Now().After(deadline) {
+			return v, err
+		}
+		select {
+		case <-ctx.Done():
+			return v, err
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// awaitTopic waits until every one of brokers (a metadata response's: those up) knows
+// topic, so that what follows EnsureTopic (a producer, a configuration read, another
+// process) finds it on whichever broker it asks.
+func awaitTopic(ctx context.Context, brokers []kafkago.Broker, topic string) error {
+	for _, b := range brokers {
+		addr := net.JoinHostPort(b.Host, strconv.Itoa(b.Port))
+		_, err := whileUnknown(ctx, func() ([]kafkago.Partition, error) {
+			conn, err := kafkago.DialContext(ctx, "tcp", addr)
+			if err != nil {
+				return nil, err
+			}
+			defer conn.Close()
+			parts, err := conn.ReadPartitions(topic)
+			if err == nil && len(parts) == 0 {
+				err = kafkago.UnknownTopicOrPartition
+			}
+			return parts, err
+		})
+		if err != nil {
+			return fmt.Errorf("topic %s was created, but broker %d (%s) does not list it after %s: %w", topic, b.ID, addr, topicPropagation, err)
+		}
 	}
 	return nil
 }
@@ -351,7 +405,7 @@ func topicReplicationFactor(ctx context.Context, c *kafkago.Client, topic string
 		}
 		return factor, nil
 	}
-	return 0, fmt.Errorf("topic %s does not exist", topic)
+	return 0, fmt.Errorf("topic %s does not exist: %w", topic, kafkago.UnknownTopicOrPartition)
 }
 
 // topicIntConfigs reads integer settings in force for topic, in the order of names.
