@@ -126,14 +126,28 @@ func allowedIn(steps []step) (n int) {
 	return n
 }
 
-// knows waits until srv's directory knows agent (peer_visible, which takes nothing).
-func knows(t *testing.T, srv *server, router, agent string) {
+// knows waits until srv's directory knows agent (peer_visible, which takes nothing)
+// and has it in every one of rooms (add_participant of itself answers "self", not
+// actor_not_in_room: the events of the agent and of its rooms are on different
+// partitions, so the agent can be known before its rooms are).
+func knows(t *testing.T, srv *server, router, agent string, rooms ...string) {
 	t.Helper()
 	require.True(t, stacktest.Eventually(t, 60*time.Second, 200*time.Millisecond, func() bool {
 		code, b := srv.do(http.MethodPost, "/v1/decisions/peer_visible", router, "application/json", []byte(`{"agent":"`+agent+`"}`))
 		var d policy.Decision
-		return code == http.StatusOK && json.Unmarshal(b, &d) == nil && d.Allow
-	}), "%s never learnt agent %s", srv.url, agent)
+		if code != http.StatusOK || json.Unmarshal(b, &d) != nil || !d.Allow {
+			return false
+		}
+		for _, room := range rooms {
+			code, b := srv.do(http.MethodPost, "/v1/decisions/add_participant", router, "application/json",
+				[]byte(`{"actor":"`+agent+`","room":"`+room+`","participant":"`+agent+`"}`))
+			var d policy.Decision
+			if code != http.StatusOK || json.Unmarshal(b, &d) != nil || len(d.Reasons) == 0 || d.Reasons[0].Code != "self" {
+				return false
+			}
+		}
+		return true
+	}), "%s never learnt agent %s in rooms %v", srv.url, agent, rooms)
 }
 
 // TestIntegrationClusterPolicyShards: two policy replicas with one peer list. The
@@ -166,7 +180,7 @@ func TestIntegrationClusterPolicyShards(t *testing.T) {
 				schema.ParticipantData{ParticipantID: tn.coder.ID, ParticipantType: schema.ActorAgent}, at.Add(time.Minute)))
 		}
 		isoPost(t, solo, platform, evs)
-		knows(t, solo, router, tn.coder.ID)
+		knows(t, solo, router, tn.coder.ID, tn.room, tn.room2, thirdRoom(tn))
 	}
 	rooms := func(tn *isoTenant) (first, second, last []string, names map[string]string) {
 		third := thirdRoom(tn)
@@ -197,7 +211,7 @@ func TestIntegrationClusterPolicyShards(t *testing.T) {
 	replicas := make([]*server, 2)
 	for i := range replicas {
 		replicas[i] = s.serveAt(t, addrs[i], s.group+"-policy-"+string(rune('a'+i)), replicaFlags(i)...)
-		knows(t, replicas[i], router, sharded.coder.ID)
+		knows(t, replicas[i], router, sharded.coder.ID, sharded.room, sharded.room2, thirdRoom(sharded))
 	}
 	clients := make([]*client.Client, 2)
 	for i := range clients {
