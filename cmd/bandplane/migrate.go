@@ -28,7 +28,7 @@ func runMigrate(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	defer conn.Close()
-	res, err := chdb.MigrateOn(ctx, conn, st.ch.Database, st.ch.Cluster)
+	res, err := chdb.MigrateOn(ctx, conn, st.ch)
 	if err != nil {
 		return err
 	}
@@ -60,7 +60,7 @@ func runRetention(ctx context.Context, e *env, args []string) error {
 	if err := r.Validate(); err != nil {
 		return err
 	}
-	opts := chdb.RetentionOptions{DryRun: *dry, Cluster: st.ch.Cluster}
+	opts := chdb.RetentionOptions{DryRun: *dry}
 	if *keyFile != "" {
 		key, err := seal.LoadPrivateKey(*keyFile)
 		if err != nil {
@@ -73,7 +73,7 @@ func runRetention(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	defer conn.Close()
-	res, err := chdb.ApplyRetention(ctx, conn, st.ch.Database, r, time.Now(), opts)
+	res, err := chdb.ApplyRetention(ctx, conn, st.ch, r, time.Now(), opts)
 	if opts.Sign == nil {
 		warnUnsigned(ctx, e, conn, st.ch.Database, res, *dry)
 	}

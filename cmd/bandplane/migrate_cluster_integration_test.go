@@ -39,10 +39,46 @@ func TestIntegrationClusterMigrateCommand(t *testing.T) {
 		require.NoError(t, conn.QueryRow(ctx, "SELECT engine FROM system.tables WHERE database = ? AND name = 'events'", db).Scan(&dist), "node %d", n)
 		assert.Equal(t, "ReplicatedReplacingMergeTree", local, "node %d", n)
 		assert.Equal(t, "Distributed", dist, "node %d", n)
+		// The ALTERs ran on one replica of each shard and reached the other.
+		var added uint64
+		require.NoError(t, conn.QueryRow(ctx, "SELECT count() FROM system.columns WHERE database = ? AND "+
+			"(table, name) IN (('usage_hourly_local', 'unpriced_reasoning_tokens'), ('dead_letters_local', 'raw_truncated'))", db).Scan(&added))
+		assert.Equal(t, uint64(2), added, "node %d has the columns of the ALTERs", n)
 	}
 
+	// `retention --cluster` drops the old partitions from every replica of every shard.
+	ctx := context.Background()
+	old := time.Now().UTC().AddDate(0, 0, -200)
+	require.NoError(t, stacktest.NodeConn(t, 1).Exec(ctx, "INSERT INTO "+db+".dead_letters (time, topic, partition, offset, key, raw, stage, reason, received_at) "+
+		"SELECT if(number < 40, toDateTime(?, 'UTC'), now()), concat('t', toString(number % 7)), 0, number, '', '', 'decode', 'r', now() FROM system.numbers LIMIT 41", old))
+	localRows := func(n int) (total, oldRows uint64) {
+		require.NoError(t, stacktest.NodeConn(t, n).QueryRow(ctx, "SELECT count(), countIf(time < now() - 86400) FROM "+db+".dead_letters_local").Scan(&total, &oldRows))
+		return total, oldRows
+	}
+	perShard := func() (sum uint64) {
+		for n := 1; n <= stacktest.ClusterNodes; n += 2 {
+			total, _ := localRows(n)
+			sum += total
+		}
+		return sum
+	}
+	require.True(t, stacktest.Eventually(t, 30*time.Second, 200*time.Millisecond, func() bool { return perShard() == 41 }), "41 rows over the shards")
+	out, err := exec.Command(bin, "retention", "--cluster", stacktest.ClickHouseCluster(), "--clickhouse", stacktest.ClickHouseAddr(),
+		"--clickhouse-db", db).CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	assert.Contains(t, string(out), `"table":"dead_letters"`)
+	for n := 1; n <= stacktest.ClusterNodes; n++ {
+		var oldRows uint64
+		ok := stacktest.Eventually(t, 30*time.Second, 200*time.Millisecond, func() bool {
+			_, oldRows = localRows(n)
+			return oldRows == 0
+		})
+		assert.True(t, ok, "node %d still has %d rows of the dropped partition", n, oldRows)
+	}
+	assert.Equal(t, uint64(1), perShard(), "the recent row is kept")
+
 	// Hostile: a cluster name that is not an identifier never reaches the server.
-	out, err := exec.Command(bin, "migrate", "--cluster", "bandplane; DROP DATABASE x", "--clickhouse", stacktest.ClickHouseAddr(),
+	out, err = exec.Command(bin, "migrate", "--cluster", "bandplane; DROP DATABASE x", "--clickhouse", stacktest.ClickHouseAddr(),
 		"--clickhouse-db", db).CombinedOutput()
 	require.Error(t, err)
 	assert.Contains(t, string(out), "is not a plain identifier (--cluster)")

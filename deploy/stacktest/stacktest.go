@@ -127,7 +127,7 @@ func Database(t testing.TB) (driver.Conn, string) {
 	if err != nil {
 		t.Fatalf("%v", err)
 	}
-	if _, err := chdb.MigrateOn(ctx, conn, cfg.Database, cfg.Cluster); err != nil {
+	if _, err := chdb.MigrateOn(ctx, conn, cfg); err != nil {
 		t.Fatalf("%v", err)
 	}
 	t.Cleanup(func() {

@@ -156,7 +156,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 
 	// (a) raw inserts of the same rows, built beforehand.
 	rawDB := cfg.ClickHouse.Database + "_bench_raw_" + stamp
-	if err := freshDB(ctx, conn, rawDB, cfg.ClickHouse.Cluster); err != nil {
+	if err := freshDB(ctx, conn, cfg.ClickHouse, rawDB); err != nil {
 		return res, err
 	}
 	if !cfg.KeepData {
@@ -247,9 +247,10 @@ func rowBatches(events []schema.Event, size int) ([]*store.Batch, int, error) {
 	return out, usage, nil
 }
 
-// freshDB makes db (on cluster c, "" for one server).
-func freshDB(ctx context.Context, conn driver.Conn, db, c string) error {
-	_, err := chdb.MigrateOn(ctx, conn, db, c)
+// freshDB makes db on cfg's server or cluster.
+func freshDB(ctx context.Context, conn driver.Conn, cfg chdb.Config, db string) error {
+	cfg.Database = db
+	_, err := chdb.MigrateOn(ctx, conn, cfg)
 	return err
 }
 
@@ -286,7 +287,7 @@ type pipeline struct {
 
 func newPipeline(ctx context.Context, cfg Config, conn driver.Conn, suffix string) (*pipeline, error) {
 	p := &pipeline{cfg: cfg, conn: conn, db: cfg.ClickHouse.Database + "_bench_" + suffix, topic: "bandplane.bench." + suffix}
-	if err := freshDB(ctx, conn, p.db, cfg.ClickHouse.Cluster); err != nil {
+	if err := freshDB(ctx, conn, cfg.ClickHouse, p.db); err != nil {
 		return nil, err
 	}
 	for _, t := range []string{p.topic, p.topic + ".dlq"} {

@@ -89,7 +89,7 @@ func TestIntegrationSealRetention(t *testing.T) {
 	_, err := newSealer(t, conn, db, key, &fakeProducer{}).SealNow(ctx)
 	require.NoError(t, err)
 
-	res, err := chdb.ApplyRetention(ctx, conn, db, chdb.Retention{Events: 10 * 24 * time.Hour}, time.Now(), chdb.RetentionOptions{Sign: CutSigner(key)})
+	res, err := chdb.ApplyRetention(ctx, conn, chdb.Config{Database: db}, chdb.Retention{Events: 10 * 24 * time.Hour}, time.Now(), chdb.RetentionOptions{Sign: CutSigner(key)})
 	require.NoError(t, err)
 	require.NotEmpty(t, res.Dropped)
 	require.Len(t, res.Cuts, 1)
@@ -120,7 +120,7 @@ func TestIntegrationSealRetentionUnsigned(t *testing.T) {
 	insert(t, conn, db, rows("new", 3, []string{"org-a"}, now.Add(-time.Hour), now.Add(-time.Minute)))
 	_, err := newSealer(t, conn, db, key, &fakeProducer{}).SealNow(ctx)
 	require.NoError(t, err)
-	res, err := chdb.ApplyRetention(ctx, conn, db, chdb.Retention{Events: 10 * 24 * time.Hour}, time.Now(), chdb.RetentionOptions{})
+	res, err := chdb.ApplyRetention(ctx, conn, chdb.Config{Database: db}, chdb.Retention{Events: 10 * 24 * time.Hour}, time.Now(), chdb.RetentionOptions{})
 	require.NoError(t, err)
 	require.Len(t, res.Dropped, 1)
 	n, err := SealedIn(ctx, conn, db, []string{res.Dropped[0].Partition})

@@ -26,7 +26,7 @@ import (
 // Config says where the database is.
 type Config struct {
 	// Addr is host:port of the native protocol, or several, comma-separated: servers
-	// of one cluster, connected to in turn (one that cannot be reached is skipped).
+	// of one cluster, the first that can be reached taking every connection (Open).
 	Addr         string
 	Database     string
 	User         string
@@ -115,9 +115,15 @@ func Open(ctx context.Context, cfg Config) (driver.Conn, error) {
 	}
 	conn, err := clickhouse.Open(&clickhouse.Options{
 		Addr: cfg.Addrs(),
-		// Servers of a cluster are equals: spread the processes' connections over them
-		// (a server that cannot be reached is skipped, the next tried).
-		ConnOpenStrategy: clickhouse.ConnOpenRoundRobin,
+		// Every connection goes to the first server that can be reached (the next one
+		// when it cannot): on a cluster that server runs each Distributed insert and
+		// read, and 18.16 writes a shard's rows to the initiator's own replica (when it
+		// is one) else to the shard's first, and reads them from the same ones
+		// (load_balancing 'in_order'), so that a read right after a write of a table
+		// without the insert quorum finds it. Connections spread over several servers
+		// would write through one and read through another, and miss such rows for the
+		// moment replication takes.
+		ConnOpenStrategy: clickhouse.ConnOpenInOrder,
 		Settings:         settings,
 		Auth:             clickhouse.Auth{Database: "default", Username: cfg.User, Password: cfg.Password},
 		DialTimeout:      cfg.DialTimeout,

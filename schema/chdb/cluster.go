@@ -2,8 +2,11 @@ package chdb
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net"
 	"regexp"
+	"strconv"
 	"strings"
 	"time"
 
@@ -149,13 +152,16 @@ var (
 // table, the Distributed table is made again from it (18.16 refuses ALTER … ON CLUSTER
 // of a table that is not replicated), once every server has the new columns.
 type clusterStep struct {
-	sql        string
+	sql string
+	// perShard: sql runs on one replica of each shard (onShards), not ON CLUSTER.
+	perShard   bool
 	remakeDist string // table whose Distributed table is made again after sql
 }
 
 // clusterStatements rewrites one migration statement for cluster c: CREATE TABLE makes
 // the replicated local table and the Distributed table over it, ALTER TABLE alters the
-// local table and remakes the Distributed one, INSERT goes through the Distributed
+// local table on one replica of each shard (which replicates it: onShards) and remakes
+// the Distributed one, INSERT goes through the Distributed
 // table as it is. Anything else is refused, so a migration this cannot rewrite fails
 // TestEveryMigrationRunsOnACluster instead of half-applying on a cluster.
 func clusterStatements(stmt, c string) ([]clusterStep, error) {
@@ -174,7 +180,7 @@ func clusterStatements(stmt, c string) ([]clusterStep, error) {
 		return []clusterStep{{sql: local}, {sql: distributedDDL(table, c)}}, nil
 	}
 	if m := alterTableRe.FindStringSubmatch(stmt); m != nil {
-		return []clusterStep{{sql: fmt.Sprintf("ALTER TABLE {db}.%s%s ON CLUSTER %s %s", m[1], LocalSuffix, c, m[2]), remakeDist: m[1]}}, nil
+		return []clusterStep{{sql: fmt.Sprintf("ALTER TABLE {db}.%s%s %s", m[1], LocalSuffix, m[2]), perShard: true, remakeDist: m[1]}}, nil
 	}
 	if strings.HasPrefix(stmt, "INSERT INTO {db}.") {
 		return []clusterStep{{sql: stmt}}, nil
@@ -225,6 +231,81 @@ func remakeDistributed(ctx context.Context, conn driver.Conn, db, c, table strin
 		return fmt.Errorf("cannot remake the Distributed table %s.%s: %w", db, table, err)
 	}
 	return nil
+}
+
+// onShards runs stmt on one replica of every shard of cfg.Cluster, each by a connection
+// of its own (cfg's user, password and timeouts, to the host and port the cluster's
+// definition gives): for a statement a replicated table replicates itself to the other
+// replicas of its shard (an ALTER of its columns, a DROP PARTITION). ON CLUSTER would
+// run such a statement through the distributed DDL queue's leader-replica path, which
+// on 18.16 races between the replicas of a shard: one replica runs it after the other
+// already has, fails to mark it executed ("Node exists"), and its DDL worker stops for
+// good ("Unexpected ZooKeeper error"), so that every later ON CLUSTER statement waits
+// for that server until distributed_ddl_task_timeout, until it restarts. The replicas
+// of a shard are tried in order: one that cannot be reached, or fails, is skipped (a
+// replica that is down applies the statement from the replication log when it is
+// back). done says which errors mean the statement had already been applied (nil:
+// none does).
+func onShards(ctx context.Context, conn driver.Conn, cfg Config, stmt string, done func(error) bool) error {
+	rows, err := conn.Query(ctx, "SELECT shard_num, host_name, port FROM system.clusters WHERE cluster = ? ORDER BY shard_num, replica_num", cfg.Cluster)
+	if err != nil {
+		return fmt.Errorf("cannot read cluster %s from system.clusters: %w", cfg.Cluster, err)
+	}
+	var shards [][]string
+	last := uint32(0)
+	for rows.Next() {
+		var shard uint32
+		var host string
+		var port uint16
+		if err := rows.Scan(&shard, &host, &port); err != nil {
+			rows.Close()
+			return err
+		}
+		if len(shards) == 0 || shard != last {
+			shards, last = append(shards, nil), shard
+		}
+		shards[len(shards)-1] = append(shards[len(shards)-1], net.JoinHostPort(host, strconv.Itoa(int(port))))
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	if len(shards) == 0 {
+		return fmt.Errorf("the server knows no cluster named %s (system.clusters; its remote_servers config)", cfg.Cluster)
+	}
+	for i, replicas := range shards {
+		var errs []error
+		for _, addr := range replicas {
+			err := execOn(ctx, cfg, addr, stmt)
+			if err == nil || done != nil && done(err) {
+				errs = nil
+				break
+			}
+			errs = append(errs, fmt.Errorf("replica %s: %w", addr, err))
+		}
+		if errs != nil {
+			return fmt.Errorf("no replica of shard %d of cluster %s ran the statement: %w", i+1, cfg.Cluster, errors.Join(errs...))
+		}
+	}
+	return nil
+}
+
+// execOn runs stmt on the one server at addr, with cfg's credentials and timeouts.
+func execOn(ctx context.Context, cfg Config, addr, stmt string) error {
+	one := Config{Addr: addr, Database: cfg.Database, User: cfg.User, Password: cfg.Password,
+		DialTimeout: cfg.DialTimeout, ReadTimeout: cfg.ReadTimeout, MaxOpenConns: 1}
+	if one.Database == "" {
+		one.Database = "default"
+	}
+	if one.ReadTimeout <= 0 {
+		one.ReadTimeout = DefaultConfig().ReadTimeout
+	}
+	conn, err := Open(ctx, one)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	return conn.Exec(ctx, stmt)
 }
 
 // ClusterHosts lists host:port of every server (every replica of every shard) of

@@ -107,7 +107,7 @@ type MigrateResult struct {
 // Migrate creates the database if needed and applies every migration newer than the
 // database's version, recording each in schema_migrations.
 func Migrate(ctx context.Context, conn driver.Conn, db string) (MigrateResult, error) {
-	return MigrateOn(ctx, conn, db, "")
+	return MigrateOn(ctx, conn, Config{Database: db})
 }
 
 // migrationsTable is schema_migrations, created before the migrations are read.
@@ -115,10 +115,12 @@ const migrationsTable = `CREATE TABLE IF NOT EXISTS {db}.schema_migrations (
 	version UInt32, name String, checksum String, applied_at DateTime('UTC')
 ) ENGINE = MergeTree() ORDER BY version`
 
-// MigrateOn is Migrate on cluster c (every server of it, ON CLUSTER, with replicated
-// local tables and Distributed tables over them: cluster.go), or on the one server
-// conn talks to when c is "".
-func MigrateOn(ctx context.Context, conn driver.Conn, db, c string) (MigrateResult, error) {
+// MigrateOn is Migrate of cfg.Database on cluster cfg.Cluster (every server of it, with
+// replicated local tables and Distributed tables over them: cluster.go; an ALTER
+// connects to one replica of each shard itself, with cfg's credentials), or on the one
+// server conn talks to when cfg.Cluster is "".
+func MigrateOn(ctx context.Context, conn driver.Conn, cfg Config) (MigrateResult, error) {
+	db, c := cfg.Database, cfg.Cluster
 	if !identRe.MatchString(db) {
 		return MigrateResult{}, fmt.Errorf("database name %q is not a plain identifier", db)
 	}
@@ -139,7 +141,7 @@ func MigrateOn(ctx context.Context, conn driver.Conn, db, c string) (MigrateResu
 	if err := conn.Exec(ctx, "CREATE DATABASE IF NOT EXISTS "+db+onCluster); err != nil {
 		return MigrateResult{}, fmt.Errorf("cannot create database %s: %w", db, err)
 	}
-	if err := apply(ctx, conn, db, c, migrationsTable); err != nil {
+	if err := apply(ctx, conn, cfg, migrationsTable); err != nil {
 		return MigrateResult{}, fmt.Errorf("cannot create %s.schema_migrations: %w", db, err)
 	}
 	cur, err := SchemaVersion(ctx, conn, db)
@@ -152,7 +154,7 @@ func MigrateOn(ctx context.Context, conn driver.Conn, db, c string) (MigrateResu
 			continue
 		}
 		for i, stmt := range m.Statements {
-			if err := apply(ctx, conn, db, c, stmt); err != nil {
+			if err := apply(ctx, conn, cfg, stmt); err != nil {
 				return res, fmt.Errorf("cannot apply migration %03d_%s (statement %d) to %s: %w", m.Version, m.Name, i+1, db, err)
 			}
 		}
@@ -172,8 +174,10 @@ func MigrateOn(ctx context.Context, conn driver.Conn, db, c string) (MigrateResu
 	return res, nil
 }
 
-// apply runs one migration statement on db, rewritten for cluster c unless c is "".
-func apply(ctx context.Context, conn driver.Conn, db, c, stmt string) error {
+// apply runs one migration statement on cfg.Database, rewritten for cfg.Cluster unless
+// that is "".
+func apply(ctx context.Context, conn driver.Conn, cfg Config, stmt string) error {
+	db, c := cfg.Database, cfg.Cluster
 	steps := []clusterStep{{sql: stmt}}
 	if c != "" {
 		var err error
@@ -182,7 +186,12 @@ func apply(ctx context.Context, conn driver.Conn, db, c, stmt string) error {
 		}
 	}
 	for _, s := range steps {
-		if err := conn.Exec(ctx, strings.ReplaceAll(s.sql, "{db}", db)); err != nil && !alreadyAdded(s.sql, err) {
+		sql := strings.ReplaceAll(s.sql, "{db}", db)
+		if s.perShard {
+			if err := onShards(ctx, conn, cfg, sql, func(err error) bool { return alreadyAdded(sql, err) }); err != nil {
+				return err
+			}
+		} else if err := conn.Exec(ctx, sql); err != nil && !alreadyAdded(sql, err) {
 			return err
 		}
 		if s.remakeDist != "" {

@@ -57,9 +57,6 @@ type RetentionOptions struct {
 	// audit key, so it reports sealed events of partitions dropped without one as
 	// missing.
 	Sign func(*Cut)
-	// Cluster is the cluster the schema is on (Config.Cluster): partitions are listed
-	// on its servers and dropped from the local tables ON CLUSTER.
-	Cluster string
 }
 
 // RetentionResult is what ApplyRetention dropped (or would drop, in a dry run) and
@@ -69,8 +66,11 @@ type RetentionResult struct {
 	Cuts    []Cut     `json:"cuts"`
 }
 
-// ApplyRetention drops every partition whose newest possible row is older than now
-// minus the table's retention. With opts.DryRun it only lists them.
+// ApplyRetention drops every partition of cfg.Database whose newest possible row is
+// older than now minus the table's retention. With opts.DryRun it only lists them. On
+// cluster cfg.Cluster the partitions are listed on one replica of every shard and
+// dropped from the local tables on one replica of each shard (onShards, which connects
+// to it with cfg's credentials; the other replicas drop them from the replication log).
 //
 // Before it drops a table's partitions it records the cut in retention_cuts: before is
 // the end of the newest partition it drops, so every row it removes is older than
@@ -80,7 +80,8 @@ type RetentionResult struct {
 // (retention drops whole days; a DELETE leaves the day's other rows). The cut is
 // written first so that a run stopped half-way never leaves dropped rows without one;
 // a cut whose drops failed only excuses days that are gone.
-func ApplyRetention(ctx context.Context, conn driver.Conn, db string, r Retention, now time.Time, opts RetentionOptions) (RetentionResult, error) {
+func ApplyRetention(ctx context.Context, conn driver.Conn, cfg Config, r Retention, now time.Time, opts RetentionOptions) (RetentionResult, error) {
+	db := cfg.Database
 	res := RetentionResult{Dropped: []Dropped{}, Cuts: []Cut{}}
 	if err := r.Validate(); err != nil {
 		return res, err
@@ -88,8 +89,8 @@ func ApplyRetention(ctx context.Context, conn driver.Conn, db string, r Retentio
 	if !identRe.MatchString(db) {
 		return res, fmt.Errorf("database name %q is not a plain identifier", db)
 	}
-	if opts.Cluster != "" && !identRe.MatchString(opts.Cluster) {
-		return res, fmt.Errorf("cluster name %q is not a plain identifier (--cluster)", opts.Cluster)
+	if cfg.Cluster != "" && !identRe.MatchString(cfg.Cluster) {
+		return res, fmt.Errorf("cluster name %q is not a plain identifier (--cluster)", cfg.Cluster)
 	}
 	now = now.UTC().Truncate(time.Second) // as retention_cuts stores it, and as it is signed
 	tables := []partitioning{
@@ -108,7 +109,7 @@ func ApplyRetention(ctx context.Context, conn driver.Conn, db string, r Retentio
 			continue
 		}
 		cutoff := now.Add(-t.keep)
-		parts, err := partitions(ctx, conn, db, t.table, opts.Cluster)
+		parts, err := partitions(ctx, conn, db, t.table, cfg.Cluster)
 		if err != nil {
 			return res, err
 		}
@@ -141,7 +142,7 @@ func ApplyRetention(ctx context.Context, conn driver.Conn, db string, r Retentio
 		res.Cuts = append(res.Cuts, cut)
 		for _, p := range drop {
 			if !opts.DryRun {
-				if err := conn.Exec(ctx, dropPartition(db, t.table, p, opts.Cluster)); err != nil {
+				if err := dropPartition(ctx, conn, cfg, t.table, p); err != nil {
 					return res, fmt.Errorf("cannot drop partition %s of %s.%s: %w", p, db, t.table, err)
 				}
 			}
@@ -199,13 +200,13 @@ func RetentionCuts(ctx context.Context, conn driver.Conn, db, table string) ([]C
 	return out, rows.Err()
 }
 
-// dropPartition is the statement that drops partition p of db.table (of its local
-// table on every shard, on cluster c).
-func dropPartition(db, table, p, c string) string {
-	if c != "" {
-		return fmt.Sprintf("ALTER TABLE %s.%s%s ON CLUSTER %s DROP PARTITION %s", db, table, LocalSuffix, c, p)
+// dropPartition drops partition p of table of cfg.Database (of its local table on
+// every shard, on cfg.Cluster).
+func dropPartition(ctx context.Context, conn driver.Conn, cfg Config, table, p string) error {
+	if cfg.Cluster != "" {
+		return onShards(ctx, conn, cfg, fmt.Sprintf("ALTER TABLE %s.%s%s DROP PARTITION %s", cfg.Database, table, LocalSuffix, p), nil)
 	}
-	return fmt.Sprintf("ALTER TABLE %s.%s DROP PARTITION %s", db, table, p)
+	return conn.Exec(ctx, fmt.Sprintf("ALTER TABLE %s.%s DROP PARTITION %s", cfg.Database, table, p))
 }
 
 // partitions lists the partitions of db.table that hold rows: of its local tables on

@@ -33,7 +33,7 @@ func TestIntegrationRetentionRecordsCuts(t *testing.T) {
 	}
 
 	// A dry run lists, and records nothing.
-	res, err := chdb.ApplyRetention(ctx, conn, db, r, now, chdb.RetentionOptions{DryRun: true})
+	res, err := chdb.ApplyRetention(ctx, conn, chdb.Config{Database: db}, r, now, chdb.RetentionOptions{DryRun: true})
 	require.NoError(t, err)
 	assert.Len(t, res.Dropped, 2)
 	assert.Len(t, res.Cuts, 1, "the cut it would record")
@@ -48,7 +48,7 @@ func TestIntegrationRetentionRecordsCuts(t *testing.T) {
 		signed = append(signed, *c)
 		c.KeyID, c.Signature = "key-1", fmt.Sprintf("sig-%s-%d", c.Table, c.Partitions)
 	}
-	res, err = chdb.ApplyRetention(ctx, conn, db, r, now, chdb.RetentionOptions{Sign: sign})
+	res, err = chdb.ApplyRetention(ctx, conn, chdb.Config{Database: db}, r, now, chdb.RetentionOptions{Sign: sign})
 	require.NoError(t, err)
 	assert.Equal(t, []chdb.Dropped{
 		{Table: "events", Partition: day(30).Format("20060102")},
@@ -68,7 +68,7 @@ func TestIntegrationRetentionRecordsCuts(t *testing.T) {
 	assert.Empty(t, other, "usage had nothing to drop")
 
 	// Nothing left to drop: no new cut.
-	res, err = chdb.ApplyRetention(ctx, conn, db, r, now.Add(time.Hour), chdb.RetentionOptions{Sign: sign})
+	res, err = chdb.ApplyRetention(ctx, conn, chdb.Config{Database: db}, r, now.Add(time.Hour), chdb.RetentionOptions{Sign: sign})
 	require.NoError(t, err)
 	assert.Empty(t, res.Dropped)
 	assert.Empty(t, res.Cuts)
@@ -79,7 +79,7 @@ func TestIntegrationRetentionRecordsCuts(t *testing.T) {
 	// Without Sign the cut is recorded unsigned.
 	require.NoError(t, store.New(conn, db).BatchInsert(ctx, &store.Batch{Events: []store.EventRow{{ID: "e9", Type: "message.created",
 		Time: day(15), ActorID: "a", Source: "band", SchemaVersion: 1, IngestedAt: now}}}))
-	res, err = chdb.ApplyRetention(ctx, conn, db, r, now, chdb.RetentionOptions{})
+	res, err = chdb.ApplyRetention(ctx, conn, chdb.Config{Database: db}, r, now, chdb.RetentionOptions{})
 	require.NoError(t, err)
 	assert.Equal(t, []chdb.Dropped{{Table: "events", Partition: day(15).Format("20060102")}}, res.Dropped)
 	cuts, err = chdb.RetentionCuts(ctx, conn, db, "events")
@@ -90,11 +90,11 @@ func TestIntegrationRetentionRecordsCuts(t *testing.T) {
 }
 
 func TestRetentionRefusesNegative(t *testing.T) {
-	_, err := chdb.ApplyRetention(context.Background(), nil, "db", chdb.Retention{Events: -time.Hour}, time.Now(), chdb.RetentionOptions{DryRun: true})
+	_, err := chdb.ApplyRetention(context.Background(), nil, chdb.Config{Database: "db"}, chdb.Retention{Events: -time.Hour}, time.Now(), chdb.RetentionOptions{DryRun: true})
 	assert.ErrorContains(t, err, "retention --events must not be negative")
 }
 
 func TestRetentionRefusesBadDatabase(t *testing.T) {
-	_, err := chdb.ApplyRetention(context.Background(), nil, "db; DROP TABLE x", chdb.DefaultRetention(), time.Now(), chdb.RetentionOptions{})
+	_, err := chdb.ApplyRetention(context.Background(), nil, chdb.Config{Database: "db; DROP TABLE x"}, chdb.DefaultRetention(), time.Now(), chdb.RetentionOptions{})
 	assert.ErrorContains(t, err, `database name "db; DROP TABLE x" is not a plain identifier`)
 }

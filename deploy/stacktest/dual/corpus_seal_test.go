@@ -237,7 +237,7 @@ func TestIntegrationCorpusSealVerifyExportRetention(t *testing.T) {
 	// run without the key drops the older one, whose sealed events are then missing.
 	dayOf := func(t time.Time) string { return t.UTC().Format("20060102") }
 	keep := chdb.Retention{Events: 2 * 24 * time.Hour}
-	dry, err := chdb.ApplyRetention(ctx, rec, db, keep, time.Now(), chdb.RetentionOptions{DryRun: true, Sign: seal.CutSigner(key)})
+	dry, err := chdb.ApplyRetention(ctx, rec, chdb.Config{Database: db}, keep, time.Now(), chdb.RetentionOptions{DryRun: true, Sign: seal.CutSigner(key)})
 	require.NoError(t, err)
 	var parts []string
 	for _, d := range dry.Dropped {
@@ -255,7 +255,7 @@ func TestIntegrationCorpusSealVerifyExportRetention(t *testing.T) {
 	require.NoError(t, err)
 	assert.Empty(t, cuts, "a dry run records no cut")
 
-	unsigned, err := chdb.ApplyRetention(ctx, rec, db, chdb.Retention{Events: 10 * 24 * time.Hour}, time.Now(), chdb.RetentionOptions{})
+	unsigned, err := chdb.ApplyRetention(ctx, rec, chdb.Config{Database: db}, chdb.Retention{Events: 10 * 24 * time.Hour}, time.Now(), chdb.RetentionOptions{})
 	require.NoError(t, err)
 	assert.Equal(t, []chdb.Dropped{{Table: "events", Partition: dayOf(day20[0].Time)}}, unsigned.Dropped)
 	rep, err = seal.Verify(ctx, rec, db, pub, seal.Filter{})
@@ -273,7 +273,7 @@ func TestIntegrationCorpusSealVerifyExportRetention(t *testing.T) {
 
 	// A signed run drops the other old day: under its cut every dropped sealed event is
 	// expired; the edited row is still modified.
-	signed, err := chdb.ApplyRetention(ctx, rec, db, keep, time.Now(), chdb.RetentionOptions{Sign: seal.CutSigner(key)})
+	signed, err := chdb.ApplyRetention(ctx, rec, chdb.Config{Database: db}, keep, time.Now(), chdb.RetentionOptions{Sign: seal.CutSigner(key)})
 	require.NoError(t, err)
 	assert.Equal(t, []chdb.Dropped{{Table: "events", Partition: dayOf(day3[0].Time)}}, signed.Dropped)
 	cuts, err = chdb.RetentionCuts(ctx, rec, db, "events")
