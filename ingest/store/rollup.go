@@ -94,10 +94,20 @@ func (s *Store) refreshOrg(ctx context.Context, org string, hours []time.Time) e
 		return err
 	}
 	days := make([]time.Time, 0, len(hours))
+	rebuilt := make(map[time.Time]bool, len(hours))
 	for _, h := range hours {
 		days = append(days, h.Truncate(24*time.Hour))
+		rebuilt[h] = true
 	}
-	return s.RefreshDays(ctx, org, days)
+	return s.refreshDays(ctx, org, days, &writtenHours{version: version, hours: rebuilt, rows: fresh})
+}
+
+// writtenHours are hours of usage_hourly this process has just rebuilt: their rows
+// (zero rows of vanished groups included) and the version they were written with.
+type writtenHours struct {
+	version uint64
+	hours   map[time.Time]bool
+	rows    []rollupRow
 }
 
 // RefreshDays rebuilds the daily rollup of the given days of one organization from
@@ -106,11 +116,21 @@ func (s *Store) refreshOrg(ctx context.Context, org string, hours []time.Time) e
 // sees every hour written before it, wins; a crash between the hours and the days is
 // found by StaleDays.
 func (s *Store) RefreshDays(ctx context.Context, org string, days []time.Time) error {
+	return s.refreshDays(ctx, org, days, nil)
+}
+
+// refreshDays is RefreshDays, with the hours the caller has just written taken from
+// written rather than read back: on a cluster usage_hourly is written without the
+// insert quorum, so the replica a read goes to may not have them yet, and a day built
+// from it would miss them for good (its version would be newer than theirs, so
+// StaleDays would not list it). An hour read back with a newer version than written's
+// (another process rebuilt it since) is taken as read.
+func (s *Store) refreshDays(ctx context.Context, org string, days []time.Time, written *writtenHours) error {
 	slices.SortFunc(days, time.Time.Compare)
 	days = slices.CompactFunc(days, time.Time.Equal)
 	for _, day := range days {
 		version := uint64(time.Now().UnixNano())
-		rows, err := s.rebuildDay(ctx, org, day)
+		rows, err := s.rebuildDay(ctx, org, day, written)
 		if err != nil {
 			return err
 		}
@@ -181,24 +201,47 @@ func (r *rollupRow) add(o *rollupRow) {
 	}
 }
 
-// rebuildDay computes the daily rollup rows of one day from usage_hourly FINAL, and
-// zero rows for the day's groups that no longer exist.
-func (s *Store) rebuildDay(ctx context.Context, org string, day time.Time) ([]rollupRow, error) {
-	groups := map[rollupKey]*rollupRow{}
-	rows, err := s.conn.Query(ctx, `SELECT owner_id, agent_id, room_id, model, events, unpriced_events, input_tokens, output_tokens,
+// rebuildDay computes the daily rollup rows of one day from usage_hourly FINAL (the
+// hours of written from it instead, unless read back newer: refreshDays), and zero
+// rows for the day's groups that no longer exist.
+func (s *Store) rebuildDay(ctx context.Context, org string, day time.Time, written *writtenHours) ([]rollupRow, error) {
+	rows, err := s.conn.Query(ctx, `SELECT hour, owner_id, agent_id, room_id, model, events, unpriced_events, input_tokens, output_tokens,
 		cache_read_tokens, cache_write_tokens, reasoning_tokens, unpriced_input_tokens, unpriced_output_tokens,
-		unpriced_cache_read_tokens, unpriced_cache_write_tokens, unpriced_reasoning_tokens, cost, currency
+		unpriced_cache_read_tokens, unpriced_cache_write_tokens, unpriced_reasoning_tokens, cost, currency, version
 		FROM `+s.db+`.usage_hourly FINAL WHERE org_id = ? AND hour >= ? AND hour < ?`, org, day, day.Add(24*time.Hour))
 	if err != nil {
 		return nil, fmt.Errorf("cannot read %s.usage_hourly of org %q for %s: %w", s.db, org, day.Format(time.DateOnly), err)
 	}
+	var hourRows []rollupRow
+	newest := map[time.Time]uint64{} // the newest version read of each hour
 	for rows.Next() {
-		r := rollupRow{key: rollupKey{hour: day}}
-		if err := rows.Scan(&r.key.owner, &r.key.agent, &r.key.room, &r.key.model, &r.events, &r.unpriced, &r.in, &r.out,
-			&r.cr, &r.cw, &r.r, &r.uin, &r.uout, &r.ucr, &r.ucw, &r.ur, &r.cost, &r.currency); err != nil {
+		var r rollupRow
+		var v uint64
+		if err := rows.Scan(&r.key.hour, &r.key.owner, &r.key.agent, &r.key.room, &r.key.model, &r.events, &r.unpriced, &r.in, &r.out,
+			&r.cr, &r.cw, &r.r, &r.uin, &r.uout, &r.ucr, &r.ucw, &r.ur, &r.cost, &r.currency, &v); err != nil {
 			rows.Close()
 			return nil, fmt.Errorf("cannot read %s.usage_hourly of org %q: %w", s.db, org, err)
 		}
+		r.key.hour = r.key.hour.UTC()
+		newest[r.key.hour] = max(newest[r.key.hour], v)
+		hourRows = append(hourRows, r)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	ours := func(h time.Time) bool { return written != nil && written.hours[h] && newest[h] <= written.version }
+	if written != nil {
+		hourRows = slices.DeleteFunc(hourRows, func(r rollupRow) bool { return ours(r.key.hour) })
+		for _, r := range written.rows {
+			if r.key.hour.Truncate(24*time.Hour).Equal(day) && ours(r.key.hour) {
+				hourRows = append(hourRows, r)
+			}
+		}
+	}
+	groups := map[rollupKey]*rollupRow{}
+	for _, r := range hourRows {
+		r.key.hour = day
 		if g := groups[r.key]; g != nil {
 			g.add(&r)
 		} else {
@@ -207,10 +250,6 @@ func (s *Store) rebuildDay(ctx context.Context, org string, day time.Time) ([]ro
 			}
 			groups[r.key] = &r
 		}
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return nil, err
 	}
 	old, err := s.conn.Query(ctx, `SELECT owner_id, agent_id, room_id, model FROM `+s.db+`.usage_daily FINAL
 		WHERE org_id = ? AND day = ? AND events > 0`, org, day)
