@@ -5,6 +5,7 @@
 # under $BANDPLANE_STATE/cluster (default <repo>/.local/cluster).
 #
 #   deploy/local/cluster.sh up|down|status
+#   deploy/local/cluster.sh reset          stop it and delete its state (every database on it)
 #   deploy/local/cluster.sh kill-node N    SIGKILL ClickHouse node N (1-4), for tests
 #   deploy/local/cluster.sh start-node N   start node N again (it catches up from its peer)
 #
@@ -169,10 +170,15 @@ case "${1:-}" in
     for n in "${NODES[@]}"; do node "$n" status || rc=3; done
     exit "$rc"
     ;;
+  reset)
+    "$0" down
+    rm -rf "$C_DIR"
+    say "cluster state $C_DIR removed"
+    ;;
   kill-node) check_node "${2:-}"; node_kill "$2" ;;
   start-node) check_node "${2:-}"; zk_pid >/dev/null || die "zookeeper is not running (cluster.sh up)"; node_start "$2" ;;
   *)
-    echo "usage: $0 up|down|status|kill-node N|start-node N" >&2
+    echo "usage: $0 up|down|status|reset|kill-node N|start-node N" >&2
     exit 2
     ;;
 esac
