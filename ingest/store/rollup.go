@@ -230,15 +230,7 @@ func (s *Store) rebuildDay(ctx context.Context, org string, day time.Time, writt
 	if err := rows.Err(); err != nil {
 		return nil, err
 	}
-	ours := func(h time.Time) bool { return written != nil && written.hours[h] && newest[h] <= written.version }
-	if written != nil {
-		hourRows = slices.DeleteFunc(hourRows, func(r rollupRow) bool { return ours(r.key.hour) })
-		for _, r := range written.rows {
-			if r.key.hour.Truncate(24*time.Hour).Equal(day) && ours(r.key.hour) {
-				hourRows = append(hourRows, r)
-			}
-		}
-	}
+	hourRows = withWritten(day, hourRows, newest, written)
 	groups := map[rollupKey]*rollupRow{}
 	for _, r := range hourRows {
 		r.key.hour = day
@@ -275,6 +267,23 @@ func (s *Store) rebuildDay(ctx context.Context, org string, day time.Time, writt
 		out = append(out, *r)
 	}
 	return out, nil
+}
+
+// withWritten replaces, in read (the hour rows of day read back, newest the highest
+// version read of each hour), every hour written holds with written's rows of it,
+// unless a newer version of the hour was read (another process rebuilt it since).
+func withWritten(day time.Time, read []rollupRow, newest map[time.Time]uint64, written *writtenHours) []rollupRow {
+	if written == nil {
+		return read
+	}
+	ours := func(h time.Time) bool { return written.hours[h] && newest[h] <= written.version }
+	out := slices.DeleteFunc(read, func(r rollupRow) bool { return ours(r.key.hour) })
+	for _, r := range written.rows {
+		if r.key.hour.Truncate(24*time.Hour).Equal(day) && ours(r.key.hour) {
+			out = append(out, r)
+		}
+	}
+	return out
 }
 
 func (s *Store) sendDaily(ctx context.Context, org string, rows []rollupRow, version uint64) error {
