@@ -36,7 +36,7 @@ func (s *stackFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&s.kafka, "kafka", envOr("BANDPLANE_KAFKA", "127.0.0.1:19092"), "Kafka bootstrap brokers, comma-separated (env BANDPLANE_KAFKA)")
 	fs.StringVar(&s.topic, "topic", envOr("BANDPLANE_TOPIC", "bandplane.events"), "events topic")
 	fs.StringVar(&s.dlqTopic, "dlq-topic", "", "dead-letter topic (default: <topic>.dlq)")
-	fs.StringVar(&s.ch.Addr, "clickhouse", envOr("BANDPLANE_CLICKHOUSE", def.Addr), "ClickHouse native address host:port, or several comma-separated (servers of a cluster: connections are spread over them, one that is down is skipped) (env BANDPLANE_CLICKHOUSE)")
+	fs.StringVar(&s.ch.Addr, "clickhouse", envOr("BANDPLANE_CLICKHOUSE", def.Addr), "ClickHouse native address host:port, or several comma-separated (servers of a cluster: the first that answers takes the connections, the next when it is down; give every process the same order) (env BANDPLANE_CLICKHOUSE)")
 	fs.StringVar(&s.ch.Database, "clickhouse-db", envOr("BANDPLANE_CLICKHOUSE_DB", def.Database), "ClickHouse database (env BANDPLANE_CLICKHOUSE_DB)")
 	fs.StringVar(&s.ch.User, "clickhouse-user", envOr("BANDPLANE_CLICKHOUSE_USER", def.User), "ClickHouse user")
 	s.ch.Password = os.Getenv("BANDPLANE_CLICKHOUSE_PASSWORD")

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -31,28 +32,34 @@ func TestIntegrationClusterMigrateCommand(t *testing.T) {
 	}
 	assert.Contains(t, run(), "migrated from version 0 to")
 	assert.Contains(t, run(), "is up to date")
+	ctx := context.Background()
+	nodes := make([]driver.Conn, stacktest.ClusterNodes+1) // by node number
+	for n := 1; n <= stacktest.ClusterNodes; n++ {
+		nodes[n] = stacktest.NodeConn(t, n)
+	}
 	for n := 1; n <= stacktest.ClusterNodes; n++ {
 		var local, dist string
-		conn := stacktest.NodeConn(t, n)
-		ctx := context.Background()
+		conn := nodes[n]
 		require.NoError(t, conn.QueryRow(ctx, "SELECT engine FROM system.tables WHERE database = ? AND name = 'events_local'", db).Scan(&local), "node %d", n)
 		require.NoError(t, conn.QueryRow(ctx, "SELECT engine FROM system.tables WHERE database = ? AND name = 'events'", db).Scan(&dist), "node %d", n)
 		assert.Equal(t, "ReplicatedReplacingMergeTree", local, "node %d", n)
 		assert.Equal(t, "Distributed", dist, "node %d", n)
-		// The ALTERs ran on one replica of each shard and reached the other.
+		// The ALTERs ran on one replica of each shard and reached the other (a replica
+		// that was briefly inactive applies them from the log a moment later).
 		var added uint64
-		require.NoError(t, conn.QueryRow(ctx, "SELECT count() FROM system.columns WHERE database = ? AND "+
-			"(table, name) IN (('usage_hourly_local', 'unpriced_reasoning_tokens'), ('dead_letters_local', 'raw_truncated'))", db).Scan(&added))
-		assert.Equal(t, uint64(2), added, "node %d has the columns of the ALTERs", n)
+		assert.True(t, stacktest.Eventually(t, 30*time.Second, 200*time.Millisecond, func() bool {
+			require.NoError(t, conn.QueryRow(ctx, "SELECT count() FROM system.columns WHERE database = ? AND "+
+				"(table, name) IN (('usage_hourly_local', 'unpriced_reasoning_tokens'), ('dead_letters_local', 'raw_truncated'))", db).Scan(&added))
+			return added == 2
+		}), "node %d has %d of the 2 columns of the ALTERs", n, added)
 	}
 
 	// `retention --cluster` drops the old partitions from every replica of every shard.
-	ctx := context.Background()
 	old := time.Now().UTC().AddDate(0, 0, -200)
-	require.NoError(t, stacktest.NodeConn(t, 1).Exec(ctx, "INSERT INTO "+db+".dead_letters (time, topic, partition, offset, key, raw, stage, reason, received_at) "+
+	require.NoError(t, nodes[1].Exec(ctx, "INSERT INTO "+db+".dead_letters (time, topic, partition, offset, key, raw, stage, reason, received_at) "+
 		"SELECT if(number < 40, toDateTime(?, 'UTC'), now()), concat('t', toString(number % 7)), 0, number, '', '', 'decode', 'r', now() FROM system.numbers LIMIT 41", old))
 	localRows := func(n int) (total, oldRows uint64) {
-		require.NoError(t, stacktest.NodeConn(t, n).QueryRow(ctx, "SELECT count(), countIf(time < now() - 86400) FROM "+db+".dead_letters_local").Scan(&total, &oldRows))
+		require.NoError(t, nodes[n].QueryRow(ctx, "SELECT count(), countIf(time < now() - 86400) FROM "+db+".dead_letters_local").Scan(&total, &oldRows))
 		return total, oldRows
 	}
 	perShard := func() (sum uint64) {

@@ -2,7 +2,8 @@
 # `make test-cluster`: the cluster tests on a real ClickHouse cluster (cluster.sh: ZooKeeper,
 # 2 shards x 2 replicas of ClickHouse 18.16) and a real three-broker Kafka (kafka.sh
 # --brokers 3), both started here when they are not running and stopped afterwards
-# (only what this run started; a cluster it starts, it starts empty: cluster.sh reset).
+# (only what this run started; a cluster none of whose processes runs, it starts empty:
+# cluster.sh reset).
 # Runs:
 #   - the TestIntegrationCluster* tests (a replica, a broker and an ingest process
 #     SIGKILLed mid-stream; two policy replicas; migrate --cluster; topic replication);
@@ -31,10 +32,13 @@ trap 'exit 143' TERM
 
 if ! "$HERE/cluster.sh" status >/dev/null 2>&1; then
   started+=(clickhouse)
-  # The cluster is this script's fixture: start it empty. ZooKeeper state grown over
+  # A cluster none of whose processes runs is started empty: ZooKeeper state grown over
   # many runs (the DDL queue of every test database) has refused ClickHouse's sessions
-  # after a restart ("while receiving handshake from ZooKeeper").
-  "$HERE/cluster.sh" reset
+  # after a restart ("while receiving handshake from ZooKeeper"). One partly running
+  # (a node down) keeps its data.
+  if ! "$HERE/cluster.sh" status 2>&1 | grep -qE ': (zookeeper )?running \('; then
+    "$HERE/cluster.sh" reset
+  fi
   "$HERE/cluster.sh" up
 fi
 if ! "$HERE/kafka.sh" --brokers 3 status >/dev/null 2>&1; then

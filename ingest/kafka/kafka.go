@@ -324,7 +324,7 @@ func whileUnknown[T any](ctx context.Context, read func() (T, error)) (T, error)
 		}
 		select {
 		case <-ctx.Done():
-			return v, err
+			return v, ctx.Err()
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
@@ -332,24 +332,35 @@ func whileUnknown[T any](ctx context.Context, read func() (T, error)) (T, error)
 
 // awaitTopic waits until every one of brokers (a metadata response's: those up) knows
 // topic, so that what follows EnsureTopic (a producer, a configuration read, another
-// process) finds it on whichever broker it asks.
+// process) finds it on whichever broker it asks. A broker that cannot be reached (one
+// that has just died is listed until it is fenced) is waited for as long, then left
+// out: the topic exists, and the others know it.
 func awaitTopic(ctx context.Context, brokers []kafkago.Broker, topic string) error {
 	for _, b := range brokers {
 		addr := net.JoinHostPort(b.Host, strconv.Itoa(b.Port))
+		unreachable := false
 		_, err := whileUnknown(ctx, func() ([]kafkago.Partition, error) {
-			conn, err := kafkago.DialContext(ctx, "tcp", addr)
+			unreachable = false
+			dctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+			defer cancel()
+			conn, err := kafkago.DialContext(dctx, "tcp", addr)
 			if err != nil {
-				return nil, err
+				unreachable = true
+				return nil, kafkago.UnknownTopicOrPartition // wait for it as for a broker that does not know the topic
 			}
 			defer conn.Close()
+			_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
 			parts, err := conn.ReadPartitions(topic)
 			if err == nil && len(parts) == 0 {
 				err = kafkago.UnknownTopicOrPartition
 			}
 			return parts, err
 		})
+		if err != nil && unreachable && ctx.Err() == nil {
+			continue
+		}
 		if err != nil {
-			return fmt.Errorf("topic %s was created, but broker %d (%s) does not list it after %s: %w", topic, b.ID, addr, topicPropagation, err)
+			return fmt.Errorf("topic %s was created, but broker %d (%s) does not list it: %w", topic, b.ID, addr, err)
 		}
 	}
 	return nil

@@ -35,8 +35,9 @@ type Config struct {
 	ReadTimeout  time.Duration // set explicitly: the driver's default is minutes
 	MaxOpenConns int
 	// Cluster is the ClickHouse cluster the schema was made on (MigrateOn), "" for one
-	// server: connections then carry ClusterSettings, and DDL and partition drops name
-	// the local tables ON CLUSTER.
+	// server: connections then carry ClusterSettings, DDL names the local tables ON
+	// CLUSTER, and ALTERs and partition drops run on one replica of each shard
+	// (onShards).
 	Cluster string
 	// InsertQuorum is the replicas of a shard that must hold an insert into a table of
 	// record before it returns, with Cluster (0 or 1: one replica, the others copy it
@@ -124,6 +125,10 @@ func Open(ctx context.Context, cfg Config) (driver.Conn, error) {
 		// would write through one and read through another, and miss such rows for the
 		// moment replication takes.
 		ConnOpenStrategy: clickhouse.ConnOpenInOrder,
+		// A pooled connection is reused until it ends: one made to the next server
+		// while the first was down would keep the process there. Five minutes bounds
+		// how long a process stays off its first server after that one is back.
+		ConnMaxLifetime: 5 * time.Minute,
 		Settings:         settings,
 		Auth:             clickhouse.Auth{Database: "default", Username: cfg.User, Password: cfg.Password},
 		DialTimeout:      cfg.DialTimeout,

@@ -242,9 +242,10 @@ func remakeDistributed(ctx context.Context, conn driver.Conn, db, c, table strin
 // already has, fails to mark it executed ("Node exists"), and its DDL worker stops for
 // good ("Unexpected ZooKeeper error"), so that every later ON CLUSTER statement waits
 // for that server until distributed_ddl_task_timeout, until it restarts. The replicas
-// of a shard are tried in order: one that cannot be reached, or fails, is skipped (a
-// replica that is down applies the statement from the replication log when it is
-// back). done says which errors mean the statement had already been applied (nil:
+// of a shard are tried in order: one that cannot be reached is skipped (a replica that
+// is down applies the statement from the replication log when it is back); an
+// exception from a server that was reached ends it (the statement may still be running
+// there). done says which errors mean the statement had already been applied (nil:
 // none does).
 func onShards(ctx context.Context, conn driver.Conn, cfg Config, stmt string, done func(error) bool) error {
 	rows, err := conn.Query(ctx, "SELECT shard_num, host_name, port FROM system.clusters WHERE cluster = ? ORDER BY shard_num, replica_num", cfg.Cluster)
@@ -252,6 +253,7 @@ func onShards(ctx context.Context, conn driver.Conn, cfg Config, stmt string, do
 		return fmt.Errorf("cannot read cluster %s from system.clusters: %w", cfg.Cluster, err)
 	}
 	var shards [][]string
+	var shardNums []uint32
 	last := uint32(0)
 	for rows.Next() {
 		var shard uint32
@@ -262,7 +264,7 @@ func onShards(ctx context.Context, conn driver.Conn, cfg Config, stmt string, do
 			return err
 		}
 		if len(shards) == 0 || shard != last {
-			shards, last = append(shards, nil), shard
+			shards, shardNums, last = append(shards, nil), append(shardNums, shard), shard
 		}
 		shards[len(shards)-1] = append(shards[len(shards)-1], net.JoinHostPort(host, strconv.Itoa(int(port))))
 	}
@@ -281,10 +283,16 @@ func onShards(ctx context.Context, conn driver.Conn, cfg Config, stmt string, do
 				errs = nil
 				break
 			}
+			var ex *clickhouse.Exception
+			if errors.As(err, &ex) {
+				// The server ran it and refused it (or its outcome is its own): running
+				// it on another replica of the shard would only race with it.
+				return fmt.Errorf("replica %s of shard %d of cluster %s: %w", addr, shardNums[i], cfg.Cluster, err)
+			}
 			errs = append(errs, fmt.Errorf("replica %s: %w", addr, err))
 		}
 		if errs != nil {
-			return fmt.Errorf("no replica of shard %d of cluster %s ran the statement: %w", i+1, cfg.Cluster, errors.Join(errs...))
+			return fmt.Errorf("no replica of shard %d of cluster %s could be reached: %w", shardNums[i], cfg.Cluster, errors.Join(errs...))
 		}
 	}
 	return nil
