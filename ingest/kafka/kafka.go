@@ -265,13 +265,13 @@ func EnsureTopic(ctx context.Context, brokers []string, topic string, partitions
 	}
 	// Another process may have created it a moment ago: the broker asked may not know
 	// it yet.
-	have, err := whileUnknown(ctx, func() ([]int, error) {
+	have, err := whileSettling(ctx, func() ([]int, error) {
 		return topicIntConfigs(ctx, c, topic, "max.message.bytes", "min.insync.replicas")
 	})
 	if err != nil {
 		return err
 	}
-	rf, err := whileUnknown(ctx, func() (int, error) { return topicReplicationFactor(ctx, c, topic) })
+	rf, err := whileSettling(ctx, func() (int, error) { return topicReplicationFactor(ctx, c, topic) })
 	if err != nil {
 		return err
 	}
@@ -310,15 +310,18 @@ func EnsureTopic(ctx context.Context, brokers []string, topic string, partitions
 // cluster).
 const topicPropagation = 15 * time.Second
 
-// whileUnknown calls read again, every 100 ms for up to topicPropagation, while it
-// fails with UnknownTopicOrPartition or LeaderNotAvailable: for a topic known to exist
-// (created, or reported existing, by the controller) that the broker asked has not
-// learnt yet, or whose partitions have no leader yet.
-func whileUnknown[T any](ctx context.Context, read func() (T, error)) (T, error) {
+// whileSettling calls read again, every 100 ms for up to topicPropagation, while it
+// fails with UnknownTopicOrPartition or LeaderNotAvailable, or cannot reach the broker
+// it asked: for a topic known to exist (created, or reported existing, by the
+// controller) that the broker asked has not learnt yet, whose partitions have no
+// leader yet, or on a cluster whose metadata still lists a broker that has just died
+// (until it is fenced, a request can go to it).
+func whileSettling[T any](ctx context.Context, read func() (T, error)) (T, error) {
 	deadline := time.Now().Add(topicPropagation)
 	for {
 		v, err := read()
-		settling := errors.Is(err, kafkago.UnknownTopicOrPartition) || errors.Is(err, kafkago.LeaderNotAvailable)
+		var netErr *net.OpError
+		settling := errors.Is(err, kafkago.UnknownTopicOrPartition) || errors.Is(err, kafkago.LeaderNotAvailable) || errors.As(err, &netErr)
 		if !settling || time.Now().After(deadline) {
 			return v, err
 		}
@@ -339,7 +342,7 @@ func awaitTopic(ctx context.Context, brokers []kafkago.Broker, topic string) err
 	for _, b := range brokers {
 		addr := net.JoinHostPort(b.Host, strconv.Itoa(b.Port))
 		unreachable := false
-		_, err := whileUnknown(ctx, func() ([]kafkago.Partition, error) {
+		_, err := whileSettling(ctx, func() ([]kafkago.Partition, error) {
 			unreachable = false
 			dctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 			defer cancel()
