@@ -129,12 +129,12 @@ func Open(ctx context.Context, cfg Config) (driver.Conn, error) {
 		// while the first was down would keep the process there. Five minutes bounds
 		// how long a process stays off its first server after that one is back.
 		ConnMaxLifetime: 5 * time.Minute,
-		Settings:         settings,
-		Auth:             clickhouse.Auth{Database: "default", Username: cfg.User, Password: cfg.Password},
-		DialTimeout:      cfg.DialTimeout,
-		ReadTimeout:      cfg.ReadTimeout,
-		MaxOpenConns:     cfg.MaxOpenConns,
-		MaxIdleConns:     cfg.MaxOpenConns,
+		Settings:        settings,
+		Auth:            clickhouse.Auth{Database: "default", Username: cfg.User, Password: cfg.Password},
+		DialTimeout:     cfg.DialTimeout,
+		ReadTimeout:     cfg.ReadTimeout,
+		MaxOpenConns:    cfg.MaxOpenConns,
+		MaxIdleConns:    cfg.MaxOpenConns,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("cannot open clickhouse at %s: %w", cfg.Addr, err)
