@@ -128,7 +128,7 @@ func withQuorum(conn driver.Conn, quorum int) driver.Conn {
 // 'local' would answer from each shard's own rows only; 'global' runs the subquery once
 // over the whole cluster and ships its result to the shards.
 func CheckCluster(ctx context.Context, conn driver.Conn, c string) error {
-	if _, err := ClusterHosts(ctx, conn, c); err != nil {
+	if _, err := clusterShards(ctx, conn, c); err != nil {
 		return err
 	}
 	var mode string
@@ -248,36 +248,13 @@ func remakeDistributed(ctx context.Context, conn driver.Conn, db, c, table strin
 // there). done says which errors mean the statement had already been applied (nil:
 // none does).
 func onShards(ctx context.Context, conn driver.Conn, cfg Config, stmt string, done func(error) bool) error {
-	rows, err := conn.Query(ctx, "SELECT shard_num, host_name, port FROM system.clusters WHERE cluster = ? ORDER BY shard_num, replica_num", cfg.Cluster)
+	shards, err := clusterShards(ctx, conn, cfg.Cluster)
 	if err != nil {
-		return fmt.Errorf("cannot read cluster %s from system.clusters: %w", cfg.Cluster, err)
-	}
-	var shards [][]string
-	var shardNums []uint32
-	last := uint32(0)
-	for rows.Next() {
-		var shard uint32
-		var host string
-		var port uint16
-		if err := rows.Scan(&shard, &host, &port); err != nil {
-			rows.Close()
-			return err
-		}
-		if len(shards) == 0 || shard != last {
-			shards, shardNums, last = append(shards, nil), append(shardNums, shard), shard
-		}
-		shards[len(shards)-1] = append(shards[len(shards)-1], net.JoinHostPort(host, strconv.Itoa(int(port))))
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
 		return err
 	}
-	if len(shards) == 0 {
-		return fmt.Errorf("the server knows no cluster named %s (system.clusters; its remote_servers config)", cfg.Cluster)
-	}
-	for i, replicas := range shards {
+	for _, sh := range shards {
 		var errs []error
-		for _, addr := range replicas {
+		for _, addr := range sh.replicas {
 			err := execOn(ctx, cfg, addr, stmt)
 			if err == nil || done != nil && done(err) {
 				errs = nil
@@ -287,15 +264,52 @@ func onShards(ctx context.Context, conn driver.Conn, cfg Config, stmt string, do
 			if errors.As(err, &ex) {
 				// The server ran it and refused it (or its outcome is its own): running
 				// it on another replica of the shard would only race with it.
-				return fmt.Errorf("replica %s of shard %d of cluster %s: %w", addr, shardNums[i], cfg.Cluster, err)
+				return fmt.Errorf("replica %s of shard %d of cluster %s: %w", addr, sh.num, cfg.Cluster, err)
 			}
 			errs = append(errs, fmt.Errorf("replica %s: %w", addr, err))
 		}
 		if errs != nil {
-			return fmt.Errorf("no replica of shard %d of cluster %s could be reached: %w", shardNums[i], cfg.Cluster, errors.Join(errs...))
+			return fmt.Errorf("no replica of shard %d of cluster %s could be reached: %w", sh.num, cfg.Cluster, errors.Join(errs...))
 		}
 	}
 	return nil
+}
+
+// shard is one shard of a cluster: its number and its replicas' host:port, in order.
+type shard struct {
+	num      uint32
+	replicas []string
+}
+
+// clusterShards reads the shards of cluster c as the server connected to knows them
+// (system.clusters: the host names and ports of its remote_servers).
+func clusterShards(ctx context.Context, conn driver.Conn, c string) ([]shard, error) {
+	rows, err := conn.Query(ctx, "SELECT shard_num, host_name, port FROM system.clusters WHERE cluster = ? ORDER BY shard_num, replica_num", c)
+	if err != nil {
+		return nil, fmt.Errorf("cannot read cluster %s from system.clusters: %w", c, err)
+	}
+	defer rows.Close()
+	var out []shard
+	for rows.Next() {
+		var num uint32
+		var host string
+		var port uint16
+		if err := rows.Scan(&num, &host, &port); err != nil {
+			return nil, err
+		}
+		if len(out) == 0 || out[len(out)-1].num != num {
+			out = append(out, shard{num: num})
+		}
+		last := &out[len(out)-1]
+		last.replicas = append(last.replicas, net.JoinHostPort(host, strconv.Itoa(int(port))))
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("the server knows no cluster named %s (system.clusters; its remote_servers config)", c)
+	}
+	return out, nil
 }
 
 // execOn runs stmt on the one server at addr, with cfg's credentials and timeouts.
@@ -314,35 +328,6 @@ func execOn(ctx context.Context, cfg Config, addr, stmt string) error {
 	}
 	defer conn.Close()
 	return conn.Exec(ctx, stmt)
-}
-
-// ClusterHosts lists host:port of every server (every replica of every shard) of
-// cluster c, as the server connected to knows it.
-func ClusterHosts(ctx context.Context, conn driver.Conn, c string) ([]string, error) {
-	rows, err := conn.Query(ctx, "SELECT host_address, port FROM system.clusters WHERE cluster = ? ORDER BY shard_num, replica_num", c)
-	if err != nil {
-		return nil, fmt.Errorf("cannot read cluster %s from system.clusters: %w", c, err)
-	}
-	defer rows.Close()
-	var out []string
-	for rows.Next() {
-		var host string
-		var port uint16
-		if err := rows.Scan(&host, &port); err != nil {
-			return nil, err
-		}
-		if strings.Contains(host, ":") {
-			host = "[" + host + "]"
-		}
-		out = append(out, fmt.Sprintf("%s:%d", host, port))
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	if len(out) == 0 {
-		return nil, fmt.Errorf("the server knows no cluster named %s (system.clusters; its remote_servers config)", c)
-	}
-	return out, nil
 }
 
 // sortKeyColumns are the columns of a CREATE TABLE statement's ORDER BY.
