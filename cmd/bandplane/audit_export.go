@@ -427,6 +427,19 @@ func sameSelection(want, got *seal.ExportRequest, formatGiven bool) bool {
 	return want.AsOf.IsZero() || want.AsOf.Equal(got.AsOf)
 }
 
+// exportBusyWait bounds how long fetch asks a busy server again.
+var exportBusyWait = time.Minute
+
+// retryAfter is a Retry-After of whole seconds, bounded to 1–30 s (1 s when absent or
+// not a number of seconds).
+func retryAfter(v string) time.Duration {
+	n, err := strconv.Atoi(strings.TrimSpace(v))
+	if err != nil || n < 1 {
+		return time.Second
+	}
+	return time.Duration(min(n, 30)) * time.Second
+}
+
 // fetch runs one request and appends its body to f at offset at. done says whether
 // the export is complete (and renamed).
 func (x *exporter) fetch(ctx context.Context, f *os.File, req seal.ExportRequest, at int64) (bool, error) {
@@ -438,17 +451,34 @@ func (x *exporter) fetch(ctx context.Context, f *os.File, req seal.ExportRequest
 	u := *x.base
 	u.Path = strings.TrimSuffix(u.Path, "/") + "/v1/audit/export"
 	u.RawQuery = req.Values().Encode()
-	hreq, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
-	if err != nil {
-		return false, err
-	}
-	hreq.Header.Set("Authorization", "Bearer "+x.token)
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.ResponseHeaderTimeout = 5 * time.Minute // Prepare counts the rows; a resume counts what the file holds
 	client := &http.Client{Transport: tr}
-	resp, err := client.Do(hreq)
-	if err != nil {
-		return false, fmt.Errorf("cannot reach %s: %w", x.base.Redacted(), err)
+	// A busy server (429: this key's export still running, or every slot taken) is
+	// asked again after its Retry-After, for up to exportBusyWait: an export killed a
+	// moment ago holds its key's slot until the server notices its client is gone.
+	deadline := time.Now().Add(exportBusyWait)
+	var resp *http.Response
+	for {
+		hreq, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
+		if err != nil {
+			return false, err
+		}
+		hreq.Header.Set("Authorization", "Bearer "+x.token)
+		if resp, err = client.Do(hreq); err != nil {
+			return false, fmt.Errorf("cannot reach %s: %w", x.base.Redacted(), err)
+		}
+		wait := min(retryAfter(resp.Header.Get("Retry-After")), time.Until(deadline))
+		if resp.StatusCode != http.StatusTooManyRequests || wait <= 0 {
+			break
+		}
+		resp.Body.Close()
+		fmt.Fprintf(x.e.stderr, "audit export: the server is busy (429); asking again in %s\n", wait.Round(100*time.Millisecond))
+		select {
+		case <-ctx.Done():
+			return false, ctx.Err()
+		case <-time.After(wait):
+		}
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {

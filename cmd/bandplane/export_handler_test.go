@@ -9,7 +9,9 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"github.com/stretchr/testify/assert"
@@ -196,4 +198,32 @@ func TestExportHandlerBusy(t *testing.T) {
 	status, body, _ = exportAsk(t, keys.Require(exportAuth, keys.RoleCompliance, keys.RoleAdmin)(h), "GET", "compliance-a", "from=2026-03-01&to=2026-03-02")
 	assert.Equal(t, http.StatusTooManyRequests, status)
 	assert.Contains(t, body.Error, "one at a time per key")
+}
+
+// A busy server (429) is asked again after its Retry-After, within exportBusyWait, and
+// then the CLI gives up with the server's answer; a hostile Retry-After (huge, negative,
+// not a number) is bounded.
+func TestExportCLIWaitsForABusyServer(t *testing.T) {
+	defer func(d time.Duration) { exportBusyWait = d }(exportBusyWait)
+	exportBusyWait = 2500 * time.Millisecond
+	var asked atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		asked.Add(1)
+		w.Header().Set("Retry-After", "1")
+		keys.WriteError(w, http.StatusTooManyRequests, "too_many_requests", "an export of this key is running already")
+	}))
+	defer srv.Close()
+	out := filepath.Join(t.TempDir(), "busy.ndjson")
+	start := time.Now()
+	code, _, stderr := bandplane(t, "audit", "export", "--out", out, "--key", "k", "--from", "2026-01-01", "--to", "2026-01-02", "--server", srv.URL)
+	assert.Equal(t, 1, code, stderr)
+	assert.Contains(t, stderr, "the server is busy (429); asking again in 1s")
+	assert.Contains(t, stderr, "the server answered 429 (too_many_requests): an export of this key is running already")
+	assert.GreaterOrEqual(t, asked.Load(), int32(3), "asked again after each Retry-After")
+	assert.Less(t, time.Since(start), 10*time.Second, "within the bound")
+
+	for v, want := range map[string]time.Duration{"": time.Second, "abc": time.Second, "-5": time.Second, "0": time.Second,
+		"7": 7 * time.Second, "99999999999999999999": time.Second, "3600": 30 * time.Second} {
+		assert.Equal(t, want, retryAfter(v), "Retry-After %q", v)
+	}
 }
