@@ -45,8 +45,9 @@ type Reject struct {
 	Reason string `json:"reason"`
 }
 
-// DecodeLines decodes and validates each line (a platform frame or a canonical event).
-// Line numbers start at 1; blank lines are skipped but counted.
+// DecodeLines decodes and validates each line (a platform frame or a canonical event),
+// as the platform's: frame ids are in schema.PlatformWriter's scope. Line numbers start
+// at 1; blank lines are skipped but counted.
 func DecodeLines(lines [][]byte) ([]schema.Event, []Reject) {
 	events := make([]schema.Event, 0, len(lines))
 	var rejects []Reject
@@ -152,7 +153,9 @@ func (c *CollectorConfig) Validate() error {
 // The key's rights (README, "Keys and roles"): nobody writes bandplane's own types or
 // sources; only platform keys write directory and governance types; an organization's
 // key writes events of its organization only (an event without org_id gets the key's),
-// and not as a party registered in another organization.
+// and not as a party registered in another organization. A frame's id is in the scope of
+// the key's organization (the platform's for a platform key): an organization that posts
+// a frame the platform is about to send gets an event of its own, never the platform's id.
 type Collector struct {
 	cfg     CollectorConfig
 	log     *slog.Logger
@@ -303,7 +306,7 @@ func (c *Collector) line(key keys.Key, l []byte, now time.Time) (kafkago.Message
 		return kafkago.Message{}, fmt.Errorf("the line is %d bytes, more than the %d bytes one Kafka message may carry; send its content in smaller events",
 			len(l), c.cfg.MaxEventBytes)
 	}
-	ev, err := schema.DecodeAt(l, now)
+	ev, err := schema.DecodeFrom(l, now, writerOf(key))
 	if err != nil {
 		return kafkago.Message{}, err
 	}
@@ -327,6 +330,15 @@ func (c *Collector) line(key keys.Key, l []byte, now time.Time) (kafkago.Message
 			len(b), c.cfg.MaxEventBytes)
 	}
 	return kafkago.Message{Key: []byte(ev.Key()), Value: b}, nil
+}
+
+// writerOf is the scope of the frame ids of key's lines: its organization, or the
+// platform's for a platform key.
+func writerOf(key keys.Key) string {
+	if key.Platform() {
+		return schema.PlatformWriter
+	}
+	return key.Org
 }
 
 // mayWrite holds an event to the key's rights; an organization's event without org_id

@@ -62,6 +62,7 @@ var collectorKeys = fakeKeys{
 	"s3cret":     {ID: "k-platform", Org: keys.PlatformOrg, Role: keys.RoleIngest},
 	"acme":       {ID: "k-acme", Org: "org-acme", Role: keys.RoleIngest},
 	"acme-admin": {ID: "k-acme-admin", Org: "org-acme", Role: keys.RoleAdmin},
+	"other":      {ID: "k-other", Org: "org-other", Role: keys.RoleIngest},
 }
 
 // registrations: agent-acme is registered in org-acme, agent-other in org-other.
@@ -228,6 +229,8 @@ func TestCollectorWriteRights(t *testing.T) {
 		{"org key writes no other org", "acme", canonical("e3", "org-other", "agent-other"), `org_id: "org-other" is not the organization`},
 		{"org key writes no other org's agent", "acme", canonical("e4", "", "agent-other"), `actor.id: "agent-other" is registered in another organization`},
 		{"org key writes an unknown agent", "acme", canonical("e5", "", "agent-new"), ""},
+		{"org key names no frame id", "acme", canonical("3ba7e9dc-b023-88a6-9f64-80f34307b6fa", "org-acme", "agent-acme"), "has the form of a frame's id"},
+		{"platform key may name a frame id", "s3cret", canonical("3ba7e9dc-b023-88a6-9f64-80f34307b6fa", "org-acme", "agent-acme"), ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			prod := &fakeProducer{}
@@ -255,6 +258,61 @@ func TestCollectorStampsTheKeysOrganization(t *testing.T) {
 	for _, ev := range prod.events {
 		assert.Equal(t, "org-acme", ev.OrgID, "an organization's event without org_id is its key's")
 	}
+}
+
+// TestCollectorScopesFrameIDsByWriter: the same frame posted again by the same key's
+// organization has the same id (a retry is a replay); posted by an organization's key it
+// never has the id the platform's copy has, whether the platform posts it or produces it
+// to Kafka directly, nor another organization's.
+func TestCollectorScopesFrameIDsByWriter(t *testing.T) {
+	require.Equal(t, keys.PlatformOrg, schema.PlatformWriter, "a platform key's organization is the platform's scope")
+	frame := sharedFrames(t)[0]
+	send := func(token string) schema.Event {
+		t.Helper()
+		prod := &fakeProducer{}
+		c := newCollector(t, prod, nil)
+		code, resp := post(t, c, token, frame)
+		require.Equal(t, http.StatusOK, code, "%+v", resp)
+		require.Len(t, prod.events, 1)
+		return prod.events[0]
+	}
+
+	platform := send("s3cret")
+	assert.Equal(t, platform.ID, send("s3cret").ID, "the platform's frame again")
+	direct, err := schema.Decode([]byte(frame))
+	require.NoError(t, err)
+	assert.Equal(t, direct.ID, platform.ID, "a platform key's frame has the id it has when produced to Kafka directly")
+	sink := &eventsProducer{}
+	require.NoError(t, ingest.ProducerSink{Producer: sink}.Send(context.Background(), [][]byte{[]byte(frame)}))
+	require.Len(t, sink.events, 1)
+	assert.Equal(t, platform.ID, sink.events[0].ID, "ProducerSink writes with the platform's rights")
+
+	acme := send("acme")
+	assert.Equal(t, acme.ID, send("acme").ID, "the organization's frame again")
+	assert.Equal(t, "org-acme", acme.OrgID)
+	assert.NotEqual(t, platform.ID, acme.ID, "an organization's copy never has the platform's id")
+	other := send("other")
+	assert.Equal(t, "org-other", other.OrgID)
+	assert.NotEqual(t, platform.ID, other.ID)
+	assert.NotEqual(t, acme.ID, other.ID, "nor another organization's")
+
+	// A canonical event keeps its id whoever posts it: the scope is for frame ids.
+	line := canonical("evt-kept", "org-acme", "agent-acme")
+	for _, token := range []string{"s3cret", "acme"} {
+		prod := &fakeProducer{}
+		code, resp := post(t, newCollector(t, prod, nil), token, line)
+		require.Equal(t, http.StatusOK, code, "%+v", resp)
+		require.Len(t, prod.events, 1)
+		assert.Equal(t, "evt-kept", prod.events[0].ID, token)
+	}
+}
+
+// eventsProducer is a Producer that keeps what it is given.
+type eventsProducer struct{ events []schema.Event }
+
+func (p *eventsProducer) Produce(_ context.Context, events []schema.Event) error {
+	p.events = append(p.events, events...)
+	return nil
 }
 
 func TestCollectorTimeWindow(t *testing.T) {

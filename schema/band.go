@@ -96,7 +96,7 @@ func frameType(event string, p *payload) (string, *FieldError) {
 	return noun + "." + verb, nil
 }
 
-func decodeFrame(w *wire, received time.Time) (Event, *FieldError) {
+func decodeFrame(w *wire, received time.Time, writer string) (Event, *FieldError) {
 	topic := *w.Topic
 	kind, topicID, ferr := parseTopic(topic)
 	if ferr != nil {
@@ -110,7 +110,7 @@ func decodeFrame(w *wire, received time.Time) (Event, *FieldError) {
 	if ferr != nil {
 		return Event{}, ferr
 	}
-	id, err := frameID(topic, w.Event, p.m)
+	id, err := frameID(writer, topic, w.Event, p.m)
 	if err != nil {
 		return Event{}, fieldErr("payload", "%v", err)
 	}
@@ -273,20 +273,55 @@ func actorType(platform string) ActorType {
 	return ActorType(strings.ToLower(platform))
 }
 
-// FrameID is the id of the event a frame maps to: a UUID (version 8 layout) made of
-// the first 16 bytes of the SHA-256 of the frame's canonical form, topic, event and
-// payload re-serialized with sorted keys. The same frame, however it is spaced or its
-// keys ordered, has the same id; any change to it (an edit, another event name) gives
-// another.
-func frameID(topic, event string, payload map[string]any) (string, error) {
-	canon, err := json.Marshal(map[string]any{"topic": topic, "event": event, "payload": payload})
+// PlatformWriter is the writer scope of the platform's own frames: those posted with a
+// platform key and those produced to Kafka directly (only the platform writes there).
+// It is the organization of a platform key, keys.PlatformOrg.
+const PlatformWriter = "*"
+
+// frameID is the id of the event a frame maps to: a UUID (version 8 layout) made of the
+// first 16 bytes of the SHA-256 of the frame's canonical form (topic, event and payload
+// re-serialized with sorted keys) in its writer's scope. The same writer's frame,
+// however it is spaced or its keys ordered, has the same id, so a frame sent again is a
+// replay; any change to it (an edit, another event name) gives another.
+//
+// The scope is part of the hash input because a frame's content is predictable: an
+// organization's key adds its organization (as "writer"), so the frame it posts never
+// has the id the platform's copy of the same frame will have, nor another
+// organization's. The platform's scope is the frame alone, which keeps the ids of its
+// frames already in the audit trail and in Kafka what they are: a redelivered record is
+// still recognized as a replay; no organization's hash input can equal it, as only
+// theirs holds a "writer" key.
+func frameID(writer, topic, event string, payload map[string]any) (string, error) {
+	canon := map[string]any{"topic": topic, "event": event, "payload": payload}
+	if writer != PlatformWriter {
+		canon["writer"] = writer
+	}
+	b, err := json.Marshal(canon)
 	if err != nil {
 		return "", err
 	}
-	sum := sha256.Sum256(canon)
+	sum := sha256.Sum256(b)
 	var u [16]byte
 	copy(u[:], sum[:16])
 	return formatUUID(u, 8), nil
+}
+
+// isFrameID says whether id has the form frameID writes: a lowercase UUID of version 8.
+func isFrameID(id string) bool {
+	if len(id) != 36 || id[14] != '8' || !strings.ContainsRune("89ab", rune(id[19])) {
+		return false
+	}
+	for i := range len(id) {
+		switch c := id[i]; {
+		case i == 8 || i == 13 || i == 18 || i == 23:
+			if c != '-' {
+				return false
+			}
+		case (c < '0' || c > '9') && (c < 'a' || c > 'f'):
+			return false
+		}
+	}
+	return true
 }
 
 // NewID returns a random event id: a UUID, version 4. Events bandplane itself writes

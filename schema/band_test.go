@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"flag"
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -654,9 +655,117 @@ func TestFrameIDDeterministic(t *testing.T) {
 	}
 }
 
-// TestCanonicalKeepsID: a canonical event keeps the id it was given.
+// TestFrameIDScopedByWriter: a frame's id is its writer's. The same writer sending the
+// same frame again gets the same id; another writer (an organization's key, or another
+// organization's) never gets the id of the platform's frame; Decode and DecodeAt are
+// the platform's scope.
+func TestFrameIDScopedByWriter(t *testing.T) {
+	frames := readLines(t, "testdata/band/frames.ndjson")
+	id := func(line []byte, writer string) string {
+		t.Helper()
+		e, err := DecodeFrom(line, received, writer)
+		require.NoError(t, err, "%s", line)
+		assert.Regexp(t, uuidV8, e.ID)
+		return e.ID
+	}
+	writers := []string{PlatformWriter, "org-acme", "org-other", ""}
+	owner := map[string]string{} // id → the writer and line that got it
+	for i, line := range frames {
+		for _, w := range writers {
+			got := id(line, w)
+			assert.Equal(t, got, id(line, w), "line %d from %q again", i+1, w)
+			if prev, dup := owner[got]; dup {
+				t.Errorf("line %d from %q has the id of %s", i+1, w, prev)
+			}
+			owner[got] = fmt.Sprintf("line %d from %q", i+1, w)
+		}
+		d, err := Decode(line)
+		require.NoError(t, err)
+		assert.Equal(t, id(line, PlatformWriter), d.ID, "Decode is the platform's scope")
+		at, err := DecodeAt(line, received)
+		require.NoError(t, err)
+		assert.Equal(t, id(line, PlatformWriter), at.ID, "DecodeAt is the platform's scope")
+	}
+
+	// The scope changes the id only: the organization's copy is the same event otherwise.
+	plat, err := DecodeFrom(frames[0], received, PlatformWriter)
+	require.NoError(t, err)
+	org, err := DecodeFrom(frames[0], received, "org-acme")
+	require.NoError(t, err)
+	assert.NotEqual(t, plat.ID, org.ID)
+	org.ID = plat.ID
+	assert.Equal(t, plat, org)
+
+	// The platform's scope is the frame alone: its ids are the golden file's.
+	golden := readLines(t, "testdata/band/frames.golden.ndjson")
+	require.Len(t, golden, len(frames))
+	for i, line := range frames {
+		var g Event
+		require.NoError(t, json.Unmarshal(golden[i], &g))
+		assert.Equal(t, g.ID, id(line, PlatformWriter), "line %d", i+1)
+	}
+}
+
+// TestDecodeFromRefusesFrameIDsInAnOrganizationsCanonicalEvents: an organization that
+// names a frame's id in a canonical event (the platform's, worked out from the frame it
+// is about to send) would take it as surely as by posting the frame first.
+func TestDecodeFromRefusesFrameIDsInAnOrganizationsCanonicalEvents(t *testing.T) {
+	frames := readLines(t, "testdata/band/frames.ndjson")
+	plat, err := DecodeFrom(frames[0], received, PlatformWriter)
+	require.NoError(t, err)
+	copied, err := json.Marshal(plat)
+	require.NoError(t, err)
+
+	again, err := DecodeFrom(copied, received, PlatformWriter)
+	require.NoError(t, err, "the platform (and ingest reading Kafka) may")
+	assert.Equal(t, plat.ID, again.ID)
+
+	_, err = DecodeFrom(copied, received, "org-acme")
+	var fe *FieldError
+	require.True(t, errors.As(err, &fe), "want a *FieldError, got %v", err)
+	assert.Equal(t, "id", fe.Field)
+	assert.Contains(t, fe.Reason, "has the form of a frame's id")
+	assert.Contains(t, fe.Reason, plat.ID)
+
+	for _, id := range []string{NewID(), "evt-1", strings.ToUpper(plat.ID)} {
+		line := strings.Replace(string(copied), plat.ID, id, 1)
+		e, err := DecodeFrom([]byte(line), received, "org-acme")
+		if assert.NoError(t, err, id) {
+			assert.Equal(t, id, e.ID)
+		}
+	}
+}
+
+func TestIsFrameID(t *testing.T) {
+	for id, want := range map[string]bool{
+		"3ba7e9dc-b023-88a6-9f64-80f34307b6fa":  true,
+		"3ba7e9dc-b023-88a6-bf64-80f34307b6fa":  true,
+		"3ba7e9dc-b023-48a6-9f64-80f34307b6fa":  false, // version 4
+		"3ba7e9dc-b023-88a6-cf64-80f34307b6fa":  false, // not the RFC 9562 variant
+		"3BA7E9DC-B023-88A6-9F64-80F34307B6FA":  false, // frameID writes lowercase
+		"3ba7e9dc-b023-88a6-9f64-80f34307b6f":   false,
+		"3ba7e9dc-b023-88a6-9f64-80f34307b6fa0": false,
+		"3ba7e9dcxb023-88a6-9f64-80f34307b6fa":  false,
+		"3ba7e9dc-b023-88a6-9f64-80f34307b6fg":  false,
+		"":                                      false,
+	} {
+		assert.Equal(t, want, isFrameID(id), id)
+	}
+	for range 100 {
+		e, err := DecodeFrom(frame("chat_room:r", "message_created", `{"id":"`+NewID()+`","content":"x","sender_id":"u","inserted_at":"2026-02-09T10:00:00Z"}`), received, "org-acme")
+		require.NoError(t, err)
+		assert.True(t, isFrameID(e.ID), e.ID)
+	}
+}
+
+// TestCanonicalKeepsID: a canonical event keeps the id it was given, whoever sends it
+// (the writer scopes frame ids only).
 func TestCanonicalKeepsID(t *testing.T) {
-	e, err := Decode([]byte(`{"id":"evt-xyz","type":"message.created","time":"2026-02-09T10:00:00Z","actor":{"id":"u"},"source":"core"}`))
+	line := []byte(`{"id":"evt-xyz","type":"message.created","time":"2026-02-09T10:00:00Z","actor":{"id":"u"},"source":"core"}`)
+	e, err := Decode(line)
+	require.NoError(t, err)
+	assert.Equal(t, "evt-xyz", e.ID)
+	e, err = DecodeFrom(line, received, "org-acme")
 	require.NoError(t, err)
 	assert.Equal(t, "evt-xyz", e.ID)
 }

@@ -41,7 +41,7 @@ type wire struct {
 // Decode parses one line, a canonical event or a platform frame, into a canonical,
 // validated Event: Time in UTC, SchemaVersion set to Version when absent, handles
 // without '@', Data compact. A frame's Source is "band" and its ID is derived from the
-// frame (see FrameID). Any error is a *FieldError.
+// frame in the platform's scope (see DecodeFrom). Any error is a *FieldError.
 //
 // The line first passes CheckJSON (at most MaxDepth levels, no duplicate keys, valid
 // UTF-8, no lone surrogates) before any decoder sees it; the event then passes
@@ -51,12 +51,24 @@ type wire struct {
 // A frame that carries no time of its own (participant_added has none) gets the time it
 // is decoded; use DecodeAt to choose it.
 func Decode(line []byte) (Event, error) {
-	return DecodeAt(line, time.Time{})
+	return DecodeFrom(line, time.Time{}, PlatformWriter)
 }
 
 // DecodeAt is Decode with the time to give a frame that carries none: received, or the
 // current time when received is zero. Canonical events always carry their own.
 func DecodeAt(line []byte, received time.Time) (Event, error) {
+	return DecodeFrom(line, received, PlatformWriter)
+}
+
+// DecodeFrom is DecodeAt for a line sent by writer: PlatformWriter for the platform's
+// frames (a platform key's, or any read from Kafka, where only the platform produces
+// frames), else the organization of the key that sent it. A frame's id is scoped by its
+// writer: the same frame has the same id each time the same writer sends it, and another
+// id when another writer does, so that no organization can take the id of a frame the
+// platform has yet to send. A canonical event keeps the id it carries; from a writer
+// other than the platform, one whose id has the form of a frame's (a UUID of version 8)
+// is refused, as naming a frame's id directly would take it all the same.
+func DecodeFrom(line []byte, received time.Time, writer string) (Event, error) {
 	if fe := checkJSON(line, 0, ""); fe != nil {
 		return Event{}, fe
 	}
@@ -69,7 +81,7 @@ func DecodeAt(line []byte, received time.Time) (Event, error) {
 		err *FieldError
 	)
 	if w.Type == "" && w.Topic != nil {
-		e, err = decodeFrame(&w, received)
+		e, err = decodeFrame(&w, received, writer)
 		if err != nil {
 			return Event{}, err
 		}
@@ -81,6 +93,9 @@ func DecodeAt(line []byte, received time.Time) (Event, error) {
 	e, err = decodeCanonical(&w)
 	if err != nil {
 		return Event{}, err
+	}
+	if writer != PlatformWriter && isFrameID(e.ID) {
+		return Event{}, fieldErr("id", "%s has the form of a frame's id (a UUID of version 8), which ingest derives from the frame: send the frame itself, or give the event an id of another form", quoteShort(e.ID))
 	}
 	return e, nil
 }

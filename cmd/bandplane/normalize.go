@@ -27,7 +27,10 @@ const maxLineBytes = 64 << 20
 // writes each as one canonical JSON event a line. An invalid line is reported on stderr
 // as `line N: <reason>` (`FILE:line N: <reason>` when there are several files) and the
 // rest still go through; the exit status is then 1. Blank lines are skipped. A frame
-// that carries no time of its own gets the time it is read.
+// that carries no time of its own gets the time it is read. Frame ids are in the
+// platform's writer scope (schema.PlatformWriter): the ids ingest gives the frames when
+// the platform posts them or produces them to Kafka directly; an organization's key
+// posting the same frames gets ids of its own.
 func runNormalize(ctx context.Context, e *env, args []string) error {
 	fs := flag.NewFlagSet("normalize", flag.ContinueOnError)
 	fs.SetOutput(e.stderr)
@@ -35,7 +38,10 @@ func runNormalize(ctx context.Context, e *env, args []string) error {
 		fmt.Fprintln(e.stderr, "usage: bandplane normalize [FILE…]\n\n"+
 			"Reads platform frames or canonical events, one JSON object a line, from the files\n"+
 			"(or stdin when none is given, or for \"-\") and writes canonical events as NDJSON to\n"+
-			"stdout. Invalid lines are reported on stderr; the exit status is then 1.")
+			"stdout. Invalid lines are reported on stderr; the exit status is then 1.\n\n"+
+			"A frame's id is a hash of the frame in its writer's scope; normalize writes the\n"+
+			"platform's: the ids the frames get when posted with a platform key or produced to\n"+
+			"Kafka directly. Posted with an organization's key, the same frames get other ids.")
 	}
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -60,6 +61,16 @@ func TestNormalizeStdin(t *testing.T) {
 	assert.Equal(t, "2026-02-09T10:31:05Z", events[1].Time.Format("2006-01-02T15:04:05Z07:00"))
 	assert.Equal(t, "e-1", events[2].ID)
 	assert.Equal(t, "2026-02-09T10:31:00Z", events[2].Time.UTC().Format("2006-01-02T15:04:05Z07:00"))
+
+	// Frame ids are the platform's, as ingest gives them to frames the platform sends.
+	for i, l := range []string{frameLine, usageLine} {
+		e, err := schema.DecodeFrom([]byte(l), time.Time{}, schema.PlatformWriter)
+		require.NoError(t, err)
+		assert.Equal(t, e.ID, events[i].ID, "line %d", i+1)
+		org, err := schema.DecodeFrom([]byte(l), time.Time{}, "org-1")
+		require.NoError(t, err)
+		assert.NotEqual(t, org.ID, events[i].ID, "line %d", i+1)
+	}
 
 	// Every output line is itself canonical input that normalizes to itself.
 	code, again, stderr := normalize(t, stdout)
@@ -158,6 +169,7 @@ func TestNormalizeHelp(t *testing.T) {
 	assert.Equal(t, 0, code)
 	assert.Empty(t, stdout)
 	assert.Contains(t, strings.Join(stderr, "\n"), "usage: bandplane normalize")
+	assert.Contains(t, strings.Join(stderr, "\n"), "normalize writes the\nplatform's", "the help names the writer scope of frame ids")
 
 	code, _, _ = normalize(t, "", "-bogus")
 	assert.Equal(t, 2, code)
