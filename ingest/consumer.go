@@ -153,8 +153,9 @@ type Config struct {
 
 	// AfterFlush, if set, is called after each committed batch with the hours of usage
 	// it touched and the agents whose unpriced usage may now be priced (their
-	// registration arrived). The rollup worker uses it.
-	AfterFlush func(hours []store.HourKey, repriceAgents []string)
+	// registration arrived), each named by the organization that registered it. The
+	// rollup worker uses it.
+	AfterFlush func(hours []store.HourKey, repriceAgents []AgentKey)
 
 	Logger  *slog.Logger
 	Metrics *Metrics
@@ -286,7 +287,7 @@ type pending struct {
 	lookup   time.Duration           // how long checkStored took
 	written  chan struct{}           // closed once the writer is done with the batch
 
-	repriceAgents []string
+	repriceAgents []AgentKey
 	parked        []parked
 	recheck       []int // indexes into batch.Events of late-attributed events
 	first         time.Time
@@ -644,8 +645,10 @@ func (c *Consumer) add(p *pending, r record) {
 		p.batch.Directory = append(p.batch.Directory, row)
 		p.dirRec = append(p.dirRec, rec)
 		if row.Model != "" && c.unpriced.has(row.ID, now) {
+			// unpriced knows the id, not whose usage it was: the reprice is of this
+			// organization's agent, and reads only the usage that is that agent's.
 			c.unpriced.remove(row.ID)
-			p.repriceAgents = append(p.repriceAgents, row.ID)
+			p.repriceAgents = append(p.repriceAgents, AgentKey{OrgID: row.OrgID, AgentID: row.ID})
 		}
 	}
 	if ev.OrgID == "" && c.unknownParty(&ev) {

@@ -327,7 +327,7 @@ func TestConsumerKeepsFirstAttributionOnReplay(t *testing.T) {
 	h := startWith(t, st, func(c *ingest.Config) {
 		c.BatchSize = 3
 		c.LateParties = map[string]time.Time{"agent-7": time.Now()}
-		c.AfterFlush = func(hours []store.HourKey, _ []string) {
+		c.AfterFlush = func(hours []store.HourKey, _ []ingest.AgentKey) {
 			mu.Lock()
 			defer mu.Unlock()
 			for _, k := range hours {
@@ -361,6 +361,42 @@ func TestConsumerKeepsFirstAttributionOnReplay(t *testing.T) {
 	mu.Lock()
 	defer mu.Unlock()
 	assert.Equal(t, map[string]bool{"": true, "org-9": true}, marked)
+}
+
+// TestConsumerQueuesTheRepriceOfTheRegisteringOrganization: usage of an agent id
+// nobody registered is stored unpriced, under the organization its event names (org-1)
+// or none; when the id registers in org-9, the rollup is told to reprice org-9's agent,
+// not the id wherever it appears.
+func TestConsumerQueuesTheRepriceOfTheRegisteringOrganization(t *testing.T) {
+	st := &fakeStorage{}
+	var mu sync.Mutex
+	var queued []ingest.AgentKey
+	h := startWith(t, st, func(c *ingest.Config) {
+		c.BatchSize = 1
+		c.AfterFlush = func(_ []store.HourKey, reprice []ingest.AgentKey) {
+			mu.Lock()
+			defer mu.Unlock()
+			queued = append(queued, reprice...)
+		}
+	})
+	h.send(0, eventLine("u-other", "usage.reported", "agent-7", "agent", "org-1", usageData))
+	h.send(0, eventLine("u-none", "usage.reported", "agent-7", "agent", "", usageData))
+	require.Eventually(t, func() bool { return h.reader.commit(0) == 2 }, 5*time.Second, 5*time.Millisecond)
+	h.send(0, registration("agent-7", "owner-1", "org-9", "gpt-5-mini"))
+	require.Eventually(t, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(queued) > 0
+	}, 5*time.Second, 5*time.Millisecond)
+	mu.Lock()
+	defer mu.Unlock()
+	assert.Equal(t, []ingest.AgentKey{{OrgID: "org-9", AgentID: "agent-7"}}, queued)
+	orgs := map[string]string{}
+	for _, u := range st.all().Usage {
+		assert.False(t, u.Priced, "%s: no model was known when it was stored", u.EventID)
+		orgs[u.EventID] = u.OrgID
+	}
+	assert.Equal(t, map[string]string{"u-other": "org-1", "u-none": ""}, orgs)
 }
 
 func TestConsumerGracefulStopFlushesAndCommits(t *testing.T) {

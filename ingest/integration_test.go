@@ -271,6 +271,68 @@ func TestIntegrationLateRegistrationIsRepricedAndReplaysStillCountOnce(t *testin
 	assert.Equal(t, want, s.RollupCostMicros)
 }
 
+// TestIntegrationLateRegistrationRepricesOnlyItsOwnUsage: two organizations' usage
+// names the same agent id, which nobody has registered; the id then registers in one
+// of them. That organization's usage, and the usage stored without organization, are
+// the agent's and get priced; the other organization's stays unpriced, model unknown.
+func TestIntegrationLateRegistrationRepricesOnlyItsOwnUsage(t *testing.T) {
+	p := newPipeline(t)
+	p.start("ingest")
+	ctx := context.Background()
+	p.produceLines(
+		eventLine("same-id-mine", "usage.reported", "agent-same", "agent", "org-mine", usageData),
+		eventLine("same-id-other", "usage.reported", "agent-same", "agent", "org-other", usageData),
+		eventLine("same-id-none", "usage.reported", "agent-same", "agent", "", usageData),
+	)
+	p.waitLag("ingest", 30*time.Second)
+	require.Equal(t, uint64(3), p.count("SELECT count() FROM "+p.db+".usage FINAL WHERE priced = 0 AND model = ?", ingest.Unknown),
+		"no model is known yet")
+	require.True(t, stacktest.Eventually(t, 30*time.Second, 200*time.Millisecond, func() bool {
+		return p.count("SELECT sum(events) FROM "+p.db+".usage_hourly FINAL") == 3
+	}), "the rollup of the three organizations' hour was not built")
+
+	p.produceLines(registration("agent-same", "owner-1", "org-mine", "gpt-5-mini"))
+	want, ok := pricing.Default().Cost("gpt-5-mini", mustUsage(t, usageData))
+	require.True(t, ok)
+	// The rollup of org-mine's hour holds the new cost only once its reprice is done:
+	// one insert of every row it changed, so the other organization's row is settled too.
+	require.True(t, stacktest.Eventually(t, 30*time.Second, 200*time.Millisecond, func() bool {
+		var cost decimal.Decimal
+		err := p.conn.QueryRow(ctx, "SELECT sum(cost) FROM "+p.db+".usage_hourly FINAL WHERE org_id = 'org-mine'").Scan(&cost)
+		return err == nil && cost.Shift(6).IntPart() == want
+	}), "org-mine's usage was not repriced after the registration")
+
+	type usage struct {
+		Model  string
+		Priced uint8
+		Cost   int64
+	}
+	got := map[string]usage{}
+	rows, err := p.conn.Query(ctx, "SELECT org_id, model, priced, cost FROM "+p.db+".usage FINAL")
+	require.NoError(t, err)
+	for rows.Next() {
+		var org string
+		var u usage
+		var cost decimal.Decimal
+		require.NoError(t, rows.Scan(&org, &u.Model, &u.Priced, &cost))
+		u.Cost = cost.Shift(6).IntPart()
+		got[org] = u
+	}
+	require.NoError(t, rows.Err())
+	rows.Close()
+	assert.Equal(t, map[string]usage{
+		"org-mine":  {Model: "gpt-5-mini", Priced: 1, Cost: want},
+		"":          {Model: "gpt-5-mini", Priced: 1, Cost: want},
+		"org-other": {Model: ingest.Unknown, Priced: 0, Cost: 0},
+	}, got)
+	var otherModels []string
+	var otherCost decimal.Decimal
+	require.NoError(t, p.conn.QueryRow(ctx, "SELECT groupUniqArray(model), sum(cost) FROM "+p.db+".usage_hourly FINAL WHERE org_id = 'org-other'").
+		Scan(&otherModels, &otherCost))
+	assert.Equal(t, []string{ingest.Unknown}, otherModels, "org-other's rollup keeps its usage under model unknown")
+	assert.True(t, otherCost.IsZero(), "org-other's rollup keeps its usage unpriced, got %s", otherCost)
+}
+
 // produceLines writes raw lines to the pipeline's topic, all keyed by one room (one
 // partition, in order).
 func (p *pipeline) produceLines(lines ...string) {

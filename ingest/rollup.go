@@ -26,8 +26,13 @@ type Rollup struct {
 
 	mu     sync.Mutex
 	dirty  map[store.HourKey]bool
-	agents map[string]bool
+	agents map[AgentKey]bool
 }
+
+// AgentKey names a registered agent: the organization that registered it and its id.
+// A late reprice is of one agent so named, never of an agent id alone: usage of
+// another organization may name the same id.
+type AgentKey struct{ OrgID, AgentID string }
 
 // NewRollup returns a Rollup that reprices with the catalog cat gives at each tick.
 func NewRollup(st *store.Store, dir *Directory, cat pricing.Source, interval time.Duration, log *slog.Logger, m *Metrics) *Rollup {
@@ -35,17 +40,17 @@ func NewRollup(st *store.Store, dir *Directory, cat pricing.Source, interval tim
 		interval = 2 * time.Second
 	}
 	return &Rollup{store: st, dir: dir, catalog: cat, interval: interval, log: log.With("component", "rollup"), m: m,
-		dirty: map[store.HourKey]bool{}, agents: map[string]bool{}}
+		dirty: map[store.HourKey]bool{}, agents: map[AgentKey]bool{}}
 }
 
 // Mark records work for the next tick; it matches Config.AfterFlush.
-func (r *Rollup) Mark(hours []store.HourKey, repriceAgents []string) {
+func (r *Rollup) Mark(hours []store.HourKey, reprice []AgentKey) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, h := range hours {
 		r.dirty[h] = true
 	}
-	for _, a := range repriceAgents {
+	for _, a := range reprice {
 		r.agents[a] = true
 	}
 }
@@ -123,19 +128,25 @@ func (r *Rollup) Run(ctx context.Context) error {
 func (r *Rollup) Flush(ctx context.Context) error {
 	r.mu.Lock()
 	agents := r.agents
-	r.agents = map[string]bool{}
+	r.agents = map[AgentKey]bool{}
 	r.mu.Unlock()
 	var errs []error
 	for a := range agents {
-		res, err := Reprice(ctx, r.store, r.dir, r.catalog.Current(), store.UsageFilter{AgentID: a, UnpricedOnly: true})
+		// The agent's usage is its organization's and the unattributed usage of its id
+		// (registeredModel says why); no other organization's is read.
+		orgs := []string{a.OrgID}
+		if a.OrgID != "" {
+			orgs = append(orgs, "")
+		}
+		res, err := Reprice(ctx, r.store, r.dir, r.catalog.Current(), store.UsageFilter{OrgIDs: orgs, AgentID: a.AgentID, UnpricedOnly: true})
 		if err != nil {
-			r.Mark(nil, []string{a})
-			errs = append(errs, err)
+			r.Mark(nil, []AgentKey{a})
+			errs = append(errs, fmt.Errorf("cannot reprice usage of agent %q of org %q: %w", a.AgentID, a.OrgID, err))
 			continue
 		}
 		r.m.Repriced.Add(float64(res.Changed))
 		if res.Changed > 0 {
-			r.log.Info("repriced usage of a newly registered agent", "agent_id", a, "rows", res.Changed)
+			r.log.Info("repriced usage of a newly registered agent", "org_id", a.OrgID, "agent_id", a.AgentID, "rows", res.Changed)
 		}
 	}
 	r.mu.Lock()
@@ -178,11 +189,11 @@ type RepriceResult struct {
 
 // Reprice recomputes the cost of the usage facts that f selects with the catalog src
 // gives now (each row at the price in effect at its time; and, for usage whose model
-// was unknown, with the agent's registered model), writes the rows that changed with a
-// higher version so they replace the old ones, and rebuilds the rollup hours they fall
-// in. Running it twice changes nothing the second time. Ingest uses it for the usage of
-// late registrations; reprice jobs use RepriceRange, which never leaves an hour half
-// rewritten.
+// was unknown, with the model of its agent as registered in its organization,
+// registeredModel), writes the rows that changed with a higher version so they replace
+// the old ones, and rebuilds the rollup hours they fall in. Running it twice changes
+// nothing the second time. Ingest uses it for the usage of late registrations; reprice
+// jobs use RepriceRange, which never leaves an hour half rewritten.
 func Reprice(ctx context.Context, st *store.Store, dir *Directory, src pricing.Source, f store.UsageFilter) (RepriceResult, error) {
 	cat := src.Current()
 	res := RepriceResult{CatalogVersion: cat.Version()}
@@ -193,10 +204,8 @@ func Reprice(ctx context.Context, st *store.Store, dir *Directory, src pricing.S
 			res.Scanned++
 			res.CostBefore += old.CostMicros
 			nr := old
-			if nr.Model == Unknown || nr.Model == "" {
-				if a, ok := dir.Agent(nr.AgentID); ok && a.Model != "" {
-					nr.Model = a.Model
-				}
+			if m, ok := registeredModel(dir, nr); ok {
+				nr.Model = m
 			}
 			nr = PriceUsage(cat, nr, nil)
 			nr.Version = max(nr.Version, old.Version+1) // replaces old even behind a clock ahead of ours
@@ -233,8 +242,9 @@ func Reprice(ctx context.Context, st *store.Store, dir *Directory, src pricing.S
 
 // RepriceRange reprices the usage of one organization (org "" is the unattributed
 // usage) in [from, to), of one agent unless agent is "", with cat: each row at the
-// price in effect at its time, usage of model "unknown" with its agent's registered
-// model when there is one now. It is the unit of work of a reprice job:
+// price in effect at its time, usage of model "unknown" with the model of its agent as
+// registered in its organization when there is one now (registeredModel). It is the
+// unit of work of a reprice job:
 //
 //   - the usage is read (FINAL) in time order and the rows that change are written in
 //     one insert per repriceChunk rows, cut at an hour's end (a day is one partition, and
@@ -285,10 +295,8 @@ func RepriceRange(ctx context.Context, st *store.Store, dir *Directory, cat *pri
 				continue
 			}
 			nr := old
-			if nr.Model == Unknown || nr.Model == "" {
-				if a, ok := dir.Agent(nr.AgentID); ok && a.Model != "" {
-					nr.Model = a.Model
-				}
+			if m, ok := registeredModel(dir, nr); ok {
+				nr.Model = m
 			}
 			nr = PriceUsage(cat, nr, nil)
 			nr.Version = max(nr.Version, old.Version+1)
@@ -327,6 +335,25 @@ func RepriceRange(ctx context.Context, st *store.Store, dir *Directory, cat *pri
 		return res, fmt.Errorf("repriced %d rows of org %q but cannot rebuild the rollup: %w", res.Changed, org, err)
 	}
 	return res, nil
+}
+
+// registeredModel is the model the directory gives usage row r whose own model is
+// unknown: that of the agent r names, as registered in r's organization. A row without
+// organization ("") was stored so because its agent was not registered when it arrived
+// (README, "Delivery and counting"), and the registration is what attributes an
+// agent's events: such a row is the agent's wherever the directory now registers it,
+// and takes that entry's model (it keeps org "", part of its key, so that a replay
+// still collapses with it). A row of any other organization that names the same agent
+// id is that organization's, not the registered agent's: it keeps model unknown.
+func registeredModel(dir *Directory, r store.UsageRow) (string, bool) {
+	if r.Model != Unknown && r.Model != "" {
+		return "", false
+	}
+	a, ok := dir.Agent(r.AgentID)
+	if !ok || a.Model == "" || (r.OrgID != "" && r.OrgID != a.OrgID) {
+		return "", false
+	}
+	return a.Model, true
 }
 
 // repriceChunk bounds the usage rows of one hour RepriceRange holds and writes at once.

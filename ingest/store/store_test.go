@@ -162,6 +162,33 @@ func TestIntegrationStartUpStateIsBoundedByHorizon(t *testing.T) {
 	assert.Len(t, all, 2)
 }
 
+func TestIntegrationScanUsageReadsOnlyTheNamedOrganizations(t *testing.T) {
+	conn, db := stacktest.Database(t)
+	st := store.New(conn, db)
+	ctx := context.Background()
+	at := time.Date(2026, 11, 2, 10, 0, 0, 0, time.UTC)
+	u := func(id, org, agent string) store.UsageRow {
+		return store.UsageRow{EventID: id, Time: at, OrgID: org, AgentID: agent, Model: "unknown", Version: 1}
+	}
+	require.NoError(t, st.InsertUsage(ctx, []store.UsageRow{
+		u("mine", "o1", "a1"), u("none", "", "a1"), u("other", "o2", "a1"), u("other-agent", "o1", "a2"),
+	}))
+	scan := func(f store.UsageFilter) []string {
+		var ids []string
+		require.NoError(t, st.ScanUsage(ctx, f, 10, func(rows []store.UsageRow) error {
+			for _, r := range rows {
+				ids = append(ids, r.EventID)
+			}
+			return nil
+		}))
+		return ids
+	}
+	assert.ElementsMatch(t, []string{"mine", "none"}, scan(store.UsageFilter{OrgIDs: []string{"o1", ""}, AgentID: "a1", UnpricedOnly: true}))
+	assert.ElementsMatch(t, []string{"none"}, scan(store.UsageFilter{OrgIDs: []string{""}, AgentID: "a1"}))
+	assert.ElementsMatch(t, []string{"mine", "other-agent"}, scan(store.UsageFilter{OrgIDs: []string{"o1"}}))
+	assert.ElementsMatch(t, []string{"mine", "none", "other", "other-agent"}, scan(store.UsageFilter{}), "no organization named: all of them")
+}
+
 func TestIntegrationPermanentOnTheRealServer(t *testing.T) {
 	conn, db := stacktest.Database(t)
 	st := store.New(conn, db)

@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
@@ -11,7 +12,11 @@ import (
 
 // UsageFilter narrows ScanUsage. Zero values mean "any".
 type UsageFilter struct {
-	From, To     time.Time // [From, To)
+	From, To time.Time // [From, To)
+	// OrgIDs are the organizations whose usage is read ("" is the unattributed usage).
+	// Ingest always names them; none reads every organization's, which only an
+	// operator's reprice of a whole database does.
+	OrgIDs       []string
 	AgentID      string
 	UnpricedOnly bool
 }
@@ -29,6 +34,12 @@ func (s *Store) ScanUsage(ctx context.Context, f UsageFilter, chunk int, fn func
 		from = time.Unix(0, 0) // DateTime's lower bound; a zero From means "from the start"
 	}
 	args := []any{from.UTC(), to.UTC()}
+	if len(f.OrgIDs) > 0 {
+		q += " AND org_id IN (?" + strings.Repeat(", ?", len(f.OrgIDs)-1) + ")"
+		for _, o := range f.OrgIDs {
+			args = append(args, o)
+		}
+	}
 	if f.AgentID != "" {
 		q += " AND agent_id = ?"
 		args = append(args, f.AgentID)
