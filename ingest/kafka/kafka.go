@@ -238,7 +238,10 @@ func Replication(liveBrokers int) (factor, minInsync int) {
 // reassignment, an operator's decision): a topic created on a single broker and later
 // used on a cluster keeps one copy of every record, and EnsureTopic returns no error for
 // it. Compare TopicReplication with Replication(LiveBrokers) to find such a topic.
-func EnsureTopic(ctx context.Context, brokers []string, topic string, partitions int) error {
+//
+// extra are more settings of a topic it creates (CheckpointTopicConfig); an existing
+// topic keeps its own.
+func EnsureTopic(ctx context.Context, brokers []string, topic string, partitions int, extra ...kafkago.ConfigEntry) error {
 	c := &kafkago.Client{Addr: kafkago.TCP(brokers...), Timeout: 15 * time.Second}
 	md, err := c.Metadata(ctx, &kafkago.MetadataRequest{Topics: []string{topic}})
 	if err != nil {
@@ -248,10 +251,10 @@ func EnsureTopic(ctx context.Context, brokers []string, topic string, partitions
 	limit := strconv.Itoa(TopicMaxMessageBytes)
 	resp, err := c.CreateTopics(ctx, &kafkago.CreateTopicsRequest{Topics: []kafkago.TopicConfig{{
 		Topic: topic, NumPartitions: partitions, ReplicationFactor: factor,
-		ConfigEntries: []kafkago.ConfigEntry{
+		ConfigEntries: append([]kafkago.ConfigEntry{
 			{ConfigName: "max.message.bytes", ConfigValue: limit},
 			{ConfigName: "min.insync.replicas", ConfigValue: strconv.Itoa(minInsync)},
-		},
+		}, extra...),
 	}}})
 	if err != nil {
 		return fmt.Errorf("cannot create topic %s on %s (is kafka running? `make up` starts it): %w", topic, strings.Join(brokers, ","), err)
