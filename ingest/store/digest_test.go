@@ -1,6 +1,7 @@
 package store
 
 import (
+	"encoding/hex"
 	"testing"
 	"time"
 
@@ -38,4 +39,14 @@ func TestDigests(t *testing.T) {
 	stored := base
 	stored.ActorType = "system"
 	assert.Equal(t, stored.ContentDigest(), sys.ContentDigest(), "an empty actor type is stored as system")
+}
+
+// The digest's encoding is part of the trail's format: a fixed row has a fixed digest.
+func TestDigestIsStable(t *testing.T) {
+	r := EventRow{ID: "e-1", Type: "message.created", Time: time.Date(2026, 11, 2, 10, 0, 0, 250_000_000, time.UTC), OrgID: "org-1",
+		RoomID: "room-1", ActorID: "agent-1", ActorType: "agent", ActorHandle: "ann/bot", OwnerID: "user-1", SubjectID: "s",
+		SubjectType: "agent", SubjectHandle: "x/y", ExecutionID: "ex", Source: "band", SchemaVersion: 1, Data: `{"content":"hi"}`}
+	c, s := r.ContentDigest(), r.SealDigest()
+	assert.Equal(t, "e4eb8d0fa8671f1434f15cf5819e6b3166a062b7a98d9886a95f685ae2bad4d7", hex.EncodeToString(c[:]))
+	assert.Equal(t, "faefd37819355a15baf2faf7408c20c8d98e2aa5dc90678925d824a23717b88b", hex.EncodeToString(s[:]))
 }
