@@ -49,6 +49,8 @@ type AlertRule struct {
 	For      string
 	Severity string
 	Summary  string
+	// Description, when set, is the rule's description annotation: what else to look at.
+	Description string
 	// NoData is the state when the query returns no rows: OK for rules whose rows are
 	// the offenders (no row, nothing wrong).
 	NoData alerting.RuleNoDataState
@@ -98,7 +100,28 @@ var (
 	) AS named
 	ANY LEFT JOIN ` + orgLookup + ` USING (org_id)
 	ORDER BY throttles DESC, organization, agent, org_id, agent_id`)
+
+	// One row per organization (org_id) with events that should be sealed by now: the
+	// newest copy ingested more than unsealedGrace ago, within the rule's range, and no
+	// leaf under the newest checkpoint (unsealedKeys). The value is the age of the
+	// oldest of them, so a stopped sealer's grows by a minute a minute, up to the range.
+	unsealedAlertSQL = sql(`
+	SELECT if(org_id = '', '(no organization)', ` + nameOr("org_name", "org_id") + `) AS organization, org_id, unsealed_age
+	FROM (
+	  SELECT org_id, toInt64(now()) - toInt64(min(ingested)) AS unsealed_age
+	  FROM ` + unsealedKeys("1 = 1", fromTime) + `
+	  WHERE ingested < now() - ` + unsealedGrace + `
+	  GROUP BY org_id
+	) AS overdue
+	ANY LEFT JOIN ` + orgLookup + ` USING (org_id)
+	ORDER BY unsealed_age DESC, organization, org_id`)
 )
+
+// unsealedGrace is how long after its insert an event may lack a leaf before the
+// unsealed rule counts it: ingest notes a batch once it is stored, and the sealer seals
+// the notes at its next run (every minute by default), so an older row without one
+// means sealing is stopped, behind or refused.
+const unsealedGrace = "INTERVAL 5 MINUTE"
 
 // Alerts are bandplane's alert rules.
 func Alerts() []AlertRule {
@@ -127,6 +150,15 @@ func Alerts() []AlertRule {
 			Summary: "{{ $labels.agent }} ({{ $labels.organization }}) was throttled {{ $values.A.Value }} times in 10 minutes (message rate or budget): consider suspending it.",
 			NoData:  alerting.RuleNoDataStateOK,
 		},
+		{
+			UID: "bandplane-audit-unsealed", Title: "Audit trail not sealed",
+			SQL: unsealedAlertSQL, Range: time.Hour, Above: 600, For: "0s", Severity: "critical",
+			Summary: "Events of {{ $labels.organization }} ingested {{ $values.A.Value }} s ago still have no leaf under its newest checkpoint: its audit trail is not being sealed.",
+			Description: "The sealer is stopped, behind, or refuses this organization's log (it logs why at every run); `bandplane audit verify` names each row. " +
+				"This is what ClickHouse holds, over the last hour: the Prometheus metric bandplane_audit_unsealed_age_seconds of each serve is the sealer process's own view " +
+				"(the time since the start of its last run that sealed every note and refused no organization, one value for all organizations).",
+			NoData: alerting.RuleNoDataStateOK,
+		},
 	}
 }
 
@@ -145,6 +177,10 @@ func (r AlertRule) rule() *alerting.RuleBuilder {
 					Params([]float64{r.Above})),
 		}))
 	seconds := alerting.Duration(r.Range / time.Second)
+	annotations := map[string]string{"summary": r.Summary}
+	if r.Description != "" {
+		annotations["description"] = r.Description
+	}
 	return alerting.NewRuleBuilder(r.Title).
 		Uid(r.UID).
 		Condition("B").
@@ -158,7 +194,7 @@ func (r AlertRule) rule() *alerting.RuleBuilder {
 		RuleGroup("bandplane").
 		OrgID(1).
 		Labels(map[string]string{"severity": r.Severity, "service": "bandplane"}).
-		Annotations(map[string]string{"summary": r.Summary})
+		Annotations(annotations)
 }
 
 // The file-provisioning format (rules_types.go).

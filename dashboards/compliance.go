@@ -51,82 +51,144 @@ var (
 	GROUP BY bucket, type
 	ORDER BY bucket, type`)
 
-	// The latest seal of each organization's chain (ingest/seal): two sealers may both
-	// write seal n+1 (a fork; both are kept), so the latest is the highest seq, then the
-	// latest sealed_at. through is the ingest watermark: every event row ingested before
-	// it is sealed, so the rows ingested at or after it are not sealed yet. Driven by the
-	// events so that an organization never sealed shows too. Whether the chain verifies
-	// (signatures, digests) is `bandplane audit verify`'s to say: SQL cannot check Ed25519.
+	// Each organization's transparency log as ClickHouse holds it (ingest/seal): its
+	// newest checkpoint row (the largest size, then the latest signed_at), the leaves
+	// its index holds, and its events not sealed yet (unsealedKeys). Driven by the
+	// events and the checkpoints, so that an organization never sealed shows too, and
+	// one whose events are gone. SQL cannot check an Ed25519 signature or a Merkle
+	// proof, so every column is what ClickHouse says: a forged checkpoint row is shown as
+	// the newest checkpoint. It cannot make events without a leaf look sealed (they are
+	// counted from log_leaves), and one larger than the log is named in the status; that
+	// a checkpoint verifies is `bandplane audit verify`'s to say.
 	//
-	// events is read without FINAL, which would merge the whole trail on every refresh:
-	//   - which organizations have events needs no deduplication (GROUP BY org_id);
-	//   - the events not sealed yet are the distinct keys (time, id) of an organization
-	//     (the table's key is org_id, time, id) with a row ingested at or after its
-	//     watermark: uniqExact counts a key stored twice once. That is the count of events
-	//     FINAL: ingest stores a key again only as a later insert with the same content and
-	//     a newer ingested_at, and FINAL keeps the last insert, so the kept row is at or
-	//     after the watermark exactly when some row of the key is.
-	// Only rows that can count are read: ingested_at at or after the oldest watermark of
-	// the selected organizations, and every row of an organization never sealed.
+	// The reads without FINAL (unmerged) would otherwise merge the whole trail on every
+	// refresh: which organizations have events needs no deduplication (GROUP BY org_id),
+	// nor the largest index of a log (its leaves: the sealer appends without gaps), nor
+	// the events not sealed yet (unsealedKeys).
 	sealStatusSQL = sql(`
-	SELECT if(org_id = '', '(no organization)', ` + nameOr("org_name", "org_id") + `) AS organization, status, last_seq,
-	  sealed, age, watermark, sealed_events, seals, unsealed_events, org_id
+	SELECT if(org_id = '', '(no organization)', ` + nameOr("org_name", "org_id") + `) AS organization, status, size, leaves,
+	  signed_at, age, unsealed_events, unsealed_age, key_id, org_id
 	FROM (
-	  SELECT org_id, last_seq, sealed_events, seals, unsealed_events,
-	    if(seals = 0, NULL, sealed_at) AS sealed, if(seals = 0, NULL, through) AS watermark,
-	    if(seals = 0, NULL, toInt64(now()) - toInt64(sealed_at)) AS age,
-	    multiIf(seals = 0, 'never sealed', unsealed_events = 0, 'sealed', concat(toString(unsealed_events), ' events not sealed yet')) AS status
+	  SELECT org_id, head_size AS size, log_size AS leaves, unsealed_events,
+	    if(checkpoint_rows = 0, NULL, head_signed_at) AS signed_at,
+	    if(checkpoint_rows = 0, NULL, toInt64(now()) - toInt64(head_signed_at)) AS age,
+	    if(unsealed_events = 0, NULL, toInt64(now()) - toInt64(oldest_unsealed)) AS unsealed_age,
+	    if(checkpoint_rows = 0, NULL, head_key_id) AS key_id,
+	    multiIf(checkpoint_rows = 0, 'never sealed',
+	      head_size > log_size, concat('newest checkpoint claims ', toString(head_size), ' leaves, the log holds ', toString(log_size)),
+	      unsealed_events = 0, 'sealed',
+	      concat(toString(unsealed_events), ' events not sealed yet')) AS status
 	  FROM (
-	    SELECT org_id, last_seq, last_sealed_at AS sealed_at, last_through AS through, last_events AS sealed_events,
-	      seal_count AS seals, unsealed_events
+	    SELECT org_id, head_size, head_signed_at, head_key_id, checkpoint_rows, log_size, unsealed_events, oldest_unsealed
 	    FROM (
-	      SELECT org_id, last_seq, last_sealed_at, last_through, last_events, seal_count
+	      SELECT org_id, head_size, head_signed_at, head_key_id, checkpoint_rows, log_size
 	      FROM (
-	        SELECT org_id
-	        FROM ` + unmerged("events", "which organizations have events") + `
+	        SELECT org_id, head_size, head_signed_at, head_key_id, checkpoint_rows
+	        FROM (
+	          SELECT org_id
+	          FROM (
+	            SELECT org_id
+	            FROM ` + unmerged("events", "which organizations have events") + `
+	            WHERE ` + is("org_id", varOrg) + `
+	            GROUP BY org_id
+	            UNION ALL
+	            SELECT org_id
+	            FROM bandplane.checkpoints FINAL
+	            WHERE ` + is("org_id", varOrg) + `
+	            GROUP BY org_id
+	          ) AS known
+	          GROUP BY org_id
+	        ) AS orgs
+	        ANY LEFT JOIN ` + checkpointHeads(is("org_id", varOrg), "heads") + ` USING (org_id)
+	      ) AS with_head
+	      ANY LEFT JOIN (
+	        SELECT org_id, max(idx) + 1 AS log_size
+	        FROM ` + unmerged("log_index", "the largest index is the same over every stored row") + `
 	        WHERE ` + is("org_id", varOrg) + `
 	        GROUP BY org_id
-	      ) AS orgs
-	      ANY LEFT JOIN ` + sealHeads("heads") + ` USING (org_id)
-	    ) AS with_seal
+	      ) AS logs USING (org_id)
+	    ) AS with_log
 	    ANY LEFT JOIN (
-	      SELECT org_id, uniqExact(time, id) AS unsealed_events
-	      FROM (
-	        SELECT org_id, time, id, ingested_at
-	        FROM ` + unmerged("events", "uniqExact counts each key once") + `
-	        WHERE ` + is("org_id", varOrg) + `
-	          AND (ingested_at >= (SELECT min(last_through) FROM ` + sealHeads("oldest") + `)
-	            OR org_id NOT IN (SELECT org_id FROM bandplane.seals FINAL WHERE ` + is("org_id", varOrg) + `))
-	      ) AS recent
-	      ANY LEFT JOIN ` + sealHeads("marks") + ` USING (org_id)
-	      WHERE ingested_at >= last_through
+	      SELECT org_id, count() AS unsealed_events, min(ingested) AS oldest_unsealed
+	      FROM ` + unsealedKeys(is("org_id", varOrg), sealWindow) + `
 	      GROUP BY org_id
-	    ) AS unsealed USING (org_id)
+	    ) AS pending USING (org_id)
 	  ) AS per_org
 	) AS st
 	ANY LEFT JOIN ` + orgLookup + ` USING (org_id)
 	ORDER BY organization`)
 )
 
-// sealHeads is the newest seal of each selected organization's chain, as the subquery
-// alias: its seq, sealed_at, through (last_through), events and the number of seals.
-func sealHeads(alias string) string {
+// sealWindow bounds the events the seal status checks for a leaf to those ingested in
+// the last day, which keeps the two sides of its join small: a healthy sealer seals a
+// row within a minute or two, and the age of the newest checkpoint shows a sealer
+// stopped for longer.
+const sealWindow = "now() - INTERVAL 1 DAY"
+
+// checkpointHeads is the newest checkpoint row of each organization orgFilter selects,
+// as the subquery alias: head_size (the largest size), its head_signed_at and
+// head_key_id (of the latest signed_at at that size), and checkpoint_rows.
+func checkpointHeads(orgFilter, alias string) string {
 	return `(
-	        SELECT org_id, max(seq) AS last_seq, argMax(sealed_at, (seq, sealed_at)) AS last_sealed_at,
-	          argMax(through, (seq, sealed_at)) AS last_through, argMax(events, (seq, sealed_at)) AS last_events,
-	          count() AS seal_count
-	        FROM bandplane.seals FINAL
-	        WHERE ` + is("org_id", varOrg) + `
-	        GROUP BY org_id
-	      ) AS ` + alias
+	  SELECT org_id, max(size) AS head_size, argMax(signed_at, (size, signed_at)) AS head_signed_at,
+	    argMax(key_id, (size, signed_at)) AS head_key_id, count() AS checkpoint_rows
+	  FROM bandplane.checkpoints FINAL
+	  WHERE ` + orgFilter + `
+	  GROUP BY org_id
+	) AS ` + alias
 }
+
+// unsealedKeys is one row (org_id, time, id, ingested) per event key that orgFilter
+// selects whose newest stored copy was ingested at or after since and is not sealed: no
+// leaf of its key under the organization's newest checkpoint (idx below its size) was
+// written at or after that copy. That is verify's test of a stored copy (a leaf of its
+// key, no older than it) applied to the copy readers see, so a copy stored after its
+// key's leaf is not sealed by it; a key with no leaf joins as the zero time, which
+// every ingested_at is after.
+//
+// Neither side needs FINAL: a later copy of a key is a later insert with a newer
+// ingested_at, so the newest ingested_at among a key's copies is the copy FINAL keeps,
+// and the copies of a leaf's row are the same row. Nor do the leaves need more than the
+// same bound: a leaf that seals a copy was written at or after it.
+func unsealedKeys(orgFilter, since string) string {
+	return `(
+	  SELECT org_id, time, id, ingested
+	  FROM (
+	    SELECT org_id, time, id, max(ingested_at) AS ingested
+	    FROM ` + unmerged("events", "the newest copy of a key is the one FINAL keeps") + `
+	    WHERE ` + orgFilter + ` AND ingested_at >= ` + since + `
+	    GROUP BY org_id, time, id
+	  ) AS copies
+	  ANY LEFT JOIN (
+	    SELECT org_id, time, id, max(leaf_ingested_at) AS sealed_through
+	    FROM (
+	      SELECT org_id, time, id, idx, ingested_at AS leaf_ingested_at
+	      FROM ` + unmerged("log_leaves", "copies of a leaf are the same row") + `
+	      WHERE ` + orgFilter + ` AND ingested_at >= ` + since + `
+	    ) AS leaves
+	    ANY LEFT JOIN ` + checkpointHeads(orgFilter, "newest") + ` USING (org_id)
+	    WHERE idx < head_size
+	    GROUP BY org_id, time, id
+	  ) AS sealed USING (org_id, time, id)
+	  WHERE ingested > sealed_through
+	) AS unsealed_keys`
+}
+
+// sealStatusDescription says what the seal status shows and what it cannot: it reads
+// what ClickHouse holds and checks no signature.
+const sealStatusDescription = "Each organization's transparency log as ClickHouse holds it: the newest checkpoint row (size in leaves, signed_at, its age, key_id), " +
+	"the leaves its log holds, and the events ingested in the last 24 hours that are not sealed yet (no leaf under the newest checkpoint), with the age of the oldest. " +
+	"Status: never sealed (no checkpoint), sealed, N events not sealed yet, or a newest checkpoint that claims more leaves than the log holds (forged, or the log truncated). " +
+	"These columns are untrusted: SQL cannot check signatures or proofs, so a forged checkpoint row shows here as the newest checkpoint, with its size, time and key. " +
+	"It cannot make events without a leaf look sealed, but forged leaves, or a forged checkpoint over leaves that are there, can. " +
+	"`bandplane audit verify` is what checks the signatures and the proofs."
 
 // ComplianceAudit is "bandplane — Compliance audit": the audit trail, searchable by
 // actor, room, type, text and time, and how far each organization's trail is sealed.
 func ComplianceAudit() *dashboard.DashboardBuilder {
 	g := &grid{}
 	d := newDashboard("bandplane — Compliance audit", ComplianceUID,
-		"The audit trail (bandplane.events) with the seals of its tamper-evident chain (bandplane.seals).",
+		"The audit trail (bandplane.events) and each organization's transparency log as ClickHouse holds it (bandplane.checkpoints, log_index, log_leaves): `bandplane audit verify` is what checks it.",
 		[]string{"compliance"}, "now-24h").
 		WithVariable(orgVariable()).
 		WithVariable(actorVariable()).
@@ -134,10 +196,9 @@ func ComplianceAudit() *dashboard.DashboardBuilder {
 		WithVariable(typeVariable()).
 		WithVariable(searchVariable())
 
-	d = d.WithPanel(tablePanel(g, 24, 6, "Latest seal per organization",
-		"Each organization's newest seal: its sequence number, when it was made, its watermark (every event ingested before it is sealed), and how many events arrived after it. `bandplane audit verify` checks the signatures and digests.",
-		sealStatusSQL).
+	d = d.WithPanel(tablePanel(g, 24, 6, "Latest seal per organization", sealStatusDescription, sealStatusSQL).
 		OverrideByName("age", unitOf("s")).
+		OverrideByName("unsealed_age", unitOf("s")).
 		OverrideByName("org_id", hidden()))
 	d = d.WithPanel(timeSeriesPanel(g, 24, 7, "Events by type", "The selected trail per interval and type.",
 		auditByTypeSQL, "short", "${__field.labels.type}", "1m", true))

@@ -543,7 +543,7 @@ func TestTenantRuleCatchesAnUnfilteredSelect(t *testing.T) {
 		// filtered by the SELECT it is nested in
 		"SELECT a FROM (SELECT a, o FROM bandplane.events FINAL) AS x WHERE " + strings.ReplaceAll(org, "org_id", "o"),
 		// a set an IN tests rows of a filtered SELECT against
-		"SELECT a FROM bandplane.events FINAL WHERE " + org + " AND a IN (SELECT a FROM bandplane.seals FINAL)",
+		"SELECT a FROM bandplane.events FINAL WHERE " + org + " AND a IN (SELECT a FROM bandplane.log_leaves FINAL)",
 		// a lookup of names by id
 		"SELECT a FROM (SELECT a FROM bandplane.events FINAL WHERE " + org + ") AS x ANY LEFT JOIN (SELECT id AS a, handle FROM bandplane.directory FINAL) AS names USING (a)",
 		// no organization in the dead letters and prices
@@ -864,8 +864,41 @@ func TestAlertFileIsGrafanaProvisioning(t *testing.T) {
 		assert.Equal(t, []any{want.Above}, cond["params"])
 		assert.Contains(t, []string{"OK", "Alerting"}, r.NoDataState)
 		assert.NotEmpty(t, r.Annotations["summary"])
-		assert.NotContains(t, r.Annotations["summary"], "${", "provisioning expands ${VARIABLES} in annotations")
+		assert.Equal(t, want.Description, r.Annotations["description"], r.UID)
+		for _, a := range r.Annotations {
+			assert.NotContains(t, a, "${", "provisioning expands ${VARIABLES} in annotations")
+		}
 	}
+}
+
+// The seal status reads what ClickHouse holds and checks no signature: its description
+// must say so and name what does, and the unsealed rule must say that serve's metric is
+// the sealer's own view.
+func TestSealStatusSaysWhatItCannotCheck(t *testing.T) {
+	var desc string
+	for _, p := range panels(All()[ComplianceFile]) {
+		if deref(p.Title) == "Latest seal per organization" {
+			desc = deref(p.Description)
+		}
+	}
+	for _, says := range []string{"as ClickHouse holds it", "untrusted", "a forged checkpoint row shows here as the newest checkpoint",
+		"cannot make events without a leaf look sealed", "`bandplane audit verify` is what checks the signatures and the proofs"} {
+		assert.Contains(t, desc, says)
+	}
+	var rule *AlertRule
+	for _, r := range Alerts() {
+		if r.UID == "bandplane-audit-unsealed" {
+			rule = &r
+		}
+	}
+	require.NotNil(t, rule)
+	assert.Contains(t, rule.Description, "bandplane_audit_unsealed_age_seconds of each serve is the sealer process's own view")
+	assert.Equal(t, float64(600), rule.Above, "fires above 10 minutes")
+	// Events within the grace are a healthy sealer's next run: they make no row (no
+	// alert instance) at all.
+	assert.Contains(t, rule.SQL, "WHERE ingested < now() - "+unsealedGrace)
+	// Without the rule's range the query would read the whole trail.
+	assert.Contains(t, rule.SQL, "ingested_at >= "+fromTime)
 }
 
 func TestMarshalIsStableReadableJSON(t *testing.T) {

@@ -3,6 +3,7 @@ package dashboards_test
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net/url"
 	"regexp"
 	"slices"
@@ -388,7 +389,8 @@ func sortedKeys[V any](m map[string]V) []string {
 // row's label set unique (Grafana refuses the whole rule otherwise: "frame cannot
 // uniquely be identified by its labels"), also for the twins, whose rooms share a title
 // and agents a handle, and the twins' budgets and agents, which should fire, above the
-// rule's threshold.
+// rule's threshold; the unsealed rule fires for exactly the organizations whose rows no
+// leaf seals, a forged checkpoint row notwithstanding, with the age of the oldest.
 func TestIntegrationAlertRulesRun(t *testing.T) {
 	w := loadWorld(t)
 	ctx := context.Background()
@@ -406,6 +408,14 @@ func TestIntegrationAlertRulesRun(t *testing.T) {
 		fires["bandplane-chatty-throttled"]["agent_id"][id] = float64(w.twins.throttles)
 	}
 	fires["bandplane-chatty-throttled"]["agent_id"][w.agents[0].id] = 8 // the chatty agent
+	// The organizations whose rows have no leaf, the one with a forged checkpoint too,
+	// and no other: every row ingest stored is sealed.
+	unsealed := map[string]float64{}
+	for _, u := range []unsealedRows{w.seal.late, w.seal.never, w.seal.forged} {
+		unsealed[u.org] = float64(w.now.Unix() - u.ingested.Unix())
+	}
+	fires["bandplane-audit-unsealed"] = map[string]map[string]float64{"org_id": unsealed}
+	only := map[string]bool{"bandplane-audit-unsealed": true} // rules whose rows must be exactly those that fire
 	for _, r := range dashboards.Alerts() {
 		req := dashboards.Request{From: now.Add(-r.Range), To: now, Interval: time.Minute}
 		front, err := req.Frontend(r.SQL)
@@ -448,6 +458,9 @@ func TestIntegrationAlertRulesRun(t *testing.T) {
 				v, err := strconv.ParseFloat(row[value], 64)
 				require.NoError(t, err, "%s: value %q", r.UID, row[value])
 				got[key] = v
+			}
+			if only[r.UID] {
+				assert.ElementsMatch(t, slices.Collect(maps.Keys(want)), slices.Collect(maps.Keys(got)), "%s: the %s that fire", r.UID, col)
 			}
 			for key, wantValue := range want {
 				v, ok := got[key]
@@ -548,37 +561,85 @@ const eventColumns = "id, type, time, time_ms, org_id, room_id, actor_id, actor_
 	"subject_type, subject_handle, execution_id, source, schema_version, data, ingested_at, kafka_partition, kafka_offset"
 
 // Oracles: what the reads without FINAL (dashboards' unmerged) replaced, reading FINAL.
-const (
-	sealStatusFinal = `
-	SELECT org_id, any(last_seq) AS last_seq, any(seal_count) AS seals, any(last_events) AS sealed_events,
-	  sumIf(n, ingested >= last_through) AS unsealed_events
+// sealStatusFinal is the seal status's size, leaves and events not sealed yet, one query
+// each (org_id and the value): the newest checkpoint's size, the leaves of the log
+// counted (a whole log's count is its largest index + 1), and the events FINAL keeps
+// that no leaf under the newest checkpoint seals, the leaves read whole.
+var sealStatusFinal = map[string]string{
+	"orgs": `
+	SELECT org_id, '' AS v FROM bandplane.events FINAL WHERE ` + orgFilter + ` GROUP BY org_id
+	UNION ALL
+	SELECT org_id, '' AS v FROM bandplane.checkpoints FINAL WHERE ` + orgFilter + ` GROUP BY org_id`,
+	"size": `
+	SELECT org_id, toString(max(size)) AS v FROM bandplane.checkpoints FINAL WHERE ` + orgFilter + ` GROUP BY org_id`,
+	"leaves": `
+	SELECT org_id, toString(count()) AS v FROM bandplane.log_index FINAL WHERE ` + orgFilter + ` GROUP BY org_id`,
+	"unsealed_events": `
+	SELECT org_id, toString(count()) AS v
 	FROM (
-	  SELECT org_id, ingested_at AS ingested, count() AS n
-	  FROM bandplane.events FINAL
-	  WHERE $__conditionalAll(org_id = decodeURLComponent('${org:percentencode}'), $org)
-	  GROUP BY org_id, ingested
+	  SELECT org_id, time, id, ingested_at FROM bandplane.events FINAL
+	  WHERE ` + orgFilter + ` AND ingested_at >= now() - INTERVAL 1 DAY
 	) AS e
 	ANY LEFT JOIN (
-	  SELECT org_id, max(seq) AS last_seq, argMax(through, (seq, sealed_at)) AS last_through,
-	    argMax(events, (seq, sealed_at)) AS last_events, count() AS seal_count
-	  FROM bandplane.seals FINAL
-	  WHERE $__conditionalAll(org_id = decodeURLComponent('${org:percentencode}'), $org)
-	  GROUP BY org_id
-	) AS s USING (org_id)
-	GROUP BY org_id
-	ORDER BY org_id`
+	  SELECT org_id, time, id, max(leaf_at) AS sealed_at
+	  FROM (SELECT org_id, time, id, idx, ingested_at AS leaf_at FROM bandplane.log_leaves FINAL WHERE ` + orgFilter + `) AS l
+	  ANY LEFT JOIN (SELECT org_id, max(size) AS head FROM bandplane.checkpoints FINAL WHERE ` + orgFilter + ` GROUP BY org_id) AS h USING (org_id)
+	  WHERE idx < head
+	  GROUP BY org_id, time, id
+	) AS s USING (org_id, time, id)
+	WHERE ingested_at > sealed_at
+	GROUP BY org_id`,
+}
+
+// sealColumns are the seal status's columns the oracle computes, in byOrg's order.
+var sealColumns = []string{"size", "leaves", "unsealed_events"}
+
+const (
+	orgFilter      = "$__conditionalAll(org_id = decodeURLComponent('${org:percentencode}'), $org)"
 	freshnessFinal = `
 	SELECT toInt64(now()) - toInt64(max(ingested_at)) AS freshness
 	FROM bandplane.events FINAL
-	WHERE $__conditionalAll(org_id = decodeURLComponent('${org:percentencode}'), $org) AND time >= now() - INTERVAL 2 DAY`
+	WHERE ` + orgFilter + ` AND time >= now() - INTERVAL 2 DAY`
 )
+
+// expandOrg expands sql for the org variable set to org ("" is All).
+func (w *world) expandOrg(t *testing.T, sql, org string) string {
+	t.Helper()
+	v := dashboards.Variable{Name: "org", All: true, Values: []string{dashboards.AllValue}}
+	if org != "" {
+		v = dashboards.Variable{Name: "org", Values: []string{org}}
+	}
+	out, err := dashboards.Request{From: w.from, To: w.to, Interval: time.Minute, Vars: []dashboards.Variable{v}}.Expand(sql)
+	require.NoError(t, err)
+	return out
+}
+
+// sealOracle is sealStatusFinal's answer for org: org_id → size, leaves, unsealed_events.
+func (w *world) sealOracle(t *testing.T, ctx context.Context, org string) map[string][]string {
+	t.Helper()
+	out := map[string][]string{}
+	for _, part := range append([]string{"orgs"}, sealColumns...) {
+		res, _ := w.run(t, ctx, "seal status FINAL: "+part, w.expandOrg(t, sealStatusFinal[part], org))
+		require.NotNil(t, res)
+		for _, row := range res.Rows {
+			if out[row[0]] == nil {
+				out[row[0]] = []string{"0", "0", "0"}
+			}
+			if i := slices.Index(sealColumns, part); i >= 0 {
+				out[row[0]][i] = row[1]
+			}
+		}
+	}
+	return out
+}
 
 // TestIntegrationReadsWithoutFinalAreExact: the reads that skip FINAL (the seal status
 // and freshness panels, the freshness alert) answer what reading FINAL answers, on both
 // engines, with keys stored more than once as ingest can store them: the same row twice
 // (a redelivery), a row again with a newer ingested_at (an insert retried after its
-// first copy was sealed), and the rows of an organization never sealed. Merges are
-// stopped on the replayed tables, so every copy stays a row of its own.
+// first copy was sealed, which its leaf does not seal), and the rows of an organization
+// never sealed. Merges are stopped on the replayed tables, so every copy stays a row of
+// its own.
 func TestIntegrationReadsWithoutFinalAreExact(t *testing.T) {
 	w := loadWorld(t)
 	ctx := context.Background()
@@ -595,22 +656,7 @@ func TestIntegrationReadsWithoutFinalAreExact(t *testing.T) {
 		}
 	}
 	require.NotEmpty(t, freshnessAlert)
-
-	expand := func(sql, org string) string {
-		v := dashboards.Variable{Name: "org", All: true, Values: []string{dashboards.AllValue}}
-		if org != "" {
-			v = dashboards.Variable{Name: "org", Values: []string{org}}
-		}
-		out, err := dashboards.Request{From: w.from, To: w.to, Interval: time.Minute, Vars: []dashboards.Variable{v}}.Expand(sql)
-		require.NoError(t, err)
-		return out
-	}
-	oracle := func(org string) map[string][]string {
-		res, _ := w.run(t, ctx, "seal status FINAL", expand(sealStatusFinal, org))
-		require.NotNil(t, res)
-		return byOrg(t, res)
-	}
-	before := oracle(orgA)[orgA]
+	before := w.sealOracle(t, ctx, "")
 
 	newer := fmt.Sprintf("toDateTime(%d, 'UTC') AS ingested_at", w.now.Unix()-1)
 	copyOf := func(org, cols string, limit int) string {
@@ -631,37 +677,39 @@ func TestIntegrationReadsWithoutFinalAreExact(t *testing.T) {
 		}
 	}
 
-	for _, org := range []string{"", orgA, orgB, never, w.hostile.org} {
-		want := oracle(org)
-		res, _ := w.run(t, ctx, "seal status ["+org+"]", expand(seal, org))
+	for _, org := range []string{"", orgA, orgB, never, w.hostile.org, w.seal.never.org, w.seal.forged.org} {
+		want := w.sealOracle(t, ctx, org)
+		res, _ := w.run(t, ctx, "seal status ["+org+"]", w.expandOrg(t, seal, org))
 		require.NotNil(t, res)
 		assert.Equal(t, want, byOrg(t, res), "seal status [%s]: the read without FINAL differs from FINAL", org)
 		queries := []string{freshness}
 		if org == "" {
 			queries = append(queries, freshnessAlert) // no org variable: every organization
 		}
-		fin, _ := w.run(t, ctx, "freshness FINAL ["+org+"]", expand(freshnessFinal, org))
+		fin, _ := w.run(t, ctx, "freshness FINAL ["+org+"]", w.expandOrg(t, freshnessFinal, org))
 		require.NotNil(t, fin)
 		for _, q := range queries {
-			got, _ := w.run(t, ctx, "freshness ["+org+"]", expand(q, org))
+			got, _ := w.run(t, ctx, "freshness ["+org+"]", w.expandOrg(t, q, org))
 			require.NotNil(t, got)
 			assert.Equal(t, fin.Rows, got.Rows, "freshness [%s]: the read without FINAL differs from FINAL", org)
 		}
 	}
 	// The copies were seen: the redelivered rows counted once, the rows stored again
 	// after sealing as not sealed yet, the organization never sealed with its 3 events.
-	after := oracle("")
-	assert.Equal(t, before, after[orgA], "redelivered rows count once")
-	assert.GreaterOrEqual(t, atoi(t, after[orgB][3]), 25, "rows stored again after sealing are not sealed yet: %v", after[orgB])
-	assert.Equal(t, []string{"0", "0", "0", "3"}, after[never], "the organization never sealed")
+	after := w.sealOracle(t, ctx, "")
+	assert.Equal(t, before[orgA], after[orgA], "redelivered rows count once")
+	assert.Equal(t, []string{before[orgB][0], before[orgB][1], "25"}, after[orgB], "rows stored again after sealing are not sealed yet")
+	assert.Equal(t, []string{"0", "0", "3"}, after[never], "the organization never sealed")
 }
 
-// byOrg is a seal status result as org_id → last_seq, seals, sealed_events,
-// unsealed_events.
+// byOrg is a seal status result as org_id → its sealColumns.
 func byOrg(t *testing.T, r *dual.Result) map[string][]string {
 	t.Helper()
 	out := map[string][]string{}
-	cols := []int{columnIndex(t, r, "last_seq"), columnIndex(t, r, "seals"), columnIndex(t, r, "sealed_events"), columnIndex(t, r, "unsealed_events")}
+	var cols []int
+	for _, c := range sealColumns {
+		cols = append(cols, columnIndex(t, r, c))
+	}
 	org := columnIndex(t, r, "org_id")
 	for _, row := range r.Rows {
 		var v []string
@@ -671,6 +719,68 @@ func byOrg(t *testing.T, r *dual.Result) map[string][]string {
 		out[row[org]] = v
 	}
 	return out
+}
+
+// TestIntegrationSealStatusReadsTheLog runs the seal status panel on the sealed world,
+// on both engines: every organization whose rows ingest stored is sealed, its newest
+// checkpoint as large as its log and as its rows; the hostile organization, whose later
+// rows have no leaf, is not, with their number and the age of the oldest; an
+// organization with rows and no log is never sealed; and one with a checkpoint row
+// forged for it (unsigned, claiming leaves its log does not have) is not sealed either,
+// its status saying the checkpoint is larger than the log (the panel's description says
+// what a forged row can and cannot do: TestSealStatusSaysWhatItCannotCheck).
+func TestIntegrationSealStatusReadsTheLog(t *testing.T) {
+	w := loadWorld(t)
+	ctx := context.Background()
+	all, err := dashboards.Build()
+	require.NoError(t, err)
+	seal := panelSQL(t, all[dashboards.ComplianceFile], "Latest seal per organization")
+	res, _ := w.run(t, ctx, "seal status", w.expandOrg(t, seal, ""))
+	require.NotNil(t, res)
+	col := func(name string) int { return columnIndex(t, res, name) }
+	org, status, size, leaves, unsealed, age, key := col("org_id"), col("status"), col("size"), col("leaves"),
+		col("unsealed_events"), col("unsealed_age"), col("key_id")
+	rows := map[string][]string{}
+	for _, r := range res.Rows {
+		rows[r[org]] = r
+	}
+	s := w.seal
+	late := s.late.org
+	for o, n := range s.sealed {
+		r := rows[o]
+		if !assert.NotNil(t, r, "no row for organization %q", o) {
+			continue
+		}
+		sealed := strconv.FormatUint(n, 10)
+		if o == late {
+			assert.Equal(t, fmt.Sprintf("%d events not sealed yet", s.late.n), r[status], "org %q", o)
+			assert.Equal(t, strconv.Itoa(s.late.n), r[unsealed], "org %q", o)
+			assert.Equal(t, strconv.FormatInt(w.now.Unix()-s.late.ingested.Unix(), 10), r[age], "org %q: the oldest row not sealed", o)
+		} else {
+			assert.Equal(t, "sealed", r[status], "org %q", o)
+			assert.Equal(t, "0", r[unsealed], "org %q", o)
+			assert.Equal(t, dual.Null, r[age], "org %q", o)
+		}
+		assert.Equal(t, sealed, r[size], "org %q: the newest checkpoint covers its rows", o)
+		assert.Equal(t, sealed, r[leaves], "org %q: a leaf per row", o)
+		assert.NotEqual(t, dual.Null, r[key], "org %q", o)
+	}
+	if r := rows[s.never.org]; assert.NotNil(t, r, "no row for the organization never sealed") {
+		assert.Equal(t, []string{"never sealed", "0", "0", strconv.Itoa(s.never.n), strconv.FormatInt(w.now.Unix()-s.never.ingested.Unix(), 10), dual.Null},
+			[]string{r[status], r[size], r[leaves], r[unsealed], r[age], r[key]})
+	}
+	if r := rows[s.forged.org]; assert.NotNil(t, r, "no row for the organization with a forged checkpoint") {
+		assert.Equal(t, fmt.Sprintf("newest checkpoint claims %d leaves, the log holds 0", s.forgedSize), r[status], "a forged checkpoint seals nothing")
+		assert.Equal(t, []string{strconv.FormatUint(s.forgedSize, 10), "0", strconv.Itoa(s.forged.n), "forged"},
+			[]string{r[size], r[leaves], r[unsealed], r[key]}, "the forged row is shown as it is written")
+	}
+	assert.Len(t, rows, len(s.sealed)+2, "an organization per log or events")
+	// The hostile organization alone: its id selects its row only.
+	one, _ := w.run(t, ctx, "seal status [hostile]", w.expandOrg(t, seal, late))
+	require.NotNil(t, one)
+	if assert.Len(t, one.Rows, 1) {
+		assert.Equal(t, rows[late], one.Rows[0])
+	}
 }
 
 func atoi(t *testing.T, s string) int {

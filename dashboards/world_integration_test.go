@@ -5,6 +5,8 @@ import (
 	"crypto/ed25519"
 	"encoding/json"
 	"fmt"
+	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -18,16 +20,19 @@ import (
 	"github.com/bandplane/bandplane/ingest/prices"
 	"github.com/bandplane/bandplane/ingest/pricing"
 	"github.com/bandplane/bandplane/ingest/seal"
+	"github.com/bandplane/bandplane/ingest/seal/tlog"
 	"github.com/bandplane/bandplane/ingest/simulate"
+	"github.com/bandplane/bandplane/ingest/store"
 	"github.com/bandplane/bandplane/policy"
 	"github.com/bandplane/bandplane/policy/api"
 	"github.com/bandplane/bandplane/schema"
 )
 
 // world is the data the dashboards are tried on: a simulated workload and bandplane's
-// own events (decisions, suspensions, budgets, seals, dead letters) written through the
-// real ingest pipeline into a recorded database, then replayed so that the 18.16 server
-// and ClickHouse 26.9 hold the same rows in db.
+// own events (decisions, suspensions, budgets, dead letters) written through the real
+// ingest pipeline into a recorded database and sealed into each organization's log
+// (sealWorld), then replayed so that the 18.16 server and ClickHouse 26.9 hold the same
+// rows in db.
 type world struct {
 	db       string // the replayed database, on both engines
 	server   dual.Engine
@@ -43,6 +48,7 @@ type world struct {
 
 	hostile hostileWorld
 	twins   twinWorld
+	seal    sealWorld
 }
 
 // entity is an id and, for the assertions, the org it belongs to.
@@ -127,17 +133,7 @@ func loadWorld(t *testing.T) *world {
 		return n == uint64(len(poison))
 	}), "dead letters of the poison records")
 
-	_, key, err := ed25519.GenerateKey(nil)
-	require.NoError(t, err)
-	sealer, err := seal.New(seal.Config{Conn: rec, Database: db, Key: key, Producer: producer, Settle: time.Millisecond})
-	require.NoError(t, err)
-	// ingested_at has seconds: a row of the current second waits for the next run.
-	time.Sleep(1100 * time.Millisecond)
-	res, err := sealer.SealNow(ctx)
-	require.NoError(t, err)
-	require.Positive(t, res.Seals, "seals made")
-	// The seals' announcements (audit.sealed) land too; wait for them before stopping.
-	waitEvents(t, rec, db, want+uint64(res.Emitted))
+	w.seal = sealTrail(t, ctx, rec, db, w.hostile.org)
 	stop()
 
 	w.current = dual.Chdb(t)
@@ -419,4 +415,190 @@ func twinEvents(model string, at, now time.Time) (twinWorld, []schema.Event, []s
 		}
 	}
 	return w, dir, rest
+}
+
+// sealWorld is the audit trail's log the seal status panel and the unsealed alert are
+// tried on. Every row ingest stored is sealed; then rows are stored without a note (as
+// when the notes are stuck: ingest stored them, the sealer never saw them):
+//   - late: rows of the hostile organization, ingested lateAge ago, after its sealed
+//     ones;
+//   - never: the rows of an organization with no leaf and no checkpoint;
+//   - forged: the rows of an organization with no leaf, and a checkpoint row forged for
+//     it that claims more leaves than its log holds (no signature can be checked in SQL:
+//     the panel must still not call it sealed).
+type sealWorld struct {
+	sealed map[string]uint64 // organization → its sealed rows (leaves), for every organization with a log
+	late   unsealedRows
+	never  unsealedRows
+	forged unsealedRows
+	// forgedSize is the forged checkpoint's size.
+	forgedSize uint64
+}
+
+// unsealedRows are n rows of org stored at ingested with no note.
+type unsealedRows struct {
+	org      string
+	n        int
+	ingested time.Time
+}
+
+// Ages of the unsealed rows: all above the unsealed rule's 10 minutes.
+const (
+	lateAge   = 20 * time.Minute
+	neverAge  = 30 * time.Minute
+	forgedAge = 15 * time.Minute
+)
+
+// sealTrail notes every row stored in db (the newest copy of each key, which is what
+// ingest noted), stores the unsealed rows, seals, and forges the checkpoint row, all
+// through rec so that the replay holds the same log.
+func sealTrail(t *testing.T, ctx context.Context, rec *dual.Recorder, db, hostileOrg string) sealWorld {
+	t.Helper()
+	stored := storedRows(t, ctx, rec, db)
+	notes := &memNotes{}
+	notes.add(stored)
+	sw := sealWorld{sealed: map[string]uint64{}, forgedSize: 1000}
+	for _, r := range stored {
+		sw.sealed[r.OrgID]++
+	}
+
+	at := time.Now().UTC().Truncate(time.Second)
+	sw.late = unsealedRows{org: hostileOrg, n: 7, ingested: at.Add(-lateAge)}
+	sw.never = unsealedRows{org: `never\sealed's`, n: 4, ingested: at.Add(-neverAge)}
+	sw.forged = unsealedRows{org: "forged-" + schema.NewID(), n: 5, ingested: at.Add(-forgedAge)}
+	var rows []store.EventRow
+	for _, u := range []unsealedRows{sw.late, sw.never, sw.forged} {
+		for i := range u.n {
+			rows = append(rows, store.EventRow{ID: fmt.Sprintf("unsealed-%s-%d", schema.NewID(), i), Type: schema.TypeMessageCreated,
+				Time: u.ingested.Add(-time.Duration(i+1) * time.Minute), OrgID: u.org, ActorID: "system", ActorType: string(schema.ActorSystem),
+				Source: "test", SchemaVersion: 1, Data: fmt.Sprintf(`{"content":"not noted %d"}`, i), IngestedAt: u.ingested,
+				Partition: 0, Offset: int64(1_000_000 + len(rows))})
+		}
+	}
+	require.NoError(t, store.New(rec, db).BatchInsert(ctx, &store.Batch{Events: rows}))
+
+	_, key, err := ed25519.GenerateKey(nil)
+	require.NoError(t, err)
+	topic := &memTopic{}
+	sealer, err := seal.New(seal.Config{Conn: rec, Database: db, Key: key, Notes: notes, Publisher: topic, Logger: stacktest.Logger()})
+	require.NoError(t, err)
+	res, err := sealer.SealNow(ctx)
+	require.NoError(t, err)
+	require.Equal(t, len(stored), res.Leaves, "a leaf per stored row")
+	require.Equal(t, len(sw.sealed), res.Orgs, "a log per organization with rows")
+	require.Zero(t, notes.pending(), "notes left")
+	require.Positive(t, topic.published(), "checkpoints published")
+
+	// A checkpoint row anyone with write access could insert: no signature, a size the
+	// log does not have, signed "now".
+	// INSERT … SELECT: an INSERT … VALUES sent with Exec leaves 18.16 waiting for a data
+	// block that the driver never sends.
+	require.NoError(t, rec.Exec(ctx, fmt.Sprintf("INSERT INTO %s.checkpoints (org_id, size, root, signed_at, key_id, note) "+
+		"SELECT '%s', toUInt64(%d), '%064x', toDateTime(%d, 'UTC'), 'forged', 'forged note'", db, sw.forged.org, sw.forgedSize, 1, at.Unix())))
+	return sw
+}
+
+// storedRows reads back every row stored in db, the newest copy of each key, past the
+// Recorder: the test's own reads, not bandplane's.
+func storedRows(t *testing.T, ctx context.Context, rec *dual.Recorder, db string) []store.EventRow {
+	t.Helper()
+	rows, err := rec.Conn.Query(ctx, "SELECT DISTINCT org_id, toUInt32(time), id FROM "+db+".events")
+	require.NoError(t, err)
+	var keys []store.EventKey
+	for rows.Next() {
+		var k store.EventKey
+		var sec uint32
+		require.NoError(t, rows.Scan(&k.OrgID, &sec, &k.ID))
+		k.Time = int64(sec)
+		keys = append(keys, k)
+	}
+	require.NoError(t, rows.Err())
+	rows.Close()
+	copies, err := store.New(rec.Conn, db).StoredEvents(ctx, keys)
+	require.NoError(t, err)
+	newest := map[store.EventKey]store.EventRow{}
+	for _, r := range copies {
+		k := store.KeyOf(&r)
+		if n, ok := newest[k]; !ok || r.IngestedAt.After(n.IngestedAt) {
+			newest[k] = r
+		}
+	}
+	require.Len(t, newest, len(keys), "a stored row per key")
+	out := make([]store.EventRow, 0, len(newest))
+	for _, r := range newest {
+		out = append(out, r)
+	}
+	return out
+}
+
+// memNotes stands in for the stored-events topic (seal.NoteSource): the notes of the
+// rows it is given, keyed by organization, as ingest produces them.
+type memNotes struct {
+	mu      sync.Mutex
+	queue   []kafkago.Message
+	drained int
+}
+
+func (n *memNotes) add(rows []store.EventRow) {
+	byOrg := map[string][]tlog.Leaf{}
+	for i := range rows {
+		byOrg[rows[i].OrgID] = append(byOrg[rows[i].OrgID], tlog.LeafOf(&rows[i]))
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	orgs := make([]string, 0, len(byOrg))
+	for org := range byOrg {
+		orgs = append(orgs, org)
+	}
+	slices.Sort(orgs)
+	for _, org := range orgs {
+		for _, m := range tlog.EncodeNotes(byOrg[org]) {
+			n.queue = append(n.queue, kafkago.Message{Key: []byte(org), Value: m})
+		}
+	}
+}
+
+// Drain returns up to max of the queued notes; they stay queued until Commit.
+func (n *memNotes) Drain(_ context.Context, max int) ([]kafkago.Message, bool, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	k := min(max, len(n.queue))
+	n.drained = k
+	return slices.Clone(n.queue[:k]), k < len(n.queue), nil
+}
+
+func (n *memNotes) Commit(context.Context) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.queue = n.queue[n.drained:]
+	n.drained = 0
+	return nil
+}
+
+// Holds is true: this sealer is the only one.
+func (n *memNotes) Holds() bool { return true }
+
+func (n *memNotes) pending() int {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return len(n.queue)
+}
+
+// memTopic stands in for the checkpoints topic (seal.Publisher).
+type memTopic struct {
+	mu sync.Mutex
+	n  int
+}
+
+func (p *memTopic) ProduceMessages(_ context.Context, msgs []kafkago.Message) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.n += len(msgs)
+	return nil
+}
+
+func (p *memTopic) published() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.n
 }

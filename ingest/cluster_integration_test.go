@@ -2,6 +2,7 @@ package ingest_test
 
 import (
 	"context"
+	"crypto/ed25519"
 	"fmt"
 	"net"
 	"net/http"
@@ -22,6 +23,7 @@ import (
 	"github.com/bandplane/bandplane/deploy/stacktest"
 	"github.com/bandplane/bandplane/ingest"
 	"github.com/bandplane/bandplane/ingest/kafka"
+	"github.com/bandplane/bandplane/ingest/seal"
 	"github.com/bandplane/bandplane/ingest/simulate"
 	"github.com/bandplane/bandplane/schema/chdb"
 )
@@ -194,7 +196,7 @@ func (w lockedWriter) Write(p []byte) (int, error) {
 
 // startIngest runs `bandplane serve --no-policy` as ingest process of group on the
 // cluster, and waits until it answers /readyz.
-func startIngest(t *testing.T, bin, topic, db, group string) *serveProcess {
+func startIngest(t *testing.T, bin, topic, db, group string, extra ...string) *serveProcess {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
@@ -204,6 +206,7 @@ func startIngest(t *testing.T, bin, topic, db, group string) *serveProcess {
 		"--clickhouse", stacktest.ClickHouseAddr(), "--cluster", stacktest.ClickHouseCluster(), "--clickhouse-db", db,
 		"--kafka", strings.Join(stacktest.ClusterBrokers(), ","), "--topic", topic, "--dlq-topic", topic+"_dlq", "--group", group,
 		"--batch-age", "200ms", "--rollup-interval", "500ms")
+	cmd.Args = append(cmd.Args, extra...)
 	sp := &serveProcess{cmd: cmd, done: make(chan error, 1), log: &strings.Builder{}, mu: &sync.Mutex{}}
 	cmd.Stdout, cmd.Stderr = lockedWriter{sp.mu, sp.log}, lockedWriter{sp.mu, sp.log}
 	require.NoError(t, cmd.Start())
@@ -292,9 +295,14 @@ func TestIntegrationClusterIngestScaleOut(t *testing.T) {
 	t.Cleanup(func() { producer.Close() })
 	p := &pipeline{t: t, topic: topic, conn: conn, db: db, producer: producer}
 	group := stacktest.Name(t)
+	// Both seal too: the sealers' group gives the stored-events topic to one, and the
+	// survivor's takes over when that one dies.
+	auditKey := filepath.Join(t.TempDir(), "audit.key")
+	require.NoError(t, seal.GenerateKey(auditKey))
+	sealing := []string{"--audit-key", auditKey, "--seal-every", "1s"}
 
-	a := startIngest(t, bin, topic, db, group)
-	startIngest(t, bin, topic, db, group)
+	a := startIngest(t, bin, topic, db, group, sealing...)
+	startIngest(t, bin, topic, db, group, sealing...)
 	// Both members hold partitions before the stream starts.
 	require.True(t, stacktest.Eventually(t, time.Minute, 250*time.Millisecond, func() bool {
 		return groupMembers(ctx, group) == 2
@@ -317,4 +325,16 @@ func TestIntegrationClusterIngestScaleOut(t *testing.T) {
 		lag, _, err = kafka.Lag(ctx, stacktest.ClusterBrokers(), topic, group)
 		return err == nil && lag == 0
 	}), "the group's lag is still %d", lag)
+
+	// The trail is sealed whole, and verifies, whichever sealer held the topic.
+	pub, err := seal.LoadPublicKey(auditKey + ".pub")
+	require.NoError(t, err)
+	var rep seal.Report
+	require.True(t, stacktest.Eventually(t, 2*time.Minute, time.Second, func() bool {
+		rep, err = seal.Verify(ctx, conn, db, seal.Keys{Anchors: []ed25519.PublicKey{pub}}, seal.Filter{})
+		require.NoError(t, err)
+		require.Empty(t, rep.Problems, "the cluster raised an alarm in the sealed trail")
+		return rep.UnsealedEvents == 0
+	}), "%d events still unsealed", rep.UnsealedEvents)
+	t.Logf("verify on the cluster: %d checkpoints, %d leaves, %d sealed events", rep.Checkpoints, rep.Leaves, rep.SealedEvents)
 }

@@ -26,6 +26,7 @@ import (
 
 	"github.com/bandplane/bandplane/ingest/kafka"
 	"github.com/bandplane/bandplane/ingest/pricing"
+	"github.com/bandplane/bandplane/ingest/seal/tlog"
 	"github.com/bandplane/bandplane/ingest/store"
 	"github.com/bandplane/bandplane/schema"
 )
@@ -41,6 +42,13 @@ type MessageReader interface {
 // MessageWriter produces dead letters; it returns once they are acknowledged.
 type MessageWriter interface {
 	ProduceMessages(ctx context.Context, msgs []kafkago.Message) error
+}
+
+// NoteWriter produces notes to the stored-events topic (ingest/seal's package doc):
+// the leaves of the rows a batch stored. It returns once every one is acknowledged,
+// or an error (the call is retried whole; the sealer drops a note it has sealed).
+type NoteWriter interface {
+	WriteNotes(ctx context.Context, leaves []tlog.Leaf) error
 }
 
 // Storage writes a batch durably: BatchInsert returns nil only once every row is
@@ -93,6 +101,10 @@ type Config struct {
 	Directory   *Directory
 	Catalog     pricing.Source // read per usage event: a new catalog version prices the next one
 	Topic       string         // the source topic, recorded with dead letters
+	// Notes, when set, gets the notes of every batch once it is stored and before its
+	// offsets are committed: the sealer seals what the notes say, never what it finds
+	// in ClickHouse. Nil: nothing is noted, and nothing stored is ever sealed.
+	Notes NoteWriter
 	// DeadLetterMaxBytes is the dead-letter writer's message limit: a dead letter that
 	// would be larger is sent and stored with its raw record cut (default
 	// kafka.MaxMessageBytes).
@@ -284,8 +296,11 @@ type pending struct {
 	dlq      []kafkago.Message       // the dead-letter messages, parallel to batch.DeadLetters
 	last     map[int]kafkago.Message // highest message per partition, for the commit
 	replays  int                     // records whose event was stored already, same content
-	lookup   time.Duration           // how long checkStored took
-	written  chan struct{}           // closed once the writer is done with the batch
+	// stored are the rows ClickHouse holds for the batch's events, for its notes: the
+	// copies of replays found by the check, then those each insert wrote.
+	stored  []store.EventRow
+	lookup  time.Duration // how long checkStored took
+	written chan struct{} // closed once the writer is done with the batch
 
 	repriceAgents []AgentKey
 	parked        []parked
@@ -890,6 +905,9 @@ func (c *Consumer) store(ctx context.Context, p *pending) bool {
 	if len(failed) > 0 && !c.storeRefused(ctx, p, failed) {
 		return false
 	}
+	if !c.note(ctx, p, failed) {
+		return false
+	}
 	msgs := make([]kafkago.Message, 0, len(p.last))
 	for _, m := range p.last {
 		msgs = append(msgs, m)
@@ -1009,8 +1027,10 @@ func (c *Consumer) checkStored(ctx context.Context, p *pending) bool {
 			same := false
 			for _, j := range rows {
 				if stored[j].ContentDigest() == d {
+					// Noted again: it may be the copy of an insert whose notes never
+					// left (a crash between the two); the sealer drops a note it has.
+					p.stored = append(p.stored, stored[j])
 					same = true
-					break
 				}
 			}
 			if same {
@@ -1168,6 +1188,62 @@ func (c *Consumer) produceDeadLetters(ctx context.Context, msgs []kafkago.Messag
 	return true
 }
 
+// note produces the notes of what the batch stored, before its offsets are committed:
+// a crash in between redelivers the batch, whose rows are then replays, noted again. A
+// record ClickHouse refused may still have its event row stored (BatchInsert writes the
+// events before the work-status tables and the dead letters): it is looked up, and a
+// copy that is the record's own is noted too. It returns false only if it was given up
+// (shutdown).
+func (c *Consumer) note(ctx context.Context, p *pending, failed []refused) bool {
+	if c.cfg.Notes == nil {
+		return true
+	}
+	if len(failed) > 0 {
+		mine := map[store.EventKey][]*store.EventRow{}
+		var keys []store.EventKey
+		refusedRec := map[int32]bool{}
+		for _, f := range failed {
+			refusedRec[f.rec] = true
+		}
+		for i, rec := range p.evRec {
+			if refusedRec[rec] {
+				k := store.KeyOf(&p.batch.Events[i])
+				mine[k] = append(mine[k], &p.batch.Events[i])
+				keys = append(keys, k)
+			}
+		}
+		if len(keys) > 0 {
+			rows, err := c.lookup(ctx, keys)
+			if errors.Is(err, errStopped) {
+				return false
+			}
+			if err != nil {
+				c.m.LookupErrors.Inc()
+				c.log.Error("cannot look up whether refused records left event rows; those rows stay unsealed (audit verify reports them)", "err", err, "records", len(keys))
+			}
+			for _, r := range rows {
+				for _, e := range mine[store.KeyOf(&r)] {
+					if r.ContentDigest() == e.ContentDigest() && r.Partition == e.Partition && r.Offset == e.Offset {
+						p.stored = append(p.stored, r)
+						break
+					}
+				}
+			}
+		}
+	}
+	if len(p.stored) == 0 {
+		return true
+	}
+	leaves := make([]tlog.Leaf, len(p.stored))
+	for i := range p.stored {
+		leaves[i] = tlog.LeafOf(&p.stored[i])
+	}
+	err := c.retry(ctx, "produce the notes of stored events", c.m.NoteErrors, func(error) bool { return false }, func() error {
+		return c.cfg.Notes.WriteNotes(ctx, leaves)
+	})
+	return err == nil
+}
+
 // refused is a record that ClickHouse refuses on its own.
 type refused struct {
 	rec           int32
@@ -1213,6 +1289,10 @@ func (c *Consumer) insert(ctx context.Context, p *pending) ([]refused, bool) {
 			return c.cfg.Storage.BatchInsert(ctx, b)
 		})
 		if err == nil {
+			for _, r := range b.Events {
+				r.IngestedAt = b.IngestedAt
+				p.stored = append(p.stored, r)
+			}
 			continue
 		}
 		if errors.Is(err, errStopped) {

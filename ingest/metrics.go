@@ -12,6 +12,7 @@ type Metrics struct {
 	FlushSeconds    prometheus.Histogram
 	StoreErrors     prometheus.Counter
 	DLQErrors       prometheus.Counter
+	NoteErrors      prometheus.Counter
 	FetchErrors     prometheus.Counter
 	CommitErrors    prometheus.Counter
 	Unpriced        prometheus.Counter
@@ -70,6 +71,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Inserts ClickHouse refused for their data (not retried: the batch is split to isolate the records it refuses)."}),
 		IDReused: prometheus.NewCounter(prometheus.CounterOpts{Name: "bandplane_ingest_id_reused_total",
 			Help: "Records dead-lettered because their event id is stored (or earlier in the batch) with other content."}),
+		NoteErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: "bandplane_ingest_note_errors_total",
+			Help: "Failed attempts to produce the notes of stored events to the stored-events topic (retried with back-off; the batch is committed only once they are in)."}),
 		LookupErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: "bandplane_ingest_lookup_errors_total",
 			Help: "Batches written without checking which events are stored, because ClickHouse refused the lookup for good."}),
 		DeadLettersTruncated: prometheus.NewCounter(prometheus.CounterOpts{Name: "bandplane_ingest_dead_letters_truncated_total",
@@ -82,7 +85,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Entries in the consumer's memory, by set (late, unpriced), as of its last sweep."}, []string{"set"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.Records, m.DeadLetters, m.Batches, m.BatchRows, m.FlushSeconds, m.StoreErrors, m.DLQErrors,
+		reg.MustRegister(m.Records, m.DeadLetters, m.Batches, m.BatchRows, m.FlushSeconds, m.StoreErrors, m.DLQErrors, m.NoteErrors,
 			m.FetchErrors, m.CommitErrors, m.Unpriced, m.Unattributed, m.Lag, m.RollupErrors, m.Repriced,
 			m.CollectorLines, m.CollectorErrors, m.InsertRejections, m.IDReused, m.LookupErrors, m.DeadLettersTruncated, m.Dropped,
 			m.Forgotten, m.Remembered)

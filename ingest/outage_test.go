@@ -21,7 +21,6 @@ import (
 	"github.com/bandplane/bandplane/ingest"
 	"github.com/bandplane/bandplane/ingest/seal"
 	"github.com/bandplane/bandplane/ingest/simulate"
-	"github.com/bandplane/bandplane/schema"
 )
 
 // Outage tests stop shared servers or kill processes, so `make test` runs them alone,
@@ -40,9 +39,11 @@ func (p *pipeline) sealAlong() (check func()) {
 	p.t.Helper()
 	_, key, err := ed25519.GenerateKey(rand.Reader)
 	require.NoError(p.t, err)
-	s, err := seal.New(seal.Config{Conn: p.conn, Database: p.db, Key: key, Producer: discard{}, Every: time.Second,
-		Settle: time.Second, Logger: stacktest.Logger()})
+	t := seal.Topics{Brokers: stacktest.Brokers(), Stored: stacktest.StoredTopic(p.topic), Checkpoints: p.topic + "_checkpoints"}
+	require.NoError(p.t, seal.EnsureTopics(context.Background(), t, 1))
+	s, closeSealer, err := seal.NewOnKafka(seal.Config{Conn: p.conn, Database: p.db, Key: key, Every: time.Second, Logger: stacktest.Logger()}, t)
 	require.NoError(p.t, err)
+	p.t.Cleanup(func() { _ = closeSealer() })
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); _ = s.Run(ctx) }()
@@ -58,18 +59,12 @@ func (p *pipeline) sealAlong() (check func()) {
 // verifyTrail checks the sealed trail and fails on any problem.
 func verifyTrail(t *testing.T, conn driver.Conn, db string, pub ed25519.PublicKey) {
 	t.Helper()
-	rep, err := seal.Verify(context.Background(), conn, db, pub, seal.Filter{})
+	rep, err := seal.Verify(context.Background(), conn, db, seal.Keys{Anchors: []ed25519.PublicKey{pub}}, seal.Filter{})
 	require.NoError(t, err)
 	require.Empty(t, rep.Problems, "the outage raised an alarm in the sealed trail")
 	require.Positive(t, rep.SealedEvents)
-	t.Logf("verify: %d seals, %d events sealed, %d not sealed yet", rep.Seals, rep.SealedEvents, rep.UnsealedEvents)
+	t.Logf("verify: %d checkpoints, %d leaves, %d events sealed, %d not sealed yet", rep.Checkpoints, rep.Leaves, rep.SealedEvents, rep.UnsealedEvents)
 }
-
-// discard is a seal.Producer that drops the seals' announcements (these tests compare
-// the trail with the simulator's events only).
-type discard struct{}
-
-func (discard) Produce(context.Context, []schema.Event) error { return nil }
 
 // produceInBackground sends a paced workload and returns its summary on the channel.
 func (p *pipeline) produceInBackground(events int, rate float64, seed int64) <-chan simulate.Summary {

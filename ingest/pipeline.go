@@ -11,15 +11,19 @@ import (
 
 	"github.com/bandplane/bandplane/ingest/kafka"
 	"github.com/bandplane/bandplane/ingest/pricing"
+	"github.com/bandplane/bandplane/ingest/seal/tlog"
 	"github.com/bandplane/bandplane/ingest/store"
 )
 
 // PipelineConfig configures a Pipeline: where to read, where to write, and the
 // consumer's batching.
 type PipelineConfig struct {
-	Brokers        []string
-	Topic          string
-	DLQTopic       string
+	Brokers  []string
+	Topic    string
+	DLQTopic string
+	// StoredTopic is the stored-events topic the consumer notes what it stored on, for
+	// the sealer ("": nothing is noted, so nothing is ever sealed: benchmarks only).
+	StoredTopic    string
 	GroupID        string
 	Store          *store.Store
 	Catalog        pricing.Source
@@ -48,6 +52,7 @@ type Pipeline struct {
 	cfg      PipelineConfig
 	reader   *kafkago.Reader
 	dlq      *kafka.Producer
+	notes    *kafka.Producer // nil without StoredTopic
 	consumer *Consumer
 	rollup   *Rollup
 }
@@ -100,9 +105,17 @@ func NewPipeline(ctx context.Context, cfg PipelineConfig) (*Pipeline, error) {
 		p.reader.Close()
 		return nil, err
 	}
+	var notes NoteWriter
+	if cfg.StoredTopic != "" {
+		if p.notes, err = kafka.NewProducer(kafka.ProducerConfig{Brokers: cfg.Brokers, Topic: cfg.StoredTopic}); err != nil {
+			p.Close()
+			return nil, err
+		}
+		notes = noteProducer{p.notes}
+	}
 	p.rollup = NewRollup(st, dir, cfg.Catalog, cfg.RollupInterval, cfg.Logger, cfg.Metrics)
 	p.consumer, err = New(Config{
-		Reader: p.reader, DeadLetters: p.dlq, Storage: st, Directory: dir, Catalog: cfg.Catalog, Topic: cfg.Topic,
+		Reader: p.reader, DeadLetters: p.dlq, Notes: notes, Storage: st, Directory: dir, Catalog: cfg.Catalog, Topic: cfg.Topic,
 		BatchSize: cfg.BatchSize, BatchAge: cfg.BatchAge, BatchBytes: cfg.BatchBytes, MaxPendingBytes: cfg.MaxPendingBytes,
 		RetryMin: cfg.RetryMin, RetryMax: cfg.RetryMax,
 		DeadLetterMaxBytes: kafka.MaxMessageBytes, LateHorizon: cfg.LateHorizon, UnpricedHorizon: cfg.UnpricedHorizon,
@@ -134,9 +147,36 @@ func (p *Pipeline) Run(ctx context.Context) {
 	rollup.Wait()
 }
 
-// Close releases the Kafka reader (leaving the group) and the dead-letter producer.
+// Close releases the Kafka reader (leaving the group) and the producers.
 func (p *Pipeline) Close() error {
-	return errors.Join(p.reader.Close(), p.dlq.Close())
+	err := errors.Join(p.reader.Close(), p.dlq.Close())
+	if p.notes != nil {
+		err = errors.Join(err, p.notes.Close())
+	}
+	return err
+}
+
+// noteProducer writes notes to the stored-events topic: a message per organization
+// (tlog.EncodeNotes, at most tlog.MaxNotesBytes each), keyed by it, in the order
+// given.
+type noteProducer struct{ p *kafka.Producer }
+
+func (n noteProducer) WriteNotes(ctx context.Context, leaves []tlog.Leaf) error {
+	var orgs []string
+	byOrg := map[string][]tlog.Leaf{}
+	for _, l := range leaves {
+		if _, ok := byOrg[l.Org]; !ok {
+			orgs = append(orgs, l.Org)
+		}
+		byOrg[l.Org] = append(byOrg[l.Org], l)
+	}
+	var msgs []kafkago.Message
+	for _, org := range orgs {
+		for _, b := range tlog.EncodeNotes(byOrg[org]) {
+			msgs = append(msgs, kafkago.Message{Key: []byte(org), Value: b})
+		}
+	}
+	return n.p.ProduceMessages(ctx, msgs)
 }
 
 // pollLag keeps bandplane_ingest_consumer_lag current.

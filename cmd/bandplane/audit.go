@@ -2,35 +2,47 @@ package main
 
 import (
 	"context"
+	"crypto/ed25519"
 	"errors"
 	"flag"
 	"fmt"
+	"io"
+	"os"
 	"strings"
 	"time"
 
 	"github.com/bandplane/bandplane/ingest/kafka"
 	"github.com/bandplane/bandplane/ingest/seal"
+	"github.com/bandplane/bandplane/ingest/seal/tlog"
 )
 
 func init() {
-	registerGroup("audit", "tamper-evident audit trail: keygen, seal, verify, export", auditUsage, map[string]runFunc{
+	registerGroup("audit", "tamper-evident audit trail: keygen, seal, verify, export, checkpoint, witness, rotate", auditUsage, map[string]runFunc{
 		"keygen": func(_ context.Context, e *env, args []string) error { return runAuditKeygen(e, args) },
 		"seal":   runAuditSeal, "verify": runAuditVerify, "export": runAuditExport,
+		"checkpoint": runAuditCheckpoint, "witness": runAuditWitness, "rotate": runAuditRotate,
 	})
 }
 
-const auditUsage = `usage: bandplane audit <keygen|seal|verify|export> [flags]
+const auditUsage = `usage: bandplane audit <keygen|seal|verify|export|checkpoint|witness|rotate> [flags]
 
   keygen --out FILE      make an Ed25519 audit key (FILE, mode 0600) and its public half (FILE.pub)
-  seal --audit-key FILE  seal what was ingested, now (serve --audit-key does it every --seal-every)
-  verify --audit-key FILE [--org ORG] [--from T] [--to T]
-                         recompute everything sealed; exit 0 if it matches, 1 if not;
+  seal --audit-key FILE  seal what ingest stored, now (serve --audit-key does it every --seal-every)
+  verify --audit-key FILE.pub [--org ORG] [--from T] [--to T] [--checkpoint FILE ...]
+                         check the trail against each organization's log: exit 0 if it matches, 1 if not;
                          the last line on stdout is the report as JSON
-  verify --export FILE --audit-key FILE.pub
-                         check a compliance export offline (no database): seals, manifest, every line
+  verify --export FILE --audit-key FILE.pub [--checkpoint FILE ...]
+                         check a compliance export offline (no database): the checkpoint, the manifest, every line
   export --out FILE --from T --to T [--format ndjson|csv] [--type T] [--actor A] [--room R] [--org ORG]
-         [--server URL] [--key TOKEN] [--resume]
+         [--server URL] [--key TOKEN] [--resume] [--checkpoint FILE]
                          a signed export of one organization's sealed trail from bandplane serve
+  checkpoint [--org ORG] [--out FILE] [--server URL] [--key TOKEN]
+                         an organization's newest signed checkpoint (C2SP tlog-checkpoint), from bandplane serve
+  witness --state DIR --audit-key FILE.pub [--server URL] [--key TOKEN] [--every D]
+                         keep every organization's newest checkpoint, check each new one by a consistency
+                         proof, cosign it (C2SP tlog-cosignature); exit 1 on a rollback or a fork
+  rotate --audit-key OLD --new-key NEW [--from T]
+                         hand the log over from the old audit key to the new one (a record signed by both)
 
 Run 'bandplane audit <command> -h' for a command's flags.
 `
@@ -42,7 +54,13 @@ func auditKeyFlag(fs *flag.FlagSet, what string) *string {
 func runAuditKeygen(e *env, args []string) error {
 	fs := newFlagSet(e, "audit keygen", "--out FILE")
 	out := fs.String("out", "", "private key file to create (mode 0600); the public key goes to FILE.pub (required)")
+	var st stackFlags
+	st.register(fs)
 	if err := parse(fs, args); err != nil {
+		return err
+	}
+	prefix, err := st.prefix()
+	if err != nil {
 		return err
 	}
 	if *out == "" {
@@ -59,7 +77,11 @@ func runAuditKeygen(e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	return printJSON(e.stdout, map[string]string{"key_id": seal.KeyID(pub), "private": *out, "public": *out + ".pub"})
+	vkey, err := tlog.VerifierKey(prefix, pub)
+	if err != nil {
+		return err
+	}
+	return printJSON(e.stdout, map[string]string{"key_id": tlog.KeyID(pub), "private": *out, "public": *out + ".pub", "verifier_key": vkey})
 }
 
 func runAuditSeal(ctx context.Context, e *env, args []string) error {
@@ -67,8 +89,7 @@ func runAuditSeal(ctx context.Context, e *env, args []string) error {
 	var st stackFlags
 	st.register(fs)
 	keyFile := auditKeyFlag(fs, "Ed25519 private key file (bandplane audit keygen)")
-	settle := fs.Duration("settle", seal.DefaultSettle, "leave rows ingested this recently for the next seal")
-	margin := fs.Duration("margin", seal.DefaultMargin, "look again this far before the last watermark for rows that landed late (verify needs the same)")
+	group := fs.String("group", "ingest", "the ingest consumer group (serve's --group): its offsets are what the coverage note signs")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -76,43 +97,69 @@ func runAuditSeal(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return fmt.Errorf("--audit-key: %w", err)
 	}
-	if *settle <= 0 {
-		return fmt.Errorf("--settle must be > 0, got %s", *settle)
-	}
 	conn, err := st.openDB(ctx)
 	if err != nil {
 		return err
 	}
 	defer conn.Close()
-	p, err := kafka.NewProducer(kafka.ProducerConfig{Brokers: st.brokers(), Topic: st.topic, BatchSize: kafka.AuditBatchSize})
+	// The operator's priority: the group gives this run the whole stored-events topic,
+	// taking it from serve's sealer until it leaves.
+	fmt.Fprintln(e.stderr, "audit seal: joining the sealers' group (a running serve hands the topic over)")
+	s, closeSealer, err := newSealer(ctx, &st, conn, key, time.Minute, sealerPriorityOperator, *group, e.log, nil)
 	if err != nil {
 		return err
 	}
-	defer p.Close()
-	s, err := seal.New(seal.Config{Conn: conn, Database: st.ch.Database, Key: key, Producer: p,
-		Settle: *settle, Margin: *margin, Logger: e.log})
-	if err != nil {
-		return err
-	}
+	defer func() { _ = closeSealer() }()
 	res, err := s.SealNow(ctx)
 	if perr := printJSON(e.stdout, res); perr != nil {
 		return perr
+	}
+	if err == nil && len(res.Refused) > 0 {
+		return exitError{code: 1}
 	}
 	return err
 }
 
 func runAuditVerify(ctx context.Context, e *env, args []string) error {
-	fs := newFlagSet(e, "audit verify", "--audit-key FILE [--org ORG] [--from T] [--to T] [flags] | --export FILE --audit-key FILE")
+	fs := newFlagSet(e, "audit verify", "--audit-key FILE [--org ORG] [--from T] [--to T] [--checkpoint FILE ...] [flags] | --export FILE --audit-key FILE")
 	var st stackFlags
 	st.register(fs)
-	keyFile := auditKeyFlag(fs, "the audit key: the public key file (FILE.pub) suffices, the private one works too")
+	var keyFiles listFlag
+	fs.Var(&keyFiles, "audit-key", "an audit key the trail is checked against (repeatable): the public key file (FILE.pub) suffices, the private one works too; the first or the current key, rotations link the others (env BANDPLANE_AUDIT_KEY)")
 	export := fs.String("export", "", "check this export file (bandplane audit export) offline instead of the database")
-	org := fs.String("org", "", `verify only this organization's chain ("" is the chain of events stored without one; default: every chain)`)
+	org := fs.String("org", "", `verify only this organization's log ("" is the log of events stored without one; default: every log)`)
 	from := fs.String("from", "", "only events at or after this time, RFC 3339 or YYYY-MM-DD")
 	to := fs.String("to", "", "only events before this time, RFC 3339 or YYYY-MM-DD")
-	margin := fs.Duration("margin", seal.DefaultMargin, "the sealer's --margin: unsealed rows ingested that long before the last seal are unexpected")
+	margin := fs.Duration("margin", seal.DefaultMargin, "a stored row may lack its leaf this long after its ingested_at; longer before the newest checkpoint, it is unexpected")
+	var checkpoints listFlag
+	fs.Var(&checkpoints, "checkpoint", "a checkpoint kept outside ClickHouse (bandplane audit checkpoint --out, a witness's state file): the log must extend it (repeatable)")
+	useTopic := fs.Bool("checkpoints-topic", true, "also check the log against the newest checkpoints on the checkpoints topic (<topic>.checkpoints): catches a truncation or a rollback of ClickHouse")
 	if err := parse(fs, args); err != nil {
 		return err
+	}
+	if len(keyFiles) == 0 {
+		if v := os.Getenv("BANDPLANE_AUDIT_KEY"); v != "" {
+			keyFiles = listFlag{v}
+		}
+	}
+	var anchors []ed25519.PublicKey
+	for _, f := range keyFiles {
+		pub, err := seal.LoadPublicKey(f)
+		if err != nil {
+			return fmt.Errorf("--audit-key: %w", err)
+		}
+		anchors = append(anchors, pub)
+	}
+	if len(anchors) == 0 {
+		return errors.New("--audit-key: no audit key given (the public key file suffices)")
+	}
+	var saved []seal.External
+	for _, f := range checkpoints {
+		b, err := readBounded(f, tlog.MaxNoteBytes)
+		if err != nil {
+			return fmt.Errorf("--checkpoint: %w", err)
+		}
+		saved = append(saved, seal.External{Source: "checkpoint file " + f, Note: b})
 	}
 	if *export != "" {
 		if fs.NArg() > 0 {
@@ -121,16 +168,16 @@ func runAuditVerify(ctx context.Context, e *env, args []string) error {
 		var online []string
 		fs.Visit(func(fl *flag.Flag) {
 			switch fl.Name {
-			case "org", "from", "to", "margin":
+			case "org", "from", "to", "margin", "checkpoints-topic":
 				online = append(online, "--"+fl.Name)
 			}
 		})
 		if len(online) > 0 {
 			return fmt.Errorf("%s: not with --export (an export names its own selection)", strings.Join(online, ", "))
 		}
-		return runAuditVerifyExport(ctx, e, *export, *keyFile)
+		return runAuditVerifyExport(ctx, e, *export, anchors, saved)
 	}
-	var f seal.Filter
+	f := seal.Filter{Checkpoints: saved}
 	fs.Visit(func(fl *flag.Flag) {
 		if fl.Name == "org" {
 			f.Orgs = []string{*org}
@@ -151,9 +198,26 @@ func runAuditVerify(ctx context.Context, e *env, args []string) error {
 	if err := f.Validate(); err != nil {
 		return err
 	}
-	pub, err := seal.LoadPublicKey(*keyFile)
+	prefix, err := st.prefix()
 	if err != nil {
-		return fmt.Errorf("--audit-key: %w", err)
+		return err
+	}
+	var rotations [][]byte
+	if *useTopic {
+		latest, err := kafka.ReadLatest(ctx, st.brokers(), st.checkpointTopic())
+		if err != nil {
+			return fmt.Errorf("cannot read the checkpoints topic %s (--checkpoints-topic=false checks against ClickHouse alone): %w", st.checkpointTopic(), err)
+		}
+		for key, note := range latest {
+			if strings.HasPrefix(key, seal.RotationKeyPrefix) {
+				rotations = append(rotations, note)
+				continue
+			}
+			if key == seal.CoverageKey {
+				continue
+			}
+			f.Checkpoints = append(f.Checkpoints, seal.External{Source: fmt.Sprintf("the checkpoints topic's newest of org %q", key), Note: note})
+		}
 	}
 	conn, err := st.openDB(ctx)
 	if err != nil {
@@ -161,12 +225,12 @@ func runAuditVerify(ctx context.Context, e *env, args []string) error {
 	}
 	defer conn.Close()
 	start := time.Now()
-	rep, err := seal.Verify(ctx, conn, st.ch.Database, pub, f)
+	rep, err := seal.Verify(ctx, conn, st.ch.Database, seal.Keys{Prefix: prefix, Anchors: anchors, Rotations: rotations}, f)
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(e.stderr, "audit verify: %d seals, %d sealed events, %d unsealed, %d expired, %d problems in %s\n",
-		rep.Seals, rep.SealedEvents, rep.UnsealedEvents, rep.ExpiredEvents, len(rep.Problems), time.Since(start).Round(time.Millisecond))
+	fmt.Fprintf(e.stderr, "audit verify: %d organizations, %d checkpoints, %d leaves, %d sealed events, %d unsealed, %d expired, %d problems in %s\n",
+		rep.Orgs, rep.Checkpoints, rep.Leaves, rep.SealedEvents, rep.UnsealedEvents, rep.ExpiredEvents, len(rep.Problems), time.Since(start).Round(time.Millisecond))
 	if err := printJSON(e.stdout, rep); err != nil {
 		return err
 	}
@@ -174,4 +238,21 @@ func runAuditVerify(ctx context.Context, e *env, args []string) error {
 		return exitError{code: 1}
 	}
 	return nil
+}
+
+// readBounded reads a small file whole, refusing one over max bytes.
+func readBounded(path string, max int) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, int64(max)+1))
+	if err != nil {
+		return nil, fmt.Errorf("cannot read %s: %w", path, err)
+	}
+	if len(b) > max {
+		return nil, fmt.Errorf("%s is larger than %d bytes: not a checkpoint", path, max)
+	}
+	return b, nil
 }

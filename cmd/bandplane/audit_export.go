@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/ed25519"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -12,6 +13,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -21,14 +23,16 @@ import (
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
 	"github.com/bandplane/bandplane/ingest/seal"
+	"github.com/bandplane/bandplane/ingest/seal/tlog"
 	"github.com/bandplane/bandplane/policy/keys"
 	"github.com/bandplane/bandplane/schema"
 )
 
 // The compliance export (README, "Compliance export"): GET /v1/audit/export streams a
-// selection of one organization's sealed trail with the proof to check it offline
-// (the format is ingest/seal's: seal.ExportFormat); `bandplane audit export` drives it
-// and resumes an interrupted file; `bandplane audit verify --export FILE` checks one.
+// selection of one organization's trail pinned to a signed checkpoint of its log, with
+// the proofs to check it offline (the format is ingest/seal's: seal.ExportFormat);
+// `bandplane audit export` drives it and resumes an interrupted file; `bandplane audit
+// verify --export FILE` checks one.
 
 // maxConcurrentExports bounds the exports one serve runs at once: each holds a
 // ClickHouse connection of the query pool while it reads. One API key runs one at a
@@ -41,15 +45,21 @@ const exportWriteWindow = 2 * time.Minute
 
 // Response headers of an export.
 const (
-	headerExportAsOf     = "X-Bandplane-Export-As-Of"
+	headerExportSize     = "X-Bandplane-Export-Size"
 	headerExportExpected = "X-Bandplane-Export-Expected-Events"
 )
 
+// exportRecorder records each export in the audit trail (serve's audit producer,
+// kafka.Producer). Produce returns once Kafka has acknowledged the events.
+type exportRecorder interface {
+	Produce(ctx context.Context, events []schema.Event) error
+}
+
 type exportHandler struct {
-	x       *seal.Exporter // nil without --audit-key
-	auditor seal.Producer  // records each export (nil: not recorded; tests of refusals)
-	log     *slog.Logger
-	slots   chan struct{}
+	x        *seal.Exporter // nil without --audit-key
+	recorder exportRecorder // records each export (nil: not recorded; tests of refusals)
+	log      *slog.Logger
+	slots    chan struct{}
 
 	mu      sync.Mutex
 	running map[string]bool // key id -> an export of it is running
@@ -59,37 +69,47 @@ type exportHandler struct {
 // the trail away (bandplane's own type; audit.* is refused from clients).
 const TypeAuditExported = "audit.exported"
 
+// sourceAuditExport is the source of the audit.exported events.
+const sourceAuditExport = schema.SourceBandplane + "-audit"
+
 // exportedData is the data of audit.exported.
 type exportedData struct {
-	KeyName string    `json:"key_name,omitempty"`
-	From    time.Time `json:"from"`
-	To      time.Time `json:"to"`
-	Types   []string  `json:"types"`
-	Actors  []string  `json:"actors"`
-	Rooms   []string  `json:"rooms"`
-	Format  string    `json:"format"`
-	AsOf    time.Time `json:"as_of"`
-	Resumed bool      `json:"resumed"`
+	KeyName     string    `json:"key_name,omitempty"`
+	From        time.Time `json:"from"`
+	To          time.Time `json:"to"`
+	Types       []string  `json:"types"`
+	Actors      []string  `json:"actors"`
+	Rooms       []string  `json:"rooms"`
+	Format      string    `json:"format"`
+	Size        uint64    `json:"size"`
+	Consistency []uint64  `json:"consistency,omitempty"`
+	Resumed     bool      `json:"resumed"`
 }
 
-// auditExportHandler serves GET /v1/audit/export (issue 9, section 4).
-// Each export is recorded as an audit.exported event through auditor before a byte of
-// it is sent; one that cannot be recorded is refused (503).
-func auditExportHandler(conn driver.Conn, db string, auth keys.Authenticator, auditKeyFile string, auditor seal.Producer, log *slog.Logger) (http.Handler, error) {
+// newAuditExporter is the exporter of serve's --audit-key (nil without one): it signs
+// the manifests, and its public half anchors the key ring the export's checkpoint is
+// checked with (the rotation records in ClickHouse link the others).
+func newAuditExporter(conn driver.Conn, db, prefix, keyFile string, log *slog.Logger) (*seal.Exporter, error) {
+	if keyFile == "" {
+		return nil, nil
+	}
+	key, err := seal.LoadPrivateKey(keyFile)
+	if err != nil {
+		return nil, fmt.Errorf("cannot use --audit-key for the audit export: %w", err)
+	}
+	return seal.NewExporter(seal.ExportConfig{Conn: conn, Database: db, Prefix: prefix, Key: key, Logger: log})
+}
+
+// auditExportHandler serves GET /v1/audit/export for the roles compliance and admin;
+// without an exporter (no --audit-key) it answers 503. Each export is recorded as an
+// audit.exported event through recorder before a byte of it is sent; one that cannot
+// be recorded is refused (503).
+func auditExportHandler(auth keys.Authenticator, x *seal.Exporter, recorder exportRecorder, log *slog.Logger) http.Handler {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	h := &exportHandler{auditor: auditor, log: log.With("component", "audit_export"), slots: make(chan struct{}, maxConcurrentExports)}
-	if auditKeyFile != "" {
-		key, err := seal.LoadPrivateKey(auditKeyFile)
-		if err != nil {
-			return nil, fmt.Errorf("cannot use --audit-key for the audit export: %w", err)
-		}
-		if h.x, err = seal.NewExporter(seal.ExportConfig{Conn: conn, Database: db, Key: key, Logger: log}); err != nil {
-			return nil, err
-		}
-	}
-	return keys.Require(auth, keys.RoleCompliance, keys.RoleAdmin)(h), nil
+	h := &exportHandler{x: x, recorder: recorder, log: log.With("component", "audit_export"), slots: make(chan struct{}, maxConcurrentExports)}
+	return keys.Require(auth, keys.RoleCompliance, keys.RoleAdmin)(h)
 }
 
 func (h *exportHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -164,21 +184,22 @@ func (h *exportHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case ctx.Err() != nil:
 		return
 	default:
-		h.log.Error("cannot prepare an audit export", "err", err, "org", req.Selection.Org, "key_id", k.ID)
+		h.log.Error("cannot prepare an audit export", "err", err, "org_id", req.Selection.Org, "key_id", k.ID)
 		keys.WriteError(w, http.StatusServiceUnavailable, "unavailable", "cannot read the audit trail from ClickHouse; retry (the server log says why)")
 		return
 	}
-	if h.auditor != nil {
+	cp := exp.Checkpoint()
+	if h.recorder != nil {
 		sel := req.Selection
 		data, _ := json.Marshal(exportedData{KeyName: k.Name, From: sel.From, To: sel.To, Types: sel.Types, Actors: sel.Actors, Rooms: sel.Rooms,
-			Format: req.Encoding, AsOf: exp.AsOf(), Resumed: req.After != nil})
+			Format: req.Encoding, Size: cp.Size, Consistency: req.Consistency, Resumed: req.After != nil})
 		ev := schema.Event{ID: schema.NewID(), Type: TypeAuditExported, Time: time.Now().UTC(), OrgID: sel.Org,
-			Actor: schema.Party{ID: k.ID, Type: schema.ActorSystem}, Source: seal.Source, SchemaVersion: schema.Version, Data: data}
+			Actor: schema.Party{ID: k.ID, Type: schema.ActorSystem}, Source: sourceAuditExport, SchemaVersion: schema.Version, Data: data}
 		actx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		err := h.auditor.Produce(actx, []schema.Event{ev})
+		err := h.recorder.Produce(actx, []schema.Event{ev})
 		cancel()
 		if err != nil {
-			h.log.Error("cannot record an audit export; refusing it", "err", err, "org", sel.Org, "key_id", k.ID)
+			h.log.Error("cannot record an audit export; refusing it", "err", err, "org_id", sel.Org, "key_id", k.ID)
 			keys.WriteError(w, http.StatusServiceUnavailable, "unavailable", "the export could not be recorded in the audit trail, so it is not served; retry")
 			return
 		}
@@ -190,7 +211,7 @@ func (h *exportHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", ct)
 	w.Header().Set("Cache-Control", "no-store")
 	w.Header().Set("X-Content-Type-Options", "nosniff")
-	w.Header().Set(headerExportAsOf, exp.AsOf().Format(time.RFC3339))
+	w.Header().Set(headerExportSize, strconv.FormatUint(cp.Size, 10))
 	w.Header().Set(headerExportExpected, strconv.FormatUint(exp.Expected(), 10))
 	w.WriteHeader(http.StatusOK)
 	flush := func() error {
@@ -202,8 +223,8 @@ func (h *exportHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	_ = flush()
 	st, err := exp.Stream(ctx, w, flush)
-	attrs := []any{"org", req.Selection.Org, "key_id", k.ID, "format", req.Encoding, "as_of", exp.AsOf(), "resumed", req.After != nil,
-		"events", st.Events, "total_events", st.Total, "seals", st.Seals, "entries", st.Entries, "bytes", st.Bytes, "duration", time.Since(start).Round(time.Millisecond)}
+	attrs := []any{"org_id", req.Selection.Org, "key_id", k.ID, "format", req.Encoding, "size", cp.Size, "resumed", req.After != nil,
+		"events", st.Events, "total_events", st.Total, "gaps", st.Gaps, "bytes", st.Bytes, "duration", time.Since(start).Round(time.Millisecond)}
 	switch {
 	case err == nil:
 		h.log.Info("audit export", attrs...)
@@ -230,11 +251,12 @@ func runAuditExport(ctx context.Context, e *env, args []string) error {
 	from := fs.String("from", "", "events at or after this time, RFC 3339 or YYYY-MM-DD (required)")
 	to := fs.String("to", "", "events before this time, RFC 3339 or YYYY-MM-DD (required)")
 	org := fs.String("org", "", "the organization (required with a platform key; an organization's key exports its own)")
-	asOf := fs.String("as-of", "", "the watermark, RFC 3339: the as_of of an earlier export's header gives the same export again (default: the latest seal)")
-	var types, actors, rooms listFlag
+	asOf := fs.String("as-of", "", "the size of the checkpoint to pin the export to: the size of an earlier export's header gives the same export again (default: the newest checkpoint)")
+	var types, actors, rooms, checkpoints listFlag
 	fs.Var(&types, "type", "only events of this type (repeat it, or comma-separate)")
 	fs.Var(&actors, "actor", "only events of this actor id (repeat it, or comma-separate)")
 	fs.Var(&rooms, "room", "only events of this room id (repeat it, or comma-separate)")
+	fs.Var(&checkpoints, "checkpoint", "a checkpoint you hold (bandplane audit checkpoint --out, a witness's state file): the export proves its log extends it (repeatable, at most 8)")
 	server := fs.String("server", envOr("BANDPLANE_SERVER", "http://127.0.0.1:8080"), "bandplane serve's URL (env BANDPLANE_SERVER)")
 	token := fs.String("key", "", "API key of role compliance or admin (default: env BANDPLANE_KEY)")
 	resume := fs.Bool("resume", false, "continue FILE.part, an interrupted export, from its last complete event")
@@ -276,12 +298,24 @@ func runAuditExport(ctx context.Context, e *env, args []string) error {
 			q.Add(l.name, v)
 		}
 	}
-	selectionGiven := given["from"] || given["to"] || given["type"] || given["actor"] || given["room"] || given["org"] || given["as-of"]
+	if len(checkpoints) > seal.MaxConsistency {
+		return fmt.Errorf("--checkpoint: %d given; at most %d", len(checkpoints), seal.MaxConsistency)
+	}
+	for _, f := range checkpoints {
+		size, err := heldCheckpointSize(f)
+		if err != nil {
+			return fmt.Errorf("--checkpoint: %w", err)
+		}
+		q.Add("consistency", strconv.FormatUint(size, 10))
+	}
+	selectionGiven := given["from"] || given["to"] || given["type"] || given["actor"] || given["room"] || given["org"] || given["as-of"] || given["checkpoint"]
 	var want *seal.ExportRequest
 	if !*resume || selectionGiven {
 		req, err := seal.ParseExportRequest(q)
 		if err != nil {
-			return errors.New(strings.ReplaceAll(strings.ReplaceAll(err.Error(), "\n", "; "), "as_of:", "--as-of:"))
+			msg := strings.ReplaceAll(err.Error(), "\n", "; ")
+			msg = strings.NewReplacer("as_of:", "--as-of:", "consistency:", "--checkpoint:").Replace(msg)
+			return errors.New(msg)
 		}
 		want = &req
 	}
@@ -291,9 +325,35 @@ func runAuditExport(ctx context.Context, e *env, args []string) error {
 		if given["format"] {
 			asked = *format
 		}
-		return x.resume(ctx, want, asked)
+		return x.resume(ctx, want, asked, given["checkpoint"])
 	}
 	return x.fresh(ctx, *want)
+}
+
+// heldCheckpointSize reads the tree size of a checkpoint file (its second line); the
+// server proves consistency with that size, and the verifier checks the proof against
+// the file itself.
+func heldCheckpointSize(path string) (uint64, error) {
+	b, err := readBounded(path, tlog.MaxNoteBytes)
+	if err != nil {
+		return 0, err
+	}
+	lines := strings.SplitN(string(b), "\n", 3)
+	if len(lines) < 3 {
+		return 0, fmt.Errorf("%s is not a checkpoint (origin, size and root lines, then signatures)", path)
+	}
+	size, err := strconv.ParseUint(lines[1], 10, 64)
+	if err != nil || size == 0 || strconv.FormatUint(size, 10) != lines[1] {
+		return 0, fmt.Errorf("%s is not a checkpoint: its second line %q is not a tree size", path, clipString(lines[1]))
+	}
+	return size, nil
+}
+
+func clipString(s string) string {
+	if len(s) > 40 {
+		return s[:40] + "…"
+	}
+	return s
 }
 
 // exporter is one run of `bandplane audit export`.
@@ -335,8 +395,8 @@ func (x *exporter) fresh(ctx context.Context, req seal.ExportRequest) error {
 }
 
 // resume continues x.part. want is the selection the flags give (nil: none given),
-// format the --format given ("" when not).
-func (x *exporter) resume(ctx context.Context, want *seal.ExportRequest, format string) error {
+// format the --format given ("" when not), held whether --checkpoint was given.
+func (x *exporter) resume(ctx context.Context, want *seal.ExportRequest, format string, held bool) error {
 	if !exists(x.part) {
 		if exists(x.out) {
 			fmt.Fprintf(x.e.stderr, "audit export: %s is complete: nothing to resume\n", x.out)
@@ -399,21 +459,21 @@ func (x *exporter) resume(ctx context.Context, want *seal.ExportRequest, format 
 	if err != nil {
 		return fmt.Errorf("%s: %w", x.part, err)
 	}
-	if want != nil && !sameSelection(want, &req, format != "") {
-		return fmt.Errorf("%s is an export of another selection (%s, %s to %s, as of %s): --resume takes the selection from the file; drop the selection flags or give the same ones",
-			x.part, req.Selection.Org, h.From, h.To, h.AsOf)
+	if want != nil && !sameSelection(want, &req, format != "", held) {
+		return fmt.Errorf("%s is an export of another selection (%s, %s to %s, at checkpoint size %d, consistency %v): --resume takes the selection from the file; drop the selection flags or give the same ones",
+			x.part, req.Selection.Org, h.From, h.To, h.Size, h.Consistency)
 	}
 	if err := f.Truncate(cut); err != nil {
 		return fmt.Errorf("cannot truncate %s to its last complete event: %w", x.part, err)
 	}
 	x.resumed, x.priorEvents = true, events
-	fmt.Fprintf(x.e.stderr, "audit export: resuming %s after %d events (as of %s)\n", x.part, events, h.AsOf)
+	fmt.Fprintf(x.e.stderr, "audit export: resuming %s after %d events (checkpoint size %d)\n", x.part, events, h.Size)
 	_, err = x.fetch(ctx, f, req, cut)
 	return err
 }
 
 // sameSelection says whether the flags given with --resume ask for the file's export.
-func sameSelection(want, got *seal.ExportRequest, formatGiven bool) bool {
+func sameSelection(want, got *seal.ExportRequest, formatGiven, heldGiven bool) bool {
 	w, g := want.Selection, got.Selection
 	if w.Org != "" && w.Org != g.Org || !w.From.Equal(g.From) || !w.To.Equal(g.To) ||
 		strings.Join(w.Types, "\x00") != strings.Join(g.Types, "\x00") ||
@@ -424,7 +484,10 @@ func sameSelection(want, got *seal.ExportRequest, formatGiven bool) bool {
 	if formatGiven && want.Encoding != got.Encoding {
 		return false
 	}
-	return want.AsOf.IsZero() || want.AsOf.Equal(got.AsOf)
+	if heldGiven && !slices.Equal(want.Consistency, got.Consistency) {
+		return false
+	}
+	return want.AsOf == 0 || want.AsOf == got.AsOf
 }
 
 // exportBusyWait bounds how long fetch asks a busy server again.
@@ -452,7 +515,7 @@ func (x *exporter) fetch(ctx context.Context, f *os.File, req seal.ExportRequest
 	u.Path = strings.TrimSuffix(u.Path, "/") + "/v1/audit/export"
 	u.RawQuery = req.Values().Encode()
 	tr := http.DefaultTransport.(*http.Transport).Clone()
-	tr.ResponseHeaderTimeout = 5 * time.Minute // Prepare counts the rows; a resume counts what the file holds
+	tr.ResponseHeaderTimeout = 5 * time.Minute // Prepare scans the log; a resume counts what the file holds
 	client := &http.Client{Transport: tr}
 	// A busy server (429: this key's export still running, or every slot taken) is
 	// asked again after its Retry-After, for up to exportBusyWait: an export killed a
@@ -574,8 +637,8 @@ func (x *exporter) finish(f *os.File, manifest []byte, enc string) error {
 	if err != nil {
 		return fmt.Errorf("%s: %w", x.out, err)
 	}
-	return printJSON(x.e.stdout, map[string]any{"file": x.out, "format": enc, "events": m.Events, "seals": m.Seals, "entries": m.Entries,
-		"as_of": m.AsOf, "bytes": info.Size(), "resumed": x.resumed})
+	return printJSON(x.e.stdout, map[string]any{"file": x.out, "format": enc, "events": m.Events, "gaps": m.Gaps, "size": m.Size,
+		"key_id": m.KeyID, "bytes": info.Size(), "resumed": x.resumed})
 }
 
 // exportProgress shows events/s and an ETA on stderr: redrawn in place on a terminal,
@@ -668,12 +731,10 @@ func (p *exportProgress) draw(last bool) {
 	}
 }
 
-// runAuditVerifyExport checks an export file offline: no database.
-func runAuditVerifyExport(ctx context.Context, e *env, file, keyFile string) error {
-	pub, err := seal.LoadPublicKey(keyFile)
-	if err != nil {
-		return fmt.Errorf("--audit-key: %w", err)
-	}
+// runAuditVerifyExport checks an export file offline (no database) against the audit
+// keys anchors (the first or the current key: the export's rotation records link the
+// others) and the checkpoints an auditor holds.
+func runAuditVerifyExport(ctx context.Context, e *env, file string, anchors []ed25519.PublicKey, held []seal.External) error {
 	f, err := os.Open(file)
 	if err != nil {
 		return fmt.Errorf("--export: %w", err)
@@ -687,7 +748,7 @@ func runAuditVerifyExport(ctx context.Context, e *env, file, keyFile string) err
 		return fmt.Errorf("--export: %s is not a regular file", file)
 	}
 	start := time.Now()
-	rep, err := seal.VerifyExport(ctx, f, info.Size(), pub, seal.ExportVerifyOptions{})
+	rep, err := seal.VerifyExport(ctx, f, info.Size(), seal.ExportVerifyOptions{Anchors: anchors, Checkpoints: held})
 	if err != nil {
 		return err
 	}
@@ -703,13 +764,17 @@ func runAuditVerifyExport(ctx context.Context, e *env, file, keyFile string) err
 		}
 		fmt.Fprintf(e.stderr, "audit verify: %s: %s: %s\n", where, p.Kind, p.Reason)
 	}
-	verdict := "OK: every line is sealed and the export is whole"
+	verdict := "OK: every line and gap is a leaf of the signed checkpoint, and the export is whole"
 	if !rep.OK() {
 		verdict = fmt.Sprintf("%d problems", len(rep.Problems)+int(rep.MoreProblems))
 	}
-	fmt.Fprintf(e.stderr, "audit verify: export %s: org %q, %s to %s as of %s: %d events, %d seals, %d entries (%d exported, %d expired) in %s: %s\n",
-		file, rep.Org, rep.From, rep.To, rep.AsOf, rep.Events, rep.Seals, rep.Entries, rep.Exported, rep.Expired,
-		time.Since(start).Round(time.Millisecond), verdict)
+	consistent := ""
+	if len(rep.Consistent) > 0 {
+		consistent = ", extends " + strings.Join(rep.Consistent, ", ")
+	}
+	fmt.Fprintf(e.stderr, "audit verify: export %s: org %q, %s to %s, checkpoint of size %d signed at %s by key %s (%s)%s: %d events, %d gaps (%d expired) in %s: %s\n",
+		file, rep.Org, rep.From, rep.To, rep.Size, rep.SignedAt.Format(time.RFC3339), rep.CheckpointKey, rep.OriginPrefix, consistent,
+		rep.Events, rep.Gaps, rep.Expired, time.Since(start).Round(time.Millisecond), verdict)
 	if err := printJSON(e.stdout, rep); err != nil {
 		return err
 	}

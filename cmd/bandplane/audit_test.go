@@ -11,12 +11,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+	kafkago "github.com/segmentio/kafka-go"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/bandplane/bandplane/deploy/stacktest"
 	"github.com/bandplane/bandplane/ingest/kafka"
 	"github.com/bandplane/bandplane/ingest/seal"
+	"github.com/bandplane/bandplane/ingest/seal/tlog"
 	"github.com/bandplane/bandplane/ingest/store"
 	"github.com/bandplane/bandplane/schema/chdb"
 )
@@ -26,6 +29,33 @@ func bandplane(t *testing.T, args ...string) (code int, stdout, stderr string) {
 	var out, errOut bytes.Buffer
 	code = run(args, strings.NewReader(""), &out, &errOut)
 	return code, out.String(), errOut.String()
+}
+
+// storeNoted writes rows as ingest does: into ClickHouse, then their notes on the
+// stored-events topic of topic (<topic>.stored), keyed by organization.
+func storeNoted(t *testing.T, conn driver.Conn, db, topic string, rows []store.EventRow) {
+	t.Helper()
+	ctx := context.Background()
+	require.NoError(t, store.New(conn, db).BatchInsert(ctx, &store.Batch{Events: rows}))
+	require.NoError(t, kafka.EnsureTopic(ctx, stacktest.Brokers(), topic+".stored", 1))
+	p, err := kafka.NewProducer(kafka.ProducerConfig{Brokers: stacktest.Brokers(), Topic: topic + ".stored"})
+	require.NoError(t, err)
+	defer p.Close()
+	byOrg := map[string][]tlog.Leaf{}
+	var orgs []string
+	for i := range rows {
+		if _, ok := byOrg[rows[i].OrgID]; !ok {
+			orgs = append(orgs, rows[i].OrgID)
+		}
+		byOrg[rows[i].OrgID] = append(byOrg[rows[i].OrgID], tlog.LeafOf(&rows[i]))
+	}
+	var msgs []kafkago.Message
+	for _, org := range orgs {
+		for _, b := range tlog.EncodeNotes(byOrg[org]) {
+			msgs = append(msgs, kafkago.Message{Key: []byte(org), Value: b})
+		}
+	}
+	require.NoError(t, p.ProduceMessages(ctx, msgs))
 }
 
 // lastLine is the last line of stdout, decoded.
@@ -43,33 +73,39 @@ func TestIntegrationAuditCLI(t *testing.T) {
 
 	dir := t.TempDir()
 	keyFile := filepath.Join(dir, "audit.key")
-	code, stdout, stderr := bandplane(t, "audit", "keygen", "--out", keyFile)
+	code, stdout, stderr := bandplane(t, append([]string{"audit", "keygen", "--out", keyFile}, stack...)...)
 	require.Equal(t, 0, code, stderr)
 	var kg map[string]string
 	lastLine(t, stdout, &kg)
 	pub, err := seal.LoadPublicKey(keyFile + ".pub")
 	require.NoError(t, err)
-	assert.Equal(t, map[string]string{"key_id": seal.KeyID(pub), "private": keyFile, "public": keyFile + ".pub"}, kg)
+	vkey, err := tlog.VerifierKey(tlog.DefaultPrefix(db), pub)
+	require.NoError(t, err)
+	assert.Equal(t, map[string]string{"key_id": tlog.KeyID(pub), "private": keyFile, "public": keyFile + ".pub", "verifier_key": vkey}, kg)
 
 	now := time.Now().UTC()
 	var rows []store.EventRow
 	for i := range 20 {
-		rows = append(rows, store.EventRow{ID: fmt.Sprintf("cli-%02d", i), Type: "message.created", Time: now.Add(-time.Hour + time.Duration(i)*time.Second),
+		rows = append(rows, store.EventRow{ID: fmt.Sprintf("cli-%02d", i), Type: "message.created", Time: now.Add(-time.Hour + time.Duration(i)*time.Second).Truncate(time.Millisecond),
 			OrgID: []string{"org-a", "org-b"}[i%2], ActorID: "agent-1", ActorType: "agent", Source: "band", SchemaVersion: 1,
-			Data: fmt.Sprintf(`{"content":"hi %d"}`, i), IngestedAt: now.Add(-time.Minute)})
+			Data: fmt.Sprintf(`{"content":"hi %d"}`, i), IngestedAt: now.Add(-time.Minute).Truncate(time.Second), Offset: int64(i)})
 	}
-	require.NoError(t, store.New(conn, db).BatchInsert(ctx, &store.Batch{Events: rows}))
+	storeNoted(t, conn, db, topic, rows)
+	// Written by hand, with no note: never sealed.
+	insert := rows[0]
+	insert.ID, insert.IngestedAt = "by-hand", now.Add(-time.Hour).Truncate(time.Second)
+	require.NoError(t, store.New(conn, db).BatchInsert(ctx, &store.Batch{Events: []store.EventRow{insert}}))
 
-	code, stdout, stderr = bandplane(t, append([]string{"audit", "seal", "--audit-key", keyFile, "--settle", "1s"}, stack...)...)
+	code, stdout, stderr = bandplane(t, append([]string{"audit", "seal", "--audit-key", keyFile}, stack...)...)
 	require.Equal(t, 0, code, stderr)
 	var res seal.Result
 	lastLine(t, stdout, &res)
-	assert.Equal(t, 2, res.Seals)
-	assert.Equal(t, 20, res.Events)
-	assert.Equal(t, 2, res.Emitted)
-	total, _, err := kafka.Lag(ctx, stacktest.Brokers(), topic, "nobody-"+topic)
+	assert.Equal(t, 2, res.Checkpoints)
+	assert.Equal(t, 20, res.Leaves)
+	assert.Equal(t, 2, res.Orgs)
+	latest, err := kafka.ReadLatest(ctx, stacktest.Brokers(), topic+".checkpoints")
 	require.NoError(t, err)
-	assert.Equal(t, int64(2), total, "one audit.sealed event per seal on the events topic")
+	assert.Len(t, latest, 3, "org-a's and org-b's checkpoints and the coverage note, on the checkpoints topic")
 
 	verify := func(args ...string) (int, seal.Report, string) {
 		t.Helper()
@@ -83,44 +119,74 @@ func TestIntegrationAuditCLI(t *testing.T) {
 	// The public half suffices; the private one works too; the environment names it.
 	for _, k := range []string{keyFile + ".pub", keyFile} {
 		code, rep, stderr := verify("--audit-key", k)
-		require.Equal(t, 0, code, stderr)
-		assert.Equal(t, seal.Report{Seals: 2, SealedEvents: 20, Problems: []seal.Problem{}}, rep)
-		assert.Contains(t, stderr, `audit verify: org "org-a": 1 seals, 10 sealed events, 0 unsealed, 0 problems`)
+		require.Equal(t, 1, code, stderr)
+		assert.Equal(t, []string{"unexpected by-hand"}, problemKinds(rep), "the row written by hand")
+		assert.Equal(t, 20, rep.SealedEvents)
+		assert.Equal(t, uint64(20), rep.Leaves)
+		assert.Contains(t, stderr, `audit verify: org "org-b": 10 leaves, 10 sealed events, 0 unsealed, 0 problems`)
 	}
+	require.NoError(t, conn.Exec(ctx, "ALTER TABLE "+db+".events DELETE WHERE id = 'by-hand'"))
+	waitMutations(t, conn, db)
 	t.Setenv("BANDPLANE_AUDIT_KEY", keyFile+".pub")
 	code, rep, stderr := verify("--org", "org-b", "--from", now.Add(-time.Hour).Format(time.RFC3339), "--to", now.Format(time.RFC3339))
 	require.Equal(t, 0, code, stderr)
-	assert.Equal(t, seal.Report{Seals: 1, SealedEvents: 10, Problems: []seal.Problem{}}, rep)
+	assert.Equal(t, 10, rep.SealedEvents)
+	assert.Equal(t, 1, rep.Orgs)
 
-	// A tampered row: exit 1, named in the last line.
+	// A checkpoint kept outside (the topic's, saved to a file) is extended; a file
+	// that is not a checkpoint of the key is named.
+	saved := filepath.Join(dir, "org-a.checkpoint")
+	require.NoError(t, os.WriteFile(saved, latest["org-a"], 0o644))
+	code, _, stderr = verify("--checkpoint", saved, "--checkpoints-topic=false")
+	require.Equal(t, 0, code, stderr)
+	junk := filepath.Join(dir, "junk.checkpoint")
+	require.NoError(t, os.WriteFile(junk, []byte("bandplane/x/org/a\n1\nAAAA\n\n— x AAAA\n"), 0o644))
+	code, rep, _ = verify("--checkpoint", junk)
+	assert.Equal(t, 1, code)
+	assert.Equal(t, []string{"forged checkpoint:checkpoint file " + junk}, problemKinds(rep))
+
+	// A tampered row: exit 1, named in the last line with its leaf.
 	require.NoError(t, conn.Exec(ctx, "ALTER TABLE "+db+".events UPDATE data = '{}' WHERE id = 'cli-03'"))
-	require.True(t, stacktest.Eventually(t, 30*time.Second, 50*time.Millisecond, func() bool {
-		var pending uint64
-		require.NoError(t, conn.QueryRow(ctx, "SELECT count() FROM system.mutations WHERE database = ? AND is_done = 0", db).Scan(&pending))
-		return pending == 0
-	}))
+	waitMutations(t, conn, db)
 	code, rep, _ = verify()
 	assert.Equal(t, 1, code)
 	require.Len(t, rep.Problems, 1)
 	assert.Equal(t, "cli-03", rep.Problems[0].ID)
 	assert.Equal(t, seal.KindModified, rep.Problems[0].Kind)
-	assert.Equal(t, "seal:org-b:1", rep.Problems[0].Seal)
+	require.NotNil(t, rep.Problems[0].Leaf)
+	assert.Equal(t, uint64(1), *rep.Problems[0].Leaf)
 
-	// Another key: every seal fails its signature.
+	// Another key: every checkpoint is forged to it, and the topic's too.
 	otherKey := filepath.Join(dir, "other.key")
 	code, _, stderr = bandplane(t, "audit", "keygen", "--out", otherKey)
 	require.Equal(t, 0, code, stderr)
-	code, rep, stderr = verify("--audit-key", otherKey+".pub")
+	code, rep, _ = verify("--audit-key", otherKey+".pub")
 	assert.Equal(t, 1, code)
-	assert.Contains(t, stderr, "no seal verifies with the given key")
-	var sealProblems int
+	forged := 0
 	for _, p := range rep.Problems {
-		if strings.HasPrefix(p.ID, "seal:") {
-			sealProblems++
-			assert.Equal(t, seal.KindModified, p.Kind)
+		if p.Kind == seal.KindForged {
+			forged++
+			assert.Contains(t, p.Reason, "no key of the ring")
 		}
 	}
-	assert.Equal(t, 2, sealProblems)
+	assert.Equal(t, 4, forged, "the two checkpoint rows and the topic's two")
+}
+
+func problemKinds(rep seal.Report) []string {
+	var out []string
+	for _, p := range rep.Problems {
+		out = append(out, p.Kind+" "+p.ID)
+	}
+	return out
+}
+
+func waitMutations(t *testing.T, conn driver.Conn, db string) {
+	t.Helper()
+	require.True(t, stacktest.Eventually(t, 30*time.Second, 50*time.Millisecond, func() bool {
+		var pending uint64
+		require.NoError(t, conn.QueryRow(context.Background(), "SELECT count() FROM system.mutations WHERE database = ? AND is_done = 0", db).Scan(&pending))
+		return pending == 0
+	}))
 }
 
 func TestIntegrationAuditCLIHostile(t *testing.T) {
@@ -132,6 +198,8 @@ func TestIntegrationAuditCLIHostile(t *testing.T) {
 	require.Equal(t, 0, code, stderr)
 	garbage := filepath.Join(dir, "garbage.key")
 	require.NoError(t, os.WriteFile(garbage, []byte("garbage"), 0o600))
+	big := filepath.Join(dir, "big.checkpoint")
+	require.NoError(t, os.WriteFile(big, bytes.Repeat([]byte("x"), tlog.MaxNoteBytes+1), 0o600))
 	t.Setenv("BANDPLANE_AUDIT_KEY", "")
 
 	for _, tc := range []struct {
@@ -145,6 +213,10 @@ func TestIntegrationAuditCLIHostile(t *testing.T) {
 		{"keygen without --out", []string{"audit", "keygen"}, 1, "--out is required"},
 		{"keygen over a key", []string{"audit", "keygen", "--out", keyFile}, 1, keyFile + " already exists"},
 		{"seal without key", append([]string{"audit", "seal"}, stack...), 1, "--audit-key: no audit key file given"},
+		{"verify without key", append([]string{"audit", "verify"}, stack...), 1, "--audit-key: no audit key given"},
+		{"bad origin", append([]string{"audit", "verify", "--audit-key", keyFile, "--audit-origin", "a b"}, stack...), 1, "--audit-origin:"},
+		{"checkpoint file missing", append([]string{"audit", "verify", "--audit-key", keyFile, "--checkpoint", filepath.Join(dir, "none")}, stack...), 1, "--checkpoint:"},
+		{"checkpoint file too large", append([]string{"audit", "verify", "--audit-key", keyFile, "--checkpoint", big}, stack...), 1, "not a checkpoint"},
 		{"seal with the public key", append([]string{"audit", "seal", "--audit-key", keyFile + ".pub"}, stack...), 1, "is a public key: sealing needs the private key"},
 		{"seal with a missing key", append([]string{"audit", "seal", "--audit-key", filepath.Join(dir, "nope")}, stack...), 1, "does not exist"},
 		{"seal with garbage", append([]string{"audit", "seal", "--audit-key", garbage}, stack...), 1, "is not PEM"},
@@ -152,7 +224,7 @@ func TestIntegrationAuditCLIHostile(t *testing.T) {
 		{"from after to", append([]string{"audit", "verify", "--audit-key", keyFile, "--from", "2026-02-10", "--to", "2026-02-09"}, stack...), 1, "--to (2026-02-09T00:00:00Z) must be after --from (2026-02-10T00:00:00Z)"},
 		{"malformed from", append([]string{"audit", "verify", "--audit-key", keyFile, "--from", "yesterday"}, stack...), 1, `--from: "yesterday" is neither RFC 3339 nor YYYY-MM-DD`},
 		{"malformed to", append([]string{"audit", "verify", "--audit-key", keyFile, "--to", "2026-13-01"}, stack...), 1, "--to:"},
-		{"org without seals", append([]string{"audit", "verify", "--audit-key", keyFile, "--org", "nobody"}, stack...), 1, `organization "nobody" has no seals`},
+		{"org without a log", append([]string{"audit", "verify", "--audit-key", keyFile, "--org", "nobody", "--checkpoints-topic=false"}, stack...), 1, `organization "nobody" has no log`},
 		{"bad flag", []string{"audit", "verify", "--bogus"}, 2, "flag provided but not defined"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -171,7 +243,6 @@ func TestIntegrationAuditCLIHostile(t *testing.T) {
 // events it dropped as expired; without the key it warns, and verify reports them
 // missing.
 func TestIntegrationAuditRetention(t *testing.T) {
-	ctx := context.Background()
 	dir := t.TempDir()
 	keyFile := filepath.Join(dir, "audit.key")
 	code, _, stderr := bandplane(t, "audit", "keygen", "--out", keyFile)
@@ -192,13 +263,16 @@ func TestIntegrationAuditRetention(t *testing.T) {
 			if i < 4 {
 				at = now.AddDate(0, 0, -30)
 			}
-			rows = append(rows, store.EventRow{ID: fmt.Sprintf("ret-%02d", i), Type: "message.created", Time: at.Add(time.Duration(i) * time.Second),
+			rows = append(rows, store.EventRow{ID: fmt.Sprintf("ret-%02d", i), Type: "message.created", Time: at.Add(time.Duration(i) * time.Second).Truncate(time.Millisecond),
 				OrgID: "org-a", ActorID: "agent-1", ActorType: "agent", Source: "band", SchemaVersion: 1,
-				Data: fmt.Sprintf(`{"content":"hi %d"}`, i), IngestedAt: now.Add(-time.Minute)})
+				Data: fmt.Sprintf(`{"content":"hi %d"}`, i), IngestedAt: now.Add(-time.Minute).Truncate(time.Second), Offset: int64(i)})
 		}
-		require.NoError(t, store.New(conn, db).BatchInsert(ctx, &store.Batch{Events: rows}))
-		code, _, stderr := bandplane(t, append([]string{"audit", "seal", "--audit-key", keyFile, "--settle", "1s"}, stack...)...)
+		storeNoted(t, conn, db, topic, rows)
+		code, _, stderr := bandplane(t, append([]string{"audit", "seal", "--audit-key", keyFile}, stack...)...)
 		require.Equal(t, 0, code, stderr)
+		// The cut must be recorded after the checkpoint (whole seconds).
+		sealedAt := time.Now().Unix()
+		require.True(t, stacktest.Eventually(t, 3*time.Second, 10*time.Millisecond, func() bool { return time.Now().Unix() > sealedAt }))
 		return stack
 	}
 	type output struct {
@@ -233,11 +307,12 @@ func TestIntegrationAuditRetention(t *testing.T) {
 		lastLine(t, stdout, &out)
 		assert.Equal(t, []chdb.Dropped{{Table: "events", Partition: time.Now().UTC().AddDate(0, 0, -30).Format("20060102")}}, out.Dropped)
 		require.Len(t, out.Cuts, 1)
-		assert.Equal(t, seal.KeyID(pub), out.Cuts[0].KeyID)
+		assert.Equal(t, tlog.KeyID(pub), out.Cuts[0].KeyID)
 		assert.NotEmpty(t, out.Cuts[0].Signature)
 		code, rep := verify(stack)
-		assert.Equal(t, 0, code)
-		assert.Equal(t, seal.Report{Seals: 1, SealedEvents: 4, ExpiredEvents: 4, Problems: []seal.Problem{}}, rep)
+		assert.Equal(t, 0, code, "%v", rep.Problems)
+		assert.Equal(t, 4, rep.SealedEvents)
+		assert.Equal(t, 4, rep.ExpiredEvents)
 	})
 
 	t.Run("unsigned", func(t *testing.T) {

@@ -48,9 +48,10 @@ func exportHandlerForTest(t *testing.T, withKey bool) http.Handler {
 		keyFile = filepath.Join(t.TempDir(), "audit.key")
 		require.NoError(t, seal.GenerateKey(keyFile))
 	}
-	h, err := auditExportHandler(noConn{}, "db", exportAuth, keyFile, nil, nil)
+	x, err := newAuditExporter(noConn{}, "db", "", keyFile, nil)
 	require.NoError(t, err)
-	return h
+	require.Equal(t, withKey, x != nil)
+	return auditExportHandler(exportAuth, x, nil, nil)
 }
 
 func exportAsk(t *testing.T, h http.Handler, method, token, query string) (int, keys.ErrorBody, http.Header) {
@@ -90,7 +91,14 @@ func TestExportHandlerRefuses(t *testing.T) {
 		{"control character", "GET", "compliance-a", ok + "&rooms=a%0Ab", 400, "bad_request", `rooms: "a\nb" has a control character`},
 		{"unknown parameter", "GET", "compliance-a", ok + "&type=x", 400, "bad_request", `unknown parameter "type"`},
 		{"bad format", "GET", "compliance-a", ok + "&format=xlsx", 400, "bad_request", `format: "xlsx" is not ndjson or csv`},
-		{"bad cursor", "GET", "compliance-a", ok + "&as_of=2026-03-02T00:00:00Z&after=zzz", 400, "bad_request", "after: malformed cursor"},
+		{"bad cursor", "GET", "compliance-a", ok + "&as_of=12&after=zzz", 400, "bad_request", "after: malformed cursor"},
+		{"cursor without as_of", "GET", "compliance-a", ok + "&after=" + seal.Cursor{}.String(), 400, "bad_request", "after: needs as_of"},
+		{"as_of not a size", "GET", "compliance-a", ok + "&as_of=2026-03-02T00:00:00Z", 400, "bad_request", "as_of: want a log size"},
+		{"as_of zero", "GET", "compliance-a", ok + "&as_of=0", 400, "bad_request", "as_of: 0 is not the size of a checkpoint"},
+		{"as_of twice", "GET", "compliance-a", ok + "&as_of=3&as_of=4", 400, "bad_request", "as_of: given 2 times"},
+		{"as_of too large", "GET", "compliance-a", ok + "&as_of=99999999999999999999", 400, "bad_request", "as_of: want a log size"},
+		{"too many consistency sizes", "GET", "compliance-a", ok + "&consistency=1,2,3,4,5,6,7,8,9", 400, "bad_request", "consistency: 9 values; at most 8"},
+		{"consistency not a size", "GET", "compliance-a", ok + "&consistency=-3", 400, "bad_request", "consistency: want a log size"},
 		{"malformed query", "GET", "compliance-a", ok + "&%zz", 400, "bad_request", "malformed query string"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -118,11 +126,14 @@ func TestExportHandlerWithoutAuditKey(t *testing.T) {
 	// Authentication still comes first.
 	status, _, _ = exportAsk(t, h, "GET", "", "from=2026-03-01&to=2026-03-02")
 	assert.Equal(t, http.StatusUnauthorized, status)
-	// A key file that is not a private key stops serve at start.
+	// A key file that is not a private key stops serve at start, and so does an origin
+	// prefix a checkpoint cannot have.
 	pub := filepath.Join(t.TempDir(), "audit.key")
 	require.NoError(t, seal.GenerateKey(pub))
-	_, err := auditExportHandler(noConn{}, "db", exportAuth, pub+".pub", nil, nil)
+	_, err := newAuditExporter(noConn{}, "db", "", pub+".pub", nil)
 	assert.ErrorContains(t, err, "is a public key")
+	_, err = newAuditExporter(noConn{}, "db", "has space", pub, nil)
+	assert.ErrorContains(t, err, "--audit-origin")
 }
 
 func TestExportCLIRefuses(t *testing.T) {
@@ -130,6 +141,14 @@ func TestExportCLIRefuses(t *testing.T) {
 	done := filepath.Join(dir, "done.ndjson")
 	require.NoError(t, os.WriteFile(done, []byte("x"), 0o600))
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "cut.ndjson.part"), []byte("x"), 0o600))
+	sizeless := filepath.Join(dir, "sizeless.checkpoint")
+	require.NoError(t, os.WriteFile(sizeless, []byte("bandplane/db/org/a\nx\nAAAA\n\n— bandplane/db AAAA\n"), 0o600))
+	var nineCheckpoints []string
+	for range 9 {
+		nineCheckpoints = append(nineCheckpoints, "--checkpoint", sizeless)
+	}
+	keyFile := filepath.Join(dir, "audit.key")
+	require.NoError(t, seal.GenerateKey(keyFile))
 	t.Setenv("BANDPLANE_KEY", "")
 	for _, tc := range []struct {
 		name string
@@ -141,14 +160,18 @@ func TestExportCLIRefuses(t *testing.T) {
 		{"no key", []string{"audit", "export", "--out", filepath.Join(dir, "a")}, 1, "no API key"},
 		{"bad server", []string{"audit", "export", "--out", filepath.Join(dir, "a"), "--key", "k", "--server", "ftp://x"}, 1, "is not an http(s) URL"},
 		{"no range", []string{"audit", "export", "--out", filepath.Join(dir, "a"), "--key", "k"}, 1, "from: required"},
-		{"bad as-of", []string{"audit", "export", "--out", filepath.Join(dir, "a"), "--key", "k", "--from", "2026-01-01", "--to", "2026-01-02", "--as-of", "now"}, 1, "--as-of: want"},
+		{"bad as-of", []string{"audit", "export", "--out", filepath.Join(dir, "a"), "--key", "k", "--from", "2026-01-01", "--to", "2026-01-02", "--as-of", "now"}, 1, "--as-of: want a log size"},
+		{"missing checkpoint", []string{"audit", "export", "--out", filepath.Join(dir, "a"), "--key", "k", "--from", "2026-01-01", "--to", "2026-01-02", "--checkpoint", filepath.Join(dir, "nope")}, 1, "--checkpoint: open"},
+		{"not a checkpoint", []string{"audit", "export", "--out", filepath.Join(dir, "a"), "--key", "k", "--from", "2026-01-01", "--to", "2026-01-02", "--checkpoint", done}, 1, "is not a checkpoint"},
+		{"checkpoint of no size", []string{"audit", "export", "--out", filepath.Join(dir, "a"), "--key", "k", "--from", "2026-01-01", "--to", "2026-01-02", "--checkpoint", sizeless}, 1, `its second line "x" is not a tree size`},
+		{"too many checkpoints", append([]string{"audit", "export", "--out", filepath.Join(dir, "a"), "--key", "k", "--from", "2026-01-01", "--to", "2026-01-02"}, nineCheckpoints...), 1, "--checkpoint: 9 given; at most 8"},
 		{"exists", []string{"audit", "export", "--out", done, "--key", "k", "--from", "2026-01-01", "--to", "2026-01-02"}, 1, "exists: remove it"},
 		{"part exists", []string{"audit", "export", "--out", filepath.Join(dir, "cut.ndjson"), "--key", "k", "--from", "2026-01-01", "--to", "2026-01-02"}, 1, "--resume continues it"},
 		{"nothing to resume", []string{"audit", "export", "--out", filepath.Join(dir, "none"), "--key", "k", "--resume"}, 1, "no interrupted export"},
 		{"resume garbage", []string{"audit", "export", "--out", filepath.Join(dir, "cut.ndjson"), "--key", "k", "--resume"}, 1, "holds no complete header"},
 		{"resume as another format", []string{"audit", "export", "--out", filepath.Join(dir, "cut.ndjson"), "--key", "k", "--resume", "--format", "csv"}, 1, "is a ndjson export, not csv"},
 		{"server down", []string{"audit", "export", "--out", filepath.Join(dir, "b"), "--key", "k", "--from", "2026-01-01", "--to", "2026-01-02", "--server", "http://127.0.0.1:1"}, 1, "cannot reach"},
-		{"verify export with --org", []string{"audit", "verify", "--export", done, "--audit-key", "k", "--org", "o"}, 1, "--org: not with --export"},
+		{"verify export with --org", []string{"audit", "verify", "--export", done, "--audit-key", keyFile + ".pub", "--org", "o"}, 1, "--org: not with --export"},
 		{"verify missing export", []string{"audit", "verify", "--export", filepath.Join(dir, "nope"), "--audit-key", filepath.Join(dir, "k")}, 1, "does not exist"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -160,8 +183,6 @@ func TestExportCLIRefuses(t *testing.T) {
 	assert.NoFileExists(t, filepath.Join(dir, "b.part"), "a failed start leaves no file")
 
 	// verify --export on files that are no export: exit 1, the problem named.
-	keyFile := filepath.Join(dir, "audit.key")
-	require.NoError(t, seal.GenerateKey(keyFile))
 	for _, content := range []string{"", "garbage\n", `{"kind":"header"}` + "\n", strings.Repeat("{", 1000)} {
 		f := filepath.Join(dir, "bad.ndjson")
 		require.NoError(t, os.WriteFile(f, []byte(content), 0o600))

@@ -12,27 +12,32 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	kafkago "github.com/segmentio/kafka-go"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/bandplane/bandplane/deploy/stacktest"
+	"github.com/bandplane/bandplane/ingest/kafka"
 	"github.com/bandplane/bandplane/ingest/seal"
+	"github.com/bandplane/bandplane/ingest/seal/tlog"
 	"github.com/bandplane/bandplane/ingest/store"
 	"github.com/bandplane/bandplane/policy/keys"
 	"github.com/bandplane/bandplane/schema"
 )
 
 // TestIntegrationExport drives the real `bandplane serve --audit-key` and the real CLI:
-// events posted to the collector (and a few awkward rows written by hand) are sealed
-// with `bandplane audit seal`, exported as NDJSON and CSV through GET /v1/audit/export,
-// and verified offline; a changed, a dropped and an added line are each named; an
-// export killed midway (SIGKILL) and resumed equals, byte for byte, an uninterrupted
-// export of the same selection; rows edited or deleted in ClickHouse after sealing show
-// in the next export's verification.
+// events posted to the collector (and a few awkward rows written by hand, noted on the
+// stored-events topic as ingest notes what it stores) are sealed with `bandplane audit
+// seal`, exported as NDJSON and CSV through GET /v1/audit/export, and verified offline
+// against the audit key and an auditor's checkpoint; a changed, a dropped and an added
+// line are each named; an export killed midway (SIGKILL) and resumed equals, byte for
+// byte, an uninterrupted export of the same selection; rows edited or deleted in
+// ClickHouse after sealing are gaps of the next export.
 func TestIntegrationExport(t *testing.T) {
 	began := time.Now()
 	s := newStack(t)
@@ -72,30 +77,30 @@ func TestIntegrationExport(t *testing.T) {
 			OrgID: org, RoomID: []string{"room-1", "room-2"}[n%2], Actor: schema.Party{ID: fmt.Sprintf("agent-%d", n%5), Type: schema.ActorAgent},
 			Source: "band", SchemaVersion: schema.Version, Data: data})
 	}
-	// Two rounds, each sealed: the export's proof holds several chained seals.
+	// Two rounds, each sealed: the export is pinned to the second round's checkpoint,
+	// and proves its consistency with the first.
 	stackArgs := []string{"--clickhouse", stacktest.ClickHouseAddr(), "--clickhouse-db", s.db, "--kafka", strings.Join(stacktest.Brokers(), ","), "--topic", s.topic}
-	// sealNow seals until every one of ids has an entry (a row that lands after a run's
-	// settle is sealed by the next one).
+	ctx := context.Background()
+	// sealNow seals until every one of ids has a leaf (a note produced after a run's
+	// drain is sealed by the next one).
 	sealNow := func(ids []string) seal.Result {
 		t.Helper()
 		isoWaitStored(t, s, ids)
 		var res seal.Result
 		for run := 1; ; run++ {
-			// --settle 1s cuts at now() − 1 s in whole seconds: a row is sealed once it
-			// is two seconds old.
-			time.Sleep(2500 * time.Millisecond)
-			code, stdout, stderr := bandplane(t, append([]string{"audit", "seal", "--audit-key", keyFile, "--settle", "1s"}, stackArgs...)...)
+			code, stdout, stderr := bandplane(t, append([]string{"audit", "seal", "--audit-key", keyFile}, stackArgs...)...)
 			require.Equal(t, 0, code, stderr)
 			var r seal.Result
 			lastLine(t, stdout, &r)
-			res.Seals, res.Events = res.Seals+r.Seals, res.Events+r.Events
+			res.Checkpoints, res.Leaves = res.Checkpoints+r.Checkpoints, res.Leaves+r.Leaves
 			var n uint64
-			require.NoError(t, s.conn.QueryRow(context.Background(), "SELECT uniqExact(id) FROM "+s.db+".seal_entries WHERE has(?, id)", ids).Scan(&n))
+			require.NoError(t, s.conn.QueryRow(ctx, "SELECT uniqExact(id) FROM "+s.db+".log_leaves WHERE has(?, id)", ids).Scan(&n))
 			if n == uint64(len(ids)) {
 				return res
 			}
-			require.Less(t, run, 5, "%d of %d events sealed after %d runs", n, len(ids), run)
+			require.Less(t, run, 10, "%d of %d events sealed after %d runs", n, len(ids), run)
 			t.Logf("run %d sealed %d of %d events; sealing again", run, n, len(ids))
+			time.Sleep(500 * time.Millisecond)
 		}
 	}
 	var firstIDs []string
@@ -107,18 +112,24 @@ func TestIntegrationExport(t *testing.T) {
 		}
 	}
 	first := sealNow(firstIDs)
+	// What an auditor keeps of org-alpha's log after the first round.
+	auditorFile := filepath.Join(s.dir, "alpha.checkpoint")
+	code, stdout, stderr := bandplane(t, "audit", "checkpoint", "--org", "org-alpha", "--out", auditorFile, "--server", srv.url, "--key", compliance)
+	require.Equal(t, 0, code, "%s%s", stdout, stderr)
 	for i := alphaEvents / 2; i < len(evs); i += 600 {
 		isoPost(t, srv, ingestKey, evs[i:min(len(evs), i+600)])
 	}
-	// Rows no collector would store, written by hand: the export carries them exactly.
+	// Rows no collector would store, written by hand and noted as ingest notes what it
+	// stores: the export carries them exactly.
 	odd := []string{"raw\nnewline", "carriage\r\nreturn", "\xff not utf-8", `"quoted"`, ""}
 	var rows []store.EventRow
 	for i, d := range odd {
 		rows = append(rows, store.EventRow{ID: fmt.Sprintf("odd-%d", i), Type: "message.created", Time: from.Add(time.Duration(i)*time.Second + 7*time.Millisecond),
 			OrgID: "org-alpha", RoomID: "room-1", ActorID: "agent-1", ActorType: "agent", Source: "band", SchemaVersion: 1, Data: d,
-			IngestedAt: time.Now().UTC().Add(-time.Minute)})
+			IngestedAt: time.Now().UTC().Add(-time.Minute).Truncate(time.Second), Partition: 3, Offset: int64(1_000_000 + i)})
 	}
-	require.NoError(t, store.New(s.conn, s.db).BatchInsert(context.Background(), &store.Batch{Events: rows}))
+	require.NoError(t, store.New(s.conn, s.db).BatchInsert(ctx, &store.Batch{Events: rows}))
+	noteRows(t, s.topic+".stored", rows)
 	var ids []string
 	for _, e := range evs {
 		ids = append(ids, e.ID)
@@ -127,8 +138,8 @@ func TestIntegrationExport(t *testing.T) {
 		ids = append(ids, r.ID)
 	}
 	sealed := sealNow(ids)
-	require.GreaterOrEqual(t, first.Events+sealed.Events, alphaEvents+bravoEvents+len(odd))
-	t.Logf("%d events posted, stored and sealed in %d seals after %s", first.Events+sealed.Events, first.Seals+sealed.Seals, time.Since(began).Round(time.Millisecond))
+	require.GreaterOrEqual(t, first.Leaves+sealed.Leaves, alphaEvents+bravoEvents+len(odd))
+	t.Logf("%d events posted, stored and sealed in %d checkpoints after %s", first.Leaves+sealed.Leaves, first.Checkpoints+sealed.Checkpoints, time.Since(began).Round(time.Millisecond))
 
 	// Who may export what.
 	for _, tc := range []struct {
@@ -153,17 +164,17 @@ func TestIntegrationExport(t *testing.T) {
 		t.Helper()
 		return bandplane(t, append([]string{"audit", "export", "--out", out, "--server", srv.url, "--key", token, "--quiet"}, args...)...)
 	}
-	verify := func(t *testing.T, file string) (int, seal.ExportReport, string) {
+	verify := func(t *testing.T, file string, extra ...string) (int, seal.ExportReport, string) {
 		t.Helper()
-		code, stdout, stderr := bandplane(t, "audit", "verify", "--export", file, "--audit-key", pubFile)
+		code, stdout, stderr := bandplane(t, append([]string{"audit", "verify", "--export", file, "--audit-key", pubFile}, extra...)...)
 		var rep seal.ExportReport
 		lastLine(t, stdout, &rep)
 		return code, rep, stderr
 	}
 	type summary struct {
 		Events uint64 `json:"events"`
-		Seals  uint64 `json:"seals"`
-		AsOf   string `json:"as_of"`
+		Gaps   uint64 `json:"gaps"`
+		Size   uint64 `json:"size"`
 		Bytes  int64  `json:"bytes"`
 	}
 
@@ -173,19 +184,21 @@ func TestIntegrationExport(t *testing.T) {
 		t.Run(format, func(t *testing.T) {
 			start := time.Now()
 			out := filepath.Join(dir, "alpha."+format)
-			code, stdout, stderr := export(t, compliance, out, append(rangeArgs, "--format", format)...)
+			code, stdout, stderr := export(t, compliance, out, append(rangeArgs, "--format", format, "--checkpoint", auditorFile)...)
 			require.Equal(t, 0, code, stderr)
 			var sum summary
 			lastLine(t, stdout, &sum)
 			assert.Equal(t, uint64(alphaEvents+len(odd)), sum.Events)
-			assert.GreaterOrEqual(t, sum.Seals, uint64(2), "both rounds")
-			t.Logf("%s: %d events, %d seals, %d bytes in %s", format, sum.Events, sum.Seals, sum.Bytes, time.Since(start).Round(time.Millisecond))
+			assert.Zero(t, sum.Gaps)
+			assert.GreaterOrEqual(t, sum.Size, uint64(alphaEvents+len(odd)), "both rounds")
+			t.Logf("%s: %d events at size %d, %d bytes in %s", format, sum.Events, sum.Size, sum.Bytes, time.Since(start).Round(time.Millisecond))
 			start = time.Now()
-			code, rep, stderr := verify(t, out)
+			code, rep, stderr := verify(t, out, "--checkpoint", auditorFile)
 			require.Equal(t, 0, code, stderr)
 			assert.True(t, rep.OK())
 			assert.Equal(t, int64(alphaEvents+len(odd)), rep.Events)
-			assert.Contains(t, stderr, "OK: every line is sealed and the export is whole")
+			assert.Len(t, rep.Consistent, 1, "the auditor's checkpoint")
+			assert.Contains(t, stderr, "OK: every line and gap is a leaf of the signed checkpoint")
 			t.Logf("%s verified offline in %s", format, time.Since(start).Round(time.Millisecond))
 			b, err := os.ReadFile(out)
 			require.NoError(t, err)
@@ -243,14 +256,15 @@ func TestIntegrationExport(t *testing.T) {
 	rep = tampered("dropped", func(l [][]byte) [][]byte { return append(l[:500], l[501:]...) })
 	require.Equal(t, seal.ExportDropped, rep.Problems[0].Kind, "%+v", rep.Problems)
 	assert.Equal(t, int64(501), rep.Problems[0].Line)
-	assert.Equal(t, lineID(t, ls[500]), rep.Problems[0].ID)
+	assert.Equal(t, lineKey(t, ls[500]).Leaf, *rep.Problems[0].Leaf)
 	rep = tampered("added", func(l [][]byte) [][]byte {
 		extra := bytes.Replace(l[1000], []byte(lineID(t, l[1000])), []byte(lineID(t, l[1000])+"-copy"), 1)
 		return append(append(l[:1001:1001], extra), l[1001:]...)
 	})
-	require.Equal(t, seal.ExportAdded, rep.Problems[0].Kind, "%+v", rep.Problems)
+	require.Equal(t, seal.ExportChanged, rep.Problems[0].Kind, "%+v", rep.Problems)
 	assert.Equal(t, int64(1002), rep.Problems[0].Line)
 	assert.Equal(t, lineID(t, ls[1000])+"-copy", rep.Problems[0].ID)
+	assert.Equal(t, seal.ExportAdded, rep.Problems[1].Kind, "%+v", rep.Problems)
 
 	// Killed midway, resumed: the file equals an uninterrupted export of the selection.
 	for _, format := range []string{"ndjson", "csv"} {
@@ -263,7 +277,8 @@ func TestIntegrationExport(t *testing.T) {
 			}
 			proxy := pausingProxy(t, srv.url, cutAt)
 			out := filepath.Join(dir, "killed."+format)
-			cmd := exec.Command(bandplaneBinary(t), append([]string{"audit", "export", "--out", out, "--server", proxy.URL, "--key", compliance, "--format", format}, rangeArgs...)...)
+			cmd := exec.Command(bandplaneBinary(t), append([]string{"audit", "export", "--out", out, "--server", proxy.URL, "--key", compliance, "--format", format,
+				"--checkpoint", auditorFile}, rangeArgs...)...)
 			var cliErr bytes.Buffer
 			cmd.Stderr = &cliErr
 			require.NoError(t, cmd.Start())
@@ -287,13 +302,13 @@ func TestIntegrationExport(t *testing.T) {
 			require.NoError(t, err)
 			require.True(t, bytes.Equal(full, resumed), "the resumed file differs from the uninterrupted export (%d and %d bytes)", len(resumed), len(full))
 			assert.NoFileExists(t, out+".part")
-			// The same as an export pinned at the file's as_of, started afresh.
+			// The same as an export pinned at the file's size, started afresh.
 			again := filepath.Join(dir, "again."+format)
-			code, _, stderr = export(t, compliance, again, append(rangeArgs, "--format", format, "--as-of", sum.AsOf)...)
+			code, _, stderr = export(t, compliance, again, append(rangeArgs, "--format", format, "--checkpoint", auditorFile, "--as-of", strconv.FormatUint(sum.Size, 10))...)
 			require.Equal(t, 0, code, stderr)
 			b, err := os.ReadFile(again)
 			require.NoError(t, err)
-			assert.True(t, bytes.Equal(full, b), "an export as of %s differs", sum.AsOf)
+			assert.True(t, bytes.Equal(full, b), "an export pinned at size %d differs", sum.Size)
 			// Resuming a complete file does nothing.
 			code, _, stderr = export(t, compliance, out, "--resume")
 			assert.Equal(t, 0, code, stderr)
@@ -327,7 +342,6 @@ func TestIntegrationExport(t *testing.T) {
 	}
 
 	// The trail edited in ClickHouse after sealing: the next export proves it.
-	ctx := context.Background()
 	require.NoError(t, s.conn.Exec(ctx, "ALTER TABLE "+s.db+".events UPDATE data = '{\"content\":\"rewritten\"}' WHERE id = 'org-alpha-00042'"))
 	require.NoError(t, s.conn.Exec(ctx, "ALTER TABLE "+s.db+".events DELETE WHERE id = 'org-alpha-00043'"))
 	require.True(t, stacktest.Eventually(t, 60*time.Second, 100*time.Millisecond, func() bool {
@@ -344,7 +358,10 @@ func TestIntegrationExport(t *testing.T) {
 	for _, p := range rep.Problems {
 		got[p.ID] = p.Kind
 	}
-	assert.Equal(t, map[string]string{"org-alpha-00042": seal.ExportChanged, "org-alpha-00043": seal.ExportMissing}, got, "%+v", rep.Problems)
+	assert.Equal(t, map[string]string{"org-alpha-00042": seal.ExportModified, "org-alpha-00043": seal.ExportMissing}, got, "%+v", rep.Problems)
+	b, err := os.ReadFile(out)
+	require.NoError(t, err)
+	assert.NotContains(t, string(b), "rewritten", "an edited row is a gap, never its new content")
 
 	// Every export served is in the trail: audit.exported, with the key that took it.
 	var exported uint64
@@ -363,11 +380,37 @@ func verifyCLI(t *testing.T, file, pub string) (int, string, string) {
 }
 
 // lineID is the id of an NDJSON event line.
-func lineID(t *testing.T, line []byte) string {
+func lineID(t *testing.T, line []byte) string { return lineKey(t, line).ID }
+
+func lineKey(t *testing.T, line []byte) seal.ExportEventID {
 	t.Helper()
 	k, err := seal.ExportEventKey("ndjson", line)
 	require.NoError(t, err)
-	return k.ID
+	return k
+}
+
+// noteRows produces the notes of rows written by hand to the stored-events topic, as
+// ingest does for what it stores: one message per organization, keyed by it.
+func noteRows(t *testing.T, topic string, rows []store.EventRow) {
+	t.Helper()
+	p, err := kafka.NewProducer(kafka.ProducerConfig{Brokers: stacktest.Brokers(), Topic: topic})
+	require.NoError(t, err)
+	defer p.Close()
+	byOrg := map[string][]tlog.Leaf{}
+	var orgs []string
+	for i := range rows {
+		if _, ok := byOrg[rows[i].OrgID]; !ok {
+			orgs = append(orgs, rows[i].OrgID)
+		}
+		byOrg[rows[i].OrgID] = append(byOrg[rows[i].OrgID], tlog.LeafOf(&rows[i]))
+	}
+	var msgs []kafkago.Message
+	for _, org := range orgs {
+		for _, b := range tlog.EncodeNotes(byOrg[org]) {
+			msgs = append(msgs, kafkago.Message{Key: []byte(org), Value: b})
+		}
+	}
+	require.NoError(t, p.ProduceMessages(context.Background(), msgs))
 }
 
 // pausingProxy forwards to target but sends only the first limit bytes of each answer,

@@ -11,6 +11,7 @@ import (
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
 	"github.com/bandplane/bandplane/ingest/pricing"
+	"github.com/bandplane/bandplane/ingest/seal/tlog"
 	"github.com/bandplane/bandplane/schema/chdb"
 )
 
@@ -21,6 +22,7 @@ type stackFlags struct {
 	kafka    string
 	topic    string
 	dlqTopic string
+	origin   string
 	ch       chdb.Config
 }
 
@@ -36,6 +38,7 @@ func (s *stackFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&s.kafka, "kafka", envOr("BANDPLANE_KAFKA", "127.0.0.1:19092"), "Kafka bootstrap brokers, comma-separated (env BANDPLANE_KAFKA)")
 	fs.StringVar(&s.topic, "topic", envOr("BANDPLANE_TOPIC", "bandplane.events"), "events topic")
 	fs.StringVar(&s.dlqTopic, "dlq-topic", "", "dead-letter topic (default: <topic>.dlq)")
+	fs.StringVar(&s.origin, "audit-origin", envOr("BANDPLANE_AUDIT_ORIGIN", ""), "the deployment's name in its audit log: the origin prefix of every organization's checkpoints and the audit key's note key name, bound into retention cuts (no space or '+'; default bandplane/<clickhouse-db>) (env BANDPLANE_AUDIT_ORIGIN)")
 	fs.StringVar(&s.ch.Addr, "clickhouse", envOr("BANDPLANE_CLICKHOUSE", def.Addr), "ClickHouse native address host:port, or several comma-separated (servers of a cluster: the first that answers takes the connections, the next when it is down; give every process the same order) (env BANDPLANE_CLICKHOUSE)")
 	fs.StringVar(&s.ch.Database, "clickhouse-db", envOr("BANDPLANE_CLICKHOUSE_DB", def.Database), "ClickHouse database (env BANDPLANE_CLICKHOUSE_DB)")
 	fs.StringVar(&s.ch.User, "clickhouse-user", envOr("BANDPLANE_CLICKHOUSE_USER", def.User), "ClickHouse user")
@@ -64,6 +67,23 @@ func (s *stackFlags) dlq() string {
 		return s.dlqTopic
 	}
 	return s.topic + ".dlq"
+}
+
+// storedTopic is the topic ingest notes each stored event row on, for the sealer.
+func (s *stackFlags) storedTopic() string { return s.topic + ".stored" }
+
+// checkpointTopic is the compacted topic of every organization's newest checkpoint.
+func (s *stackFlags) checkpointTopic() string { return s.topic + ".checkpoints" }
+
+// prefix is the deployment's origin prefix.
+func (s *stackFlags) prefix() (string, error) {
+	if s.origin == "" {
+		return tlog.DefaultPrefix(s.ch.Database), nil
+	}
+	if err := tlog.CheckPrefix(s.origin); err != nil {
+		return "", fmt.Errorf("--audit-origin: %w", err)
+	}
+	return s.origin, nil
 }
 
 // newFlagSet returns a flag set that reports errors and usage on e.stderr (and

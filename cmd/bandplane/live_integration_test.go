@@ -89,10 +89,14 @@ func TestIntegrationLiveWorkStatus(t *testing.T) {
 	}
 	lead := schema.Party{ID: "u-live-lead", Type: schema.ActorUser, Handle: "lead"}
 	coder := schema.Party{ID: "a-live-coder", Type: schema.ActorAgent, Handle: "lead/coder"}
-	require.NoError(t, p.Produce(ctx, []schema.Event{
+	regs := []schema.Event{
 		event("org-acme", schema.TypeUserRegistered, schema.Party{ID: "system", Type: schema.ActorSystem}, &lead, schema.UserData{Handle: "lead"}),
 		event("org-acme", schema.TypeAgentRegistered, lead, &coder, map[string]any{"handle": "lead/coder", "owner_id": lead.ID}),
-	}))
+	}
+	require.NoError(t, p.Produce(ctx, regs))
+	// Stored, and so noted for the sealer: the notes' producer has started its
+	// goroutines before they are counted.
+	isoWaitStored(t, s, []string{regs[0].ID, regs[1].ID})
 
 	goroutines := func() int {
 		t.Helper()

@@ -66,7 +66,11 @@ func runRetention(ctx context.Context, e *env, args []string) error {
 		if err != nil {
 			return fmt.Errorf("--audit-key: %w", err)
 		}
-		opts.Sign = seal.CutSigner(key)
+		prefix, err := st.prefix()
+		if err != nil {
+			return err
+		}
+		opts.Sign = seal.CutSigner(key, st.ch.Database, prefix)
 	}
 	conn, err := st.openDB(ctx)
 	if err != nil {

@@ -132,7 +132,7 @@ type policyServer struct {
 
 // build returns the policy side of serve, or nil with --no-policy.
 func (p *policyFlags) build(ctx context.Context, log *slog.Logger, reg prometheus.Registerer, conn driver.Conn,
-	st stackFlags, cat pricing.Source, auditor *kafka.Producer, auth keys.Authenticator) (*policyServer, error) {
+	st stackFlags, cat pricing.Source, auditor *kafka.Producer, auth keys.Authenticator, trail replica.Trail) (*policyServer, error) {
 	if p.disabled {
 		return nil, nil
 	}
@@ -174,7 +174,7 @@ func (p *policyFlags) build(ctx context.Context, log *slog.Logger, reg prometheu
 	}
 	r, err := replica.New(replica.Config{Directory: dir, Ledger: eng.Ledger(), Catalog: cat, Conn: conn,
 		Database: st.ch.Database, Brokers: st.brokers(), Topic: st.topic, GroupID: p.group, Logger: log,
-		Limiter: eng.Limiter(), Owns: shards.Owns, RestoreWindow: window, Started: started})
+		Limiter: eng.Limiter(), Owns: shards.Owns, RestoreWindow: window, Started: started, Trail: trail})
 	if err != nil {
 		return nil, err
 	}

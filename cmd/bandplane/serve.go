@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/ed25519"
 	"errors"
 	"flag"
 	"fmt"
@@ -24,6 +25,7 @@ import (
 	"github.com/bandplane/bandplane/ingest/seal"
 	"github.com/bandplane/bandplane/ingest/store"
 	"github.com/bandplane/bandplane/policy/keys"
+	"github.com/bandplane/bandplane/policy/replica"
 	"github.com/bandplane/bandplane/query"
 	"github.com/bandplane/bandplane/schema/chdb"
 )
@@ -72,16 +74,34 @@ func (s *sealFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&s.every, "seal-every", time.Minute, "how often what was ingested is sealed (with --audit-key)")
 }
 
-// sealer returns the sealer of the trail, or nil without --audit-key.
-func (s *sealFlags) sealer(conn driver.Conn, db string, p seal.Producer, log *slog.Logger, reg prometheus.Registerer) (*seal.Sealer, error) {
+// sealer returns the sealer of the trail, or nil without --audit-key; close releases
+// its Kafka clients.
+func (s *sealFlags) sealer(ctx context.Context, st *stackFlags, conn driver.Conn, ingestGroup string, log *slog.Logger, reg prometheus.Registerer) (*seal.Sealer, func() error, error) {
 	if s.keyFile == "" {
-		return nil, nil
+		return nil, func() error { return nil }, nil
 	}
 	key, err := seal.LoadPrivateKey(s.keyFile)
 	if err != nil {
+		return nil, nil, fmt.Errorf("cannot use --audit-key: %w", err)
+	}
+	return newSealer(ctx, st, conn, key, s.every, sealerPriorityServe, ingestGroup, log, reg)
+}
+
+// log returns the reader of the audit log, checked against --audit-key's public half,
+// or nil without --audit-key.
+func (s *sealFlags) log(conn driver.Conn, st *stackFlags) (*seal.Log, error) {
+	if s.keyFile == "" {
+		return nil, nil
+	}
+	pub, err := seal.LoadPublicKey(s.keyFile)
+	if err != nil {
 		return nil, fmt.Errorf("cannot use --audit-key: %w", err)
 	}
-	return seal.New(seal.Config{Conn: conn, Database: db, Key: key, Producer: p, Every: s.every, Logger: log, Registerer: reg})
+	prefix, err := st.prefix()
+	if err != nil {
+		return nil, err
+	}
+	return seal.NewLog(conn, st.ch.Database, prefix, []ed25519.PublicKey{pub})
 }
 
 // httpLimits are the timeouts of serve's HTTP servers.
@@ -200,6 +220,11 @@ func serve(ctx context.Context, log *slog.Logger, reg *prometheus.Registry, c se
 			return err
 		}
 	}
+	// Ingest notes what it stores whether this process seals or not: a sealer
+	// elsewhere, or one started later, seals it.
+	if err := seal.EnsureTopics(ctx, c.stack.auditTopics(sealerPriorityServe), c.partitions); err != nil {
+		return err
+	}
 	metrics := ingest.NewMetrics(reg)
 	st := store.New(conn, c.stack.ch.Database)
 
@@ -229,7 +254,20 @@ func serve(ctx context.Context, log *slog.Logger, reg *prometheus.Registry, c se
 	if err != nil {
 		return err
 	}
-	pol, err := c.policy.build(ctx, log, reg, conn, c.stack, prices.Live, auditor, keyCache)
+	// The audit log checks what the policy replica restores from ClickHouse, and
+	// answers /v1/audit/checkpoint and /v1/audit/proof (nil without --audit-key).
+	auditLog, err := c.seal.log(conn, &c.stack)
+	if err != nil {
+		return err
+	}
+	latestCheckpoints := func(ctx context.Context) (map[string][]byte, error) {
+		return kafka.ReadLatest(ctx, brokers, c.stack.checkpointTopic())
+	}
+	var trail replica.Trail
+	if auditLog != nil {
+		trail = replicaTrail{log: auditLog, topic: c.stack.topic, latest: latestCheckpoints}
+	}
+	pol, err := c.policy.build(ctx, log, reg, conn, c.stack, prices.Live, auditor, keyCache, trail)
 	if err != nil {
 		return err
 	}
@@ -252,7 +290,7 @@ func serve(ctx context.Context, log *slog.Logger, reg *prometheus.Registry, c se
 	var pipeline *ingest.Pipeline
 	if !c.noConsumer {
 		pipeline, err = ingest.NewPipeline(ctx, ingest.PipelineConfig{
-			Brokers: brokers, Topic: c.stack.topic, DLQTopic: c.stack.dlq(), GroupID: c.group, Store: st, Catalog: prices.Live,
+			Brokers: brokers, Topic: c.stack.topic, DLQTopic: c.stack.dlq(), StoredTopic: c.stack.storedTopic(), GroupID: c.group, Store: st, Catalog: prices.Live,
 			BatchSize: c.batchSize, BatchBytes: c.batchBytes, MaxPendingBytes: c.pendingBytes, BatchAge: c.batchAge,
 			RollupInterval: c.rollupEvery, Logger: log, Metrics: metrics,
 		})
@@ -261,10 +299,11 @@ func serve(ctx context.Context, log *slog.Logger, reg *prometheus.Registry, c se
 		}
 		defer pipeline.Close()
 	}
-	sealer, err := c.seal.sealer(conn, c.stack.ch.Database, auditor, log, reg)
+	sealer, closeSealer, err := c.seal.sealer(ctx, &c.stack, conn, c.group, log, reg)
 	if err != nil {
 		return err
 	}
+	defer func() { _ = closeSealer() }()
 
 	mux := http.NewServeMux()
 	mux.Handle("/v1/events", collector)
@@ -340,11 +379,19 @@ func serve(ctx context.Context, log *slog.Logger, reg *prometheus.Registry, c se
 	}
 	mux.Handle("/graphql", graph.NewHandler(querier, keyCache, gopts...))
 	mux.Handle("/", graph.BoardHandler(hosts))
-	export, err := auditExportHandler(qconn, c.stack.ch.Database, keyCache, c.seal.keyFile, auditor, log)
+	prefix, err := c.stack.prefix()
 	if err != nil {
 		return err
 	}
+	exporter, err := newAuditExporter(qconn, c.stack.ch.Database, prefix, c.seal.keyFile, log)
+	if err != nil {
+		return err
+	}
+	export := auditExportHandler(keyCache, exporter, auditor, log)
 	mux.Handle("/v1/audit/export", export)
+	logHandler := newAuditLogHandler(auditLog, latestCheckpoints, keyCache, log)
+	mux.Handle("/v1/audit/checkpoint", logHandler)
+	mux.Handle("/v1/audit/proof", logHandler)
 	metricsHandler := promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg})
 	if c.metricsListen == "" {
 		// The metrics are the whole process's, every organization's: platform keys only.

@@ -2,7 +2,7 @@
 # One-shot key bootstrap of the Compose stack (service `keys`), after `migrate`.
 # Idempotent: run it as often as you like.
 #   - the audit key (Ed25519, `bandplane audit keygen`) in the bandplane-audit volume,
-#     made once and never replaced: every seal in ClickHouse is signed with it;
+#     made once and never replaced: every checkpoint of the audit log is signed with it;
 #   - the first admin key (platform, role admin) in the bandplane-admin volume, made
 #     once, and again only when ClickHouse no longer has it active (revoked, or the
 #     clickhouse-data volume was removed). Its token is printed nowhere: read it with

@@ -94,6 +94,7 @@ bandplane is running (Ctrl-C stops it, and the dependencies this command started
   workload      simulated platform traffic at $RATE events/s through the collector
   keys          $RUN/keys/*.json (bandplane keys list | create | revoke)
   audit seals   every minute with $RUN/audit.key; check: bin/bandplane audit verify --audit-key $RUN/audit.key.pub
+                a checkpoint to keep: bin/bandplane audit checkpoint --org ORG --key $ADMIN_KEY
   logs          $RUN/serve.log  $RUN/simulate.log
   audit trail   clickhouse-client --port 19000 -q "SELECT type, count() FROM bandplane.events FINAL GROUP BY type ORDER BY count() DESC"
   cost by agent clickhouse-client --port 19000 -q "SELECT org_id, agent_id, model, sum(cost) AS c FROM bandplane.usage_hourly FINAL GROUP BY org_id, agent_id, model ORDER BY c DESC LIMIT 10"

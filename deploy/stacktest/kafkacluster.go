@@ -73,6 +73,7 @@ func ensureClusterTopic(t testing.TB, topic string, partitions int) {
 func RunClusterIngest(t testing.TB, topic string, conn driver.Conn, db, group string) (stop func()) {
 	t.Helper()
 	ensureClusterTopic(t, topic+"_dlq", 1)
+	ensureClusterTopic(t, StoredTopic(topic), 1)
 	return runIngest(t, ClusterBrokers(), topic, conn, db, group)
 }
 

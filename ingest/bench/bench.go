@@ -290,7 +290,7 @@ func newPipeline(ctx context.Context, cfg Config, conn driver.Conn, suffix strin
 	if err := freshDB(ctx, conn, cfg.ClickHouse, p.db); err != nil {
 		return nil, err
 	}
-	for _, t := range []string{p.topic, p.topic + ".dlq"} {
+	for _, t := range []string{p.topic, p.topic + ".dlq", p.topic + ".stored"} {
 		if err := kafka.EnsureTopic(ctx, cfg.Brokers, t, cfg.Partitions); err != nil {
 			return nil, err
 		}
@@ -299,9 +299,10 @@ func newPipeline(ctx context.Context, cfg Config, conn driver.Conn, suffix strin
 	if p.producer, err = kafka.NewProducer(kafka.ProducerConfig{Brokers: cfg.Brokers, Topic: p.topic, BatchSize: 10000}); err != nil {
 		return nil, err
 	}
-	// The same pipeline `bandplane serve` runs, with the benchmark's batching.
+	// The same pipeline `bandplane serve` runs, with the benchmark's batching (and its
+	// notes for the sealer).
 	p.ingest, err = ingest.NewPipeline(ctx, ingest.PipelineConfig{
-		Brokers: cfg.Brokers, Topic: p.topic, DLQTopic: p.topic + ".dlq", GroupID: "bench",
+		Brokers: cfg.Brokers, Topic: p.topic, DLQTopic: p.topic + ".dlq", StoredTopic: p.topic + ".stored", GroupID: "bench",
 		Store: store.New(conn, p.db), Catalog: pricing.Default(), BatchSize: cfg.BatchSize, BatchAge: cfg.BatchAge,
 		RollupInterval: cfg.RollupInterval, Logger: cfg.Logger,
 	})
@@ -336,7 +337,7 @@ func (p *pipeline) close() {
 	_ = p.ingest.Close()
 	p.producer.Close()
 	c := &kafkago.Client{Addr: kafkago.TCP(p.cfg.Brokers...), Timeout: 10 * time.Second}
-	_, _ = c.DeleteTopics(context.Background(), &kafkago.DeleteTopicsRequest{Topics: []string{p.topic, p.topic + ".dlq"}})
+	_, _ = c.DeleteTopics(context.Background(), &kafkago.DeleteTopicsRequest{Topics: []string{p.topic, p.topic + ".dlq", p.topic + ".stored"}})
 	if !p.cfg.KeepData {
 		dropDB(p.conn, p.db, p.cfg.ClickHouse.Cluster)
 	}

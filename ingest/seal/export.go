@@ -19,33 +19,39 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"github.com/bandplane/bandplane/ingest/seal/tlog"
 	"github.com/bandplane/bandplane/ingest/store"
 	"github.com/bandplane/bandplane/schema"
+	"github.com/bandplane/bandplane/schema/chdb"
 )
 
 // ExportFormat names the format of a compliance export — a selection of one
-// organization's trail, as NDJSON or CSV, that proves itself offline with the audit
-// key's public half — and is the label of its manifest's signature. The package doc
-// covers seals; this covers exports (README, "Compliance export").
+// organization's trail, as NDJSON or CSV, that proves itself offline against a
+// checkpoint of the organization's log signed with the audit key — and is the label
+// of its manifest's signature. The package doc covers the log; this covers exports
+// (README, "Compliance export").
 //
 // # What an export holds
 //
-// An export is pinned to a watermark W, the through of a seal that verifies with the
-// audit key (by default the latest one of the trail, see below), and to S, the
-// earliest sealed_at of such a seal: every row ingested before W was sealed by a seal
-// made at or before S. It holds the rows of the selection (organization, [from, to)
-// at millisecond precision, types, actors, rooms) that were ingested before W and that
-// a seal made at or before S covers: only what is sealed. Rows are read without FINAL:
-// of the copies of one row key (org, time, id) ingested before W, the one with the
-// smallest time_ms (then the newest, then a hash of its content: a fixed choice) is the
-// row, so a copy stored again later (a retried insert) changes nothing as of W. Lines
-// are in the order (time, time_ms, id).
+// An export is pinned to one signed checkpoint of the organization's log, of size N:
+// by default the newest stored checkpoint the key ring opens, or the one of size
+// as_of. Its lines are the leaves of that log whose time lies in the selection's
+// range [from, to) (milliseconds): for each row key (org, time in seconds, id) with
+// leaves below N, the line is the stored copy that matches its smallest leaf with a
+// matching copy (the same content digest and Kafka record, ingested_at within the
+// margin, verify's rule), written with that leaf's bookkeeping, so that the line is
+// the leaf and nothing else. The types, actors and rooms lists apply to that content.
+// A row key whose leaves match no stored copy is a gap: "modified" (a copy with other
+// content or bookkeeping is stored), "missing" (none is), or "expired" (gone under a
+// retention cut signed with the audit key, which the header carries). Lines and gaps
+// are in (time, time_ms, id) order.
 //
-// W is the trail's watermark, not the organization's head: the sealer's seal that
-// claims through T is written once every organization of its chunk is sealed (package
-// doc, "What a run seals"), so every organization's rows ingested before T are sealed,
-// while an organization's own head may claim less (its seal is not the last of the
-// chunk) and would hold back its newest sealed rows.
+// Before it writes a byte, the server reads the organization's whole log_index up to
+// N and recomputes the checkpoint's root; it refuses (ErrExportConflict) a log that
+// does not give it. It then checks every log_leaves row it uses against that scan and
+// every proof it writes against the root, and at the end that every leaf of the range
+// was a line, left out by the lists, a duplicate of a line's row key, or a gap; if
+// not, it stops with an error record instead of a manifest.
 //
 // # Records
 //
@@ -53,66 +59,42 @@ import (
 // names first (ExportColumns), then event rows with those columns, and every other
 // record as two fields, its kind and its JSON object (the same object as in NDJSON).
 //
-//   - header: format, encoding, the selection, as_of (W) and the audit key's id;
-//   - event: every column SealDigest covers, exactly: id, type, time (RFC 3339 with
-//     milliseconds), org_id, room_id, actor_id, actor_type (as stored), actor_handle,
+//   - header: format, encoding, database, the selection, the checkpoint size N, the
+//     consistency sizes asked for, the checkpoint note, every key rotation record (so
+//     that a verifier anchored at the first or the current key follows a rotation),
+//     and the retention cuts that may excuse an expired gap;
+//   - event: every column SealDigest covers, exactly (id, type, time with
+//     milliseconds, org_id, room_id, actor_id, actor_type as stored, actor_handle,
 //     owner_id, subject_id, subject_type, subject_handle, execution_id, source,
-//     schema_version, data (the stored string). A value that is not valid UTF-8, or
-//     (CSV only) holds a carriage return, which CSV readers fold, is written in
-//     standard base64 and named in base64 (a list in NDJSON, space-separated in CSV);
-//   - seal: a seal that covers an exported event, whole (its signed fields, hash and
-//     signature), followed by all its entries in Root's order, each an entry record:
-//     id, time (ms), digest and mark: "exported" (the event is a line of the export),
-//     "other" (not selected, or outside the range), "missing" (sealed inside the range
-//     but its row is gone from the trail: the export cannot tell whether it was
-//     selected) or "expired" (gone under a retention cut signed with the audit key,
-//     see the package doc, "Retention"). A seal is included when one of its entries
-//     is exported, missing or expired, or when the entries stored under it do not
-//     add up to its count (entries deleted in ClickHouse would otherwise take their
-//     rows out of the export unseen);
-//   - manifest: the selection and W again, the numbers of events, seals and entries,
-//     the SHA-256 of the proof records (each seal and entry object, length-prefixed,
-//     in order: the same bytes in NDJSON and CSV), the key id, and an Ed25519
-//     signature with the audit key over ManifestContent (label bandplane.export.v1,
-//     apart from the seals' and the cuts' labels);
+//     schema_version, data), then ingested_at, kafka_partition, kafka_offset, leaf (its
+//     index) and proof (its RFC 6962 inclusion proof at N: the 32-byte hashes
+//     concatenated, standard base64). A value that is not valid UTF-8, or (CSV only)
+//     holds a carriage return, which CSV readers fold, is written in standard base64
+//     and named in base64 (a list in NDJSON, space-separated in CSV);
+//   - gap: a leaf of the range whose row is not exported: its index, id, time, content
+//     digest, bookkeeping, mark and inclusion proof;
+//   - consistency: for each size M the client holds a checkpoint of, the root at M and
+//     the consistency proof from M to N;
+//   - index: the leaf indexes of the lines and gaps in file order, in records of at
+//     most indexPerRecord;
+//   - manifest: the selection, N and its root, the numbers of events and gaps, the
+//     SHA-256 of the index records, the key id, what the export proves and what it does
+//     not, and an Ed25519 signature with the audit key over ManifestContent;
 //   - error: the server stopped (the file is incomplete; `--resume` continues it).
 //
-// # Why boolean marks, not line numbers
-//
-// A flat root forces a seal's proof to be all its entries, so the proof is grouped by
-// seal while the lines are in time order: any check joins them by row key. Line
-// numbers in the marks would make the server rank every entry against the ordered
-// selection (memory in the number of lines, and on resume the lines it does not send),
-// and the verifier would still have to match by key, since a dropped line shifts every
-// line after it. So a mark says only whether the entry is a line; the verifier joins
-// lines and exported marks by (id, time in seconds) — the row key — and computes the
-// line a dropped event belonged at. The marks cannot be flipped: the manifest signs
-// their hash. The trailer does not depend on the lines before a resume cursor, so a
-// resumed export ends exactly like an uninterrupted one.
-//
-// # What the verifier detects
-//
-// VerifyExport (no database) checks the header against the manifest, the manifest's
-// signature, counts and proof hash, every seal's signature, hash, entries, root and
-// first/last times, the links between included seals of consecutive seq, that every
-// line is canonical, in order, in the selection, and matches by digest an entry marked
-// exported (else "changed", or "added" when no seal marks it), and that every exported
-// mark has its line ("dropped", named with the line it belonged at). It reports
-// missing marks (a sealed row deleted in the trail) and seals whose entries are not
-// all there as problems too. Every bound of a record is checked before it is held:
-// a line of more than MaxExportLineBytes is refused, at most ExportVerifyOptions'
-// ChunkLines lines are held at once (a larger file is joined in stretches of row
-// keys, reading it again), and at most MaxExportProblems problems are listed.
-//
-// What it cannot detect: whatever the holder of the audit key signs (the server that
-// exports vouches for the marks, i.e. which sealed events match the selection — the
-// same key signs the seals, so its custody is the root of trust either way); a sealed
-// row edited in ClickHouse so that it no longer matches the selection (marked "other":
-// `bandplane audit verify` against the database finds it); a row that landed after
-// the seal run that should have sealed it (a slow insert, sealed by a later run: not
-// in the export as of W, in an export as of a later W); seals removed together with
-// their rows before the export (as for verify, compare the chain head with the topic).
-const ExportFormat = "bandplane.export.v1"
+// Nothing in the file depends on when it was made: an export of the same selection,
+// format and checkpoint is the same bytes, and a resumed one ends like an
+// uninterrupted one.
+const ExportFormat = "bandplane.export.v2"
+
+// ExportProves and ExportDoesNotProve are the manifest's fixed statements, signed with
+// it.
+const (
+	ExportProves = "each line and gap is a leaf of the organization's log at the signed checkpoint, unaltered (its inclusion proof); " +
+		"the server read every leaf up to the checkpoint and signs that each leaf of the range is a line, left out by the lists, a duplicate copy of a line's row, or a gap"
+	ExportDoesNotProve = "the offline verifier cannot prove without the log that no other leaf of the range exists (that is the signer's word; " +
+		"bandplane audit verify checks it against ClickHouse), nor what the holder of the audit key signs"
+)
 
 // Encodings of an export.
 const (
@@ -122,19 +104,19 @@ const (
 
 // Record kinds.
 const (
-	KindHeader   = "header"
-	KindEvent    = "event"
-	KindSeal     = "seal"
-	KindEntry    = "entry"
-	KindManifest = "manifest"
-	KindError    = "error"
+	KindHeader      = "header"
+	KindEvent       = "event"
+	KindGap         = "gap"
+	KindConsistency = "consistency"
+	KindIndex       = "index"
+	KindManifest    = "manifest"
+	KindError       = "error"
 )
 
-// Marks of an entry.
+// Marks of a gap.
 const (
-	MarkExported = "exported"
-	MarkOther    = "other"
 	MarkMissing  = "missing"
+	MarkModified = "modified"
 	MarkExpired  = "expired"
 )
 
@@ -147,17 +129,24 @@ const (
 	// MaxExportLineBytes bounds one record as encoded. An event is at most
 	// kafka.MaxEventBytes (1 MiB); JSON escapes can grow a string six-fold.
 	MaxExportLineBytes = 8 << 20
-	// MaxSealEntries bounds the entries of one seal an export carries (the sealer
-	// makes at most DefaultMaxEntries).
-	MaxSealEntries = 1_000_000
+	// MaxConsistency bounds the consistency sizes of one request.
+	MaxConsistency = 8
 	// maxCursorBytes bounds an after cursor.
 	maxCursorBytes = 2048
+	// indexPerRecord is how many leaf indexes one index record lists (about 1 MB).
+	indexPerRecord = 50_000
+	// maxProofHashes bounds a proof: a tree of 2^64 leaves needs 64.
+	maxProofHashes = 64
+	// maxHeaderRotations and maxHeaderCuts bound what a header carries.
+	maxHeaderRotations = 1000
+	maxHeaderCuts      = 10_000
 )
 
 // ExportColumns are the CSV export's columns: every record kind is in the first one;
 // event rows fill them all, other records hold their JSON object in the second.
 var ExportColumns = []string{"kind", "id", "type", "time", "org_id", "room_id", "actor_id", "actor_type", "actor_handle",
-	"owner_id", "subject_id", "subject_type", "subject_handle", "execution_id", "source", "schema_version", "data", "base64"}
+	"owner_id", "subject_id", "subject_type", "subject_handle", "execution_id", "source", "schema_version", "data",
+	"ingested_at", "kafka_partition", "kafka_offset", "leaf", "proof", "base64"}
 
 // Selection says which events an export holds.
 type Selection struct {
@@ -228,6 +217,16 @@ func (s *Selection) Validate() error {
 	return errors.Join(errs...)
 }
 
+// selects says whether the lists select a row's content (the range is checked apart).
+func (s *Selection) selects(r *store.EventRow) bool {
+	return (len(s.Types) == 0 || slices.Contains(s.Types, r.Type)) &&
+		(len(s.Actors) == 0 || slices.Contains(s.Actors, r.ActorID)) &&
+		(len(s.Rooms) == 0 || slices.Contains(s.Rooms, r.RoomID))
+}
+
+// inRange says whether t lies in [From, To).
+func (s *Selection) inRange(t time.Time) bool { return !t.Before(s.From) && t.Before(s.To) }
+
 func checkExportID(name, v string) error {
 	if v == "" {
 		return fmt.Errorf("%s: required", name)
@@ -263,14 +262,30 @@ func checkValue(name, v string, maxBytes int) error {
 // ExportRequest is one GET /v1/audit/export.
 type ExportRequest struct {
 	Selection Selection
-	Encoding  string    // EncodingNDJSON or EncodingCSV
-	AsOf      time.Time // zero: the latest watermark
-	After     *Cursor   // resume after this event (AsOf is then required)
+	Encoding  string // EncodingNDJSON or EncodingCSV
+	// AsOf is the size of the checkpoint to pin the export to; 0: the newest.
+	AsOf uint64
+	// Consistency are the sizes of checkpoints the client holds (sorted, distinct): the
+	// trailer proves the pinned log extends each.
+	Consistency []uint64
+	After       *Cursor // resume after this event (AsOf is then required)
 }
 
 // exportParams are the query parameters of the export, the lists repeatable.
 var exportParams = map[string]bool{"org": false, "from": false, "to": false, "types": true, "actors": true, "rooms": true,
-	"format": false, "as_of": false, "after": false}
+	"format": false, "as_of": false, "consistency": true, "after": false}
+
+// parseSize reads a log size: a canonical decimal of at least 1.
+func parseSize(name, v string) (uint64, error) {
+	n, err := strconv.ParseUint(v, 10, 64)
+	if err != nil || strconv.FormatUint(n, 10) != v {
+		return 0, fmt.Errorf("%s: want a log size (a whole number, as in an export's header or a checkpoint), got %q", name, clip(v))
+	}
+	if n == 0 {
+		return 0, fmt.Errorf("%s: 0 is not the size of a checkpoint (a checkpoint covers at least one leaf)", name)
+	}
+	return n, nil
+}
 
 // ParseExportRequest reads the query parameters of an export. The organization may be
 // missing (an organization's key exports its own); everything else is checked, every
@@ -278,14 +293,13 @@ var exportParams = map[string]bool{"org": false, "from": false, "to": false, "ty
 func ParseExportRequest(q url.Values) (ExportRequest, error) {
 	var errs []error
 	var req ExportRequest
-	names := slices.Sorted(func(yield func(string) bool) {
+	for _, k := range slices.Sorted(func(yield func(string) bool) {
 		for k := range q {
 			if !yield(k) {
 				return
 			}
 		}
-	})
-	for _, k := range names {
+	}) {
 		list, known := exportParams[k]
 		if !known {
 			shown := k
@@ -294,7 +308,7 @@ func ParseExportRequest(q url.Values) (ExportRequest, error) {
 			} else {
 				shown = strconv.Quote(shown)
 			}
-			errs = append(errs, fmt.Errorf("unknown parameter %s (known: as_of, actors, after, format, from, org, rooms, to, types)", shown))
+			errs = append(errs, fmt.Errorf("unknown parameter %s (known: actors, after, as_of, consistency, format, from, org, rooms, to, types)", shown))
 			continue
 		}
 		if !list && len(q[k]) > 1 {
@@ -322,24 +336,24 @@ func ParseExportRequest(q url.Values) (ExportRequest, error) {
 			errs = append(errs, fmt.Errorf("to: %w", err))
 		}
 	}
-	for _, l := range []struct {
-		name string
-		dst  *[]string
-	}{{"types", &req.Selection.Types}, {"actors", &req.Selection.Actors}, {"rooms", &req.Selection.Rooms}} {
+	split := func(name string, max int) []string {
 		var vals []string
 		sent := 0
-		for _, raw := range q[l.name] {
+		for _, raw := range q[name] {
 			for v := range strings.SplitSeq(raw, ",") {
-				if sent++; sent <= MaxSelectionValues {
+				if sent++; sent <= max {
 					vals = append(vals, v)
 				}
 			}
 		}
-		if sent > MaxSelectionValues {
-			errs = append(errs, fmt.Errorf("%s: %d values; at most %d", l.name, sent, MaxSelectionValues))
+		if sent > max {
+			errs = append(errs, fmt.Errorf("%s: %d values; at most %d", name, sent, max))
 		}
-		*l.dst = vals
+		return vals
 	}
+	req.Selection.Types = split("types", MaxSelectionValues)
+	req.Selection.Actors = split("actors", MaxSelectionValues)
+	req.Selection.Rooms = split("rooms", MaxSelectionValues)
 	switch f := one("format"); f {
 	case "", EncodingNDJSON:
 		req.Encoding = EncodingNDJSON
@@ -351,12 +365,20 @@ func ParseExportRequest(q url.Values) (ExportRequest, error) {
 		}
 		errs = append(errs, fmt.Errorf("format: %q is not ndjson or csv", f))
 	}
-	if v := one("as_of"); v != "" {
-		if req.AsOf, err = time.Parse(time.RFC3339, v); err != nil || req.AsOf.Nanosecond() != 0 {
-			errs = append(errs, fmt.Errorf("as_of: want the as_of of an export's header (RFC 3339, whole seconds), got %q", clip(v)))
+	if v, ok := q["as_of"]; ok {
+		if req.AsOf, err = parseSize("as_of", v[0]); err != nil {
+			errs = append(errs, err)
 		}
-		req.AsOf = req.AsOf.UTC()
 	}
+	for _, v := range split("consistency", MaxConsistency) {
+		n, err := parseSize("consistency", v)
+		if err != nil {
+			errs = append(errs, err)
+			break
+		}
+		req.Consistency = append(req.Consistency, n)
+	}
+	req.Consistency = normSizes(req.Consistency)
 	if v := one("after"); v != "" {
 		c, err := DecodeCursor(v)
 		if err != nil {
@@ -365,7 +387,7 @@ func ParseExportRequest(q url.Values) (ExportRequest, error) {
 			req.After = &c
 		}
 		if _, ok := q["as_of"]; !ok {
-			errs = append(errs, errors.New("after: needs as_of, the as_of of the export it continues"))
+			errs = append(errs, errors.New("after: needs as_of, the size of the export it continues"))
 		}
 	}
 	req.Selection.Normalize()
@@ -381,6 +403,16 @@ func ParseExportRequest(q url.Values) (ExportRequest, error) {
 		errs = append(errs, err)
 	}
 	return req, errors.Join(errs...)
+}
+
+// normSizes sorts and dedupes sizes (nil stays nil).
+func normSizes(v []uint64) []uint64 {
+	if len(v) == 0 {
+		return nil
+	}
+	v = slices.Clone(v)
+	slices.Sort(v)
+	return slices.Compact(v)
 }
 
 // Values are the query parameters of the request (what the CLI sends).
@@ -401,8 +433,11 @@ func (r *ExportRequest) Values() url.Values {
 		}
 	}
 	q.Set("format", r.Encoding)
-	if !r.AsOf.IsZero() {
-		q.Set("as_of", r.AsOf.UTC().Format(time.RFC3339))
+	if r.AsOf > 0 {
+		q.Set("as_of", strconv.FormatUint(r.AsOf, 10))
+	}
+	for _, m := range r.Consistency {
+		q.Add("consistency", strconv.FormatUint(m, 10))
 	}
 	if r.After != nil {
 		q.Set("after", r.After.String())
@@ -422,87 +457,175 @@ func parseExportTime(s string) (time.Time, error) {
 	return t, nil
 }
 
-func clip(s string) string {
-	if len(s) > 64 {
-		return s[:64] + "…"
-	}
-	return s
-}
-
 const milliLayout = "2006-01-02T15:04:05.000Z07:00"
 
 func fmtMilli(t time.Time) string { return t.UTC().Format(milliLayout) }
 func fmtSec(t time.Time) string   { return t.UTC().Format(time.RFC3339) }
 
+// parseMilli reads a time fmtMilli writes, and only that.
 func parseMilli(s string) (time.Time, bool) {
-	t, err := time.Parse(milliLayout, s)
-	if err != nil || fmtMilli(t) != s {
+	if len(s) != len("2006-01-02T15:04:05.000Z") || s[19] != '.' || s[23] != 'Z' {
 		return time.Time{}, false
 	}
-	return t.UTC(), true
+	ms, ok := digitsOf(s[20:23])
+	if !ok {
+		return time.Time{}, false
+	}
+	t, ok := parseDateTime(s[:19])
+	return t.Add(time.Duration(ms) * time.Millisecond), ok
 }
 
+// parseSec reads a time fmtSec writes, and only that.
 func parseSec(s string) (time.Time, bool) {
-	t, err := time.Parse(time.RFC3339, s)
-	if err != nil || fmtSec(t) != s {
+	if len(s) != len("2006-01-02T15:04:05Z") || s[19] != 'Z' {
 		return time.Time{}, false
 	}
-	return t.UTC(), true
+	return parseDateTime(s[:19])
+}
+
+// parseDateTime reads "2006-01-02T15:04:05" in UTC, refusing a date or time that does
+// not exist (time.Date would carry it over).
+func parseDateTime(s string) (time.Time, bool) {
+	if s[4] != '-' || s[7] != '-' || s[10] != 'T' || s[13] != ':' || s[16] != ':' {
+		return time.Time{}, false
+	}
+	var v [6]int
+	for i, r := range [6][2]int{{0, 4}, {5, 7}, {8, 10}, {11, 13}, {14, 16}, {17, 19}} {
+		n, ok := digitsOf(s[r[0]:r[1]])
+		if !ok {
+			return time.Time{}, false
+		}
+		v[i] = n
+	}
+	t := time.Date(v[0], time.Month(v[1]), v[2], v[3], v[4], v[5], 0, time.UTC)
+	if t.Year() != v[0] || int(t.Month()) != v[1] || t.Day() != v[2] || t.Hour() != v[3] || t.Minute() != v[4] || t.Second() != v[5] {
+		return time.Time{}, false
+	}
+	return t, true
+}
+
+func digitsOf(s string) (int, bool) {
+	n := 0
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return 0, false
+		}
+		n = n*10 + int(s[i]-'0')
+	}
+	return n, true
+}
+
+// encodeProof is a proof as an export writes it: the hashes concatenated, standard
+// base64.
+func encodeProof(pr [][]byte) string {
+	b := make([]byte, 0, len(pr)*sha256.Size)
+	for _, h := range pr {
+		b = append(b, h...)
+	}
+	return base64.StdEncoding.EncodeToString(b)
+}
+
+// decodeProof reads a proof back, refusing what encodeProof would not write.
+func decodeProof(s string) ([][]byte, error) {
+	if len(s) > base64.StdEncoding.EncodedLen(maxProofHashes*sha256.Size) {
+		return nil, fmt.Errorf("the proof is %d characters, more than %d hashes", len(s), maxProofHashes)
+	}
+	b, err := base64.StdEncoding.DecodeString(s)
+	if err != nil || len(b)%sha256.Size != 0 || base64.StdEncoding.EncodeToString(b) != s {
+		return nil, errors.New("the proof is not standard base64 of whole 32-byte hashes")
+	}
+	out := make([][]byte, len(b)/sha256.Size)
+	for i := range out {
+		out[i] = b[i*sha256.Size : (i+1)*sha256.Size]
+	}
+	return out, nil
+}
+
+// exportCut is a retention cut as a header carries it.
+type exportCut struct {
+	Table      string `json:"table"`
+	Before     string `json:"before"`
+	At         string `json:"at"`
+	Partitions uint64 `json:"partitions"`
+	KeyID      string `json:"key_id"`
+	Signature  string `json:"signature"`
+}
+
+func cutRecord(c *chdb.Cut) exportCut {
+	return exportCut{Table: c.Table, Before: fmtSec(c.Before), At: fmtSec(c.At), Partitions: c.Partitions, KeyID: c.KeyID, Signature: c.Signature}
+}
+
+func (c *exportCut) cut() (chdb.Cut, bool) {
+	before, ok1 := parseSec(c.Before)
+	at, ok2 := parseSec(c.At)
+	return chdb.Cut{Table: c.Table, Before: before, At: at, Partitions: c.Partitions, KeyID: c.KeyID, Signature: c.Signature}, ok1 && ok2
 }
 
 // ExportHeader is the first record of an export.
 type ExportHeader struct {
-	Kind     string   `json:"kind"`
-	Format   string   `json:"format"`
-	Encoding string   `json:"encoding"`
-	Org      string   `json:"org"`
-	From     string   `json:"from"`
-	To       string   `json:"to"`
-	Types    []string `json:"types"`
-	Actors   []string `json:"actors"`
-	Rooms    []string `json:"rooms"`
-	AsOf     string   `json:"as_of"`
-	KeyID    string   `json:"key_id"`
-}
-
-func newHeader(s Selection, encoding string, asOf time.Time, keyID string) ExportHeader {
-	return ExportHeader{Kind: KindHeader, Format: ExportFormat, Encoding: encoding, Org: s.Org, From: fmtMilli(s.From), To: fmtMilli(s.To),
-		Types: s.Types, Actors: s.Actors, Rooms: s.Rooms, AsOf: fmtSec(asOf), KeyID: keyID}
+	Kind        string      `json:"kind"`
+	Format      string      `json:"format"`
+	Encoding    string      `json:"encoding"`
+	Database    string      `json:"database"`
+	Org         string      `json:"org"`
+	From        string      `json:"from"`
+	To          string      `json:"to"`
+	Types       []string    `json:"types"`
+	Actors      []string    `json:"actors"`
+	Rooms       []string    `json:"rooms"`
+	Size        uint64      `json:"size"`
+	Consistency []uint64    `json:"consistency"`
+	Checkpoint  string      `json:"checkpoint"`
+	Rotations   []string    `json:"rotations"`
+	Cuts        []exportCut `json:"cuts"`
 }
 
 // Request is the request that continues the export of this header after cursor c.
 func (h *ExportHeader) Request(c *Cursor) (ExportRequest, error) {
-	s, asOf, err := h.selection()
+	s, err := h.selection()
 	if err != nil {
 		return ExportRequest{}, err
 	}
-	return ExportRequest{Selection: s, Encoding: h.Encoding, AsOf: asOf, After: c}, nil
+	return ExportRequest{Selection: s, Encoding: h.Encoding, AsOf: h.Size, Consistency: normSizes(h.Consistency), After: c}, nil
 }
 
-// selection reads the header's selection and watermark back, refusing anything an
-// export server would not have written.
-func (h *ExportHeader) selection() (Selection, time.Time, error) {
+// selection reads the header's selection back, refusing anything an export server
+// would not have written.
+func (h *ExportHeader) selection() (Selection, error) {
 	if h.Kind != KindHeader || h.Format != ExportFormat {
-		return Selection{}, time.Time{}, fmt.Errorf("not a %s header (kind %q, format %q)", ExportFormat, clip(h.Kind), clip(h.Format))
+		return Selection{}, fmt.Errorf("not a %s header (kind %q, format %q)", ExportFormat, clip(h.Kind), clip(h.Format))
 	}
 	if h.Encoding != EncodingNDJSON && h.Encoding != EncodingCSV {
-		return Selection{}, time.Time{}, fmt.Errorf("unknown encoding %q", clip(h.Encoding))
+		return Selection{}, fmt.Errorf("unknown encoding %q", clip(h.Encoding))
 	}
 	from, ok1 := parseMilli(h.From)
 	to, ok2 := parseMilli(h.To)
-	asOf, ok3 := parseSec(h.AsOf)
-	if !ok1 || !ok2 || !ok3 {
-		return Selection{}, time.Time{}, fmt.Errorf("from %q, to %q or as_of %q is not in the export's time format", clip(h.From), clip(h.To), clip(h.AsOf))
+	if !ok1 || !ok2 {
+		return Selection{}, fmt.Errorf("from %q or to %q is not in the export's time format", clip(h.From), clip(h.To))
+	}
+	if h.Size == 0 {
+		return Selection{}, errors.New("size 0: no checkpoint")
+	}
+	if len(h.Consistency) > MaxConsistency || !slices.Equal(normSizes(h.Consistency), nonNilSizes(h.Consistency)) {
+		return Selection{}, fmt.Errorf("consistency: at most %d sizes, sorted and distinct", MaxConsistency)
+	}
+	for _, m := range h.Consistency {
+		if m == 0 || m > h.Size {
+			return Selection{}, fmt.Errorf("consistency: size %d is not in 1 to %d", m, h.Size)
+		}
+	}
+	if len(h.Checkpoint) > tlog.MaxNoteBytes || len(h.Rotations) > maxHeaderRotations || len(h.Cuts) > maxHeaderCuts {
+		return Selection{}, errors.New("the checkpoint, rotations or cuts are larger than an export writes")
 	}
 	s := Selection{Org: h.Org, From: from, To: to, Types: h.Types, Actors: h.Actors, Rooms: h.Rooms}
 	s.Normalize()
 	if !slices.Equal(s.Types, nonNil(h.Types)) || !slices.Equal(s.Actors, nonNil(h.Actors)) || !slices.Equal(s.Rooms, nonNil(h.Rooms)) {
-		return Selection{}, time.Time{}, errors.New("the selection's lists are not sorted and distinct")
+		return Selection{}, errors.New("the selection's lists are not sorted and distinct")
 	}
 	if err := s.Validate(); err != nil {
-		return Selection{}, time.Time{}, err
+		return Selection{}, err
 	}
-	return s, asOf, nil
+	return s, nil
 }
 
 func nonNil(v []string) []string {
@@ -512,20 +635,34 @@ func nonNil(v []string) []string {
 	return v
 }
 
-// binding is what a cursor is bound to: the selection, the watermark and the encoding.
-func binding(s Selection, encoding string, asOf time.Time) [8]byte {
+func nonNilSizes(v []uint64) []uint64 {
+	if len(v) == 0 {
+		return nil
+	}
+	return v
+}
+
+// binding is what a cursor is bound to: the encoding, the selection, the checkpoint
+// note (so its size and root) and the consistency sizes.
+func binding(s Selection, encoding string, checkpoint string, consistency []uint64) [8]byte {
 	h := sha256.New()
-	store.WriteField(h, "bandplane.export-cursor.v1")
+	store.WriteField(h, "bandplane.export-cursor.v2")
 	store.WriteField(h, encoding)
-	h.Write(selectionBytes(nil, s, asOf))
+	h.Write(selectionBytes(nil, s))
+	store.WriteField(h, checkpoint)
+	var n [8]byte
+	for _, m := range consistency {
+		binary.BigEndian.PutUint64(n[:], m)
+		h.Write(n[:])
+	}
 	var out [8]byte
 	copy(out[:], h.Sum(nil))
 	return out
 }
 
-// selectionBytes appends the selection and watermark, length-prefixed (the manifest's
-// signed content and the cursor's binding).
-func selectionBytes(b []byte, s Selection, asOf time.Time) []byte {
+// selectionBytes appends the selection, length-prefixed (the manifest's signed content
+// and the cursor's binding).
+func selectionBytes(b []byte, s Selection) []byte {
 	b = appendString(b, s.Org)
 	b = binary.BigEndian.AppendUint64(b, uint64(s.From.UnixMilli()))
 	b = binary.BigEndian.AppendUint64(b, uint64(s.To.UnixMilli()))
@@ -535,11 +672,11 @@ func selectionBytes(b []byte, s Selection, asOf time.Time) []byte {
 			b = appendString(b, v)
 		}
 	}
-	return binary.BigEndian.AppendUint64(b, uint64(asOf.Unix()))
+	return b
 }
 
 // Cursor is where a resumed export continues: after the event at Time with ID, the
-// Events-th line of the export (Events 0: after the header).
+// Events-th event line of the export (Events 0: after the header).
 type Cursor struct {
 	Bind   [8]byte
 	Events uint64
@@ -550,24 +687,24 @@ type Cursor struct {
 // NewCursor is the cursor after the events-th event line (id at t) of the export with
 // header h.
 func NewCursor(h *ExportHeader, events uint64, t time.Time, id string) (Cursor, error) {
-	s, asOf, err := h.selection()
+	s, err := h.selection()
 	if err != nil {
 		return Cursor{}, err
 	}
-	c := Cursor{Bind: binding(s, h.Encoding, asOf), Events: events}
+	c := Cursor{Bind: binding(s, h.Encoding, h.Checkpoint, normSizes(h.Consistency)), Events: events}
 	if events > 0 {
 		c.Time, c.ID = t.UTC().Truncate(time.Millisecond), id
 	}
 	return c, nil
 }
 
-// String encodes the cursor: base64url of "x1:<binding hex>:<events>:<unix ms>:<id>".
+// String encodes the cursor: base64url of "x2:<binding hex>:<events>:<unix ms>:<id>".
 func (c Cursor) String() string {
 	ms := int64(0)
 	if !c.Time.IsZero() {
 		ms = c.Time.UnixMilli()
 	}
-	return base64.RawURLEncoding.EncodeToString([]byte("x1:" + hex.EncodeToString(c.Bind[:]) + ":" +
+	return base64.RawURLEncoding.EncodeToString([]byte("x2:" + hex.EncodeToString(c.Bind[:]) + ":" +
 		strconv.FormatUint(c.Events, 10) + ":" + strconv.FormatInt(ms, 10) + ":" + c.ID))
 }
 
@@ -582,7 +719,7 @@ func DecodeCursor(s string) (Cursor, error) {
 		return Cursor{}, bad
 	}
 	parts := strings.SplitN(string(raw), ":", 5)
-	if len(parts) != 5 || parts[0] != "x1" {
+	if len(parts) != 5 || parts[0] != "x2" {
 		return Cursor{}, bad
 	}
 	var c Cursor
@@ -591,7 +728,7 @@ func DecodeCursor(s string) (Cursor, error) {
 	} else {
 		copy(c.Bind[:], b)
 	}
-	if c.Events, err = strconv.ParseUint(parts[2], 10, 64); err != nil {
+	if c.Events, err = strconv.ParseUint(parts[2], 10, 64); err != nil || strconv.FormatUint(c.Events, 10) != parts[2] {
 		return Cursor{}, bad
 	}
 	ms, err := strconv.ParseInt(parts[3], 10, 64)
@@ -604,7 +741,7 @@ func DecodeCursor(s string) (Cursor, error) {
 		return Cursor{}, bad
 	case c.Events == 0:
 		c.Time = time.Time{}
-	case c.Events > 0:
+	default:
 		if err := checkExportID("after", c.ID); err != nil {
 			return Cursor{}, fmt.Errorf("after: the cursor's event id: %w", err)
 		}
@@ -615,32 +752,37 @@ func DecodeCursor(s string) (Cursor, error) {
 // exportEvent is an event record. Field order is the encoding (NDJSON is checked to be
 // canonical: re-encoded, a line must give itself back).
 type exportEvent struct {
-	Kind          string   `json:"kind"`
-	ID            string   `json:"id"`
-	Type          string   `json:"type"`
-	Time          string   `json:"time"`
-	OrgID         string   `json:"org_id"`
-	RoomID        string   `json:"room_id"`
-	ActorID       string   `json:"actor_id"`
-	ActorType     string   `json:"actor_type"`
-	ActorHandle   string   `json:"actor_handle"`
-	OwnerID       string   `json:"owner_id"`
-	SubjectID     string   `json:"subject_id"`
-	SubjectType   string   `json:"subject_type"`
-	SubjectHandle string   `json:"subject_handle"`
-	ExecutionID   string   `json:"execution_id"`
-	Source        string   `json:"source"`
-	SchemaVersion uint16   `json:"schema_version"`
-	Data          string   `json:"data"`
-	Base64        []string `json:"base64,omitempty"`
+	Kind           string   `json:"kind"`
+	ID             string   `json:"id"`
+	Type           string   `json:"type"`
+	Time           string   `json:"time"`
+	OrgID          string   `json:"org_id"`
+	RoomID         string   `json:"room_id"`
+	ActorID        string   `json:"actor_id"`
+	ActorType      string   `json:"actor_type"`
+	ActorHandle    string   `json:"actor_handle"`
+	OwnerID        string   `json:"owner_id"`
+	SubjectID      string   `json:"subject_id"`
+	SubjectType    string   `json:"subject_type"`
+	SubjectHandle  string   `json:"subject_handle"`
+	ExecutionID    string   `json:"execution_id"`
+	Source         string   `json:"source"`
+	SchemaVersion  uint16   `json:"schema_version"`
+	Data           string   `json:"data"`
+	IngestedAt     string   `json:"ingested_at"`
+	KafkaPartition int32    `json:"kafka_partition"`
+	KafkaOffset    int64    `json:"kafka_offset"`
+	Leaf           uint64   `json:"leaf"`
+	Proof          string   `json:"proof"`
+	Base64         []string `json:"base64,omitempty"`
 }
 
 // fields are the event's string fields with their column names, in column order.
-func (e *exportEvent) fields() []struct {
+func (e *exportEvent) fields() [14]struct {
 	name string
 	v    *string
 } {
-	return []struct {
+	return [14]struct {
 		name string
 		v    *string
 	}{{"id", &e.ID}, {"type", &e.Type}, {"org_id", &e.OrgID}, {"room_id", &e.RoomID}, {"actor_id", &e.ActorID},
@@ -649,14 +791,21 @@ func (e *exportEvent) fields() []struct {
 		{"source", &e.Source}, {"data", &e.Data}}
 }
 
-// eventRecord encodes a row, base64 for the values the encoding cannot carry exactly.
-func eventRecord(r *store.EventRow, encoding string) exportEvent {
+// needsBase64 says whether an encoding cannot carry v exactly.
+func needsBase64(v, encoding string) bool {
+	return !utf8.ValidString(v) || encoding == EncodingCSV && strings.IndexByte(v, '\r') >= 0
+}
+
+// eventRecord encodes a sealed row (its bookkeeping the leaf's) at leaf with its proof,
+// base64 for the values the encoding cannot carry exactly.
+func eventRecord(r *store.EventRow, leaf uint64, proof string, encoding string) exportEvent {
 	e := exportEvent{Kind: KindEvent, ID: r.ID, Type: r.Type, Time: fmtMilli(r.Time), OrgID: r.OrgID, RoomID: r.RoomID,
 		ActorID: r.ActorID, ActorType: store.StoredActorType(r.ActorType), ActorHandle: r.ActorHandle, OwnerID: r.OwnerID,
 		SubjectID: r.SubjectID, SubjectType: r.SubjectType, SubjectHandle: r.SubjectHandle, ExecutionID: r.ExecutionID,
-		Source: r.Source, SchemaVersion: r.SchemaVersion, Data: r.Data}
+		Source: r.Source, SchemaVersion: r.SchemaVersion, Data: r.Data, IngestedAt: fmtSec(r.IngestedAt),
+		KafkaPartition: r.Partition, KafkaOffset: r.Offset, Leaf: leaf, Proof: proof}
 	for _, f := range e.fields() {
-		if !utf8.ValidString(*f.v) || encoding == EncodingCSV && strings.ContainsRune(*f.v, '\r') {
+		if needsBase64(*f.v, encoding) {
 			*f.v = base64.StdEncoding.EncodeToString([]byte(*f.v))
 			e.Base64 = append(e.Base64, f.name)
 		}
@@ -670,36 +819,17 @@ func (e exportEvent) row() (store.EventRow, error) {
 	if e.Kind != KindEvent {
 		return store.EventRow{}, fmt.Errorf("kind %q is not event", clip(e.Kind))
 	}
-	decoded := map[string]bool{}
-	for _, name := range e.Base64 {
-		decoded[name] = true
-	}
-	if len(decoded) != len(e.Base64) {
-		return store.EventRow{}, errors.New("base64 names a field twice")
-	}
-	for _, f := range e.fields() {
-		if !decoded[f.name] {
-			continue
-		}
-		delete(decoded, f.name)
-		b, err := base64.StdEncoding.DecodeString(*f.v)
-		if err != nil {
-			return store.EventRow{}, fmt.Errorf("field %s is not base64, though base64 names it", f.name)
-		}
-		*f.v = string(b)
-	}
-	if len(decoded) > 0 {
-		return store.EventRow{}, fmt.Errorf("base64 names unknown fields %q", slices.Sorted(func(yield func(string) bool) {
-			for k := range decoded {
-				if !yield(k) {
-					return
-				}
-			}
-		}))
+	fields := e.fields()
+	if err := decodeBase64Fields(e.Base64, fields[:]); err != nil {
+		return store.EventRow{}, err
 	}
 	t, ok := parseMilli(e.Time)
 	if !ok {
 		return store.EventRow{}, fmt.Errorf("time %q is not RFC 3339 with milliseconds in UTC", clip(e.Time))
+	}
+	at, ok := parseSec(e.IngestedAt)
+	if !ok {
+		return store.EventRow{}, fmt.Errorf("ingested_at %q is not RFC 3339 in whole seconds, UTC", clip(e.IngestedAt))
 	}
 	if e.ID == "" {
 		return store.EventRow{}, errors.New("no id")
@@ -707,14 +837,61 @@ func (e exportEvent) row() (store.EventRow, error) {
 	return store.EventRow{ID: e.ID, Type: e.Type, Time: t, OrgID: e.OrgID, RoomID: e.RoomID, ActorID: e.ActorID,
 		ActorType: e.ActorType, ActorHandle: e.ActorHandle, OwnerID: e.OwnerID, SubjectID: e.SubjectID,
 		SubjectType: e.SubjectType, SubjectHandle: e.SubjectHandle, ExecutionID: e.ExecutionID, Source: e.Source,
-		SchemaVersion: e.SchemaVersion, Data: e.Data}, nil
+		SchemaVersion: e.SchemaVersion, Data: e.Data, IngestedAt: at, Partition: e.KafkaPartition, Offset: e.KafkaOffset}, nil
+}
+
+// decodeBase64Fields decodes in place the fields names lists.
+func decodeBase64Fields(names []string, fields []struct {
+	name string
+	v    *string
+}) error {
+	if len(names) == 0 {
+		return nil
+	}
+	if len(names) > len(fields) {
+		return fmt.Errorf("base64 names %d fields, more than the record has", len(names))
+	}
+	done := 0
+	for i, name := range names {
+		if slices.Contains(names[:i], name) {
+			return errors.New("base64 names a field twice")
+		}
+		for _, f := range fields {
+			if f.name != name {
+				continue
+			}
+			b, err := base64.StdEncoding.DecodeString(*f.v)
+			if err != nil {
+				return fmt.Errorf("field %s is not base64, though base64 names it", f.name)
+			}
+			*f.v = string(b)
+			done++
+		}
+	}
+	if done != len(names) {
+		return fmt.Errorf("base64 names unknown fields (%q)", clip(strings.Join(names, " ")))
+	}
+	return nil
+}
+
+// sameEvent says whether two event records are the same, field by field.
+func sameEvent(a, b *exportEvent) bool {
+	as, bs := a.strings(), b.strings()
+	for i := range as {
+		if *as[i] != *bs[i] {
+			return false
+		}
+	}
+	return a.SchemaVersion == b.SchemaVersion && a.Data == b.Data && a.IngestedAt == b.IngestedAt && a.KafkaPartition == b.KafkaPartition &&
+		a.KafkaOffset == b.KafkaOffset && a.Leaf == b.Leaf && a.Proof == b.Proof && slices.Equal(a.Base64, b.Base64)
 }
 
 // csvFields is the event's CSV row.
 func (e *exportEvent) csvFields() []string {
 	return []string{KindEvent, e.ID, e.Type, e.Time, e.OrgID, e.RoomID, e.ActorID, e.ActorType, e.ActorHandle, e.OwnerID,
 		e.SubjectID, e.SubjectType, e.SubjectHandle, e.ExecutionID, e.Source, strconv.FormatUint(uint64(e.SchemaVersion), 10),
-		e.Data, strings.Join(e.Base64, " ")}
+		e.Data, e.IngestedAt, strconv.FormatInt(int64(e.KafkaPartition), 10), strconv.FormatInt(e.KafkaOffset, 10),
+		strconv.FormatUint(e.Leaf, 10), e.Proof, strings.Join(e.Base64, " ")}
 }
 
 func eventFromCSV(f []string) (exportEvent, error) {
@@ -725,101 +902,151 @@ func eventFromCSV(f []string) (exportEvent, error) {
 	if err != nil || strconv.FormatUint(v, 10) != f[15] {
 		return exportEvent{}, fmt.Errorf("schema_version %q is not a number up to 65535", clip(f[15]))
 	}
+	part, err := strconv.ParseInt(f[18], 10, 32)
+	if err != nil || strconv.FormatInt(part, 10) != f[18] {
+		return exportEvent{}, fmt.Errorf("kafka_partition %q is not a 32-bit number", clip(f[18]))
+	}
+	off, err := strconv.ParseInt(f[19], 10, 64)
+	if err != nil || strconv.FormatInt(off, 10) != f[19] {
+		return exportEvent{}, fmt.Errorf("kafka_offset %q is not a 64-bit number", clip(f[19]))
+	}
+	leaf, err := strconv.ParseUint(f[20], 10, 64)
+	if err != nil || strconv.FormatUint(leaf, 10) != f[20] {
+		return exportEvent{}, fmt.Errorf("leaf %q is not a leaf index", clip(f[20]))
+	}
 	e := exportEvent{Kind: f[0], ID: f[1], Type: f[2], Time: f[3], OrgID: f[4], RoomID: f[5], ActorID: f[6], ActorType: f[7],
 		ActorHandle: f[8], OwnerID: f[9], SubjectID: f[10], SubjectType: f[11], SubjectHandle: f[12], ExecutionID: f[13],
-		Source: f[14], SchemaVersion: uint16(v), Data: f[16]}
-	if f[17] != "" {
-		e.Base64 = strings.Split(f[17], " ")
+		Source: f[14], SchemaVersion: uint16(v), Data: f[16], IngestedAt: f[17], KafkaPartition: int32(part), KafkaOffset: off,
+		Leaf: leaf, Proof: f[21]}
+	if f[22] != "" {
+		e.Base64 = strings.Split(f[22], " ")
 	}
 	return e, nil
 }
 
-// exportSeal is a seal record.
-type exportSeal struct {
-	Kind      string `json:"kind"`
-	OrgID     string `json:"org_id"`
-	Seq       uint64 `json:"seq"`
-	SealedAt  string `json:"sealed_at"`
-	Through   string `json:"through"`
-	Events    uint64 `json:"events"`
-	FirstTime string `json:"first_time"`
-	LastTime  string `json:"last_time"`
-	Root      string `json:"root"`
-	Prev      string `json:"prev"`
-	Hash      string `json:"hash"`
-	KeyID     string `json:"key_id"`
-	Signature string `json:"signature"`
+// exportGap is a gap record: a leaf of the range whose row is not exported.
+type exportGap struct {
+	Kind           string   `json:"kind"`
+	Leaf           uint64   `json:"leaf"`
+	ID             string   `json:"id"`
+	Time           string   `json:"time"`
+	Digest         string   `json:"digest"`
+	IngestedAt     string   `json:"ingested_at"`
+	KafkaPartition int32    `json:"kafka_partition"`
+	KafkaOffset    int64    `json:"kafka_offset"`
+	Mark           string   `json:"mark"`
+	Proof          string   `json:"proof"`
+	Base64         []string `json:"base64,omitempty"`
 }
 
-func sealRecord(s *Seal) exportSeal {
-	return exportSeal{Kind: KindSeal, OrgID: s.OrgID, Seq: s.Seq, SealedAt: fmtSec(s.SealedAt), Through: fmtSec(s.Through),
-		Events: s.Events, FirstTime: fmtSec(s.FirstTime), LastTime: fmtSec(s.LastTime), Root: s.Root, Prev: s.Prev,
-		Hash: s.Hash, KeyID: s.KeyID, Signature: s.Signature}
-}
-
-func (r *exportSeal) seal() (Seal, error) {
-	var ts [4]time.Time
-	for i, v := range []string{r.SealedAt, r.Through, r.FirstTime, r.LastTime} {
-		t, ok := parseSec(v)
-		if !ok {
-			return Seal{}, fmt.Errorf("time %q is not RFC 3339 in whole seconds, UTC", clip(v))
-		}
-		ts[i] = t
+func gapRecord(lf *IndexedLeaf, mark, proof string) exportGap {
+	g := exportGap{Kind: KindGap, Leaf: lf.Index, ID: lf.ID, Time: fmtMilli(lf.Time), Digest: hex.EncodeToString(lf.Digest[:]),
+		IngestedAt: fmtSec(lf.IngestedAt), KafkaPartition: lf.Partition, KafkaOffset: lf.Offset, Mark: mark, Proof: proof}
+	if !utf8.ValidString(g.ID) {
+		g.ID, g.Base64 = base64.StdEncoding.EncodeToString([]byte(g.ID)), []string{"id"}
 	}
-	return Seal{OrgID: r.OrgID, Seq: r.Seq, SealedAt: ts[0], Through: ts[1], Events: r.Events, FirstTime: ts[2], LastTime: ts[3],
-		Root: r.Root, Prev: r.Prev, Hash: r.Hash, KeyID: r.KeyID, Signature: r.Signature}, nil
+	return g
 }
 
-// exportEntry is an entry record. Digest is kept as stored (a corrupt one is the
-// verifier's to report).
-type exportEntry struct {
-	Kind   string `json:"kind"`
-	ID     string `json:"id"`
-	Time   string `json:"time"`
-	Digest string `json:"digest"`
-	Mark   string `json:"mark"`
+// leaf reads the leaf of a gap record of org back.
+func (g exportGap) leaf(org string) (tlog.Leaf, error) {
+	id := g.ID
+	if err := decodeBase64Fields(g.Base64, []struct {
+		name string
+		v    *string
+	}{{"id", &id}}); err != nil {
+		return tlog.Leaf{}, err
+	}
+	t, ok := parseMilli(g.Time)
+	at, ok2 := parseSec(g.IngestedAt)
+	d, ok3 := parseHash(g.Digest)
+	switch {
+	case !ok:
+		return tlog.Leaf{}, fmt.Errorf("time %q is not RFC 3339 with milliseconds in UTC", clip(g.Time))
+	case !ok2:
+		return tlog.Leaf{}, fmt.Errorf("ingested_at %q is not RFC 3339 in whole seconds, UTC", clip(g.IngestedAt))
+	case !ok3 || hex.EncodeToString(d[:]) != g.Digest:
+		return tlog.Leaf{}, fmt.Errorf("digest %q is not 64 lowercase hex digits", clip(g.Digest))
+	case id == "":
+		return tlog.Leaf{}, errors.New("no id")
+	}
+	return tlog.Leaf{Org: org, ID: id, Time: t, Digest: store.Digest(d), IngestedAt: at, Partition: g.KafkaPartition, Offset: g.KafkaOffset}, nil
+}
+
+// exportConsistency is a consistency record: the log at the export's checkpoint
+// extends the log at Size, whose root is Root.
+type exportConsistency struct {
+	Kind  string `json:"kind"`
+	Size  uint64 `json:"size"`
+	Root  string `json:"root"`
+	Proof string `json:"proof"`
+}
+
+// exportIndex is an index record: the leaf indexes of the lines and gaps from the
+// First-th one on, in file order.
+type exportIndex struct {
+	Kind   string   `json:"kind"`
+	First  uint64   `json:"first"`
+	Leaves []uint64 `json:"leaves"`
 }
 
 // exportManifest is the last record.
 type exportManifest struct {
-	Kind        string   `json:"kind"`
-	Format      string   `json:"format"`
-	Org         string   `json:"org"`
-	From        string   `json:"from"`
-	To          string   `json:"to"`
-	Types       []string `json:"types"`
-	Actors      []string `json:"actors"`
-	Rooms       []string `json:"rooms"`
-	AsOf        string   `json:"as_of"`
-	Events      uint64   `json:"events"`
-	Seals       uint64   `json:"seals"`
-	Entries     uint64   `json:"entries"`
-	ProofSHA256 string   `json:"proof_sha256"`
-	KeyID       string   `json:"key_id"`
-	Signature   string   `json:"signature"`
+	Kind         string   `json:"kind"`
+	Format       string   `json:"format"`
+	Database     string   `json:"database"`
+	Org          string   `json:"org"`
+	From         string   `json:"from"`
+	To           string   `json:"to"`
+	Types        []string `json:"types"`
+	Actors       []string `json:"actors"`
+	Rooms        []string `json:"rooms"`
+	Size         uint64   `json:"size"`
+	Root         string   `json:"root"`
+	Consistency  []uint64 `json:"consistency"`
+	Events       uint64   `json:"events"`
+	Gaps         uint64   `json:"gaps"`
+	IndexSHA256  string   `json:"index_sha256"`
+	KeyID        string   `json:"key_id"`
+	Proves       string   `json:"proves"`
+	DoesNotProve string   `json:"does_not_prove"`
+	Signature    string   `json:"signature"`
 }
 
 // ManifestContent is what the manifest's signature covers: under the label
-// bandplane.export.v1, the selection (organization, from and to in Unix milliseconds,
-// each list counted and length-prefixed), as_of (Unix seconds), the numbers of
-// events, seals and entries, the proof hash and the key id. Part of the export format.
-func ManifestContent(s Selection, asOf time.Time, events, seals, entries uint64, proofSHA256, keyID string) []byte {
-	b := make([]byte, 0, 256)
+// bandplane.export.v2, the database, the selection (organization, from and to in Unix
+// milliseconds, each list counted and length-prefixed), the checkpoint's size and
+// root, the consistency sizes, the numbers of events and gaps, the index hash, the key
+// id and the two statements. Part of the export format.
+func ManifestContent(db string, s Selection, size uint64, root []byte, consistency []uint64, events, gaps uint64, indexSHA256, keyID string) []byte {
+	b := make([]byte, 0, 1024)
 	b = appendString(b, ExportFormat)
-	b = selectionBytes(b, s, asOf)
+	b = appendString(b, db)
+	b = selectionBytes(b, s)
+	b = binary.BigEndian.AppendUint64(b, size)
+	b = appendString(b, string(root))
+	b = binary.BigEndian.AppendUint32(b, uint32(len(consistency)))
+	for _, m := range consistency {
+		b = binary.BigEndian.AppendUint64(b, m)
+	}
 	b = binary.BigEndian.AppendUint64(b, events)
-	b = binary.BigEndian.AppendUint64(b, seals)
-	b = binary.BigEndian.AppendUint64(b, entries)
-	b = appendString(b, proofSHA256)
-	return appendString(b, keyID)
+	b = binary.BigEndian.AppendUint64(b, gaps)
+	b = appendString(b, indexSHA256)
+	b = appendString(b, keyID)
+	b = appendString(b, ExportProves)
+	return appendString(b, ExportDoesNotProve)
 }
 
-func signManifest(key ed25519.PrivateKey, s Selection, asOf time.Time, events, seals, entries uint64, proof string) exportManifest {
-	id := KeyID(key.Public().(ed25519.PublicKey))
-	sig := ed25519.Sign(key, ManifestContent(s, asOf, events, seals, entries, proof, id))
-	return exportManifest{Kind: KindManifest, Format: ExportFormat, Org: s.Org, From: fmtMilli(s.From), To: fmtMilli(s.To),
-		Types: s.Types, Actors: s.Actors, Rooms: s.Rooms, AsOf: fmtSec(asOf), Events: events, Seals: seals, Entries: entries,
-		ProofSHA256: proof, KeyID: id, Signature: hex.EncodeToString(sig)}
+func signManifest(key ed25519.PrivateKey, db string, s Selection, cp *tlog.Checkpoint, consistency []uint64, events, gaps uint64, index string) exportManifest {
+	id := tlog.KeyID(key.Public().(ed25519.PublicKey))
+	sig := ed25519.Sign(key, ManifestContent(db, s, cp.Size, cp.Root, consistency, events, gaps, index, id))
+	if consistency == nil {
+		consistency = []uint64{}
+	}
+	return exportManifest{Kind: KindManifest, Format: ExportFormat, Database: db, Org: s.Org, From: fmtMilli(s.From), To: fmtMilli(s.To),
+		Types: s.Types, Actors: s.Actors, Rooms: s.Rooms, Size: cp.Size, Root: base64.StdEncoding.EncodeToString(cp.Root),
+		Consistency: consistency, Events: events, Gaps: gaps, IndexSHA256: index, KeyID: id,
+		Proves: ExportProves, DoesNotProve: ExportDoesNotProve, Signature: hex.EncodeToString(sig)}
 }
 
 // exportError is an error record: the server stopped before the end.
@@ -829,9 +1056,10 @@ type exportError struct {
 }
 
 // encoder writes records in one encoding. Records are JSON objects encoded
-// deterministically (no HTML escaping): the proof hash is over those bytes.
+// deterministically (no HTML escaping): the index hash is over those bytes.
 type encoder struct {
 	encoding string
+	line     []byte
 	buf      bytes.Buffer
 	js       *json.Encoder
 	csvBuf   bytes.Buffer
@@ -855,7 +1083,8 @@ func (e *encoder) object(v any) ([]byte, error) {
 	return bytes.TrimSuffix(e.buf.Bytes(), []byte("\n")), nil
 }
 
-// record returns the bytes of one record whose JSON object is obj, newline included.
+// record returns the bytes of one record whose JSON object is obj, newline included
+// (valid until the next call).
 func (e *encoder) record(kind string, obj []byte) ([]byte, error) {
 	if e.encoding == EncodingNDJSON {
 		return append(obj, '\n'), nil
@@ -875,14 +1104,11 @@ func (e *encoder) row(fields []string) ([]byte, error) {
 	return e.csvBuf.Bytes(), nil
 }
 
-// event returns the bytes of an event record.
+// event returns the bytes of an event record (valid until the next call).
 func (e *encoder) event(ev *exportEvent) ([]byte, error) {
 	if e.encoding == EncodingNDJSON {
-		obj, err := e.object(ev)
-		if err != nil {
-			return nil, err
-		}
-		return append(obj, '\n'), nil
+		e.line = append(appendEventJSON(e.line[:0], ev), '\n')
+		return e.line, nil
 	}
 	return e.row(ev.csvFields())
 }
@@ -895,36 +1121,36 @@ func (e *encoder) preamble() ([]byte, error) {
 	return nil, nil
 }
 
-// proofHash hashes the proof records: each object length-prefixed.
-type proofHash struct {
+// indexHash hashes the index records: each object length-prefixed, under a label.
+type indexHash struct {
 	h interface {
 		Write([]byte) (int, error)
 		Sum([]byte) []byte
 	}
 }
 
-func newProofHash() *proofHash {
-	p := &proofHash{h: sha256.New()}
-	var lbl [4]byte
-	binary.BigEndian.PutUint32(lbl[:], uint32(len("bandplane.export-proof.v1")))
-	p.h.Write(lbl[:])
-	p.h.Write([]byte("bandplane.export-proof.v1"))
-	return p
+func newIndexHash() *indexHash {
+	ih := &indexHash{h: sha256.New()}
+	ih.h.Write(appendString(nil, "bandplane.export-index.v2"))
+	return ih
 }
 
-func (p *proofHash) add(obj []byte) {
+func (ih *indexHash) add(obj []byte) {
 	var n [4]byte
 	binary.BigEndian.PutUint32(n[:], uint32(len(obj)))
-	p.h.Write(n[:])
-	p.h.Write(obj)
+	ih.h.Write(n[:])
+	ih.h.Write(obj)
 }
 
-func (p *proofHash) sum() string { return hex.EncodeToString(p.h.Sum(nil)) }
+func (ih *indexHash) sum() string { return hex.EncodeToString(ih.h.Sum(nil)) }
+
+// recordKinds are every kind a scanner recognises, by the first bytes of a record.
+var recordKinds = []string{KindEvent, KindGap, KindIndex, KindConsistency, KindHeader, KindManifest, KindError}
 
 // recordKind is the kind of a record from its first bytes (what a scanner of a file
 // being written or resumed needs), "" when it is none of the kinds.
 func recordKind(encoding string, prefix []byte) string {
-	for _, k := range []string{KindEvent, KindEntry, KindSeal, KindHeader, KindManifest, KindError} {
+	for _, k := range recordKinds {
 		if encoding == EncodingNDJSON && bytes.HasPrefix(prefix, []byte(`{"kind":"`+k+`"`)) ||
 			encoding == EncodingCSV && bytes.HasPrefix(prefix, []byte(k+",")) {
 			return k
@@ -934,4 +1160,15 @@ func recordKind(encoding string, prefix []byte) string {
 		return "columns"
 	}
 	return ""
+}
+
+// leafOrder orders lines and gaps: time in milliseconds, then id.
+func leafOrder(ms1 int64, id1 string, ms2 int64, id2 string) int {
+	if ms1 != ms2 {
+		if ms1 < ms2 {
+			return -1
+		}
+		return 1
+	}
+	return strings.Compare(id1, id2)
 }

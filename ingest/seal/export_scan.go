@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"time"
 )
 
@@ -23,6 +24,7 @@ type ExportScanner struct {
 	over     bool // the current record is longer than MaxExportLineBytes
 
 	Events       uint64 // event records
+	Gaps         uint64 // gap records
 	Header       []byte // the header record (newline included)
 	HeaderEnd    int64  // the offset after it
 	LastEvent    []byte // the last event record
@@ -96,6 +98,8 @@ func (s *ExportScanner) end() {
 		s.LastEventEnd = s.off
 		s.cur, s.last = s.last, s.cur
 		s.LastEvent = s.last
+	case kind == KindGap:
+		s.Gaps++
 	case kind == KindHeader && s.Header == nil:
 		s.Header, s.HeaderEnd = bytes.Clone(s.cur), s.off
 	case kind == KindManifest:
@@ -132,7 +136,7 @@ func ParseExportHeader(encoding string, raw []byte) (ExportHeader, error) {
 	if err := strict(obj, &h); err != nil {
 		return ExportHeader{}, fmt.Errorf("cannot read the export's header: %w", err)
 	}
-	if _, _, err := h.selection(); err != nil {
+	if _, err := h.selection(); err != nil {
 		return ExportHeader{}, fmt.Errorf("the export's header: %w", err)
 	}
 	if h.Encoding != encoding {
@@ -162,21 +166,22 @@ func ExportEventKey(encoding string, raw []byte) (ExportEventID, error) {
 	if err != nil {
 		return ExportEventID{}, fmt.Errorf("cannot read the export's last event: %w", err)
 	}
-	return ExportEventID{ID: r.ID, Time: r.Time}, nil
+	return ExportEventID{ID: r.ID, Time: r.Time, Leaf: ev.Leaf}, nil
 }
 
 // ExportEventID names an event of an export.
 type ExportEventID struct {
 	ID   string
 	Time time.Time
+	Leaf uint64
 }
 
 // ExportSummary is what a manifest counts.
 type ExportSummary struct {
-	Events  uint64 `json:"events"`
-	Seals   uint64 `json:"seals"`
-	Entries uint64 `json:"entries"`
-	AsOf    string `json:"as_of"`
+	Events uint64 `json:"events"`
+	Gaps   uint64 `json:"gaps"`
+	Size   uint64 `json:"size"`
+	KeyID  string `json:"key_id"`
 }
 
 // ParseExportManifest reads the counts of a manifest record (unchecked).
@@ -189,7 +194,7 @@ func ParseExportManifest(encoding string, raw []byte) (ExportSummary, error) {
 	if err := json.Unmarshal(obj, &m); err != nil || m.Kind != KindManifest {
 		return ExportSummary{}, errors.New("not a manifest")
 	}
-	return ExportSummary{Events: m.Events, Seals: m.Seals, Entries: m.Entries, AsOf: m.AsOf}, nil
+	return ExportSummary{Events: m.Events, Gaps: m.Gaps, Size: m.Size, KeyID: m.KeyID}, nil
 }
 
 // ParseExportError reads the message of an error record.
@@ -203,4 +208,17 @@ func ParseExportError(encoding string, raw []byte) string {
 		return "the server stopped the export"
 	}
 	return e.Error
+}
+
+// strict decodes one JSON object into v, refusing unknown fields and trailing data.
+func strict(obj []byte, v any) error {
+	dec := json.NewDecoder(bytes.NewReader(obj))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return err
+	}
+	if _, err := dec.Token(); err == nil || !errors.Is(err, io.EOF) {
+		return errors.New("data after the object")
+	}
+	return nil
 }

@@ -2,46 +2,68 @@ package seal
 
 import (
 	"bufio"
+	"bytes"
 	"cmp"
 	"context"
 	"crypto/ed25519"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"math/bits"
 	"slices"
+	"sort"
 	"strings"
+	"sync"
 	"time"
 
-	"github.com/ClickHouse/clickhouse-go/v2"
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+	"github.com/transparency-dev/merkle/compact"
+	"github.com/transparency-dev/merkle/proof"
 
+	"github.com/bandplane/bandplane/ingest/seal/tlog"
 	"github.com/bandplane/bandplane/ingest/store"
+	"github.com/bandplane/bandplane/schema/chdb"
 )
 
 // Defaults of ExportConfig.
 const (
-	DefaultExportWindowRows   = 20_000
-	DefaultExportGroupEntries = 200_000
+	DefaultExportWindowRows = 20_000
+	DefaultExportIndexChunk = 500_000
 )
 
 // ErrExportConflict is wrapped by Prepare when the trail cannot give the export asked
-// for: nothing sealed yet, an as_of no seal has, a cursor of another export (HTTP 409).
+// for (HTTP 409): nothing sealed yet, an as_of no verified checkpoint has, a
+// consistency size beyond the checkpoint, a cursor of another export, or a log that
+// does not match its checkpoint. Stream wraps it too when it finds the log edited
+// part-way.
 var ErrExportConflict = errors.New("the export conflicts with the trail")
 
 // ExportConfig configures an Exporter.
 type ExportConfig struct {
 	Conn     driver.Conn
 	Database string
-	Key      ed25519.PrivateKey // signs the manifests (the audit key)
-	Logger   *slog.Logger
-	// WindowRows is about how many rows one query of the stream reads (the rows are
-	// written as they come: memory does not grow with it).
+	// Prefix is the deployment's origin prefix (tlog.DefaultPrefix(Database) when
+	// empty).
+	Prefix string
+	// Key signs the manifests (the audit key); its public half anchors the key ring.
+	Key ed25519.PrivateKey
+	// Anchors are further audit keys the ring trusts (rotation records link the
+	// others).
+	Anchors []ed25519.PublicKey
+	// Margin is how far before its leaf's ingested_at a stored copy may have been
+	// written and still be the leaf's (0: DefaultMargin), as verify has it.
+	Margin time.Duration
+	Logger *slog.Logger
+	// WindowRows is about how many rows (stored copies and leaves) one window of the
+	// stream reads and holds.
 	WindowRows int
-	// GroupEntries is about how many seal entries one step of the proof reads; a seal
-	// is read whole (MaxSealEntries at most), so memory holds one seal's entries and
-	// the row keys of one group.
-	GroupEntries int
+	// IndexChunk is how many log_index rows one read of the scan asks for (they are
+	// streamed, not held).
+	IndexChunk int
 }
 
 func (c *ExportConfig) Validate() error {
@@ -52,11 +74,21 @@ func (c *ExportConfig) Validate() error {
 	if !identRe.MatchString(c.Database) {
 		errs = append(errs, fmt.Errorf("export: database %q is not a plain identifier", c.Database))
 	}
+	if c.Prefix != "" {
+		if err := tlog.CheckPrefix(c.Prefix); err != nil {
+			errs = append(errs, fmt.Errorf("export: --audit-origin: %w", err))
+		}
+	}
 	if len(c.Key) != ed25519.PrivateKeySize {
 		errs = append(errs, errors.New("export: no Ed25519 private key (--audit-key)"))
 	}
-	if c.WindowRows < 0 || c.GroupEntries < 0 {
-		errs = append(errs, fmt.Errorf("export: window rows (%d) and group entries (%d) must not be negative", c.WindowRows, c.GroupEntries))
+	for i, a := range c.Anchors {
+		if len(a) != ed25519.PublicKeySize {
+			errs = append(errs, fmt.Errorf("export: anchor %d is not an Ed25519 public key", i+1))
+		}
+	}
+	if c.Margin < 0 || c.WindowRows < 0 || c.IndexChunk < 0 {
+		errs = append(errs, fmt.Errorf("export: margin (%s), window rows (%d) and index chunk (%d) must not be negative", c.Margin, c.WindowRows, c.IndexChunk))
 	}
 	return errors.Join(errs...)
 }
@@ -64,6 +96,7 @@ func (c *ExportConfig) Validate() error {
 // Exporter streams compliance exports of one database (ExportFormat's doc).
 type Exporter struct {
 	cfg   ExportConfig
+	db    logDB
 	pub   ed25519.PublicKey
 	keyID string
 	log   *slog.Logger
@@ -73,30 +106,55 @@ func NewExporter(cfg ExportConfig) (*Exporter, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	if cfg.Prefix == "" {
+		cfg.Prefix = tlog.DefaultPrefix(cfg.Database)
+	}
+	if cfg.Margin == 0 {
+		cfg.Margin = DefaultMargin
+	}
 	if cfg.WindowRows == 0 {
 		cfg.WindowRows = DefaultExportWindowRows
 	}
-	if cfg.GroupEntries == 0 {
-		cfg.GroupEntries = DefaultExportGroupEntries
+	if cfg.IndexChunk == 0 {
+		cfg.IndexChunk = DefaultExportIndexChunk
 	}
 	log := cfg.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
 	pub := cfg.Key.Public().(ed25519.PublicKey)
-	return &Exporter{cfg: cfg, pub: pub, keyID: KeyID(pub), log: log.With("component", "audit_export")}, nil
+	return &Exporter{cfg: cfg, db: logDB{conn: cfg.Conn, db: cfg.Database}, pub: pub, keyID: tlog.KeyID(pub),
+		log: log.With("component", "audit_export", "key_id", tlog.KeyID(pub))}, nil
 }
 
-// Export is one prepared export: the watermark is pinned and the reads are planned.
+// KeyID names the key that signs the manifests.
+func (x *Exporter) KeyID() string { return x.keyID }
+
+// Prefix is the deployment's origin prefix.
+func (x *Exporter) Prefix() string { return x.cfg.Prefix }
+
+// Export is one prepared export: the checkpoint is pinned, the log scanned and the
+// reads planned. Stream runs it once.
 type Export struct {
-	x        *Exporter
-	req      ExportRequest
-	header   ExportHeader
-	asOf     time.Time // W: rows ingested before it
-	sealedBy time.Time // S: seals made at or before it
-	windows  []window
-	expected uint64
-	pred     predicate
+	x       *Exporter
+	req     ExportRequest
+	cp      tlog.Checkpoint
+	ring    *tlog.KeyRing
+	header  ExportHeader
+	cuts    cuts
+	offline []chdb.Cut // the header's cuts, as the verifier sees them
+	sc      *leafScan
+	windows []window
+	start   int // the window Stream starts at
+	covers  coverCache
+	checker *proofChecker
+
+	// What the lines and gaps came to so far (those before a resume cursor included).
+	events, gaps uint64
+	index        indexList
+	lastMs       int64 // the last line counted before the cursor
+	lastID       string
+	streamed     bool
 }
 
 // window is [lo, hi) of event time in Unix seconds.
@@ -105,243 +163,381 @@ type window struct{ lo, hi int64 }
 // Header is the export's header (also when it is not written: a resumed export).
 func (e *Export) Header() ExportHeader { return e.header }
 
-// AsOf is the export's watermark W.
-func (e *Export) AsOf() time.Time { return e.asOf }
+// Checkpoint is the checkpoint the export is pinned to.
+func (e *Export) Checkpoint() tlog.Checkpoint { return e.cp }
 
 // Expected is about how many event lines the whole export has (the resumed part
-// included): counted before the rows are deduplicated and matched with seals.
-func (e *Export) Expected() uint64 { return e.expected }
+// included): the leaves of the range, before duplicates, the lists and gaps.
+func (e *Export) Expected() uint64 { return e.sc.inRange }
 
-// Prepare checks the request against the trail, pins the watermark and plans the
-// reads. A request the trail cannot serve is an error wrapping ErrExportConflict.
+// maxForgedExport bounds the checkpoint rows that do not verify the exporter reads
+// past, above an organization's newest verified one: more is a table that needs audit
+// verify.
+const maxForgedExport = 1000
+
+// Prepare checks the request against the trail, pins the checkpoint, scans the log up
+// to it and plans the reads; a resumed export also recounts its lines up to the
+// cursor. A request the trail cannot serve is an error wrapping ErrExportConflict.
 func (x *Exporter) Prepare(ctx context.Context, req ExportRequest) (*Export, error) {
 	req.Selection.Normalize()
 	if err := req.Selection.Validate(); err != nil {
 		return nil, err
 	}
 	if req.Encoding != EncodingNDJSON && req.Encoding != EncodingCSV {
-		return nil, fmt.Errorf("format: %q is not ndjson or csv", req.Encoding)
+		return nil, fmt.Errorf("format: %q is not ndjson or csv", clip(req.Encoding))
 	}
-	if req.After != nil && req.AsOf.IsZero() {
-		return nil, errors.New("after: needs as_of")
+	if len(req.Consistency) > MaxConsistency {
+		return nil, fmt.Errorf("consistency: %d sizes; at most %d", len(req.Consistency), MaxConsistency)
+	}
+	req.Consistency = normSizes(req.Consistency)
+	if len(req.Consistency) > 0 && req.Consistency[0] == 0 {
+		return nil, errors.New("consistency: 0 is not the size of a checkpoint")
+	}
+	if req.After != nil && req.AsOf == 0 {
+		return nil, errors.New("after: needs as_of, the size of the export it continues")
 	}
 	sel := req.Selection
-	asOf, sealedBy, err := x.watermark(ctx, req.AsOf)
+	rotations, err := x.rotations(ctx)
 	if err != nil {
 		return nil, err
 	}
-	var n uint64
-	if err := x.cfg.Conn.QueryRow(ctx, "SELECT count() FROM "+x.cfg.Database+".seals WHERE org_id = ? AND sealed_at <= ?",
-		sel.Org, sealedBy).Scan(&n); err != nil {
-		return nil, fmt.Errorf("cannot read the seals of org %q from %s.seals: %w", sel.Org, x.cfg.Database, err)
-	}
-	if n == 0 {
-		return nil, fmt.Errorf("%w: nothing of organization %q is sealed as of %s: is serve running with --audit-key? (`bandplane audit seal` seals now)",
-			ErrExportConflict, sel.Org, fmtSec(asOf))
-	}
-	e := &Export{x: x, req: req, header: newHeader(sel, req.Encoding, asOf, x.keyID), asOf: asOf, sealedBy: sealedBy,
-		pred: newPredicate(sel, asOf)}
-	lo := sel.From.Unix()
-	if c := req.After; c != nil {
-		if c.Bind != binding(sel, req.Encoding, asOf) {
-			return nil, fmt.Errorf("%w: the cursor belongs to another export (its selection, format or as_of differ from this request's): resume with the file's own header", ErrExportConflict)
-		}
-		if c.Events > 0 {
-			if c.Time.Before(sel.From) || !c.Time.Before(sel.To) {
-				return nil, fmt.Errorf("%w: the cursor's event at %s is outside the selection's range", ErrExportConflict, fmtMilli(c.Time))
-			}
-			if err := e.checkCursor(ctx, c); err != nil {
-				return nil, err
-			}
-			lo = c.Time.Unix()
-		}
-	}
-	hi := e.pred.toSec + 1 // exclusive; the predicate cuts at the millisecond
-	if e.windows, e.expected, err = e.plan(ctx, lo, hi, 0); err != nil {
+	ring, err := tlog.NewKeyRing(x.cfg.Prefix, append([]ed25519.PublicKey{x.pub}, x.cfg.Anchors...), rotations)
+	if err != nil {
 		return nil, err
 	}
+	for _, p := range ring.Problems() {
+		x.log.Warn("a key rotation record is not followed", "problem", p)
+	}
+	cp, err := x.pin(ctx, ring, sel.Org, req.AsOf)
+	if err != nil {
+		return nil, err
+	}
+	if n := len(req.Consistency); n > 0 && req.Consistency[n-1] > cp.Size {
+		m := req.Consistency[n-1]
+		return nil, fmt.Errorf("%w: consistency: the log of org %q has %d leaves at the pinned checkpoint, fewer than the %d of the checkpoint you hold: it was rolled back, or pin the export at as_of ≥ %d",
+			ErrExportConflict, sel.Org, cp.Size, m, m)
+	}
+	e := &Export{x: x, req: req, cp: cp, ring: ring}
 	if c := req.After; c != nil {
-		e.expected += c.Events
+		if c.Bind != binding(sel, req.Encoding, string(cp.Note), req.Consistency) {
+			return nil, fmt.Errorf("%w: the cursor belongs to another export (its selection, format, checkpoint or consistency sizes differ from this request's): resume with the file's own header", ErrExportConflict)
+		}
+		if c.Events > 0 && !sel.inRange(c.Time) {
+			return nil, fmt.Errorf("%w: the cursor's event at %s is outside the selection's range", ErrExportConflict, fmtMilli(c.Time))
+		}
+	}
+	if e.cuts, err = loadCuts(ctx, x.cfg.Conn, x.cfg.Database, ring); err != nil {
+		return nil, err
+	}
+	for _, c := range e.cuts.honoured {
+		if c.Before.After(sel.From) {
+			e.offline = append(e.offline, c)
+		}
+	}
+	if len(e.offline) > maxHeaderCuts {
+		return nil, fmt.Errorf("%w: %d retention cuts cover the range, more than an export carries (%d)", ErrExportConflict, len(e.offline), maxHeaderCuts)
+	}
+	e.header = newHeader(x.cfg.Database, sel, req, &cp, rotations, e.offline)
+	if e.sc, err = x.scan(ctx, &cp, sel, req.Consistency); err != nil {
+		return nil, err
+	}
+	lo, hi := sel.From.Unix(), sel.To.Unix()
+	if sel.To.Nanosecond() > 0 {
+		hi++
+	}
+	if e.windows, err = e.plan(ctx, lo, hi, 0); err != nil {
+		return nil, err
+	}
+	if c := req.After; c != nil && c.Events > 0 {
+		if err := e.recount(ctx, c); err != nil {
+			return nil, err
+		}
 	}
 	return e, nil
 }
 
-// watermark picks W, the through of a seal that verifies with the key (the latest, or
-// asOf), and S, the earliest sealed_at of the verifying seals with that through.
-func (x *Exporter) watermark(ctx context.Context, asOf time.Time) (time.Time, time.Time, error) {
-	db := x.cfg.Database
-	first := func(q string, args ...any) (*Seal, error) {
-		rows, err := x.cfg.Conn.Query(ctx, "SELECT "+sealCols+" FROM "+db+".seals "+q, args...)
-		if err != nil {
-			return nil, fmt.Errorf("cannot read %s.seals: %w", db, err)
-		}
-		defer rows.Close()
-		for rows.Next() {
-			s, err := scanSeal(rows)
-			if err != nil {
-				return nil, fmt.Errorf("cannot read a row of %s.seals: %w", db, err)
-			}
-			if s.checkSignature(x.pub, x.keyID) == "" {
-				return &s, nil
-			}
-		}
-		return nil, rows.Err()
+func newHeader(db string, s Selection, req ExportRequest, cp *tlog.Checkpoint, rotations [][]byte, cuts []chdb.Cut) ExportHeader {
+	h := ExportHeader{Kind: KindHeader, Format: ExportFormat, Encoding: req.Encoding, Database: db, Org: s.Org,
+		From: fmtMilli(s.From), To: fmtMilli(s.To), Types: s.Types, Actors: s.Actors, Rooms: s.Rooms, Size: cp.Size,
+		Consistency: req.Consistency, Checkpoint: string(cp.Note), Rotations: []string{}, Cuts: []exportCut{}}
+	if h.Consistency == nil {
+		h.Consistency = []uint64{}
 	}
-	w := asOf
-	if w.IsZero() {
-		// Forged or foreign seals are skipped; a hundred of them in a row is a trail
-		// that needs verify, not an export.
-		s, err := first("ORDER BY through DESC, sealed_at ASC LIMIT 100")
-		if err != nil {
-			return time.Time{}, time.Time{}, err
-		}
-		if s == nil {
-			return time.Time{}, time.Time{}, fmt.Errorf("%w: nothing is sealed with the audit key %s yet: is serve running with --audit-key? (`bandplane audit seal` seals now)", ErrExportConflict, x.keyID)
-		}
-		w = s.Through
+	for _, r := range rotations {
+		h.Rotations = append(h.Rotations, string(r))
 	}
-	s, err := first("WHERE through = ? ORDER BY sealed_at ASC LIMIT 100", w.UTC())
+	for i := range cuts {
+		h.Cuts = append(h.Cuts, cutRecord(&cuts[i]))
+	}
+	return h
+}
+
+// rotations are the key rotation records ClickHouse holds whose signatures verify on
+// their own (a forged row is not passed on), in note order.
+func (x *Exporter) rotations(ctx context.Context) ([][]byte, error) {
+	all, err := x.db.rotations(ctx)
 	if err != nil {
-		return time.Time{}, time.Time{}, err
+		return nil, err
 	}
-	if s == nil {
-		return time.Time{}, time.Time{}, fmt.Errorf("%w: as_of %s is not the through of any seal signed with the audit key %s (take as_of from an export's header)", ErrExportConflict, fmtSec(w), x.keyID)
+	var out [][]byte
+	for _, r := range all {
+		if _, err := tlog.OpenRotation(x.cfg.Prefix, r); err != nil {
+			x.log.Warn("leaving a key rotation row that does not verify out of the export", "err", err)
+			continue
+		}
+		out = append(out, r)
 	}
-	return w.UTC(), s.SealedAt, nil
+	if len(out) > maxHeaderRotations {
+		return nil, fmt.Errorf("%w: %d key rotation records, more than an export carries (%d)", ErrExportConflict, len(out), maxHeaderRotations)
+	}
+	return out, nil
 }
 
-// predicate is the SQL condition every read of the export shares (without org_id):
-// the range at millisecond precision, the watermark, and the lists.
-type predicate struct {
-	sql            string
-	args           []any
-	fromSec, toSec int64 // the seconds the range touches, both included
-}
-
-func newPredicate(s Selection, asOf time.Time) predicate {
-	var conds []string
-	var args []any
-	fromSec, toSec := s.From.Truncate(time.Second), s.To.Truncate(time.Second)
-	conds, args = append(conds, "time >= ?"), append(args, fromSec)
-	if ms := msOf(s.From); ms > 0 {
-		conds, args = append(conds, "(time > ? OR time_ms >= ?)"), append(args, fromSec, ms)
-	}
-	last := toSec
-	if ms := msOf(s.To); ms > 0 {
-		conds, args = append(conds, "time <= ?", "(time < ? OR time_ms < ?)"), append(args, toSec, toSec, ms)
+// pin picks the checkpoint: org's newest stored one the ring opens, or the one of size
+// asOf; among several notes of one size, the first in note order, so that a size
+// always pins the same note.
+func (x *Exporter) pin(ctx context.Context, ring *tlog.KeyRing, org string, asOf uint64) (tlog.Checkpoint, error) {
+	var rows []storedCheckpoint
+	var err error
+	if asOf == 0 {
+		rows, err = x.db.topCheckpoints(ctx, org, maxForgedExport+1)
 	} else {
-		conds, args = append(conds, "time < ?"), append(args, toSec)
-		last = toSec.Add(-time.Second)
+		rows, err = x.db.checkpointsAt(ctx, org, asOf, maxForgedExport+1)
 	}
-	conds, args = append(conds, "ingested_at < ?"), append(args, asOf.UTC())
-	for _, l := range []struct {
-		col  string
-		vals []string
-	}{{"type", s.Types}, {"actor_id", s.Actors}, {"room_id", s.Rooms}} {
-		if len(l.vals) > 0 {
-			// A bound []string is an array literal, which IN refuses on 18.16.
-			conds, args = append(conds, "has(?, "+l.col+")"), append(args, l.vals)
+	if err != nil {
+		return tlog.Checkpoint{}, err
+	}
+	for _, r := range rows {
+		c, err := ring.Open(r.Note)
+		if err == nil && c.Org == org && c.Size == r.Size {
+			return c, nil
+		}
+		why := "its size or organization differ from its row's"
+		if err != nil {
+			why = err.Error()
+		}
+		x.log.Warn("skipping a checkpoint row that does not verify (audit verify names it)", "org_id", org, "size", r.Size, "reason", why)
+	}
+	switch {
+	case asOf > 0:
+		return tlog.Checkpoint{}, fmt.Errorf("%w: as_of: organization %q has no checkpoint of size %d signed with the audit key (keys %s; take as_of from an export's header: its size)",
+			ErrExportConflict, org, asOf, strings.Join(ring.KeyIDs(), ", "))
+	case len(rows) > maxForgedExport:
+		return tlog.Checkpoint{}, fmt.Errorf("%w: more than %d of organization %q's newest checkpoint rows do not verify: run bandplane audit verify", ErrExportConflict, maxForgedExport, org)
+	}
+	return tlog.Checkpoint{}, fmt.Errorf("%w: nothing of organization %q is sealed with the audit key (keys %s): is serve running with --audit-key? (`bandplane audit seal` seals now)",
+		ErrExportConflict, org, strings.Join(ring.KeyIDs(), ", "))
+}
+
+// logConflict is the error of a log that does not match its checkpoint.
+func logConflict(org string, size uint64, format string, args ...any) error {
+	return fmt.Errorf("%w: the log of org %q does not match its checkpoint of size %d (%s): run bandplane audit verify",
+		ErrExportConflict, org, size, fmt.Sprintf(format, args...))
+}
+
+// scanBlock is how many consecutive leaves one stored digest of the scan covers: a
+// window re-reads the blocks of its leaves from log_index and checks them against
+// those digests, so that the scan keeps 16 bytes per scanBlock leaves, not per leaf.
+const scanBlock = 128
+
+// leafScan is what the scan of an organization's index up to the checkpoint learnt:
+// which leaves' times lie in the range (pending: not accounted for yet), a digest of
+// each block of leaves from the first such leaf to the last, and the roots at the
+// consistency sizes.
+type leafScan struct {
+	size      uint64
+	base      uint64   // the first leaf bits covers, a multiple of 64
+	bits      []uint64 // leaves of the range not accounted for yet
+	inRange   uint64
+	firstIn   uint64
+	lastIn    uint64
+	blockBase uint64 // the block blocks[0] is the digest of
+	blocks    [][16]byte
+	roots     map[uint64][]byte
+}
+
+func (sc *leafScan) set(i uint64) {
+	w := (i - sc.base) / 64
+	for uint64(len(sc.bits)) <= w {
+		sc.bits = append(sc.bits, 0)
+	}
+	sc.bits[w] |= 1 << ((i - sc.base) % 64)
+}
+
+// inRangeLeaf says whether leaf i's verified time lies in the range.
+func (sc *leafScan) inRangeLeaf(i uint64) bool {
+	return sc.inRange > 0 && i >= sc.firstIn && i <= sc.lastIn
+}
+
+func (sc *leafScan) account(i uint64) {
+	if i >= sc.base && (i-sc.base)/64 < uint64(len(sc.bits)) {
+		sc.bits[(i-sc.base)/64] &^= 1 << ((i - sc.base) % 64)
+	}
+}
+
+// unaccounted is the first leaf of the range no window accounted for, if any.
+func (sc *leafScan) unaccounted() (uint64, int, bool) {
+	n := 0
+	first := uint64(0)
+	for w, word := range sc.bits {
+		if word == 0 {
+			continue
+		}
+		if n == 0 {
+			first = sc.base + uint64(w)*64 + uint64(bits.TrailingZeros64(word))
+		}
+		n += bits.OnesCount64(word)
+	}
+	return first, n, n > 0
+}
+
+func (sc *leafScan) blockDigest(b uint64) ([16]byte, bool) {
+	if b < sc.blockBase || b-sc.blockBase >= uint64(len(sc.blocks)) {
+		return [16]byte{}, false
+	}
+	return sc.blocks[b-sc.blockBase], true
+}
+
+// blockHasher hashes the leaf hashes of one block.
+type blockHasher struct {
+	h [sha256.Size]byte
+	d interface {
+		Write([]byte) (int, error)
+		Sum([]byte) []byte
+		Reset()
+	}
+}
+
+func newBlockHasher() *blockHasher { return &blockHasher{d: sha256.New()} }
+
+func (b *blockHasher) digest() [16]byte {
+	var out [16]byte
+	copy(out[:], b.d.Sum(b.h[:0]))
+	b.d.Reset()
+	return out
+}
+
+// scan reads org's log_index in index order up to the checkpoint, recomputing its
+// root; a gap, two different rows at one index, or another root refuses the export.
+func (x *Exporter) scan(ctx context.Context, cp *tlog.Checkpoint, sel Selection, sizes []uint64) (*leafScan, error) {
+	org, n := cp.Org, cp.Size
+	sc := &leafScan{size: n, roots: map[uint64][]byte{}}
+	want := map[uint64]bool{}
+	for _, m := range sizes {
+		want[m] = true
+	}
+	rng := tlog.NewRange()
+	bh := newBlockHasher()
+	var lastMs int64
+	var lastInner [32]byte
+	for lo := uint64(0); lo < n; lo += uint64(x.cfg.IndexChunk) {
+		hi := min(n, lo+uint64(x.cfg.IndexChunk))
+		rows, err := x.db.indexRows(ctx, org, lo, hi)
+		if err != nil {
+			return nil, err
+		}
+		for rows.Next() {
+			var idx uint64
+			var ms int64
+			var inner string
+			if err := rows.Scan(&idx, &ms, &inner); err != nil {
+				rows.Close()
+				return nil, fmt.Errorf("cannot read a row of %s.log_index: %w", x.cfg.Database, err)
+			}
+			in, ok := parseHash(inner)
+			switch {
+			case idx+1 == rng.End():
+				if ms != lastMs || in != lastInner {
+					rows.Close()
+					return nil, logConflict(org, n, "log_index holds two different leaves at index %d", idx)
+				}
+				continue
+			case idx != rng.End():
+				rows.Close()
+				return nil, logConflict(org, n, "log_index has no leaf at index %d", rng.End())
+			case !ok:
+				rows.Close()
+				return nil, logConflict(org, n, "the log_index row of leaf %d holds no valid digest", idx)
+			}
+			h := tlog.LeafHash(ms, in)
+			if err := rng.Append(h, nil); err != nil {
+				rows.Close()
+				return nil, err
+			}
+			bh.d.Write(h)
+			if sel.inRange(time.UnixMilli(ms).UTC()) {
+				if sc.inRange == 0 {
+					sc.base, sc.firstIn, sc.blockBase = idx&^63, idx, idx/scanBlock
+				}
+				sc.set(idx)
+				sc.inRange++
+				sc.lastIn = idx
+			}
+			if (idx+1)%scanBlock == 0 || idx+1 == n {
+				d := bh.digest()
+				if sc.inRange > 0 {
+					sc.blocks = append(sc.blocks, d)
+				}
+			}
+			if want[idx+1] {
+				sc.roots[idx+1] = tlog.Root(rng)
+			}
+			lastMs, lastInner = ms, in
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return nil, fmt.Errorf("cannot read the index of org %q's log from %s.log_index: %w", org, x.cfg.Database, err)
 		}
 	}
-	return predicate{sql: "(" + strings.Join(conds, " AND ") + ")", args: args, fromSec: fromSec.Unix(), toSec: last.Unix()}
-}
-
-func msOf(t time.Time) uint16 { return uint16(t.Nanosecond() / 1e6) }
-
-func unix(s int64) time.Time { return time.Unix(s, 0).UTC() }
-
-// sealedIn is the condition that a row key is in a seal made at or before S whose
-// time span meets [lo, hi) (Unix seconds, hi exclusive): "only what is sealed".
-func (e *Export) sealedIn(lo, hi int64) (string, []any) {
-	db := e.x.cfg.Database
-	return `(time, id) IN (SELECT time, id FROM ` + db + `.seal_entries WHERE org_id = ?
-			AND (seq, seal) IN (SELECT seq, hash FROM ` + db + `.seals WHERE org_id = ? AND sealed_at <= ? AND first_time < ? AND last_time >= ?)
-			AND time >= ? AND time < ?)`,
-		[]any{e.req.Selection.Org, e.req.Selection.Org, e.sealedBy, unix(hi), unix(lo), unix(lo), unix(hi)}
-}
-
-// checkCursor checks that the file a resume continues holds exactly the export's
-// events up to the cursor: as many, and the last one the cursor's.
-func (e *Export) checkCursor(ctx context.Context, c *Cursor) error {
-	db, org := e.x.cfg.Database, e.req.Selection.Org
-	lo, hi := e.pred.fromSec, c.Time.Unix()+1
-	sealed, sargs := e.sealedIn(lo, hi)
-	// The row of a key is its copy with the smallest time_ms, as the stream picks it.
-	q := `SELECT count(), countIf(time = ? AND ms = ? AND id = ?) FROM (
-		SELECT time, id, min(time_ms) AS ms FROM ` + db + `.events
-		WHERE org_id = ? AND time >= ? AND time < ? AND ` + e.pred.sql + ` AND ` + sealed + `
-		GROUP BY time, id)
-		WHERE time < ? OR (time = ? AND (ms < ? OR (ms = ? AND id <= ?)))`
-	sec, ms := c.Time.Truncate(time.Second), msOf(c.Time)
-	args := []any{sec, ms, c.ID, org, unix(lo), unix(hi)}
-	args = append(append(args, e.pred.args...), sargs...)
-	args = append(args, sec, sec, ms, ms, c.ID)
-	var n, last uint64
-	if err := e.x.cfg.Conn.QueryRow(ctx, q, args...).Scan(&n, &last); err != nil {
-		return fmt.Errorf("cannot count the exported events of org %q up to the cursor in %s.events: %w", org, db, err)
+	if rng.End() != n {
+		return nil, logConflict(org, n, "log_index holds %d leaves", rng.End())
 	}
-	if n != c.Events || last != 1 {
-		return fmt.Errorf("%w: the file holds %d events up to event %q at %s, but the export as of %s has %d up to there, the last one %s: the file is not this export's, or the trail changed (start a new export)",
-			ErrExportConflict, c.Events, clip(c.ID), fmtMilli(c.Time), fmtSec(e.asOf), n, map[bool]string{true: "that event", false: "another event"}[last == 1])
+	if !bytes.Equal(tlog.Root(rng), cp.Root) {
+		return nil, logConflict(org, n, "its leaves do not give the checkpoint's root")
 	}
-	return nil
+	if sc.inRange > 0 {
+		sc.blocks = sc.blocks[:sc.lastIn/scanBlock-sc.blockBase+1]
+	}
+	return sc, nil
 }
 
 // planBuckets bounds the buckets of one histogram query.
 const planBuckets = 100_000
 
-// plan splits [lo, hi) into windows of about WindowRows rows (the rows of the
-// selection ingested before W, duplicates and unsealed rows included), refining a
-// bucket that holds more down to single seconds. The windows are contiguous.
-func (e *Export) plan(ctx context.Context, lo, hi int64, depth int) ([]window, uint64, error) {
+// windowBytes bounds about how many bytes of rows one window holds (two are held at
+// once).
+const windowBytes = 32 << 20
+
+// plan splits [lo, hi) into windows of about WindowRows rows and windowBytes, refining
+// a bucket that holds more down to single seconds. The windows are contiguous.
+func (e *Export) plan(ctx context.Context, lo, hi int64, depth int) ([]window, error) {
 	if lo >= hi {
-		return nil, 0, nil
+		return nil, nil
 	}
 	width := max(1, (hi-lo+planBuckets-1)/planBuckets)
-	db, org := e.x.cfg.Database, e.req.Selection.Org
-	args := append([]any{uint32(width), org, unix(lo), unix(hi)}, e.pred.args...)
-	rows, err := e.x.cfg.Conn.Query(ctx, `SELECT intDiv(toUInt32(time), ?) AS b, count() FROM `+db+`.events
-		WHERE org_id = ? AND time >= ? AND time < ? AND `+e.pred.sql+` GROUP BY b ORDER BY b`, args...)
+	bs, err := e.x.db.histogram(ctx, e.cp.Org, lo, hi, width, e.cp.Size)
 	if err != nil {
-		return nil, 0, fmt.Errorf("cannot count the events of org %q in %s.events: %w", org, db, err)
+		return nil, err
 	}
-	type bucket struct {
-		lo, hi int64
-		n      uint64
-	}
-	var bs []bucket
-	for rows.Next() {
-		var b uint32
-		var n uint64
-		if err := rows.Scan(&b, &n); err != nil {
-			rows.Close()
-			return nil, 0, fmt.Errorf("cannot read the event histogram of org %q: %w", org, err)
-		}
-		bs = append(bs, bucket{lo: max(lo, int64(b)*width), hi: min(hi, (int64(b)+1)*width), n: n})
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return nil, 0, err
-	}
+	maxRows := uint64(e.x.cfg.WindowRows)
 	var out []window
-	var total, cur uint64
+	var rows, size uint64
 	open := false
 	for _, b := range bs {
-		total += b.n
-		if b.n > uint64(e.x.cfg.WindowRows) && b.hi-b.lo > 1 && depth < 3 {
-			sub, _, err := e.plan(ctx, b.lo, b.hi, depth+1)
+		if (b.rows > maxRows || b.bytes > windowBytes) && b.hi-b.lo > 1 && depth < 3 {
+			sub, err := e.plan(ctx, b.lo, b.hi, depth+1)
 			if err != nil {
-				return nil, 0, err
+				return nil, err
 			}
 			out, open = append(out, sub...), false
 			continue
 		}
-		if open && cur+b.n <= uint64(e.x.cfg.WindowRows) {
+		if open && rows+b.rows <= maxRows && size+b.bytes <= windowBytes {
 			out[len(out)-1].hi = b.hi
-			cur += b.n
+			rows, size = rows+b.rows, size+b.bytes
 			continue
 		}
-		out, cur, open = append(out, window{lo: b.lo, hi: b.hi}), b.n, true
+		out, rows, size, open = append(out, window{lo: b.lo, hi: b.hi}), b.rows, b.bytes, true
 	}
 	// Contiguous, from lo to hi: a row the histogram did not see still has a window.
 	for i := range out {
@@ -353,17 +549,574 @@ func (e *Export) plan(ctx context.Context, lo, hi int64, depth int) ([]window, u
 	}
 	if len(out) > 0 {
 		out[len(out)-1].hi = hi
+	} else {
+		out = []window{{lo: lo, hi: hi}}
 	}
-	return out, total, nil
+	return out, nil
+}
+
+// exportRec is a line (row set: its content, with the leaf's bookkeeping) or a gap.
+type exportRec struct {
+	leaf IndexedLeaf
+	hash []byte // the leaf's hash, as authenticate checked it
+	row  *store.EventRow
+	mark string
+}
+
+func (r *exportRec) ms() int64 { return r.leaf.Time.UnixMilli() }
+
+// afterCursor says whether the record comes after the cursor (always, without one).
+func afterCursor(r *exportRec, c *Cursor) bool {
+	return c == nil || c.Events == 0 || leafOrder(r.ms(), r.leaf.ID, c.Time.UnixMilli(), c.ID) > 0
+}
+
+// recount processes the windows up to the cursor's without writing, counting the lines
+// and gaps before the cursor and listing their leaves, and checks that the file holds
+// as many events, the last one the cursor's.
+func (e *Export) recount(ctx context.Context, c *Cursor) error {
+	sec := c.Time.Unix()
+	e.start = len(e.windows) - 1
+	for i, w := range e.windows {
+		if w.lo > sec {
+			break
+		}
+		e.start = i
+		if err := e.window(ctx, w); err != nil {
+			return err
+		}
+	}
+	if e.events != c.Events || e.lastMs != c.Time.UnixMilli() || e.lastID != c.ID {
+		last := "none"
+		if e.events > 0 {
+			last = fmt.Sprintf("event %q at %s", clip(e.lastID), fmtMilli(time.UnixMilli(e.lastMs)))
+		}
+		return fmt.Errorf("%w: the file holds %d events up to event %q at %s, but the export at size %d has %d up to there, the last one %s: the file is not this export's, or the trail changed (start a new export)",
+			ErrExportConflict, c.Events, clip(c.ID), fmtMilli(c.Time), e.cp.Size, e.events, last)
+	}
+	return nil
+}
+
+// windowRecs are one window's lines and gaps, in order, with the blocks of leaves its
+// proofs are built from.
+type windowRecs struct {
+	wt   *windowTree
+	recs []*exportRec
+}
+
+// read reads the leaves and stored copies of one window and decides its lines and
+// gaps.
+func (e *Export) read(ctx context.Context, w window) (*windowRecs, error) {
+	leaves, wt, err := e.windowLeaves(ctx, w)
+	if err != nil || len(leaves) == 0 {
+		return &windowRecs{}, err
+	}
+	recs, err := e.decideWindow(ctx, w, leaves)
+	if err != nil {
+		return nil, err
+	}
+	return &windowRecs{wt: wt, recs: recs}, nil
+}
+
+// window reads one window and counts its lines and gaps before the cursor, writing
+// nothing (a resume's recount).
+func (e *Export) window(ctx context.Context, w window) error {
+	wr, err := e.read(ctx, w)
+	if err != nil {
+		return err
+	}
+	for _, r := range wr.recs {
+		if afterCursor(r, e.req.After) {
+			break
+		}
+		e.count(r)
+	}
+	return nil
+}
+
+// write proves and writes a window's lines and gaps after the cursor.
+func (e *Export) write(ctx context.Context, wr *windowRecs, xw *exportWriter) error {
+	var out []*exportRec
+	for _, r := range wr.recs {
+		if afterCursor(r, e.req.After) {
+			r.hash, _ = wr.wt.node(compact.NewNodeID(0, r.leaf.Index))
+			out = append(out, r)
+		}
+	}
+	if len(out) == 0 {
+		return nil
+	}
+	idx := make([]uint64, len(out))
+	for i, r := range out {
+		idx[i] = r.leaf.Index
+	}
+	prs, err := e.inclusionProofs(ctx, wr.wt, idx)
+	if err != nil {
+		return logConflict(e.cp.Org, e.cp.Size, "the inclusion proofs of its leaves cannot be built: %v", err)
+	}
+	if e.checker == nil {
+		e.checker = newProofChecker(e.cp.Size, e.cp.Root)
+	}
+	for i, r := range out {
+		// A line's content is a copy whose digest is its leaf's, with the leaf's
+		// bookkeeping: its leaf hash is the leaf's.
+		proof := encodeProof(prs[i])
+		if ok, _ := e.checker.verify(r.leaf.Index, r.hash, proof); !ok {
+			return logConflict(e.cp.Org, e.cp.Size, "the inclusion proof of leaf %d fails against the checkpoint's root (log_tree edited?)", r.leaf.Index)
+		}
+		if r.row != nil {
+			err = xw.event(r.row, r.leaf.Index, proof)
+		} else {
+			err = xw.gap(&r.leaf, r.mark, proof)
+		}
+		if err != nil {
+			return err
+		}
+		e.count(r)
+	}
+	return nil
+}
+
+// count adds a record to the export's counts and index list.
+func (e *Export) count(r *exportRec) {
+	e.index.add(r.leaf.Index)
+	if r.row == nil {
+		e.gaps++
+		return
+	}
+	e.events++
+	e.lastMs, e.lastID = r.ms(), r.leaf.ID
+}
+
+// windowLeaves reads the window's leaves of the range, checks each against the scan,
+// and marks them accounted for (every one becomes a line, a gap, a duplicate or a row
+// the lists leave out).
+func (e *Export) windowLeaves(ctx context.Context, w window) ([]IndexedLeaf, *windowTree, error) {
+	org, n := e.cp.Org, e.cp.Size
+	rows, err := e.x.db.windowLeaves(ctx, org, unix(w.lo), unix(w.hi), n)
+	if err != nil {
+		return nil, nil, err
+	}
+	sel := &e.req.Selection
+	out := rows[:0]
+	for i := range rows {
+		lf := rows[i]
+		if !sel.inRange(lf.Time) {
+			continue
+		}
+		if len(out) > 0 && out[len(out)-1] == lf {
+			continue // the same row twice, before a merge
+		}
+		if lf.Org != org || !e.sc.inRangeLeaf(lf.Index) {
+			return nil, nil, logConflict(org, n, "the log_leaves row of leaf %d puts event %q at %s, in the range, where the log's leaf is not", lf.Index, clip(lf.ID), fmtMilli(lf.Time))
+		}
+		out = append(out, lf)
+	}
+	if len(out) == 0 {
+		return nil, nil, nil
+	}
+	wt, err := e.authenticate(ctx, out)
+	if err != nil {
+		return nil, nil, err
+	}
+	for i := range out {
+		e.sc.account(out[i].Index)
+	}
+	return out, wt, nil
+}
+
+// authenticate checks every leaf row against the log: the blocks of their indexes are
+// read again from log_index, checked against the scan's digests, and each row's hash
+// must be its index's. It returns the blocks' leaf hashes, checked.
+func (e *Export) authenticate(ctx context.Context, leaves []IndexedLeaf) (*windowTree, error) {
+	org, n := e.cp.Org, e.cp.Size
+	need := make(map[uint64][]byte, len(leaves))
+	var blocks []uint64
+	for i := range leaves {
+		need[leaves[i].Index] = nil
+		blocks = append(blocks, leaves[i].Index/scanBlock)
+	}
+	slices.Sort(blocks)
+	blocks = slices.Compact(blocks)
+	rows, err := e.x.db.blockRows(ctx, org, blocks, scanBlock, n)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	bh := newBlockHasher()
+	wt := &windowTree{size: n, blocks: make(map[uint64]*blockTree, len(blocks))}
+	var bt *blockTree
+	bi := 0
+	next := blocks[0] * scanBlock // the next index the blocks need
+	var prev uint64
+	havePrev := false
+	var lastMs int64
+	var lastInner [32]byte
+	for rows.Next() {
+		var idx uint64
+		var ms int64
+		var inner string
+		if err := rows.Scan(&idx, &ms, &inner); err != nil {
+			return nil, fmt.Errorf("cannot read a row of %s.log_index: %w", e.x.cfg.Database, err)
+		}
+		in, _ := parseHash(inner)
+		switch {
+		case havePrev && idx == prev:
+			if ms != lastMs || in != lastInner {
+				return nil, logConflict(org, n, "log_index holds two different leaves at index %d", idx)
+			}
+			continue
+		case bi == len(blocks):
+			continue
+		case idx != next:
+			return nil, logConflict(org, n, "log_index has no leaf at index %d", next)
+		}
+		h := tlog.LeafHash(ms, in)
+		bh.d.Write(h)
+		if _, ok := need[idx]; ok {
+			need[idx] = h
+		}
+		if idx%scanBlock == 0 {
+			bt = &blockTree{}
+		}
+		bt.leaves = append(bt.leaves, h)
+		prev, havePrev, lastMs, lastInner = idx, true, ms, in
+		next++
+		if next%scanBlock == 0 || next == n {
+			d := bh.digest()
+			if want, ok := e.sc.blockDigest(blocks[bi]); !ok || d != want {
+				return nil, logConflict(org, n, "log_index's leaves %d to %d changed since the export read them", blocks[bi]*scanBlock, next-1)
+			}
+			wt.blocks[blocks[bi]] = bt
+			if bi++; bi < len(blocks) {
+				next = blocks[bi] * scanBlock
+			}
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("cannot read %s.log_index: %w", e.x.cfg.Database, err)
+	}
+	if bi < len(blocks) {
+		return nil, logConflict(org, n, "log_index has no leaf at index %d", next)
+	}
+	for i := range leaves {
+		lf := &leaves[i]
+		if !bytes.Equal(lf.Hash(), need[lf.Index]) {
+			return nil, logConflict(org, n, "the log_leaves row of leaf %d (event %q at %s) is not the leaf the log holds", lf.Index, clip(lf.ID), fmtMilli(lf.Time))
+		}
+	}
+	return wt, nil
+}
+
+// windowTree holds the leaf hashes of the blocks a window read again, checked against
+// the scan: the nodes of those blocks (up to level log2(scanBlock)) follow from them,
+// so the window's proofs read only the nodes above from log_tree.
+type windowTree struct {
+	size   uint64
+	blocks map[uint64]*blockTree
+}
+
+// blockTree is one block's leaf hashes and, once computed, its interior nodes.
+type blockTree struct {
+	leaves [][]byte
+	levels [][][]byte // levels[l-1]: the nodes of level l, from the block's start
+}
+
+const blockLevels = 7 // log2(scanBlock)
+
+// node is the hash of id if it lies within a held block (and within the log).
+func (wt *windowTree) node(id compact.NodeID) ([]byte, bool) {
+	if id.Level > blockLevels {
+		return nil, false
+	}
+	first := id.Index << id.Level
+	bt := wt.blocks[first/scanBlock]
+	if bt == nil || (id.Index+1)<<id.Level > wt.size {
+		return nil, false
+	}
+	off := (first % scanBlock) >> id.Level
+	if id.Level == 0 {
+		return bt.leaves[off], true
+	}
+	for len(bt.levels) < int(id.Level) {
+		below := bt.leaves
+		if len(bt.levels) > 0 {
+			below = bt.levels[len(bt.levels)-1]
+		}
+		up := make([][]byte, len(below)/2)
+		for i := range up {
+			up[i] = tlog.HashChildren(below[2*i], below[2*i+1])
+		}
+		bt.levels = append(bt.levels, up)
+	}
+	return bt.levels[id.Level-1][off], true
+}
+
+// inclusionProofs builds the inclusion proofs of leaves at the checkpoint: nodes of
+// the window's blocks from wt, the others read from log_tree in one ReadNodes call.
+func (e *Export) inclusionProofs(ctx context.Context, wt *windowTree, idx []uint64) ([][][]byte, error) {
+	n := e.cp.Size
+	plans := make([]proof.Nodes, len(idx))
+	var ids []compact.NodeID
+	seen := map[compact.NodeID]bool{}
+	for i, leaf := range idx {
+		p, err := proof.Inclusion(leaf, n)
+		if err != nil {
+			return nil, fmt.Errorf("cannot plan the inclusion proof of leaf %d at size %d: %w", leaf, n, err)
+		}
+		plans[i] = p
+		for _, id := range p.IDs {
+			if _, ok := wt.node(id); !ok && !seen[id] {
+				seen[id] = true
+				ids = append(ids, id)
+			}
+		}
+	}
+	read := make(map[compact.NodeID][]byte, len(ids))
+	if len(ids) > 0 {
+		hs, err := e.x.db.ReadNodes(ctx, e.cp.Org, ids)
+		if err != nil {
+			return nil, err
+		}
+		for i, id := range ids {
+			read[id] = hs[i]
+		}
+	}
+	out := make([][][]byte, len(plans))
+	for i, p := range plans {
+		hs := make([][]byte, len(p.IDs))
+		for j, id := range p.IDs {
+			h, ok := wt.node(id)
+			if !ok {
+				h = read[id]
+			}
+			hs[j] = h
+		}
+		pr, err := p.Rehash(hs, tlog.HashChildren)
+		if err != nil {
+			return nil, fmt.Errorf("cannot assemble the inclusion proof of leaf %d: %w", idx[i], err)
+		}
+		out[i] = pr
+	}
+	return out, nil
+}
+
+// decideWindow matches the window's leaves (sorted by time, id, index) with the stored
+// copies and returns its lines and gaps in (time, time_ms, id) order.
+func (e *Export) decideWindow(ctx context.Context, w window, leaves []IndexedLeaf) ([]*exportRec, error) {
+	rows, err := e.x.db.windowCopies(ctx, e.cp.Org, unix(w.lo), unix(w.hi))
+	if err != nil {
+		return nil, err
+	}
+	cr := &copyReader{rows: rows, db: e.x.cfg.Database}
+	cr.advance()
+	var recs []*exportRec
+	for i := 0; i < len(leaves); {
+		k := rowKey{org: leaves[i].Org, id: leaves[i].ID, sec: leaves[i].Time.Unix()}
+		j := i + 1
+		for j < len(leaves) && leaves[j].ID == k.id && leaves[j].Time.Unix() == k.sec {
+			j++
+		}
+		copies := cr.collect(k)
+		if cr.err != nil {
+			break
+		}
+		if r := e.decide(leaves[i:j], copies); r != nil {
+			recs = append(recs, r)
+		}
+		i = j
+	}
+	rows.Close()
+	if cr.err == nil {
+		cr.err = rows.Err()
+	}
+	if cr.err != nil {
+		return nil, fmt.Errorf("cannot read the events of org %q from %s.events: %w", e.cp.Org, e.x.cfg.Database, cr.err)
+	}
+	for _, r := range recs {
+		if r.mark != MarkMissing {
+			continue
+		}
+		expired, err := e.expired(ctx, &r.leaf)
+		if err != nil {
+			return nil, err
+		}
+		if expired {
+			r.mark = MarkExpired
+		}
+	}
+	slices.SortFunc(recs, func(a, b *exportRec) int { return leafOrder(a.ms(), a.leaf.ID, b.ms(), b.leaf.ID) })
+	return recs, nil
+}
+
+// decide is the record of one row key: the line of its smallest leaf with a matching
+// copy (nil when the lists leave it out), or a gap of its smallest leaf.
+func (e *Export) decide(leaves []IndexedLeaf, copies []store.EventRow) *exportRec {
+	stored := make([]storedCopy, len(copies))
+	for ci := range copies {
+		stored[ci] = copyOf(&copies[ci])
+	}
+	for li := range leaves {
+		for ci := range copies {
+			if why, _ := matchLeaf(&stored[ci], leaves[li:li+1], e.x.cfg.Margin); why != "" {
+				continue
+			}
+			r := copies[ci]
+			lf := &leaves[li]
+			r.IngestedAt, r.Partition, r.Offset = lf.IngestedAt, lf.Partition, lf.Offset
+			if !e.req.Selection.selects(&r) {
+				return nil
+			}
+			return &exportRec{leaf: *lf, row: &r}
+		}
+	}
+	mark := MarkMissing
+	if len(copies) > 0 {
+		mark = MarkModified
+	}
+	return &exportRec{leaf: leaves[0], mark: mark}
+}
+
+// expired says whether a sealed row that is gone expired: verify's rule (an honoured
+// retention cut recorded after the leaf was first sealed covers its time, and no row
+// of its day is left), and the offline verifier's (a cut of the header covers its time
+// and was made after the row was written).
+func (e *Export) expired(ctx context.Context, lf *IndexedLeaf) (bool, error) {
+	if len(e.cuts.honoured) == 0 || !lf.Time.Before(e.cuts.maxBefore[0]) || !coveredOffline(e.offline, lf.Time, lf.IngestedAt) {
+		return false, nil
+	}
+	at, err := e.sealedAt(ctx, lf.Index)
+	if err != nil {
+		return false, err
+	}
+	return e.cuts.excuse(lf.Time, at) == "", nil
+}
+
+// coveredOffline says whether one of cuts covers a row at t written at ingested: what
+// the offline verifier can check of an expired gap.
+func coveredOffline(cuts []chdb.Cut, t, ingested time.Time) bool {
+	for _, c := range cuts {
+		if t.Before(c.Before) && !ingested.After(c.At.Add(cutSkew)) {
+			return true
+		}
+	}
+	return false
+}
+
+// coverCache holds the verified checkpoints of sizes in (from, sizes[len-1]], smallest
+// first, with the earliest timestamp of each size.
+type coverCache struct {
+	from  uint64
+	sizes []uint64
+	at    []time.Time
+}
+
+// sealedAt is when leaf i was first covered by a checkpoint (of size at most the
+// pinned one): the timestamp of the smallest verified checkpoint larger than i.
+func (e *Export) sealedAt(ctx context.Context, i uint64) (time.Time, error) {
+	c := &e.covers
+	if n := len(c.sizes); n > 0 && i >= c.from && i < c.sizes[n-1] {
+		j := sort.Search(n, func(j int) bool { return c.sizes[j] > i })
+		return c.at[j], nil
+	}
+	rows, err := e.x.db.checkpointsAbove(ctx, e.cp.Org, i, e.cp.Size, 256)
+	if err != nil {
+		return time.Time{}, err
+	}
+	*c = coverCache{from: i}
+	for _, r := range rows {
+		cp, err := e.ring.Open(r.Note)
+		if err != nil || cp.Org != e.cp.Org || cp.Size != r.Size {
+			continue
+		}
+		if n := len(c.sizes); n > 0 && c.sizes[n-1] == cp.Size {
+			if cp.SignedAt.Before(c.at[n-1]) {
+				c.at[n-1] = cp.SignedAt
+			}
+			continue
+		}
+		c.sizes, c.at = append(c.sizes, cp.Size), append(c.at, cp.SignedAt)
+	}
+	if len(c.sizes) == 0 {
+		// Only forged rows above i: the pinned checkpoint covers it, later than its
+		// first one did, which only makes a cut less likely to excuse it.
+		c.sizes, c.at = []uint64{e.cp.Size}, []time.Time{e.cp.SignedAt}
+	}
+	return c.at[0], nil
+}
+
+// copyReader walks the stored copies of a window in (time, id) order.
+type copyReader struct {
+	rows driver.Rows
+	db   string
+	next store.EventRow
+	has  bool
+	err  error
+}
+
+func (c *copyReader) advance() {
+	c.has = false
+	if c.err != nil || !c.rows.Next() {
+		return
+	}
+	var r store.EventRow
+	if err := scanEvent(c.rows, &r); err != nil {
+		c.err = fmt.Errorf("cannot read a row of %s.events: %w", c.db, err)
+		return
+	}
+	c.next, c.has = r, true
+}
+
+// collect returns the copies of k, skipping those of earlier keys (rows no leaf of the
+// range covers: unsealed, or written by hand).
+func (c *copyReader) collect(k rowKey) []store.EventRow {
+	var out []store.EventRow
+	for c.has {
+		switch cmp.Or(cmp.Compare(c.next.Time.Unix(), k.sec), strings.Compare(c.next.ID, k.id)) {
+		case -1:
+			c.advance()
+		case 0:
+			out = append(out, c.next)
+			c.advance()
+		default:
+			return out
+		}
+	}
+	return out
+}
+
+// indexList is the leaf indexes of the lines and gaps in order, as zigzag varint
+// deltas (about a byte or two each: leaves come mostly in time order).
+type indexList struct {
+	buf  []byte
+	n    uint64
+	last uint64
+}
+
+func (l *indexList) add(i uint64) {
+	l.buf = binary.AppendVarint(l.buf, int64(i-l.last))
+	l.last = i
+	l.n++
+}
+
+func (l *indexList) each(fn func(uint64) error) error {
+	b, last := l.buf, uint64(0)
+	for len(b) > 0 {
+		d, k := binary.Varint(b)
+		b = b[k:]
+		last += uint64(d)
+		if err := fn(last); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // ExportStats says what Stream wrote.
 type ExportStats struct {
-	Events  uint64 // event lines written by this request
-	Total   uint64 // event lines of the whole export (the resumed part included)
-	Seals   uint64
-	Entries uint64
-	Bytes   int64
+	Events uint64 // event lines written by this request
+	Total  uint64 // event lines of the whole export (the resumed part included)
+	Gaps   uint64 // gap records of the whole export
+	Bytes  int64
 }
 
 // flushEvery is how many bytes Stream writes between calls of flush.
@@ -403,19 +1156,26 @@ func (o *out) sync() error {
 	return nil
 }
 
-// Stream writes the export to w: the header (unless it resumes), the events, the
-// proof and the manifest. flush, when not nil, is called after each step and every
-// MiB (an HTTP handler flushes and extends its write deadline there). On an error
-// other than ctx's it writes an error record before returning the error: the file
-// is then incomplete, and a resume continues it.
+// Stream writes the export to w: the header (unless it resumes), the lines and gaps,
+// the consistency and index records and the manifest. flush, when not nil, is called
+// after each window and every MiB (an HTTP handler flushes and extends its write
+// deadline there). On an error other than ctx's it writes an error record before
+// returning the error: the file is then incomplete, and a resume continues it. An
+// Export streams once.
 func (e *Export) Stream(ctx context.Context, w io.Writer, flush func() error) (ExportStats, error) {
+	if e.streamed {
+		return ExportStats{}, errors.New("the export was streamed already: prepare it again")
+	}
+	e.streamed = true
 	xw := newExportWriter(w, e.req.Encoding, flush)
+	resumed := e.events
 	err := e.stream(ctx, xw)
-	xw.st.Bytes = xw.o.n
+	st := ExportStats{Events: e.events - resumed, Total: e.events, Gaps: e.gaps, Bytes: xw.o.n}
 	if err != nil && ctx.Err() == nil {
 		xw.fail(err)
+		st.Bytes = xw.o.n
 	}
-	return xw.st, err
+	return st, err
 }
 
 func (e *Export) stream(ctx context.Context, xw *exportWriter) error {
@@ -423,37 +1183,136 @@ func (e *Export) stream(ctx context.Context, xw *exportWriter) error {
 		if err := xw.header(e.header); err != nil {
 			return err
 		}
-	} else {
-		xw.st.Total = e.req.After.Events
 	}
-	for i, w := range e.windows {
-		var after *Cursor
-		if i == 0 && e.req.After != nil && e.req.After.Events > 0 {
-			after = e.req.After
+	if err := e.windowsInOrder(ctx, xw); err != nil {
+		return err
+	}
+	if first, n, ok := e.sc.unaccounted(); ok {
+		return logConflict(e.cp.Org, e.cp.Size, "%d leaves of the range, the first leaf %d, have no row in log_leaves at their time: log_leaves was edited", n, first)
+	}
+	var cons []exportConsistency
+	for _, m := range e.req.Consistency {
+		rec, err := e.consistency(ctx, m)
+		if err != nil {
+			return err
 		}
-		if err := e.window(ctx, xw, w, after); err != nil {
+		cons = append(cons, rec)
+	}
+	return xw.trailer(cons, &e.index, func(index string) exportManifest {
+		return signManifest(e.x.cfg.Key, e.x.cfg.Database, e.req.Selection, &e.cp, e.req.Consistency, e.events, e.gaps, index)
+	})
+}
+
+// trailer writes the consistency records, the index records (of index) and the
+// manifest that sign makes from their hash.
+func (xw *exportWriter) trailer(cons []exportConsistency, index *indexList, sign func(indexSHA256 string) exportManifest) error {
+	for _, c := range cons {
+		if err := xw.object(KindConsistency, c, false); err != nil {
+			return err
+		}
+	}
+	var batch []uint64
+	pos := uint64(0)
+	writeIndex := func() error {
+		if err := xw.object(KindIndex, exportIndex{Kind: KindIndex, First: pos, Leaves: batch}, true); err != nil {
+			return err
+		}
+		pos += uint64(len(batch))
+		batch = batch[:0]
+		return nil
+	}
+	if err := index.each(func(i uint64) error {
+		if batch = append(batch, i); len(batch) == indexPerRecord {
+			return writeIndex()
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	if len(batch) > 0 {
+		if err := writeIndex(); err != nil {
+			return err
+		}
+	}
+	if err := xw.object(KindManifest, sign(xw.ih.sum()), false); err != nil {
+		return err
+	}
+	return xw.o.sync()
+}
+
+// windowsInOrder writes the windows from e.start on. One goroutine reads the next
+// window (ClickHouse's work, mostly) while this one proves and writes the current
+// (this process's): two windows are held at most. The reader alone touches the scan's
+// bitmap and the cache of covering checkpoints until it is done.
+func (e *Export) windowsInOrder(ctx context.Context, xw *exportWriter) error {
+	ctx, cancel := context.WithCancel(ctx)
+	type result struct {
+		wr  *windowRecs
+		err error
+	}
+	next := make(chan result)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		defer close(next)
+		for _, w := range e.windows[e.start:] {
+			wr, err := e.read(ctx, w)
+			select {
+			case next <- result{wr, err}:
+			case <-ctx.Done():
+				return
+			}
+			if err != nil {
+				return
+			}
+		}
+	})
+	defer func() {
+		cancel()
+		for range next { // the reader stops at its next send
+		}
+		wg.Wait()
+	}()
+	for r := range next {
+		if r.err != nil {
+			return r.err
+		}
+		if err := e.write(ctx, r.wr, xw); err != nil {
 			return err
 		}
 		if err := xw.o.sync(); err != nil {
 			return err
 		}
 	}
-	if err := e.proof(ctx, xw); err != nil {
-		return err
-	}
-	return xw.manifest(e.x.cfg.Key, e.req.Selection, e.asOf)
+	return ctx.Err()
 }
 
-// exportWriter writes the records of one export, counting them and hashing the proof.
+// consistency is the consistency record from size m to the checkpoint, checked
+// against the root the scan computed at m.
+func (e *Export) consistency(ctx context.Context, m uint64) (exportConsistency, error) {
+	org, n := e.cp.Org, e.cp.Size
+	root := e.sc.roots[m]
+	var pr [][]byte
+	if m < n {
+		var err error
+		if pr, err = tlog.ConsistencyProof(ctx, e.x.db, org, m, n); err != nil {
+			return exportConsistency{}, logConflict(org, n, "its consistency proof from size %d cannot be built: %v", m, err)
+		}
+	}
+	if tlog.VerifyConsistency(m, n, pr, root, e.cp.Root) != nil {
+		return exportConsistency{}, logConflict(org, n, "its consistency proof from size %d fails against the roots (log_tree edited?)", m)
+	}
+	return exportConsistency{Kind: KindConsistency, Size: m, Root: base64.StdEncoding.EncodeToString(root), Proof: encodeProof(pr)}, nil
+}
+
+// exportWriter writes the records of one export and hashes the index records.
 type exportWriter struct {
 	o   *out
 	enc *encoder
-	ph  *proofHash
-	st  ExportStats
+	ih  *indexHash
 }
 
 func newExportWriter(w io.Writer, encoding string, flush func() error) *exportWriter {
-	return &exportWriter{o: &out{bw: bufio.NewWriterSize(w, 64<<10), flush: flush}, enc: newEncoder(encoding), ph: newProofHash()}
+	return &exportWriter{o: &out{bw: bufio.NewWriterSize(w, 64<<10), flush: flush}, enc: newEncoder(encoding), ih: newIndexHash()}
 }
 
 func (xw *exportWriter) header(h ExportHeader) error {
@@ -461,6 +1320,7 @@ func (xw *exportWriter) header(h ExportHeader) error {
 	if err != nil {
 		return err
 	}
+	pre = bytes.Clone(pre)
 	obj, err := xw.enc.object(h)
 	if err != nil {
 		return err
@@ -472,46 +1332,31 @@ func (xw *exportWriter) header(h ExportHeader) error {
 	return xw.o.write(append(pre, rec...))
 }
 
-func (xw *exportWriter) event(r *store.EventRow) error {
-	ev := eventRecord(r, xw.enc.encoding)
+func (xw *exportWriter) event(r *store.EventRow, leaf uint64, proof string) error {
+	ev := eventRecord(r, leaf, proof, xw.enc.encoding)
 	rec, err := xw.enc.event(&ev)
 	if err != nil {
 		return fmt.Errorf("cannot encode event %q: %w", clip(r.ID), err)
 	}
 	if len(rec) > MaxExportLineBytes {
-		return fmt.Errorf("event %q at %s is %d bytes encoded, more than the export's limit of %d per line (a row edited in ClickHouse?)",
-			clip(r.ID), fmtMilli(r.Time), len(rec), MaxExportLineBytes)
+		return fmt.Errorf("event %q at %s is %d bytes encoded, more than the export's limit of %d per line", clip(r.ID), fmtMilli(r.Time), len(rec), MaxExportLineBytes)
 	}
-	if err := xw.o.write(rec); err != nil {
-		return err
-	}
-	xw.st.Events++
-	xw.st.Total++
-	return nil
+	return xw.o.write(rec)
 }
 
-// seal writes a seal and its entries (in Root's order) with their marks.
-func (xw *exportWriter) seal(s *Seal, entries []proofEntry, marks []string) error {
-	sr := sealRecord(s)
-	if err := xw.proofRecord(KindSeal, &sr); err != nil {
-		return err
-	}
-	xw.st.Seals++
-	for i, pe := range entries {
-		if err := xw.proofRecord(KindEntry, exportEntry{Kind: KindEntry, ID: pe.id, Time: fmtMilli(pe.t), Digest: pe.digest, Mark: marks[i]}); err != nil {
-			return err
-		}
-		xw.st.Entries++
-	}
-	return nil
+func (xw *exportWriter) gap(lf *IndexedLeaf, mark, proof string) error {
+	return xw.object(KindGap, gapRecord(lf, mark, proof), false)
 }
 
-func (xw *exportWriter) proofRecord(kind string, v any) error {
+// object writes a record that is a JSON object; hashed ones go into the index hash.
+func (xw *exportWriter) object(kind string, v any, hashed bool) error {
 	obj, err := xw.enc.object(v)
 	if err != nil {
 		return err
 	}
-	xw.ph.add(obj)
+	if hashed {
+		xw.ih.add(obj)
+	}
 	rec, err := xw.enc.record(kind, obj)
 	if err != nil {
 		return err
@@ -519,309 +1364,16 @@ func (xw *exportWriter) proofRecord(kind string, v any) error {
 	return xw.o.write(rec)
 }
 
-func (xw *exportWriter) manifest(key ed25519.PrivateKey, sel Selection, asOf time.Time) error {
-	m := signManifest(key, sel, asOf, xw.st.Total, xw.st.Seals, xw.st.Entries, xw.ph.sum())
-	obj, err := xw.enc.object(m)
-	if err != nil {
-		return err
-	}
-	rec, err := xw.enc.record(KindManifest, obj)
-	if err != nil {
-		return err
-	}
-	if err := xw.o.write(rec); err != nil {
-		return err
-	}
-	return xw.o.sync()
-}
-
 // fail writes an error record (best effort: the connection may be gone).
 func (xw *exportWriter) fail(cause error) {
-	obj, err := xw.enc.object(exportError{Kind: KindError, Error: cause.Error()})
+	obj, err := xw.enc.object(exportError{Kind: KindError, Error: strings.TrimPrefix(cause.Error(), ErrExportConflict.Error()+": ")})
 	if err != nil {
 		return
 	}
 	if rec, err := xw.enc.record(KindError, obj); err == nil {
-		_, _ = xw.o.bw.Write(rec)
+		if _, err := xw.o.bw.Write(rec); err == nil {
+			xw.o.n += int64(len(rec))
+		}
 		_ = xw.o.sync()
 	}
-}
-
-// exportOrder is the stream's order, and the choice among the copies of a row key
-// (LIMIT 1 BY keeps the first): the smallest time_ms, then the newest copy, then a
-// hash of the content, so that the same copy is chosen every time.
-const exportOrder = ` ORDER BY time, time_ms, id, ingested_at DESC, cityHash64(type, room_id, actor_id, actor_type, actor_handle,
-	owner_id, subject_id, subject_type, subject_handle, execution_id, source, schema_version, data) LIMIT 1 BY time, id`
-
-// rowBlock bounds the rows ClickHouse sends in one block, which the driver holds
-// whole: events are at most about 1 MiB each.
-const rowBlock = 256
-
-// window writes the events of one window, after the cursor when one is given.
-func (e *Export) window(ctx context.Context, xw *exportWriter, w window, after *Cursor) error {
-	db, org := e.x.cfg.Database, e.req.Selection.Org
-	sealed, sargs := e.sealedIn(w.lo, w.hi)
-	args := append([]any{org, unix(w.lo), unix(w.hi)}, e.pred.args...)
-	args = append(args, sargs...)
-	qctx := clickhouse.Context(ctx, clickhouse.WithSettings(clickhouse.Settings{"max_block_size": rowBlock}))
-	rows, err := e.x.cfg.Conn.Query(qctx, "SELECT "+eventCols+" FROM "+db+".events WHERE org_id = ? AND time >= ? AND time < ? AND "+
-		e.pred.sql+" AND "+sealed+exportOrder, args...)
-	if err != nil {
-		return fmt.Errorf("cannot read the events of org %q in [%s, %s) from %s.events: %w", org, fmtSec(unix(w.lo)), fmtSec(unix(w.hi)), db, err)
-	}
-	defer rows.Close()
-	var r store.EventRow
-	for rows.Next() {
-		if err := scanEvent(rows, &r); err != nil {
-			return fmt.Errorf("cannot read a row of %s.events: %w", db, err)
-		}
-		if after != nil {
-			if compareKey(r.Time, r.ID, after.Time, after.ID) <= 0 {
-				continue
-			}
-			after = nil
-		}
-		if err := xw.event(&r); err != nil {
-			return err
-		}
-	}
-	if err := rows.Err(); err != nil {
-		return fmt.Errorf("cannot read the events of org %q from %s.events: %w", org, db, err)
-	}
-	return nil
-}
-
-// compareKey orders events as the export does: time (ms), then id.
-func compareKey(t1 time.Time, id1 string, t2 time.Time, id2 string) int {
-	return cmp.Or(cmp.Compare(t1.UnixMilli(), t2.UnixMilli()), strings.Compare(id1, id2))
-}
-
-// sealPage is how many seals one read of the proof lists.
-const sealPage = 1000
-
-// proof writes every seal made at or before S whose span meets the range and that has
-// an entry exported, missing or expired, each followed by its entries.
-func (e *Export) proof(ctx context.Context, xw *exportWriter) error {
-	db, org := e.x.cfg.Database, e.req.Selection.Org
-	cuts, err := loadCuts(ctx, e.x.cfg.Conn, db, e.x.pub, e.x.keyID)
-	if err != nil {
-		return err
-	}
-	var lastSeq uint64
-	lastHash, started := "", false
-	for {
-		q := "SELECT " + sealCols + " FROM " + db + ".seals FINAL WHERE org_id = ? AND sealed_at <= ? AND first_time <= ? AND last_time >= ?"
-		args := []any{org, e.sealedBy, unix(e.pred.toSec), unix(e.pred.fromSec)}
-		if started {
-			q += " AND (seq > ? OR (seq = ? AND hash > ?))"
-			args = append(args, lastSeq, lastSeq, lastHash)
-		}
-		rows, err := e.x.cfg.Conn.Query(ctx, q+" ORDER BY seq, hash LIMIT "+fmt.Sprint(sealPage), args...)
-		if err != nil {
-			return fmt.Errorf("cannot read the seals of org %q from %s.seals: %w", org, db, err)
-		}
-		var page []Seal
-		for rows.Next() {
-			s, err := scanSeal(rows)
-			if err != nil {
-				rows.Close()
-				return fmt.Errorf("cannot read a row of %s.seals: %w", db, err)
-			}
-			page = append(page, s)
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
-			return fmt.Errorf("cannot read the seals of org %q from %s.seals: %w", org, db, err)
-		}
-		for i := 0; i < len(page); {
-			j, n := i, uint64(0)
-			for j < len(page) && (j == i || n+page[j].Events <= uint64(e.x.cfg.GroupEntries)) {
-				n += page[j].Events
-				j++
-			}
-			if err := e.group(ctx, xw, &cuts, page[i:j]); err != nil {
-				return err
-			}
-			if err := xw.o.sync(); err != nil {
-				return err
-			}
-			i = j
-		}
-		if len(page) < sealPage {
-			return nil
-		}
-		lastSeq, lastHash, started = page[len(page)-1].Seq, page[len(page)-1].Hash, true
-	}
-}
-
-type proofEntry struct {
-	id     string
-	t      time.Time
-	digest string
-}
-
-// group writes the proof of a stretch of seals (by seq): it reads which of their
-// entries' rows are exported or still stored, then their entries, one seal at a time.
-func (e *Export) group(ctx context.Context, xw *exportWriter, cuts *cuts, seals []Seal) error {
-	db, org := e.x.cfg.Database, e.req.Selection.Org
-	lo, hi := seals[0].Seq, seals[len(seals)-1].Seq
-	spanLo, spanHi := seals[0].FirstTime.Unix(), seals[0].LastTime.Unix()
-	members := map[sealRef]*Seal{}
-	for i := range seals {
-		s := &seals[i]
-		spanLo, spanHi = min(spanLo, s.FirstTime.Unix()), max(spanHi, s.LastTime.Unix())
-		members[sealRef{s.Seq, s.Hash}] = s
-	}
-	spanLo, spanHi = max(spanLo, e.pred.fromSec), min(spanHi, e.pred.toSec)
-
-	// The row keys of the group's entries in the range: stored (a key is there) and
-	// exported (a copy satisfies the predicate: the stream wrote that key's row).
-	exported := map[rowKey]bool{}
-	if spanLo <= spanHi {
-		args := append([]any{}, e.pred.args...)
-		args = append(args, org, unix(spanLo), unix(spanHi), org, lo, hi, org, e.sealedBy, unix(e.pred.fromSec), unix(e.pred.toSec))
-		rows, err := e.x.cfg.Conn.Query(ctx, `SELECT time, id, max(`+e.pred.sql+`) FROM `+db+`.events
-			WHERE org_id = ? AND time >= ? AND time <= ?
-			AND (time, id) IN (SELECT time, id FROM `+db+`.seal_entries WHERE org_id = ? AND seq >= ? AND seq <= ?
-				AND (seq, seal) IN (SELECT seq, hash FROM `+db+`.seals WHERE org_id = ? AND sealed_at <= ?)
-				AND time >= ? AND time <= ?)
-			GROUP BY time, id`, args...)
-		if err != nil {
-			return fmt.Errorf("cannot read the rows of org %q seals %d to %d from %s.events: %w", org, lo, hi, db, err)
-		}
-		for rows.Next() {
-			var t time.Time
-			var k rowKey
-			var sel uint8
-			if err := rows.Scan(&t, &k.id, &sel); err != nil {
-				rows.Close()
-				return fmt.Errorf("cannot read a row of %s.events: %w", db, err)
-			}
-			k.org, k.sec = org, t.Unix()
-			exported[k] = sel == 1
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
-			return fmt.Errorf("cannot read the rows of org %q from %s.events: %w", org, db, err)
-		}
-	}
-
-	rows, err := e.x.cfg.Conn.Query(ctx, `SELECT seq, seal, id, time, time_ms, digest FROM `+db+`.seal_entries FINAL
-		WHERE org_id = ? AND seq >= ? AND seq <= ? ORDER BY seq, seal, id, time, time_ms`, org, lo, hi)
-	if err != nil {
-		return fmt.Errorf("cannot read the entries of org %q seals %d to %d from %s.seal_entries: %w", org, lo, hi, db, err)
-	}
-	defer rows.Close()
-	var cur sealRef
-	var entries []proofEntry
-	next := 0 // the group's seals before it are written (or left out)
-	// upTo writes the group's seals before ref that have no stored entry: a seal that
-	// covers events of the range but lost its entries is in the proof, so that the
-	// verifier names it. The seals and the entries come in (seq, hash) order.
-	upTo := func(ref sealRef) error {
-		for ; next < len(seals) && cmp.Or(cmp.Compare(seals[next].Seq, ref.seq), strings.Compare(seals[next].Hash, ref.hash)) < 0; next++ {
-			if s := &seals[next]; members[sealRef{s.Seq, s.Hash}] != nil {
-				delete(members, sealRef{s.Seq, s.Hash})
-				if err := e.writeSeal(xw, cuts, s, nil, exported); err != nil {
-					return err
-				}
-			}
-		}
-		return nil
-	}
-	finish := func() error {
-		s := members[cur]
-		if s == nil {
-			return nil
-		}
-		delete(members, cur) // written once, even if its rows came twice
-		return e.writeSeal(xw, cuts, s, entries, exported)
-	}
-	for rows.Next() {
-		var ref sealRef
-		var pe proofEntry
-		var millis uint16
-		if err := rows.Scan(&ref.seq, &ref.hash, &pe.id, &pe.t, &millis, &pe.digest); err != nil {
-			return fmt.Errorf("cannot read a row of %s.seal_entries: %w", db, err)
-		}
-		if ref != cur {
-			if err := finish(); err != nil {
-				return err
-			}
-			if err := upTo(ref); err != nil {
-				return err
-			}
-			cur, entries = ref, entries[:0]
-		}
-		if members[ref] == nil {
-			continue
-		}
-		if len(entries) >= MaxSealEntries {
-			return fmt.Errorf("seal %s has more than %d entries, more than an export carries", members[ref].ID(), MaxSealEntries)
-		}
-		pe.t = pe.t.UTC().Add(time.Duration(millis) * time.Millisecond)
-		entries = append(entries, pe)
-	}
-	if err := rows.Err(); err != nil {
-		return fmt.Errorf("cannot read the entries of org %q from %s.seal_entries: %w", org, db, err)
-	}
-	if err := finish(); err != nil {
-		return err
-	}
-	return upTo(sealRef{seq: ^uint64(0)})
-}
-
-// writeSeal marks a seal's entries and writes it with them when one is exported,
-// missing or expired.
-func (e *Export) writeSeal(xw *exportWriter, cuts *cuts, s *Seal, entries []proofEntry, exported map[rowKey]bool) error {
-	marks, include := markEntries(e.req.Selection, s, entries, exported, cuts)
-	if !include && uint64(len(entries)) == s.Events {
-		return nil
-	}
-	if uint64(len(entries)) != s.Events {
-		e.x.log.Warn("a seal of the exported range has lost entries (audit verify names it)", "seal", s.ID(), "entries", len(entries), "events", s.Events)
-	}
-	if missing := countOf(marks, MarkMissing); missing > 0 {
-		e.x.log.Warn("sealed events of the exported range are gone from the trail (audit verify names them)", "seal", s.ID(), "missing", missing)
-	}
-	return xw.seal(s, entries, marks)
-}
-
-// markEntries sorts a seal's entries in Root's order and marks each (ExportFormat's
-// doc, "Records"); include says whether the seal belongs in the proof. exported holds
-// the row keys of the entries in the range that are stored, true when the export has
-// their row. cuts may be nil (no retention cut honoured).
-func markEntries(sel Selection, s *Seal, entries []proofEntry, exported map[rowKey]bool, cuts *cuts) ([]string, bool) {
-	slices.SortFunc(entries, func(a, b proofEntry) int {
-		return cmp.Or(strings.Compare(a.id, b.id), a.t.Compare(b.t))
-	})
-	marks := make([]string, len(entries))
-	include := false
-	for i, pe := range entries {
-		k := rowKey{org: sel.Org, id: pe.id, sec: pe.t.Unix()}
-		exp, stored := exported[k]
-		switch {
-		case stored && exp:
-			marks[i] = MarkExported
-		case !stored && !pe.t.Before(sel.From) && pe.t.Before(sel.To):
-			marks[i] = MarkMissing
-			if cuts != nil && cuts.excuse(pe.t, s) == "" {
-				marks[i] = MarkExpired
-			}
-		default:
-			marks[i] = MarkOther
-		}
-		include = include || marks[i] != MarkOther
-	}
-	return marks, include
-}
-
-func countOf(v []string, s string) int {
-	n := 0
-	for _, x := range v {
-		if x == s {
-			n++
-		}
-	}
-	return n
 }

@@ -11,9 +11,11 @@ import (
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+	kafkago "github.com/segmentio/kafka-go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/bandplane/bandplane/deploy/stacktest"
+	"github.com/bandplane/bandplane/ingest/seal/tlog"
 	"github.com/bandplane/bandplane/ingest/store"
 	"github.com/bandplane/bandplane/schema"
 )
@@ -31,39 +33,160 @@ func testKey(t testing.TB) ed25519.PrivateKey {
 	return k
 }
 
-// fakeProducer keeps what it is given; fail makes Produce fail.
-type fakeProducer struct {
+// memNotes stands in for the stored-events topic in tests of the sealer's logic (the
+// pipeline test runs the real one): what insert stores, it notes here, as ingest does.
+type memNotes struct {
+	mu      sync.Mutex
+	queue   []kafkago.Message
+	drained int
+	fail    error
+}
+
+func (n *memNotes) add(rows []store.EventRow) {
+	byOrg := map[string][]tlog.Leaf{}
+	for i := range rows {
+		byOrg[rows[i].OrgID] = append(byOrg[rows[i].OrgID], tlog.LeafOf(&rows[i]))
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for _, org := range slices.Sorted(func(yield func(string) bool) {
+		for o := range byOrg {
+			if !yield(o) {
+				return
+			}
+		}
+	}) {
+		for _, m := range tlog.EncodeNotes(byOrg[org]) {
+			n.queue = append(n.queue, kafkago.Message{Key: []byte(org), Value: m})
+		}
+	}
+}
+
+func (n *memNotes) Drain(_ context.Context, max int) ([]kafkago.Message, bool, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.fail != nil {
+		return nil, false, n.fail
+	}
+	k := min(max, len(n.queue))
+	out := slices.Clone(n.queue[:k])
+	n.drained = k
+	return out, k < len(n.queue), nil
+}
+
+func (n *memNotes) Commit(context.Context) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.queue = n.queue[n.drained:]
+	n.drained = 0
+	return nil
+}
+
+func (n *memNotes) Holds() bool { return true }
+
+func (n *memNotes) pending() int {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return len(n.queue)
+}
+
+// memTopic stands in for the checkpoints topic: the newest note per organization.
+type memTopic struct {
 	mu     sync.Mutex
-	events []schema.Event
+	latest map[string][]byte
+	all    int
 	fail   error
 }
 
-func (p *fakeProducer) Produce(_ context.Context, evs []schema.Event) error {
+func (p *memTopic) ProduceMessages(_ context.Context, msgs []kafkago.Message) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.fail != nil {
 		return p.fail
 	}
-	p.events = append(p.events, evs...)
+	if p.latest == nil {
+		p.latest = map[string][]byte{}
+	}
+	for _, m := range msgs {
+		p.latest[string(m.Key)] = m.Value
+		p.all++
+	}
 	return nil
 }
 
-func (p *fakeProducer) all() []schema.Event {
+func (p *memTopic) read(context.Context) (map[string][]byte, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return append([]schema.Event(nil), p.events...)
+	out := map[string][]byte{}
+	for k, v := range p.latest {
+		out[k] = v
+	}
+	return out, nil
 }
 
-func newSealer(t testing.TB, conn driver.Conn, db string, key ed25519.PrivateKey, p Producer, tweak ...func(*Config)) *Sealer {
+// externals are the topic's checkpoints as verify takes them.
+func (p *memTopic) externals() []External {
+	m, _ := p.read(context.Background())
+	var out []External
+	for org, note := range m {
+		out = append(out, External{Source: "the checkpoints topic (" + org + ")", Note: note})
+	}
+	return out
+}
+
+// trail is a test database with its notes, its checkpoints topic and its sealer.
+type trail struct {
+	t     testing.TB
+	conn  driver.Conn
+	db    string
+	key   ed25519.PrivateKey
+	notes *memNotes
+	topic *memTopic
+	s     *Sealer
+}
+
+func newTrail(t testing.TB, tweak ...func(*Config)) *trail {
 	t.Helper()
-	cfg := Config{Conn: conn, Database: db, Key: key, Producer: p, Settle: time.Second, Logger: stacktest.Logger()}
+	conn, db := testDB(t)
+	tr := &trail{t: t, conn: conn, db: db, key: testKey(t), notes: &memNotes{}, topic: &memTopic{}}
+	tr.s = tr.sealer(tr.key, tweak...)
+	return tr
+}
+
+func (tr *trail) sealer(key ed25519.PrivateKey, tweak ...func(*Config)) *Sealer {
+	tr.t.Helper()
+	cfg := Config{Conn: tr.conn, Database: tr.db, Key: key, Notes: tr.notes, Publisher: tr.topic, Published: tr.topic.read,
+		Logger: stacktest.Logger()}
 	for _, f := range tweak {
 		f(&cfg)
 	}
 	s, err := New(cfg)
-	require.NoError(t, err)
+	require.NoError(tr.t, err)
 	return s
 }
+
+// store writes rows as ingest does and notes them.
+func (tr *trail) store(rs []store.EventRow) {
+	tr.t.Helper()
+	insert(tr.t, tr.conn, tr.db, rs)
+	tr.notes.add(rs)
+}
+
+func (tr *trail) seal() Result {
+	tr.t.Helper()
+	res, err := tr.s.SealNow(context.Background())
+	require.NoError(tr.t, err)
+	return res
+}
+
+func (tr *trail) verify(f Filter) Report {
+	tr.t.Helper()
+	rep, err := Verify(context.Background(), tr.conn, tr.db, Keys{Anchors: []ed25519.PublicKey{pubOf(tr.key)}}, f)
+	require.NoError(tr.t, err)
+	return rep
+}
+
+func (tr *trail) exec(table, stmt string) { mutate(tr.t, tr.conn, tr.db, table, stmt) }
 
 // rows makes n event rows spread over orgs, with event times around at and
 // ingested_at at ingested.
@@ -76,7 +199,7 @@ func rows(prefix string, n int, orgs []string, at, ingested time.Time) []store.E
 			OrgID: orgs[i%len(orgs)], RoomID: fmt.Sprintf("room-%d", i%5),
 			ActorID: fmt.Sprintf("agent-%d", i%7), ActorType: "agent", OwnerID: fmt.Sprintf("user-%d", i%3),
 			Source: "band", SchemaVersion: 1, Data: fmt.Sprintf(`{"content":"message %d"}`, i),
-			IngestedAt: ingested, Partition: int32(i % 4), Offset: int64(i),
+			IngestedAt: ingested.Truncate(time.Second), Partition: int32(i % 4), Offset: int64(i),
 		}
 	}
 	return out
@@ -85,13 +208,6 @@ func rows(prefix string, n int, orgs []string, at, ingested time.Time) []store.E
 func insert(t testing.TB, conn driver.Conn, db string, rs []store.EventRow) {
 	t.Helper()
 	require.NoError(t, store.New(conn, db).BatchInsert(context.Background(), &store.Batch{Events: rs}))
-}
-
-func verify(t testing.TB, conn driver.Conn, db string, pub ed25519.PublicKey, f Filter) Report {
-	t.Helper()
-	rep, err := Verify(context.Background(), conn, db, pub, f)
-	require.NoError(t, err)
-	return rep
 }
 
 func pubOf(k ed25519.PrivateKey) ed25519.PublicKey { return k.Public().(ed25519.PublicKey) }
@@ -118,16 +234,4 @@ func kinds(rep Report) []string {
 	}
 	slices.Sort(out)
 	return out
-}
-
-// eventRow is the row ingest stores for ev (ingest.EventRow, without the directory).
-func eventRow(ev schema.Event, ingested time.Time) store.EventRow {
-	r := store.EventRow{ID: ev.ID, Type: ev.Type, Time: ev.Time, OrgID: ev.OrgID, RoomID: ev.RoomID,
-		ActorID: ev.Actor.ID, ActorType: string(ev.Actor.Type), ActorHandle: ev.Actor.Handle,
-		ExecutionID: ev.ExecutionID, Source: ev.Source, SchemaVersion: uint16(ev.SchemaVersion),
-		Data: string(ev.Data), IngestedAt: ingested}
-	if ev.Subject != nil {
-		r.SubjectID, r.SubjectType, r.SubjectHandle = ev.Subject.ID, string(ev.Subject.Type), ev.Subject.Handle
-	}
-	return r
 }

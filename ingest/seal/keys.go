@@ -5,9 +5,7 @@ import (
 	"crypto/ed25519"
 	"crypto/rand"
 	"crypto/rsa"
-	"crypto/sha256"
 	"crypto/x509"
-	"encoding/hex"
 	"encoding/pem"
 	"errors"
 	"fmt"
@@ -24,13 +22,6 @@ const (
 	pemPrivate = "PRIVATE KEY"
 	pemPublic  = "PUBLIC KEY"
 )
-
-// KeyID is the fingerprint a seal records of the key that signed it: the first 16
-// bytes of the SHA-256 of the raw public key, in hex.
-func KeyID(pub ed25519.PublicKey) string {
-	h := sha256.Sum256(pub)
-	return hex.EncodeToString(h[:16])
-}
 
 // GenerateKey writes a new key to path (0600) and its public half to path+".pub"
 // (0644). It refuses to overwrite either file: a lost audit key cannot be made again,

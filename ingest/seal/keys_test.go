@@ -13,6 +13,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/bandplane/bandplane/ingest/seal/tlog"
 )
 
 func TestGenerateAndLoadKey(t *testing.T) {
@@ -41,7 +43,7 @@ func TestGenerateAndLoadKey(t *testing.T) {
 	fromPriv, err := LoadPublicKey(path) // the private file works for verify too
 	require.NoError(t, err)
 	assert.Equal(t, pub, fromPriv)
-	assert.Len(t, KeyID(pub), 32)
+	assert.Len(t, tlog.KeyID(pub), 32)
 
 	// Never overwritten.
 	err = GenerateKey(path)

@@ -7,45 +7,47 @@ import (
 )
 
 type metrics struct {
-	seals    prometheus.Counter
-	events   prometheus.Counter
-	errors   prometheus.Counter
-	retries  prometheus.Counter
-	seconds  prometheus.Histogram
-	lastSeal prometheus.Gauge
+	checkpoints prometheus.Counter
+	leaves      prometheus.Counter
+	errors      prometheus.Counter
+	forged      prometheus.Counter
+	badNotes    prometheus.Counter
+	seconds     prometheus.Histogram
 }
 
-// newMetrics creates the sealer's metrics and registers them with reg (nil: unregistered).
-func newMetrics(reg prometheus.Registerer) *metrics {
+// newMetrics creates the sealer's metrics and registers them with reg (nil:
+// unregistered); age and refused are read at each scrape.
+func newMetrics(reg prometheus.Registerer, age, refused func() float64) *metrics {
 	m := &metrics{
-		seals: prometheus.NewCounter(prometheus.CounterOpts{Name: "bandplane_audit_seals_total",
-			Help: "Seals written to the audit trail's chains."}),
-		events: prometheus.NewCounter(prometheus.CounterOpts{Name: "bandplane_audit_sealed_events_total",
-			Help: "Event rows sealed."}),
+		checkpoints: prometheus.NewCounter(prometheus.CounterOpts{Name: "bandplane_audit_checkpoints_total",
+			Help: "Checkpoints of new log sizes signed and stored."}),
+		leaves: prometheus.NewCounter(prometheus.CounterOpts{Name: "bandplane_audit_sealed_events_total",
+			Help: "Leaves appended to the organizations' logs (one per stored copy of an event row)."}),
 		errors: prometheus.NewCounter(prometheus.CounterOpts{Name: "bandplane_audit_seal_errors_total",
-			Help: "Seal runs that failed, and audit.sealed events Kafka did not take (both retried at the next run)."}),
-		retries: prometheus.NewCounter(prometheus.CounterOpts{Name: "bandplane_audit_seal_retries_total",
-			Help: "Times a seal run started over because another sealer sealed at the same time."}),
+			Help: "Seal runs that failed (retried at the next run)."}),
+		forged: prometheus.NewCounter(prometheus.CounterOpts{Name: "bandplane_audit_forged_checkpoints_total",
+			Help: "Rows of the checkpoints table the sealer found that do not verify with its key ring (never used as a head)."}),
+		badNotes: prometheus.NewCounter(prometheus.CounterOpts{Name: "bandplane_audit_bad_notes_total",
+			Help: "Messages of the stored-events topic that are not notes ingest writes (skipped)."}),
 		seconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "bandplane_audit_seal_seconds",
 			Help: "Duration of a seal run.", Buckets: prometheus.ExponentialBuckets(0.01, 2, 14)}),
-		lastSeal: prometheus.NewGauge(prometheus.GaugeOpts{Name: "bandplane_audit_last_seal_through_seconds",
-			Help: "The watermark (through) of the latest seal written by this process, Unix seconds."}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.seals, m.events, m.errors, m.retries, m.seconds, m.lastSeal)
+		reg.MustRegister(m.checkpoints, m.leaves, m.errors, m.forged, m.badNotes, m.seconds,
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "bandplane_audit_unsealed_age_seconds",
+				Help: "At most the age of the oldest unsealed event: seconds since the start of the last seal run that sealed every note produced before it (grows while sealing fails or an organization's log is refused)."}, age),
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "bandplane_audit_refused_orgs",
+				Help: "Organizations whose log the sealer refuses to extend: ClickHouse's log was rolled back, forked or edited (audit verify names what)."}, refused),
+		)
 	}
 	return m
 }
 
 func (m *metrics) observe(res Result, err error, d time.Duration) {
-	m.seals.Add(float64(res.Seals))
-	m.events.Add(float64(res.Events))
-	m.retries.Add(float64(res.Retries))
+	m.checkpoints.Add(float64(res.Checkpoints))
+	m.leaves.Add(float64(res.Leaves))
 	m.seconds.Observe(d.Seconds())
 	if err != nil {
 		m.errors.Inc()
-	}
-	if !res.Through.IsZero() {
-		m.lastSeal.Set(float64(res.Through.Unix()))
 	}
 }

@@ -2,6 +2,7 @@ package seal
 
 import (
 	"context"
+	"crypto/ed25519"
 	"encoding/json"
 	"fmt"
 	"sync"
@@ -19,6 +20,21 @@ import (
 	"github.com/bandplane/bandplane/ingest/store"
 	"github.com/bandplane/bandplane/schema"
 )
+
+// kafkaSealer is a sealer on the real stored-events and checkpoints topics of topic.
+func kafkaSealer(t *testing.T, conn driver.Conn, db, topic, group string, key ed25519.PrivateKey, priority uint8, every time.Duration) (*Sealer, Topics) {
+	t.Helper()
+	tp := Topics{Brokers: stacktest.Brokers(), Stored: stacktest.StoredTopic(topic), Checkpoints: topic + "_checkpoints", Priority: priority}
+	require.NoError(t, EnsureTopics(context.Background(), tp, 1))
+	s, closeAll, err := NewOnKafka(Config{Conn: conn, Database: db, Key: key, Every: every, Logger: stacktest.Logger(),
+		Ingested: func(ctx context.Context) (map[int]int64, error) {
+			return kafka.CommittedOffsets(ctx, stacktest.Brokers(), topic, group)
+		},
+		IngestTopic: topic, IngestGroup: group}, tp)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = closeAll() })
+	return s, tp
+}
 
 // workload is canonical traffic: a person and an agent registered in org-1, then
 // messages and usage reports by the agent (attributed and priced by ingest), and
@@ -84,9 +100,10 @@ func (e *pipelineEnv) count(q string) uint64 {
 }
 
 // The whole path, as serve runs it: events through Kafka and the real ingest consumer,
-// a sealer every second whose audit.sealed events go through the same topic (and are
-// sealed in their turn), an operator's `audit seal` at the same time, a replay of
-// everything, a consumer restarted mid-stream and a reprice — and verify stays clean.
+// which notes what it stores on the stored-events topic; serve's sealer every second
+// on that topic, an operator's `audit seal` taking it over at the same time, a replay
+// of everything, a consumer restarted mid-stream, a reprice, a retried insert — and
+// verify stays clean, against the checkpoints topic too; then an edit is caught.
 func TestIntegrationSealPipeline(t *testing.T) {
 	conn, db := testDB(t)
 	topic := stacktest.Topic(t, 4)
@@ -104,44 +121,47 @@ func TestIntegrationSealPipeline(t *testing.T) {
 	e.drained()
 	require.Equal(t, uint64(len(first)), e.count("SELECT count() FROM "+db+".events FINAL"))
 
-	serveSealer := newSealer(t, conn, db, key, p, func(c *Config) { c.Every = time.Second })
+	serveSealer, tp := kafkaSealer(t, conn, db, topic, e.group, key, 0, time.Second)
 	runCtx, stopRun := context.WithCancel(ctx)
 	var runWG sync.WaitGroup
 	runWG.Go(func() { assert.NoError(t, serveSealer.Run(runCtx)) })
-	operator := newSealer(t, conn, db, key, p)
 
+	// check waits until the log covers every stored row, then verifies against the
+	// checkpoints topic as well.
 	check := func(step string) Report {
 		t.Helper()
-		time.Sleep(2500 * time.Millisecond) // serve's sealer: every second, settle 1 s
-		// And an operator's thorough seal: on a loaded machine an insert can land after
-		// serve's sealer looked past it (its next whole-margin look is minutes away).
-		_, err := operator.SealNow(ctx)
-		require.NoError(t, err)
-		before := e.count("SELECT count() FROM " + db + ".events FINAL")
-		rep := verify(t, conn, db, pubOf(key), Filter{})
-		after := e.count("SELECT count() FROM " + db + ".events FINAL") // announcements keep coming
-		assert.Empty(t, rep.Problems, step)
-		assert.GreaterOrEqual(t, rep.SealedEvents+rep.UnsealedEvents, int(before), step)
-		assert.LessOrEqual(t, rep.SealedEvents+rep.UnsealedEvents, int(after), step)
-		t.Logf("%s: %d seals, %d sealed, %d unsealed", step, rep.Seals, rep.SealedEvents, rep.UnsealedEvents)
-		assert.LessOrEqual(t, rep.UnsealedEvents, 12, "%s: only the latest announcements wait for a seal", step)
+		var rep Report
+		ok := stacktest.Eventually(t, 60*time.Second, 250*time.Millisecond, func() bool {
+			latest, err := kafka.ReadLatest(ctx, stacktest.Brokers(), tp.Checkpoints)
+			require.NoError(t, err)
+			var ext []External
+			for k, v := range latest {
+				if k != CoverageKey {
+					ext = append(ext, External{Source: "topic", Note: v})
+				}
+			}
+			rep, err = Verify(ctx, conn, db, Keys{Anchors: []ed25519.PublicKey{pubOf(key)}}, Filter{Checkpoints: ext})
+			require.NoError(t, err)
+			require.Empty(t, rep.Problems, "%s: %v", step, rep.Problems)
+			return rep.UnsealedEvents == 0
+		})
+		require.True(t, ok, "%s: %d events not sealed after a minute", step, rep.UnsealedEvents)
+		assert.Equal(t, int(e.count("SELECT count() FROM "+db+".events FINAL")), rep.SealedEvents, step)
+		t.Logf("%s: %d checkpoints, %d leaves, %d sealed events", step, rep.Checkpoints, rep.Leaves, rep.SealedEvents)
 		return rep
 	}
+	check("first")
 
-	require.Eventually(t, func() bool {
-		return e.count("SELECT count() FROM "+db+".events WHERE type = 'audit.sealed'") >= 2
-	}, 30*time.Second, 100*time.Millisecond, "the announcements of the first seals are ingested")
-	_, err = operator.SealNow(ctx)
-	require.NoError(t, err)
-	rep := check("first seals")
-	assert.GreaterOrEqual(t, rep.SealedEvents, len(first))
-
-	// A replay: every event produced again.
+	// A replay: every event produced again. No leaf is added for what is stored.
+	leaves := e.count("SELECT count() FROM " + db + ".log_index")
 	e.produce(first)
 	e.drained()
 	check("replay")
+	assert.Equal(t, leaves, e.count("SELECT count() FROM "+db+".log_index"), "a replay adds no leaf")
 
-	// A consumer restarted mid-stream, twice.
+	// A consumer restarted mid-stream, twice, while the operator's `audit seal` takes
+	// the topic over from serve's sealer.
+	operator, _ := kafkaSealer(t, conn, db, topic, e.group, key, 1, time.Minute)
 	second := workload("b", 200, now.Add(-time.Hour))
 	for i, part := range [][]schema.Event{second[:70], second[70:140], second[140:]} {
 		e.produce(part)
@@ -152,8 +172,9 @@ func TestIntegrationSealPipeline(t *testing.T) {
 		}
 	}
 	e.drained()
-	_, err = operator.SealNow(ctx) // the operator at the same time as serve's sealer
+	res, err := operator.SealNow(ctx)
 	require.NoError(t, err)
+	t.Logf("operator: %+v", res)
 	check("restarts")
 
 	// A reprice with other prices rewrites usage rows, not the trail.
@@ -170,105 +191,32 @@ func TestIntegrationSealPipeline(t *testing.T) {
 	assert.Positive(t, rp.Changed)
 	check("reprice")
 
-	// Serve stops: ingest first, then the sealer's last seal.
-	time.Sleep(1500 * time.Millisecond)
+	// An insert attempt that stored the events but not the batch (retried later):
+	// an earlier copy of rows whose leaf is the retry's.
+	var r store.EventRow
+	rows, err := conn.Query(ctx, "SELECT "+eventCols+" FROM "+db+".events WHERE id = 'b-msg-4'")
+	require.NoError(t, err)
+	require.True(t, rows.Next())
+	require.NoError(t, scanEvent(rows, &r))
+	rows.Close()
+	r.IngestedAt = r.IngestedAt.Add(-5 * time.Second)
+	insert(t, conn, db, []store.EventRow{r})
+	check("an earlier copy")
+
+	// Serve stops: ingest first, then the sealer's last run.
 	stopIngest()
 	stopRun()
 	runWG.Wait()
-	rep = check("stopped")
-	assert.Zero(t, rep.UnsealedEvents-int(e.count("SELECT count() FROM "+db+".events WHERE type = 'audit.sealed' AND ingested_at >= (SELECT max(through) FROM "+db+".seals)")),
-		"only announcements ingested after the last seal are left unsealed")
-	sealedAnnouncements := e.count("SELECT count() FROM " + db + ".seal_entries WHERE id LIKE 'seal-%'")
-	assert.Positive(t, sealedAnnouncements, "audit.sealed events are part of the trail and sealed too")
-	assert.Positive(t, e.count("SELECT count() FROM "+db+".seal_entries WHERE org_id = ''"), "the org \"\" chain")
+	rep := check("stopped")
+	assert.Positive(t, e.count("SELECT count() FROM "+db+".log_leaves WHERE org_id = ''"), "the log of events without an organization")
+	latest, err := kafka.ReadLatest(ctx, stacktest.Brokers(), tp.Checkpoints)
+	require.NoError(t, err)
+	assert.Contains(t, latest, CoverageKey, "a coverage note is published")
+	assert.Len(t, rep.Heads, len(latest)-1, "the topic has every organization's checkpoint")
 
 	// Tampering through the same path is still caught.
 	mutate(t, conn, db, "events", "UPDATE data = '{}' WHERE id = 'b-msg-5'")
-	rep = verify(t, conn, db, pubOf(key), Filter{})
+	rep, err = Verify(ctx, conn, db, Keys{Anchors: []ed25519.PublicKey{pubOf(key)}}, Filter{})
+	require.NoError(t, err)
 	assert.Equal(t, []string{"modified b-msg-5"}, kinds(rep))
-	// Cutting off the newest seals of org-1 is caught by the announcement of the first
-	// one removed, which is in the trail.
-	// (An announcement counts once it is older than verify's clock-skew allowance.)
-	var seq uint64
-	require.Eventually(t, func() bool {
-		require.NoError(t, conn.QueryRow(ctx, "SELECT max(s.seq) FROM "+db+".seals AS s WHERE s.org_id = 'org-1' AND concat('seal-', s.hash) IN (SELECT id FROM "+db+".events WHERE type = 'audit.sealed' AND ingested_at < now() - 31)").Scan(&seq))
-		return seq > 0
-	}, 45*time.Second, 500*time.Millisecond)
-	mutate(t, conn, db, "seals", fmt.Sprintf("DELETE WHERE org_id = 'org-1' AND seq >= %d", seq))
-	rep = verify(t, conn, db, pubOf(key), Filter{})
-	assert.Contains(t, kinds(rep), fmt.Sprintf("missing seal:org-1:%d", seq))
-}
-
-// An idle trail converges. Each seal is announced by an audit.sealed event, which
-// ingest stores and the next run seals; a seal of announcements only is not announced
-// in its turn, so the run after that finds nothing new — instead of one new seal per
-// organization every run, forever.
-func TestIntegrationSealIdle(t *testing.T) {
-	conn, db := testDB(t)
-	topic := stacktest.Topic(t, 1)
-	p, err := kafka.NewProducer(kafka.ProducerConfig{Brokers: stacktest.Brokers(), Topic: topic})
-	require.NoError(t, err)
-	t.Cleanup(func() { p.Close() })
-	e := &pipelineEnv{t: t, conn: conn, db: db, topic: topic, group: "ingest-" + topic, p: p}
-	key := testKey(t)
-	ctx := context.Background()
-	stacktest.RunIngest(t, topic, conn, db, e.group)
-	e.produce(workload("a", 12, time.Now().UTC().Add(-time.Hour)))
-	e.drained()
-
-	s := newSealer(t, conn, db, key, p) // settle 1 s
-	var runs []Result
-	for range 5 {
-		time.Sleep(2100 * time.Millisecond) // rows stamped in second S are eligible once floor(now) − 1 s > S
-		res, err := s.SealNow(ctx)
-		require.NoError(t, err)
-		runs = append(runs, res)
-		e.drained() // its announcements are stored
-	}
-	t.Logf("runs: %+v", runs)
-	orgs := runs[0].Orgs
-	require.Positive(t, orgs)
-	// The workload: one seal per organization, announced.
-	assert.Equal(t, orgs, runs[0].Seals)
-	assert.Equal(t, runs[0].Seals, runs[0].Emitted)
-	assert.Zero(t, runs[0].Unannounced)
-	// Its announcements, one per organization: sealed, not announced.
-	assert.Equal(t, Result{Seals: orgs, Events: orgs, Orgs: orgs, Through: runs[1].Through, Unannounced: orgs}, runs[1])
-	for i, res := range runs[2:] {
-		assert.Zero(t, res.Seals, "run %d", i+3)
-		assert.Zero(t, res.Emitted, "run %d", i+3)
-	}
-	assert.Equal(t, uint64(orgs), e.count("SELECT count() FROM "+db+".events WHERE type = 'audit.sealed'"))
-
-	// serve's loop, every second for a few seconds: nothing to seal either.
-	seals := e.count("SELECT count() FROM " + db + ".seals")
-	runCtx, stop := context.WithTimeout(ctx, 4*time.Second)
-	defer stop()
-	require.NoError(t, newSealer(t, conn, db, key, p, func(c *Config) { c.Every = time.Second }).Run(runCtx))
-	e.drained()
-	assert.Equal(t, seals, e.count("SELECT count() FROM "+db+".seals"))
-	assert.Equal(t, uint64(2*orgs), seals)
-
-	rep := verify(t, conn, db, pubOf(key), Filter{})
-	assert.Empty(t, rep.Problems)
-	assert.Zero(t, rep.UnsealedEvents)
-	assert.Equal(t, int(e.count("SELECT count() FROM "+db+".events FINAL")), rep.SealedEvents)
-
-	// New traffic is sealed and announced again, and the trail settles again.
-	e.produce(workload("b", 4, time.Now().UTC().Add(-time.Hour)))
-	e.drained()
-	for i, want := range []int{orgs, 0} {
-		time.Sleep(2100 * time.Millisecond)
-		res, err := s.SealNow(ctx)
-		require.NoError(t, err)
-		assert.Equal(t, want, res.Emitted, "run %d after new traffic", i+1)
-		e.drained()
-	}
-	time.Sleep(2100 * time.Millisecond)
-	res, err := s.SealNow(ctx)
-	require.NoError(t, err)
-	assert.Zero(t, res.Seals)
-	rep = verify(t, conn, db, pubOf(key), Filter{})
-	assert.Empty(t, rep.Problems)
-	assert.Zero(t, rep.UnsealedEvents)
 }

@@ -1,163 +1,135 @@
-// Package seal owns the tamper-evident audit trail: sealing what ingest stored in the
-// events table into signed, chained seals, and verifying the trail against them
-// (CloudTrail's log-file validation is the model).
+// Package seal owns the tamper-evident audit trail: sealing what ingest stored into
+// each organization's transparency log (tlog: an RFC 6962 Merkle tree with checkpoints
+// signed by the audit key), verifying the trail against the log, and exporting
+// selections that prove themselves offline.
 //
-// # Seals
+// # Threat model
 //
-// Each organization (org_id "" too) has a chain of seals, seq 1, 2, …. A seal covers a
-// set of event rows: seal_entries holds each row's key (org, time, id) and the
-// SealDigest of its content as sealed; the seal's root is a hash over those entries
-// (Root), prev is the previous seal's hash, hash is the SHA-256 of the seal's content
-// (Content) and signature is the Ed25519 signature of that content with the audit key.
+// The attacker can write to ClickHouse (every table, bookkeeping included) but does
+// not hold the audit private key, and cannot write to Kafka. So nothing read from
+// ClickHouse is trusted until it is checked against a signed checkpoint, and what the
+// sealer appends does not come from ClickHouse at all.
 //
-// # Announcements
+// # What is sealed
 //
-// A seal is also produced to Kafka as an audit.sealed event (source bandplane-audit)
-// carrying every field, so the chain can be checked from the topic alone, and verify
-// reports a seal that an audit.sealed event names but the seals table lacks. Those
-// events land in the trail and are sealed in their turn — but a seal whose entries
-// are all audit.sealed events is not announced: the chain already authenticates them
-// (each names a seal verify checks), and announcing it would give the next run a new
-// row to seal, and so on, one seal per run forever on an idle trail. So an idle trail
-// converges: the run after a burst seals its announcements, silently, and the runs
-// after that find nothing. Such a seal is stored, chained and signed like any other;
-// only the topic does not show it (Result.Unannounced counts them), so the newest
-// seal that verify can miss (see below) may be one of those.
+// Ingest, once a batch is in ClickHouse and before it commits the batch's offsets,
+// produces a note (tlog.Leaf) for every event row it stored to the stored-events topic,
+// keyed by organization. The sealer reads that topic as a consumer group (one sealer
+// holds an organization at a time) and appends each note as a leaf of the
+// organization's log, then signs a checkpoint of the new size. A row inserted into
+// ClickHouse by hand has no note, so it never becomes a leaf; verify reports it.
 //
-// # What a run seals
+// A leaf commits to the row's key, the digest of its content (store.EventRow.
+// SealDigest) and ingest's bookkeeping: ingested_at and the Kafka partition and offset.
+// Ingest stamps ingested_at at each insert attempt, and notes only the attempt that
+// stored the whole batch, so an earlier attempt may have left a copy of a row with an
+// earlier ingested_at; a copy is genuine when its content and Kafka record match a leaf
+// of its key and its ingested_at is not after that leaf's (verify).
 //
-// A run takes W = the database's now() − Settle and seals the event rows whose
-// ingested_at lies in [L − lookback, W), where L is the latest through of any seal,
-// less those already sealed. The rows are read in chunks of ingested_at (at most
-// MaxEntries rows and Margin/2 of ingested_at each, so memory is bounded), in order.
-// The seals of a chunk claim through = the chunk's start, except the last one written,
-// which claims its end once every organization of the chunk is sealed. So at any time
-// every stored row ingested before the latest through is sealed, however a run (or
-// several sealers at once) stopped, and a run only has to look back for rows that
-// landed late.
+// # Checkpoints
 //
-// Ingest stamps ingested_at at each insert attempt, so a row lands a few seconds
-// after its ingested_at. It does not write a replayed or redelivered event that is
-// already stored, but it may store a row again: a batch insert retried after one of
-// its tables failed, or bisected after ClickHouse refused a record, inserts the
-// batch's event rows again, same content, newer ingested_at (a retry after a long
-// back-off may come minutes later). A copy that lands before its row is sealed is
-// the same candidate; one that lands after is found among the entries of recent
-// seals and skipped, or, when the seal holding the first copy is older than the
-// stretch of ingest the run reads (sealedKeys), sealed again: two equal entries of
-// one row key. Verify reads events FINAL, one row per key, which matches both
-// entries and counts once.
+// A checkpoint is a C2SP tlog-checkpoint note signed by the audit key, as the log and
+// with a timestamped cosignature (tlog). Each size an organization's log reaches is
+// stored in the checkpoints table and produced to the checkpoints topic (compacted,
+// keyed by organization), so that a truncation or a rollback of ClickHouse is caught
+// by anyone who kept a checkpoint: the topic, a witness, an auditor's file. Every run
+// also signs a fresh checkpoint of the same size for each organization with nothing
+// new, to the topic only: the topic's checkpoint of an idle organization says how
+// large its log still was at that time.
 //
-// The lookback is 2·Settle, except for one run every Margin/2 (and the first run of
-// a process, the run after a failed one, and every SealNow), which looks back the
-// whole Margin (10 min): a row that lands up to Margin/2 after its ingested_at (a slow
-// insert, clock skew between an ingest host and ClickHouse) is still sealed, and
-// verify never calls it unexpected meanwhile.
-//
-// # Concurrent sealers
-//
-// ClickHouse has no transactions and no lock that excludes a paused process, so
-// instead of a lock two sealers running at once are made harmless. Seals are keyed by
-// (org_id, seq, hash) and entries by their seal's hash, so two seals made at once with
-// the same seq are stored side by side (a fork) instead of mixing; both are signed, link
-// to a stored seal, and each one's entries match its root, so verify accepts them. An
-// event sealed by both has two equal entries. The next seal links to the head with the
-// smaller hash, so sealers converge. A sealer re-reads its head before writing each seal
-// and starts over if another sealer moved it, which makes forks rare; identical seals
-// (Ed25519 is deterministic) collapse into one row.
-//
-// # Verify
-//
-// Verify checks each chain (hash and signature of every seal, prev links, seq without
-// gaps), recomputes each seal's root from its entries, and compares every entry with
-// the row in events FINAL: a row that is gone is missing, a row whose digest differs is
-// modified, and a row in no seal is unexpected when it was ingested before the
-// watermark less Margin (or more than Margin in the future) — otherwise it is merely
-// not sealed yet.
-//
-// # Export
-//
-// GET /v1/audit/export takes a selection of the sealed trail away with the seals and
-// entries that prove it and a signed manifest: see ExportFormat (export.go).
-//
-// # Retention
-//
-// `bandplane retention` drops whole daily partitions of events and records each run's
-// cut in retention_cuts (chdb.ApplyRetention): every row it dropped was older than
-// before. Given the audit key (--audit-key, env BANDPLANE_AUDIT_KEY) it signs the cut
-// (CutSigner: Ed25519 over CutContent — table, before, at, partitions). Verify
-// honours only cuts whose signature verifies with the key it was given, and a sealed
-// event whose row is gone is expired, not missing, only when an honoured cut covers
-// its time, that cut was recorded after the event's seal (less 30 s of clock skew),
-// and no row of the event's day (its toYYYYMMDD(time) partition) is left in events:
-// retention drops whole days, a DELETE leaves the day's other rows. Everything else
-// stays missing, and the problem's reason says which condition failed. Without the
-// key retention still drops and records an unsigned cut, and warns that verify will
-// report the sealed events it dropped as missing: an unsigned cut is exactly what a
-// forger could insert by hand, so verify cannot tell them apart.
-//
-// What it cannot see: a row inserted with a recent ingested_at is sealed like any
-// other; the newest seal and the rows after it can be removed together with its
-// audit.sealed event, if it had one (compare the chain head with the topic or an
-// earlier verify); a whole day removed under a signed cut that covers it reads as
-// expired, but the retention run that made the cut dropped every such day anyway.
+// The sealer trusts only checkpoints that verify with its key ring: a forged, unsigned
+// or foreign row in checkpoints never becomes a head. It also checks what ClickHouse
+// holds against the newest checkpoint the topic has (Config.Published): a log shorter
+// than the topic's checkpoint was rolled back, one with another root was forked, and a
+// stored tree whose right edge does not give the head's root was edited. It seals
+// nothing of such an organization, logs why at every run, and keeps its notes
+// uncommitted, so the unsealed age (a metric, and an alert rule) grows.
 package seal
 
 import (
+	"bytes"
 	"context"
 	"crypto/ed25519"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
 	"regexp"
 	"slices"
-	"sort"
+	"sync"
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"github.com/prometheus/client_golang/prometheus"
+	kafkago "github.com/segmentio/kafka-go"
+	"github.com/transparency-dev/merkle/compact"
 
+	"github.com/bandplane/bandplane/ingest/seal/tlog"
 	"github.com/bandplane/bandplane/ingest/store"
-	"github.com/bandplane/bandplane/schema"
 )
 
 // Defaults of Config.
 const (
-	DefaultEvery      = time.Minute
-	DefaultSettle     = 10 * time.Second
-	DefaultMargin     = 10 * time.Minute
-	DefaultMaxEntries = 100_000
+	DefaultEvery     = time.Minute
+	DefaultMaxLeaves = 100_000
+	// DefaultMargin is how long after its ingested_at a row may still lack a leaf
+	// without verify calling it unexpected: the time from an insert attempt to the
+	// run that seals its note, with room for a slow insert and for clock skew between
+	// an ingest host and ClickHouse.
+	DefaultMargin = 10 * time.Minute
 )
 
-// Source is the source of the audit.sealed events.
-const Source = schema.SourceBandplane + "-audit"
+// NoteSource is the stored-events topic as the sealer reads it (ingest/kafka.
+// GroupReader implements it): messages keyed by organization, each notes
+// (tlog.EncodeNotes). Drain blocks until it has returned every message of the
+// partitions this member holds that was produced before the call, from where the
+// group last committed, at most max of them; more says it stopped at max. Commit
+// acknowledges everything the last Drain returned. Holds says whether this member
+// held the topic at the last Drain: the group gives the whole topic to one sealer (an
+// operator's `audit seal` takes it over from serve's while it runs), and a sealer that
+// holds nothing signs nothing, not even fresh checkpoints, which would claim a size
+// the other sealer has moved past.
+type NoteSource interface {
+	Drain(ctx context.Context, max int) (msgs []kafkago.Message, more bool, err error)
+	Commit(ctx context.Context) error
+	Holds() bool
+}
 
-// Producer writes audit events (ingest/kafka.Producer implements it). Produce blocks
-// until every event is acknowledged, or returns an error (some may have been written;
-// the call is retried whole, which the event ids make harmless).
-type Producer interface {
-	Produce(ctx context.Context, events []schema.Event) error
+// Publisher writes checkpoints to the checkpoints topic, keyed by organization (ingest/
+// kafka.Producer implements it); it returns once every one is acknowledged.
+type Publisher interface {
+	ProduceMessages(ctx context.Context, msgs []kafkago.Message) error
 }
 
 // Config configures a Sealer.
 type Config struct {
 	Conn     driver.Conn
 	Database string
-	Key      ed25519.PrivateKey
-	Producer Producer // the audit.sealed events
-	Every    time.Duration
-	// Settle is how long after its ingested_at a row is expected to be stored; rows
-	// ingested in the last Settle wait for the next run.
-	Settle time.Duration
-	// Margin is how far before the last watermark a run looks again, every Margin/2,
-	// for rows that landed later than Settle: a row may land up to Margin/2 after its
-	// ingested_at. Verify must use the same margin (or a larger one).
-	Margin     time.Duration
-	MaxEntries int // entries per seal (a run makes as many seals as it needs)
-	Logger     *slog.Logger
-	Registerer prometheus.Registerer // nil: no metrics
+	// Prefix is the deployment's origin prefix (tlog.DefaultPrefix(Database) when
+	// empty): the key name of its checkpoints.
+	Prefix string
+	Key    ed25519.PrivateKey
+	// Anchors are further audit keys the sealer trusts (the key ring's anchors besides
+	// Key): the previous key right after a rotation needs none, its rotation record
+	// links it.
+	Anchors   []ed25519.PublicKey
+	Notes     NoteSource
+	Publisher Publisher
+	// Published reads the newest checkpoint of every organization from the
+	// checkpoints topic (nil: not compared).
+	Published func(ctx context.Context) (map[string][]byte, error)
+	// Ingested, when set, reads the ingest group's committed offsets on the events
+	// topic (IngestTopic, IngestGroup) before each run: a run that seals every note
+	// produced before it then publishes them as a signed coverage note (tlog.Coverage).
+	Ingested    func(ctx context.Context) (map[int]int64, error)
+	IngestTopic string
+	IngestGroup string
+	Every       time.Duration
+	MaxLeaves   int // leaves per checkpoint (a run signs as many as it needs)
+	Logger      *slog.Logger
+	// Registerer gets the sealer's metrics (nil: none).
+	Registerer prometheus.Registerer
+	Now        func() time.Time
 }
 
 var identRe = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
@@ -171,511 +143,583 @@ func (c *Config) Validate() error {
 	if !identRe.MatchString(c.Database) {
 		errs = append(errs, fmt.Errorf("seal: database %q is not a plain identifier", c.Database))
 	}
+	if c.Prefix != "" {
+		if err := tlog.CheckPrefix(c.Prefix); err != nil {
+			errs = append(errs, fmt.Errorf("seal: --audit-origin: %w", err))
+		}
+	}
 	if len(c.Key) != ed25519.PrivateKeySize {
 		errs = append(errs, errors.New("seal: no Ed25519 private key (--audit-key)"))
 	}
-	if c.Producer == nil {
-		errs = append(errs, errors.New("seal: no producer for the audit.sealed events"))
+	if c.Notes == nil {
+		errs = append(errs, errors.New("seal: no source of the stored-events notes"))
+	}
+	if c.Publisher == nil {
+		errs = append(errs, errors.New("seal: no publisher for the checkpoints"))
 	}
 	if c.Every < 0 || c.Every > 0 && c.Every < time.Second {
 		errs = append(errs, fmt.Errorf("seal: --seal-every must be at least 1s, got %s", c.Every))
 	}
-	if c.Settle < 0 {
-		errs = append(errs, fmt.Errorf("seal: settle must not be negative, got %s", c.Settle))
-	}
-	if c.Margin < 0 || c.Margin > 0 && c.Margin < 2*time.Second {
-		errs = append(errs, fmt.Errorf("seal: margin must be at least 2s, got %s", c.Margin))
-	}
-	if c.MaxEntries < 0 {
-		errs = append(errs, fmt.Errorf("seal: max entries must not be negative, got %d", c.MaxEntries))
+	if c.MaxLeaves < 0 {
+		errs = append(errs, fmt.Errorf("seal: max leaves must not be negative, got %d", c.MaxLeaves))
 	}
 	return errors.Join(errs...)
 }
 
-// Sealer seals the audit trail of one database.
-type Sealer struct {
-	cfg      Config
-	pub      ed25519.PublicKey
-	log      *slog.Logger
-	m        *metrics
-	pending  []schema.Event // audit.sealed events not yet acknowledged by Kafka
-	lastFull time.Time      // when a run last looked back the whole Margin; zero: the next one must
+// orgLog is what the sealer holds of one organization's log: its verified head and
+// the compact range of its tree at that size, or why it refuses to extend it.
+type orgLog struct {
+	head    tlog.Checkpoint // zero Size: an empty log
+	rng     *compact.Range
+	refused string
 }
 
-// maxPending bounds the audit.sealed events kept for a later attempt while Kafka is
-// down; one that is dropped costs nothing but its announcement (the seal is stored).
+// Sealer seals the audit trail of one database.
+type Sealer struct {
+	cfg    Config
+	signer *tlog.Signer
+	db     logDB
+	log    *slog.Logger
+	m      *metrics
+
+	orgs      map[string]*orgLog
+	published map[string][]byte // newest notes on the checkpoints topic, read by the first run
+	read      bool              // published was read
+	pending   []kafkago.Message // checkpoints Kafka has not acknowledged yet
+
+	mu       sync.Mutex
+	caughtUp time.Time // the start of the last run that sealed every note produced before it
+}
+
+// maxPending bounds the checkpoints kept for a later attempt while Kafka is down; a
+// dropped one costs only its copy on the topic (it is stored in ClickHouse, and the
+// next run's checkpoint supersedes it).
 const maxPending = 10_000
+
+// drainMessages bounds the notes messages one step of a run holds (each up to
+// tlog.MaxNotesBytes).
+const drainMessages = 256
 
 func New(cfg Config) (*Sealer, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	if cfg.Prefix == "" {
+		cfg.Prefix = tlog.DefaultPrefix(cfg.Database)
+	}
 	if cfg.Every == 0 {
 		cfg.Every = DefaultEvery
 	}
-	if cfg.Settle == 0 {
-		cfg.Settle = DefaultSettle
+	if cfg.MaxLeaves == 0 {
+		cfg.MaxLeaves = DefaultMaxLeaves
 	}
-	if cfg.Margin == 0 {
-		cfg.Margin = DefaultMargin
-	}
-	if cfg.MaxEntries == 0 {
-		cfg.MaxEntries = DefaultMaxEntries
+	if cfg.Now == nil {
+		cfg.Now = time.Now
 	}
 	log := cfg.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	pub := cfg.Key.Public().(ed25519.PublicKey)
-	return &Sealer{cfg: cfg, pub: pub, log: log.With("component", "sealer", "key_id", KeyID(pub)), m: newMetrics(cfg.Registerer)}, nil
+	signer, err := tlog.NewSigner(cfg.Prefix, cfg.Key)
+	if err != nil {
+		return nil, err
+	}
+	s := &Sealer{cfg: cfg, signer: signer, db: logDB{conn: cfg.Conn, db: cfg.Database},
+		log:  log.With("component", "sealer", "key_id", signer.KeyID(), "origin_prefix", cfg.Prefix),
+		orgs: map[string]*orgLog{}, published: map[string][]byte{}, caughtUp: cfg.Now()}
+	s.m = newMetrics(cfg.Registerer, s.unsealedAge, s.refusedOrgs)
+	return s, nil
 }
 
-// Result says what one SealNow did.
+// unsealedAge bounds the age of the oldest unsealed event: every note produced before
+// the start of the last run that drained its notes and refused no organization is in
+// the log (a row's note follows its insert by the insert's duration).
+func (s *Sealer) unsealedAge() float64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cfg.Now().Sub(s.caughtUp).Seconds()
+}
+
+func (s *Sealer) refusedOrgs() float64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, o := range s.orgs {
+		if o.refused != "" {
+			n++
+		}
+	}
+	return float64(n)
+}
+
+// Keys of the checkpoints topic that are not organizations (whose ids hold no control
+// character): the coverage note, and each key rotation record.
+const (
+	CoverageKey       = "\x00coverage"
+	RotationKeyPrefix = "\x00rotation:"
+)
+
+// Result says what one run did.
 type Result struct {
-	Seals   int       `json:"seals"`
-	Events  int       `json:"events"`
-	Orgs    int       `json:"orgs"`
-	Through time.Time `json:"through,omitzero"` // the latest through written
-	Emitted int       `json:"emitted"`          // audit.sealed events acknowledged
-	Retries int       `json:"retries"`          // starts over because another sealer moved a head
-	// Unannounced counts the seals made without an audit.sealed event: those whose
-	// entries are all audit.sealed events (package doc, "Announcements").
-	Unannounced int `json:"unannounced"`
+	Checkpoints int `json:"checkpoints"` // of new sizes, stored and published
+	Leaves      int `json:"leaves"`      // appended
+	Duplicates  int `json:"duplicates"`  // notes of rows already in the log
+	Orgs        int `json:"orgs"`        // organizations whose log grew
+	Fresh       int `json:"fresh"`       // checkpoints of unchanged logs, published only
+	Published   int `json:"published"`   // checkpoints the topic acknowledged
+	// Idle says another sealer holds the stored-events topic: this one sealed nothing.
+	Idle bool `json:"idle,omitempty"`
+	// Covered is the events topic's coverage this run published (partition: offset).
+	Covered map[int]int64 `json:"covered,omitempty"`
+	// Refused names the organizations whose log the sealer would not extend, and why.
+	Refused map[string]string `json:"refused,omitempty"`
 }
 
-// Run seals every Every (the first time at once) until ctx ends, then once more
-// without settle — the caller stops ingest first, so that seal covers its last flush —
-// and returns that seal's error.
+// Run seals every Every (the first time at once) until ctx ends, then once more — the
+// caller stops ingest first, so that run seals its last batches — and returns that
+// run's error.
 func (s *Sealer) Run(ctx context.Context) error {
 	t := time.NewTicker(s.cfg.Every)
 	defer t.Stop()
-	s.runOnce(ctx, s.cfg.Settle)
+	s.runOnce(ctx)
 	for {
 		select {
 		case <-ctx.Done():
 			final, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
 			defer cancel()
-			// No settle: up to the end of the current second. A row of another process
-			// that lands later with an earlier ingested_at is within the next run's margin.
-			return s.runOnce(final, -time.Second)
+			return s.runOnce(final)
 		case <-t.C:
-			s.runOnce(ctx, s.cfg.Settle)
+			s.runOnce(ctx)
 		}
 	}
 }
 
-func (s *Sealer) runOnce(ctx context.Context, settle time.Duration) error {
-	res, err := s.seal(ctx, settle, false)
+func (s *Sealer) runOnce(ctx context.Context) error {
+	res, err := s.SealNow(ctx)
 	if err != nil {
 		if ctx.Err() == nil {
-			s.log.Error("cannot seal the audit trail", "err", err, "seals", res.Seals)
+			s.log.Error("cannot seal the audit trail", "err", err, "checkpoints", res.Checkpoints)
 		}
 		return err
 	}
-	if res.Seals > 0 {
-		s.log.Info("sealed the audit trail", "seals", res.Seals, "unannounced", res.Unannounced, "events", res.Events, "orgs", res.Orgs, "through", res.Through)
+	if res.Checkpoints > 0 {
+		s.log.Info("sealed the audit trail", "checkpoints", res.Checkpoints, "leaves", res.Leaves, "orgs", res.Orgs,
+			"duplicates", res.Duplicates, "fresh", res.Fresh)
 	}
 	return nil
 }
 
-// SealNow seals what was ingested up to Settle ago, looking back the whole Margin for
-// rows that landed late (an operator's `audit seal` is thorough, not cheap), and
-// produces the audit.sealed events (with those a failed earlier call could not).
-func (s *Sealer) SealNow(ctx context.Context) (Result, error) { return s.seal(ctx, s.cfg.Settle, true) }
-
-var errHeadMoved = errors.New("another sealer moved the chain head")
-
-const maxAttempts = 5
-
-func (s *Sealer) seal(ctx context.Context, settle time.Duration, thorough bool) (Result, error) {
-	start := time.Now()
-	var res Result
-	var events []schema.Event
-	// Most runs look back only 2·Settle before the watermark; a run every Margin/2 (and
-	// the first of the process, and the one after a failure) looks back the whole
-	// Margin for rows that landed late. Re-reading Margin of ingest every run would
-	// cost Margin/Every times the rows that are new.
-	full := thorough || s.lastFull.IsZero() || time.Since(s.lastFull) >= s.cfg.Margin/2
-	lookback := 2 * s.cfg.Settle
-	if full {
-		lookback = s.cfg.Margin
+// SealNow appends every note produced before the call to its organization's log,
+// signs the checkpoints, publishes them (and those a failed earlier run could not),
+// and commits the notes.
+func (s *Sealer) SealNow(ctx context.Context) (Result, error) {
+	start := s.cfg.Now()
+	res := Result{Refused: map[string]string{}}
+	err := s.run(ctx, &res)
+	s.m.observe(res, err, s.cfg.Now().Sub(start))
+	if len(res.Refused) == 0 {
+		res.Refused = nil
 	}
-	var err error
-	for attempt := 1; ; attempt++ {
-		var made []schema.Event
-		made, err = s.attempt(ctx, settle, lookback, &res)
-		events = append(events, made...)
-		if !errors.Is(err, errHeadMoved) {
-			break
-		}
-		res.Retries++
-		err = nil
-		if attempt == maxAttempts {
-			// The other sealer is doing the work; what is left is sealed next time.
-			s.log.Info("another sealer keeps sealing; leaving the rest to it", "attempts", attempt)
-			break
-		}
-	}
-	switch {
-	case err != nil:
-		s.lastFull = time.Time{} // a chunk may be half sealed: look back whole next time
-	case full:
-		s.lastFull = start
-	}
-	s.m.observe(res, err, time.Since(start))
-	s.pending = append(s.pending, events...)
-	if over := len(s.pending) - maxPending; over > 0 {
-		s.log.Warn("dropping audit.sealed events that kafka did not take (their seals are stored)", "dropped", over)
-		s.pending = slices.Delete(s.pending, 0, over)
-	}
-	if len(s.pending) > 0 {
-		if perr := s.cfg.Producer.Produce(ctx, s.pending); perr != nil {
-			s.m.errors.Inc()
-			err = errors.Join(err, fmt.Errorf("cannot produce %d audit.sealed events (their seals are stored; retried at the next seal): %w", len(s.pending), perr))
-		} else {
-			res.Emitted = len(s.pending)
-			s.pending = nil
-		}
+	// A sealer that holds nothing reports no age of its own: the one that holds the
+	// topic does.
+	if err == nil && res.Refused == nil {
+		s.mu.Lock()
+		s.caughtUp = start
+		s.mu.Unlock()
 	}
 	return res, err
 }
 
-// chunk is a stretch [start, end) of ingested_at, in Unix seconds, and the event times
-// of its rows.
-type chunk struct {
-	start, end int64
-	tmin, tmax time.Time
-	rows       uint64
-}
-
-// attempt makes one pass over the window; it stops with errHeadMoved when another
-// sealer sealed in between (the seals made so far are stored and returned).
-func (s *Sealer) attempt(ctx context.Context, settle, lookback time.Duration, res *Result) ([]schema.Event, error) {
-	conn, db := s.cfg.Conn, s.cfg.Database
-	now, err := serverNow(ctx, conn)
+func (s *Sealer) run(ctx context.Context, res *Result) error {
+	ring, err := s.ring(ctx)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	hs, watermark, err := heads(ctx, conn, db)
-	if err != nil {
-		return nil, err
+	// The ingest group's offsets before the notes: a batch committed below them had its
+	// notes acknowledged before, so the drain below reaches them.
+	var covered map[int]int64
+	var coveredAt time.Time
+	if s.cfg.Ingested != nil {
+		coveredAt = s.cfg.Now()
+		if covered, err = s.cfg.Ingested(ctx); err != nil {
+			return fmt.Errorf("cannot read the ingest group's offsets for the coverage note: %w", err)
+		}
 	}
-	hi := now.Add(-settle).Unix()
-	lo := int64(0)
-	if !watermark.IsZero() {
-		lo = max(0, watermark.Add(-lookback).Unix())
+	if !s.read && s.cfg.Published != nil {
+		if s.published, err = s.cfg.Published(ctx); err != nil {
+			return fmt.Errorf("cannot read the newest checkpoints from the checkpoints topic: %w", err)
+		}
+		s.read = true
 	}
-	if lo >= hi {
-		return nil, nil
+	if err := s.loadOrgs(ctx, ring); err != nil {
+		return err
 	}
-	chunks, err := s.plan(ctx, lo, hi)
-	if err != nil {
-		return nil, err
-	}
-	var out []schema.Event
-	orgs := map[string]bool{}
-	for _, c := range chunks {
-		entries, quiet, err := s.candidates(ctx, c)
+	grown := map[string]bool{}
+	for {
+		msgs, more, err := s.cfg.Notes.Drain(ctx, drainMessages)
 		if err != nil {
-			return out, err
+			return fmt.Errorf("cannot read the stored-events notes: %w", err)
 		}
-		chunkOrgs := slices.Sorted(maps.Keys(entries))
-		for oi, org := range chunkOrgs {
-			es := entries[org]
-			slices.SortFunc(es, compareEntries)
-			for len(es) > 0 {
-				n := min(len(es), s.cfg.MaxEntries)
-				// through claims that every row ingested before it is sealed. The seals
-				// of a chunk claim its start (earlier chunks are finished, for every
-				// organization); only the last one written claims the chunk's end, once
-				// the whole chunk is sealed. A run that stops inside a chunk thus never
-				// claims rows of the organizations it did not get to.
-				through := c.start
-				if oi == len(chunkOrgs)-1 && n == len(es) {
-					through = c.end
-				}
-				h := hs[org]
-				cur, err := orgHead(ctx, conn, db, org)
-				if err != nil {
-					return out, err
-				}
-				if cur != h {
-					return out, errHeadMoved
-				}
-				sl := &Seal{OrgID: org, Seq: h.seq + 1, Prev: h.hash, SealedAt: now, Through: time.Unix(through, 0).UTC(), Events: uint64(n)}
-				part := es[:n]
-				sl.FirstTime, sl.LastTime = part[0].Time.Truncate(time.Second), part[0].Time.Truncate(time.Second)
-				for i := range part {
-					t := part[i].Time.Truncate(time.Second)
-					if t.Before(sl.FirstTime) {
-						sl.FirstTime = t
-					}
-					if t.After(sl.LastTime) {
-						sl.LastTime = t
-					}
-				}
-				sl.Root = Root(part)
-				sl.sign(s.cfg.Key)
-				if err := writeSeal(ctx, conn, db, sl, part); err != nil {
-					return out, err
-				}
-				hs[org] = head{seq: sl.Seq, hash: sl.Hash}
-				if announces(org, part, quiet) {
-					out = append(out, sealEvent(sl))
-				} else {
-					res.Unannounced++
-				}
-				res.Seals++
-				res.Events += n
-				if sl.Through.After(res.Through) {
-					res.Through = sl.Through
-				}
-				orgs[org] = true
-				res.Orgs = len(orgs)
-				es = es[n:]
-			}
+		if !s.cfg.Notes.Holds() {
+			res.Idle = true
+			return nil
 		}
-	}
-	return out, nil
-}
-
-// plan splits [lo, hi) into chunks of at most MaxEntries rows and Margin/2 of
-// ingested_at (a single second may hold more rows than MaxEntries: then it is a chunk
-// of its own, sealed in several seals). Only stretches that hold rows are returned.
-func (s *Sealer) plan(ctx context.Context, lo, hi int64) ([]chunk, error) {
-	maxSpan := max(1, int64(s.cfg.Margin/time.Second)/2)
-	width := max(1, min(maxSpan, (hi-lo+999)/1000))
-	rows, err := s.cfg.Conn.Query(ctx, `SELECT intDiv(toUInt32(ingested_at), ?) AS b, count(), min(time), max(time)
-		FROM `+s.cfg.Database+`.events WHERE ingested_at >= ? AND ingested_at < ? GROUP BY b ORDER BY b`,
-		uint32(width), time.Unix(lo, 0).UTC(), time.Unix(hi, 0).UTC())
-	if err != nil {
-		return nil, fmt.Errorf("cannot count the rows ingested into %s.events in [%s, %s): %w", s.cfg.Database,
-			time.Unix(lo, 0).UTC().Format(time.RFC3339), time.Unix(hi, 0).UTC().Format(time.RFC3339), err)
-	}
-	type bucket struct {
-		b          uint32
-		n          uint64
-		tmin, tmax time.Time
-	}
-	var bs []bucket
-	for rows.Next() {
-		var b bucket
-		if err := rows.Scan(&b.b, &b.n, &b.tmin, &b.tmax); err != nil {
-			rows.Close()
-			return nil, fmt.Errorf("cannot read the ingest histogram of %s.events: %w", s.cfg.Database, err)
-		}
-		bs = append(bs, b)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	var out []chunk
-	var cur *chunk
-	flush := func() {
-		if cur != nil {
-			out = append(out, *cur)
-			cur = nil
-		}
-	}
-	for _, b := range bs {
-		bs, be := max(lo, int64(b.b)*width), min(hi, (int64(b.b)+1)*width)
-		if b.n > uint64(s.cfg.MaxEntries) && be-bs > 1 {
-			flush()
-			sub, err := s.plan(ctx, bs, be)
+		byOrg := map[string][]tlog.Leaf{}
+		for _, m := range msgs {
+			org := string(m.Key)
+			leaves, err := tlog.DecodeNotes(org, m.Value)
 			if err != nil {
-				return nil, err
+				// Only ingest writes the topic: a message it cannot have written is
+				// counted and skipped, never sealed.
+				s.m.badNotes.Inc()
+				s.log.Error("skipping a message of the stored-events topic that is not notes", "org_id", org, "err", err, "bytes", len(m.Value))
+				continue
 			}
-			out = append(out, sub...)
+			byOrg[org] = append(byOrg[org], leaves...)
+		}
+		blocked := false
+		for _, org := range slices.Sorted(maps.Keys(byOrg)) {
+			ol, err := s.org(ctx, ring, org)
+			if err != nil {
+				return err
+			}
+			if ol.refused != "" {
+				res.Refused[org] = ol.refused
+				blocked = true
+				continue
+			}
+			n, dups, err := s.appendOrg(ctx, ring, org, ol, byOrg[org], res)
+			if err != nil {
+				return err
+			}
+			res.Leaves += n
+			res.Duplicates += dups
+			if n > 0 {
+				grown[org] = true
+			}
+		}
+		if blocked {
+			// The refused organizations' notes must stay in the topic until an
+			// operator mends the log; the others' are sealed and come back as
+			// duplicates.
+			s.log.Error("not extending the logs of organizations whose stored log does not match their checkpoints (audit verify names what is wrong)",
+				"refused", fmt.Sprint(res.Refused))
+			break
+		}
+		if err := s.cfg.Notes.Commit(ctx); err != nil {
+			return fmt.Errorf("cannot commit the stored-events notes (they are sealed; a redelivery is recognised): %w", err)
+		}
+		if !more {
+			break
+		}
+	}
+	res.Orgs = len(grown)
+	if covered != nil && len(res.Refused) == 0 {
+		note, err := s.signer.SignCoverage(s.cfg.IngestTopic, s.cfg.IngestGroup, covered, coveredAt)
+		if err != nil {
+			return err
+		}
+		s.pending = append(s.pending, kafkago.Message{Key: []byte(CoverageKey), Value: note})
+		res.Covered = covered
+	}
+	// A fresh checkpoint of every other organization: the topic tells how large each
+	// log still was at this time.
+	for _, org := range slices.Sorted(maps.Keys(s.orgs)) {
+		ol := s.orgs[org]
+		if grown[org] || ol.refused != "" || ol.head.Size == 0 {
 			continue
 		}
-		if cur != nil && (cur.rows+b.n > uint64(s.cfg.MaxEntries) || be-cur.start > maxSpan) {
-			flush()
+		c, err := s.signer.Sign(org, ol.head.Size, ol.head.Root)
+		if err != nil {
+			return err
 		}
-		if cur == nil {
-			cur = &chunk{start: bs, tmin: b.tmin.UTC(), tmax: b.tmax.UTC()}
-		}
-		cur.end, cur.rows = be, cur.rows+b.n
-		if b.tmin.Before(cur.tmin) {
-			cur.tmin = b.tmin.UTC()
-		}
-		if b.tmax.After(cur.tmax) {
-			cur.tmax = b.tmax.UTC()
+		s.pending = append(s.pending, kafkago.Message{Key: []byte(org), Value: c.Note})
+		res.Fresh++
+	}
+	return s.publish(ctx, res)
+}
+
+func (s *Sealer) publish(ctx context.Context, res *Result) error {
+	if over := len(s.pending) - maxPending; over > 0 {
+		s.log.Warn("dropping checkpoints kafka did not take (they are stored in clickhouse, and newer ones follow)", "dropped", over)
+		s.pending = slices.Delete(s.pending, 0, over)
+	}
+	if len(s.pending) == 0 {
+		return nil
+	}
+	if err := s.cfg.Publisher.ProduceMessages(ctx, s.pending); err != nil {
+		return fmt.Errorf("cannot publish %d checkpoints to the checkpoints topic (retried at the next run): %w", len(s.pending), err)
+	}
+	res.Published = len(s.pending)
+	for _, m := range s.pending {
+		s.published[string(m.Key)] = m.Value
+	}
+	s.pending = nil
+	return nil
+}
+
+// ring is the key ring of this run: the sealer's key, the anchors, and the rotations
+// recorded in ClickHouse (each verifies on its own; an unverifiable one is logged).
+func (s *Sealer) ring(ctx context.Context) (*tlog.KeyRing, error) {
+	rot, err := s.db.rotations(ctx)
+	if err != nil {
+		return nil, err
+	}
+	ring, err := tlog.NewKeyRing(s.cfg.Prefix, append([]ed25519.PublicKey{s.signer.Public()}, s.cfg.Anchors...), rot)
+	if err != nil {
+		return nil, err
+	}
+	for _, p := range ring.Problems() {
+		s.log.Warn("ignoring a key rotation record", "problem", p)
+	}
+	return ring, nil
+}
+
+// loadOrgs learns the organizations that have checkpoints, so that each run signs a
+// fresh checkpoint of every one (only the first run finds any it does not know).
+func (s *Sealer) loadOrgs(ctx context.Context, ring *tlog.KeyRing) error {
+	if len(s.orgs) > 0 {
+		return nil
+	}
+	orgs, err := s.db.checkpointOrgs(ctx)
+	if err != nil {
+		return err
+	}
+	for _, org := range orgs {
+		if _, err := s.org(ctx, ring, org); err != nil {
+			return err
 		}
 	}
-	flush()
-	return out, nil
+	return nil
 }
 
-// announces says whether the seal of org over entries gets an audit.sealed event: not
-// when every entry is itself an audit.sealed event. The chain authenticates those (each
-// names a seal that verify checks), and announcing their seal would give the next run
-// a new row to seal, and so on: an idle trail would get a seal every run forever.
-func announces(org string, entries []Entry, quiet map[rowKey]bool) bool {
-	for i := range entries {
-		if !quiet[rowKey{org: org, id: entries[i].ID, sec: entries[i].Time.Unix()}] {
-			return true
+// maxForged bounds the unverifiable checkpoint rows the sealer reads past, above an
+// organization's head: more means the table needs audit verify, not a sealer.
+const maxForged = 20
+
+// head finds org's head in ClickHouse: the largest size whose checkpoint verifies with
+// the ring. Forged, unsigned or foreign rows above it are counted and logged.
+func (s *Sealer) head(ctx context.Context, ring *tlog.KeyRing, org string) (tlog.Checkpoint, string, error) {
+	rows, err := s.db.topCheckpoints(ctx, org, maxForged+1)
+	if err != nil {
+		return tlog.Checkpoint{}, "", err
+	}
+	for i, r := range rows {
+		c, err := ring.Open(r.Note)
+		if err == nil && c.Org == org && c.Size == r.Size {
+			return c, "", nil
+		}
+		why := "its size or organization differ from its row's"
+		if err != nil {
+			why = err.Error()
+		}
+		s.m.forged.Inc()
+		s.log.Error("ignoring a checkpoint row that does not verify (audit verify names it)", "org_id", org, "size", r.Size, "reason", why)
+		if i == maxForged {
+			return tlog.Checkpoint{}, fmt.Sprintf("more than %d checkpoint rows above the head do not verify", maxForged), nil
 		}
 	}
-	return false
+	return tlog.Checkpoint{Org: org, Origin: tlog.Origin(s.cfg.Prefix, org)}, "", nil
 }
 
-// isAnnouncement says whether a row is an audit.sealed event of a sealer.
-func isAnnouncement(r *store.EventRow) bool {
-	return r.Type == schema.TypeAuditSealed && r.Source == Source
+// org returns what the sealer holds of org's log, loading and checking it the first
+// time: the head in ClickHouse against the newest checkpoint on the topic, and the
+// stored right edge of the tree against the head's root.
+func (s *Sealer) org(ctx context.Context, ring *tlog.KeyRing, org string) (*orgLog, error) {
+	if ol := s.orgs[org]; ol != nil {
+		return ol, nil
+	}
+	head, refused, err := s.head(ctx, ring, org)
+	if err != nil {
+		return nil, err
+	}
+	ol := &orgLog{head: head, refused: refused}
+	s.mu.Lock()
+	s.orgs[org] = ol
+	s.mu.Unlock()
+	if refused != "" {
+		return ol, nil
+	}
+	if msg, ok := s.published[org]; ok {
+		if why := s.compareTopic(ctx, ring, org, &head, msg); why != "" {
+			s.refuse(ol, why)
+			return ol, nil
+		}
+	}
+	rng, err := tlog.LoadRange(ctx, s.db, org, head.Size)
+	if err != nil {
+		s.refuse(ol, fmt.Sprintf("the right edge of its tree at size %d cannot be read: %v", head.Size, err))
+		return ol, nil
+	}
+	if root := tlog.Root(rng); head.Size > 0 && !bytes.Equal(root, head.Root) {
+		s.refuse(ol, fmt.Sprintf("its stored tree does not give the root of its checkpoint at size %d", head.Size))
+		return ol, nil
+	}
+	ol.rng = rng
+	return ol, nil
 }
 
-type candidate struct {
-	entry    Entry
-	quiet    bool // the row is an audit.sealed event (isAnnouncement)
-	conflict bool // another copy of the row has other content
+func (s *Sealer) refuse(ol *orgLog, why string) {
+	s.mu.Lock()
+	ol.refused = why
+	s.mu.Unlock()
+	s.log.Error("refusing to extend an organization's log", "org_id", ol.head.Org, "reason", why)
 }
 
-// candidates reads the rows of a chunk that no seal covers yet, by organization, and
-// the keys of those that are audit.sealed events. It reads without FINAL (FINAL would
-// merge every row of the chunk's days) and keeps one copy of each row key; when copies
-// differ, FINAL decides, as verify will see it.
-func (s *Sealer) candidates(ctx context.Context, c chunk) (map[string][]Entry, map[rowKey]bool, error) {
-	conn, db := s.cfg.Conn, s.cfg.Database
-	sealed, err := sealedKeys(ctx, conn, db, c.start)
+// compareTopic says why ClickHouse's head of org does not extend the topic's newest
+// checkpoint msg, or "".
+func (s *Sealer) compareTopic(ctx context.Context, ring *tlog.KeyRing, org string, head *tlog.Checkpoint, msg []byte) string {
+	pub, err := ring.Open(msg)
+	if err != nil || pub.Org != org {
+		s.log.Warn("ignoring a checkpoint of the checkpoints topic that does not verify", "org_id", org, "err", err)
+		return ""
+	}
+	switch {
+	case pub.Size > head.Size:
+		return fmt.Sprintf("rolled back: the checkpoints topic has a checkpoint of %d leaves signed at %s, ClickHouse's log ends at %d",
+			pub.Size, pub.SignedAt.Format(time.RFC3339), head.Size)
+	case pub.Size == head.Size:
+		if !pub.Same(head) {
+			return fmt.Sprintf("forked: the checkpoints topic has another root at size %d", pub.Size)
+		}
+		return ""
+	}
+	pr, err := tlog.ConsistencyProof(ctx, s.db, org, pub.Size, head.Size)
+	if err == nil {
+		err = tlog.Extends(&pub, head, pr)
+	}
+	if err != nil {
+		return fmt.Sprintf("ClickHouse's log at size %d does not extend the checkpoints topic's checkpoint of size %d: %v", head.Size, pub.Size, err)
+	}
+	return ""
+}
+
+// appendOrg appends org's new notes in checkpoints of at most MaxLeaves leaves and
+// returns how many leaves it appended and how many notes were already in the log.
+func (s *Sealer) appendOrg(ctx context.Context, ring *tlog.KeyRing, org string, ol *orgLog, notes []tlog.Leaf, res *Result) (int, int, error) {
+	fresh, inners, err := s.dedupe(ctx, org, ol, notes)
+	if err != nil {
+		return 0, 0, err
+	}
+	dups := len(notes) - len(fresh)
+	appended := 0
+	for len(fresh) > 0 {
+		n := min(len(fresh), s.cfg.MaxLeaves)
+		if err := s.checkHead(ctx, ring, org, ol); err != nil {
+			return appended, dups, err
+		}
+		if ol.refused != "" {
+			res.Refused[org] = ol.refused
+			return appended, dups, nil
+		}
+		part, partInner := fresh[:n], inners[:n]
+		next := tlog.CloneRange(ol.rng) // the held range moves only once the checkpoint is stored
+		var nodes []node
+		for i := range part {
+			if err := next.Append(tlog.LeafHash(part[i].Time.UnixMilli(), partInner[i]), func(id compact.NodeID, h []byte) {
+				if id.Level > 0 {
+					nodes = append(nodes, node{id: id, hash: h})
+				}
+			}); err != nil {
+				return appended, dups, err
+			}
+		}
+		if err := s.db.appendLeaves(ctx, org, ol.head.Size, part, partInner, nodes); err != nil {
+			return appended, dups, err
+		}
+		c, err := s.signer.Sign(org, next.End(), tlog.Root(next))
+		if err != nil {
+			return appended, dups, err
+		}
+		if err := s.db.writeCheckpoint(ctx, &c); err != nil {
+			return appended, dups, err
+		}
+		ol.head, ol.rng = c, next
+		s.pending = append(s.pending, kafkago.Message{Key: []byte(org), Value: c.Note})
+		res.Checkpoints++
+		appended += n
+		fresh, inners = fresh[n:], inners[n:]
+	}
+	return appended, dups, nil
+}
+
+// checkHead re-reads org's head in ClickHouse just before an append: another sealer
+// that extended it (a consumer-group rebalance overlapping this run) makes this one
+// start over from what it wrote; a head below the sealer's own is a rollback.
+func (s *Sealer) checkHead(ctx context.Context, ring *tlog.KeyRing, org string, ol *orgLog) error {
+	cur, refused, err := s.head(ctx, ring, org)
+	if err != nil {
+		return err
+	}
+	switch {
+	case refused != "":
+		s.refuse(ol, refused)
+	case cur.Size < ol.head.Size:
+		s.refuse(ol, fmt.Sprintf("rolled back: this sealer signed a checkpoint of %d leaves, ClickHouse's log now ends at %d", ol.head.Size, cur.Size))
+	case cur.Size == ol.head.Size && !cur.Same(&ol.head):
+		s.refuse(ol, fmt.Sprintf("forked: ClickHouse holds another root at size %d than this sealer signed", cur.Size))
+	case cur.Size > ol.head.Size:
+		s.log.Info("another sealer extended an organization's log; continuing from its head", "org_id", org, "size", cur.Size)
+		s.mu.Lock()
+		delete(s.orgs, org)
+		s.mu.Unlock()
+		fresh, err := s.org(ctx, ring, org)
+		if err != nil {
+			return err
+		}
+		*ol = *fresh
+		s.mu.Lock()
+		s.orgs[org] = ol
+		s.mu.Unlock()
+	}
+	return nil
+}
+
+// dedupe drops the notes of rows the log holds already (a note produced again: ingest
+// retried a batch whose notes Kafka had taken, or a rebalance handed this sealer notes
+// another one sealed) and repeats within the run. A leaf counts as held when a row of
+// log_leaves below the head says so and log_index agrees at its index; an edit that
+// fakes one leaves the row unsealed, which verify reports.
+// It returns the notes to append with their inner digests.
+func (s *Sealer) dedupe(ctx context.Context, org string, ol *orgLog, notes []tlog.Leaf) ([]tlog.Leaf, [][32]byte, error) {
+	type key struct {
+		inner [32]byte
+		ms    int64
+	}
+	seen := make(map[key]bool, len(notes))
+	keys := make([]store.EventKey, 0, len(notes))
+	for i := range notes {
+		keys = append(keys, store.EventKey{OrgID: org, Time: notes[i].Time.Unix(), ID: notes[i].ID})
+	}
+	held, err := s.db.leavesOf(ctx, org, keys, ol.head.Size)
 	if err != nil {
 		return nil, nil, err
 	}
-	rows, err := conn.Query(ctx, "SELECT "+eventCols+" FROM "+db+".events WHERE ingested_at >= ? AND ingested_at < ? AND time >= ? AND time <= ?",
-		time.Unix(c.start, 0).UTC(), time.Unix(c.end, 0).UTC(), c.tmin, c.tmax)
-	if err != nil {
-		return nil, nil, fmt.Errorf("cannot read the rows ingested into %s.events in [%s, %s): %w", db,
-			time.Unix(c.start, 0).UTC().Format(time.RFC3339), time.Unix(c.end, 0).UTC().Format(time.RFC3339), err)
-	}
-	cands := make(map[rowKey]*candidate, c.rows)
-	var r store.EventRow
-	for rows.Next() {
-		if err := scanEvent(rows, &r); err != nil {
-			rows.Close()
-			return nil, nil, fmt.Errorf("cannot read a row of %s.events: %w", db, err)
+	if len(held) > 0 {
+		idx := make([]uint64, len(held))
+		for i := range held {
+			idx[i] = held[i].Index
 		}
-		k := keyOf(&r)
-		if sealed[k] {
-			continue
-		}
-		d := r.SealDigest()
-		if prev, ok := cands[k]; ok {
-			if prev.entry.Digest != d {
-				prev.conflict = true
-			}
-			continue
-		}
-		cands[k] = &candidate{entry: Entry{Time: r.Time, ID: r.ID, Digest: d}, quiet: isAnnouncement(&r)}
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return nil, nil, fmt.Errorf("cannot read the rows of %s.events: %w", db, err)
-	}
-	for k, cand := range cands {
-		if !cand.conflict {
-			continue
-		}
-		e, quiet, ok, err := finalRow(ctx, conn, db, k)
+		stored, err := s.db.indexInners(ctx, org, idx)
 		if err != nil {
 			return nil, nil, err
 		}
-		if !ok {
-			delete(cands, k)
+		for i := range held {
+			in := held[i].Inner()
+			if slices.Contains(stored[held[i].Index], in) {
+				seen[key{in, held[i].Time.UnixMilli()}] = true
+			}
+		}
+	}
+	out := notes[:0:0]
+	var inners [][32]byte
+	for i := range notes {
+		k := key{notes[i].Inner(), notes[i].Time.UnixMilli()}
+		if seen[k] {
 			continue
 		}
-		cand.entry, cand.quiet = e, quiet
+		seen[k] = true
+		out, inners = append(out, notes[i]), append(inners, k.inner)
 	}
-	out := map[string][]Entry{}
-	quiet := map[rowKey]bool{}
-	for k, cand := range cands {
-		out[k.org] = append(out[k.org], cand.entry)
-		if cand.quiet {
-			quiet[k] = true
-		}
-	}
-	return out, quiet, nil
-}
-
-// sealedKeys are the row keys in seals that may hold rows ingested at or after from.
-// A run seals only rows with ingested_at < its sealed_at − settle (settle ≥ −1 s), both
-// on the database's clock as far as the comparison goes, so such a seal has
-// sealed_at ≥ from − 1 s: the lookup reads the entries of the last runs only. A row
-// stored again later with a new ingested_at (an insert retried or bisected, see the
-// package doc) whose first seal is older is sealed again: two equal entries, which
-// verify accepts.
-func sealedKeys(ctx context.Context, conn driver.Conn, db string, from int64) (map[rowKey]bool, error) {
-	rows, err := conn.Query(ctx, `SELECT org_id, id, time FROM `+db+`.seal_entries
-		WHERE (org_id, seq, seal) IN (SELECT org_id, seq, hash FROM `+db+`.seals WHERE sealed_at >= ?)`, time.Unix(from-2, 0).UTC())
-	if err != nil {
-		return nil, fmt.Errorf("cannot read the recent entries of %s.seal_entries: %w", db, err)
-	}
-	defer rows.Close()
-	out := map[rowKey]bool{}
-	for rows.Next() {
-		var k rowKey
-		var t time.Time
-		if err := rows.Scan(&k.org, &k.id, &t); err != nil {
-			return nil, fmt.Errorf("cannot read a row of %s.seal_entries: %w", db, err)
-		}
-		k.sec = t.Unix()
-		out[k] = true
-	}
-	return out, rows.Err()
-}
-
-// finalRow reads one row as FINAL shows it, and whether it is an audit.sealed event.
-func finalRow(ctx context.Context, conn driver.Conn, db string, k rowKey) (e Entry, quiet, ok bool, err error) {
-	rows, err := conn.Query(ctx, "SELECT "+eventCols+" FROM "+db+".events FINAL WHERE org_id = ? AND time = ? AND id = ?",
-		k.org, time.Unix(k.sec, 0).UTC(), k.id)
-	if err != nil {
-		return Entry{}, false, false, fmt.Errorf("cannot read event %s of org %q from %s.events: %w", k.id, k.org, db, err)
-	}
-	defer rows.Close()
-	var r store.EventRow
-	if !rows.Next() {
-		return Entry{}, false, false, rows.Err()
-	}
-	if err := scanEvent(rows, &r); err != nil {
-		return Entry{}, false, false, fmt.Errorf("cannot read event %s of org %q from %s.events: %w", k.id, k.org, db, err)
-	}
-	return Entry{Time: r.Time, ID: r.ID, Digest: r.SealDigest()}, isAnnouncement(&r), true, nil
-}
-
-// SealData is the data of an audit.sealed event: the seal whole, so that the chain
-// can be checked from the topic alone.
-type SealData struct {
-	Seq       uint64    `json:"seq"`
-	SealedAt  time.Time `json:"sealed_at"`
-	Through   time.Time `json:"through"`
-	Events    uint64    `json:"events"`
-	FirstTime time.Time `json:"first_time"`
-	LastTime  time.Time `json:"last_time"`
-	Root      string    `json:"root"`
-	Prev      string    `json:"prev"`
-	Hash      string    `json:"hash"`
-	KeyID     string    `json:"key_id"`
-	Signature string    `json:"signature"`
-}
-
-// EventID is the id of the audit.sealed event of the seal with that hash.
-func EventID(hash string) string { return "seal-" + hash }
-
-func sealEvent(s *Seal) schema.Event {
-	data, _ := json.Marshal(SealData{Seq: s.Seq, SealedAt: s.SealedAt, Through: s.Through, Events: s.Events,
-		FirstTime: s.FirstTime, LastTime: s.LastTime, Root: s.Root, Prev: s.Prev, Hash: s.Hash, KeyID: s.KeyID, Signature: s.Signature})
-	return schema.Event{
-		ID: EventID(s.Hash), Type: schema.TypeAuditSealed, Time: s.SealedAt, OrgID: s.OrgID,
-		Actor:  schema.Party{ID: Source, Type: schema.ActorSystem},
-		Source: Source, SchemaVersion: schema.Version, Data: data,
-	}
-}
-
-// sortedOrgs returns the keys of m in order.
-func sortedOrgs[V any](m map[string]V) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	sort.Strings(out)
-	return out
+	return out, inners, nil
 }

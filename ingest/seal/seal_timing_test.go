@@ -1,17 +1,14 @@
 package seal
 
 import (
-	"context"
 	"fmt"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"github.com/stretchr/testify/require"
 
 	"github.com/bandplane/bandplane/deploy/stacktest"
-	"github.com/bandplane/bandplane/ingest/store"
 )
 
 // Run with: BANDPLANE_INTEGRATION=1 go test -run '^$' -bench . -benchtime 1x ./ingest/seal/
@@ -19,10 +16,10 @@ import (
 const benchRows = 100_000
 
 // benchTrail is a database of 100k events of three organizations over the last day,
-// ~250 bytes of data each, ingested a minute ago.
-func benchTrail(b *testing.B) (driver.Conn, string) {
+// ~250 bytes of data each, ingested a minute ago and noted.
+func benchTrail(b *testing.B) *trail {
 	b.Helper()
-	conn, db := testDB(b)
+	tr := newTrail(b)
 	now := time.Now().UTC()
 	pad := strings.Repeat("x", 200)
 	for off := 0; off < benchRows; off += 20_000 {
@@ -30,55 +27,47 @@ func benchTrail(b *testing.B) (driver.Conn, string) {
 		for i := range rs {
 			rs[i].Data = fmt.Sprintf(`{"content":"message %d %s"}`, i, pad)
 		}
-		require.NoError(b, store.New(conn, db).BatchInsert(context.Background(), &store.Batch{Events: rs}))
+		tr.store(rs)
 	}
-	return conn, db
+	return tr
 }
 
 func BenchmarkSeal100k(b *testing.B) {
 	stacktest.Require(b)
-	key := testKey(b)
 	for range b.N {
 		b.StopTimer()
-		conn, db := benchTrail(b)
-		s := newSealer(b, conn, db, key, &fakeProducer{})
+		tr := benchTrail(b)
 		b.StartTimer()
-		res, err := s.SealNow(context.Background())
-		require.NoError(b, err)
-		require.Equal(b, benchRows, res.Events)
-		b.ReportMetric(float64(res.Seals), "seals")
+		res := tr.seal()
+		require.Equal(b, benchRows, res.Leaves)
+		b.ReportMetric(float64(benchRows)/b.Elapsed().Seconds(), "events/s")
 	}
 }
 
 // The steady state of serve: a run over a sealed 100k-row trail that finds 1,000 new rows.
 func BenchmarkSealIncremental(b *testing.B) {
 	stacktest.Require(b)
-	key := testKey(b)
-	conn, db := benchTrail(b)
-	s := newSealer(b, conn, db, key, &fakeProducer{})
-	_, err := s.SealNow(context.Background())
-	require.NoError(b, err)
+	tr := benchTrail(b)
+	tr.seal()
 	b.ResetTimer()
 	for i := range b.N {
 		b.StopTimer()
-		insert(b, conn, db, rows(fmt.Sprintf("inc%d", i), 1000, orgs3, time.Now().UTC().Add(-time.Hour), time.Now().UTC().Add(-2*time.Second)))
+		tr.store(rows(fmt.Sprintf("inc%d", i), 1000, orgs3, time.Now().UTC().Add(-time.Hour), time.Now().UTC().Add(-2*time.Second)))
 		b.StartTimer()
-		res, err := s.SealNow(context.Background())
-		require.NoError(b, err)
-		require.Equal(b, 1000, res.Events)
+		res := tr.seal()
+		require.Equal(b, 1000, res.Leaves)
 	}
 }
 
 func BenchmarkVerify100k(b *testing.B) {
 	stacktest.Require(b)
-	key := testKey(b)
-	conn, db := benchTrail(b)
-	_, err := newSealer(b, conn, db, key, &fakeProducer{}).SealNow(context.Background())
-	require.NoError(b, err)
+	tr := benchTrail(b)
+	tr.seal()
 	b.ResetTimer()
 	for range b.N {
-		rep := verify(b, conn, db, pubOf(key), Filter{})
+		rep := tr.verify(Filter{})
 		require.Empty(b, rep.Problems)
 		require.Equal(b, benchRows, rep.SealedEvents)
 	}
+	b.ReportMetric(float64(benchRows*b.N)/b.Elapsed().Seconds(), "events/s")
 }

@@ -1,60 +1,96 @@
 package seal
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"crypto/ed25519"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"slices"
+	"sort"
+	"sync"
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
+	"github.com/bandplane/bandplane/ingest/seal/tlog"
 	"github.com/bandplane/bandplane/ingest/store"
-	"github.com/bandplane/bandplane/schema"
 )
 
 // Kinds of Problem.
 const (
-	KindModified   = "modified"   // a row (or seal) differs from what was sealed
-	KindMissing    = "missing"    // a sealed row (or a seal) is gone
-	KindUnexpected = "unexpected" // a row no seal covers although one should
+	KindModified   = "modified"   // a row differs from what its leaf sealed
+	KindMissing    = "missing"    // a sealed row, or a leaf of the log, is gone
+	KindUnexpected = "unexpected" // a row no leaf covers although one should by now
+	KindForged     = "forged"     // a checkpoint or rotation record that does not verify
+	KindTruncated  = "truncated"  // the log is shorter than a signed checkpoint says
+	KindForked     = "forked"     // the log's root at a signed size is not the signed root
 )
 
-// Problem is one thing verify found wrong. ID is the event id, or seal:<org>:<seq> for
-// a seal; Seal is the seal the event's entry belongs to ("" for an unexpected row).
+// Problem is one thing verify found wrong. ID is the event id, or for the log itself
+// log:<org>, leaf:<org>:<index> or checkpoint:<org>:<size>; Leaf is the leaf's index
+// when the problem is about one.
 type Problem struct {
-	ID     string `json:"id"`
-	Kind   string `json:"kind"`
-	Seal   string `json:"seal"`
-	Org    string `json:"org"`
-	Reason string `json:"reason"`
+	ID     string  `json:"id"`
+	Kind   string  `json:"kind"`
+	Org    string  `json:"org"`
+	Leaf   *uint64 `json:"leaf,omitempty"`
+	Reason string  `json:"reason"`
+}
+
+// Head is an organization's newest verified checkpoint.
+type Head struct {
+	Org      string    `json:"org"`
+	Size     uint64    `json:"size"`
+	Root     []byte    `json:"root"`
+	SignedAt time.Time `json:"signed_at"`
+	KeyID    string    `json:"key_id"`
 }
 
 // Report is what Verify found. Problems is never nil.
 type Report struct {
-	Seals          int       `json:"seals"`
+	Orgs           int       `json:"orgs"`
+	Checkpoints    int       `json:"checkpoints"` // verified checkpoint rows
+	Leaves         uint64    `json:"leaves"`      // leaves under the newest checkpoints, each checked
 	SealedEvents   int       `json:"sealed_events"`
 	UnsealedEvents int       `json:"unsealed_events"`
 	ExpiredEvents  int       `json:"expired_events,omitempty"`
+	Heads          []Head    `json:"heads"`
 	Problems       []Problem `json:"problems"`
 }
 
 // OK says whether everything sealed matched.
 func (r *Report) OK() bool { return len(r.Problems) == 0 }
 
+// External is a checkpoint kept outside ClickHouse: an auditor's file, a witness's
+// state, the checkpoints topic's newest. Source names it in problems.
+type External struct {
+	Source string
+	Note   []byte
+}
+
+// Keys are what a reader trusts: the deployment's origin prefix and the audit keys it
+// anchors the key ring at. The rotation records in ClickHouse extend it, and so do
+// Rotations, found elsewhere (the checkpoints topic): each verifies on its own.
+type Keys struct {
+	Prefix    string
+	Anchors   []ed25519.PublicKey
+	Rotations [][]byte
+}
+
 // Filter says what Verify checks.
 type Filter struct {
-	// Orgs selects chains; nil checks every organization ([]string{""} is the chain of
+	// Orgs selects logs; nil checks every organization ([]string{""} is the log of the
 	// events stored without one).
 	Orgs []string
 	// From and To bound the event time, [From, To); zero is open.
 	From, To time.Time
-	// Margin must be at least the sealer's (0: DefaultMargin).
+	// Margin is how long a row may lack a leaf after its ingested_at (0: DefaultMargin).
 	Margin time.Duration
+	// Checkpoints are kept outside ClickHouse; the log must extend each.
+	Checkpoints []External
 	// Progress gets a line per organization checked; nil: none.
 	Progress io.Writer
 }
@@ -70,33 +106,37 @@ func (f *Filter) Validate() error {
 	return errors.Join(errs...)
 }
 
-// windowRows bounds the entries (and event rows) one step of the comparison holds.
+// verifyWorkers is how many organizations Verify checks at once.
+const verifyWorkers = 2
+
+// windowRows bounds the rows (events, leaves, index entries) one step holds.
 const windowRows = 500_000
 
-// announceSkew is how far an ingest host's clock (ingested_at) may be ahead of the
-// database's when verify decides which announced seals it must have read.
-const announceSkew = 30 * time.Second
-
-type verifier struct {
-	conn      driver.Conn
-	db        string
-	pub       ed25519.PublicKey
-	pubID     string
-	f         Filter
-	now       time.Time
-	watermark time.Time // latest through of a seal that verifies
-	cuts      cuts      // the retention cuts of the events table
-	rep       Report
-	seen      map[Problem]bool
+// signed is a verified checkpoint and where it came from.
+type signed struct {
+	tlog.Checkpoint
+	source string
 }
 
-// Verify recomputes what was sealed and compares it with the trail.
-func Verify(ctx context.Context, conn driver.Conn, db string, pub ed25519.PublicKey, f Filter) (Report, error) {
+type verifier struct {
+	conn   driver.Conn
+	db     string
+	ring   *tlog.KeyRing
+	f      Filter
+	now    time.Time
+	latest time.Time // the newest timestamp of a verified checkpoint, of any organization
+	cuts   cuts
+	rep    Report
+	seen   map[string]bool
+	byOrg  map[string][]signed
+}
+
+// Verify checks the trail of db against the log: every checkpoint row's signatures,
+// every organization's log against its checkpoints (and the external ones), and every
+// stored row against its leaves.
+func Verify(ctx context.Context, conn driver.Conn, db string, keys Keys, f Filter) (Report, error) {
 	if !identRe.MatchString(db) {
 		return Report{}, fmt.Errorf("database %q is not a plain identifier", db)
-	}
-	if len(pub) != ed25519.PublicKeySize {
-		return Report{}, errors.New("no Ed25519 public key (--audit-key)")
 	}
 	if err := f.Validate(); err != nil {
 		return Report{}, err
@@ -104,63 +144,84 @@ func Verify(ctx context.Context, conn driver.Conn, db string, pub ed25519.Public
 	if f.Margin == 0 {
 		f.Margin = DefaultMargin
 	}
-	v := &verifier{conn: conn, db: db, pub: pub, pubID: KeyID(pub), f: f, seen: map[Problem]bool{}, rep: Report{Problems: []Problem{}}}
-	var err error
+	if keys.Prefix == "" {
+		keys.Prefix = tlog.DefaultPrefix(db)
+	}
+	ldb := logDB{conn: conn, db: db}
+	rot, err := ldb.rotations(ctx)
+	if err != nil {
+		return Report{}, err
+	}
+	ring, err := tlog.NewKeyRing(keys.Prefix, keys.Anchors, append(rot, keys.Rotations...))
+	if err != nil {
+		return Report{}, err
+	}
+	v := &verifier{conn: conn, db: db, ring: ring, f: f, seen: map[string]bool{}, byOrg: map[string][]signed{},
+		rep: Report{Problems: []Problem{}, Heads: []Head{}}}
+	for i, p := range ring.Problems() {
+		v.problem(Problem{ID: fmt.Sprintf("rotation:%d", i+1), Kind: KindForged, Reason: p})
+	}
 	if v.now, err = serverNow(ctx, conn); err != nil {
 		return Report{}, err
 	}
-	if v.cuts, err = loadCuts(ctx, conn, db, pub, v.pubID); err != nil {
+	if v.cuts, err = loadCuts(ctx, conn, db, ring); err != nil {
 		return Report{}, err
 	}
-
-	// Every seal, of every organization: the watermark is the trail's, not a chain's.
-	all, err := loadSeals(ctx, conn, db, nil)
+	if err := v.checkpoints(ctx, ldb); err != nil {
+		return Report{}, err
+	}
+	orgs, err := v.orgs(ctx)
 	if err != nil {
 		return Report{}, err
 	}
-	bad := map[*Seal]string{}
-	chains := map[string][]*Seal{}
-	keyIDs := map[string]int{}
-	for i := range all {
-		s := &all[i]
-		if why := s.checkSignature(pub, v.pubID); why != "" {
-			bad[s] = why
-		} else if s.Through.After(v.watermark) {
-			v.watermark = s.Through
+	v.progress("verifying %d organization(s) of %s (origin prefix %s, keys %v): newest checkpoint %s, %s",
+		len(orgs), db, keys.Prefix, ring.KeyIDs(), fmtTime(v.latest), v.cuts.summary())
+	// Organizations are checked verifyWorkers at a time: each one's reads wait on the
+	// server while another's rows are hashed. Each has a report of its own, merged in
+	// order.
+	reps := make([]Report, len(orgs))
+	errs := make([]error, len(orgs))
+	next := make(chan int)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	for range min(verifyWorkers, len(orgs)) {
+		wg.Go(func() {
+			for i := range next {
+				ov := *v
+				ov.rep, ov.seen = Report{Problems: []Problem{}, Heads: []Head{}}, map[string]bool{}
+				errs[i] = ov.org(ctx, ldb, orgs[i])
+				reps[i] = ov.rep
+				mu.Lock()
+				v.progress("org %q: %d leaves, %d sealed events, %d unsealed, %d problems", orgs[i],
+					ov.rep.Leaves, ov.rep.SealedEvents, ov.rep.UnsealedEvents, len(ov.rep.Problems))
+				mu.Unlock()
+			}
+		})
+	}
+	for i := range orgs {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	for i := range orgs {
+		if errs[i] != nil {
+			return v.rep, errs[i]
 		}
-		keyIDs[s.KeyID]++
-		chains[s.OrgID] = append(chains[s.OrgID], s)
-	}
-	if len(all) > 0 && len(bad) == len(all) && keyIDs[v.pubID] == 0 {
-		v.progress("no seal verifies with the given key %s: the seals name %s", v.pubID, sortedOrgs(keyIDs))
-	}
-
-	orgs, err := v.orgs(ctx, chains)
-	if err != nil {
-		return Report{}, err
-	}
-	v.progress("verifying %d organization(s) of %s: %d seals, watermark %s, %s",
-		len(orgs), db, len(all), fmtTime(v.watermark), v.cuts.summary())
-	for _, org := range orgs {
-		before := v.rep
-		if err := v.org(ctx, org, chains[org], bad); err != nil {
-			return v.rep, err
+		r := &reps[i]
+		v.rep.Leaves += r.Leaves
+		v.rep.SealedEvents += r.SealedEvents
+		v.rep.UnsealedEvents += r.UnsealedEvents
+		v.rep.ExpiredEvents += r.ExpiredEvents
+		v.rep.Heads = append(v.rep.Heads, r.Heads...)
+		for _, p := range r.Problems {
+			v.problem(p)
 		}
-		v.progress("org %q: %d seals, %d sealed events, %d unsealed, %d problems", org,
-			v.rep.Seals-before.Seals, v.rep.SealedEvents-before.SealedEvents,
-			v.rep.UnsealedEvents-before.UnsealedEvents, len(v.rep.Problems)-len(before.Problems))
 	}
+	v.rep.Orgs = len(orgs)
 	slices.SortStableFunc(v.rep.Problems, func(a, b Problem) int {
-		return cmp.Or(cmp.Compare(a.Org, b.Org), cmp.Compare(a.Seal, b.Seal), cmp.Compare(a.ID, b.ID), cmp.Compare(a.Kind, b.Kind))
+		return cmp.Or(cmp.Compare(a.Org, b.Org), cmp.Compare(a.ID, b.ID), cmp.Compare(a.Kind, b.Kind))
 	})
 	return v.rep, nil
-}
-
-func fmtTime(t time.Time) string {
-	if t.IsZero() {
-		return "none"
-	}
-	return t.UTC().Format(time.RFC3339)
 }
 
 func (v *verifier) progress(format string, args ...any) {
@@ -170,8 +231,7 @@ func (v *verifier) progress(format string, args ...any) {
 }
 
 func (v *verifier) problem(p Problem) {
-	key := p
-	key.Reason = ""
+	key := p.Org + "\x00" + p.ID + "\x00" + p.Kind
 	if v.seen[key] {
 		return
 	}
@@ -179,327 +239,322 @@ func (v *verifier) problem(p Problem) {
 	v.rep.Problems = append(v.rep.Problems, p)
 }
 
-// orgs lists the organizations to check: those asked for, or every one that has seals,
-// entries or events. An organization asked for that has neither seals nor entries is
-// an error: there is nothing to verify it against.
-func (v *verifier) orgs(ctx context.Context, chains map[string][]*Seal) ([]string, error) {
-	withEntries, err := v.distinct(ctx, "seal_entries")
-	if err != nil {
-		return nil, err
-	}
-	if v.f.Orgs != nil {
-		for _, org := range v.f.Orgs {
-			if len(chains[org]) == 0 && !withEntries[org] {
-				return nil, fmt.Errorf("organization %q has no seals in %s: nothing to verify it against (is --org right? `bandplane audit seal` seals now)", org, v.db)
-			}
-		}
-		return slices.Compact(slices.Sorted(slices.Values(v.f.Orgs))), nil
-	}
-	set, err := v.distinct(ctx, "events")
-	if err != nil {
-		return nil, err
-	}
-	for org := range withEntries {
-		set[org] = true
-	}
-	for org := range chains {
-		set[org] = true
-	}
-	return sortedOrgs(set), nil
+func leafRef(i uint64) *uint64 { return &i }
+
+func (v *verifier) selected(org string) bool {
+	return v.f.Orgs == nil || slices.Contains(v.f.Orgs, org)
 }
 
-func (v *verifier) distinct(ctx context.Context, table string) (map[string]bool, error) {
-	rows, err := v.conn.Query(ctx, "SELECT DISTINCT org_id FROM "+v.db+"."+table)
-	if err != nil {
-		return nil, fmt.Errorf("cannot list the organizations of %s.%s: %w", v.db, table, err)
-	}
-	defer rows.Close()
-	out := map[string]bool{}
-	for rows.Next() {
-		var org string
-		if err := rows.Scan(&org); err != nil {
-			return nil, err
-		}
-		out[org] = true
-	}
-	return out, rows.Err()
-}
-
-type sealRef struct {
-	seq  uint64
-	hash string
-}
-
-// org checks one organization: its chain, the roots of its seals, then its entries
-// against its rows.
-func (v *verifier) org(ctx context.Context, org string, seals []*Seal, bad map[*Seal]string) error {
-	known := map[sealRef]*Seal{}
-	byHash := map[string]*Seal{}
-	bySeq := map[uint64][]*Seal{}
-	referenced := map[string]bool{}
-	for _, s := range seals {
-		known[sealRef{s.Seq, s.Hash}] = s
-		byHash[s.Hash] = s
-		bySeq[s.Seq] = append(bySeq[s.Seq], s)
-		referenced[s.Prev] = true
-	}
-	for _, s := range seals {
-		if why, ok := bad[s]; ok {
-			v.problem(Problem{ID: s.ID(), Kind: KindModified, Seal: s.ID(), Org: org, Reason: why})
-		}
-	}
-	// Announced seals: one that is not stored is missing, and so are the seals below it.
-	announced, err := v.announced(ctx, org, byHash, referenced)
+// checkpoints opens every checkpoint row and every external checkpoint. One that does
+// not verify is forged; the rest are what each organization's log must match.
+func (v *verifier) checkpoints(ctx context.Context, ldb logDB) error {
+	rows, err := ldb.checkpointRows(ctx, nil)
 	if err != nil {
 		return err
 	}
-	// seq 1, 2, … without gaps (up to the highest stored or announced), each linking to
-	// a stored seal one lower.
-	seqs := slices.Sorted(func(yield func(uint64) bool) {
-		for q := range bySeq {
-			if !yield(q) {
-				return
-			}
+	for _, r := range rows {
+		c, err := v.ring.Open(r.Note)
+		if err == nil && (c.Org != r.Org || c.Size != r.Size) {
+			err = fmt.Errorf("the row says org %q size %d, the note says org %q size %d", r.Org, r.Size, c.Org, c.Size)
 		}
-	})
-	if len(seqs) == 0 || announced > seqs[len(seqs)-1] {
-		seqs = append(seqs, announced+1) // a sentinel above the highest announced seal
-	}
-	next := uint64(1)
-	for _, q := range seqs {
-		if q > next {
-			reason := fmt.Sprintf("no seal with seq %d is stored, though a later seal is", next)
-			if q-next > 1 {
-				reason = fmt.Sprintf("no seals with seq %d to %d are stored, though a later seal is", next, q-1)
-			}
-			v.problem(Problem{ID: SealID(org, next), Kind: KindMissing, Seal: SealID(org, next), Org: org, Reason: reason})
-		}
-		next = q + 1
-	}
-	for _, s := range seals {
-		switch {
-		case s.Seq == 0:
-			v.problem(Problem{ID: s.ID(), Kind: KindModified, Seal: s.ID(), Org: org, Reason: "seq 0: chains start at 1"})
-		case s.Seq == 1 && s.Prev != "":
-			v.problem(Problem{ID: s.ID(), Kind: KindModified, Seal: s.ID(), Org: org, Reason: "the first seal links to a previous one"})
-		case s.Seq > 1:
-			p := byHash[s.Prev]
-			if p == nil {
-				if len(bySeq[s.Seq-1]) > 0 { // a gap is reported above
-					v.problem(Problem{ID: SealID(org, s.Seq-1), Kind: KindMissing, Seal: SealID(org, s.Seq-1), Org: org,
-						Reason: fmt.Sprintf("seal %d links to seal %s, which is not stored", s.Seq, short(s.Prev))})
-				}
-			} else if p.Seq != s.Seq-1 {
-				v.problem(Problem{ID: s.ID(), Kind: KindModified, Seal: s.ID(), Org: org,
-					Reason: fmt.Sprintf("seal %d links to seal %d", s.Seq, p.Seq)})
-			}
-		}
-	}
-	if err := v.roots(ctx, org, seals, known, referenced); err != nil {
-		return err
-	}
-	return v.compare(ctx, org, known)
-}
-
-// announced checks that every audit.sealed event of the organization names a stored
-// seal: removing a seal then means removing its event too, which a later seal covers.
-// It returns the highest seq announced.
-func (v *verifier) announced(ctx context.Context, org string, byHash map[string]*Seal, referenced map[string]bool) (uint64, error) {
-	// A seal written while verify runs, after the seals were read, may be announced by
-	// the time the events are: only announcements ingested before then (less a clock
-	// skew allowance) must name a seal that was read.
-	q, args := v.timeRange("SELECT id, data FROM "+v.db+".events FINAL WHERE org_id = ? AND type = ? AND source LIKE ? AND ingested_at < ?",
-		[]any{org, schema.TypeAuditSealed, schema.SourceBandplane + "%", v.now.Add(-announceSkew)})
-	rows, err := v.conn.Query(ctx, q, args...)
-	if err != nil {
-		return 0, fmt.Errorf("cannot read the audit.sealed events of org %q from %s.events: %w", org, v.db, err)
-	}
-	defer rows.Close()
-	var highest uint64
-	for rows.Next() {
-		var id, data string
-		if err := rows.Scan(&id, &data); err != nil {
-			return 0, err
-		}
-		var d SealData
-		if json.Unmarshal([]byte(data), &d) != nil || d.Hash == "" || d.Seq == 0 {
-			continue // not a seal's announcement; the row itself is checked like any other
-		}
-		referenced[d.Hash] = true
-		if byHash[d.Hash] == nil {
-			v.problem(Problem{ID: SealID(org, d.Seq), Kind: KindMissing, Seal: SealID(org, d.Seq), Org: org,
-				Reason: fmt.Sprintf("event %s announces seal %s, which is not stored", id, short(d.Hash))})
-			highest = max(highest, d.Seq)
-		}
-	}
-	return highest, rows.Err()
-}
-
-// timeRange adds the event-time bounds of the filter to a query with a WHERE clause.
-func (v *verifier) timeRange(q string, args []any) (string, []any) {
-	if !v.f.From.IsZero() {
-		q += " AND time >= ?"
-		args = append(args, v.f.From.UTC())
-	}
-	if !v.f.To.IsZero() {
-		q += " AND time < ?"
-		args = append(args, v.f.To.UTC())
-	}
-	return q, args
-}
-
-func (v *verifier) inRange(s *Seal) bool {
-	if !v.f.From.IsZero() && s.LastTime.Before(v.f.From.Truncate(time.Second)) {
-		return false
-	}
-	if !v.f.To.IsZero() && !s.FirstTime.Before(v.f.To) {
-		return false
-	}
-	return true
-}
-
-// roots recomputes the root of every seal in range from its stored entries, reading
-// them in stretches of seq of at most windowRows entries.
-func (v *verifier) roots(ctx context.Context, org string, seals []*Seal, known map[sealRef]*Seal, referenced map[string]bool) error {
-	var scope []*Seal
-	for _, s := range seals {
-		if v.inRange(s) {
-			scope = append(scope, s)
-		}
-	}
-	v.rep.Seals += len(scope)
-	slices.SortFunc(scope, func(a, b *Seal) int { return cmp.Or(cmp.Compare(a.Seq, b.Seq), cmp.Compare(a.Hash, b.Hash)) })
-	checked := map[*Seal]bool{}
-	orphans := 0
-	for i := 0; i < len(scope); {
-		j, n := i, uint64(0)
-		for j < len(scope) && (j == i || n+scope[j].Events <= windowRows) {
-			n += scope[j].Events
-			j++
-		}
-		lo, hi := scope[i].Seq, scope[j-1].Seq
-		rows, err := v.conn.Query(ctx, `SELECT seq, seal, id, time, time_ms, digest FROM `+v.db+`.seal_entries FINAL
-			WHERE org_id = ? AND seq >= ? AND seq <= ? ORDER BY seq, seal`, org, lo, hi)
 		if err != nil {
-			return fmt.Errorf("cannot read the entries of org %q seals %d to %d from %s.seal_entries: %w", org, lo, hi, v.db, err)
+			if v.selected(r.Org) {
+				v.problem(Problem{ID: fmt.Sprintf("checkpoint:%s:%d", r.Org, r.Size), Kind: KindForged, Org: r.Org,
+					Reason: "a row of checkpoints that does not verify: " + err.Error()})
+			}
+			continue
 		}
-		var cur sealRef
-		var entries []Entry
-		var corrupt int
-		finish := func() {
-			if cur.hash == "" && cur.seq == 0 {
-				return
-			}
-			s := known[cur]
-			switch {
-			case s == nil && referenced[cur.hash]:
-				v.problem(Problem{ID: SealID(org, cur.seq), Kind: KindMissing, Seal: SealID(org, cur.seq), Org: org,
-					Reason: fmt.Sprintf("%d entries of seal %s are stored, but not the seal", len(entries), short(cur.hash))})
-			case s == nil:
-				// Entries written by a sealer that stopped before writing their seal:
-				// nothing refers to them, and their events are sealed again.
-				orphans += len(entries)
-			case v.inRange(s):
-				v.checkRoot(s, entries, corrupt)
-				checked[s] = true
-			}
-			entries, corrupt = entries[:0], 0
-		}
-		for rows.Next() {
-			var ref sealRef
-			var e Entry
-			var t time.Time
-			var millis uint16
-			var digest string
-			if err := rows.Scan(&ref.seq, &ref.hash, &e.ID, &t, &millis, &digest); err != nil {
-				rows.Close()
-				return fmt.Errorf("cannot read a row of %s.seal_entries: %w", v.db, err)
-			}
-			if ref != cur {
-				finish()
-				cur = ref
-			}
-			e.Time = t.UTC().Add(time.Duration(millis) * time.Millisecond)
-			var ok bool
-			if e.Digest, ok = parseDigest(digest); !ok {
-				corrupt++
-			}
-			entries = append(entries, e)
-		}
-		finish()
-		rows.Close()
-		if err := rows.Err(); err != nil {
-			return fmt.Errorf("cannot read %s.seal_entries: %w", v.db, err)
-		}
-		i = j
+		v.rep.Checkpoints++
+		v.add(signed{Checkpoint: c, source: "ClickHouse"})
 	}
-	for _, s := range scope {
-		if !checked[s] {
-			v.checkRoot(s, nil, 0)
+	for _, e := range v.f.Checkpoints {
+		c, err := v.ring.Open(e.Note)
+		if err != nil {
+			v.problem(Problem{ID: "checkpoint:" + e.Source, Kind: KindForged, Reason: fmt.Sprintf("the checkpoint of %s does not verify: %v", e.Source, err)})
+			continue
 		}
-	}
-	if orphans > 0 {
-		v.progress("org %q: %d entries belong to no stored seal (left by a sealer that stopped half-way; ignored)", org, orphans)
+		v.add(signed{Checkpoint: c, source: e.Source})
 	}
 	return nil
 }
 
-func (v *verifier) checkRoot(s *Seal, entries []Entry, corrupt int) {
-	fail := func(reason string) {
-		v.problem(Problem{ID: s.ID(), Kind: KindModified, Seal: s.ID(), Org: s.OrgID, Reason: reason})
+func (v *verifier) add(s signed) {
+	if s.SignedAt.After(v.latest) {
+		v.latest = s.SignedAt
 	}
-	if corrupt > 0 {
-		fail(fmt.Sprintf("%d of its entries hold no valid digest", corrupt))
-		return
-	}
-	if uint64(len(entries)) != s.Events {
-		fail(fmt.Sprintf("%d entries are stored, the seal covers %d", len(entries), s.Events))
-		return
-	}
-	if Root(entries) != s.Root {
-		fail("its stored entries do not match its root")
-		return
-	}
-	first, last := entries[0].Time.Truncate(time.Second), entries[0].Time.Truncate(time.Second)
-	for _, e := range entries {
-		t := e.Time.Truncate(time.Second)
-		if t.Before(first) {
-			first = t
-		}
-		if t.After(last) {
-			last = t
-		}
-	}
-	if !first.Equal(s.FirstTime) || !last.Equal(s.LastTime) {
-		fail("its entries' times do not match its first and last time")
-	}
+	v.byOrg[s.Org] = append(v.byOrg[s.Org], s)
 }
 
-type entryRef struct {
-	digest  store.Digest
-	seal    *Seal
-	matched bool
+// orgs lists the organizations to check: those asked for, or every one with rows,
+// leaves or checkpoints.
+func (v *verifier) orgs(ctx context.Context) ([]string, error) {
+	if v.f.Orgs != nil {
+		for _, org := range v.f.Orgs {
+			if len(v.byOrg[org]) > 0 {
+				continue
+			}
+			var n uint64
+			if err := v.conn.QueryRow(ctx, "SELECT count() FROM "+v.db+".log_leaves WHERE org_id = ?", org).Scan(&n); err != nil {
+				return nil, fmt.Errorf("cannot count the leaves of org %q in %s.log_leaves: %w", org, v.db, err)
+			}
+			if n == 0 {
+				return nil, fmt.Errorf("organization %q has no log in %s: nothing to verify it against (is --org right? `bandplane audit seal` seals now)", org, v.db)
+			}
+		}
+		return slices.Compact(slices.Sorted(slices.Values(v.f.Orgs))), nil
+	}
+	set := map[string]bool{}
+	for org := range v.byOrg {
+		set[org] = true
+	}
+	for _, table := range []string{"events", "log_leaves", "checkpoints"} {
+		rows, err := v.conn.Query(ctx, "SELECT DISTINCT org_id FROM "+v.db+"."+table)
+		if err != nil {
+			return nil, fmt.Errorf("cannot list the organizations of %s.%s: %w", v.db, table, err)
+		}
+		for rows.Next() {
+			var org string
+			if err := rows.Scan(&org); err != nil {
+				rows.Close()
+				return nil, err
+			}
+			set[org] = true
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return nil, err
+		}
+	}
+	return slices.Sorted(func(yield func(string) bool) {
+		for org := range set {
+			if !yield(org) {
+				return
+			}
+		}
+	}), nil
 }
 
-// compare walks the organization's events and entries window by window of event time.
-func (v *verifier) compare(ctx context.Context, org string, known map[sealRef]*Seal) error {
+// orgLeaves is what the scan of an organization's index learnt: a fingerprint of each
+// leaf under the newest checkpoint, whether its time is in the filter's range, and
+// when each leaf was first sealed.
+type orgLeaves struct {
+	size     uint64            // leaves the index holds, up to the newest checkpoint
+	prints   []leafPrint       // each leaf's time and the start of its inner digest
+	inRange  []bool            // the leaf's time lies in [From, To)
+	sizes    []uint64          // checkpoint sizes, ascending
+	signedAt []time.Time       // signedAt[i]: the earliest timestamp of the checkpoints of sizes >= sizes[i]
+	seenLeaf []bool            // leaves found in log_leaves
+	bySize   map[uint64]signed // one verified checkpoint per size (the first)
+}
+
+// leafPrint binds a row of log_leaves to the leaf the index scan proved: the leaf's
+// time and the first 16 bytes of its inner digest (tlog.Leaf.Inner), which together
+// give its tree hash.
+type leafPrint struct {
+	ms    int64
+	inner [16]byte
+}
+
+// sealedAt is when the leaf at i was first covered by a checkpoint.
+func (o *orgLeaves) sealedAt(i uint64) time.Time {
+	j := sort.Search(len(o.sizes), func(j int) bool { return o.sizes[j] > i })
+	if j == len(o.sizes) {
+		return time.Time{}
+	}
+	return o.signedAt[j]
+}
+
+func (v *verifier) org(ctx context.Context, ldb logDB, org string) error {
+	cps := v.byOrg[org]
+	ol := &orgLeaves{bySize: map[uint64]signed{}}
+	var newest *signed
+	for i := range cps {
+		c := &cps[i]
+		if prev, ok := ol.bySize[c.Size]; ok {
+			if !prev.Same(&c.Checkpoint) {
+				v.problem(Problem{ID: "log:" + org, Kind: KindForked, Org: org,
+					Reason: fmt.Sprintf("two signed checkpoints of size %d have different roots (%s and %s)", c.Size, prev.source, c.source)})
+			}
+			continue
+		}
+		ol.bySize[c.Size] = *c
+		if newest == nil || c.Size > newest.Size {
+			newest = c
+		}
+	}
+	ol.sizes = slices.Sorted(func(yield func(uint64) bool) {
+		for s := range ol.bySize {
+			if !yield(s) {
+				return
+			}
+		}
+	})
+	ol.signedAt = make([]time.Time, len(ol.sizes))
+	var earliest time.Time
+	for i := len(ol.sizes) - 1; i >= 0; i-- {
+		t := ol.bySize[ol.sizes[i]].SignedAt
+		for _, c := range cps {
+			if c.Size == ol.sizes[i] && c.SignedAt.Before(t) {
+				t = c.SignedAt
+			}
+		}
+		if earliest.IsZero() || t.Before(earliest) {
+			earliest = t
+		}
+		ol.signedAt[i] = earliest
+	}
+	if newest != nil {
+		v.rep.Heads = append(v.rep.Heads, Head{Org: org, Size: newest.Size, Root: newest.Root, SignedAt: newest.SignedAt, KeyID: newest.KeyID})
+		if err := v.scanIndex(ctx, org, ol); err != nil {
+			return err
+		}
+	}
+	if err := v.uncovered(ctx, org, ol); err != nil {
+		return err
+	}
+	return v.compare(ctx, org, ol)
+}
+
+// uncovered names leaves past the newest checkpoint that were appended longer ago than
+// the margin: the sealer signs a checkpoint right after it appends (a crash in between
+// leaves leaves it writes again at its next run), so such leaves mean their checkpoints
+// were deleted.
+func (v *verifier) uncovered(ctx context.Context, org string, ol *orgLeaves) error {
+	if v.latest.IsZero() {
+		return nil
+	}
+	var n uint64
+	var oldest time.Time
+	var first uint64
+	if err := v.conn.QueryRow(ctx, "SELECT count(), min(ingested_at), min(idx) FROM "+v.db+".log_leaves WHERE org_id = ? AND idx >= ?",
+		org, ol.size).Scan(&n, &oldest, &first); err != nil {
+		return fmt.Errorf("cannot count the leaves of org %q past its newest checkpoint in %s.log_leaves: %w", org, v.db, err)
+	}
+	if n > 0 && oldest.Before(v.latest.Add(-v.f.Margin)) {
+		v.problem(Problem{ID: "log:" + org, Kind: KindMissing, Org: org, Leaf: leafRef(first),
+			Reason: fmt.Sprintf("%d leaves from index %d on, past its newest checkpoint (size %d), hold rows ingested at %s, long before the newest checkpoint (%s): their checkpoints were deleted",
+				n, first, ol.size, fmtTime(oldest), fmtTime(v.latest))})
+	}
+	return nil
+}
+
+// scanIndex reads org's index in order up to the newest checkpoint, recomputing the
+// root at every checkpointed size.
+func (v *verifier) scanIndex(ctx context.Context, org string, ol *orgLeaves) error {
+	m := ol.sizes[len(ol.sizes)-1]
+	rng := tlog.NewRange()
+	next := 0 // the next size to check
+	check := func() {
+		for next < len(ol.sizes) && ol.sizes[next] == rng.End() {
+			c := ol.bySize[ol.sizes[next]]
+			if root := tlog.Root(rng); !bytes.Equal(root, c.Root) {
+				v.problem(Problem{ID: "log:" + org, Kind: KindForked, Org: org,
+					Reason: fmt.Sprintf("the leaves of its log do not give the root of its checkpoint of size %d (%s, signed at %s): the log was edited",
+						c.Size, c.source, fmtTime(c.SignedAt))})
+			}
+			next++
+		}
+	}
+	check() // size 0
+	ol.prints = make([]leafPrint, 0, m)
+	ol.inRange = make([]bool, 0, m)
+	var lastMs int64
+	var lastInner [32]byte
+	broken := false
+	for lo := uint64(0); lo < m && !broken; lo += windowRows {
+		hi := min(m, lo+windowRows)
+		rows, err := v.conn.Query(ctx, "SELECT idx, time_ms, inner FROM "+v.db+".log_index WHERE org_id = ? AND idx >= ? AND idx < ? ORDER BY idx", org, lo, hi)
+		if err != nil {
+			return fmt.Errorf("cannot read the index of org %q's log from %s.log_index: %w", org, v.db, err)
+		}
+		for rows.Next() {
+			var idx uint64
+			var ms int64
+			var inner string
+			if err := rows.Scan(&idx, &ms, &inner); err != nil {
+				rows.Close()
+				return fmt.Errorf("cannot read a row of %s.log_index: %w", v.db, err)
+			}
+			in, ok := parseHash(inner)
+			switch {
+			case broken:
+				continue
+			case idx+1 == rng.End():
+				if ms != lastMs || in != lastInner {
+					v.problem(Problem{ID: fmt.Sprintf("leaf:%s:%d", org, idx), Kind: KindForked, Org: org, Leaf: leafRef(idx),
+						Reason: "log_index holds two different leaves at this index"})
+				}
+				continue
+			case idx != rng.End():
+				v.problem(Problem{ID: fmt.Sprintf("leaf:%s:%d", org, rng.End()), Kind: KindMissing, Org: org, Leaf: leafRef(rng.End()),
+					Reason: fmt.Sprintf("log_index has no leaf at index %d (the next one it holds is %d)", rng.End(), idx)})
+				broken = true
+				continue
+			case !ok:
+				v.problem(Problem{ID: fmt.Sprintf("leaf:%s:%d", org, idx), Kind: KindModified, Org: org, Leaf: leafRef(idx),
+					Reason: "its log_index row holds no valid digest"})
+			}
+			h := tlog.LeafHash(ms, in)
+			if err := rng.Append(h, nil); err != nil {
+				rows.Close()
+				return err
+			}
+			fp := leafPrint{ms: ms}
+			copy(fp.inner[:], in[:])
+			ol.prints = append(ol.prints, fp)
+			t := time.UnixMilli(ms).UTC()
+			ol.inRange = append(ol.inRange, (v.f.From.IsZero() || !t.Before(v.f.From)) && (v.f.To.IsZero() || t.Before(v.f.To)))
+			lastMs, lastInner = ms, in
+			check()
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return fmt.Errorf("cannot read %s.log_index: %w", v.db, err)
+		}
+	}
+	ol.size = rng.End()
+	ol.seenLeaf = make([]bool, ol.size)
+	v.rep.Leaves += ol.size
+	for _, s := range ol.sizes {
+		if s > ol.size {
+			c := ol.bySize[s]
+			v.problem(Problem{ID: "log:" + org, Kind: KindTruncated, Org: org,
+				Reason: fmt.Sprintf("its log holds %d leaves, but the checkpoint of %d leaves (%s, signed at %s) says more: the log was truncated or rolled back",
+					ol.size, s, c.source, fmtTime(c.SignedAt))})
+			break
+		}
+	}
+	return nil
+}
+
+// compare walks the organization's rows and leaves window by window of event time.
+func (v *verifier) compare(ctx context.Context, org string, ol *orgLeaves) error {
 	windows, err := v.windows(ctx, org)
 	if err != nil {
 		return err
 	}
 	for _, w := range windows {
-		if err := v.compareWindow(ctx, org, known, w[0], w[1]); err != nil {
+		if err := v.compareWindow(ctx, org, ol, w[0], w[1]); err != nil {
 			return err
+		}
+	}
+	// Every leaf under the checkpoints must have its row in log_leaves, which is where
+	// the rows' leaves are found: a leaf deleted there (or moved to another time)
+	// would take its row out of the comparison.
+	for i := uint64(0); i < ol.size; i++ {
+		if ol.inRange[i] && !ol.seenLeaf[i] {
+			v.problem(Problem{ID: fmt.Sprintf("leaf:%s:%d", org, i), Kind: KindMissing, Org: org, Leaf: leafRef(i),
+				Reason: fmt.Sprintf("leaf %d (sealed at %s) has no row in log_leaves", i, fmtTime(ol.sealedAt(i)))})
 		}
 	}
 	return nil
 }
 
-// windows groups the days that hold the organization's events or entries into
-// stretches of at most windowRows rows (a day with more is a window of its own).
+// windows groups the days that hold the organization's rows or leaves into stretches
+// of at most windowRows rows (a day with more is a window of its own).
 func (v *verifier) windows(ctx context.Context, org string) ([][2]time.Time, error) {
 	perDay := map[time.Time]uint64{}
-	for _, table := range []string{"events", "seal_entries"} {
+	for _, table := range []string{"events", "log_leaves"} {
 		q, args := v.timeRange("SELECT toDate(time) AS d, count() FROM "+v.db+"."+table+" WHERE org_id = ?", []any{org})
 		rows, err := v.conn.Query(ctx, q+" GROUP BY d", args...)
 		if err != nil {
@@ -512,8 +567,7 @@ func (v *verifier) windows(ctx context.Context, org string) ([][2]time.Time, err
 				rows.Close()
 				return nil, err
 			}
-			d = time.Date(d.Year(), d.Month(), d.Day(), 0, 0, 0, 0, time.UTC)
-			perDay[d] += n
+			perDay[time.Date(d.Year(), d.Month(), d.Day(), 0, 0, 0, 0, time.UTC)] += n
 		}
 		rows.Close()
 		if err := rows.Err(); err != nil {
@@ -549,97 +603,222 @@ func (v *verifier) windows(ctx context.Context, org string) ([][2]time.Time, err
 	return out, nil
 }
 
-func (v *verifier) compareWindow(ctx context.Context, org string, known map[sealRef]*Seal, from, to time.Time) error {
-	refs := map[rowKey][]*entryRef{}
-	rows, err := v.conn.Query(ctx, `SELECT seq, seal, id, time, digest FROM `+v.db+`.seal_entries FINAL
-		WHERE org_id = ? AND time >= ? AND time < ?`, org, from, to)
+// timeRange adds the event-time bounds of the filter to a query with a WHERE clause.
+func (v *verifier) timeRange(q string, args []any) (string, []any) {
+	if !v.f.From.IsZero() {
+		q += " AND time >= ?"
+		args = append(args, v.f.From.UTC().Truncate(time.Second))
+	}
+	if !v.f.To.IsZero() {
+		q += " AND time < ?"
+		args = append(args, v.f.To.UTC())
+	}
+	return q, args
+}
+
+// inRange says whether an event time lies in the filter's [From, To).
+func (v *verifier) inRange(t time.Time) bool {
+	return (v.f.From.IsZero() || !t.Before(v.f.From)) && (v.f.To.IsZero() || t.Before(v.f.To))
+}
+
+// storedCopy is what verify keeps of a stored copy of a row: its content digest and
+// bookkeeping, computed as the row is read (the row itself is not held).
+type storedCopy struct {
+	id         string
+	time       time.Time
+	digest     store.Digest
+	ingestedAt time.Time
+	partition  int32
+	offset     int64
+}
+
+func copyOf(r *store.EventRow) storedCopy {
+	return storedCopy{id: r.ID, time: r.Time, digest: r.SealDigest(), ingestedAt: r.IngestedAt, partition: r.Partition, offset: r.Offset}
+}
+
+// compareWindow reads the window's leaves and stored rows at once (two queries: the
+// server reads one while this process decodes the other) and compares them.
+func (v *verifier) compareWindow(ctx context.Context, org string, ol *orgLeaves, from, to time.Time) error {
+	var leaves map[rowKey][]IndexedLeaf
+	var copies map[rowKey][]storedCopy
+	var leafErr error
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		leaves, leafErr = v.windowLeaves(ctx, org, ol, from, to)
+	}()
+	copies, err := v.windowCopies(ctx, org, from, to)
+	<-done
 	if err != nil {
-		return fmt.Errorf("cannot read the entries of org %q from %s.seal_entries: %w", org, v.db, err)
+		return err
 	}
-	for rows.Next() {
-		var ref sealRef
-		var k rowKey
-		var t time.Time
-		var digest string
-		if err := rows.Scan(&ref.seq, &ref.hash, &k.id, &t, &digest); err != nil {
-			rows.Close()
-			return fmt.Errorf("cannot read a row of %s.seal_entries: %w", v.db, err)
-		}
-		s := known[ref]
-		if s == nil {
-			continue // belongs to no stored seal: see roots
-		}
-		k.org, k.sec = org, t.Unix()
-		d, _ := parseDigest(digest) // a bad digest fails its seal's root and matches no row
-		refs[k] = append(refs[k], &entryRef{digest: d, seal: s})
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return fmt.Errorf("cannot read %s.seal_entries: %w", v.db, err)
+	if leafErr != nil {
+		return leafErr
 	}
 
-	rows, err = v.conn.Query(ctx, "SELECT "+eventCols+" FROM "+v.db+".events FINAL WHERE org_id = ? AND time >= ? AND time < ?", org, from, to)
-	if err != nil {
-		return fmt.Errorf("cannot read the events of org %q from %s.events: %w", org, v.db, err)
-	}
-	var r store.EventRow
 	future := v.now.Add(v.f.Margin)
 	var overdue time.Time
-	if !v.watermark.IsZero() {
-		overdue = v.watermark.Add(-v.f.Margin)
+	if !v.latest.IsZero() {
+		overdue = v.latest.Add(-v.f.Margin)
 	}
-	for rows.Next() {
-		if err := scanEvent(rows, &r); err != nil {
-			rows.Close()
-			return fmt.Errorf("cannot read a row of %s.events: %w", v.db, err)
-		}
-		k := keyOf(&r)
-		es := refs[k]
-		if len(es) == 0 {
-			switch {
-			case r.IngestedAt.After(future):
-				v.problem(Problem{ID: r.ID, Kind: KindUnexpected, Org: org,
-					Reason: fmt.Sprintf("in no seal, and ingested_at %s is in the future", fmtTime(r.IngestedAt))})
-			case r.IngestedAt.Before(overdue):
-				v.problem(Problem{ID: r.ID, Kind: KindUnexpected, Org: org,
-					Reason: fmt.Sprintf("in no seal, though ingested at %s, before the trail was sealed through %s", fmtTime(r.IngestedAt), fmtTime(v.watermark))})
-			default:
-				v.rep.UnsealedEvents++
-			}
+	for k, cs := range copies {
+		ls := leaves[k]
+		if len(ls) == 0 {
+			v.unleafed(org, cs, future, overdue)
 			continue
 		}
-		d := r.SealDigest()
-		for _, e := range es {
-			e.matched = true
-			if e.digest != d {
-				v.problem(Problem{ID: r.ID, Kind: KindModified, Seal: e.seal.ID(), Org: org,
-					Reason: fmt.Sprintf("the row at %s differs from what seal %s sealed", r.Time.UTC().Format(time.RFC3339Nano), short(e.seal.Hash))})
+		good := 0
+		for i := range cs {
+			if why, leaf := matchLeaf(&cs[i], ls, v.f.Margin); why != "" {
+				v.problem(Problem{ID: cs[i].id, Kind: KindModified, Org: org, Leaf: leafRef(leaf), Reason: why})
+			} else {
+				good++
 			}
 		}
-		v.rep.SealedEvents++
+		if good > 0 {
+			v.rep.SealedEvents++
+		}
 	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return fmt.Errorf("cannot read %s.events: %w", v.db, err)
-	}
-	for k, es := range refs {
+	for k, ls := range leaves {
+		if len(copies[k]) > 0 {
+			continue
+		}
 		expired := false
-		for _, e := range es {
-			if e.matched {
-				continue
-			}
-			t := time.Unix(k.sec, 0).UTC()
-			why := v.cuts.excuse(t, e.seal)
+		for _, lf := range ls {
+			sealedAt := ol.sealedAt(lf.Index)
+			why := v.cuts.excuse(lf.Time, sealedAt)
 			if why == "" {
 				expired = true
 				continue
 			}
-			v.problem(Problem{ID: k.id, Kind: KindMissing, Seal: e.seal.ID(), Org: org,
-				Reason: fmt.Sprintf("the row at %s that seal %s sealed is gone (%s)", t.Format(time.RFC3339), short(e.seal.Hash), why)})
+			v.problem(Problem{ID: lf.ID, Kind: KindMissing, Org: org, Leaf: leafRef(lf.Index),
+				Reason: fmt.Sprintf("the row at %s that leaf %d sealed at %s is gone (%s)", lf.Time.Format(time.RFC3339Nano), lf.Index, fmtTime(sealedAt), why)})
 		}
 		if expired {
 			v.rep.ExpiredEvents++
 		}
 	}
 	return nil
+}
+
+// windowLeaves reads the window's rows of log_leaves under the newest checkpoint, each
+// bound to the leaf the index scan proved (else it is named: edited, or moved).
+func (v *verifier) windowLeaves(ctx context.Context, org string, ol *orgLeaves, from, to time.Time) (map[rowKey][]IndexedLeaf, error) {
+	out := map[rowKey][]IndexedLeaf{}
+	if ol.size == 0 {
+		return out, nil
+	}
+	rows, err := v.conn.Query(ctx, "SELECT "+leafCols+" FROM "+v.db+".log_leaves WHERE org_id = ? AND time >= ? AND time < ? AND idx < ?",
+		org, from, to, ol.size)
+	if err != nil {
+		return nil, fmt.Errorf("cannot read the leaves of org %q from %s.log_leaves: %w", org, v.db, err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var lf IndexedLeaf
+		if err := scanLeaf(rows, &lf); err != nil {
+			return nil, fmt.Errorf("cannot read a row of %s.log_leaves: %w", v.db, err)
+		}
+		if !v.inRange(lf.Time) {
+			continue
+		}
+		in := lf.Inner()
+		p := ol.prints[lf.Index]
+		if lf.Org != org || p.ms != lf.Time.UnixMilli() || !bytes.Equal(in[:16], p.inner[:]) {
+			v.problem(Problem{ID: fmt.Sprintf("leaf:%s:%d", org, lf.Index), Kind: KindModified, Org: org, Leaf: leafRef(lf.Index),
+				Reason: fmt.Sprintf("the log_leaves row of event %s at index %d does not match the log", clip(lf.ID), lf.Index)})
+			continue
+		}
+		if ol.seenLeaf[lf.Index] {
+			continue // the same row twice, before a merge
+		}
+		ol.seenLeaf[lf.Index] = true
+		k := rowKey{org: org, id: lf.ID, sec: lf.Time.Unix()}
+		out[k] = append(out[k], lf)
+	}
+	return out, rows.Err()
+}
+
+// windowCopies reads every stored copy of the window's rows (without FINAL: each copy
+// must match a leaf), keeping its digest and bookkeeping.
+func (v *verifier) windowCopies(ctx context.Context, org string, from, to time.Time) (map[rowKey][]storedCopy, error) {
+	out := map[rowKey][]storedCopy{}
+	rows, err := v.conn.Query(ctx, "SELECT "+eventCols+" FROM "+v.db+".events WHERE org_id = ? AND time >= ? AND time < ?", org, from, to)
+	if err != nil {
+		return nil, fmt.Errorf("cannot read the events of org %q from %s.events: %w", org, v.db, err)
+	}
+	defer rows.Close()
+	var r store.EventRow
+	for rows.Next() {
+		if err := scanEvent(rows, &r); err != nil {
+			return nil, fmt.Errorf("cannot read a row of %s.events: %w", v.db, err)
+		}
+		if !v.inRange(r.Time) {
+			continue
+		}
+		k := keyOf(&r)
+		out[k] = append(out[k], copyOf(&r))
+	}
+	return out, rows.Err()
+}
+
+// unleafed judges the copies of a row no leaf covers: unsealed yet, or unexpected when
+// it was ingested before the newest checkpoint less the margin, or in the future.
+func (v *verifier) unleafed(org string, cs []storedCopy, future, overdue time.Time) {
+	first, last := cs[0].ingestedAt, cs[0].ingestedAt
+	for i := range cs {
+		if cs[i].ingestedAt.Before(first) {
+			first = cs[i].ingestedAt
+		}
+		if cs[i].ingestedAt.After(last) {
+			last = cs[i].ingestedAt
+		}
+	}
+	switch {
+	case last.After(future):
+		v.problem(Problem{ID: cs[0].id, Kind: KindUnexpected, Org: org,
+			Reason: fmt.Sprintf("in no leaf, and ingested_at %s is in the future", fmtTime(last))})
+	case first.Before(overdue):
+		v.problem(Problem{ID: cs[0].id, Kind: KindUnexpected, Org: org,
+			Reason: fmt.Sprintf("in no leaf, though ingested at %s, more than the margin before the newest checkpoint (%s): ingest never noted it (written into ClickHouse by hand?)",
+				fmtTime(first), fmtTime(v.latest))})
+	default:
+		v.rep.UnsealedEvents++
+	}
+}
+
+// matchLeaf says why a stored copy of a row matches none of its leaves ("" when one
+// matches: the same content and Kafka record, and an ingested_at not after the
+// leaf's, since an insert attempt that did not store the whole batch leaves an earlier
+// copy, but not more than the margin before it), and which leaf it is closest to.
+func matchLeaf(r *storedCopy, ls []IndexedLeaf, margin time.Duration) (string, uint64) {
+	d := r.digest
+	why, closest := "", ls[0].Index
+	rank := 0
+	for _, lf := range ls {
+		switch {
+		case lf.Digest != d:
+			if rank < 1 {
+				why, closest, rank = fmt.Sprintf("the row at %s differs from what leaf %d sealed", r.time.Format(time.RFC3339Nano), lf.Index), lf.Index, 1
+			}
+		case lf.Partition != r.partition || lf.Offset != r.offset:
+			if rank < 2 {
+				why, closest, rank = fmt.Sprintf("its Kafka record (partition %d, offset %d) is not the one leaf %d sealed (partition %d, offset %d)",
+					r.partition, r.offset, lf.Index, lf.Partition, lf.Offset), lf.Index, 2
+			}
+		case r.ingestedAt.After(lf.IngestedAt):
+			if rank < 3 {
+				why, closest, rank = fmt.Sprintf("its ingested_at %s is later than when leaf %d says it was written (%s): moved after it was sealed",
+					fmtTime(r.ingestedAt), lf.Index, fmtTime(lf.IngestedAt)), lf.Index, 3
+			}
+		case r.ingestedAt.Before(lf.IngestedAt.Add(-margin)):
+			if rank < 3 {
+				why, closest, rank = fmt.Sprintf("its ingested_at %s is more than the margin before when leaf %d says it was written (%s): moved",
+					fmtTime(r.ingestedAt), lf.Index, fmtTime(lf.IngestedAt)), lf.Index, 3
+			}
+		default:
+			return "", lf.Index
+		}
+	}
+	return why, closest
 }

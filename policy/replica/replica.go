@@ -62,6 +62,10 @@ type Config struct {
 	// Started is when this process began deciding nothing yet: decisions from then on
 	// are its own, already in its limiter (default: New's clock).
 	Started time.Time
+	// Trail, when set, checks what the replica restores from ClickHouse against the
+	// audit log (Trail); nil trusts ClickHouse, as a deployment without an audit key
+	// must.
+	Trail Trail
 	// CatchUpTimeout bounds how long Run reads the topic's tail before it reports ready
 	// (default DefaultCatchUpTimeout); past it, it serves with what it read, and says so.
 	CatchUpTimeout time.Duration
@@ -454,66 +458,169 @@ func first(vs ...string) string {
 	return ""
 }
 
-// Bootstrap replays the governance events stored in ClickHouse in time order, adds the
-// day's usage to the spend, and returns, per partition, the offset after the last
-// record ClickHouse holds: where the stream must continue.
+// Trail is how the replica checks what it restores from ClickHouse (cmd/bandplane
+// wires ingest/seal's Log and the checkpoints topic to it): Coverage is the newest
+// signed coverage of the events topic (tlog.Coverage; ok false while nothing is
+// covered), and Sealed says which rows are leaves of their organization's log under a
+// verified checkpoint.
+type Trail interface {
+	Coverage(ctx context.Context) (offsets map[int]int64, ok bool, err error)
+	Sealed(ctx context.Context, rows []store.EventRow) ([]bool, error)
+}
+
+// start is where the replica takes the trail from: the records of each partition
+// below offsets from ClickHouse, the rest from the topic. With a Trail the offsets are
+// the signed coverage and a row is taken from ClickHouse only if it is sealed (checked
+// says so); without, ClickHouse is trusted and the offsets are where it ends.
+type start struct {
+	offsets map[int]int64
+	checked bool
+}
+
+func (r *Replica) start(ctx context.Context) (start, error) {
+	if r.cfg.Trail == nil {
+		offsets, err := r.storedOffsets(ctx)
+		return start{offsets: offsets}, err
+	}
+	offsets, ok, err := r.cfg.Trail.Coverage(ctx)
+	if err != nil {
+		return start{}, fmt.Errorf("cannot read the signed coverage of the trail: %w", err)
+	}
+	if !ok {
+		// Nothing sealed yet: every record comes from the topic.
+		r.log.Warn("no signed coverage of the trail yet (is a sealer running?): the policy state is read from the events topic only")
+		offsets = map[int]int64{}
+	}
+	return start{offsets: offsets, checked: true}, nil
+}
+
+// below says whether the record at partition p and offset o lies below the start: in
+// ClickHouse's part.
+func (s start) below(p int32, o int64) bool { return o < s.offsets[int(p)] }
+
+// keep filters rows read from ClickHouse: without a Trail all of them; with one, those
+// below the coverage that the log seals. The others are counted in the log: rows only
+// ClickHouse vouches for (written by hand), or, above the coverage, rows the topic
+// brings again.
+func (r *Replica) keep(ctx context.Context, st start, rows []store.EventRow, what string) ([]bool, error) {
+	out := make([]bool, len(rows))
+	if !st.checked {
+		for i := range out {
+			out[i] = true
+		}
+		return out, nil
+	}
+	var idx []int
+	var below []store.EventRow
+	for i := range rows {
+		if st.below(rows[i].Partition, rows[i].Offset) {
+			idx, below = append(idx, i), append(below, rows[i])
+		}
+	}
+	sealed, err := r.cfg.Trail.Sealed(ctx, below)
+	if err != nil {
+		return nil, fmt.Errorf("cannot check the %s ClickHouse holds against the audit log: %w", what, err)
+	}
+	refused := 0
+	for j, i := range idx {
+		if sealed[j] {
+			out[i] = true
+		} else {
+			refused++
+		}
+	}
+	if refused > 0 {
+		r.log.Error("ignoring rows ClickHouse holds that no verified leaf of the audit log seals (audit verify names them)",
+			"what", what, "rows", refused)
+	}
+	return out, nil
+}
+
+// governanceCols are what Bootstrap reads of a governance event: the event, and the
+// row's every column, which Trail.Sealed checks against its leaf.
+const governanceCols = `id, type, time, time_ms, org_id, room_id, actor_id, toString(actor_type), actor_handle, owner_id,
+		subject_id, subject_type, subject_handle, execution_id, source, schema_version, data, ingested_at, kafka_partition, kafka_offset`
+
+// eventOf is the event a stored row holds, as the replica applies it: without its
+// source, so that budgets come from the budgets table (bootstrapBudgets), as the
+// stream's bandplane events do not repeat them.
+func eventOf(row *store.EventRow) schema.Event {
+	ev := schema.Event{ID: row.ID, Type: row.Type, Time: row.Time, OrgID: row.OrgID, RoomID: row.RoomID,
+		Actor: schema.Party{ID: row.ActorID, Type: schema.ActorType(row.ActorType), Handle: row.ActorHandle},
+		Data:  json.RawMessage(row.Data),
+	}
+	if row.SubjectID != "" {
+		ev.Subject = &schema.Party{ID: row.SubjectID, Type: schema.ActorType(row.SubjectType), Handle: row.SubjectHandle}
+	}
+	return ev
+}
+
+// Bootstrap replays the governance events stored in ClickHouse below the start (start)
+// in time order, adds the day's usage to the spend, and returns, per partition, where
+// the stream must continue.
 func (r *Replica) Bootstrap(ctx context.Context) (map[int]int64, error) {
 	if err := r.cfg.validateSources(); err != nil {
 		return nil, err
 	}
 	db, conn := r.cfg.Database, r.cfg.Conn
-	start := time.Now()
-	// The offsets first: what is stored after them is read again from the stream, and
+	began := time.Now()
+	// The start first: what is stored after it is read again from the stream, and
 	// every change applied below is safe to apply twice, except usage, whose sum reads
-	// only the events before them.
-	offsets, err := r.storedOffsets(ctx)
+	// only the events before it.
+	st, err := r.start(ctx)
 	if err != nil {
 		return nil, err
 	}
-	rows, err := conn.Query(ctx, `SELECT id, type, time, time_ms, org_id, room_id, actor_id, toString(actor_type), actor_handle,
-		subject_id, subject_type, subject_handle, data
+	rows, err := conn.Query(ctx, `SELECT `+governanceCols+`
 		FROM `+db+`.events FINAL WHERE has(?, type) ORDER BY time, time_ms, kafka_partition, kafka_offset`, schema.GovernanceTypes)
 	if err != nil {
 		return nil, fmt.Errorf("cannot read governance events from %s.events: %w", db, err)
 	}
-	n := 0
+	var gov []store.EventRow
 	for rows.Next() {
-		var ev schema.Event
+		var row store.EventRow
 		var ms uint16
-		var subj schema.Party
-		var data string
-		var at, st string
-		if err := rows.Scan(&ev.ID, &ev.Type, &ev.Time, &ms, &ev.OrgID, &ev.RoomID, &ev.Actor.ID, &at, &ev.Actor.Handle,
-			&subj.ID, &st, &subj.Handle, &data); err != nil {
+		if err := rows.Scan(&row.ID, &row.Type, &row.Time, &ms, &row.OrgID, &row.RoomID, &row.ActorID, &row.ActorType, &row.ActorHandle,
+			&row.OwnerID, &row.SubjectID, &row.SubjectType, &row.SubjectHandle, &row.ExecutionID, &row.Source, &row.SchemaVersion,
+			&row.Data, &row.IngestedAt, &row.Partition, &row.Offset); err != nil {
 			rows.Close()
 			return nil, fmt.Errorf("cannot read governance events from %s.events: %w", db, err)
 		}
-		ev.Time = ev.Time.UTC().Add(time.Duration(ms) * time.Millisecond)
-		ev.Actor.Type, subj.Type = schema.ActorType(at), schema.ActorType(st)
-		if subj.ID != "" {
-			ev.Subject = &subj
-		}
-		ev.Data = json.RawMessage(data)
-		if err := r.Apply(ctx, &ev); err != nil {
-			r.log.Warn("skipping a governance event that cannot be applied", "event_id", ev.ID, "err", err)
-		}
-		n++
+		row.Time = row.Time.UTC().Add(time.Duration(ms) * time.Millisecond)
+		row.IngestedAt = row.IngestedAt.UTC()
+		gov = append(gov, row)
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
 		return nil, err
 	}
+	keep, err := r.keep(ctx, st, gov, "governance events")
+	if err != nil {
+		return nil, err
+	}
+	n := 0
+	for i := range gov {
+		if !keep[i] {
+			continue
+		}
+		ev := eventOf(&gov[i])
+		if err := r.Apply(ctx, &ev); err != nil {
+			r.log.Warn("skipping a governance event that cannot be applied", "event_id", ev.ID, "err", err)
+		}
+		n++
+	}
 	if err := r.bootstrapBudgets(ctx); err != nil {
 		return nil, err
 	}
-	if err := r.bootstrapSpend(ctx, offsets); err != nil {
+	if err := r.bootstrapSpend(ctx, st.offsets); err != nil {
 		return nil, err
 	}
-	if err := r.bootstrapRates(ctx); err != nil {
+	if err := r.bootstrapRates(ctx, st); err != nil {
 		return nil, err
 	}
-	r.log.Info("directory bootstrapped from clickhouse", "governance_events", n, "took", time.Since(start).String(), "resume_offsets", fmt.Sprint(offsets))
-	return offsets, nil
+	r.log.Info("directory bootstrapped from clickhouse", "governance_events", n, "checked_against_the_audit_log", st.checked,
+		"took", time.Since(began).String(), "resume_offsets", fmt.Sprint(st.offsets))
+	return st.offsets, nil
 }
 
 // storedOffsets is, per partition, the offset after the last record ClickHouse holds.

@@ -10,6 +10,7 @@ import (
 
 	kafkago "github.com/segmentio/kafka-go"
 
+	"github.com/bandplane/bandplane/ingest/store"
 	"github.com/bandplane/bandplane/policy"
 	"github.com/bandplane/bandplane/policy/api"
 	"github.com/bandplane/bandplane/schema"
@@ -57,7 +58,7 @@ type restoreState struct {
 }
 
 // bootstrapRates restores the limiter from the decisions stored in ClickHouse.
-func (r *Replica) bootstrapRates(ctx context.Context) error {
+func (r *Replica) bootstrapRates(ctx context.Context, st start) error {
 	if r.cfg.Limiter == nil {
 		return nil
 	}
@@ -72,24 +73,41 @@ func (r *Replica) bootstrapRates(ctx context.Context) error {
 	// visitParam* read the first "decision" and "allow" keys: api.DecidedData writes
 	// them first (query/audit.go reads them the same way). The data is decoded and
 	// checked again below; this only spares reading every other decision.
-	rows, err := r.cfg.Conn.Query(ctx, `SELECT id, org_id, data FROM `+r.cfg.Database+`.events FINAL
+	rows, err := r.cfg.Conn.Query(ctx, `SELECT `+governanceCols+` FROM `+r.cfg.Database+`.events FINAL
 		WHERE type = ? AND time >= ? AND time <= ?
 		AND visitParamExtractString(data, 'decision') = ? AND visitParamExtractBool(data, 'allow') = 1
 		ORDER BY time, time_ms`, schema.TypePolicyDecided, from, r.cfg.Started.Add(time.Minute).UTC(), policy.SendMessage)
 	if err != nil {
 		return fmt.Errorf("cannot read the allowed send_message decisions since %s from %s.events: %w", from.Format(time.RFC3339), r.cfg.Database, err)
 	}
-	defer rows.Close()
+	var decisions []store.EventRow
 	for rows.Next() {
-		var id, org, data string
-		if err := rows.Scan(&id, &org, &data); err != nil {
+		var row store.EventRow
+		var ms uint16
+		if err := rows.Scan(&row.ID, &row.Type, &row.Time, &ms, &row.OrgID, &row.RoomID, &row.ActorID, &row.ActorType, &row.ActorHandle,
+			&row.OwnerID, &row.SubjectID, &row.SubjectType, &row.SubjectHandle, &row.ExecutionID, &row.Source, &row.SchemaVersion,
+			&row.Data, &row.IngestedAt, &row.Partition, &row.Offset); err != nil {
+			rows.Close()
 			return fmt.Errorf("cannot read the allowed send_message decisions from %s.events: %w", r.cfg.Database, err)
 		}
-		if r.restoreDecision(id, org, []byte(data)) {
+		row.Time = row.Time.UTC().Add(time.Duration(ms) * time.Millisecond)
+		row.IngestedAt = row.IngestedAt.UTC()
+		decisions = append(decisions, row)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	keep, err := r.keep(ctx, st, decisions, "send_message decisions")
+	if err != nil {
+		return err
+	}
+	for i := range decisions {
+		if keep[i] && r.restoreDecision(decisions[i].ID, decisions[i].OrgID, []byte(decisions[i].Data)) {
 			r.restored.count(false)
 		}
 	}
-	return rows.Err()
+	return nil
 }
 
 // settledExecutions reads which executions' usage ClickHouse holds since the oldest

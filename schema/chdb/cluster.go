@@ -49,6 +49,11 @@ var shardKeys = map[string]string{
 	"budgets":           "org_id, budget_id",
 	"prices":            "model",
 	"jobs":              "org_id, id",
+	"log_leaves":        "org_id, id",
+	"log_index":         "org_id, idx",
+	"log_tree":          "org_id, idx",
+	"checkpoints":       "org_id",
+	"key_rotations":     "note",
 }
 
 // LocalSuffix names a table's local (replicated) part on a cluster.
@@ -80,6 +85,7 @@ func ClusterSettings() clickhouse.Settings {
 // each other.
 var recordTables = map[string]bool{
 	"events": true, "usage": true, "dead_letters": true, "api_keys": true, "seals": true, "seal_entries": true,
+	"log_leaves": true, "log_index": true, "log_tree": true, "checkpoints": true, "key_rotations": true,
 	"retention_cuts": true, "prices": true, "jobs": true, "schema_migrations": true,
 }
 

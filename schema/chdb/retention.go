@@ -159,7 +159,7 @@ type Cut struct {
 	Before     time.Time `json:"before"`
 	At         time.Time `json:"at"` // when the run started (seconds)
 	Partitions uint64    `json:"partitions"`
-	// KeyID is the fingerprint of the audit key that signed the cut (ingest/seal.KeyID)
+	// KeyID is the fingerprint of the audit key that signed the cut (ingest/seal/tlog.KeyID)
 	// and Signature the hex Ed25519 signature of ingest/seal.CutContent; both are ""
 	// for a cut recorded without the key.
 	KeyID     string `json:"key_id"`

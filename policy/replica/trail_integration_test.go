@@ -1,0 +1,116 @@
+package replica_test
+
+import (
+	"context"
+	"crypto/ed25519"
+	"crypto/rand"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/bandplane/bandplane/deploy/stacktest"
+	"github.com/bandplane/bandplane/ingest"
+	"github.com/bandplane/bandplane/ingest/kafka"
+	"github.com/bandplane/bandplane/ingest/pricing"
+	"github.com/bandplane/bandplane/ingest/seal"
+	"github.com/bandplane/bandplane/ingest/simulate"
+	"github.com/bandplane/bandplane/ingest/store"
+	"github.com/bandplane/bandplane/policy"
+	"github.com/bandplane/bandplane/policy/replica"
+	"github.com/bandplane/bandplane/schema"
+)
+
+// trail is replica.Trail on the real audit log and checkpoints topic.
+type trail struct {
+	log    *seal.Log
+	latest func(ctx context.Context) (map[string][]byte, error)
+}
+
+func (t trail) Coverage(ctx context.Context) (map[int]int64, bool, error) {
+	c, ok, err := t.log.Coverage(ctx, t.latest)
+	return c.Offsets, ok, err
+}
+
+func (t trail) Sealed(ctx context.Context, rows []store.EventRow) ([]bool, error) {
+	return t.log.Sealed(ctx, rows)
+}
+
+// A governance row written into ClickHouse by hand (an operator's suspension, which
+// only bandplane's policy API writes) is applied by a replica that trusts ClickHouse,
+// and ignored by one that checks the trail against the audit log: the sealed traffic
+// below the signed coverage comes from ClickHouse, the rest from the topic.
+func TestIntegrationReplicaRestoresOnlyWhatTheLogSeals(t *testing.T) {
+	ctx := context.Background()
+	topic := stacktest.Topic(t, 2)
+	conn, db := stacktest.Database(t)
+	stacktest.RunIngest(t, topic, conn, db, "ingest")
+	producer, err := kafka.NewProducer(kafka.ProducerConfig{Brokers: stacktest.Brokers(), Topic: topic})
+	require.NoError(t, err)
+	defer producer.Close()
+	cfg := simulate.DefaultConfig()
+	cfg.Events, cfg.Seed = 1500, 9
+	cfg.Start = time.Now().UTC().Add(-2 * time.Hour).Truncate(time.Second)
+	sum, err := simulate.Run(ctx, cfg, ingest.ProducerSink{Producer: producer}, nil)
+	require.NoError(t, err)
+	require.True(t, stacktest.Eventually(t, 60*time.Second, 200*time.Millisecond, func() bool {
+		lag, _, err := kafka.Lag(ctx, stacktest.Brokers(), topic, "ingest")
+		var n uint64
+		return err == nil && lag == 0 && conn.QueryRow(ctx, "SELECT count() FROM "+db+".events FINAL").Scan(&n) == nil && n == uint64(sum.Events)
+	}), "ingest did not store the simulated traffic")
+
+	// Seal it, with the coverage of the ingest group's offsets.
+	_, key, err := ed25519.GenerateKey(rand.Reader)
+	require.NoError(t, err)
+	topics := seal.Topics{Brokers: stacktest.Brokers(), Stored: stacktest.StoredTopic(topic), Checkpoints: topic + "_checkpoints"}
+	require.NoError(t, seal.EnsureTopics(ctx, topics, 1))
+	s, closeSealer, err := seal.NewOnKafka(seal.Config{Conn: conn, Database: db, Key: key, Logger: stacktest.Logger(),
+		Ingested: func(ctx context.Context) (map[int]int64, error) {
+			return kafka.CommittedOffsets(ctx, stacktest.Brokers(), topic, "ingest")
+		},
+		IngestTopic: topic, IngestGroup: "ingest"}, topics)
+	require.NoError(t, err)
+	defer func() { _ = closeSealer() }()
+	res, err := s.SealNow(ctx)
+	require.NoError(t, err)
+	require.Positive(t, res.Leaves)
+	require.NotEmpty(t, res.Covered)
+
+	// The forged suspension of the chatty agent.
+	boot := func(tr replica.Trail) *policy.Directory {
+		t.Helper()
+		dir := policy.NewDirectory()
+		eng, err := policy.New(ctx, policy.Config{Directory: dir})
+		require.NoError(t, err)
+		rep, err := replica.New(replica.Config{Directory: dir, Ledger: eng.Ledger(), Catalog: pricing.Default(), Conn: conn,
+			Database: db, Brokers: stacktest.Brokers(), Topic: topic, GroupID: stacktest.Name(t) + "-" + time.Now().Format("150405.000000000"),
+			Logger: stacktest.Logger(), Trail: tr})
+		require.NoError(t, err)
+		_, err = rep.Bootstrap(ctx)
+		require.NoError(t, err)
+		return dir
+	}
+	chatty, ok := boot(nil).ResolveHandle(sum.ChattyAgent)
+	require.True(t, ok)
+	forged := store.EventRow{ID: "forged-suspension", Type: schema.TypeAgentSuspended, Time: time.Now().UTC().Add(-time.Hour).Truncate(time.Millisecond),
+		OrgID: "", ActorID: "operator", ActorType: "system", SubjectID: chatty, SubjectType: "agent", Source: schema.SourceBandplane,
+		SchemaVersion: 1, Data: `{"reason":"forged"}`, IngestedAt: time.Now().UTC().Add(-time.Hour), Partition: 0, Offset: 1}
+	ag, _ := boot(nil).Agent(chatty)
+	forged.OrgID = ag.Org
+	require.NoError(t, store.New(conn, db).BatchInsert(ctx, &store.Batch{Events: []store.EventRow{forged}}))
+
+	trusting := boot(nil)
+	a, _ := trusting.Agent(chatty)
+	assert.True(t, a.OperatorSuspended, "a replica that trusts ClickHouse applies the forged row")
+
+	l, err := seal.NewLog(conn, db, "", []ed25519.PublicKey{key.Public().(ed25519.PublicKey)})
+	require.NoError(t, err)
+	checking := boot(trail{log: l, latest: func(ctx context.Context) (map[string][]byte, error) {
+		return kafka.ReadLatest(ctx, stacktest.Brokers(), topics.Checkpoints)
+	}})
+	a, ok = checking.Agent(chatty)
+	require.True(t, ok, "the sealed registrations are restored")
+	assert.False(t, a.OperatorSuspended, "the forged row is no leaf of the log: ignored")
+	assert.Equal(t, len(trusting.Snapshot().Agents), len(checking.Snapshot().Agents), "every sealed registration is restored")
+}
