@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"time"
 
 	kafkago "github.com/segmentio/kafka-go"
@@ -69,6 +70,7 @@ type GroupReader struct {
 	genDone chan struct{}
 	pos     map[int]int64 // the next offset to read, per held partition
 	read    map[int]int64 // what the last Drain read up to, to commit
+	base    map[int]int64 // where the generation started or the last Commit left pos
 	readers map[int]*kafkago.Reader
 	errLog  kafkago.Logger
 }
@@ -120,7 +122,7 @@ func (g *GroupReader) generation(ctx context.Context) error {
 	done := make(chan struct{})
 	gen.Start(func(ctx context.Context) { <-ctx.Done(); close(done) })
 	g.gen, g.genDone = gen, done
-	g.pos, g.read = map[int]int64{}, map[int]int64{}
+	g.pos, g.read, g.base = map[int]int64{}, map[int]int64{}, map[int]int64{}
 	var unset []kafkago.OffsetRequest
 	for _, a := range gen.Assignments[g.cfg.Topic] {
 		if a.Offset >= 0 {
@@ -141,6 +143,7 @@ func (g *GroupReader) generation(ctx context.Context) error {
 			g.pos[p.Partition] = p.FirstOffset
 		}
 	}
+	maps.Copy(g.base, g.pos)
 	return nil
 }
 
@@ -151,8 +154,40 @@ func (g *GroupReader) closeReaders() {
 	}
 }
 
-// Holds says whether this member held the topic's partitions at the last Drain.
-func (g *GroupReader) Holds() bool { return len(g.pos) > 0 }
+// Holds says whether this member holds the topic's partitions: it did at the last
+// Drain, and that generation has not ended since.
+func (g *GroupReader) Holds() bool {
+	if len(g.pos) == 0 || g.genDone == nil {
+		return false
+	}
+	select {
+	case <-g.genDone:
+		return false
+	default:
+		return true
+	}
+}
+
+// Generation identifies the member's generation at the last Drain (0 before one): a
+// change says another member may have read and committed in between, so anything the
+// caller derived from an earlier generation may be stale.
+func (g *GroupReader) Generation() int64 {
+	if g.gen == nil {
+		return 0
+	}
+	return int64(g.gen.ID)
+}
+
+// Rewind forgets what the Drains since the last Commit returned: the next Drain
+// returns those records again, and Commit commits nothing until then.
+func (g *GroupReader) Rewind() {
+	if len(g.read) == 0 {
+		return
+	}
+	g.closeReaders()
+	maps.Copy(g.pos, g.base)
+	g.read = map[int]int64{}
+}
 
 // Drain returns the records of the held partitions from the committed offsets up to
 // each partition's end as of the call, at most max; more says it stopped at max.
@@ -219,6 +254,7 @@ func (g *GroupReader) Commit(ctx context.Context) error {
 	if err := g.gen.CommitOffsets(map[string]map[int]int64{g.cfg.Topic: offsets}); err != nil {
 		return fmt.Errorf("cannot commit the offsets of group %s on topic %s: %w", g.cfg.GroupID, g.cfg.Topic, err)
 	}
+	maps.Copy(g.base, offsets)
 	g.read = map[int]int64{}
 	return nil
 }

@@ -629,6 +629,32 @@ func Partitions(ctx context.Context, brokers []string, topic string) ([]int, err
 	return nil, fmt.Errorf("topic %s does not exist", topic)
 }
 
+// EndOffsets returns the end offset of each partition of topic (the offset its next
+// record gets).
+func EndOffsets(ctx context.Context, brokers []string, topic string) (map[int]int64, error) {
+	parts, err := Partitions(ctx, brokers, topic)
+	if err != nil {
+		return nil, err
+	}
+	req := make([]kafkago.OffsetRequest, len(parts))
+	for i, p := range parts {
+		req[i] = kafkago.LastOffsetOf(p)
+	}
+	c := &kafkago.Client{Addr: kafkago.TCP(brokers...), Timeout: 10 * time.Second}
+	resp, err := c.ListOffsets(ctx, &kafkago.ListOffsetsRequest{Topics: map[string][]kafkago.OffsetRequest{topic: req}})
+	if err != nil {
+		return nil, fmt.Errorf("cannot read the end offsets of topic %s: %w", topic, err)
+	}
+	out := map[int]int64{}
+	for _, p := range resp.Topics[topic] {
+		if p.Error != nil {
+			return nil, fmt.Errorf("cannot read the end offset of topic %s partition %d: %w", topic, p.Partition, p.Error)
+		}
+		out[p.Partition] = p.LastOffset
+	}
+	return out, nil
+}
+
 // CommittedOffsets returns the offset group has committed for each partition of topic
 // (the next record it will read); a partition without one is absent.
 func CommittedOffsets(ctx context.Context, brokers []string, topic, group string) (map[int]int64, error) {
