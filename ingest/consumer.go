@@ -296,9 +296,10 @@ type pending struct {
 	dlq      []kafkago.Message       // the dead-letter messages, parallel to batch.DeadLetters
 	last     map[int]kafkago.Message // highest message per partition, for the commit
 	replays  int                     // records whose event was stored already, same content
-	// stored are the rows ClickHouse holds for the batch's events, for its notes: the
-	// copies of replays found by the check, then those each insert wrote.
-	stored  []store.EventRow
+	// notes are the leaves of the rows ClickHouse holds for the batch's events: those
+	// of the records' own copies that the check found (ownLeaf), then those each insert
+	// wrote.
+	notes   []tlog.Leaf
 	lookup  time.Duration // how long checkStored took
 	written chan struct{} // closed once the writer is done with the batch
 
@@ -947,11 +948,16 @@ func (c *Consumer) store(ctx context.Context, p *pending) bool {
 // checkStored looks up, in one query, which of the batch's events are stored already
 // under the same replacing key (organization, second, id), and:
 //   - keeps the first attribution of a replayed event that was stored without an
-//     organization (its organization and owner as stored), so that it collapses with
-//     the stored row instead of being stored again under its organization;
+//     organization (no organization, and the owner of a party ingest did not know), so
+//     that it collapses with the stored row instead of being stored again under its
+//     organization;
 //   - drops the event row of a replay (same ContentDigest as the stored row): the
 //     original keeps its ingested_at, owner and Kafka coordinates, and seals stay
-//     valid; the record's usage and directory rows are still written (idempotent);
+//     valid; the record's usage and directory rows are still written (idempotent). A
+//     stored copy that is the record's own is noted again (ownLeaf): its notes may
+//     never have left (a crash between the insert and the notes; the sealer drops a
+//     note it has). Any other copy with the same content is a replay of another
+//     record (a platform resend), noted when it was stored, or an edit: not noted;
 //   - dead-letters a record whose event reuses a stored id with other content: the
 //     original is never replaced;
 //   - within the batch, keeps one row of identical duplicates and dead-letters a later
@@ -999,10 +1005,15 @@ func (c *Consumer) checkStored(ctx context.Context, p *pending) bool {
 			if len(rows) == 0 {
 				continue
 			}
-			owner := stored[rows[0]].OwnerID
-			ev[i].OrgID, ev[i].OwnerID = "", owner
+			// The event row is not written again (it is a replay, or dead-lettered), only
+			// compared with the stored copies to find the record's own (ownLeaf): it gets
+			// the owner ingest stores while the party is unknown, as it was when the row
+			// was stored without an organization, not the stored copy's, which may be an
+			// edit. The usage row keeps the stored owner so that it collapses with the
+			// stored usage row unchanged; usage is not part of the trail.
+			ev[i].OrgID, ev[i].OwnerID = "", unknownPartyOwner(&ev[i])
 			if u, ok := usageOf[p.evRec[i]]; ok {
-				p.batch.Usage[u].OrgID, p.batch.Usage[u].OwnerID = "", owner
+				p.batch.Usage[u].OrgID, p.batch.Usage[u].OwnerID = "", stored[rows[0]].OwnerID
 			}
 		}
 	}
@@ -1027,9 +1038,9 @@ func (c *Consumer) checkStored(ctx context.Context, p *pending) bool {
 			same := false
 			for _, j := range rows {
 				if stored[j].ContentDigest() == d {
-					// Noted again: it may be the copy of an insert whose notes never
-					// left (a crash between the two); the sealer drops a note it has.
-					p.stored = append(p.stored, stored[j])
+					if l, ok := ownLeaf(e, &stored[j]); ok {
+						p.notes = append(p.notes, l)
+					}
 					same = true
 				}
 			}
@@ -1192,8 +1203,8 @@ func (c *Consumer) produceDeadLetters(ctx context.Context, msgs []kafkago.Messag
 // a crash in between redelivers the batch, whose rows are then replays, noted again. A
 // record ClickHouse refused may still have its event row stored (BatchInsert writes the
 // events before the work-status tables and the dead letters): it is looked up, and a
-// copy that is the record's own is noted too. It returns false only if it was given up
-// (shutdown).
+// copy that is the record's own (ownLeaf) is noted too. It returns false only if it was
+// given up (shutdown).
 func (c *Consumer) note(ctx context.Context, p *pending, failed []refused) bool {
 	if c.cfg.Notes == nil {
 		return true
@@ -1221,27 +1232,59 @@ func (c *Consumer) note(ctx context.Context, p *pending, failed []refused) bool 
 				c.m.LookupErrors.Inc()
 				c.log.Error("cannot look up whether refused records left event rows; those rows stay unsealed (audit verify reports them)", "err", err, "records", len(keys))
 			}
-			for _, r := range rows {
-				for _, e := range mine[store.KeyOf(&r)] {
-					if r.ContentDigest() == e.ContentDigest() && r.Partition == e.Partition && r.Offset == e.Offset {
-						p.stored = append(p.stored, r)
+			for i := range rows {
+				for _, e := range mine[store.KeyOf(&rows[i])] {
+					if l, ok := ownLeaf(e, &rows[i]); ok {
+						p.notes = append(p.notes, l)
 						break
 					}
 				}
 			}
 		}
 	}
-	if len(p.stored) == 0 {
+	if len(p.notes) == 0 {
 		return true
 	}
-	leaves := make([]tlog.Leaf, len(p.stored))
-	for i := range p.stored {
-		leaves[i] = tlog.LeafOf(&p.stored[i])
-	}
 	err := c.retry(ctx, "produce the notes of stored events", c.m.NoteErrors, func(error) bool { return false }, func() error {
-		return c.cfg.Notes.WriteNotes(ctx, leaves)
+		return c.cfg.Notes.WriteNotes(ctx, p.notes)
 	})
 	return err == nil
+}
+
+// ownLeaf is the leaf of e, the row ingest writes for a record, as an earlier insert
+// attempt of that record stored it, if r (a copy of e's key read back from ClickHouse)
+// is that attempt's: its Kafka partition and offset are the record's, and its
+// SealDigest (the content and owner_id) is e's. The leaf is built from e, never from
+// r: ClickHouse is writable by the attacker, so only ingested_at, which ingest stamped
+// at that attempt and cannot know otherwise, is taken from r. A copy with other
+// coordinates or another owner is not the record's own: a replay of another record
+// with the same content (a platform resend), noted when it was stored, or an edit.
+func ownLeaf(e, r *store.EventRow) (tlog.Leaf, bool) {
+	if r.Partition != e.Partition || r.Offset != e.Offset {
+		return tlog.Leaf{}, false
+	}
+	own := *e
+	own.IngestedAt = r.IngestedAt
+	l := tlog.LeafOf(&own)
+	if r.SealDigest() != l.Digest {
+		return tlog.Leaf{}, false
+	}
+	return l, true
+}
+
+// noDirectory knows no party: Enrich with it attributes an event as ingest does while
+// its party is not in the directory.
+var noDirectory = NewDirectory()
+
+// unknownPartyOwner is the owner ingest stores for the event of row e while its party
+// is unknown (Enrich, from the row's actor and subject): the owner of a replay that was
+// stored without an organization.
+func unknownPartyOwner(e *store.EventRow) string {
+	ev := schema.Event{Actor: schema.Party{ID: e.ActorID, Type: schema.ActorType(e.ActorType)}}
+	if e.SubjectID != "" || e.SubjectType != "" {
+		ev.Subject = &schema.Party{ID: e.SubjectID, Type: schema.ActorType(e.SubjectType)}
+	}
+	return Enrich(&ev, noDirectory)
 }
 
 // refused is a record that ClickHouse refuses on its own.
@@ -1291,7 +1334,7 @@ func (c *Consumer) insert(ctx context.Context, p *pending) ([]refused, bool) {
 		if err == nil {
 			for _, r := range b.Events {
 				r.IngestedAt = b.IngestedAt
-				p.stored = append(p.stored, r)
+				p.notes = append(p.notes, tlog.LeafOf(&r))
 			}
 			continue
 		}

@@ -61,19 +61,24 @@ func TestConsumerNotesWhatItStoredBeforeItCommits(t *testing.T) {
 	assert.Equal(t, float64(3), counterValue(t, h.metrics.NoteErrors))
 }
 
-// A replay is not written again, but its stored copy is noted again: the notes of the
-// first insert may never have left (a crash between the insert and the notes).
+// A redelivered record is not written again, but its own stored copy (its Kafka
+// record, the content and owner ingest writes for it) is noted again, with the
+// ingested_at of the insert that stored it: the notes of that insert may never have
+// left (a crash between the insert and the notes).
 func TestConsumerNotesAReplaysStoredCopy(t *testing.T) {
 	orig := eventLine("e1", "message.created", "u1", "user", "org-1", `{"content":"original"}`)
 	stored := storedRow(t, orig, 0, 0)
-	stored.IngestedAt = time.Date(2026, 11, 2, 10, 0, 1, 0, time.UTC)
+	stored.OwnerID, stored.IngestedAt = "u1", time.Date(2026, 11, 2, 10, 0, 1, 0, time.UTC)
 	st := &fakeStorage{preStored: []store.EventRow{stored}}
 	notes := &fakeNotes{}
 	h := startWith(t, st, func(c *ingest.Config) { c.BatchSize, c.Notes = 1, notes })
 	h.send(0, orig)
 	require.Eventually(t, func() bool { return h.reader.commit(0) == 1 }, 5*time.Second, time.Millisecond)
 	assert.Empty(t, st.events(), "a replay is not written")
-	assert.Equal(t, []tlog.Leaf{tlog.LeafOf(&stored)}, notes.all())
+	got := notes.all()
+	assert.Equal(t, []tlog.Leaf{tlog.LeafOf(&stored)}, got)
+	require.Len(t, got, 1)
+	assert.Equal(t, stored.IngestedAt, got[0].IngestedAt, "the stored copy's ingested_at: ingest cannot know it otherwise")
 
 	// A reused id with other content is dead-lettered, and nothing of it is noted.
 	h.send(0, eventLine("e1", "message.created", "u1", "user", "org-1", `{"content":"forged"}`))
@@ -106,5 +111,138 @@ func TestConsumerNotesARefusedRecordOnlyWhenItsRowIsStored(t *testing.T) {
 	assert.Len(t, got, 7)
 	for _, l := range got {
 		assert.NotEqual(t, "e3", l.ID, "the refused record's row is not stored: not noted")
+	}
+}
+
+// Hostile: an attacker with ClickHouse write access edits a sealed row in what the
+// content digest leaves out (owner_id, ingested_at, the Kafka record) and waits for a
+// redelivery of its record. The edited copy has the record's content but is not the
+// record's own, so nothing is noted: the sealer never gets a leaf for the edit, and
+// verify keeps reporting the row modified. A platform resend (another record with the
+// same content) is not noted either: the copy's own record was noted when it was
+// stored.
+func TestConsumerNotesNoEditedOrForeignCopyOnRedelivery(t *testing.T) {
+	orig := eventLine("e1", "message.created", "u1", "user", "org-1", `{"content":"original"}`)
+	sealed := storedRow(t, orig, 0, 0) // as ingest stored it from partition 0, offset 0
+	sealed.OwnerID, sealed.IngestedAt = "u1", time.Date(2026, 11, 2, 10, 0, 1, 0, time.UTC)
+	for _, tc := range []struct {
+		name string
+		edit func(r *store.EventRow)
+		at   int64 // the offset the record is delivered at
+	}{
+		{"owner_id, ingested_at and kafka_offset", func(r *store.EventRow) {
+			r.OwnerID, r.IngestedAt, r.Offset = "mallory", r.IngestedAt.Add(time.Hour), r.Offset+100000
+		}, 0},
+		{"owner_id", func(r *store.EventRow) { r.OwnerID = "mallory" }, 0},
+		{"owner_id and ingested_at", func(r *store.EventRow) { r.OwnerID, r.IngestedAt = "mallory", r.IngestedAt.Add(time.Hour) }, 0},
+		{"kafka_offset", func(r *store.EventRow) { r.Offset += 100000 }, 0},
+		{"kafka_partition", func(r *store.EventRow) { r.Partition = 1 }, 0},
+		{"a platform resend, not an edit", func(*store.EventRow) {}, 8},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			edited := sealed
+			tc.edit(&edited)
+			st := &fakeStorage{preStored: []store.EventRow{edited}}
+			notes := &fakeNotes{}
+			h := startWith(t, st, func(c *ingest.Config) { c.BatchSize, c.Notes = 1, notes })
+			h.offset[0] = tc.at
+			h.send(0, orig)
+			require.Eventually(t, func() bool { return h.reader.commit(0) == tc.at+1 }, 5*time.Second, time.Millisecond)
+			assert.Empty(t, st.events(), "same content: a replay, not written")
+			assert.Empty(t, notes.all(), "not the record's own copy: nothing noted")
+			assert.Equal(t, float64(1), counterValue(t, h.metrics.Records.WithLabelValues("replayed")))
+		})
+	}
+}
+
+// A record ClickHouse refuses may leave its event row stored (the events table took
+// it, a later table refused the record). That row is noted only if it is the record's
+// own, as ingest wrote it; a copy edited since is not.
+func TestConsumerNotesARefusedRecordsStoredRowOnlyIfItIsItsOwn(t *testing.T) {
+	line := strings.Replace(eventLine("e1", "message.created", "u1", "user", "org-1", `{"content":"hi"}`), "room-1", "poison-room", 1)
+	for _, tc := range []struct {
+		name  string
+		edit  func(r *store.EventRow)
+		noted bool
+	}{
+		{"as ingest wrote it", func(*store.EventRow) {}, true},
+		{"owner_id edited", func(r *store.EventRow) { r.OwnerID = "mallory" }, false},
+		{"kafka_offset edited", func(r *store.EventRow) { r.Offset += 100000 }, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			st := &fakeStorage{}
+			var left store.EventRow
+			st.refuse = func(b *store.Batch) error {
+				for _, e := range b.Events { // called with st.mu held
+					if e.RoomID == "poison-room" {
+						left = e
+						left.IngestedAt = b.IngestedAt
+						tc.edit(&left)
+						st.preStored = append(st.preStored, left)
+					}
+				}
+				return refuseRoom(b)
+			}
+			notes := &fakeNotes{}
+			h := startWith(t, st, func(c *ingest.Config) { c.BatchSize, c.Notes = 1, notes })
+			h.send(0, line)
+			require.Eventually(t, func() bool { return h.reader.commit(0) == 1 }, 5*time.Second, time.Millisecond)
+			require.Len(t, st.all().DeadLetters, 1, "the record is dead-lettered")
+			if !tc.noted {
+				assert.Empty(t, notes.all())
+				return
+			}
+			st.mu.Lock()
+			want := tlog.LeafOf(&left)
+			st.mu.Unlock()
+			assert.Equal(t, []tlog.Leaf{want}, notes.all())
+			assert.Equal(t, "u1", left.OwnerID)
+		})
+	}
+}
+
+// A replay of an event stored without an organization, redelivered once its agent has
+// registered, keeps org "": its stored copy is noted again only with the owner ingest
+// stored for an agent it did not know (none). An owner_id written into that copy
+// since is not taken for the record's.
+func TestConsumerNotesALateAttributedReplayOnlyWithTheOwnerIngestStored(t *testing.T) {
+	u1 := eventLine("u1", "usage.reported", "agent-7", "agent", "", usageData)
+	for _, tc := range []struct {
+		name  string
+		owner string // the stored copy's owner_id
+		noted bool
+	}{
+		{"as ingest wrote it", "", true},
+		{"owner_id edited", "mallory", false},
+		{"owner_id set to the agent's owner", "owner-1", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			stored := storedRow(t, u1, 1, 0)
+			stored.OwnerID, stored.IngestedAt = tc.owner, time.Date(2026, 11, 2, 10, 0, 1, 0, time.UTC)
+			st := &fakeStorage{preStored: []store.EventRow{stored}}
+			notes := &fakeNotes{}
+			h := startWith(t, st, func(c *ingest.Config) {
+				c.BatchSize, c.Notes = 2, notes
+				c.LateParties = map[string]time.Time{"agent-7": time.Now()}
+			})
+			h.send(0, registration("agent-7", "owner-1", "org-9", "gpt-5-mini"))
+			h.send(1, u1) // redelivered at the offset it was stored from
+			require.Eventually(t, func() bool { return h.reader.commit(0) == 1 && h.reader.commit(1) == 1 }, 5*time.Second, time.Millisecond)
+			for _, e := range st.events() {
+				assert.NotEqual(t, "u1", e.ID, "a replay is not written again")
+			}
+			var got []tlog.Leaf
+			for _, l := range notes.all() {
+				if l.ID == "u1" {
+					got = append(got, l)
+				}
+			}
+			if !tc.noted {
+				assert.Empty(t, got)
+				return
+			}
+			assert.Equal(t, []tlog.Leaf{tlog.LeafOf(&stored)}, got)
+			assert.Equal(t, "", got[0].Org)
+		})
 	}
 }

@@ -182,7 +182,7 @@ func header(m kafkago.Message, key string) (string, bool) {
 
 type harness struct {
 	reader  *fakeReader
-	storage *fakeStorage
+	storage ingest.Storage
 	dlq     *fakeDLQ
 	metrics *ingest.Metrics
 	cancel  context.CancelFunc
@@ -194,7 +194,7 @@ func startConsumer(t *testing.T, batchSize int, age time.Duration, storage *fake
 	return startWith(t, storage, func(c *ingest.Config) { c.BatchSize, c.BatchAge = batchSize, age })
 }
 
-func startWith(t *testing.T, storage *fakeStorage, mod func(*ingest.Config)) *harness {
+func startWith(t *testing.T, storage ingest.Storage, mod func(*ingest.Config)) *harness {
 	h := &harness{reader: newFakeReader(), storage: storage, dlq: &fakeDLQ{}, metrics: ingest.NewMetrics(nil), done: make(chan struct{}), offset: map[int]int64{}}
 	cfg := ingest.Config{
 		Reader: h.reader, DeadLetters: h.dlq, Storage: storage, Directory: ingest.NewDirectory(), Catalog: pricing.Default(),
