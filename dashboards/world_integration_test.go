@@ -558,14 +558,26 @@ func (n *memNotes) add(rows []store.EventRow) {
 	}
 }
 
-// Drain returns up to max of the queued notes; they stay queued until Commit.
+// Drain returns up to max of the queued notes after the drained ones; they stay
+// queued until Commit.
 func (n *memNotes) Drain(_ context.Context, max int) ([]kafkago.Message, bool, error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	k := min(max, len(n.queue))
-	n.drained = k
-	return slices.Clone(n.queue[:k]), k < len(n.queue), nil
+	k := min(max, len(n.queue)-n.drained)
+	out := slices.Clone(n.queue[n.drained : n.drained+k])
+	n.drained += k
+	return out, n.drained < len(n.queue), nil
 }
+
+// Rewind makes the next Drain return the drained notes again.
+func (n *memNotes) Rewind() {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.drained = 0
+}
+
+// Generation never changes: the topic is never handed out again.
+func (n *memNotes) Generation() int64 { return 1 }
 
 func (n *memNotes) Commit(context.Context) error {
 	n.mu.Lock()

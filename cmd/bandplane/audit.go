@@ -133,7 +133,7 @@ func runAuditVerify(ctx context.Context, e *env, args []string) error {
 	margin := fs.Duration("margin", seal.DefaultMargin, "a stored row may lack its leaf this long after its ingested_at; longer before the newest checkpoint, it is unexpected")
 	var checkpoints listFlag
 	fs.Var(&checkpoints, "checkpoint", "a checkpoint kept outside ClickHouse (bandplane audit checkpoint --out, a witness's state file): the log must extend it (repeatable)")
-	useTopic := fs.Bool("checkpoints-topic", true, "also check the log against the newest checkpoints on the checkpoints topic (<topic>.checkpoints): catches a truncation or a rollback of ClickHouse")
+	useTopic := fs.Bool("checkpoints-topic", true, "also check the log against the newest checkpoints on the checkpoints topic (<topic>.checkpoints): catches a truncation or a rollback of ClickHouse, and with its coverage note and the events topic's end, rows written into ClickHouse by hand whatever their ingested_at")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -214,10 +214,13 @@ func runAuditVerify(ctx context.Context, e *env, args []string) error {
 				continue
 			}
 			if key == seal.CoverageKey {
+				f.Coverage = note
 				continue
 			}
 			f.Checkpoints = append(f.Checkpoints, seal.External{Source: fmt.Sprintf("the checkpoints topic's newest of org %q", key), Note: note})
 		}
+		f.EventsTopic = st.topic
+		f.Ends = func(ctx context.Context) (map[int]int64, error) { return kafka.EndOffsets(ctx, st.brokers(), st.topic) }
 	}
 	conn, err := st.openDB(ctx)
 	if err != nil {

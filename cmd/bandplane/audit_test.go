@@ -164,12 +164,17 @@ func TestIntegrationAuditCLI(t *testing.T) {
 	assert.Equal(t, 1, code)
 	forged := 0
 	for _, p := range rep.Problems {
-		if p.Kind == seal.KindForged {
+		switch {
+		case p.Kind != seal.KindForged:
+		case p.ID == "coverage":
+			assert.Contains(t, p.Reason, "the coverage note does not verify")
+		default:
 			forged++
 			assert.Contains(t, p.Reason, "no key of the ring")
 		}
 	}
 	assert.Equal(t, 4, forged, "the two checkpoint rows and the topic's two")
+	assert.Contains(t, problemKinds(rep), "forged coverage", "and the topic's coverage note")
 }
 
 func problemKinds(rep seal.Report) []string {

@@ -260,13 +260,73 @@ func TestIntegrationVerifyAcrossARotation(t *testing.T) {
 		assert.Equal(t, 36, rep.SealedEvents, name)
 	}
 
-	// A sealer with a key no rotation introduced signs checkpoints verify refuses.
+	// A sealer with a key no rotation introduced trusts no head: it refuses the logs
+	// instead of starting them again.
 	rogue := testKey(t)
 	tr.store(rows("rogue", 3, []string{"org-a"}, now.Add(-time.Hour), now.Add(-10*time.Second)))
-	rs := tr.sealer(rogue)
-	_, err = rs.SealNow(ctx)
+	res, err = tr.sealer(rogue).SealNow(ctx)
 	require.NoError(t, err)
+	assert.Zero(t, res.Leaves)
+	assert.Contains(t, res.Refused["org-a"], "none of its")
 	rep, err := Verify(ctx, tr.conn, tr.db, Keys{Anchors: []ed25519.PublicKey{pubOf(tr.key)}}, Filter{})
 	require.NoError(t, err)
-	assert.Contains(t, kinds(rep), "forged checkpoint:org-a:3", "the rogue key's checkpoint (it saw no head it trusts)")
+	assert.Empty(t, rep.Problems)
+}
+
+func TestIntegrationVerifyNamesAnEditNotedAgain(t *testing.T) {
+	tr, rs := sealedTrail(t)
+	// A sealed row is moved in ClickHouse, and a redelivery gets the moved row noted
+	// and sealed again: the leaf of the row as first sealed has no copy any more.
+	r := rs[4]
+	tr.exec("events", "UPDATE ingested_at = ingested_at + 3600, kafka_offset = kafka_offset + 100000 WHERE id = '"+r.ID+"'")
+	moved := r
+	moved.IngestedAt, moved.Offset = r.IngestedAt.Add(time.Hour), r.Offset+100000
+	tr.notes.add([]store.EventRow{moved})
+	require.Equal(t, 1, tr.seal().Leaves)
+	rep := tr.verify(Filter{Margin: testMargin})
+	assert.Equal(t, []string{"modified " + r.ID}, kinds(rep))
+	assert.Contains(t, rep.Problems[0].Reason, "no stored copy of the row is the one leaf")
+
+	// Two copies of an insert attempt and its retry, both noted by a replay: once a
+	// merge has dropped the earlier copy, its leaf is excused by the later one.
+	tr2, rs2 := sealedTrail(t)
+	early := rs2[7]
+	early.IngestedAt = rs2[7].IngestedAt.Add(-5 * time.Second)
+	tr2.store([]store.EventRow{early})
+	require.Equal(t, 1, tr2.seal().Leaves)
+	assert.Empty(t, tr2.verify(Filter{Margin: testMargin}).Problems)
+	tr2.exec("events", fmt.Sprintf("DELETE WHERE id = '%s' AND ingested_at = toDateTime(%d)", early.ID, early.IngestedAt.Unix()))
+	assert.Empty(t, tr2.verify(Filter{Margin: testMargin}).Problems)
+}
+
+func TestIntegrationVerifyJudgesUnsealedRowsByTheCoverage(t *testing.T) {
+	tr, _ := sealedTrail(t)
+	now := time.Now().UTC()
+	// Rows written by hand with an ingested_at of now, which an attacker can keep
+	// current: by the time alone they are merely unsealed.
+	forged := rows("forged", 3, []string{"org-a"}, now.Add(-time.Hour), now)
+	forged[0].Partition, forged[0].Offset = 0, 12   // below the coverage
+	forged[1].Partition, forged[1].Offset = 1, 5000 // above it, past the end
+	forged[2].Partition, forged[2].Offset = 2, 1500 // above it, before the end
+	insert(t, tr.conn, tr.db, forged)
+	assert.Equal(t, 3, tr.verify(Filter{}).UnsealedEvents)
+
+	cov, err := tr.s.signer.SignCoverage("events", "ingest", map[int]int64{0: 1000, 1: 1000, 2: 1000, 3: 1000}, now)
+	require.NoError(t, err)
+	ends := func(context.Context) (map[int]int64, error) {
+		return map[int]int64{0: 2000, 1: 2000, 2: 2000, 3: 2000}, nil
+	}
+	rep := tr.verify(Filter{Coverage: cov, EventsTopic: "events", Ends: ends})
+	assert.Equal(t, []string{"unexpected forged-00000", "unexpected forged-00001"}, kinds(rep))
+	assert.Contains(t, rep.Problems[0].Reason, "lies below the coverage")
+	assert.Contains(t, rep.Problems[1].Reason, "past the end of the events topic")
+	assert.Equal(t, 1, rep.UnsealedEvents)
+
+	// Another deployment's coverage says nothing here; a forged one is named.
+	assert.Empty(t, tr.verify(Filter{Coverage: cov, EventsTopic: "other"}).Problems)
+	other, err := tlog.NewSigner(tlog.DefaultPrefix(tr.db), testKey(t))
+	require.NoError(t, err)
+	bad, err := other.SignCoverage("events", "ingest", map[int]int64{0: 1 << 40}, now)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"forged coverage"}, kinds(tr.verify(Filter{Coverage: bad, EventsTopic: "events"})))
 }

@@ -5,6 +5,7 @@ import (
 	"crypto/ed25519"
 	"crypto/rand"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 	"testing"
@@ -35,11 +36,16 @@ func testKey(t testing.TB) ed25519.PrivateKey {
 
 // memNotes stands in for the stored-events topic in tests of the sealer's logic (the
 // pipeline test runs the real one): what insert stores, it notes here, as ingest does.
+// Like the group reader, a Drain continues where the last one stopped, Commit drops
+// what the Drains returned and Rewind makes them return it again. gen is the hand-out
+// Generation reports; holds false stands for another sealer holding the topic.
 type memNotes struct {
 	mu      sync.Mutex
 	queue   []kafkago.Message
 	drained int
 	fail    error
+	gen     int64
+	away    bool
 }
 
 func (n *memNotes) add(rows []store.EventRow) {
@@ -49,13 +55,7 @@ func (n *memNotes) add(rows []store.EventRow) {
 	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	for _, org := range slices.Sorted(func(yield func(string) bool) {
-		for o := range byOrg {
-			if !yield(o) {
-				return
-			}
-		}
-	}) {
+	for _, org := range slices.Sorted(maps.Keys(byOrg)) {
 		for _, m := range tlog.EncodeNotes(byOrg[org]) {
 			n.queue = append(n.queue, kafkago.Message{Key: []byte(org), Value: m})
 		}
@@ -68,10 +68,13 @@ func (n *memNotes) Drain(_ context.Context, max int) ([]kafkago.Message, bool, e
 	if n.fail != nil {
 		return nil, false, n.fail
 	}
-	k := min(max, len(n.queue))
-	out := slices.Clone(n.queue[:k])
-	n.drained = k
-	return out, k < len(n.queue), nil
+	if n.away {
+		return nil, false, nil
+	}
+	k := min(max, len(n.queue)-n.drained)
+	out := slices.Clone(n.queue[n.drained : n.drained+k])
+	n.drained += k
+	return out, n.drained < len(n.queue), nil
 }
 
 func (n *memNotes) Commit(context.Context) error {
@@ -82,7 +85,33 @@ func (n *memNotes) Commit(context.Context) error {
 	return nil
 }
 
-func (n *memNotes) Holds() bool { return true }
+func (n *memNotes) Rewind() {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.drained = 0
+}
+
+func (n *memNotes) Holds() bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return !n.away
+}
+
+func (n *memNotes) Generation() int64 {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.gen
+}
+
+// handOut stands for the group handing the topic out again (to this sealer or,
+// with away, to another one): a new generation, from the last commit.
+func (n *memNotes) handOut(away bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.gen++
+	n.away = away
+	n.drained = 0
+}
 
 func (n *memNotes) pending() int {
 	n.mu.Lock()

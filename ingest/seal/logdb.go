@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"sort"
 	"sync"
 	"time"
 
@@ -268,9 +267,20 @@ func (l logDB) checkpointRows(ctx context.Context, orgs []string) ([]storedCheck
 	return out, rows.Err()
 }
 
-// rotations reads the key rotation records.
+// maxRotations bounds the rotation records a key ring is built from: a deployment
+// rotates its key a few times.
+const maxRotations = 1000
+
+// errTooManyRotations says key_rotations holds more records than a key ring is built
+// from (maxRotations).
+var errTooManyRotations = errors.New("too many rotation records")
+
+// rotations reads the distinct key rotation records no larger than a note can be, at
+// most maxRotations; more is an error (rows planted by hand: audit verify names them),
+// as a ring built from a part of them could leave a genuine record out.
 func (l logDB) rotations(ctx context.Context) ([][]byte, error) {
-	rows, err := l.conn.Query(ctx, "SELECT DISTINCT note FROM "+l.db+".key_rotations ORDER BY note")
+	rows, err := l.conn.Query(ctx, fmt.Sprintf("SELECT DISTINCT note FROM %s.key_rotations WHERE length(note) <= %d ORDER BY note LIMIT %d",
+		l.db, tlog.MaxNoteBytes, maxRotations+1))
 	if err != nil {
 		return nil, fmt.Errorf("cannot read %s.key_rotations: %w", l.db, err)
 	}
@@ -283,7 +293,13 @@ func (l logDB) rotations(ctx context.Context) ([][]byte, error) {
 		}
 		out = append(out, []byte(note))
 	}
-	return out, rows.Err()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("cannot read %s.key_rotations: %w", l.db, err)
+	}
+	if len(out) > maxRotations {
+		return nil, fmt.Errorf("%w: %s.key_rotations holds more than %d distinct records (a deployment rotates its key a few times)", errTooManyRotations, l.db, maxRotations)
+	}
+	return out, nil
 }
 
 func (l logDB) writeRotation(ctx context.Context, at time.Time, note []byte) error {
@@ -309,8 +325,10 @@ func scanLeaf(rows driver.Rows, lf *IndexedLeaf) error {
 	return nil
 }
 
-// leavesOf reads org's leaves whose key is one of keys (the sealer's check for notes
-// already in the log), with an index below size.
+// leavesOf reads org's leaves whose key is one of keys, with an index below size, at
+// most maxHeldRows rows of each key: beyond a few (a leaf, a copy of its row before a
+// merge, a second note of the row) they are planted, and every caller proves what it
+// relies on against a checkpoint, so a genuine row they crowd out is only not found.
 func (l logDB) leavesOf(ctx context.Context, org string, keys []store.EventKey, size uint64) ([]IndexedLeaf, error) {
 	if len(keys) == 0 || size == 0 {
 		return nil, nil
@@ -329,8 +347,8 @@ func (l logDB) leavesOf(ctx context.Context, org string, keys []store.EventKey, 
 		}
 	}
 	rows, err := l.conn.Query(chdb.WithExternalTable(ctx, tbl), "SELECT "+leafCols+" FROM "+l.db+
-		".log_leaves PREWHERE id IN (SELECT id FROM _bandplane_keys) WHERE org_id = ? AND idx < ? AND (time, id) IN (SELECT toDateTime(time), id FROM _bandplane_keys)",
-		org, size)
+		".log_leaves PREWHERE id IN (SELECT id FROM _bandplane_keys) WHERE org_id = ? AND idx < ? AND (time, id) IN (SELECT toDateTime(time), id FROM _bandplane_keys) LIMIT ? BY time, id",
+		org, size, uint64(maxHeldRows))
 	if err != nil {
 		return nil, fmt.Errorf("cannot look up %d leaves of org %q in %s.log_leaves: %w", len(keys), org, l.db, err)
 	}
@@ -342,38 +360,6 @@ func (l logDB) leavesOf(ctx context.Context, org string, keys []store.EventKey, 
 			return nil, fmt.Errorf("cannot read a row of %s.log_leaves: %w", l.db, err)
 		}
 		out = append(out, lf)
-	}
-	return out, rows.Err()
-}
-
-// indexInners reads the inner digests log_index holds at the given indexes of org's
-// log (several per index when rows disagree).
-func (l logDB) indexInners(ctx context.Context, org string, idx []uint64) (map[uint64][][sha256.Size]byte, error) {
-	out := map[uint64][][sha256.Size]byte{}
-	if len(idx) == 0 {
-		return out, nil
-	}
-	sorted := append([]uint64(nil), idx...)
-	sort.Slice(sorted, func(i, j int) bool { return sorted[i] < sorted[j] })
-	tbl, err := idTable(make([]uint8, len(sorted)), sorted)
-	if err != nil {
-		return nil, err
-	}
-	rows, err := l.conn.Query(chdb.WithExternalTable(ctx, tbl), "SELECT DISTINCT idx, inner FROM "+l.db+
-		".log_index WHERE org_id = ? AND idx IN (SELECT idx FROM _bandplane_nodes)", org)
-	if err != nil {
-		return nil, fmt.Errorf("cannot read %d leaves of org %q from %s.log_index: %w", len(idx), org, l.db, err)
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var i uint64
-		var inner string
-		if err := rows.Scan(&i, &inner); err != nil {
-			return nil, fmt.Errorf("cannot read a row of %s.log_index: %w", l.db, err)
-		}
-		if h, ok := parseHash(inner); ok {
-			out[i] = append(out[i], h)
-		}
 	}
 	return out, rows.Err()
 }
@@ -403,16 +389,21 @@ func (l logDB) topCheckpoints(ctx context.Context, org string, n int) ([]storedC
 	if err != nil {
 		return nil, fmt.Errorf("cannot read the checkpoints of org %q from %s.checkpoints: %w", org, l.db, err)
 	}
-	defer rows.Close()
-	var out []storedCheckpoint
-	for rows.Next() {
-		var c storedCheckpoint
-		var note string
-		if err := rows.Scan(&c.Org, &c.Size, &note); err != nil {
-			return nil, fmt.Errorf("cannot read a row of %s.checkpoints: %w", l.db, err)
-		}
-		c.Note = []byte(note)
-		out = append(out, c)
+	return scanCheckpoints(rows, l.db)
+}
+
+// newestCheckpointRows reads every organization's checkpoint rows of its n largest
+// sizes, at most n rows an organization, by organization and largest size first. The
+// inner query reads only the key columns, so the table's notes are read for those rows
+// alone; a row that does not verify takes one of the n places, and the caller says so
+// when all n are taken that way.
+func (l logDB) newestCheckpointRows(ctx context.Context, n int) ([]storedCheckpoint, error) {
+	q := fmt.Sprintf("SELECT org_id, size, note FROM %[1]s.checkpoints WHERE (org_id, size) IN "+
+		"(SELECT org_id, size FROM %[1]s.checkpoints GROUP BY org_id, size ORDER BY org_id, size DESC LIMIT %[2]d BY org_id) "+
+		"ORDER BY org_id, size DESC, note LIMIT %[2]d BY org_id", l.db, n)
+	rows, err := l.conn.Query(ctx, q)
+	if err != nil {
+		return nil, fmt.Errorf("cannot read the newest checkpoints of every organization from %s.checkpoints: %w", l.db, err)
 	}
-	return out, rows.Err()
+	return scanCheckpoints(rows, l.db)
 }

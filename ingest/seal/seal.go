@@ -38,12 +38,15 @@
 // large its log still was at that time.
 //
 // The sealer trusts only checkpoints that verify with its key ring: a forged, unsigned
-// or foreign row in checkpoints never becomes a head. It also checks what ClickHouse
-// holds against the newest checkpoint the topic has (Config.Published): a log shorter
-// than the topic's checkpoint was rolled back, one with another root was forked, and a
-// stored tree whose right edge does not give the head's root was edited. It seals
-// nothing of such an organization, logs why at every run, and keeps its notes
-// uncommitted, so the unsealed age (a metric, and an alert rule) grows.
+// or foreign row in checkpoints never becomes a head, and it signs nothing its ring
+// would not accept (a rotation retired its key, or hands over to it only later). Each
+// time the group hands it the topic, it loads the logs again and checks what
+// ClickHouse holds against the newest checkpoint the topic has (Config.Published): a
+// log shorter than the topic's checkpoint was rolled back, one with another root was
+// forked, and a stored tree whose right edge does not give the head's root was edited.
+// It seals nothing of such an organization, logs why at every run, and keeps its notes
+// (and, the topic being read in order, the ones after them) uncommitted, so the
+// unsealed age (a metric, and an alert rule) grows.
 package seal
 
 import (
@@ -56,6 +59,7 @@ import (
 	"maps"
 	"regexp"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -82,17 +86,21 @@ const (
 // NoteSource is the stored-events topic as the sealer reads it (ingest/kafka.
 // GroupReader implements it): messages keyed by organization, each notes
 // (tlog.EncodeNotes). Drain blocks until it has returned every message of the
-// partitions this member holds that was produced before the call, from where the
-// group last committed, at most max of them; more says it stopped at max. Commit
-// acknowledges everything the last Drain returned. Holds says whether this member
-// held the topic at the last Drain: the group gives the whole topic to one sealer (an
-// operator's `audit seal` takes it over from serve's while it runs), and a sealer that
-// holds nothing signs nothing, not even fresh checkpoints, which would claim a size
-// the other sealer has moved past.
+// partitions this member holds that was produced before the call, from where the last
+// Drain stopped (the group's committed offsets at first), at most max of them; more
+// says it stopped at max. Commit acknowledges everything the Drains since the last
+// Commit returned; Rewind forgets it instead, so that the next Drain returns it again.
+// Holds says whether this member holds the topic: the group gives the whole topic to
+// one sealer (an operator's `audit seal` takes it over from serve's while it runs), and
+// a sealer that holds nothing signs nothing, not even fresh checkpoints, which would
+// claim a size the other sealer has moved past. Generation changes when the group
+// hands the topic out again: another sealer may have extended the logs in between.
 type NoteSource interface {
 	Drain(ctx context.Context, max int) (msgs []kafkago.Message, more bool, err error)
 	Commit(ctx context.Context) error
+	Rewind()
 	Holds() bool
+	Generation() int64
 }
 
 // Publisher writes checkpoints to the checkpoints topic, keyed by organization (ingest/
@@ -182,8 +190,9 @@ type Sealer struct {
 	log    *slog.Logger
 	m      *metrics
 
+	gen       int64 // the stored-events topic's hand-out that orgs and published belong to
 	orgs      map[string]*orgLog
-	published map[string][]byte // newest notes on the checkpoints topic, read by the first run
+	published map[string][]byte // newest notes on the checkpoints topic, read once per hand-out
 	read      bool              // published was read
 	pending   []kafkago.Message // checkpoints Kafka has not acknowledged yet
 
@@ -335,6 +344,9 @@ func (s *Sealer) run(ctx context.Context, res *Result) error {
 	if err != nil {
 		return err
 	}
+	for _, p := range ring.Problems() {
+		s.log.Warn("ignoring a key rotation record", "problem", p)
+	}
 	// The ingest group's offsets before the notes: a batch committed below them had its
 	// notes acknowledged before, so the drain below reaches them.
 	var covered map[int]int64
@@ -345,24 +357,32 @@ func (s *Sealer) run(ctx context.Context, res *Result) error {
 			return fmt.Errorf("cannot read the ingest group's offsets for the coverage note: %w", err)
 		}
 	}
-	if !s.read && s.cfg.Published != nil {
-		if s.published, err = s.cfg.Published(ctx); err != nil {
-			return fmt.Errorf("cannot read the newest checkpoints from the checkpoints topic: %w", err)
-		}
-		s.read = true
-	}
-	if err := s.loadOrgs(ctx, ring); err != nil {
+	// What a run does not commit, the next one reads again: the notes of a refused
+	// organization, and those of a run that failed half way.
+	fail := func(err error) error {
+		s.cfg.Notes.Rewind()
 		return err
 	}
 	grown := map[string]bool{}
-	for {
+	for first := true; ; first = false {
 		msgs, more, err := s.cfg.Notes.Drain(ctx, drainMessages)
 		if err != nil {
-			return fmt.Errorf("cannot read the stored-events notes: %w", err)
+			return fail(fmt.Errorf("cannot read the stored-events notes: %w", err))
 		}
 		if !s.cfg.Notes.Holds() {
 			res.Idle = true
 			return nil
+		}
+		if gen := s.cfg.Notes.Generation(); gen != s.gen {
+			if !first {
+				return fail(errors.New("the stored-events topic was handed out again during the run: the next run starts over"))
+			}
+			s.forget(gen)
+		}
+		if first {
+			if err := s.prepare(ctx, ring); err != nil {
+				return fail(err)
+			}
 		}
 		byOrg := map[string][]tlog.Leaf{}
 		for _, m := range msgs {
@@ -381,43 +401,67 @@ func (s *Sealer) run(ctx context.Context, res *Result) error {
 		for _, org := range slices.Sorted(maps.Keys(byOrg)) {
 			ol, err := s.org(ctx, ring, org)
 			if err != nil {
-				return err
+				return fail(err)
 			}
 			if ol.refused != "" {
-				res.Refused[org] = ol.refused
 				blocked = true
 				continue
 			}
-			n, dups, err := s.appendOrg(ctx, ring, org, ol, byOrg[org], res)
+			n, dups, err := s.appendOrg(ctx, org, ol, byOrg[org], res)
 			if err != nil {
-				return err
+				return fail(err)
 			}
 			res.Leaves += n
 			res.Duplicates += dups
 			if n > 0 {
 				grown[org] = true
 			}
+			if ol.refused != "" {
+				blocked = true
+			}
 		}
 		if blocked {
-			// The refused organizations' notes must stay in the topic until an
-			// operator mends the log; the others' are sealed and come back as
+			// The notes of a refused organization stay in the topic until an operator
+			// mends its log, and so do the ones after them: the topic is read in order.
+			// The other organizations' notes of this step are sealed and come back as
 			// duplicates.
-			s.log.Error("not extending the logs of organizations whose stored log does not match their checkpoints (audit verify names what is wrong)",
-				"refused", fmt.Sprint(res.Refused))
+			s.cfg.Notes.Rewind()
 			break
 		}
 		if err := s.cfg.Notes.Commit(ctx); err != nil {
-			return fmt.Errorf("cannot commit the stored-events notes (they are sealed; a redelivery is recognised): %w", err)
+			return fail(fmt.Errorf("cannot commit the stored-events notes (they are sealed; a redelivery is recognised): %w", err))
 		}
 		if !more {
 			break
 		}
 	}
 	res.Orgs = len(grown)
+	for org, ol := range s.orgs {
+		if ol.refused != "" {
+			res.Refused[org] = ol.refused
+		}
+	}
+	if len(res.Refused) > 0 {
+		s.log.Error("not extending the logs of organizations whose stored log does not match their checkpoints (audit verify names what is wrong)",
+			"refused", fmt.Sprint(res.Refused))
+	}
+	if !s.cfg.Notes.Holds() {
+		// Handed out during the run: the new holder signs what follows, and what this
+		// one signed of its own goes out below.
+		return s.publish(ctx, res)
+	}
+	// Rotation records are read again before anything is signed: a rotation recorded
+	// during the run counts.
+	if ring, err = s.ring(ctx); err != nil {
+		return err
+	}
 	if covered != nil && len(res.Refused) == 0 {
 		note, err := s.signer.SignCoverage(s.cfg.IngestTopic, s.cfg.IngestGroup, covered, coveredAt)
 		if err != nil {
 			return err
+		}
+		if _, err := ring.OpenCoverage(note); err != nil {
+			return s.mayNotSign(err)
 		}
 		s.pending = append(s.pending, kafkago.Message{Key: []byte(CoverageKey), Value: note})
 		res.Covered = covered
@@ -429,7 +473,7 @@ func (s *Sealer) run(ctx context.Context, res *Result) error {
 		if grown[org] || ol.refused != "" || ol.head.Size == 0 {
 			continue
 		}
-		c, err := s.signer.Sign(org, ol.head.Size, ol.head.Root)
+		c, err := s.sign(ring, org, ol.head.Size, ol.head.Root)
 		if err != nil {
 			return err
 		}
@@ -437,6 +481,55 @@ func (s *Sealer) run(ctx context.Context, res *Result) error {
 		res.Fresh++
 	}
 	return s.publish(ctx, res)
+}
+
+// forget drops what the sealer holds of the logs when the group hands the topic out
+// again (gen): another sealer may have extended them, or published newer checkpoints,
+// in between. The logs are loaded again from ClickHouse and checked against the topic,
+// which is read again; checkpoints not yet published are dropped, since this run's
+// fresh ones state the same sizes of the heads as they are now.
+func (s *Sealer) forget(gen int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.gen != gen && len(s.orgs) > 0 {
+		s.log.Info("the stored-events topic was handed to this sealer again: reloading the logs", "generation", gen)
+	}
+	s.gen, s.orgs, s.read, s.pending = gen, map[string]*orgLog{}, false, nil
+}
+
+// prepare reads the checkpoints topic and learns the organizations that have
+// checkpoints, once per hand-out of the topic.
+func (s *Sealer) prepare(ctx context.Context, ring *tlog.KeyRing) error {
+	if !s.read && s.cfg.Published != nil {
+		published, err := s.cfg.Published(ctx)
+		if err != nil {
+			return fmt.Errorf("cannot read the newest checkpoints from the checkpoints topic: %w", err)
+		}
+		s.published, s.read = published, true
+	}
+	return s.loadOrgs(ctx, ring)
+}
+
+// ErrKeyNotValid says the sealer's key may not sign now: a key rotation retired it,
+// or hands over to it only later. The sealer then signs nothing.
+var ErrKeyNotValid = errors.New("the audit key may not sign now")
+
+func (s *Sealer) mayNotSign(err error) error {
+	return fmt.Errorf("%w (key %s: %v): serve signs with the key a rotation hands the log to, from its time on", ErrKeyNotValid, s.signer.KeyID(), err)
+}
+
+// sign signs org's checkpoint and checks it against ring as every reader will: a
+// checkpoint signed outside the key's validity would fork the log of whoever trusts
+// the rotation.
+func (s *Sealer) sign(ring *tlog.KeyRing, org string, size uint64, root []byte) (tlog.Checkpoint, error) {
+	c, err := s.signer.Sign(org, size, root)
+	if err != nil {
+		return tlog.Checkpoint{}, err
+	}
+	if _, err := ring.Open(c.Note); err != nil {
+		return tlog.Checkpoint{}, s.mayNotSign(err)
+	}
+	return c, nil
 }
 
 func (s *Sealer) publish(ctx context.Context, res *Result) error {
@@ -458,25 +551,19 @@ func (s *Sealer) publish(ctx context.Context, res *Result) error {
 	return nil
 }
 
-// ring is the key ring of this run: the sealer's key, the anchors, and the rotations
-// recorded in ClickHouse (each verifies on its own; an unverifiable one is logged).
+// ring is the key ring as of now: the sealer's key, the anchors, and the rotations
+// recorded in ClickHouse (each verifies on its own; run logs the ones that do not).
 func (s *Sealer) ring(ctx context.Context) (*tlog.KeyRing, error) {
 	rot, err := s.db.rotations(ctx)
 	if err != nil {
 		return nil, err
 	}
-	ring, err := tlog.NewKeyRing(s.cfg.Prefix, append([]ed25519.PublicKey{s.signer.Public()}, s.cfg.Anchors...), rot)
-	if err != nil {
-		return nil, err
-	}
-	for _, p := range ring.Problems() {
-		s.log.Warn("ignoring a key rotation record", "problem", p)
-	}
-	return ring, nil
+	return tlog.NewKeyRing(s.cfg.Prefix, append([]ed25519.PublicKey{s.signer.Public()}, s.cfg.Anchors...), rot)
 }
 
 // loadOrgs learns the organizations that have checkpoints, so that each run signs a
-// fresh checkpoint of every one (only the first run finds any it does not know).
+// fresh checkpoint of every one (only the first run of a hand-out finds any it does
+// not know).
 func (s *Sealer) loadOrgs(ctx context.Context, ring *tlog.KeyRing) error {
 	if len(s.orgs) > 0 {
 		return nil
@@ -498,7 +585,10 @@ func (s *Sealer) loadOrgs(ctx context.Context, ring *tlog.KeyRing) error {
 const maxForged = 20
 
 // head finds org's head in ClickHouse: the largest size whose checkpoint verifies with
-// the ring. Forged, unsigned or foreign rows above it are counted and logged.
+// the ring. Forged, unsigned or foreign rows above it are counted and logged. Rows of
+// which none verifies refuse the log rather than start it again at 0, which would
+// fork it: that is a deleted rotation record, a sealer run with a key outside the
+// ring, or forged rows only.
 func (s *Sealer) head(ctx context.Context, ring *tlog.KeyRing, org string) (tlog.Checkpoint, string, error) {
 	rows, err := s.db.topCheckpoints(ctx, org, maxForged+1)
 	if err != nil {
@@ -518,6 +608,10 @@ func (s *Sealer) head(ctx context.Context, ring *tlog.KeyRing, org string) (tlog
 		if i == maxForged {
 			return tlog.Checkpoint{}, fmt.Sprintf("more than %d checkpoint rows above the head do not verify", maxForged), nil
 		}
+	}
+	if len(rows) > 0 {
+		return tlog.Checkpoint{}, fmt.Sprintf("none of its %d checkpoint rows verifies with the key ring (%s): a rotation record deleted, another key, or forged rows",
+			len(rows), strings.Join(ring.KeyIDs(), ", ")), nil
 	}
 	return tlog.Checkpoint{Org: org, Origin: tlog.Origin(s.cfg.Prefix, org)}, "", nil
 }
@@ -596,7 +690,7 @@ func (s *Sealer) compareTopic(ctx context.Context, ring *tlog.KeyRing, org strin
 
 // appendOrg appends org's new notes in checkpoints of at most MaxLeaves leaves and
 // returns how many leaves it appended and how many notes were already in the log.
-func (s *Sealer) appendOrg(ctx context.Context, ring *tlog.KeyRing, org string, ol *orgLog, notes []tlog.Leaf, res *Result) (int, int, error) {
+func (s *Sealer) appendOrg(ctx context.Context, org string, ol *orgLog, notes []tlog.Leaf, res *Result) (int, int, error) {
 	fresh, inners, err := s.dedupe(ctx, org, ol, notes)
 	if err != nil {
 		return 0, 0, err
@@ -604,14 +698,27 @@ func (s *Sealer) appendOrg(ctx context.Context, ring *tlog.KeyRing, org string, 
 	dups := len(notes) - len(fresh)
 	appended := 0
 	for len(fresh) > 0 {
-		n := min(len(fresh), s.cfg.MaxLeaves)
-		if err := s.checkHead(ctx, ring, org, ol); err != nil {
+		// The ring as of now: a rotation recorded during the run counts.
+		ring, err := s.ring(ctx)
+		if err != nil {
 			return appended, dups, err
 		}
-		if ol.refused != "" {
-			res.Refused[org] = ol.refused
-			return appended, dups, nil
+		moved, err := s.checkHead(ctx, ring, org, ol)
+		if err != nil || ol.refused != "" {
+			return appended, dups, err
 		}
+		if moved {
+			// What the other sealer appended is in the log now.
+			before := len(fresh)
+			if fresh, inners, err = s.dedupe(ctx, org, ol, fresh); err != nil {
+				return appended, dups, err
+			}
+			dups += before - len(fresh)
+			if len(fresh) == 0 {
+				break
+			}
+		}
+		n := min(len(fresh), s.cfg.MaxLeaves)
 		part, partInner := fresh[:n], inners[:n]
 		next := tlog.CloneRange(ol.rng) // the held range moves only once the checkpoint is stored
 		var nodes []node
@@ -624,11 +731,11 @@ func (s *Sealer) appendOrg(ctx context.Context, ring *tlog.KeyRing, org string, 
 				return appended, dups, err
 			}
 		}
-		if err := s.db.appendLeaves(ctx, org, ol.head.Size, part, partInner, nodes); err != nil {
+		c, err := s.sign(ring, org, next.End(), tlog.Root(next))
+		if err != nil {
 			return appended, dups, err
 		}
-		c, err := s.signer.Sign(org, next.End(), tlog.Root(next))
-		if err != nil {
+		if err := s.db.appendLeaves(ctx, org, ol.head.Size, part, partInner, nodes); err != nil {
 			return appended, dups, err
 		}
 		if err := s.db.writeCheckpoint(ctx, &c); err != nil {
@@ -645,11 +752,11 @@ func (s *Sealer) appendOrg(ctx context.Context, ring *tlog.KeyRing, org string, 
 
 // checkHead re-reads org's head in ClickHouse just before an append: another sealer
 // that extended it (a consumer-group rebalance overlapping this run) makes this one
-// start over from what it wrote; a head below the sealer's own is a rollback.
-func (s *Sealer) checkHead(ctx context.Context, ring *tlog.KeyRing, org string, ol *orgLog) error {
+// continue from what it wrote (moved); a head below the sealer's own is a rollback.
+func (s *Sealer) checkHead(ctx context.Context, ring *tlog.KeyRing, org string, ol *orgLog) (moved bool, err error) {
 	cur, refused, err := s.head(ctx, ring, org)
 	if err != nil {
-		return err
+		return false, err
 	}
 	switch {
 	case refused != "":
@@ -665,49 +772,61 @@ func (s *Sealer) checkHead(ctx context.Context, ring *tlog.KeyRing, org string, 
 		s.mu.Unlock()
 		fresh, err := s.org(ctx, ring, org)
 		if err != nil {
-			return err
+			return false, err
 		}
 		*ol = *fresh
 		s.mu.Lock()
 		s.orgs[org] = ol
 		s.mu.Unlock()
+		return true, nil
 	}
-	return nil
+	return false, nil
 }
+
+// maxHeldRows bounds the rows of log_leaves read per event key (leavesOf). A note
+// whose genuine row planted ones crowd out is appended again, which costs a duplicate
+// leaf and nothing else.
+const maxHeldRows = 4
 
 // dedupe drops the notes of rows the log holds already (a note produced again: ingest
 // retried a batch whose notes Kafka had taken, or a rebalance handed this sealer notes
-// another one sealed) and repeats within the run. A leaf counts as held when a row of
-// log_leaves below the head says so and log_index agrees at its index; an edit that
-// fakes one leaves the row unsealed, which verify reports.
-// It returns the notes to append with their inner digests.
+// another one sealed) and repeats within the run. A note counts as held only when the
+// log proves it: a row of log_leaves names the index, and the inclusion proof of the
+// note's own leaf hash at that index verifies against the head's root. Rows planted
+// in log_leaves or log_index therefore never make a note look held; at worst a note is
+// appended twice. It returns the notes to append with their inner digests.
 func (s *Sealer) dedupe(ctx context.Context, org string, ol *orgLog, notes []tlog.Leaf) ([]tlog.Leaf, [][32]byte, error) {
 	type key struct {
 		inner [32]byte
 		ms    int64
 	}
 	seen := make(map[key]bool, len(notes))
+	want := make(map[key]bool, len(notes))
 	keys := make([]store.EventKey, 0, len(notes))
 	for i := range notes {
 		keys = append(keys, store.EventKey{OrgID: org, Time: notes[i].Time.Unix(), ID: notes[i].ID})
+		want[key{notes[i].Inner(), notes[i].Time.UnixMilli()}] = true
 	}
 	held, err := s.db.leavesOf(ctx, org, keys, ol.head.Size)
 	if err != nil {
 		return nil, nil, err
 	}
-	if len(held) > 0 {
-		idx := make([]uint64, len(held))
-		for i := range held {
-			idx[i] = held[i].Index
+	var idx []uint64
+	var cand []key
+	for i := range held {
+		if k := (key{held[i].Inner(), held[i].Time.UnixMilli()}); want[k] {
+			idx, cand = append(idx, held[i].Index), append(cand, k)
 		}
-		stored, err := s.db.indexInners(ctx, org, idx)
+	}
+	if len(idx) > 0 {
+		proofs, err := tlog.InclusionProofs(ctx, s.db, org, idx, ol.head.Size)
 		if err != nil {
-			return nil, nil, err
+			s.m.forged.Inc()
+			s.log.Error("cannot prove notes already in the log; appending them again (audit verify names what is edited)", "org_id", org, "notes", len(idx), "err", err)
 		}
-		for i := range held {
-			in := held[i].Inner()
-			if slices.Contains(stored[held[i].Index], in) {
-				seen[key{in, held[i].Time.UnixMilli()}] = true
+		for i := range proofs {
+			if tlog.VerifyInclusion(idx[i], ol.head.Size, tlog.LeafHash(cand[i].ms, cand[i].inner), proofs[i], ol.head.Root) == nil {
+				seen[cand[i]] = true
 			}
 		}
 	}

@@ -91,6 +91,16 @@ type Filter struct {
 	Margin time.Duration
 	// Checkpoints are kept outside ClickHouse; the log must extend each.
 	Checkpoints []External
+	// Coverage is the newest coverage note (tlog.Coverage) of the checkpoints topic,
+	// nil when there is none, and EventsTopic the events topic it must be of. A row no
+	// leaf covers whose Kafka record lies below the coverage is unexpected, whatever
+	// its ingested_at says: ingest noted every row of those records.
+	Coverage    []byte
+	EventsTopic string
+	// Ends reads the events topic's end offsets (nil: not checked). It is called once
+	// the rows are read, so that a row no leaf covers yet and that claims a record at
+	// or past the end, which ingest cannot have written, is unexpected.
+	Ends func(ctx context.Context) (map[int]int64, error)
 	// Progress gets a line per organization checked; nil: none.
 	Progress io.Writer
 }
@@ -129,7 +139,23 @@ type verifier struct {
 	rep    Report
 	seen   map[string]bool
 	byOrg  map[string][]signed
+	cov    *tlog.Coverage // the checked coverage note, or nil
+	// unsealed are copies no leaf covers yet, kept for the check against the events
+	// topic's end (at most maxUnsealedKept).
+	unsealed []unsealedCopy
 }
+
+// unsealedCopy is a copy of a row that no leaf covers yet.
+type unsealedCopy struct {
+	org, id   string
+	partition int32
+	offset    int64
+}
+
+// maxUnsealedKept bounds the unsealed copies verify keeps to check against the events
+// topic's end; beyond it (a backlog of unsealed rows, which the unsealed count shows)
+// the rest are not checked.
+const maxUnsealedKept = 100_000
 
 // Verify checks the trail of db against the log: every checkpoint row's signatures,
 // every organization's log against its checkpoints (and the external ones), and every
@@ -149,6 +175,11 @@ func Verify(ctx context.Context, conn driver.Conn, db string, keys Keys, f Filte
 	}
 	ldb := logDB{conn: conn, db: db}
 	rot, err := ldb.rotations(ctx)
+	var flooded error
+	if errors.Is(err, errTooManyRotations) {
+		// Reported, and the ring follows the records found elsewhere only.
+		flooded, rot, err = err, nil, nil
+	}
 	if err != nil {
 		return Report{}, err
 	}
@@ -158,8 +189,22 @@ func Verify(ctx context.Context, conn driver.Conn, db string, keys Keys, f Filte
 	}
 	v := &verifier{conn: conn, db: db, ring: ring, f: f, seen: map[string]bool{}, byOrg: map[string][]signed{},
 		rep: Report{Problems: []Problem{}, Heads: []Head{}}}
+	if flooded != nil {
+		v.problem(Problem{ID: "rotation:table", Kind: KindForged, Reason: flooded.Error() + ": rows planted by hand; the key ring follows the checkpoints topic's records only"})
+	}
 	for i, p := range ring.Problems() {
 		v.problem(Problem{ID: fmt.Sprintf("rotation:%d", i+1), Kind: KindForged, Reason: p})
+	}
+	if f.Coverage != nil {
+		c, err := ring.OpenCoverage(f.Coverage)
+		switch {
+		case err != nil:
+			v.problem(Problem{ID: "coverage", Kind: KindForged, Reason: "the coverage note of the checkpoints topic: " + err.Error()})
+		case f.EventsTopic != "" && c.Topic != f.EventsTopic:
+			v.progress("ignoring the coverage note of topic %s (this deployment's events topic is %s)", c.Topic, f.EventsTopic)
+		default:
+			v.cov = &c
+		}
 	}
 	if v.now, err = serverNow(ctx, conn); err != nil {
 		return Report{}, err
@@ -180,6 +225,7 @@ func Verify(ctx context.Context, conn driver.Conn, db string, keys Keys, f Filte
 	// server while another's rows are hashed. Each has a report of its own, merged in
 	// order.
 	reps := make([]Report, len(orgs))
+	unsealed := make([][]unsealedCopy, len(orgs))
 	errs := make([]error, len(orgs))
 	next := make(chan int)
 	var wg sync.WaitGroup
@@ -188,9 +234,9 @@ func Verify(ctx context.Context, conn driver.Conn, db string, keys Keys, f Filte
 		wg.Go(func() {
 			for i := range next {
 				ov := *v
-				ov.rep, ov.seen = Report{Problems: []Problem{}, Heads: []Head{}}, map[string]bool{}
+				ov.rep, ov.seen, ov.unsealed = Report{Problems: []Problem{}, Heads: []Head{}}, map[string]bool{}, nil
 				errs[i] = ov.org(ctx, ldb, orgs[i])
-				reps[i] = ov.rep
+				reps[i], unsealed[i] = ov.rep, ov.unsealed
 				mu.Lock()
 				v.progress("org %q: %d leaves, %d sealed events, %d unsealed, %d problems", orgs[i],
 					ov.rep.Leaves, ov.rep.SealedEvents, ov.rep.UnsealedEvents, len(ov.rep.Problems))
@@ -216,6 +262,10 @@ func Verify(ctx context.Context, conn driver.Conn, db string, keys Keys, f Filte
 		for _, p := range r.Problems {
 			v.problem(p)
 		}
+		v.unsealed = append(v.unsealed, unsealed[i]...)
+	}
+	if err := v.pastTheEnd(ctx); err != nil {
+		return v.rep, err
 	}
 	v.rep.Orgs = len(orgs)
 	slices.SortStableFunc(v.rep.Problems, func(a, b Problem) int {
@@ -678,6 +728,7 @@ func (v *verifier) compareWindow(ctx context.Context, org string, ol *orgLeaves,
 		if good > 0 {
 			v.rep.SealedEvents++
 		}
+		v.orphans(org, ls, cs)
 	}
 	for k, ls := range leaves {
 		if len(copies[k]) > 0 {
@@ -762,9 +813,22 @@ func (v *verifier) windowCopies(ctx context.Context, org string, from, to time.T
 	return out, rows.Err()
 }
 
-// unleafed judges the copies of a row no leaf covers: unsealed yet, or unexpected when
-// it was ingested before the newest checkpoint less the margin, or in the future.
+// unleafed judges the copies of a row no leaf covers: unsealed yet, or unexpected
+// when one claims a Kafka record below the signed coverage, or was ingested before the
+// newest checkpoint less the margin, or in the future. The first rule rests on signed
+// material only; the others on ingested_at, which whoever wrote the row chose, and
+// serve when there is no coverage note.
 func (v *verifier) unleafed(org string, cs []storedCopy, future, overdue time.Time) {
+	if v.cov != nil {
+		for i := range cs {
+			if o, ok := v.cov.Offsets[int(cs[i].partition)]; ok && cs[i].offset < o {
+				v.problem(Problem{ID: cs[i].id, Kind: KindUnexpected, Org: org,
+					Reason: fmt.Sprintf("in no leaf, though its Kafka record (partition %d, offset %d) lies below the coverage signed at %s (offset %d): ingest noted every row of those records (written into ClickHouse by hand?)",
+						cs[i].partition, cs[i].offset, fmtTime(v.cov.SignedAt), o)})
+				return
+			}
+		}
+	}
 	first, last := cs[0].ingestedAt, cs[0].ingestedAt
 	for i := range cs {
 		if cs[i].ingestedAt.Before(first) {
@@ -784,6 +848,87 @@ func (v *verifier) unleafed(org string, cs []storedCopy, future, overdue time.Ti
 				fmtTime(first), fmtTime(v.latest))})
 	default:
 		v.rep.UnsealedEvents++
+		if len(v.unsealed) < maxUnsealedKept {
+			for i := range cs {
+				v.unsealed = append(v.unsealed, unsealedCopy{org: org, id: cs[i].id, partition: cs[i].partition, offset: cs[i].offset})
+			}
+		}
+	}
+}
+
+// pastTheEnd checks the unsealed copies against the events topic's end, read now
+// that every row is read: a record at or past it did not exist when its row was.
+func (v *verifier) pastTheEnd(ctx context.Context) error {
+	if v.f.Ends == nil || len(v.unsealed) == 0 {
+		return nil
+	}
+	ends, err := v.f.Ends(ctx)
+	if err != nil {
+		return fmt.Errorf("cannot read the events topic's end offsets: %w", err)
+	}
+	counted := map[string]bool{}
+	for _, c := range v.unsealed {
+		end, ok := ends[int(c.partition)]
+		if ok && c.offset < end {
+			continue
+		}
+		why := fmt.Sprintf("in no leaf, and its Kafka record (partition %d, offset %d) is past the end of the events topic (%d): ingest cannot have written it", c.partition, c.offset, end)
+		if !ok {
+			why = fmt.Sprintf("in no leaf, and its Kafka partition %d is not one of the events topic's", c.partition)
+		}
+		v.problem(Problem{ID: c.id, Kind: KindUnexpected, Org: c.org, Reason: why})
+		if k := c.org + "\x00" + c.id; !counted[k] {
+			counted[k] = true
+			v.rep.UnsealedEvents--
+		}
+	}
+	return nil
+}
+
+// matches says whether a stored copy is the one a leaf sealed: the same content and
+// Kafka record, and an ingested_at not after the leaf's, since an insert attempt that
+// did not store the whole batch leaves an earlier copy, but not more than the margin
+// before it.
+func matches(r *storedCopy, lf *IndexedLeaf, margin time.Duration) bool {
+	return lf.Digest == r.digest && lf.Partition == r.partition && lf.Offset == r.offset &&
+		!r.ingestedAt.After(lf.IngestedAt) && !r.ingestedAt.Before(lf.IngestedAt.Add(-margin))
+}
+
+// orphans names the leaves of a row that no stored copy matches, though other leaves
+// of the row have copies: each leaf must keep its copy, or an edited row that ingest
+// noted again (a redelivery) would hide the leaf of the row as it was sealed. A leaf
+// is excused by a matched leaf of the same content and Kafka record written at most
+// the margin after it: a replay noted the copy of an earlier insert attempt, which a
+// merge has since dropped.
+func (v *verifier) orphans(org string, ls []IndexedLeaf, cs []storedCopy) {
+	matched := make([]bool, len(ls))
+	for i := range ls {
+		for j := range cs {
+			if matches(&cs[j], &ls[i], v.f.Margin) {
+				matched[i] = true
+				break
+			}
+		}
+	}
+	for i := range ls {
+		if matched[i] {
+			continue
+		}
+		lf := &ls[i]
+		excused := false
+		for j := range ls {
+			o := &ls[j]
+			if matched[j] && o.Digest == lf.Digest && o.Partition == lf.Partition && o.Offset == lf.Offset &&
+				!o.IngestedAt.Before(lf.IngestedAt) && !o.IngestedAt.After(lf.IngestedAt.Add(v.f.Margin)) {
+				excused = true
+				break
+			}
+		}
+		if !excused {
+			v.problem(Problem{ID: lf.ID, Kind: KindModified, Org: org, Leaf: leafRef(lf.Index),
+				Reason: fmt.Sprintf("no stored copy of the row is the one leaf %d sealed (ingested at %s, partition %d, offset %d); its copies match other leaves: edited, then noted again",
+					lf.Index, fmtTime(lf.IngestedAt), lf.Partition, lf.Offset)})
+		}
 	}
 }
 

@@ -69,10 +69,13 @@ func (n *notes) add(rows []store.EventRow) {
 	}
 }
 
+// Drain continues where the last one stopped; Commit drops what was drained, Rewind
+// returns it again.
 func (n *notes) Drain(_ context.Context, max int) ([]kafkago.Message, bool, error) {
-	k := min(max, len(n.queue))
-	n.drained = k
-	return slices.Clone(n.queue[:k]), k < len(n.queue), nil
+	k := min(max, len(n.queue)-n.drained)
+	out := slices.Clone(n.queue[n.drained : n.drained+k])
+	n.drained += k
+	return out, n.drained < len(n.queue), nil
 }
 
 func (n *notes) Commit(context.Context) error {
@@ -80,7 +83,9 @@ func (n *notes) Commit(context.Context) error {
 	n.drained = 0
 	return nil
 }
-func (n *notes) Holds() bool { return true }
+func (n *notes) Rewind()           { n.drained = 0 }
+func (n *notes) Holds() bool       { return true }
+func (n *notes) Generation() int64 { return 1 }
 
 // topic stands in for the checkpoints topic; frozen keeps what it held at a moment.
 type topic struct{ latest map[string][]byte }
