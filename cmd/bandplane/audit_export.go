@@ -88,8 +88,11 @@ type exportedData struct {
 
 // newAuditExporter is the exporter of serve's --audit-key (nil without one): it signs
 // the manifests, and its public half anchors the key ring the export's checkpoint is
-// checked with (the rotation records in ClickHouse link the others).
-func newAuditExporter(conn driver.Conn, db, prefix, keyFile string, log *slog.Logger) (*seal.Exporter, error) {
+// checked with (the rotation records in ClickHouse link the others). published reads
+// the checkpoints topic's newest checkpoint of every organization (kafka.ReadLatest):
+// an export pinned to the newest checkpoint is refused (409) when the topic's is
+// larger, since ClickHouse was then rolled back; nil compares nothing.
+func newAuditExporter(conn driver.Conn, db, prefix, keyFile string, published func(context.Context) (map[string][]byte, error), log *slog.Logger) (*seal.Exporter, error) {
 	if keyFile == "" {
 		return nil, nil
 	}
@@ -97,7 +100,7 @@ func newAuditExporter(conn driver.Conn, db, prefix, keyFile string, log *slog.Lo
 	if err != nil {
 		return nil, fmt.Errorf("cannot use --audit-key for the audit export: %w", err)
 	}
-	return seal.NewExporter(seal.ExportConfig{Conn: conn, Database: db, Prefix: prefix, Key: key, Logger: log})
+	return seal.NewExporter(seal.ExportConfig{Conn: conn, Database: db, Prefix: prefix, Key: key, Logger: log, Published: published})
 }
 
 // auditExportHandler serves GET /v1/audit/export for the roles compliance and admin;
@@ -185,7 +188,7 @@ func (h *exportHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	default:
 		h.log.Error("cannot prepare an audit export", "err", err, "org_id", req.Selection.Org, "key_id", k.ID)
-		keys.WriteError(w, http.StatusServiceUnavailable, "unavailable", "cannot read the audit trail from ClickHouse; retry (the server log says why)")
+		keys.WriteError(w, http.StatusServiceUnavailable, "unavailable", "cannot read the audit trail from ClickHouse or the checkpoints topic; retry (the server log says why)")
 		return
 	}
 	cp := exp.Checkpoint()
@@ -319,7 +322,8 @@ func runAuditExport(ctx context.Context, e *env, args []string) error {
 		}
 		want = &req
 	}
-	x := &exporter{e: e, base: base, token: *token, out: *out, part: *out + ".part", quiet: *quiet}
+	x := &exporter{e: e, base: base, token: *token, out: *out, part: *out + ".part", quiet: *quiet,
+		servedDefault: len(checkpoints) == 0 && *asOf == ""}
 	if *resume {
 		asked := ""
 		if given["format"] {
@@ -330,6 +334,69 @@ func runAuditExport(ctx context.Context, e *env, args []string) error {
 	return x.fresh(ctx, *want)
 }
 
+// withServed adds the size of the checkpoint the server serves of the organization
+// (GET /v1/audit/checkpoint) to a new export's consistency sizes, unless --checkpoint
+// or --as-of is given: the server then refuses to pin an older checkpoint than the
+// one it serves, which is what a ClickHouse rolled back below the checkpoints topic
+// gives, and the export proves its log extends that size.
+func (x *exporter) withServed(ctx context.Context, req *seal.ExportRequest) error {
+	if !x.servedDefault {
+		return nil
+	}
+	size, err := x.servedSize(ctx, req.Selection.Org)
+	if err != nil {
+		return err
+	}
+	req.Consistency = []uint64{size}
+	return nil
+}
+
+// servedSize reads the size of org's checkpoint as the server serves it (an empty
+// org: the key's own organization).
+func (x *exporter) servedSize(ctx context.Context, org string) (uint64, error) {
+	const what = "the checkpoint the server serves (GET /v1/audit/checkpoint), which the export proves its log extends"
+	u := *x.base
+	u.Path = strings.TrimSuffix(u.Path, "/") + "/v1/audit/checkpoint"
+	if org != "" {
+		u.RawQuery = url.Values{"org": {org}}.Encode()
+	}
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	hreq, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
+	if err != nil {
+		return 0, err
+	}
+	hreq.Header.Set("Authorization", "Bearer "+x.token)
+	resp, err := http.DefaultClient.Do(hreq)
+	if err != nil {
+		return 0, fmt.Errorf("cannot reach %s for %s: %w", x.base.Redacted(), what, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		body, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+		var eb keys.ErrorBody
+		if json.Unmarshal(body, &eb) == nil && eb.Error != "" {
+			return 0, fmt.Errorf("cannot read %s: the server answered %d (%s): %s", what, resp.StatusCode, eb.Code, eb.Error)
+		}
+		return 0, fmt.Errorf("cannot read %s: the server answered %d: %.200s", what, resp.StatusCode, body)
+	}
+	if strings.HasPrefix(resp.Header.Get("Content-Type"), "application/json") {
+		return 0, errors.New("--org: required with a platform key (the server lists every organization's checkpoint otherwise)")
+	}
+	note, err := io.ReadAll(io.LimitReader(resp.Body, tlog.MaxNoteBytes+1))
+	if err != nil {
+		return 0, fmt.Errorf("cannot read %s: %w", what, err)
+	}
+	if len(note) > tlog.MaxNoteBytes {
+		return 0, fmt.Errorf("cannot read %s: the answer is larger than a checkpoint (%d bytes)", what, tlog.MaxNoteBytes)
+	}
+	size, err := checkpointSize(note, "the server's answer")
+	if err != nil {
+		return 0, fmt.Errorf("cannot read %s: %w", what, err)
+	}
+	return size, nil
+}
+
 // heldCheckpointSize reads the tree size of a checkpoint file (its second line); the
 // server proves consistency with that size, and the verifier checks the proof against
 // the file itself.
@@ -338,13 +405,19 @@ func heldCheckpointSize(path string) (uint64, error) {
 	if err != nil {
 		return 0, err
 	}
+	return checkpointSize(b, path)
+}
+
+// checkpointSize reads the tree size of a checkpoint note (its second line); source
+// names the note in errors.
+func checkpointSize(b []byte, source string) (uint64, error) {
 	lines := strings.SplitN(string(b), "\n", 3)
 	if len(lines) < 3 {
-		return 0, fmt.Errorf("%s is not a checkpoint (origin, size and root lines, then signatures)", path)
+		return 0, fmt.Errorf("%s is not a checkpoint (origin, size and root lines, then signatures)", source)
 	}
 	size, err := strconv.ParseUint(lines[1], 10, 64)
 	if err != nil || size == 0 || strconv.FormatUint(size, 10) != lines[1] {
-		return 0, fmt.Errorf("%s is not a checkpoint: its second line %q is not a tree size", path, clipString(lines[1]))
+		return 0, fmt.Errorf("%s is not a checkpoint: its second line %q is not a tree size", source, clipString(lines[1]))
 	}
 	return size, nil
 }
@@ -365,6 +438,9 @@ type exporter struct {
 	quiet       bool
 	resumed     bool
 	priorEvents uint64
+	// servedDefault: a new export proves consistency with the server's checkpoint
+	// (no --checkpoint, no --as-of).
+	servedDefault bool
 }
 
 func exists(path string) bool {
@@ -378,6 +454,9 @@ func (x *exporter) fresh(ctx context.Context, req seal.ExportRequest) error {
 	}
 	if exists(x.part) {
 		return fmt.Errorf("%s holds an interrupted export: --resume continues it (or remove it to start over)", x.part)
+	}
+	if err := x.withServed(ctx, &req); err != nil {
+		return err
 	}
 	f, err := os.OpenFile(x.part, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
@@ -430,10 +509,14 @@ func (x *exporter) resume(ctx context.Context, want *seal.ExportRequest, format 
 		if want == nil {
 			return fmt.Errorf("%s holds no complete header, so its selection is unknown: give the selection again (--from, --to, …) with --resume, or remove it", x.part)
 		}
+		req := *want
+		if err := x.withServed(ctx, &req); err != nil {
+			return err
+		}
 		if err := f.Truncate(0); err != nil {
 			return fmt.Errorf("cannot truncate %s: %w", x.part, err)
 		}
-		_, err := x.fetch(ctx, f, *want, 0)
+		_, err := x.fetch(ctx, f, req, 0)
 		return err
 	}
 	h, err := seal.ParseExportHeader(enc, sc.Header)

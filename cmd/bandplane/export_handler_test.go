@@ -6,9 +6,12 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -48,7 +51,7 @@ func exportHandlerForTest(t *testing.T, withKey bool) http.Handler {
 		keyFile = filepath.Join(t.TempDir(), "audit.key")
 		require.NoError(t, seal.GenerateKey(keyFile))
 	}
-	x, err := newAuditExporter(noConn{}, "db", "", keyFile, nil)
+	x, err := newAuditExporter(noConn{}, "db", "", keyFile, nil, nil)
 	require.NoError(t, err)
 	require.Equal(t, withKey, x != nil)
 	return auditExportHandler(exportAuth, x, nil, nil)
@@ -130,9 +133,9 @@ func TestExportHandlerWithoutAuditKey(t *testing.T) {
 	// prefix a checkpoint cannot have.
 	pub := filepath.Join(t.TempDir(), "audit.key")
 	require.NoError(t, seal.GenerateKey(pub))
-	_, err := newAuditExporter(noConn{}, "db", "", pub+".pub", nil)
+	_, err := newAuditExporter(noConn{}, "db", "", pub+".pub", nil, nil)
 	assert.ErrorContains(t, err, "is a public key")
-	_, err = newAuditExporter(noConn{}, "db", "has space", pub, nil)
+	_, err = newAuditExporter(noConn{}, "db", "has space", pub, nil, nil)
 	assert.ErrorContains(t, err, "--audit-origin")
 }
 
@@ -229,6 +232,10 @@ func TestExportCLIWaitsForABusyServer(t *testing.T) {
 	exportBusyWait = 2500 * time.Millisecond
 	var asked atomic.Int32
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/v1/audit/checkpoint" {
+			_, _ = w.Write([]byte(testNote))
+			return
+		}
 		asked.Add(1)
 		w.Header().Set("Retry-After", "1")
 		keys.WriteError(w, http.StatusTooManyRequests, "too_many_requests", "an export of this key is running already")
@@ -246,5 +253,103 @@ func TestExportCLIWaitsForABusyServer(t *testing.T) {
 	for v, want := range map[string]time.Duration{"": time.Second, "abc": time.Second, "-5": time.Second, "0": time.Second,
 		"7": 7 * time.Second, "99999999999999999999": time.Second, "3600": 30 * time.Second} {
 		assert.Equal(t, want, retryAfter(v), "Retry-After %q", v)
+	}
+}
+
+// testNote is a checkpoint note as GET /v1/audit/checkpoint serves it (the CLI reads
+// only its size).
+const testNote = "bandplane/db/org/org-a\n42\nAAAA\n\n— bandplane/db AAAA\n"
+
+// A new export proves consistency with the checkpoint the server serves, read first
+// (one request, no retries), unless --checkpoint or --as-of says what to prove; what
+// the checkpoint endpoint answers instead of a note stops the export, saying why.
+func TestExportCLISendsTheServedCheckpoint(t *testing.T) {
+	dir := t.TempDir()
+	held := filepath.Join(dir, "held.checkpoint")
+	require.NoError(t, os.WriteFile(held, []byte(strings.Replace(testNote, "\n42\n", "\n17\n", 1)), 0o600))
+	type asked struct{ path, query string }
+	var (
+		mu     sync.Mutex
+		log    []asked
+		answer func(w http.ResponseWriter)
+	)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		log = append(log, asked{r.URL.Path, r.URL.RawQuery})
+		mu.Unlock()
+		if r.URL.Path == "/v1/audit/checkpoint" {
+			answer(w)
+			return
+		}
+		keys.WriteError(w, http.StatusConflict, "conflict", "stop here")
+	}))
+	defer srv.Close()
+	note := func(w http.ResponseWriter) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		_, _ = w.Write([]byte(testNote))
+	}
+	run := func(t *testing.T, args ...string) (string, []asked) {
+		t.Helper()
+		mu.Lock()
+		log = nil
+		mu.Unlock()
+		out := filepath.Join(t.TempDir(), "x.ndjson")
+		code, _, stderr := bandplane(t, append([]string{"audit", "export", "--out", out, "--key", "k", "--from", "2026-01-01", "--to", "2026-01-02", "--server", srv.URL, "--quiet"}, args...)...)
+		assert.Equal(t, 1, code, stderr)
+		assert.NoFileExists(t, out+".part", "a refused start leaves no file")
+		mu.Lock()
+		defer mu.Unlock()
+		return stderr, slices.Clone(log)
+	}
+	query := func(t *testing.T, a asked) url.Values {
+		t.Helper()
+		q, err := url.ParseQuery(a.query)
+		require.NoError(t, err)
+		return q
+	}
+
+	answer = note
+	stderr, got := run(t)
+	assert.Contains(t, stderr, "stop here")
+	require.Len(t, got, 2, "%+v", got)
+	assert.Equal(t, asked{"/v1/audit/checkpoint", ""}, got[0], "the key's own organization")
+	assert.Equal(t, "/v1/audit/export", got[1].path)
+	assert.Equal(t, []string{"42"}, query(t, got[1])["consistency"])
+
+	_, got = run(t, "--org", "org-b")
+	require.Len(t, got, 2)
+	assert.Equal(t, asked{"/v1/audit/checkpoint", "org=org-b"}, got[0])
+	assert.Equal(t, []string{"42"}, query(t, got[1])["consistency"])
+
+	_, got = run(t, "--checkpoint", held)
+	require.Len(t, got, 1, "the held checkpoint instead: %+v", got)
+	assert.Equal(t, []string{"17"}, query(t, got[0])["consistency"])
+
+	_, got = run(t, "--as-of", "12")
+	require.Len(t, got, 1, "an export pinned again is the same export: %+v", got)
+	assert.Empty(t, query(t, got[0])["consistency"])
+	assert.Equal(t, "12", query(t, got[0]).Get("as_of"))
+
+	for name, tc := range map[string]struct {
+		answer func(w http.ResponseWriter)
+		want   string
+	}{
+		"rolled back": {func(w http.ResponseWriter) {
+			keys.WriteError(w, http.StatusConflict, "conflict", "the checkpoints topic has a checkpoint of 16 leaves for organization \"org-a\", ClickHouse's log only 10: rolled back")
+		}, "cannot read the checkpoint the server serves (GET /v1/audit/checkpoint), which the export proves its log extends: the server answered 409 (conflict): the checkpoints topic has a checkpoint of 16 leaves"},
+		"nothing sealed": {func(w http.ResponseWriter) {
+			keys.WriteError(w, http.StatusNotFound, "not_found", "org-a: not in the log")
+		}, "the server answered 404 (not_found): org-a: not in the log"},
+		"not bandplane":            {func(w http.ResponseWriter) { http.Error(w, "bad gateway", http.StatusBadGateway) }, "the server answered 502: bad gateway"},
+		"a platform key's listing": {func(w http.ResponseWriter) { keys.WriteJSON(w, http.StatusOK, []string{}) }, "--org: required with a platform key"},
+		"not a note":               {func(w http.ResponseWriter) { _, _ = w.Write([]byte("hello\nworld\n!\n")) }, `the server's answer is not a checkpoint: its second line "world" is not a tree size`},
+		"too long":                 {func(w http.ResponseWriter) { _, _ = w.Write([]byte(strings.Repeat("x", 20<<10))) }, "the answer is larger than a checkpoint"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			answer = tc.answer
+			stderr, got := run(t)
+			assert.Contains(t, stderr, tc.want)
+			assert.Len(t, got, 1, "no export asked for: %+v", got)
+		})
 	}
 }

@@ -363,6 +363,41 @@ func TestIntegrationExport(t *testing.T) {
 	require.NoError(t, err)
 	assert.NotContains(t, string(b), "rewritten", "an edited row is a gap, never its new content")
 
+	// ClickHouse rolled back below the checkpoints topic (org-alpha's checkpoints after
+	// the auditor's removed): an export without --checkpoint proves consistency with
+	// the checkpoint the server serves, which refuses the rollback, so nothing stale is
+	// signed; pinned with --as-of at the size left, the export is what it names.
+	kept, err := heldCheckpointSize(auditorFile)
+	require.NoError(t, err)
+	require.NoError(t, s.conn.Exec(ctx, "ALTER TABLE "+s.db+".checkpoints DELETE WHERE org_id = 'org-alpha' AND size > "+strconv.FormatUint(kept, 10)))
+	require.True(t, stacktest.Eventually(t, 60*time.Second, 100*time.Millisecond, func() bool {
+		var pending uint64
+		require.NoError(t, s.conn.QueryRow(ctx, "SELECT count() FROM system.mutations WHERE database = ? AND is_done = 0", s.db).Scan(&pending))
+		return pending == 0
+	}))
+	out = filepath.Join(dir, "rolled-back.ndjson")
+	code2, _, stderr = export(t, compliance, out, rangeArgs...)
+	assert.Equal(t, 1, code2, stderr)
+	assert.Contains(t, stderr, "cannot read the checkpoint the server serves (GET /v1/audit/checkpoint)")
+	assert.Contains(t, stderr, "rolled back")
+	assert.NoFileExists(t, out+".part")
+	code2, stdout, stderr = export(t, compliance, out, append(rangeArgs, "--as-of", strconv.FormatUint(kept, 10))...)
+	require.Equal(t, 0, code2, stderr)
+	lastLine(t, stdout, &sum)
+	assert.Equal(t, kept, sum.Size)
+	// The export endpoint itself, given the checkpoints topic as serve gives it: 409,
+	// naming the organization, both sizes and what to do.
+	onTopic, err := newAuditExporter(s.conn, s.db, "", keyFile, func(ctx context.Context) (map[string][]byte, error) {
+		return kafka.ReadLatest(ctx, stacktest.Brokers(), s.topic+".checkpoints")
+	}, nil)
+	require.NoError(t, err)
+	status, eb, _ := exportAsk(t, auditExportHandler(fakeAuth{"c": {ID: "c", Org: "org-alpha", Role: keys.RoleCompliance}}, onTopic, nil, nil), http.MethodGet, "c", exportQuery)
+	assert.Equal(t, http.StatusConflict, status, "%+v", eb)
+	assert.Contains(t, eb.Error, `for org "org-alpha"`)
+	assert.Contains(t, eb.Error, fmt.Sprintf("ClickHouse's newest checkpoint has only %d: ClickHouse's log was rolled back", kept))
+	assert.Contains(t, eb.Error, "run bandplane audit verify")
+	assert.Contains(t, eb.Error, fmt.Sprintf("the checkpoints topic has a checkpoint of %d leaves", h.Size), "the size of the exports before")
+
 	// Every export served is in the trail: audit.exported, with the key that took it.
 	var exported uint64
 	require.True(t, stacktest.Eventually(t, 20*time.Second, 200*time.Millisecond, func() bool {

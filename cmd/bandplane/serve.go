@@ -383,7 +383,7 @@ func serve(ctx context.Context, log *slog.Logger, reg *prometheus.Registry, c se
 	if err != nil {
 		return err
 	}
-	exporter, err := newAuditExporter(qconn, c.stack.ch.Database, prefix, c.seal.keyFile, log)
+	exporter, err := newAuditExporter(qconn, c.stack.ch.Database, prefix, c.seal.keyFile, latestCheckpoints, log)
 	if err != nil {
 		return err
 	}

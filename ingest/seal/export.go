@@ -35,23 +35,31 @@ import (
 //
 // An export is pinned to one signed checkpoint of the organization's log, of size N:
 // by default the newest stored checkpoint the key ring opens, or the one of size
-// as_of. Its lines are the leaves of that log whose time lies in the selection's
-// range [from, to) (milliseconds): for each row key (org, time in seconds, id) with
-// leaves below N, the line is the stored copy that matches its smallest leaf with a
-// matching copy (the same content digest and Kafka record, ingested_at within the
-// margin, verify's rule), written with that leaf's bookkeeping, so that the line is
-// the leaf and nothing else. The types, actors and rooms lists apply to that content.
-// A row key whose leaves match no stored copy is a gap: "modified" (a copy with other
-// content or bookkeeping is stored), "missing" (none is), or "expired" (gone under a
-// retention cut signed with the audit key, which the header carries). Lines and gaps
-// are in (time, time_ms, id) order.
+// as_of. The default is refused when the checkpoints topic (ExportConfig.Published)
+// holds a larger checkpoint of the log, or one the log does not extend: ClickHouse was
+// rolled back. Its lines are the leaves of that log whose time lies in the selection's
+// range [from, to) (milliseconds). Each leaf is matched with the stored copies of its
+// row key (org, time in seconds, id) on its own: a copy matches it when it has the
+// leaf's content digest and Kafka record and an ingested_at not after the leaf's and
+// within the margin before it (verify's rule). For each row key, the line is the copy
+// that matches its smallest leaf with a matching copy, written with that leaf's
+// bookkeeping, so that the line is the leaf and nothing else; the types, actors and
+// rooms lists apply to that content. Another leaf of the key is a duplicate of the
+// line's row when it has a matching copy of its own, or when a leaf with a matching
+// copy has its content digest and Kafka record and an ingested_at at most the margin
+// after its (an earlier insert attempt's copy, noted again, that a merge dropped). Any
+// other leaf no stored copy matches is a gap, even when another leaf of its key has a
+// line: "modified" (a copy with other content or bookkeeping is stored), "missing"
+// (none is), or "expired" (gone under a retention cut signed with the audit key, which
+// the header carries). Lines and gaps are in (time, time_ms, id) order; the records of
+// one row key are its gaps in leaf order, then its line.
 //
 // Before it writes a byte, the server reads the organization's whole log_index up to
 // N and recomputes the checkpoint's root; it refuses (ErrExportConflict) a log that
 // does not give it. It then checks every log_leaves row it uses against that scan and
 // every proof it writes against the root, and at the end that every leaf of the range
-// was a line, left out by the lists, a duplicate of a line's row key, or a gap; if
-// not, it stops with an error record instead of a manifest.
+// was a line, left out by the lists, a duplicate of a line's row, or a gap; if not, it
+// stops with an error record instead of a manifest.
 //
 // # Records
 //
@@ -263,7 +271,8 @@ func checkValue(name, v string, maxBytes int) error {
 type ExportRequest struct {
 	Selection Selection
 	Encoding  string // EncodingNDJSON or EncodingCSV
-	// AsOf is the size of the checkpoint to pin the export to; 0: the newest.
+	// AsOf is the size of the checkpoint to pin the export to; 0: the newest, checked
+	// against the checkpoints topic's (ExportConfig.Published).
 	AsOf uint64
 	// Consistency are the sizes of checkpoints the client holds (sorted, distinct): the
 	// trailer proves the pinned log extends each.

@@ -5,7 +5,9 @@ import (
 	"context"
 	"crypto/ed25519"
 	"encoding/base64"
+	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strconv"
 	"strings"
@@ -305,15 +307,22 @@ func TestIntegrationExportGaps(t *testing.T) {
 	forged := rs[6]
 	forged.Data = `{"content":"the other story"}`
 	insert(t, tr.conn, tr.db, []store.EventRow{forged})
-	// ev-00009 stored again by a retried insert, noted again: a second leaf.
+	// ev-00009: an earlier insert attempt left a copy stamped 5 s before the sealed one,
+	// and a redelivery noted that copy again: a second leaf, with its own copy. Stored
+	// after the sealed copy, it is the one a merge keeps, and it matches both leaves.
 	retried := rs[9]
-	retried.IngestedAt = retried.IngestedAt.Add(5 * time.Second)
+	retried.IngestedAt = retried.IngestedAt.Add(-5 * time.Second)
 	tr.store([]store.EventRow{retried})
+	// ev-00015: an earlier attempt's copy, never noted: genuine for the sealed leaf.
+	attempt := rs[15]
+	attempt.IngestedAt = attempt.IngestedAt.Add(-3 * time.Second)
+	insert(t, tr.conn, tr.db, []store.EventRow{attempt})
 	tr.seal()
 
 	x := tr.exporter()
 	b, st := exportAll(t, x, ExportRequest{Selection: sel, Encoding: EncodingNDJSON})
 	assert.Equal(t, uint64(10), st.Total, "one line per row key")
+	assert.Zero(t, st.Gaps)
 	rep := tr.verifyExport(b)
 	require.True(t, rep.OK(), "%+v", rep.Problems)
 	assert.NotContains(t, string(b), "the other story")
@@ -332,6 +341,126 @@ func TestIntegrationExportGaps(t *testing.T) {
 	}
 	assert.Equal(t, map[string]string{"ev-00003": ExportModified, "ev-00012": ExportMissing}, got, "%+v", rep.Problems)
 	assert.Equal(t, int64(2), rep.Gaps)
+}
+
+// Each leaf is matched with the stored copies on its own. A sealed row whose
+// ingested_at is moved in ClickHouse by more than the margin, and which ingest then
+// notes again (a redelivery notes the record's own copy, with the stored
+// ingested_at), has two leaves: the second matches the moved copy, and the first,
+// whose row is gone, is a modified gap beside that line, never a duplicate of it. A
+// row deleted after being noted twice is a missing gap per leaf. An earlier insert
+// attempt's copy, noted again and then merged away, leaves a leaf no copy matches
+// within the margin before a matched one: a duplicate, no gap. The file verifies as
+// such, and resumes anywhere.
+func TestIntegrationExportMatchesEachLeaf(t *testing.T) {
+	tr, rs := sealedTrail(t)
+	now := time.Now().UTC()
+	sel := Selection{Org: "org-a", From: now.Add(-3 * time.Hour), To: now}
+	x := tr.exporter()
+	before, _ := exportAll(t, x, ExportRequest{Selection: sel, Encoding: EncodingNDJSON})
+	require.True(t, tr.verifyExport(before).OK())
+
+	// ev-00012 moved an hour later, then noted again as stored.
+	tr.exec("events", "UPDATE ingested_at = ingested_at + 3600 WHERE id = 'ev-00012'")
+	moved := rs[12]
+	moved.IngestedAt = moved.IngestedAt.Add(time.Hour)
+	tr.notes.add([]store.EventRow{moved})
+	// ev-00018 noted twice (an earlier attempt's copy noted again), then deleted.
+	again := rs[18]
+	again.IngestedAt = again.IngestedAt.Add(-2 * time.Second)
+	tr.store([]store.EventRow{again})
+	// ev-00021: an earlier attempt's copy noted again, then merged away (the merge
+	// keeps the copy of the last attempt, the sealed one).
+	attempt := rs[21]
+	attempt.IngestedAt = attempt.IngestedAt.Add(-4 * time.Second)
+	tr.store([]store.EventRow{attempt})
+	require.Equal(t, 3, tr.seal().Leaves)
+	tr.exec("events", "DELETE WHERE id = 'ev-00018'")
+	tr.exec("events", "DELETE WHERE id = 'ev-00021' AND ingested_at = toDateTime("+strconv.FormatInt(attempt.IngestedAt.Unix(), 10)+")")
+
+	leafOf := func(id string) []uint64 {
+		var out []uint64
+		rows, err := tr.conn.Query(context.Background(), "SELECT idx FROM "+tr.db+".log_leaves WHERE org_id = 'org-a' AND id = ? ORDER BY idx", id)
+		require.NoError(t, err)
+		defer rows.Close()
+		for rows.Next() {
+			var i uint64
+			require.NoError(t, rows.Scan(&i))
+			out = append(out, i)
+		}
+		return out
+	}
+	movedLeaves, deletedLeaves := leafOf("ev-00012"), leafOf("ev-00018")
+	require.Len(t, movedLeaves, 2)
+	require.Len(t, deletedLeaves, 2)
+	require.Len(t, leafOf("ev-00021"), 2)
+	var left uint64
+	require.NoError(t, tr.conn.QueryRow(context.Background(), "SELECT count() FROM "+tr.db+".events WHERE id = 'ev-00021'").Scan(&left))
+	require.Equal(t, uint64(1), left, "the sealed copy only")
+
+	for _, enc := range []string{EncodingNDJSON, EncodingCSV} {
+		t.Run(enc, func(t *testing.T) {
+			b, st := exportAll(t, x, ExportRequest{Selection: sel, Encoding: enc})
+			assert.Equal(t, uint64(9), st.Total, "ev-00018 has no line")
+			assert.Equal(t, uint64(3), st.Gaps, "the moved row's first leaf and both of the deleted row's")
+			rep := tr.verifyExport(b)
+			type problem struct {
+				id, kind string
+				leaf     uint64
+			}
+			var got []problem
+			for _, p := range rep.Problems {
+				require.NotNil(t, p.Leaf, "%+v", p)
+				got = append(got, problem{p.ID, p.Kind, *p.Leaf})
+			}
+			assert.ElementsMatch(t, []problem{
+				{"ev-00012", ExportModified, movedLeaves[0]},
+				{"ev-00018", ExportMissing, deletedLeaves[0]},
+				{"ev-00018", ExportMissing, deletedLeaves[1]},
+			}, got, "%+v", rep.Problems)
+			assert.Equal(t, int64(9), rep.Events)
+
+			// The moved row's line is its second leaf, with that leaf's bookkeeping.
+			var line ExportEventID
+			for k := 1; k <= 9; k++ {
+				sc := NewExportScanner(enc)
+				_, _ = sc.Write(b[:cutAfter(t, enc, b, k)])
+				id, err := ExportEventKey(enc, sc.LastEvent)
+				require.NoError(t, err)
+				if id.ID == "ev-00012" {
+					line = id
+					break
+				}
+			}
+			assert.Equal(t, movedLeaves[1], line.Leaf)
+			assert.Contains(t, string(b), fmtSec(moved.IngestedAt))
+
+			// Resumed after any line, the file is the same bytes: the gap of a key
+			// comes before its line, so a cursor at the line has it behind.
+			hs := NewExportScanner(enc)
+			_, _ = hs.Write(b)
+			h, err := ParseExportHeader(enc, hs.Header)
+			require.NoError(t, err)
+			for k := range 10 {
+				cut := cutAfter(t, enc, b, k)
+				sc := NewExportScanner(enc)
+				_, _ = sc.Write(b[:cut])
+				var c Cursor
+				if k == 0 {
+					c, err = NewCursor(&h, 0, time.Time{}, "")
+				} else {
+					last, kerr := ExportEventKey(enc, sc.LastEvent)
+					require.NoError(t, kerr)
+					c, err = NewCursor(&h, uint64(k), last.Time, last.ID)
+				}
+				require.NoError(t, err)
+				req, err := h.Request(&c)
+				require.NoError(t, err)
+				rest, _ := exportAll(t, x, req)
+				require.True(t, bytes.Equal(b, append(bytes.Clone(b[:cut]), rest...)), "resumed after event %d, the file differs", k)
+			}
+		})
+	}
 }
 
 // A real retention run with the audit key: the sealed events it dropped are expired
@@ -460,6 +589,111 @@ func TestIntegrationExportConsistency(t *testing.T) {
 	rep = tr.verifyExport(plain, saved)
 	require.Len(t, rep.Problems, 1, "%+v", rep.Problems)
 	assert.Contains(t, rep.Problems[0].Reason, "has no consistency record in the export: export with --checkpoint auditor.checkpoint")
+}
+
+// An export pinned to the newest checkpoint is compared with the checkpoints topic's:
+// ClickHouse rolled back (its newest checkpoints removed, or all of them) is refused
+// with 409, and so is a log that does not extend the topic's checkpoint; a topic note
+// the key ring does not open is ignored and logged; as_of pins what it names. Without
+// the topic, the rolled-back export would verify offline.
+func TestIntegrationExportComparesTheTopic(t *testing.T) {
+	tr, _ := sealedTrail(t)
+	ctx := context.Background()
+	now := time.Now().UTC()
+	at10, err := tr.topic.read(ctx)
+	require.NoError(t, err)
+	tr.store(rows("more", 6, []string{"org-a"}, now.Add(-time.Hour), now.Add(-10*time.Second)))
+	tr.seal()
+	sel := Selection{Org: "org-a", From: now.Add(-3 * time.Hour), To: now}
+	req := ExportRequest{Selection: sel, Encoding: EncodingNDJSON}
+	var logs bytes.Buffer
+	var topicErr error
+	x := tr.exporter(func(c *ExportConfig) {
+		c.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+		c.Published = func(ctx context.Context) (map[string][]byte, error) {
+			if topicErr != nil {
+				return nil, topicErr
+			}
+			return tr.topic.read(ctx)
+		}
+	})
+	setTopic := func(note []byte) {
+		tr.topic.mu.Lock()
+		defer tr.topic.mu.Unlock()
+		tr.topic.latest["org-a"] = note
+	}
+	latest, err := tr.topic.read(ctx)
+	require.NoError(t, err)
+	at16 := latest["org-a"]
+
+	// The topic at the pinned size, or at an older size the log extends: served.
+	b, st := exportAll(t, x, req)
+	assert.Equal(t, uint64(16), st.Total)
+	require.True(t, tr.verifyExport(b).OK())
+	setTopic(at10["org-a"])
+	again, _ := exportAll(t, x, req)
+	assert.True(t, bytes.Equal(b, again), "the topic's check leaves the file as it is")
+
+	// Notes the ring does not open: ignored, each with a log line.
+	other, err := tlog.NewSigner(tlog.DefaultPrefix(tr.db), testKey(t))
+	require.NoError(t, err)
+	foreign, err := other.Sign("org-a", 999, make([]byte, 32))
+	require.NoError(t, err)
+	signer, err := tlog.NewSigner(tlog.DefaultPrefix(tr.db), tr.key)
+	require.NoError(t, err)
+	otherOrg, err := signer.Sign("org-b", 999, make([]byte, 32))
+	require.NoError(t, err)
+	for _, note := range [][]byte{foreign.Note, otherOrg.Note, []byte("not a note")} {
+		logs.Reset()
+		setTopic(note)
+		again, _ := exportAll(t, x, req)
+		assert.True(t, bytes.Equal(b, again))
+		assert.Contains(t, logs.String(), "ignoring a checkpoint of the checkpoints topic that does not verify")
+	}
+
+	// Signed with the audit key, another root: at the pinned size, or at a smaller one.
+	for _, size := range []uint64{16, 7} {
+		fork, err := signer.Sign("org-a", size, bytes.Repeat([]byte{7}, 32))
+		require.NoError(t, err)
+		setTopic(fork.Note)
+		_, err = x.Prepare(ctx, req)
+		require.ErrorIs(t, err, ErrExportConflict, "size %d", size)
+		assert.ErrorContains(t, err, "run bandplane audit verify")
+		if size == 16 {
+			assert.ErrorContains(t, err, `the checkpoints topic has another root for org "org-a" at size 16`)
+		} else {
+			assert.ErrorContains(t, err, `the log of org "org-a" at size 16 does not extend the checkpoints topic's newest checkpoint (size 7`)
+		}
+	}
+
+	// ClickHouse rolled back to size 10: refused, naming the org, both sizes and what
+	// to do; as_of still pins what it names; without the topic, the stale export
+	// would have been signed and verified offline.
+	setTopic(at16)
+	tr.exec("checkpoints", "DELETE WHERE org_id = 'org-a' AND size > 10")
+	_, err = x.Prepare(ctx, req)
+	require.ErrorIs(t, err, ErrExportConflict)
+	assert.ErrorContains(t, err, `the checkpoints topic has a checkpoint of 16 leaves for org "org-a"`)
+	assert.ErrorContains(t, err, "ClickHouse's newest checkpoint has only 10: ClickHouse's log was rolled back")
+	assert.ErrorContains(t, err, "run bandplane audit verify")
+	pinned, st := exportAll(t, x, ExportRequest{Selection: sel, Encoding: EncodingNDJSON, AsOf: 10})
+	assert.Equal(t, uint64(10), st.Total)
+	assert.True(t, tr.verifyExport(pinned).OK())
+	stale, _ := exportAll(t, tr.exporter(), req)
+	assert.True(t, bytes.Equal(pinned, stale), "what the topic's check refuses")
+
+	// Every checkpoint gone from ClickHouse: the topic says it was rolled back.
+	tr.exec("checkpoints", "DELETE WHERE org_id = 'org-a'")
+	_, err = x.Prepare(ctx, req)
+	require.ErrorIs(t, err, ErrExportConflict)
+	assert.ErrorContains(t, err, "and ClickHouse has no checkpoint that verifies: ClickHouse's log was rolled back")
+
+	// The topic cannot be read: no export (503), rather than an unchecked one.
+	topicErr = errors.New("no broker")
+	_, err = x.Prepare(ctx, req)
+	require.Error(t, err)
+	assert.NotErrorIs(t, err, ErrExportConflict)
+	assert.ErrorContains(t, err, "cannot read the newest checkpoints from the checkpoints topic: no broker")
 }
 
 // A client that goes away stops the export; the connection pool is not left with a

@@ -37,9 +37,9 @@ const (
 
 // ErrExportConflict is wrapped by Prepare when the trail cannot give the export asked
 // for (HTTP 409): nothing sealed yet, an as_of no verified checkpoint has, a
-// consistency size beyond the checkpoint, a cursor of another export, or a log that
-// does not match its checkpoint. Stream wraps it too when it finds the log edited
-// part-way.
+// consistency size beyond the checkpoint, a log the checkpoints topic shows rolled
+// back or forked, a cursor of another export, or a log that does not match its
+// checkpoint. Stream wraps it too when it finds the log edited part-way.
 var ErrExportConflict = errors.New("the export conflicts with the trail")
 
 // ExportConfig configures an Exporter.
@@ -64,6 +64,12 @@ type ExportConfig struct {
 	// IndexChunk is how many log_index rows one read of the scan asks for (they are
 	// streamed, not held).
 	IndexChunk int
+	// Published reads the newest checkpoint of every organization from the checkpoints
+	// topic, as the sealer's Config.Published does. An export pinned to the newest
+	// checkpoint is refused when the topic's, verified with the key ring, is larger or
+	// is not on the pinned log: ClickHouse alone cannot show that it was rolled back.
+	// nil: not compared (ClickHouse's newest checkpoint is pinned unchecked).
+	Published func(ctx context.Context) (map[string][]byte, error)
 }
 
 func (c *ExportConfig) Validate() error {
@@ -208,9 +214,32 @@ func (x *Exporter) Prepare(ctx context.Context, req ExportRequest) (*Export, err
 	for _, p := range ring.Problems() {
 		x.log.Warn("a key rotation record is not followed", "problem", p)
 	}
+	// The topic is read before ClickHouse: the sealer stores a checkpoint before it
+	// publishes it, so a checkpoint the topic held then is in ClickHouse by the pin.
+	var published []byte
+	if req.AsOf == 0 && x.cfg.Published != nil {
+		latest, err := x.cfg.Published(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("cannot read the newest checkpoints from the checkpoints topic: %w", err)
+		}
+		published = latest[sel.Org]
+	}
 	cp, err := x.pin(ctx, ring, sel.Org, req.AsOf)
 	if err != nil {
+		if published != nil && errors.As(err, new(noCheckpointError)) {
+			// No checkpoint ClickHouse holds verifies: one on the topic means that they
+			// were removed.
+			if _, terr := x.compareTopic(ring, &tlog.Checkpoint{Org: sel.Org}, published); terr != nil {
+				return nil, terr
+			}
+		}
 		return nil, err
+	}
+	var topic *tlog.Checkpoint
+	if published != nil {
+		if topic, err = x.compareTopic(ring, &cp, published); err != nil {
+			return nil, err
+		}
 	}
 	if n := len(req.Consistency); n > 0 && req.Consistency[n-1] > cp.Size {
 		m := req.Consistency[n-1]
@@ -238,8 +267,16 @@ func (x *Exporter) Prepare(ctx context.Context, req ExportRequest) (*Export, err
 		return nil, fmt.Errorf("%w: %d retention cuts cover the range, more than an export carries (%d)", ErrExportConflict, len(e.offline), maxHeaderCuts)
 	}
 	e.header = newHeader(x.cfg.Database, sel, req, &cp, rotations, e.offline)
-	if e.sc, err = x.scan(ctx, &cp, sel, req.Consistency); err != nil {
+	sizes := req.Consistency
+	if topic != nil && topic.Size < cp.Size {
+		sizes = append(slices.Clone(sizes), topic.Size)
+	}
+	if e.sc, err = x.scan(ctx, &cp, sel, sizes); err != nil {
 		return nil, err
+	}
+	if topic != nil && topic.Size < cp.Size && !bytes.Equal(e.sc.roots[topic.Size], topic.Root) {
+		return nil, fmt.Errorf("%w: the log of org %q at size %d does not extend the checkpoints topic's newest checkpoint (size %d, signed at %s): its leaves give another root at that size (forked or edited); run bandplane audit verify",
+			ErrExportConflict, sel.Org, cp.Size, topic.Size, topic.SignedAt.Format(time.RFC3339))
 	}
 	lo, hi := sel.From.Unix(), sel.To.Unix()
 	if sel.To.Nanosecond() > 0 {
@@ -325,8 +362,47 @@ func (x *Exporter) pin(ctx context.Context, ring *tlog.KeyRing, org string, asOf
 	case len(rows) > maxForgedExport:
 		return tlog.Checkpoint{}, fmt.Errorf("%w: more than %d of organization %q's newest checkpoint rows do not verify: run bandplane audit verify", ErrExportConflict, maxForgedExport, org)
 	}
-	return tlog.Checkpoint{}, fmt.Errorf("%w: nothing of organization %q is sealed with the audit key (keys %s): is serve running with --audit-key? (`bandplane audit seal` seals now)",
-		ErrExportConflict, org, strings.Join(ring.KeyIDs(), ", "))
+	return tlog.Checkpoint{}, noCheckpointError{fmt.Errorf("%w: nothing of organization %q is sealed with the audit key (keys %s): is serve running with --audit-key? (`bandplane audit seal` seals now)",
+		ErrExportConflict, org, strings.Join(ring.KeyIDs(), ", "))}
+}
+
+// noCheckpointError is pin's error when ClickHouse holds no checkpoint of the
+// organization that verifies.
+type noCheckpointError struct{ err error }
+
+func (e noCheckpointError) Error() string { return e.err.Error() }
+func (e noCheckpointError) Unwrap() error { return e.err }
+
+// compareTopic checks the pinned checkpoint against note, the checkpoints topic's
+// newest of its organization: a note the ring does not open is ignored (and logged),
+// as the sealer ignores it; a larger size, or another root at the pinned size, refuses
+// the export. It returns the topic's checkpoint when it is smaller than the pinned one
+// (the scan checks its root), else nil.
+func (x *Exporter) compareTopic(ring *tlog.KeyRing, cp *tlog.Checkpoint, note []byte) (*tlog.Checkpoint, error) {
+	org := cp.Org
+	pub, err := ring.Open(note)
+	if err == nil && pub.Org != org {
+		err = fmt.Errorf("it is of organization %q", clip(pub.Org))
+	}
+	if err != nil {
+		x.log.Warn("ignoring a checkpoint of the checkpoints topic that does not verify", "org_id", org, "err", err)
+		return nil, nil
+	}
+	switch {
+	case pub.Size > cp.Size:
+		stored := fmt.Sprintf("ClickHouse's newest checkpoint has only %d", cp.Size)
+		if cp.Size == 0 {
+			stored = "ClickHouse has no checkpoint that verifies"
+		}
+		return nil, fmt.Errorf("%w: the checkpoints topic has a checkpoint of %d leaves for org %q (signed at %s) and %s: ClickHouse's log was rolled back (restored from an older copy, or its newest rows removed); run bandplane audit verify",
+			ErrExportConflict, pub.Size, org, pub.SignedAt.Format(time.RFC3339), stored)
+	case pub.Size == cp.Size && !pub.Same(cp):
+		return nil, fmt.Errorf("%w: the checkpoints topic has another root for org %q at size %d than ClickHouse's checkpoint: the log was forked; run bandplane audit verify",
+			ErrExportConflict, org, cp.Size)
+	case pub.Size < cp.Size && pub.Size > 0:
+		return &pub, nil
+	}
+	return nil, nil
 }
 
 // logConflict is the error of a log that does not match its checkpoint.
@@ -920,9 +996,7 @@ func (e *Export) decideWindow(ctx context.Context, w window, leaves []IndexedLea
 		if cr.err != nil {
 			break
 		}
-		if r := e.decide(leaves[i:j], copies); r != nil {
-			recs = append(recs, r)
-		}
+		recs = append(recs, e.decide(leaves[i:j], copies)...)
 		i = j
 	}
 	rows.Close()
@@ -944,36 +1018,87 @@ func (e *Export) decideWindow(ctx context.Context, w window, leaves []IndexedLea
 			r.mark = MarkExpired
 		}
 	}
-	slices.SortFunc(recs, func(a, b *exportRec) int { return leafOrder(a.ms(), a.leaf.ID, b.ms(), b.leaf.ID) })
+	slices.SortFunc(recs, recOrder)
 	return recs, nil
 }
 
-// decide is the record of one row key: the line of its smallest leaf with a matching
-// copy (nil when the lists leave it out), or a gap of its smallest leaf.
-func (e *Export) decide(leaves []IndexedLeaf, copies []store.EventRow) *exportRec {
+// recOrder is the order of lines and gaps: (time, time_ms, id), and within one row
+// key its gaps by leaf, then its line. Gaps go first so that a resume cursor (the last
+// line) has every record of its key behind it.
+func recOrder(a, b *exportRec) int {
+	return cmp.Or(leafOrder(a.ms(), a.leaf.ID, b.ms(), b.leaf.ID), cmp.Compare(boolInt(a.row != nil), boolInt(b.row != nil)),
+		cmp.Compare(a.leaf.Index, b.leaf.Index))
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// decide is the records of one row key, its leaves in index order. Each leaf is
+// matched on its own: one that no stored copy matches (verify's rule) is a gap, even
+// when another leaf of its key matches a copy — ClickHouse write access can move a
+// sealed copy's bookkeeping and have ingest note the moved copy again (a redelivery
+// notes a record's own copy with its stored ingested_at), and the first leaf's row is
+// then gone. The first leaf with a matching copy is the line (none when the lists
+// leave it out); the key's other leaves are duplicates of the line's row when they
+// have a matching copy of their own (the same note twice, or an earlier insert
+// attempt's copy noted again) or when mergedAway excuses them.
+func (e *Export) decide(leaves []IndexedLeaf, copies []store.EventRow) []*exportRec {
 	stored := make([]storedCopy, len(copies))
 	for ci := range copies {
 		stored[ci] = copyOf(&copies[ci])
 	}
+	match := make([]int, len(leaves)) // the copy that matches each leaf, or -1
 	for li := range leaves {
-		for ci := range copies {
-			if why, _ := matchLeaf(&stored[ci], leaves[li:li+1], e.x.cfg.Margin); why != "" {
-				continue
+		match[li] = slices.IndexFunc(stored, func(c storedCopy) bool {
+			why, _ := matchLeaf(&c, leaves[li:li+1], e.x.cfg.Margin)
+			return why == ""
+		})
+	}
+	var recs []*exportRec
+	lined := false
+	for li := range leaves {
+		lf := &leaves[li]
+		switch ci := match[li]; {
+		case ci < 0 && !e.mergedAway(leaves, match, li):
+			mark := MarkMissing
+			if len(copies) > 0 {
+				mark = MarkModified
 			}
+			recs = append(recs, &exportRec{leaf: *lf, mark: mark})
+		case ci >= 0 && !lined:
+			lined = true
 			r := copies[ci]
-			lf := &leaves[li]
 			r.IngestedAt, r.Partition, r.Offset = lf.IngestedAt, lf.Partition, lf.Offset
-			if !e.req.Selection.selects(&r) {
-				return nil
+			if e.req.Selection.selects(&r) {
+				recs = append(recs, &exportRec{leaf: *lf, row: &r})
 			}
-			return &exportRec{leaf: *lf, row: &r}
 		}
 	}
-	mark := MarkMissing
-	if len(copies) > 0 {
-		mark = MarkModified
+	return recs
+}
+
+// mergedAway says whether leaf li, which no copy matches, is an earlier insert
+// attempt's copy that a merge dropped: another leaf of its key with a matching copy
+// has its content digest and Kafka record and an ingested_at at most the margin after
+// its. Ingest notes each of a record's own copies again on a redelivery (an earlier
+// attempt's included, until a merge keeps the last), so such a pair is legitimate; the
+// margin bounds it as it bounds how much earlier than its leaf a genuine copy may be
+// (verify excuses the same leaves). A sealed copy's ingested_at moved later by more
+// than the margin and noted again leaves its first leaf a gap.
+func (e *Export) mergedAway(leaves []IndexedLeaf, match []int, li int) bool {
+	lf := &leaves[li]
+	for j := range leaves {
+		o := &leaves[j]
+		if match[j] >= 0 && o.Digest == lf.Digest && o.Partition == lf.Partition && o.Offset == lf.Offset &&
+			!o.IngestedAt.Before(lf.IngestedAt) && !o.IngestedAt.After(lf.IngestedAt.Add(e.x.cfg.Margin)) {
+			return true
+		}
 	}
-	return &exportRec{leaf: leaves[0], mark: mark}
+	return false
 }
 
 // expired says whether a sealed row that is gone expired: verify's rule (an honoured

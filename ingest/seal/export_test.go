@@ -2,6 +2,7 @@ package seal
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/ed25519"
 	"encoding/base64"
@@ -124,11 +125,15 @@ func (f *exportFixture) build(t testing.TB, encoding string) []byte {
 		all = append(all, exportRow(fmt.Sprintf("late-%03d", i), "message.created", exportBase.Add(2*time.Hour), "{}"))
 	}
 	f.tree = &memTree{memo: map[compact.NodeID][]byte{}}
-	index := map[string]uint64{}
+	index := map[string]uint64{} // by leaf hash: a gap may share its row key with a line
 	for i := range all {
 		lf := tlog.LeafOf(&all[i])
 		f.tree.leaves = append(f.tree.leaves, lf.Hash())
-		index[all[i].ID] = uint64(i)
+		index[string(lf.Hash())] = uint64(i)
+	}
+	leafOf := func(r *store.EventRow) uint64 {
+		lf := tlog.LeafOf(r)
+		return index[string(lf.Hash())]
 	}
 	n := uint64(len(all))
 	signer, err := tlog.NewSigner(f.prefix, f.key)
@@ -147,13 +152,14 @@ func (f *exportFixture) build(t testing.TB, encoding string) []byte {
 	}
 	var recs []rec
 	for i := range f.rows {
-		recs = append(recs, rec{row: &f.rows[i], leaf: index[f.rows[i].ID]})
+		recs = append(recs, rec{row: &f.rows[i], leaf: leafOf(&f.rows[i])})
 	}
 	for i := range f.gaps {
-		recs = append(recs, rec{row: &f.gaps[i], gap: true, leaf: index[f.gaps[i].ID]})
+		recs = append(recs, rec{row: &f.gaps[i], gap: true, leaf: leafOf(&f.gaps[i])})
 	}
-	slices.SortFunc(recs, func(a, b rec) int {
-		return leafOrder(a.row.Time.UnixMilli(), a.row.ID, b.row.Time.UnixMilli(), b.row.ID)
+	slices.SortFunc(recs, func(a, b rec) int { // recOrder's
+		return cmp.Or(leafOrder(a.row.Time.UnixMilli(), a.row.ID, b.row.Time.UnixMilli(), b.row.ID),
+			cmp.Compare(boolInt(!a.gap), boolInt(!b.gap)), cmp.Compare(a.leaf, b.leaf))
 	})
 	idx := make([]uint64, len(recs))
 	for i := range recs {
@@ -669,6 +675,59 @@ func TestExportVerifyGaps(t *testing.T) {
 	}
 }
 
+// A row key with a line and leaves no stored copy matches (a sealed copy moved in
+// ClickHouse, then noted again as a second leaf): its gaps come first, in leaf order,
+// then its line; the verifier takes that order, reports each gap, and refuses any
+// other order of the key's records.
+func TestExportVerifyGapsBesideTheirLine(t *testing.T) {
+	f := newExportFixture(t, 10)
+	moved := func(d time.Duration) store.EventRow {
+		r := f.rows[4]
+		r.IngestedAt = r.IngestedAt.Add(-d)
+		return r
+	}
+	f.gaps = []store.EventRow{moved(time.Hour), moved(2 * time.Hour)}
+	f.marks = map[string]string{f.rows[4].ID: MarkModified}
+	for _, enc := range []string{EncodingNDJSON, EncodingCSV} {
+		b := f.build(t, enc)
+		rep := verifyBytes(t, b, f.opts(0))
+		require.Equal(t, []string{ExportModified, ExportModified}, exportKinds(rep), "%s: %+v", enc, rep.Problems)
+		assert.Equal(t, f.rows[4].ID, rep.Problems[0].ID)
+		assert.NotEqual(t, *rep.Problems[0].Leaf, *rep.Problems[1].Leaf, "a gap per leaf")
+		assert.Equal(t, int64(10), rep.Events)
+		assert.Equal(t, int64(2), rep.Gaps)
+	}
+
+	// NDJSON: line 1 is the header, lines 2–5 the first events; the key's two gaps are
+	// lines 6 and 7, its line 8.
+	b := f.build(t, EncodingNDJSON)
+	ls := lines(b)
+	require.Contains(t, string(ls[5]), `"kind":"gap"`)
+	require.Contains(t, string(ls[6]), `"kind":"gap"`)
+	require.Contains(t, string(ls[7]), `"kind":"event"`)
+	require.Contains(t, string(ls[7]), f.rows[4].ID)
+	swap := func(i, j int) []byte {
+		c := slices.Clone(ls)
+		c[i], c[j] = c[j], c[i]
+		return join(c)
+	}
+	for name, tc := range map[string]struct {
+		file []byte
+		line int64
+		want string
+	}{
+		"a gap after its line":   {swap(6, 7), 8, "follows the line of the same event"},
+		"gaps out of leaf order": {swap(5, 6), 7, "an event's gaps are in leaf order"},
+		"a line twice":           {join(append(slices.Clone(ls[:8]), ls[7:]...)), 9, "follows the line of the same event"},
+	} {
+		rep := verifyBytes(t, tc.file, f.opts(0))
+		order := problemsOf(rep, ExportOrder)
+		require.Len(t, order, 1, "%s: %+v", name, rep.Problems)
+		assert.Equal(t, tc.line, order[0].Line, name)
+		assert.Contains(t, order[0].Reason, tc.want, name)
+	}
+}
+
 func TestExportVerifyConsistency(t *testing.T) {
 	f := newExportFixture(t, 20)
 	f.extra = 5
@@ -1012,5 +1071,58 @@ func TestExportVerifyProofCache(t *testing.T) {
 		rep := verifyBytes(t, join(c), f.opts(0))
 		require.Equal(t, []string{ExportChanged}, exportKinds(rep), "hash %d: %+v", h, rep.Problems)
 		assert.Equal(t, int64(151), rep.Problems[0].Line)
+	}
+}
+
+// decide matches each leaf of a row key with the stored copies on its own.
+func TestExportDecide(t *testing.T) {
+	sealed := exportRow("ev-1", "message.created", exportBase, `{"content":"as sealed"}`)
+	leaf := func(i uint64, r store.EventRow) IndexedLeaf { return IndexedLeaf{Leaf: tlog.LeafOf(&r), Index: i} }
+	at := func(r store.EventRow, d time.Duration) store.EventRow {
+		r.IngestedAt = r.IngestedAt.Add(d)
+		return r
+	}
+	edited := sealed
+	edited.Data = `{"content":"rewritten"}`
+	otherRecord := sealed
+	otherRecord.Offset++
+	type rec struct {
+		leaf uint64
+		mark string // "" for the line
+	}
+	for name, tc := range map[string]struct {
+		leaves []IndexedLeaf
+		copies []store.EventRow
+		types  []string
+		want   []rec
+	}{
+		"one leaf, its copy":                    {[]IndexedLeaf{leaf(4, sealed)}, []store.EventRow{sealed}, nil, []rec{{4, ""}}},
+		"an earlier attempt's copy":             {[]IndexedLeaf{leaf(4, sealed)}, []store.EventRow{at(sealed, -time.Minute)}, nil, []rec{{4, ""}}},
+		"the same note twice":                   {[]IndexedLeaf{leaf(4, sealed), leaf(9, sealed)}, []store.EventRow{sealed}, nil, []rec{{4, ""}}},
+		"an earlier attempt's copy, noted":      {[]IndexedLeaf{leaf(4, sealed), leaf(9, at(sealed, -3*time.Second))}, []store.EventRow{sealed, at(sealed, -3*time.Second)}, nil, []rec{{4, ""}}},
+		"that copy merged away":                 {[]IndexedLeaf{leaf(4, sealed), leaf(9, at(sealed, -3*time.Second))}, []store.EventRow{sealed}, nil, []rec{{4, ""}}},
+		"noted before the last attempt's":       {[]IndexedLeaf{leaf(4, at(sealed, -3*time.Second)), leaf(9, sealed)}, []store.EventRow{sealed}, nil, []rec{{9, ""}}},
+		"moved within the margin, re-noted":     {[]IndexedLeaf{leaf(4, sealed), leaf(9, at(sealed, 5*time.Minute))}, []store.EventRow{at(sealed, 5*time.Minute)}, nil, []rec{{9, ""}}},
+		"moved past the margin, re-noted":       {[]IndexedLeaf{leaf(4, sealed), leaf(9, at(sealed, time.Hour))}, []store.EventRow{at(sealed, time.Hour)}, nil, []rec{{4, MarkModified}, {9, ""}}},
+		"moved later, not re-noted":             {[]IndexedLeaf{leaf(4, sealed)}, []store.EventRow{at(sealed, time.Second)}, nil, []rec{{4, MarkModified}}},
+		"another record's leaf does not excuse": {[]IndexedLeaf{leaf(4, sealed), leaf(9, at(otherRecord, time.Second))}, []store.EventRow{at(otherRecord, time.Second)}, nil, []rec{{4, MarkModified}, {9, ""}}},
+		"edited content":                        {[]IndexedLeaf{leaf(4, sealed)}, []store.EventRow{edited}, nil, []rec{{4, MarkModified}}},
+		"deleted, noted twice":                  {[]IndexedLeaf{leaf(4, sealed), leaf(9, at(sealed, -3*time.Second))}, nil, nil, []rec{{4, MarkMissing}, {9, MarkMissing}}},
+		"left out by the lists, a gap kept":     {[]IndexedLeaf{leaf(4, sealed), leaf(9, at(sealed, time.Hour))}, []store.EventRow{at(sealed, time.Hour)}, []string{"tool.called"}, []rec{{4, MarkModified}}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			x := &Exporter{cfg: ExportConfig{Margin: DefaultMargin}}
+			sel := Selection{Org: "org-a", From: exportBase, To: exportBase.Add(time.Hour), Types: tc.types}
+			e := &Export{x: x, req: ExportRequest{Selection: sel}}
+			var got []rec
+			for _, r := range e.decide(tc.leaves, tc.copies) {
+				got = append(got, rec{r.leaf.Index, r.mark})
+				if r.row != nil {
+					assert.Equal(t, r.leaf.Leaf, tlog.LeafOf(r.row), "a line is its leaf")
+				}
+			}
+			slices.SortFunc(got, func(a, b rec) int { return cmp.Compare(a.leaf, b.leaf) })
+			assert.Equal(t, tc.want, got)
+		})
 	}
 }

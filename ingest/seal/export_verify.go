@@ -573,6 +573,8 @@ type pipeline struct {
 	prevMs   int64
 	prevID   string
 	prevLine int64
+	prevKind string
+	prevLeaf uint64
 	havePrev bool
 }
 
@@ -645,14 +647,34 @@ func (pl *pipeline) apply() {
 		if !r.ok {
 			continue
 		}
-		if pl.havePrev && leafOrder(r.ms, r.held.id, pl.prevMs, pl.prevID) <= 0 {
-			v.problem(ExportProblem{Line: r.line, ID: clip(r.held.id), Kind: ExportOrder,
-				Reason: fmt.Sprintf("%s %q at %s comes after %q at %s (line %d): lines and gaps are in (time, id) order", r.kind, clip(r.held.id),
-					fmtMilli(time.UnixMilli(r.ms)), clip(pl.prevID), fmtMilli(time.UnixMilli(pl.prevMs)), pl.prevLine)})
+		if pl.havePrev {
+			if why := pl.outOfOrder(&r); why != "" {
+				v.problem(ExportProblem{Line: r.line, ID: clip(r.held.id), Kind: ExportOrder, Reason: why})
+			}
 		}
-		pl.prevMs, pl.prevID, pl.prevLine, pl.havePrev = r.ms, r.held.id, r.line, true
+		pl.prevMs, pl.prevID, pl.prevLine, pl.prevKind, pl.prevLeaf, pl.havePrev = r.ms, r.held.id, r.line, r.kind, r.held.leaf, true
 		v.hold(r.held)
 	}
+}
+
+// outOfOrder says why r may not follow the previous record, or "": records are in
+// (time, id) order, and those of one row key are its gaps in leaf order, then at most
+// one line.
+func (pl *pipeline) outOfOrder(r *bodyResult) string {
+	switch c := leafOrder(r.ms, r.held.id, pl.prevMs, pl.prevID); {
+	case c > 0:
+		return ""
+	case c < 0:
+		return fmt.Sprintf("%s %q at %s comes after %q at %s (line %d): lines and gaps are in (time, id) order", r.kind, clip(r.held.id),
+			fmtMilli(time.UnixMilli(r.ms)), clip(pl.prevID), fmtMilli(time.UnixMilli(pl.prevMs)), pl.prevLine)
+	case pl.prevKind == KindGap && (r.kind == KindEvent || r.held.leaf > pl.prevLeaf):
+		return ""
+	case pl.prevKind == KindEvent:
+		return fmt.Sprintf("%s %q at %s follows the line of the same event (line %d): an event has one line, after its gaps", r.kind, clip(r.held.id),
+			fmtMilli(time.UnixMilli(r.ms)), pl.prevLine)
+	}
+	return fmt.Sprintf("gap %q at %s (leaf %d) follows the gap of leaf %d of the same event (line %d): an event's gaps are in leaf order", clip(r.held.id),
+		fmtMilli(time.UnixMilli(r.ms)), r.held.leaf, pl.prevLeaf, pl.prevLine)
 }
 
 // drain applies every queued record.
