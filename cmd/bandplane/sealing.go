@@ -48,10 +48,12 @@ func newSealer(ctx context.Context, st *stackFlags, conn driver.Conn, key ed2551
 }
 
 // replicaTrail is the policy replica's check of what it restores (replica.Trail): the
-// coverage note on the checkpoints topic, of this events topic, and the audit log.
+// coverage note on the checkpoints topic, of this events topic as this ingest group
+// reads it, and the audit log.
 type replicaTrail struct {
 	log    *seal.Log
 	topic  string
+	group  string
 	latest func(ctx context.Context) (map[string][]byte, error)
 }
 
@@ -60,8 +62,10 @@ func (t replicaTrail) Coverage(ctx context.Context) (map[int]int64, bool, error)
 	if err != nil || !ok {
 		return nil, false, err
 	}
-	if c.Topic != t.topic {
-		return nil, false, nil // another deployment's topic on the same brokers: not ours
+	if c.Topic != t.topic || c.Group != t.group {
+		// Another deployment's topic on the same brokers, or an `audit seal --group`
+		// of another group: not the offsets of this trail.
+		return nil, false, nil
 	}
 	return c.Offsets, true, nil
 }

@@ -265,7 +265,7 @@ func serve(ctx context.Context, log *slog.Logger, reg *prometheus.Registry, c se
 	}
 	var trail replica.Trail
 	if auditLog != nil {
-		trail = replicaTrail{log: auditLog, topic: c.stack.topic, latest: latestCheckpoints}
+		trail = replicaTrail{log: auditLog, topic: c.stack.topic, group: c.group, latest: latestCheckpoints}
 	}
 	pol, err := c.policy.build(ctx, log, reg, conn, c.stack, prices.Live, auditor, keyCache, trail)
 	if err != nil {

@@ -498,11 +498,32 @@ func (r *Replica) start(ctx context.Context) (start, error) {
 // ClickHouse's part.
 func (s start) below(p int32, o int64) bool { return o < s.offsets[int(p)] }
 
-// keep filters rows read from ClickHouse: without a Trail all of them; with one, those
-// below the coverage that the log seals. The others are counted in the log: rows only
-// ClickHouse vouches for (written by hand), or, above the coverage, rows the topic
-// brings again.
+// keep filters rows read from ClickHouse, every copy of each (they are read without
+// FINAL, which keeps a key's last inserted copy: a forged copy inserted after a sealed
+// one would hide it): without a Trail all of them; with one, those below the coverage
+// that the log seals. The others are counted in the log: rows only ClickHouse vouches
+// for (written by hand), or, above the coverage, rows the topic brings again. Of the
+// copies kept, the first of each key is.
 func (r *Replica) keep(ctx context.Context, st start, rows []store.EventRow, what string) ([]bool, error) {
+	out, err := r.sealedRows(ctx, st, rows, what)
+	if err != nil {
+		return nil, err
+	}
+	first := make(map[store.EventKey]bool, len(rows))
+	for i := range rows {
+		if !out[i] {
+			continue
+		}
+		k := store.KeyOf(&rows[i])
+		if first[k] {
+			out[i] = false
+		}
+		first[k] = true
+	}
+	return out, nil
+}
+
+func (r *Replica) sealedRows(ctx context.Context, st start, rows []store.EventRow, what string) ([]bool, error) {
 	out := make([]bool, len(rows))
 	if !st.checked {
 		for i := range out {
@@ -572,7 +593,7 @@ func (r *Replica) Bootstrap(ctx context.Context) (map[int]int64, error) {
 		return nil, err
 	}
 	rows, err := conn.Query(ctx, `SELECT `+governanceCols+`
-		FROM `+db+`.events FINAL WHERE has(?, type) ORDER BY time, time_ms, kafka_partition, kafka_offset`, schema.GovernanceTypes)
+		FROM `+db+`.events WHERE has(?, type) ORDER BY time, time_ms, kafka_partition, kafka_offset`, schema.GovernanceTypes)
 	if err != nil {
 		return nil, fmt.Errorf("cannot read governance events from %s.events: %w", db, err)
 	}

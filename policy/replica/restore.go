@@ -73,7 +73,7 @@ func (r *Replica) bootstrapRates(ctx context.Context, st start) error {
 	// visitParam* read the first "decision" and "allow" keys: api.DecidedData writes
 	// them first (query/audit.go reads them the same way). The data is decoded and
 	// checked again below; this only spares reading every other decision.
-	rows, err := r.cfg.Conn.Query(ctx, `SELECT `+governanceCols+` FROM `+r.cfg.Database+`.events FINAL
+	rows, err := r.cfg.Conn.Query(ctx, `SELECT `+governanceCols+` FROM `+r.cfg.Database+`.events
 		WHERE type = ? AND time >= ? AND time <= ?
 		AND visitParamExtractString(data, 'decision') = ? AND visitParamExtractBool(data, 'allow') = 1
 		ORDER BY time, time_ms`, schema.TypePolicyDecided, from, r.cfg.Started.Add(time.Minute).UTC(), policy.SendMessage)

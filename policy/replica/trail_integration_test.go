@@ -113,4 +113,32 @@ func TestIntegrationReplicaRestoresOnlyWhatTheLogSeals(t *testing.T) {
 	require.True(t, ok, "the sealed registrations are restored")
 	assert.False(t, a.OperatorSuspended, "the forged row is no leaf of the log: ignored")
 	assert.Equal(t, len(trusting.Snapshot().Agents), len(checking.Snapshot().Agents), "every sealed registration is restored")
+
+	// A forged copy of the chatty agent's sealed registration, inserted after it (the
+	// copy FINAL would keep), does not hide the sealed one.
+	var reg []store.EventRow
+	rows, err := conn.Query(ctx, "SELECT id, time, time_ms, org_id, actor_id, toString(actor_type), subject_id, data FROM "+db+
+		".events WHERE type = ? AND subject_id = ?", schema.TypeAgentRegistered, chatty)
+	require.NoError(t, err)
+	for rows.Next() {
+		var r store.EventRow
+		var ms uint16
+		require.NoError(t, rows.Scan(&r.ID, &r.Time, &ms, &r.OrgID, &r.ActorID, &r.ActorType, &r.SubjectID, &r.Data))
+		r.Time = r.Time.UTC().Add(time.Duration(ms) * time.Millisecond)
+		reg = append(reg, r)
+	}
+	require.NoError(t, rows.Err())
+	rows.Close()
+	require.Len(t, reg, 1)
+	hidden := reg[0]
+	hidden.Type, hidden.SubjectType, hidden.Source, hidden.SchemaVersion = schema.TypeAgentRegistered, "agent", "band", 1
+	hidden.Data = `{"handle":"mallory/bot","name":"Mallory","owner_id":"mallory"}`
+	hidden.IngestedAt, hidden.Partition, hidden.Offset = time.Now().UTC(), 0, 2
+	require.NoError(t, store.New(conn, db).BatchInsert(ctx, &store.Batch{Events: []store.EventRow{hidden}}))
+	checking = boot(trail{log: l, latest: func(ctx context.Context) (map[string][]byte, error) {
+		return kafka.ReadLatest(ctx, stacktest.Brokers(), topics.Checkpoints)
+	}})
+	a, ok = checking.Agent(chatty)
+	require.True(t, ok, "the sealed registration is restored")
+	assert.Equal(t, sum.ChattyAgent, a.Handle, "as sealed, not as forged")
 }
