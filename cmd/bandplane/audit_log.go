@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net/http"
 	"net/url"
 	"os"
@@ -42,15 +43,26 @@ import (
 //	                                      the newest checkpoint)
 //	GET /v1/audit/proof?org=ORG&event=ID&time=T
 //	                                      inclusion proof of a sealed event
+//	GET /v1/audit/rotations               the key rotation records (JSON), which a
+//	                                      reader anchored at one key follows to the
+//	                                      others
+//
+// The listing of every organization's checkpoint has an entry per organization with a
+// checkpoint in ClickHouse or on the checkpoints topic; one whose newest checkpoint
+// cannot be served carries an error instead, so that one damaged log does not hide
+// the others.
 
 // latestCheckpoints caches the checkpoints topic's newest note per organization for
-// checkpointRefresh, so that a burst of requests reads the topic once.
+// checkpointRefresh, so that a burst of requests reads the topic once. A failed read is
+// kept as long: with Kafka down, each request would otherwise wait for it again (a
+// witness pass asks several times).
 type latestCheckpoints struct {
 	read func(ctx context.Context) (map[string][]byte, error)
 
-	mu   sync.Mutex
-	at   time.Time
-	last map[string][]byte
+	mu      sync.Mutex
+	at      time.Time
+	last    map[string][]byte
+	lastErr error
 }
 
 const checkpointRefresh = 5 * time.Second
@@ -58,15 +70,18 @@ const checkpointRefresh = 5 * time.Second
 func (l *latestCheckpoints) get(ctx context.Context) (map[string][]byte, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.last != nil && time.Since(l.at) < checkpointRefresh {
-		return l.last, nil
+	if (l.last != nil || l.lastErr != nil) && time.Since(l.at) < checkpointRefresh {
+		return l.last, l.lastErr
 	}
 	m, err := l.read(ctx)
-	if err != nil {
-		return nil, err
+	if err != nil && ctx.Err() != nil {
+		return nil, err // the request's own end, not the topic's
 	}
-	l.last, l.at = m, time.Now()
-	return m, nil
+	l.last, l.lastErr, l.at = m, err, time.Now()
+	if err != nil {
+		l.last = nil
+	}
+	return l.last, err
 }
 
 type auditLogHandler struct {
@@ -75,8 +90,9 @@ type auditLogHandler struct {
 	logger *slog.Logger
 }
 
-// newAuditLogHandler serves /v1/audit/checkpoint and /v1/audit/proof for the roles
-// compliance and admin; without an audit key it answers 503.
+// newAuditLogHandler serves /v1/audit/checkpoint, /v1/audit/proof and
+// /v1/audit/rotations for the roles compliance and admin; without an audit key it
+// answers 503.
 func newAuditLogHandler(l *seal.Log, latest func(ctx context.Context) (map[string][]byte, error), auth keys.Authenticator, log *slog.Logger) http.Handler {
 	h := &auditLogHandler{log: l, latest: &latestCheckpoints{read: latest}, logger: log.With("component", "audit_log")}
 	return keys.Require(auth, keys.RoleCompliance, keys.RoleAdmin)(h)
@@ -102,8 +118,11 @@ func (h *auditLogHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	known := map[string]bool{"org": true}
-	if r.URL.Path == "/v1/audit/proof" {
+	switch r.URL.Path {
+	case "/v1/audit/proof":
 		known["from"], known["to"], known["event"], known["time"] = true, true, true, true
+	case "/v1/audit/rotations":
+		known = map[string]bool{} // the deployment's, not an organization's
 	}
 	var problems []string
 	for _, name := range slices.Sorted(func(yield func(string) bool) {
@@ -124,7 +143,12 @@ func (h *auditLogHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		keys.WriteError(w, http.StatusBadRequest, "bad_request", strings.Join(problems, "; "))
 		return
 	}
-	k, _ := keys.FromContext(r.Context())
+	ctx := r.Context()
+	if r.URL.Path == "/v1/audit/rotations" {
+		h.rotations(w, r, h.topic(ctx))
+		return
+	}
+	k, _ := keys.FromContext(ctx)
 	_, hasOrg := q["org"]
 	org := q.Get("org")
 	if hasOrg {
@@ -140,18 +164,18 @@ func (h *auditLogHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case !hasOrg && !k.Platform():
 		org, hasOrg = k.Org, true
 	}
-	ctx := r.Context()
-	ring, err := h.log.Ring(ctx)
+	latest := h.topic(ctx)
+	ring, err := h.log.RingWith(ctx, topicRotations(latest))
 	if err != nil {
 		h.fail(w, err)
 		return
 	}
 	if r.URL.Path == "/v1/audit/checkpoint" {
 		if !hasOrg {
-			h.all(w, r, ring)
+			h.all(w, r, ring, latest)
 			return
 		}
-		c, err := h.newest(ctx, ring, org)
+		c, err := h.newest(ctx, ring, org, latest)
 		if err != nil {
 			h.fail(w, err)
 			return
@@ -165,7 +189,7 @@ func (h *auditLogHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		keys.WriteError(w, http.StatusBadRequest, "bad_request", "org: required: a platform key names the organization (org=…; org= with no value is the log of events stored without one)")
 		return
 	}
-	h.proof(w, r, ring, org, q)
+	h.proof(w, r, ring, org, q, latest)
 }
 
 func showParam(s string) string {
@@ -194,61 +218,159 @@ func checkOrgParam(org string, platform bool) error {
 	return nil
 }
 
+// topic is the checkpoints topic's newest notes: fresher checkpoints than ClickHouse's,
+// and rotation records ClickHouse may have lost. When the topic cannot be read it is
+// nil, and ClickHouse's alone are served.
+func (h *auditLogHandler) topic(ctx context.Context) map[string][]byte {
+	latest, err := h.latest.get(ctx)
+	if err != nil {
+		h.logger.Warn("cannot read the checkpoints topic; serving ClickHouse's checkpoints and rotation records", "err", err)
+	}
+	return latest
+}
+
+// topicRotations are the rotation records among the checkpoints topic's notes, at
+// most a ring's worth (more is refused by RingWith).
+func topicRotations(latest map[string][]byte) [][]byte {
+	var out [][]byte
+	for _, key := range slices.Sorted(maps.Keys(latest)) {
+		if strings.HasPrefix(key, seal.RotationKeyPrefix) {
+			out = append(out, latest[key])
+		}
+	}
+	return out
+}
+
+// isOrgKey says whether a key of the checkpoints topic names an organization (the
+// coverage note's and the rotation records' keys start with a control character, which
+// no organization id holds).
+func isOrgKey(key string) bool {
+	return checkOrgParam(key, true) == nil
+}
+
 // newest is org's newest checkpoint: the checkpoints topic's when it verifies and is
 // no older than ClickHouse's (it is fresher: every run signs one), else ClickHouse's.
-func (h *auditLogHandler) newest(ctx context.Context, ring *tlog.KeyRing, org string) (tlog.Checkpoint, error) {
+func (h *auditLogHandler) newest(ctx context.Context, ring *tlog.KeyRing, org string, latest map[string][]byte) (tlog.Checkpoint, error) {
 	stored, err := h.log.Newest(ctx, ring, org)
 	if err != nil && !errors.Is(err, seal.ErrNotInLog) {
 		return tlog.Checkpoint{}, err
 	}
-	latest, lerr := h.latest.get(ctx)
-	if lerr != nil {
-		h.logger.Warn("cannot read the checkpoints topic; serving ClickHouse's newest checkpoint", "err", lerr)
-	}
+	return combineNewest(ring, org, stored, err, latest)
+}
+
+// combineNewest chooses between ClickHouse's newest checkpoint of org (stored, or why
+// there is none: serr, wrapping seal.ErrNotInLog) and the topic's.
+func combineNewest(ring *tlog.KeyRing, org string, stored tlog.Checkpoint, serr error, latest map[string][]byte) (tlog.Checkpoint, error) {
 	if note, ok := latest[org]; ok {
 		if c, oerr := ring.Open(note); oerr == nil && c.Org == org && c.Size >= stored.Size {
-			if c.Size > stored.Size && err == nil {
+			if c.Size > stored.Size && serr == nil {
 				// ClickHouse lost what the topic holds: serve neither, say so.
 				return tlog.Checkpoint{}, fmt.Errorf("%w: the checkpoints topic has a checkpoint of %d leaves for organization %q, ClickHouse's log only %d: rolled back",
 					seal.ErrLogDamaged, c.Size, org, stored.Size)
 			}
-			if err == nil || c.Size > 0 {
+			if serr == nil || c.Size > 0 {
 				return c, nil
 			}
 		}
 	}
-	return stored, err
+	return stored, serr
 }
 
-// checkpointEntry is one organization's line of the listing.
+// checkpointEntry is one organization's line of the listing: its newest checkpoint, or
+// why it cannot be served.
 type checkpointEntry struct {
-	Org        string    `json:"org"`
-	Size       uint64    `json:"size"`
-	SignedAt   time.Time `json:"signed_at"`
-	Checkpoint string    `json:"checkpoint"`
+	Org        string     `json:"org"`
+	Size       uint64     `json:"size,omitempty"`
+	SignedAt   *time.Time `json:"signed_at,omitempty"`
+	Checkpoint string     `json:"checkpoint,omitempty"`
+	Error      string     `json:"error,omitempty"`
 }
 
-func (h *auditLogHandler) all(w http.ResponseWriter, r *http.Request, ring *tlog.KeyRing) {
-	ctx := r.Context()
-	orgs, err := h.log.Orgs(ctx)
+// all lists every organization's newest checkpoint: ClickHouse's newest rows of every
+// organization in one query, opened here, each chosen against the topic's; an
+// organization only the topic has is listed too (its rows in ClickHouse are gone, which
+// its proofs then show).
+func (h *auditLogHandler) all(w http.ResponseWriter, r *http.Request, ring *tlog.KeyRing, latest map[string][]byte) {
+	heads, err := h.log.Heads(r.Context(), ring)
 	if err != nil {
 		h.fail(w, err)
 		return
 	}
 	out := []checkpointEntry{}
-	for _, org := range orgs {
-		c, err := h.newest(ctx, ring, org)
-		if errors.Is(err, seal.ErrNotInLog) {
-			continue
-		}
+	listed := map[string]bool{}
+	add := func(org string, c tlog.Checkpoint, err error) {
+		listed[org] = true
 		if err != nil {
-			h.fail(w, err)
+			h.logger.Warn("an organization's newest checkpoint cannot be served", "org_id", org, "err", err)
+			out = append(out, checkpointEntry{Org: org, Error: err.Error()})
 			return
 		}
-		out = append(out, checkpointEntry{Org: org, Size: c.Size, SignedAt: c.SignedAt, Checkpoint: string(c.Note)})
+		at := c.SignedAt
+		out = append(out, checkpointEntry{Org: org, Size: c.Size, SignedAt: &at, Checkpoint: string(c.Note)})
 	}
+	for _, hd := range heads {
+		c, err := combineNewest(ring, hd.Org, hd.Checkpoint, hd.Err, latest)
+		add(hd.Org, c, err)
+	}
+	for org := range latest {
+		if listed[org] || !isOrgKey(org) {
+			continue
+		}
+		c, err := combineNewest(ring, org, tlog.Checkpoint{},
+			fmt.Errorf("%w: organization %q has no checkpoint in ClickHouse, and the checkpoints topic's does not verify with the audit key", seal.ErrNotInLog, org), latest)
+		add(org, c, err)
+	}
+	slices.SortFunc(out, func(a, b checkpointEntry) int { return strings.Compare(a.Org, b.Org) })
 	keys.WriteJSON(w, http.StatusOK, out)
 }
+
+// rotationEntry is one key rotation record with what it says.
+type rotationEntry struct {
+	OldKeyID string    `json:"old_key_id"`
+	NewKeyID string    `json:"new_key_id"`
+	From     time.Time `json:"from"`
+	Record   string    `json:"record"`
+}
+
+type rotationsAnswer struct {
+	Rotations []rotationEntry `json:"rotations"`
+}
+
+// rotations serves the rotation records of ClickHouse and of the checkpoints topic that
+// verify on their own (signed by both their keys). Serving what ClickHouse holds is safe:
+// a reader follows a record only from a key it trusts, and a forged one does not verify.
+func (h *auditLogHandler) rotations(w http.ResponseWriter, r *http.Request, latest map[string][]byte) {
+	stored, err := h.log.Rotations(r.Context())
+	if err != nil {
+		h.fail(w, err)
+		return
+	}
+	ans := rotationsAnswer{Rotations: []rotationEntry{}}
+	seen := map[string]bool{}
+	for _, n := range append(stored, topicRotations(latest)...) {
+		if seen[string(n)] || len(seen) >= maxServedRotations {
+			continue
+		}
+		seen[string(n)] = true
+		rec, err := tlog.OpenRotation(h.log.Prefix(), n)
+		if err != nil {
+			h.logger.Warn("not serving a key rotation record that does not verify (audit verify names it)", "err", err)
+			continue
+		}
+		ans.Rotations = append(ans.Rotations, rotationEntry{OldKeyID: tlog.KeyID(rec.Old), NewKeyID: tlog.KeyID(rec.New), From: rec.From, Record: string(n)})
+	}
+	slices.SortFunc(ans.Rotations, func(a, b rotationEntry) int {
+		if c := a.From.Compare(b.From); c != 0 {
+			return c
+		}
+		return strings.Compare(a.Record, b.Record)
+	})
+	keys.WriteJSON(w, http.StatusOK, ans)
+}
+
+// maxServedRotations bounds the records /v1/audit/rotations serves (ClickHouse's are
+// bounded as the ring's, the topic's here).
+const maxServedRotations = 2000
 
 // proofAnswer is what /v1/audit/proof answers.
 type proofAnswer struct {
@@ -280,7 +402,7 @@ func b64s(hs [][]byte) []string {
 	return out
 }
 
-func (h *auditLogHandler) proof(w http.ResponseWriter, r *http.Request, ring *tlog.KeyRing, org string, q url.Values) {
+func (h *auditLogHandler) proof(w http.ResponseWriter, r *http.Request, ring *tlog.KeyRing, org string, q url.Values, latest map[string][]byte) {
 	ctx := r.Context()
 	size := func(name string) (uint64, bool, error) {
 		v, ok := q[name]
@@ -331,12 +453,12 @@ func (h *auditLogHandler) proof(w http.ResponseWriter, r *http.Request, ring *tl
 	if hasTo {
 		cp, err = h.log.AtSize(ctx, ring, org, to)
 		if errors.Is(err, seal.ErrNotInLog) {
-			if n, nerr := h.newest(ctx, ring, org); nerr == nil && n.Size == to {
+			if n, nerr := h.newest(ctx, ring, org, latest); nerr == nil && n.Size == to {
 				cp, err = n, nil
 			}
 		}
 	} else {
-		cp, err = h.newest(ctx, ring, org)
+		cp, err = h.newest(ctx, ring, org, latest)
 	}
 	if err != nil {
 		h.fail(w, err)
@@ -430,13 +552,28 @@ func (c *auditClient) get(ctx context.Context, path string, q url.Values, max in
 		return nil, fmt.Errorf("the answer of %s is larger than %d bytes", path, max)
 	}
 	if resp.StatusCode != http.StatusOK {
+		ae := &apiError{path: path, status: resp.StatusCode}
 		var eb keys.ErrorBody
 		if json.Unmarshal(b, &eb) == nil && eb.Error != "" {
-			return nil, fmt.Errorf("%s: %s (HTTP %d)", path, eb.Error, resp.StatusCode)
+			ae.msg = eb.Error
 		}
-		return nil, fmt.Errorf("%s: HTTP %d", path, resp.StatusCode)
+		return nil, ae
 	}
 	return b, nil
+}
+
+// apiError is an answer of serve other than 200: its status and what it said.
+type apiError struct {
+	path   string
+	status int
+	msg    string
+}
+
+func (e *apiError) Error() string {
+	if e.msg == "" {
+		return fmt.Sprintf("%s: HTTP %d", e.path, e.status)
+	}
+	return fmt.Sprintf("%s: %s (HTTP %d)", e.path, e.msg, e.status)
 }
 
 func orgQuery(org string, given bool) url.Values {
@@ -506,15 +643,28 @@ func writeFileAtomic(path string, data []byte, mode os.FileMode) error {
 	return nil
 }
 
+// rotateGrace is how far ahead of now `audit rotate` hands over by default: time to
+// restart serve with the new key before the old one stops signing.
+const rotateGrace = 5 * time.Minute
+
+// rotateKafkaWait bounds how long `audit rotate` tries the checkpoints topic before it
+// goes on with ClickHouse alone (and says so).
+const rotateKafkaWait = 30 * time.Second
+
 func runAuditRotate(ctx context.Context, e *env, args []string) error {
 	fs := newFlagSet(e, "audit rotate", "--audit-key OLD --new-key NEW [--from T] [flags]")
 	var st stackFlags
 	st.register(fs)
 	oldFile := auditKeyFlag(fs, "the audit key in use now (private)")
 	newFile := fs.String("new-key", "", "the audit key to hand over to (private; bandplane audit keygen makes one)")
-	fromFlag := fs.String("from", "", "when the new key takes over, RFC 3339 (default: now); restart serve with --audit-key NEW at that time")
+	fromFlag := fs.String("from", "", "when the new key takes over, RFC 3339, after every organization's newest checkpoint (default: 5 minutes from now). "+
+		"The old key signs nothing from then on and the new key nothing before: restart serve with --audit-key NEW before or after that time "+
+		"(a sealer with the new key waits for it)")
 	if err := parse(fs, args); err != nil {
 		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
 	old, err := seal.LoadPrivateKey(*oldFile)
 	if err != nil {
@@ -524,10 +674,14 @@ func runAuditRotate(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return fmt.Errorf("--new-key: %w", err)
 	}
-	from := time.Now().UTC().Truncate(time.Second)
+	// Rounded up: the record holds whole seconds, and the grace is at least the default.
+	from := time.Now().UTC().Add(rotateGrace + time.Second - 1).Truncate(time.Second)
 	if *fromFlag != "" {
 		if from, err = time.Parse(time.RFC3339, *fromFlag); err != nil {
 			return fmt.Errorf("--from: %q is not RFC 3339", *fromFlag)
+		}
+		if from.Unix() < 0 {
+			return fmt.Errorf("--from: %s is before 1970", *fromFlag)
 		}
 	}
 	prefix, err := st.prefix()
@@ -547,23 +701,51 @@ func runAuditRotate(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	if err := l.Rotate(ctx, note); err != nil {
+	// The topic's rotation records and newest checkpoints count as much as ClickHouse's;
+	// without Kafka the record goes to ClickHouse, and running the command again once
+	// Kafka is back publishes the same record.
+	t := st.auditTopics(sealerPriorityOperator)
+	kctx, cancel := context.WithTimeout(ctx, rotateKafkaWait)
+	published, kerr := func() (map[string][]byte, error) {
+		if err := seal.EnsureTopics(kctx, t, 4); err != nil {
+			return nil, err
+		}
+		return kafka.ReadLatest(kctx, t.Brokers, t.Checkpoints)
+	}()
+	cancel()
+	if kerr != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		fmt.Fprintf(e.stderr, "audit rotate: cannot read the checkpoints topic %s (%v): checking against ClickHouse alone\n", t.Checkpoints, kerr)
+	}
+	out, err := l.RecordRotation(ctx, note, published)
+	if err != nil {
 		return err
+	}
+	oldID, newID := tlog.KeyID(out.Record.Old), tlog.KeyID(out.Record.New)
+	at := out.Record.From.Format(time.RFC3339)
+	if out.Reused {
+		msg := fmt.Sprintf("audit rotate: key %s is rotated to key %s from %s already: publishing that record again", oldID, newID, at)
+		if *fromFlag != "" && !out.Record.From.Equal(from) {
+			msg += " (--from is not used)"
+		}
+		fmt.Fprintln(e.stderr, msg)
+	}
+	if kerr != nil {
+		return fmt.Errorf("the rotation record is in ClickHouse, not yet on the checkpoints topic %s (%v): run the same audit rotate again once Kafka is reachable; it publishes the same record",
+			t.Checkpoints, kerr)
 	}
 	// The topic keeps it outside ClickHouse too, where a reader anchored at either key
 	// finds it.
-	t := st.auditTopics(sealerPriorityOperator)
-	if err := seal.EnsureTopics(ctx, t, 4); err != nil {
-		return err
-	}
 	p, err := kafka.NewProducer(kafka.ProducerConfig{Brokers: t.Brokers, Topic: t.Checkpoints})
 	if err != nil {
 		return err
 	}
 	defer p.Close()
-	if err := p.ProduceMessages(ctx, []kafkago.Message{{Key: []byte(seal.RotationKeyPrefix + tlog.KeyID(next.Public().(ed25519.PublicKey))), Value: note}}); err != nil {
-		return err
+	if err := p.ProduceMessages(ctx, []kafkago.Message{{Key: []byte(seal.RotationKeyPrefix + newID), Value: out.Note}}); err != nil {
+		return fmt.Errorf("the rotation record is in ClickHouse, not on the checkpoints topic %s (%v): run the same audit rotate again; it publishes the same record",
+			t.Checkpoints, err)
 	}
-	return printJSON(e.stdout, map[string]string{"old_key_id": tlog.KeyID(old.Public().(ed25519.PublicKey)),
-		"new_key_id": tlog.KeyID(next.Public().(ed25519.PublicKey)), "from": from.Format(time.RFC3339), "record": string(note)})
+	return printJSON(e.stdout, map[string]any{"old_key_id": oldID, "new_key_id": newID, "from": at, "reused": out.Reused, "record": string(out.Note)})
 }

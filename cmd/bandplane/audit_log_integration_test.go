@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/bandplane/bandplane/deploy/stacktest"
+	"github.com/bandplane/bandplane/ingest/kafka"
 	"github.com/bandplane/bandplane/ingest/seal"
 	"github.com/bandplane/bandplane/ingest/seal/tlog"
 	"github.com/bandplane/bandplane/policy/keys"
@@ -126,6 +127,7 @@ func TestIntegrationAuditLog(t *testing.T) {
 	var orgs []string
 	for _, e := range list {
 		orgs = append(orgs, e.Org)
+		assert.Empty(t, e.Error, "organization %q", e.Org)
 	}
 	assert.Contains(t, orgs, "org-alpha")
 
@@ -148,6 +150,7 @@ func TestIntegrationAuditLog(t *testing.T) {
 
 	// The witness's first pass takes every checkpoint as it is.
 	state := filepath.Join(s.dir, "witness")
+	alphaFile := (&witness{dir: state}).file("org-alpha")
 	witness := func() (int, witnessReport, string) {
 		t.Helper()
 		code, stdout, stderr := bandplane(t, "audit", "witness", "--state", state, "--audit-key", keyFile+".pub", "--audit-origin", prefix,
@@ -179,7 +182,7 @@ func TestIntegrationAuditLog(t *testing.T) {
 	o := statusOf(wrep, "org-alpha")
 	assert.Equal(t, "extended", o.Status, o.Reason)
 	assert.GreaterOrEqual(t, o.Size, c2.Size)
-	kept, err := os.ReadFile(filepath.Join(state, "logs", "org-org-alpha.checkpoint"))
+	kept, err := os.ReadFile(alphaFile)
 	require.NoError(t, err)
 	vkey, err := os.ReadFile(filepath.Join(state, "witness.vkey"))
 	require.NoError(t, err)
@@ -187,7 +190,7 @@ func TestIntegrationAuditLog(t *testing.T) {
 	require.NoError(t, err)
 	assert.True(t, tlog.Cosigned(kept, wv), "the kept checkpoint carries the witness's cosignature")
 	// The witness's kept checkpoint is an auditor's checkpoint for verify.
-	code, _, stderr = bandplane(t, "audit", "verify", "--audit-key", keyFile+".pub", "--checkpoint", filepath.Join(state, "logs", "org-org-alpha.checkpoint"),
+	code, _, stderr = bandplane(t, "audit", "verify", "--audit-key", keyFile+".pub", "--checkpoint", alphaFile,
 		"--clickhouse", stacktest.ClickHouseAddr(), "--clickhouse-db", s.db, "--kafka", strings.Join(stacktest.Brokers(), ","), "--topic", s.topic)
 	require.Equal(t, 0, code, stderr)
 
@@ -209,7 +212,7 @@ func TestIntegrationAuditLog(t *testing.T) {
 	} {
 		t.Run("witness refuses: "+name, func(t *testing.T) {
 			f := fake()
-			require.NoError(t, os.WriteFile(filepath.Join(state, "logs", "org-org-alpha.checkpoint"), f.Note, 0o644))
+			require.NoError(t, os.WriteFile(alphaFile, f.Note, 0o644))
 			// The log must not move meanwhile, or "forked" would be "extended" from a
 			// root it does not have: the sealer runs every second, but nothing new is
 			// posted, so the size stays.
@@ -223,33 +226,79 @@ func TestIntegrationAuditLog(t *testing.T) {
 			} else {
 				assert.Contains(t, o.Reason, "forked")
 			}
-			still, err := os.ReadFile(filepath.Join(state, "logs", "org-org-alpha.checkpoint"))
+			still, err := os.ReadFile(alphaFile)
 			require.NoError(t, err)
 			assert.Equal(t, f.Note, still, "the kept checkpoint stays")
 		})
 	}
 
-	// A key rotation: a record signed by both keys, in ClickHouse and on the topic;
-	// then `audit seal` with the new key, and verify anchored at the old key follows it.
+	// A key rotation: a record signed by both keys, in ClickHouse and on the topic. Its
+	// time must come after every organization's newest checkpoint: serve signs with the
+	// old key until then.
 	nextFile := filepath.Join(s.dir, "next.key")
 	require.NoError(t, seal.GenerateKey(nextFile))
-	srv.stop() // its sealer signs with the old key
-	stackArgs := []string{"--clickhouse", stacktest.ClickHouseAddr(), "--clickhouse-db", s.db, "--kafka", strings.Join(stacktest.Brokers(), ","), "--topic", s.topic}
-	code, stdout, stderr = bandplane(t, append([]string{"audit", "rotate", "--audit-key", keyFile, "--new-key", nextFile}, stackArgs...)...)
-	require.Equal(t, 0, code, "%s%s", stdout, stderr)
-	var rot map[string]string
-	lastLine(t, stdout, &rot)
-	from, err := time.Parse(time.RFC3339, rot["from"])
-	require.NoError(t, err)
-	require.True(t, stacktest.Eventually(t, 5*time.Second, 20*time.Millisecond, func() bool { return time.Now().After(from.Add(time.Second)) }))
-	code, stdout, stderr = bandplane(t, append([]string{"audit", "rotate", "--audit-key", keyFile, "--new-key", keyFile}, stackArgs...)...)
-	assert.Equal(t, 1, code, "%s%s", stdout, stderr)
-	assert.Contains(t, stderr, "the new key is the old key")
-
-	srv = s.serve(t, "--audit-key", nextFile, "--seal-every", "1s", "--no-policy")
-	post("c", 5)
 	next, err := seal.LoadPublicKey(nextFile + ".pub")
 	require.NoError(t, err)
+	oldID, nextID := tlog.KeyID(pub), tlog.KeyID(next)
+	stackArgs := []string{"--clickhouse", stacktest.ClickHouseAddr(), "--clickhouse-db", s.db, "--kafka", strings.Join(stacktest.Brokers(), ","), "--topic", s.topic}
+	rotate := func(args ...string) (int, map[string]any, string) {
+		t.Helper()
+		code, stdout, stderr := bandplane(t, append(append([]string{"audit", "rotate"}, args...), stackArgs...)...)
+		var out map[string]any
+		if strings.TrimSpace(stdout) != "" {
+			lastLine(t, stdout, &out)
+		}
+		return code, out, stderr
+	}
+	code, _, stderr = rotate("--audit-key", keyFile, "--new-key", nextFile, "--from", time.Now().Add(-time.Hour).UTC().Format(time.RFC3339))
+	assert.Equal(t, 1, code, stderr)
+	assert.Regexp(t, `would take over at .*, not after organization "[a-z-]*"'s newest checkpoint .*, signed at .* by key `+tlog.KeyID(pub), stderr)
+	code, _, stderr = rotate("--audit-key", keyFile, "--new-key", keyFile)
+	assert.Equal(t, 1, code, stderr)
+	assert.Contains(t, stderr, "the new key is the old key")
+	code, _, stderr = rotate("--audit-key", keyFile, "--new-key", nextFile, "--from", "tomorrow")
+	assert.Equal(t, 1, code, stderr)
+	assert.Contains(t, stderr, "not RFC 3339")
+
+	srv.stop() // its sealer signs with the old key
+	from := time.Now().Add(3 * time.Second).UTC().Truncate(time.Second)
+	// Kafka unreachable: the record is in ClickHouse, and running the command again
+	// publishes it.
+	code, stdout, stderr = bandplane(t, "audit", "rotate", "--audit-key", keyFile, "--new-key", nextFile, "--from", from.Format(time.RFC3339),
+		"--clickhouse", stacktest.ClickHouseAddr(), "--clickhouse-db", s.db, "--kafka", "127.0.0.1:1", "--topic", s.topic)
+	require.Equal(t, 1, code, "%s%s", stdout, stderr)
+	assert.Contains(t, stderr, "run the same audit rotate again")
+	code, rot, stderr := rotate("--audit-key", keyFile, "--new-key", nextFile) // the default --from is later: not used
+	require.Equal(t, 0, code, stderr)
+	assert.Equal(t, true, rot["reused"])
+	assert.Equal(t, from.Format(time.RFC3339), rot["from"])
+	assert.Equal(t, oldID, rot["old_key_id"])
+	assert.Equal(t, nextID, rot["new_key_id"])
+	assert.Contains(t, stderr, "is rotated to key "+nextID+" from "+from.Format(time.RFC3339)+" already: publishing that record again")
+	record := rot["record"].(string)
+	code, again, stderr := rotate("--audit-key", keyFile, "--new-key", nextFile, "--from", from.Add(time.Hour).Format(time.RFC3339))
+	require.Equal(t, 0, code, stderr)
+	assert.Equal(t, record, again["record"], "the same record every time")
+	assert.Contains(t, stderr, "(--from is not used)")
+	latest, err := kafka.ReadLatest(t.Context(), stacktest.Brokers(), s.topic+".checkpoints")
+	require.NoError(t, err)
+	assert.Equal(t, record, string(latest[seal.RotationKeyPrefix+nextID]), "the record is on the checkpoints topic")
+	var rotationRows uint64
+	require.NoError(t, s.conn.QueryRow(t.Context(), "SELECT uniqExact(note) FROM "+s.db+".key_rotations").Scan(&rotationRows))
+	assert.Equal(t, uint64(1), rotationRows, "one record, however often it is run")
+	// The rotated key handed over to another key: refused, naming both and the time.
+	thirdFile := filepath.Join(s.dir, "third.key")
+	require.NoError(t, seal.GenerateKey(thirdFile))
+	third, err := seal.LoadPublicKey(thirdFile + ".pub")
+	require.NoError(t, err)
+	code, _, stderr = rotate("--audit-key", keyFile, "--new-key", thirdFile)
+	assert.Equal(t, 1, code, stderr)
+	assert.Contains(t, stderr, "key "+oldID+" is rotated to key "+nextID+" from "+from.Format(time.RFC3339)+" already, not to key "+tlog.KeyID(third))
+
+	// Serve with the new key once it is valid.
+	require.True(t, stacktest.Eventually(t, 10*time.Second, 20*time.Millisecond, func() bool { return time.Now().After(from.Add(time.Second)) }))
+	srv = s.serve(t, "--audit-key", nextFile, "--seal-every", "1s", "--no-policy")
+	post("c", 5)
 	ring2, err := tlog.NewKeyRing(prefix, []ed25519.PublicKey{next}, nil)
 	require.NoError(t, err)
 	require.True(t, stacktest.Eventually(t, 60*time.Second, 200*time.Millisecond, func() bool {
@@ -260,6 +309,43 @@ func TestIntegrationAuditLog(t *testing.T) {
 		c, err := ring2.Open(body)
 		return err == nil && c.Size >= cur.Size+5
 	}), "the new key's sealer did not extend the log")
+
+	// The rotation records, for a reader anchored at one key; hostile requests refused.
+	code, body = srv.do(http.MethodGet, "/v1/audit/rotations", compliance, "", nil)
+	require.Equal(t, http.StatusOK, code, "%s", body)
+	var rots rotationsAnswer
+	require.NoError(t, json.Unmarshal(body, &rots))
+	require.Len(t, rots.Rotations, 1)
+	assert.Equal(t, rotationEntry{OldKeyID: oldID, NewKeyID: nextID, From: from, Record: record}, rots.Rotations[0])
+	for _, tc := range []struct {
+		method, path, token string
+		code                int
+	}{
+		{http.MethodGet, "/v1/audit/rotations", "", http.StatusUnauthorized},
+		{http.MethodGet, "/v1/audit/rotations", viewer, http.StatusForbidden},
+		{http.MethodGet, "/v1/audit/rotations?org=org-alpha", compliance, http.StatusBadRequest},
+		{http.MethodPost, "/v1/audit/rotations", compliance, http.StatusMethodNotAllowed},
+	} {
+		code, body := srv.do(tc.method, tc.path, tc.token, "", nil)
+		assert.Equal(t, tc.code, code, "%s %s: %s", tc.method, tc.path, body)
+	}
+
+	// The witness, anchored at the old key, follows the record: the new key's checkpoint
+	// extends the one it kept.
+	require.NoError(t, os.WriteFile(alphaFile, kept, 0o644)) // the genuine one again
+	code, wrep, stderr = witness()
+	require.Equal(t, 0, code, stderr)
+	o = statusOf(wrep, "org-alpha")
+	assert.Equal(t, "extended", o.Status, o.Reason)
+	nowKept, err := os.ReadFile(alphaFile)
+	require.NoError(t, err)
+	_, err = ring2.Open(nowKept)
+	assert.NoError(t, err, "the witness keeps the new key's checkpoint")
+
+	// Rotating the new key at a time before its newest checkpoint: refused.
+	code, _, stderr = rotate("--audit-key", nextFile, "--new-key", thirdFile, "--from", from.Add(time.Second).Format(time.RFC3339))
+	assert.Equal(t, 1, code, stderr)
+	assert.Contains(t, stderr, "not after organization")
 	srv.stop()
 	for _, anchor := range []string{keyFile + ".pub", nextFile + ".pub"} {
 		code, stdout, stderr := bandplane(t, append([]string{"audit", "verify", "--audit-key", anchor}, stackArgs...)...)

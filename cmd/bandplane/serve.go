@@ -392,6 +392,7 @@ func serve(ctx context.Context, log *slog.Logger, reg *prometheus.Registry, c se
 	logHandler := newAuditLogHandler(auditLog, latestCheckpoints, keyCache, log)
 	mux.Handle("/v1/audit/checkpoint", logHandler)
 	mux.Handle("/v1/audit/proof", logHandler)
+	mux.Handle("/v1/audit/rotations", logHandler)
 	metricsHandler := promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg})
 	if c.metricsListen == "" {
 		// The metrics are the whole process's, every organization's: platform keys only.

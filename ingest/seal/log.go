@@ -54,16 +54,30 @@ func NewLog(conn driver.Conn, db, prefix string, anchors []ed25519.PublicKey) (*
 func (l *Log) Prefix() string { return l.prefix }
 
 // Ring is the key ring: the anchors and the rotation records ClickHouse holds.
-func (l *Log) Ring(ctx context.Context) (*tlog.KeyRing, error) {
-	rot, err := l.db.rotations(ctx)
+func (l *Log) Ring(ctx context.Context) (*tlog.KeyRing, error) { return l.RingWith(ctx, nil) }
+
+// RingWith is Ring with further rotation records (the checkpoints topic's): each counts
+// only if it verifies on its own, and a conflict among all of them is a conflict.
+func (l *Log) RingWith(ctx context.Context, extra [][]byte) (*tlog.KeyRing, error) {
+	rot, err := l.Rotations(ctx)
 	if err != nil {
 		return nil, err
 	}
-	return tlog.NewKeyRing(l.prefix, l.anchors, rot)
+	if len(extra) > maxRotations {
+		return nil, fmt.Errorf("%w: %d rotation records besides ClickHouse's, more than %d", ErrLogDamaged, len(extra), maxRotations)
+	}
+	return tlog.NewKeyRing(l.prefix, l.anchors, append(rot, extra...))
 }
 
-// Rotations are the rotation records ClickHouse holds (each verifies on its own).
-func (l *Log) Rotations(ctx context.Context) ([][]byte, error) { return l.db.rotations(ctx) }
+// Rotations are the rotation records ClickHouse holds (each verifies on its own), at
+// most maxRotations.
+func (l *Log) Rotations(ctx context.Context) ([][]byte, error) {
+	rot, err := l.db.rotations(ctx)
+	if errors.Is(err, errTooManyRotations) {
+		return nil, fmt.Errorf("%w: %v", ErrLogDamaged, err)
+	}
+	return rot, err
+}
 
 // Orgs lists the organizations with a checkpoint.
 func (l *Log) Orgs(ctx context.Context) ([]string, error) { return l.db.checkpointOrgs(ctx) }
@@ -74,27 +88,73 @@ func (l *Log) Newest(ctx context.Context, ring *tlog.KeyRing, org string) (tlog.
 	if err != nil {
 		return tlog.Checkpoint{}, err
 	}
+	return pickNewest(ring, org, rows, maxForged+1)
+}
+
+// pickNewest is the first of org's rows, largest size first, that verifies as what its
+// row says; rows is at most limit of them, and all limit failing is said so, since a
+// genuine checkpoint may lie below them.
+func pickNewest(ring *tlog.KeyRing, org string, rows []storedCheckpoint, limit int) (tlog.Checkpoint, error) {
 	for _, r := range rows {
 		if c, err := ring.Open(r.Note); err == nil && c.Org == org && c.Size == r.Size {
 			return c, nil
 		}
 	}
+	if len(rows) >= limit {
+		return tlog.Checkpoint{}, fmt.Errorf("%w: none of organization %q's %d newest checkpoint rows verifies with the audit key (rows planted above its head: bandplane audit verify names them)",
+			ErrNotInLog, org, len(rows))
+	}
 	return tlog.Checkpoint{}, fmt.Errorf("%w: organization %q has no checkpoint signed with the audit key", ErrNotInLog, org)
 }
 
+// OrgHead is an organization's newest stored checkpoint that verifies, or why it has
+// none.
+type OrgHead struct {
+	Org        string
+	Checkpoint tlog.Checkpoint
+	Err        error // wraps ErrNotInLog
+}
+
+// Heads is Newest of every organization with a checkpoint row, by organization, in one
+// query: each organization's rows of its largest sizes, at most as many as Newest reads,
+// opened here.
+func (l *Log) Heads(ctx context.Context, ring *tlog.KeyRing) ([]OrgHead, error) {
+	rows, err := l.db.newestCheckpointRows(ctx, maxForged+1)
+	if err != nil {
+		return nil, err
+	}
+	var out []OrgHead
+	for start := 0; start < len(rows); {
+		end := start + 1
+		for end < len(rows) && rows[end].Org == rows[start].Org {
+			end++
+		}
+		org := rows[start].Org
+		c, err := pickNewest(ring, org, rows[start:end], maxForged+1)
+		out = append(out, OrgHead{Org: org, Checkpoint: c, Err: err})
+		start = end
+	}
+	return out, nil
+}
+
+// maxForgedAtSize bounds the rows of one size AtSize reads past when they do not
+// verify.
+const maxForgedAtSize = 1000
+
 // AtSize is org's stored checkpoint of exactly size that verifies.
 func (l *Log) AtSize(ctx context.Context, ring *tlog.KeyRing, org string, size uint64) (tlog.Checkpoint, error) {
-	rows, err := l.db.checkpointRows(ctx, []string{org})
+	rows, err := l.db.checkpointsAt(ctx, org, size, maxForgedAtSize+1)
 	if err != nil {
 		return tlog.Checkpoint{}, err
 	}
 	for _, r := range rows {
-		if r.Size != size {
-			continue
-		}
 		if c, err := ring.Open(r.Note); err == nil && c.Org == org && c.Size == size {
 			return c, nil
 		}
+	}
+	if len(rows) > maxForgedAtSize {
+		return tlog.Checkpoint{}, fmt.Errorf("%w: more than %d of organization %q's checkpoint rows of size %d do not verify (bandplane audit verify names them)",
+			ErrLogDamaged, maxForgedAtSize, org, size)
 	}
 	return tlog.Checkpoint{}, fmt.Errorf("%w: organization %q has no checkpoint of size %d signed with the audit key", ErrNotInLog, org, size)
 }
@@ -162,12 +222,11 @@ func (l *Log) Inclusion(ctx context.Context, org string, t time.Time, id string,
 	return out, nil
 }
 
-// Rotate records a key rotation (tlog.Rotation) in ClickHouse.
+// Rotate records a key rotation (tlog.Rotation) in ClickHouse: RecordRotation without
+// the checkpoints topic.
 func (l *Log) Rotate(ctx context.Context, note []byte) error {
-	if _, err := tlog.OpenRotation(l.prefix, note); err != nil {
-		return err
-	}
-	return l.db.writeRotation(ctx, time.Now(), note)
+	_, err := l.RecordRotation(ctx, note, nil)
+	return err
 }
 
 // sealedChunk bounds the rows one step of Sealed proves.
