@@ -987,6 +987,7 @@ func (c *Consumer) checkStored(ctx context.Context, p *pending) bool {
 		c.log.Error("cannot look up which events are stored; writing the batch unchecked", "err", err, "events", len(ev))
 		return true
 	}
+	now := c.now()
 	byKey := make(map[store.EventKey][]int, len(stored))
 	for i := range stored {
 		k := store.KeyOf(&stored[i])
@@ -1038,7 +1039,7 @@ func (c *Consumer) checkStored(ctx context.Context, p *pending) bool {
 			same := false
 			for _, j := range rows {
 				if stored[j].ContentDigest() == d {
-					if l, ok := ownLeaf(e, &stored[j]); ok {
+					if l, ok := ownLeaf(e, &stored[j], p.msgs[p.evRec[i]].Time, now); ok {
 						p.notes = append(p.notes, l)
 					}
 					same = true
@@ -1210,7 +1211,7 @@ func (c *Consumer) note(ctx context.Context, p *pending, failed []refused) bool 
 		return true
 	}
 	if len(failed) > 0 {
-		mine := map[store.EventKey][]*store.EventRow{}
+		mine := map[store.EventKey][]int{} // indexes into batch.Events
 		var keys []store.EventKey
 		refusedRec := map[int32]bool{}
 		for _, f := range failed {
@@ -1219,7 +1220,7 @@ func (c *Consumer) note(ctx context.Context, p *pending, failed []refused) bool 
 		for i, rec := range p.evRec {
 			if refusedRec[rec] {
 				k := store.KeyOf(&p.batch.Events[i])
-				mine[k] = append(mine[k], &p.batch.Events[i])
+				mine[k] = append(mine[k], i)
 				keys = append(keys, k)
 			}
 		}
@@ -1233,8 +1234,9 @@ func (c *Consumer) note(ctx context.Context, p *pending, failed []refused) bool 
 				c.log.Error("cannot look up whether refused records left event rows; those rows stay unsealed (audit verify reports them)", "err", err, "records", len(keys))
 			}
 			for i := range rows {
+				now := c.now()
 				for _, e := range mine[store.KeyOf(&rows[i])] {
-					if l, ok := ownLeaf(e, &rows[i]); ok {
+					if l, ok := ownLeaf(&p.batch.Events[e], &rows[i], p.msgs[p.evRec[e]].Time, now); ok {
 						p.notes = append(p.notes, l)
 						break
 					}
@@ -1259,8 +1261,17 @@ func (c *Consumer) note(ctx context.Context, p *pending, failed []refused) bool 
 // at that attempt and cannot know otherwise, is taken from r. A copy with other
 // coordinates or another owner is not the record's own: a replay of another record
 // with the same content (a platform resend), noted when it was stored, or an edit.
-func ownLeaf(e, r *store.EventRow) (tlog.Leaf, bool) {
+//
+// The ingested_at taken must lie where an attempt can have stamped it: not before the
+// record's Kafka time, nor after now, each less or more ingestedSkew (clocks of broker
+// and ingest differ). A copy stamped outside, say in the far future, is not noted, so
+// an edit between the attempt and the replay cannot seal a date no reader expects; it
+// stays unsealed and verify reports it.
+func ownLeaf(e, r *store.EventRow, recorded, now time.Time) (tlog.Leaf, bool) {
 	if r.Partition != e.Partition || r.Offset != e.Offset {
+		return tlog.Leaf{}, false
+	}
+	if r.IngestedAt.Before(recorded.Add(-ingestedSkew)) || r.IngestedAt.After(now.Add(ingestedSkew)) {
 		return tlog.Leaf{}, false
 	}
 	own := *e
@@ -1271,6 +1282,10 @@ func ownLeaf(e, r *store.EventRow) (tlog.Leaf, bool) {
 	}
 	return l, true
 }
+
+// ingestedSkew is how far ownLeaf lets a stored ingested_at lie outside the span an
+// insert attempt can have stamped it in.
+const ingestedSkew = 10 * time.Minute
 
 // noDirectory knows no party: Enrich with it attributes an event as ingest does while
 // its party is not in the directory.

@@ -120,7 +120,8 @@ func TestConsumerNotesARefusedRecordOnlyWhenItsRowIsStored(t *testing.T) {
 // record's own, so nothing is noted: the sealer never gets a leaf for the edit, and
 // verify keeps reporting the row modified. A platform resend (another record with the
 // same content) is not noted either: the copy's own record was noted when it was
-// stored.
+// stored. Nor is the record's own copy whose ingested_at was moved out of the span an
+// insert attempt can have stamped it in (the record's Kafka time to now).
 func TestConsumerNotesNoEditedOrForeignCopyOnRedelivery(t *testing.T) {
 	orig := eventLine("e1", "message.created", "u1", "user", "org-1", `{"content":"original"}`)
 	sealed := storedRow(t, orig, 0, 0) // as ingest stored it from partition 0, offset 0
@@ -138,6 +139,13 @@ func TestConsumerNotesNoEditedOrForeignCopyOnRedelivery(t *testing.T) {
 		{"kafka_offset", func(r *store.EventRow) { r.Offset += 100000 }, 0},
 		{"kafka_partition", func(r *store.EventRow) { r.Partition = 1 }, 0},
 		{"a platform resend, not an edit", func(*store.EventRow) {}, 8},
+		// The record's own copy, but stamped where no attempt can have stamped it.
+		{"ingested_at moved to the far future", func(r *store.EventRow) {
+			r.IngestedAt = time.Date(2105, 1, 1, 0, 0, 0, 0, time.UTC)
+		}, 0},
+		{"ingested_at moved before its Kafka record", func(r *store.EventRow) {
+			r.IngestedAt = time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC)
+		}, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			edited := sealed
