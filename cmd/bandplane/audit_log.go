@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"maps"
 	"net/http"
 	"net/url"
 	"os"
@@ -165,7 +164,7 @@ func (h *auditLogHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		org, hasOrg = k.Org, true
 	}
 	latest := h.topic(ctx)
-	ring, err := h.log.RingWith(ctx, topicRotations(latest))
+	ring, err := h.log.RingWith(ctx, seal.TopicRotations(latest))
 	if err != nil {
 		h.fail(w, err)
 		return
@@ -227,18 +226,6 @@ func (h *auditLogHandler) topic(ctx context.Context) map[string][]byte {
 		h.logger.Warn("cannot read the checkpoints topic; serving ClickHouse's checkpoints and rotation records", "err", err)
 	}
 	return latest
-}
-
-// topicRotations are the rotation records among the checkpoints topic's notes, at
-// most a ring's worth (more is refused by RingWith).
-func topicRotations(latest map[string][]byte) [][]byte {
-	var out [][]byte
-	for _, key := range slices.Sorted(maps.Keys(latest)) {
-		if strings.HasPrefix(key, seal.RotationKeyPrefix) {
-			out = append(out, latest[key])
-		}
-	}
-	return out
 }
 
 // isOrgKey says whether a key of the checkpoints topic names an organization (the
@@ -347,7 +334,7 @@ func (h *auditLogHandler) rotations(w http.ResponseWriter, r *http.Request, late
 	}
 	ans := rotationsAnswer{Rotations: []rotationEntry{}}
 	seen := map[string]bool{}
-	for _, n := range append(stored, topicRotations(latest)...) {
+	for _, n := range append(stored, seal.TopicRotations(latest)...) {
 		if seen[string(n)] || len(seen) >= maxServedRotations {
 			continue
 		}
@@ -736,16 +723,22 @@ func runAuditRotate(ctx context.Context, e *env, args []string) error {
 		return fmt.Errorf("the rotation record is in ClickHouse, not yet on the checkpoints topic %s (%v): run the same audit rotate again once Kafka is reachable; it publishes the same record",
 			t.Checkpoints, kerr)
 	}
-	// The topic keeps it outside ClickHouse too, where a reader anchored at either key
-	// finds it.
-	p, err := kafka.NewProducer(kafka.ProducerConfig{Brokers: t.Brokers, Topic: t.Checkpoints})
-	if err != nil {
-		return err
-	}
-	defer p.Close()
-	if err := p.ProduceMessages(ctx, []kafkago.Message{{Key: []byte(seal.RotationKeyPrefix + newID), Value: out.Note}}); err != nil {
-		return fmt.Errorf("the rotation record is in ClickHouse, not on the checkpoints topic %s (%v): run the same audit rotate again; it publishes the same record",
-			t.Checkpoints, err)
+	// The checkpoints topic keeps it outside ClickHouse too, where a reader anchored at
+	// either key finds it; the stored-events topic hands it to the running sealer in
+	// order with the notes, so that a deletion from ClickHouse cannot hide it from the
+	// sealer, which then signs nothing with a retired key.
+	msg := []kafkago.Message{{Key: []byte(seal.RotationKeyPrefix + newID), Value: out.Note}}
+	for _, topic := range []string{t.Checkpoints, t.Stored} {
+		p, err := kafka.NewProducer(kafka.ProducerConfig{Brokers: t.Brokers, Topic: topic})
+		if err != nil {
+			return err
+		}
+		err = p.ProduceMessages(ctx, msg)
+		p.Close()
+		if err != nil {
+			return fmt.Errorf("the rotation record is in ClickHouse, not on the topic %s (%v): run the same audit rotate again; it publishes the same record",
+				topic, err)
+		}
 	}
 	return printJSON(e.stdout, map[string]any{"old_key_id": oldID, "new_key_id": newID, "from": at, "reused": out.Reused, "record": string(out.Note)})
 }

@@ -70,7 +70,7 @@ func TestAuditCombineNewest(t *testing.T) {
 	assert.False(t, isOrgKey(seal.CoverageKey))
 	assert.False(t, isOrgKey(seal.RotationKeyPrefix+"abc"))
 	assert.Equal(t, [][]byte{[]byte("r1"), []byte("r2")},
-		topicRotations(map[string][]byte{seal.RotationKeyPrefix + "b": []byte("r2"), seal.RotationKeyPrefix + "a": []byte("r1"), "org-a": []byte("c"), seal.CoverageKey: []byte("cov")}))
+		seal.TopicRotations(map[string][]byte{seal.RotationKeyPrefix + "b": []byte("r2"), seal.RotationKeyPrefix + "a": []byte("r1"), "org-a": []byte("c"), seal.CoverageKey: []byte("cov")}))
 }
 
 // The topic is read once per refresh interval, a failed read included (with Kafka down

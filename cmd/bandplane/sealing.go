@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"crypto/ed25519"
+	"fmt"
 	"log/slog"
 	"time"
 
@@ -71,5 +72,9 @@ func (t replicaTrail) Coverage(ctx context.Context) (map[int]int64, bool, error)
 }
 
 func (t replicaTrail) Sealed(ctx context.Context, rows []store.EventRow) ([]bool, error) {
-	return t.log.Sealed(ctx, rows)
+	latest, err := t.latest(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("cannot read the checkpoints topic's rotation records: %w", err)
+	}
+	return t.log.Sealed(ctx, seal.TopicRotations(latest), rows)
 }

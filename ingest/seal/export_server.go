@@ -203,7 +203,18 @@ func (x *Exporter) Prepare(ctx context.Context, req ExportRequest) (*Export, err
 		return nil, errors.New("after: needs as_of, the size of the export it continues")
 	}
 	sel := req.Selection
-	rotations, err := x.rotations(ctx)
+	// The topic is read before ClickHouse: the sealer stores a checkpoint before it
+	// publishes it, so a checkpoint the topic held then is in ClickHouse by the pin.
+	var published []byte
+	var latest map[string][]byte
+	if req.AsOf == 0 && x.cfg.Published != nil {
+		var err error
+		if latest, err = x.cfg.Published(ctx); err != nil {
+			return nil, fmt.Errorf("cannot read the newest checkpoints from the checkpoints topic: %w", err)
+		}
+		published = latest[sel.Org]
+	}
+	rotations, err := x.rotations(ctx, TopicRotations(latest))
 	if err != nil {
 		return nil, err
 	}
@@ -213,16 +224,6 @@ func (x *Exporter) Prepare(ctx context.Context, req ExportRequest) (*Export, err
 	}
 	for _, p := range ring.Problems() {
 		x.log.Warn("a key rotation record is not followed", "problem", p)
-	}
-	// The topic is read before ClickHouse: the sealer stores a checkpoint before it
-	// publishes it, so a checkpoint the topic held then is in ClickHouse by the pin.
-	var published []byte
-	if req.AsOf == 0 && x.cfg.Published != nil {
-		latest, err := x.cfg.Published(ctx)
-		if err != nil {
-			return nil, fmt.Errorf("cannot read the newest checkpoints from the checkpoints topic: %w", err)
-		}
-		published = latest[sel.Org]
 	}
 	cp, err := x.pin(ctx, ring, sel.Org, req.AsOf)
 	if err != nil {
@@ -309,13 +310,17 @@ func newHeader(db string, s Selection, req ExportRequest, cp *tlog.Checkpoint, r
 	return h
 }
 
-// rotations are the key rotation records ClickHouse holds whose signatures verify on
-// their own (a forged row is not passed on), in note order.
-func (x *Exporter) rotations(ctx context.Context) ([][]byte, error) {
+// rotations are the key rotation records ClickHouse holds and the topic's (extra)
+// whose signatures verify on their own (a forged row is not passed on), once each, in
+// note order: a record deleted from ClickHouse still counts, and goes in the header.
+func (x *Exporter) rotations(ctx context.Context, extra [][]byte) ([][]byte, error) {
 	all, err := x.db.rotations(ctx)
 	if err != nil {
 		return nil, err
 	}
+	all = append(all, extra...)
+	slices.SortFunc(all, bytes.Compare)
+	all = slices.CompactFunc(all, bytes.Equal)
 	var out [][]byte
 	for _, r := range all {
 		if _, err := tlog.OpenRotation(x.cfg.Prefix, r); err != nil {

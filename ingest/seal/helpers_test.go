@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -158,6 +159,9 @@ func (p *memTopic) externals() []External {
 	m, _ := p.read(context.Background())
 	var out []External
 	for org, note := range m {
+		if org == CoverageKey || strings.HasPrefix(org, RotationKeyPrefix) {
+			continue
+		}
 		out = append(out, External{Source: "the checkpoints topic (" + org + ")", Note: note})
 	}
 	return out

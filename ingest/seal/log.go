@@ -235,10 +235,11 @@ const sealedChunk = 5_000
 // Sealed says which rows are sealed: a leaf of their organization's log under its
 // newest verified checkpoint matches the row (verify's rule, matchLeaf), and the leaf's
 // inclusion proof holds against that checkpoint's root. A reader that must not act on
-// what only ClickHouse vouches for (the policy replica) keeps those.
-func (l *Log) Sealed(ctx context.Context, rows []store.EventRow) ([]bool, error) {
+// what only ClickHouse vouches for (the policy replica) keeps those. extra are rotation
+// records found besides ClickHouse's (TopicRotations), as for RingWith.
+func (l *Log) Sealed(ctx context.Context, extra [][]byte, rows []store.EventRow) ([]bool, error) {
 	out := make([]bool, len(rows))
-	ring, err := l.Ring(ctx)
+	ring, err := l.RingWith(ctx, extra)
 	if err != nil {
 		return nil, err
 	}
@@ -318,7 +319,7 @@ func (l *Log) Coverage(ctx context.Context, latest func(ctx context.Context) (ma
 	if !ok {
 		return tlog.Coverage{}, false, nil
 	}
-	ring, err := l.Ring(ctx)
+	ring, err := l.RingWith(ctx, TopicRotations(m))
 	if err != nil {
 		return tlog.Coverage{}, false, err
 	}

@@ -61,7 +61,9 @@ func idTable(levels []uint8, idx []uint64) (*ext.Table, error) {
 
 // ReadNodes reads nodes of org's tree (tlog.NodeReader): level 0 from log_index (the
 // leaf hash follows from the time and inner digest), the others from log_tree. Two
-// different rows for one node (an edit, or two sealers at once) are an error naming it.
+// different rows for one node (an edit, or two sealers at once), a node it lacks and a
+// hash that is not one are errors naming it, wrapping ErrLogDamaged; others are the
+// database's.
 func (l logDB) ReadNodes(ctx context.Context, org string, ids []compact.NodeID) ([][]byte, error) {
 	var leafIdx, nodeIdx []uint64
 	var nodeLevels []uint8
@@ -75,7 +77,7 @@ func (l logDB) ReadNodes(ctx context.Context, org string, ids []compact.NodeID) 
 	got := make(map[compact.NodeID][]byte, len(ids))
 	put := func(id compact.NodeID, h []byte) error {
 		if prev, ok := got[id]; ok && string(prev) != string(h) {
-			return fmt.Errorf("org %q's log holds two different rows for node %d/%d in %s", org, id.Level, id.Index, l.db)
+			return fmt.Errorf("%w: org %q's log holds two different rows for node %d/%d in %s", ErrLogDamaged, org, id.Level, id.Index, l.db)
 		}
 		got[id] = h
 		return nil
@@ -102,7 +104,7 @@ func (l logDB) ReadNodes(ctx context.Context, org string, ids []compact.NodeID) 
 			in, ok := parseHash(inner)
 			if !ok {
 				rows.Close()
-				return nil, fmt.Errorf("org %q's leaf %d in %s.log_index holds no valid digest", org, idx, l.db)
+				return nil, fmt.Errorf("%w: org %q's leaf %d in %s.log_index holds no valid digest", ErrLogDamaged, org, idx, l.db)
 			}
 			if err := put(compact.NewNodeID(0, idx), tlog.LeafHash(ms, in)); err != nil {
 				rows.Close()
@@ -135,7 +137,7 @@ func (l logDB) ReadNodes(ctx context.Context, org string, ids []compact.NodeID) 
 			h, ok := parseHash(hash)
 			if !ok {
 				rows.Close()
-				return nil, fmt.Errorf("org %q's node %d/%d in %s.log_tree holds no valid hash", org, level, idx, l.db)
+				return nil, fmt.Errorf("%w: org %q's node %d/%d in %s.log_tree holds no valid hash", ErrLogDamaged, org, level, idx, l.db)
 			}
 			if err := put(compact.NewNodeID(uint(level), idx), h[:]); err != nil {
 				rows.Close()
@@ -151,7 +153,7 @@ func (l logDB) ReadNodes(ctx context.Context, org string, ids []compact.NodeID) 
 	for i, id := range ids {
 		h, ok := got[id]
 		if !ok {
-			return nil, fmt.Errorf("org %q's log in %s has no node %d/%d", org, l.db, id.Level, id.Index)
+			return nil, fmt.Errorf("%w: org %q's log in %s has no node %d/%d", ErrLogDamaged, org, l.db, id.Level, id.Index)
 		}
 		out[i] = h
 	}

@@ -44,9 +44,12 @@
 // ClickHouse holds against the newest checkpoint the topic has (Config.Published): a
 // log shorter than the topic's checkpoint was rolled back, one with another root was
 // forked, and a stored tree whose right edge does not give the head's root was edited.
-// It seals nothing of such an organization, logs why at every run, and keeps its notes
-// (and, the topic being read in order, the ones after them) uncommitted, so the
-// unsealed age (a metric, and an alert rule) grows.
+// It seals nothing of such an organization, checks it again and logs why at every run,
+// and keeps its notes (and, the topic being read in order, the ones after them)
+// uncommitted, so the unsealed age (a metric, and an alert rule) grows. Notes are
+// committed only once the checkpoints topic has acknowledged the checkpoints that seal
+// them, and rotation records reach the sealer on the stored-events topic too: one it
+// has seen counts for good.
 package seal
 
 import (
@@ -192,9 +195,19 @@ type Sealer struct {
 
 	gen       int64 // the stored-events topic's hand-out that orgs and published belong to
 	orgs      map[string]*orgLog
+	loaded    bool              // orgs holds every organization with a checkpoint
 	published map[string][]byte // newest notes on the checkpoints topic, read once per hand-out
 	read      bool              // published was read
 	pending   []kafkago.Message // checkpoints Kafka has not acknowledged yet
+	// rotations are the rotation records the sealer has seen (ClickHouse's, the
+	// checkpoints topic's, the stored-events topic's), each verified, by text: one seen
+	// once counts for good, so that deleting it from ClickHouse does not give a retired
+	// key back its validity.
+	rotations map[string][]byte
+	// appended are the leaf hashes this hand-out appended: a note drained again (the
+	// step of a refused organization is read again every run) is not appended again
+	// even when the stored tree no longer proves it.
+	appended map[[32]byte]struct{}
 
 	mu       sync.Mutex
 	caughtUp time.Time // the start of the last run that sealed every note produced before it
@@ -235,7 +248,8 @@ func New(cfg Config) (*Sealer, error) {
 	}
 	s := &Sealer{cfg: cfg, signer: signer, db: logDB{conn: cfg.Conn, db: cfg.Database},
 		log:  log.With("component", "sealer", "key_id", signer.KeyID(), "origin_prefix", cfg.Prefix),
-		orgs: map[string]*orgLog{}, published: map[string][]byte{}, caughtUp: cfg.Now()}
+		orgs: map[string]*orgLog{}, published: map[string][]byte{}, rotations: map[string][]byte{}, appended: map[[32]byte]struct{}{},
+		caughtUp: cfg.Now()}
 	s.m = newMetrics(cfg.Registerer, s.unsealedAge, s.refusedOrgs)
 	return s, nil
 }
@@ -267,6 +281,20 @@ const (
 	CoverageKey       = "\x00coverage"
 	RotationKeyPrefix = "\x00rotation:"
 )
+
+// TopicRotations are the rotation records among the checkpoints topic's newest notes
+// (kafka.ReadLatest), in key order. Each still has to verify: a reader builds its key
+// ring from them and ClickHouse's, so that a record deleted from ClickHouse still
+// counts.
+func TopicRotations(latest map[string][]byte) [][]byte {
+	var out [][]byte
+	for _, key := range slices.Sorted(maps.Keys(latest)) {
+		if strings.HasPrefix(key, RotationKeyPrefix) {
+			out = append(out, latest[key])
+		}
+	}
+	return out
+}
 
 // Result says what one run did.
 type Result struct {
@@ -370,6 +398,8 @@ func (s *Sealer) run(ctx context.Context, res *Result) error {
 			return fail(fmt.Errorf("cannot read the stored-events notes: %w", err))
 		}
 		if !s.cfg.Notes.Holds() {
+			// What it held of the logs is another sealer's to say now.
+			s.forget(s.gen)
 			res.Idle = true
 			return nil
 		}
@@ -379,14 +409,13 @@ func (s *Sealer) run(ctx context.Context, res *Result) error {
 			}
 			s.forget(gen)
 		}
-		if first {
-			if err := s.prepare(ctx, ring); err != nil {
-				return fail(err)
-			}
-		}
 		byOrg := map[string][]tlog.Leaf{}
 		for _, m := range msgs {
 			org := string(m.Key)
+			if strings.HasPrefix(org, RotationKeyPrefix) {
+				s.remember(m.Value, "the stored-events topic")
+				continue
+			}
 			leaves, err := tlog.DecodeNotes(org, m.Value)
 			if err != nil {
 				// Only ingest writes the topic: a message it cannot have written is
@@ -396,6 +425,11 @@ func (s *Sealer) run(ctx context.Context, res *Result) error {
 				continue
 			}
 			byOrg[org] = append(byOrg[org], leaves...)
+		}
+		if first {
+			if ring, err = s.prepare(ctx); err != nil {
+				return fail(err)
+			}
 		}
 		blocked := false
 		for _, org := range slices.Sorted(maps.Keys(byOrg)) {
@@ -420,10 +454,15 @@ func (s *Sealer) run(ctx context.Context, res *Result) error {
 				blocked = true
 			}
 		}
+		// The notes are committed only once the topic holds the checkpoints that seal
+		// them: a checkpoint only ClickHouse holds is one a rollback removes unseen.
+		if err := s.publish(ctx, res); err != nil {
+			return fail(err)
+		}
 		if blocked {
-			// The notes of a refused organization stay in the topic until an operator
-			// mends its log, and so do the ones after them: the topic is read in order.
-			// The other organizations' notes of this step are sealed and come back as
+			// The notes of a refused organization stay in the topic until its log is
+			// mended, and so do the ones after them: the topic is read in order. The
+			// other organizations' notes of this step are sealed and come back as
 			// duplicates.
 			s.cfg.Notes.Rewind()
 			break
@@ -446,9 +485,8 @@ func (s *Sealer) run(ctx context.Context, res *Result) error {
 			"refused", fmt.Sprint(res.Refused))
 	}
 	if !s.cfg.Notes.Holds() {
-		// Handed out during the run: the new holder signs what follows, and what this
-		// one signed of its own goes out below.
-		return s.publish(ctx, res)
+		// Handed out during the run: the new holder signs what follows.
+		return nil
 	}
 	// Rotation records are read again before anything is signed: a rotation recorded
 	// during the run counts.
@@ -475,7 +513,7 @@ func (s *Sealer) run(ctx context.Context, res *Result) error {
 		}
 		c, err := s.sign(ring, org, ol.head.Size, ol.head.Root)
 		if err != nil {
-			return err
+			return errors.Join(err, s.publish(ctx, res))
 		}
 		s.pending = append(s.pending, kafkago.Message{Key: []byte(org), Value: c.Note})
 		res.Fresh++
@@ -486,28 +524,68 @@ func (s *Sealer) run(ctx context.Context, res *Result) error {
 // forget drops what the sealer holds of the logs when the group hands the topic out
 // again (gen): another sealer may have extended them, or published newer checkpoints,
 // in between. The logs are loaded again from ClickHouse and checked against the topic,
-// which is read again; checkpoints not yet published are dropped, since this run's
-// fresh ones state the same sizes of the heads as they are now.
+// which is read again. Checkpoints not yet published stay pending: they are stored,
+// and the notes they seal were not committed.
 func (s *Sealer) forget(gen int64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.gen != gen && len(s.orgs) > 0 {
 		s.log.Info("the stored-events topic was handed to this sealer again: reloading the logs", "generation", gen)
 	}
-	s.gen, s.orgs, s.read, s.pending = gen, map[string]*orgLog{}, false, nil
+	s.gen, s.orgs, s.loaded, s.read, s.appended = gen, map[string]*orgLog{}, false, false, map[[32]byte]struct{}{}
 }
 
-// prepare reads the checkpoints topic and learns the organizations that have
-// checkpoints, once per hand-out of the topic.
-func (s *Sealer) prepare(ctx context.Context, ring *tlog.KeyRing) error {
+// prepare reads the checkpoints topic once per hand-out of the topic, learns the
+// organizations that have checkpoints, and checks every refused organization's log
+// again, so that a mended log is extended without a restart. It returns the key ring
+// with every rotation record seen so far, the drained ones and the topic's included.
+func (s *Sealer) prepare(ctx context.Context) (*tlog.KeyRing, error) {
 	if !s.read && s.cfg.Published != nil {
 		published, err := s.cfg.Published(ctx)
 		if err != nil {
-			return fmt.Errorf("cannot read the newest checkpoints from the checkpoints topic: %w", err)
+			return nil, fmt.Errorf("cannot read the newest checkpoints from the checkpoints topic: %w", err)
 		}
 		s.published, s.read = published, true
+		for _, msg := range TopicRotations(published) {
+			s.remember(msg, "the checkpoints topic")
+		}
 	}
-	return s.loadOrgs(ctx, ring)
+	ring, err := s.ring(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var refused []string
+	for org, ol := range s.orgs {
+		if ol.refused != "" {
+			refused = append(refused, org)
+		}
+	}
+	for _, org := range refused {
+		s.mu.Lock()
+		delete(s.orgs, org)
+		s.mu.Unlock()
+		if _, err := s.org(ctx, ring, org); err != nil {
+			return nil, err
+		}
+	}
+	return ring, s.loadOrgs(ctx, ring)
+}
+
+// remember keeps a rotation record that verifies on its own (from names where it was
+// found, for the log).
+func (s *Sealer) remember(msg []byte, from string) {
+	if _, ok := s.rotations[string(msg)]; ok {
+		return
+	}
+	if _, err := tlog.OpenRotation(s.cfg.Prefix, msg); err != nil {
+		s.log.Warn("ignoring a key rotation record that does not verify", "found_in", from, "err", err)
+		return
+	}
+	if len(s.rotations) >= maxRotations {
+		s.log.Error("ignoring a key rotation record: too many seen", "found_in", from, "max", maxRotations)
+		return
+	}
+	s.rotations[string(msg)] = msg
 }
 
 // ErrKeyNotValid says the sealer's key may not sign now: a key rotation retired it,
@@ -541,9 +619,9 @@ func (s *Sealer) publish(ctx context.Context, res *Result) error {
 		return nil
 	}
 	if err := s.cfg.Publisher.ProduceMessages(ctx, s.pending); err != nil {
-		return fmt.Errorf("cannot publish %d checkpoints to the checkpoints topic (retried at the next run): %w", len(s.pending), err)
+		return fmt.Errorf("cannot publish %d checkpoints to the checkpoints topic (their notes stay uncommitted; retried at the next run): %w", len(s.pending), err)
 	}
-	res.Published = len(s.pending)
+	res.Published += len(s.pending)
 	for _, m := range s.pending {
 		s.published[string(m.Key)] = m.Value
 	}
@@ -551,21 +629,24 @@ func (s *Sealer) publish(ctx context.Context, res *Result) error {
 	return nil
 }
 
-// ring is the key ring as of now: the sealer's key, the anchors, and the rotations
-// recorded in ClickHouse (each verifies on its own; run logs the ones that do not).
+// ring is the key ring as of now: the sealer's key, the anchors, the rotations
+// recorded in ClickHouse and every one the sealer has seen (each verifies on its own;
+// run logs the ones that do not).
 func (s *Sealer) ring(ctx context.Context) (*tlog.KeyRing, error) {
 	rot, err := s.db.rotations(ctx)
 	if err != nil {
 		return nil, err
 	}
-	return tlog.NewKeyRing(s.cfg.Prefix, append([]ed25519.PublicKey{s.signer.Public()}, s.cfg.Anchors...), rot)
+	for _, r := range rot {
+		s.remember(r, "ClickHouse")
+	}
+	return tlog.NewKeyRing(s.cfg.Prefix, append([]ed25519.PublicKey{s.signer.Public()}, s.cfg.Anchors...), slices.Collect(maps.Values(s.rotations)))
 }
 
 // loadOrgs learns the organizations that have checkpoints, so that each run signs a
-// fresh checkpoint of every one (only the first run of a hand-out finds any it does
-// not know).
+// fresh checkpoint of every one (once per hand-out of the topic).
 func (s *Sealer) loadOrgs(ctx context.Context, ring *tlog.KeyRing) error {
-	if len(s.orgs) > 0 {
+	if s.loaded {
 		return nil
 	}
 	orgs, err := s.db.checkpointOrgs(ctx)
@@ -577,6 +658,7 @@ func (s *Sealer) loadOrgs(ctx context.Context, ring *tlog.KeyRing) error {
 			return err
 		}
 	}
+	s.loaded = true
 	return nil
 }
 
@@ -628,28 +710,34 @@ func (s *Sealer) org(ctx context.Context, ring *tlog.KeyRing, org string) (*orgL
 		return nil, err
 	}
 	ol := &orgLog{head: head, refused: refused}
+	if refused == "" {
+		if msg, ok := s.published[org]; ok {
+			why, err := s.compareTopic(ctx, ring, org, &head, msg)
+			if err != nil {
+				return nil, err
+			}
+			refused = why
+		}
+	}
+	if refused == "" {
+		rng, err := tlog.LoadRange(ctx, s.db, org, head.Size)
+		switch {
+		case errors.Is(err, ErrLogDamaged):
+			refused = fmt.Sprintf("the right edge of its tree at size %d cannot be read: %v", head.Size, err)
+		case err != nil:
+			return nil, err // the database's: the next run tries again
+		case head.Size > 0 && !bytes.Equal(tlog.Root(rng), head.Root):
+			refused = fmt.Sprintf("its stored tree does not give the root of its checkpoint at size %d", head.Size)
+		default:
+			ol.rng = rng
+		}
+	}
 	s.mu.Lock()
 	s.orgs[org] = ol
 	s.mu.Unlock()
 	if refused != "" {
-		return ol, nil
+		s.refuse(ol, refused)
 	}
-	if msg, ok := s.published[org]; ok {
-		if why := s.compareTopic(ctx, ring, org, &head, msg); why != "" {
-			s.refuse(ol, why)
-			return ol, nil
-		}
-	}
-	rng, err := tlog.LoadRange(ctx, s.db, org, head.Size)
-	if err != nil {
-		s.refuse(ol, fmt.Sprintf("the right edge of its tree at size %d cannot be read: %v", head.Size, err))
-		return ol, nil
-	}
-	if root := tlog.Root(rng); head.Size > 0 && !bytes.Equal(root, head.Root) {
-		s.refuse(ol, fmt.Sprintf("its stored tree does not give the root of its checkpoint at size %d", head.Size))
-		return ol, nil
-	}
-	ol.rng = rng
 	return ol, nil
 }
 
@@ -661,31 +749,34 @@ func (s *Sealer) refuse(ol *orgLog, why string) {
 }
 
 // compareTopic says why ClickHouse's head of org does not extend the topic's newest
-// checkpoint msg, or "".
-func (s *Sealer) compareTopic(ctx context.Context, ring *tlog.KeyRing, org string, head *tlog.Checkpoint, msg []byte) string {
+// checkpoint msg, or "" when it does; an error is the database's.
+func (s *Sealer) compareTopic(ctx context.Context, ring *tlog.KeyRing, org string, head *tlog.Checkpoint, msg []byte) (string, error) {
 	pub, err := ring.Open(msg)
 	if err != nil || pub.Org != org {
 		s.log.Warn("ignoring a checkpoint of the checkpoints topic that does not verify", "org_id", org, "err", err)
-		return ""
+		return "", nil
 	}
 	switch {
 	case pub.Size > head.Size:
 		return fmt.Sprintf("rolled back: the checkpoints topic has a checkpoint of %d leaves signed at %s, ClickHouse's log ends at %d",
-			pub.Size, pub.SignedAt.Format(time.RFC3339), head.Size)
+			pub.Size, pub.SignedAt.Format(time.RFC3339), head.Size), nil
 	case pub.Size == head.Size:
 		if !pub.Same(head) {
-			return fmt.Sprintf("forked: the checkpoints topic has another root at size %d", pub.Size)
+			return fmt.Sprintf("forked: the checkpoints topic has another root at size %d", pub.Size), nil
 		}
-		return ""
+		return "", nil
 	}
 	pr, err := tlog.ConsistencyProof(ctx, s.db, org, pub.Size, head.Size)
+	if err != nil && !errors.Is(err, ErrLogDamaged) {
+		return "", err
+	}
 	if err == nil {
 		err = tlog.Extends(&pub, head, pr)
 	}
 	if err != nil {
-		return fmt.Sprintf("ClickHouse's log at size %d does not extend the checkpoints topic's checkpoint of size %d: %v", head.Size, pub.Size, err)
+		return fmt.Sprintf("ClickHouse's log at size %d does not extend the checkpoints topic's checkpoint of size %d: %v", head.Size, pub.Size, err), nil
 	}
-	return ""
+	return "", nil
 }
 
 // appendOrg appends org's new notes in checkpoints of at most MaxLeaves leaves and
@@ -742,6 +833,12 @@ func (s *Sealer) appendOrg(ctx context.Context, org string, ol *orgLog, notes []
 			return appended, dups, err
 		}
 		ol.head, ol.rng = c, next
+		if len(s.appended)+n > maxAppendedKept {
+			s.appended = map[[32]byte]struct{}{}
+		}
+		for i := range part {
+			s.appended[[32]byte(tlog.LeafHash(part[i].Time.UnixMilli(), partInner[i]))] = struct{}{}
+		}
 		s.pending = append(s.pending, kafkago.Message{Key: []byte(org), Value: c.Note})
 		res.Checkpoints++
 		appended += n
@@ -782,6 +879,10 @@ func (s *Sealer) checkHead(ctx context.Context, ring *tlog.KeyRing, org string, 
 	}
 	return false, nil
 }
+
+// maxAppendedKept bounds the leaf hashes a sealer keeps of what it appended (Sealer.
+// appended): about 40 MiB.
+const maxAppendedKept = 1_000_000
 
 // maxHeldRows bounds the rows of log_leaves read per event key (leavesOf). A note
 // whose genuine row planted ones crowd out is appended again, which costs a duplicate
@@ -834,7 +935,7 @@ func (s *Sealer) dedupe(ctx context.Context, org string, ol *orgLog, notes []tlo
 	var inners [][32]byte
 	for i := range notes {
 		k := key{notes[i].Inner(), notes[i].Time.UnixMilli()}
-		if seen[k] {
+		if _, mine := s.appended[[32]byte(tlog.LeafHash(k.ms, k.inner))]; seen[k] || mine {
 			continue
 		}
 		seen[k] = true

@@ -3,11 +3,15 @@ package seal
 import (
 	"context"
 	"crypto/ed25519"
+	"errors"
 	"fmt"
 	"slices"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	kafkago "github.com/segmentio/kafka-go"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -214,27 +218,34 @@ func TestIntegrationSealerSignsOnlyWithinItsKeysValidity(t *testing.T) {
 	require.NoError(t, tr.s.db.writeRotation(ctx, now, rec))
 	untilPast(t, from)
 	tr.store(rows("b", 3, orgs3, now.Add(-time.Hour), now.Add(-20*time.Second)))
-	_, err = tr.s.SealNow(ctx)
+	old := tr.sealer(tr.key)
+	_, err = old.SealNow(ctx)
 	require.ErrorIs(t, err, ErrKeyNotValid)
 	assert.Equal(t, 3, tr.notes.pending())
 
-	// Without the rotation record the new key's sealer trusts none of the logs'
-	// checkpoints: it refuses them rather than start them again at 0.
+	// The record deleted from ClickHouse: the sealer that saw it still signs nothing.
 	tr.exec("key_rotations", "DELETE WHERE 1 = 1")
+	_, err = old.SealNow(ctx)
+	require.ErrorIs(t, err, ErrKeyNotValid)
+	// A new key's sealer that never saw it trusts none of the logs' checkpoints: it
+	// refuses them rather than start them again at 0.
 	res, err = tr.sealer(next).SealNow(ctx)
 	require.NoError(t, err)
 	assert.Zero(t, res.Leaves)
 	require.Len(t, res.Refused, 3)
 	assert.Contains(t, res.Refused["org-a"], "none of its 2 checkpoint rows verifies")
 
-	// With it, the new key takes over the same logs.
-	require.NoError(t, tr.s.db.writeRotation(ctx, now, rec))
+	// The record is on the checkpoints topic too (audit rotate puts it there): an old
+	// key's sealer started now finds it there, and the new key's takes over.
+	require.NoError(t, tr.topic.ProduceMessages(ctx, []kafkago.Message{{Key: []byte(RotationKeyPrefix + tlog.KeyID(pubOf(next))), Value: rec}}))
+	_, err = tr.sealer(tr.key).SealNow(ctx)
+	require.ErrorIs(t, err, ErrKeyNotValid)
 	res, err = tr.sealer(next).SealNow(ctx)
 	require.NoError(t, err)
 	assert.Equal(t, 3, res.Leaves)
 	assert.Empty(t, res.Refused)
 	for name, anchor := range map[string]ed25519.PrivateKey{"the first key": tr.key, "the current key": next} {
-		rep, err := Verify(ctx, tr.conn, tr.db, Keys{Anchors: []ed25519.PublicKey{pubOf(anchor)}}, Filter{Checkpoints: tr.topic.externals()})
+		rep, err := Verify(ctx, tr.conn, tr.db, Keys{Anchors: []ed25519.PublicKey{pubOf(anchor)}, Rotations: [][]byte{rec}}, Filter{Checkpoints: tr.topic.externals()})
 		require.NoError(t, err)
 		assert.Empty(t, rep.Problems, name)
 		assert.Equal(t, 36, rep.SealedEvents, name)
@@ -242,8 +253,8 @@ func TestIntegrationSealerSignsOnlyWithinItsKeysValidity(t *testing.T) {
 }
 
 // With the real group reader: a run that refuses an organization leaves its notes (and
-// the ones after them) to the next run, which seals them once the log is mended and
-// the sealer restarted.
+// the ones after them) to the next run, which checks the log again and seals them once
+// it is mended.
 func TestIntegrationRefusedNotesAreReadAgain(t *testing.T) {
 	conn, db := testDB(t)
 	topic := stacktest.Topic(t, 1)
@@ -296,31 +307,81 @@ func TestIntegrationRefusedNotesAreReadAgain(t *testing.T) {
 	assert.Contains(t, res.Refused["org-a"], "do not verify")
 	mutate(t, conn, db, "checkpoints", "DELETE WHERE note LIKE 'junk%'")
 
-	// The next run of the same sealer still refuses org-a (until a restart) and says
-	// so, though it drains the same notes again.
+	// The next run checks org-a's log again and, mended, seals the victim; org-b's
+	// note, sealed by the refused run, comes back as a duplicate.
 	storeOne("org-b")
 	res, err = s.SealNow(ctx)
 	require.NoError(t, err)
-	assert.Contains(t, res.Refused["org-a"], "do not verify")
-	assert.Greater(t, s.refusedOrgs(), 0.0)
-
-	// Restarted, the sealer seals the victim; org-b's notes, sealed by the refused
-	// runs, come back as duplicates.
-	require.NoError(t, s.cfg.Notes.(interface{ Close() error }).Close())
-	s2, _ := kafkaSealer(t, conn, db, topic, "ingest-"+topic, key, 0, time.Minute)
-	var last Result
-	require.True(t, stacktest.Eventually(t, 60*time.Second, 200*time.Millisecond, func() bool {
-		last, err = s2.SealNow(ctx)
-		require.NoError(t, err)
-		return last.Leaves+last.Duplicates > 0
-	}), "the restarted sealer holds the topic")
-	assert.Empty(t, last.Refused)
-	assert.Equal(t, 1, last.Leaves)
-	assert.Equal(t, 2, last.Duplicates)
+	assert.Empty(t, res.Refused)
+	assert.Zero(t, s.refusedOrgs())
+	assert.Equal(t, 2, res.Leaves)
+	assert.Equal(t, 1, res.Duplicates)
 	rep := verify()
 	assert.Empty(t, rep.Problems)
 	assert.Equal(t, 5, rep.SealedEvents)
 
 	mutate(t, conn, db, "events", "DELETE WHERE id = '"+victim.ID+"'")
 	assert.Equal(t, []string{"missing " + victim.ID}, kinds(verify()))
+}
+
+func TestIntegrationNotesWaitForTheirCheckpointsOnTheTopic(t *testing.T) {
+	tr, _ := sealedTrail(t)
+	ctx := context.Background()
+	now := time.Now().UTC()
+	tr.topic.fail = errors.New("kafka: not enough in-sync replicas")
+	tr.store(rows("victim", 3, []string{"org-a"}, now.Add(-time.Hour), now.Add(-20*time.Second)))
+	_, err := tr.s.SealNow(ctx)
+	require.ErrorContains(t, err, "cannot publish")
+	assert.Equal(t, 1, tr.notes.pending(), "the notes (one message) wait for the topic")
+
+	// The attacker removes the victims, their leaves and the checkpoint only ClickHouse
+	// had; the topic is handed out again, and Kafka recovers: the notes are sealed again
+	// and the topic shows what the attacker removed.
+	tr.exec("events", "DELETE WHERE id LIKE 'victim-%'")
+	tr.exec("log_leaves", "DELETE WHERE org_id = 'org-a' AND idx >= 10")
+	tr.exec("log_index", "DELETE WHERE org_id = 'org-a' AND idx >= 10")
+	tr.exec("checkpoints", "DELETE WHERE org_id = 'org-a' AND size > 10")
+	tr.notes.handOut(false)
+	tr.topic.fail = nil
+	res := tr.seal()
+	assert.Equal(t, 3, res.Leaves)
+	assert.Zero(t, tr.notes.pending())
+	rep := tr.verify(Filter{Checkpoints: tr.topic.externals()})
+	assert.Equal(t, []string{"missing victim-00000", "missing victim-00001", "missing victim-00002"}, kinds(rep))
+}
+
+// flakyConn fails the next query that reads log_tree once armed: a ClickHouse restart,
+// a timeout, "too many simultaneous queries".
+type flakyConn struct {
+	driver.Conn
+	armed atomic.Bool
+}
+
+func (c *flakyConn) Query(ctx context.Context, q string, args ...any) (driver.Rows, error) {
+	if strings.Contains(q, ".log_tree") && c.armed.CompareAndSwap(true, false) {
+		return nil, errors.New("code: 202, message: Too many simultaneous queries")
+	}
+	return c.Conn.Query(ctx, q, args...)
+}
+
+func TestIntegrationADatabaseErrorRefusesNothing(t *testing.T) {
+	tr, _ := sealedTrail(t)
+	ctx := context.Background()
+	fc := &flakyConn{Conn: tr.conn}
+	fc.armed.Store(true)
+	s := tr.sealer(tr.key, func(c *Config) { c.Conn = fc })
+	tr.notes.handOut(false)
+	now := time.Now().UTC()
+	tr.store(rows("x", 3, orgs3, now.Add(-time.Hour), now.Add(-20*time.Second)))
+	_, err := s.SealNow(ctx)
+	require.ErrorContains(t, err, "code: 202")
+	assert.Equal(t, 3, tr.notes.pending())
+	assert.Zero(t, s.refusedOrgs())
+
+	// The next run seals.
+	res, err := s.SealNow(ctx)
+	require.NoError(t, err)
+	assert.Empty(t, res.Refused)
+	assert.Equal(t, 3, res.Leaves)
+	assert.Empty(t, tr.verify(Filter{Checkpoints: tr.topic.externals()}).Problems)
 }

@@ -34,7 +34,11 @@ func (t trail) Coverage(ctx context.Context) (map[int]int64, bool, error) {
 }
 
 func (t trail) Sealed(ctx context.Context, rows []store.EventRow) ([]bool, error) {
-	return t.log.Sealed(ctx, rows)
+	latest, err := t.latest(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return t.log.Sealed(ctx, seal.TopicRotations(latest), rows)
 }
 
 // A governance row written into ClickHouse by hand (an operator's suspension, which

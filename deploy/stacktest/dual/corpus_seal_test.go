@@ -276,7 +276,7 @@ func TestIntegrationCorpusSealVerifyExportRetention(t *testing.T) {
 	lps, err := lg.Inclusion(ctx, org, recent[5].Time, recent[5].ID, &head)
 	require.NoError(t, err)
 	require.Len(t, lps, 1)
-	sealed, err := lg.Sealed(ctx, append([]store.EventRow{recent[6], retried}, store.EventRow{ID: "forged", OrgID: org, Time: now}))
+	sealed, err := lg.Sealed(ctx, nil, append([]store.EventRow{recent[6], retried}, store.EventRow{ID: "forged", OrgID: org, Time: now}))
 	require.NoError(t, err)
 	assert.Equal(t, []bool{true, true, false}, sealed)
 
