@@ -130,10 +130,11 @@ func runAuditVerify(ctx context.Context, e *env, args []string) error {
 	org := fs.String("org", "", `verify only this organization's log ("" is the log of events stored without one; default: every log)`)
 	from := fs.String("from", "", "only events at or after this time, RFC 3339 or YYYY-MM-DD")
 	to := fs.String("to", "", "only events before this time, RFC 3339 or YYYY-MM-DD")
-	margin := fs.Duration("margin", seal.DefaultMargin, "a stored row may lack its leaf this long after its ingested_at; longer before the newest checkpoint, it is unexpected")
+	margin := fs.Duration("margin", seal.DefaultMargin, "a stored row may lack its leaf this long after its ingested_at; longer before the newest checkpoint, it is unexpected (not with the checkpoints topic's coverage note: then its Kafka record decides)")
 	var checkpoints listFlag
 	fs.Var(&checkpoints, "checkpoint", "a checkpoint kept outside ClickHouse (bandplane audit checkpoint --out, a witness's state file): the log must extend it (repeatable)")
-	useTopic := fs.Bool("checkpoints-topic", true, "also check the log against the newest checkpoints on the checkpoints topic (<topic>.checkpoints): catches a truncation or a rollback of ClickHouse, and with its coverage note and the events topic's end, rows written into ClickHouse by hand whatever their ingested_at")
+	useTopic := fs.Bool("checkpoints-topic", true, "also check the log against the newest checkpoints on the checkpoints topic (<topic>.checkpoints): catches a truncation or a rollback of ClickHouse, and with its coverage note and the events topic's records, rows written into ClickHouse by hand whatever their ingested_at or Kafka record")
+	group := fs.String("group", "ingest", "the ingest consumer group (serve's --group, whose default this is): a coverage note of another group is ignored")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -168,7 +169,7 @@ func runAuditVerify(ctx context.Context, e *env, args []string) error {
 		var online []string
 		fs.Visit(func(fl *flag.Flag) {
 			switch fl.Name {
-			case "org", "from", "to", "margin", "checkpoints-topic":
+			case "org", "from", "to", "margin", "checkpoints-topic", "group":
 				online = append(online, "--"+fl.Name)
 			}
 		})
@@ -219,8 +220,10 @@ func runAuditVerify(ctx context.Context, e *env, args []string) error {
 			}
 			f.Checkpoints = append(f.Checkpoints, seal.External{Source: fmt.Sprintf("the checkpoints topic's newest of org %q", key), Note: note})
 		}
-		f.EventsTopic = st.topic
-		f.Ends = func(ctx context.Context) (map[int]int64, error) { return kafka.EndOffsets(ctx, st.brokers(), st.topic) }
+		// A row no leaf covers yet is checked against the record it claims: it must be
+		// there, below the end, and be this event.
+		f.EventsTopic, f.IngestGroup = st.topic, *group
+		f.Records = seal.KafkaRecords(st.brokers(), st.topic, 0)
 	}
 	conn, err := st.openDB(ctx)
 	if err != nil {

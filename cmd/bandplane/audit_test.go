@@ -21,6 +21,7 @@ import (
 	"github.com/bandplane/bandplane/ingest/seal"
 	"github.com/bandplane/bandplane/ingest/seal/tlog"
 	"github.com/bandplane/bandplane/ingest/store"
+	"github.com/bandplane/bandplane/schema"
 	"github.com/bandplane/bandplane/schema/chdb"
 )
 
@@ -366,4 +367,64 @@ func TestIntegrationAuditRetention(t *testing.T) {
 		assert.Equal(t, 0, code)
 		assert.Contains(t, stderr, "without it the cuts are unsigned and verify reports those events missing")
 	})
+}
+
+// audit verify reads the Kafka record each row no leaf covers claims, and takes the
+// coverage note of its --group only.
+func TestIntegrationAuditVerifyChecksTheClaimedRecord(t *testing.T) {
+	conn, db := stacktest.Database(t)
+	topic := stacktest.Topic(t, 1)
+	ctx := context.Background()
+	stack := []string{"--clickhouse", stacktest.ClickHouseAddr(), "--clickhouse-db", db, "--kafka", strings.Join(stacktest.Brokers(), ","), "--topic", topic}
+	keyFile := filepath.Join(t.TempDir(), "audit.key")
+	code, _, stderr := bandplane(t, "audit", "keygen", "--out", keyFile)
+	require.Equal(t, 0, code, stderr)
+
+	// Two events on the events topic (offsets 0 and 1).
+	now := time.Now().UTC()
+	agent := schema.Party{ID: "agent-1", Type: schema.ActorAgent}
+	evs := []schema.Event{
+		{ID: "ev-0", Type: "message.created", Time: now.Add(-time.Hour).Truncate(time.Millisecond), OrgID: "org-a", Actor: agent, Source: "band", SchemaVersion: 1, Data: json.RawMessage(`{"content":"a"}`)},
+		{ID: "ev-1", Type: "message.created", Time: now.Add(-time.Hour + time.Second).Truncate(time.Millisecond), OrgID: "org-a", Actor: agent, Source: "band", SchemaVersion: 1, Data: json.RawMessage(`{"content":"b"}`)},
+	}
+	p, err := kafka.NewProducer(kafka.ProducerConfig{Brokers: stacktest.Brokers(), Topic: topic})
+	require.NoError(t, err)
+	require.NoError(t, p.Produce(ctx, evs))
+	require.NoError(t, p.Close())
+	row := func(ev schema.Event, offset int64) store.EventRow {
+		return store.EventRow{ID: ev.ID, Type: ev.Type, Time: ev.Time, OrgID: ev.OrgID, ActorID: ev.Actor.ID, ActorType: string(ev.Actor.Type),
+			Source: ev.Source, SchemaVersion: 1, Data: string(ev.Data), IngestedAt: now.Add(-time.Minute).Truncate(time.Second), Offset: offset}
+	}
+	// ev-0 stored and noted, as ingest does; then, by hand, a row that claims ev-0's
+	// record, and ev-1's row (not noted yet, say).
+	storeNoted(t, conn, db, topic, []store.EventRow{row(evs[0], 0)})
+	claimer := row(evs[1], 0)
+	claimer.ID = "claimer"
+	require.NoError(t, store.New(conn, db).BatchInsert(ctx, &store.Batch{Events: []store.EventRow{claimer, row(evs[1], 1)}}))
+	code, _, stderr = bandplane(t, append([]string{"audit", "seal", "--audit-key", keyFile, "--group", "other-ingest"}, stack...)...)
+	require.Equal(t, 0, code, stderr)
+
+	for _, group := range []string{"", "other-ingest"} {
+		args := append([]string{"audit", "verify", "--audit-key", keyFile + ".pub"}, stack...)
+		if group != "" {
+			args = append(args, "--group", group)
+		}
+		code, stdout, stderr := bandplane(t, args...)
+		require.Equal(t, 1, code, stderr)
+		var rep seal.Report
+		lastLine(t, stdout, &rep)
+		assert.Equal(t, []string{"unexpected claimer"}, problemKinds(rep))
+		assert.Contains(t, rep.Problems[0].Reason, "its Kafka record (partition 0, offset 0) is event ev-0 at ")
+		assert.Equal(t, 1, rep.UnsealedEvents, "ev-1, at its own record")
+		assert.Equal(t, 1, rep.SealedEvents)
+		ignored := "ignoring the coverage note of ingest group other-ingest (this deployment's ingest group is ingest)"
+		if group == "" {
+			assert.Contains(t, stderr, ignored, "the default group is serve's: ingest")
+		} else {
+			assert.NotContains(t, stderr, ignored)
+		}
+	}
+	code, _, stderr = bandplane(t, "audit", "verify", "--export", "x.ndjson", "--audit-key", keyFile+".pub", "--group", "g")
+	assert.Equal(t, 1, code)
+	assert.Contains(t, stderr, "--group: not with --export")
 }

@@ -3,17 +3,23 @@ package seal
 import (
 	"context"
 	"crypto/ed25519"
+	"encoding/json"
 	"fmt"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
+	kafkago "github.com/segmentio/kafka-go"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"github.com/transparency-dev/merkle/compact"
 
 	"github.com/bandplane/bandplane/deploy/stacktest"
+	"github.com/bandplane/bandplane/ingest/kafka"
 	"github.com/bandplane/bandplane/ingest/seal/tlog"
 	"github.com/bandplane/bandplane/ingest/store"
+	"github.com/bandplane/bandplane/schema"
 )
 
 // The attacks of someone who can write to ClickHouse but does not hold the audit key,
@@ -313,10 +319,10 @@ func TestIntegrationVerifyJudgesUnsealedRowsByTheCoverage(t *testing.T) {
 
 	cov, err := tr.s.signer.SignCoverage("events", "ingest", map[int]int64{0: 1000, 1: 1000, 2: 1000, 3: 1000}, now)
 	require.NoError(t, err)
-	ends := func(context.Context) (map[int]int64, error) {
-		return map[int]int64{0: 2000, 1: 2000, 2: 2000, 3: 2000}, nil
-	}
-	rep := tr.verify(Filter{Coverage: cov, EventsTopic: "events", Ends: ends})
+	// The events topic ends at 2000 in each partition, and holds forged[2]'s event
+	// where it claims it.
+	records := fakeRecords(0, 2000, map[[2]int64][]byte{{2, 1500}: eventJSON(t, forged[2])})
+	rep := tr.verify(Filter{Coverage: cov, EventsTopic: "events", Records: records})
 	assert.Equal(t, []string{"unexpected forged-00000", "unexpected forged-00001"}, kinds(rep))
 	assert.Contains(t, rep.Problems[0].Reason, "lies below the coverage")
 	assert.Contains(t, rep.Problems[1].Reason, "past the end of the events topic")
@@ -329,4 +335,234 @@ func TestIntegrationVerifyJudgesUnsealedRowsByTheCoverage(t *testing.T) {
 	bad, err := other.SignCoverage("events", "ingest", map[int]int64{0: 1 << 40}, now)
 	require.NoError(t, err)
 	assert.Equal(t, []string{"forged coverage"}, kinds(tr.verify(Filter{Coverage: bad, EventsTopic: "events"})))
+}
+
+// eventJSON is r's event as a canonical record of the events topic.
+func eventJSON(t testing.TB, r store.EventRow) []byte {
+	t.Helper()
+	ev := schema.Event{ID: r.ID, Type: r.Type, Time: r.Time, OrgID: r.OrgID, RoomID: r.RoomID,
+		Actor:  schema.Party{ID: r.ActorID, Type: schema.ActorType(r.ActorType), Handle: r.ActorHandle},
+		Source: r.Source, SchemaVersion: int(r.SchemaVersion), Data: json.RawMessage(r.Data)}
+	b, err := json.Marshal(&ev)
+	require.NoError(t, err)
+	return b
+}
+
+// fakeTopic stands in for the events topic as Filter.Records reads it: partitions
+// 0-3, each from first to end, holding values at (partition, offset) and nothing
+// elsewhere; unread offsets are left unread. asked records each call's offsets.
+type fakeTopic struct {
+	first, end int64
+	values     map[[2]int64][]byte
+	unread     map[int64]bool
+	asked      map[int32][]int64
+}
+
+func fakeRecords(first, end int64, values map[[2]int64][]byte) func(context.Context, int32, []int64) (Claimed, error) {
+	return (&fakeTopic{first: first, end: end, values: values}).records
+}
+
+func (f *fakeTopic) records(_ context.Context, partition int32, offsets []int64) (Claimed, error) {
+	if f.asked == nil {
+		f.asked = map[int32][]int64{}
+	}
+	f.asked[partition] = append(f.asked[partition], offsets...)
+	if partition < 0 || partition > 3 {
+		return Claimed{NoPartition: true}, nil
+	}
+	c := Claimed{First: f.first, End: f.end, Records: map[int64]ClaimedRecord{}}
+	for _, o := range offsets {
+		switch {
+		case o < f.first || o >= f.end:
+		case f.unread[o]:
+			c.Unread = append(c.Unread, o)
+		default:
+			if v, ok := f.values[[2]int64{int64(partition), o}]; ok {
+				c.Records[o] = ClaimedRecord{Value: v, Time: time.Now()}
+			}
+		}
+	}
+	return c, nil
+}
+
+// problemOf is the problem of id, or fails.
+func problemOf(t *testing.T, rep Report, id string) Problem {
+	t.Helper()
+	for _, p := range rep.Problems {
+		if p.ID == id {
+			return p
+		}
+	}
+	t.Fatalf("no problem of %s in %v", id, kinds(rep))
+	return Problem{}
+}
+
+// A forged row claims a Kafka record above the coverage and below the end, which an
+// attacker can keep true by moving its kafka_offset after each seal run: the record is
+// read, and must be this event.
+func TestIntegrationVerifyChecksTheClaimedRecord(t *testing.T) {
+	tr, rs := sealedTrail(t)
+	now := time.Now().UTC()
+	forged := rows("forged", 9, []string{"org-a"}, now.Add(-time.Hour), now)
+	at := func(i int, p int32, o int64) { forged[i].Partition, forged[i].Offset = p, o }
+	at(0, 1, 1100) // (a) another event's record
+	at(1, 1, 1101) // (b) a record that is not an event
+	at(2, 1, 5000) // (c) past the end
+	at(3, 2, 1200) // (d) its own record: stays unsealed
+	at(4, 2, 3)    // (e) removed by retention: not checked
+	at(5, 3, 1300) // no record there
+	at(6, 9, 10)   // a partition the topic does not have
+	at(7, 3, 1301) // not read (a byte bound): not checked
+	at(8, 2, 1201) // its own record, though ingest attributed it to another org
+	insert(t, tr.conn, tr.db, forged)
+	own := forged[8]
+	own.OrgID = ""
+	topic := &fakeTopic{first: 1000, end: 2000, unread: map[int64]bool{1301: true}, values: map[[2]int64][]byte{
+		{1, 1100}: eventJSON(t, rs[7]),
+		{1, 1101}: []byte("\x00not an event"),
+		{2, 1200}: eventJSON(t, forged[3]),
+		{2, 1201}: eventJSON(t, own),
+	}}
+	cov, err := tr.s.signer.SignCoverage("events", "ingest", map[int]int64{0: 1000, 1: 1000, 2: 1000, 3: 1000}, now)
+	require.NoError(t, err)
+	// forged[4] claims an offset below the coverage: without coverage, it is judged
+	// by its record alone.
+	for name, f := range map[string]Filter{
+		"with the coverage":    {Coverage: cov, EventsTopic: "events", IngestGroup: "ingest"},
+		"without the coverage": {},
+	} {
+		t.Run(name, func(t *testing.T) {
+			var progress strings.Builder
+			f.Records, f.Progress = topic.records, &progress
+			rep := tr.verify(f)
+			want := []string{"unexpected forged-00000", "unexpected forged-00001", "unexpected forged-00002",
+				"unexpected forged-00005", "unexpected forged-00006"}
+			if f.Coverage != nil {
+				want = append(want, "unexpected forged-00004")
+				slices.Sort(want)
+			}
+			assert.Equal(t, want, kinds(rep))
+			assert.Contains(t, problemOf(t, rep, "forged-00000").Reason, "(partition 1, offset 1100) is event ev-00007 at ")
+			assert.Contains(t, problemOf(t, rep, "forged-00001").Reason, "(partition 1, offset 1101) holds 13 bytes that are not an event")
+			assert.Contains(t, problemOf(t, rep, "forged-00002").Reason, "(partition 1, offset 5000) is past the end of the events topic (2000)")
+			assert.Contains(t, problemOf(t, rep, "forged-00005").Reason, "the events topic holds no record at partition 3, offset 1300")
+			assert.Contains(t, problemOf(t, rep, "forged-00006").Reason, "its Kafka partition 9 is not one of the events topic's")
+			if f.Coverage == nil {
+				assert.Equal(t, 4, rep.UnsealedEvents, "its own record's two, the one retention removed and the one not read")
+				assert.Contains(t, progress.String(), "1 unsealed copies claim Kafka records that retention removed")
+			} else {
+				assert.Contains(t, problemOf(t, rep, "forged-00004").Reason, "lies below the coverage")
+				assert.Equal(t, 3, rep.UnsealedEvents, "its own record's two and the one not read")
+			}
+			assert.Contains(t, progress.String(), "1 unsealed copies' Kafka records were not read")
+		})
+	}
+
+	// At most MaxRecords records are read, the lowest offsets of each partition in
+	// turn (here 1/1100 and 2/3); the rows beyond are checked against the partition's
+	// end only.
+	var progress strings.Builder
+	capped := &fakeTopic{first: 1000, end: 2000, values: topic.values}
+	rep := tr.verify(Filter{Records: capped.records, MaxRecords: 2, Progress: &progress})
+	assert.Equal(t, []string{"unexpected forged-00000", "unexpected forged-00002", "unexpected forged-00006"}, kinds(rep))
+	assert.Equal(t, map[int32][]int64{1: {1100}, 2: {3}, 3: nil, 9: nil}, capped.asked)
+	assert.Equal(t, 6, rep.UnsealedEvents)
+	assert.Contains(t, progress.String(), "5 unsealed copies' Kafka records were not read (at most 2 records are")
+}
+
+// The coverage note of another ingest group (say, a second deployment's on the same
+// topic) says nothing of this one's rows.
+func TestIntegrationVerifyIgnoresTheCoverageOfAnotherGroup(t *testing.T) {
+	tr, _ := sealedTrail(t)
+	now := time.Now().UTC()
+	forged := rows("forged", 1, []string{"org-a"}, now.Add(-time.Hour), now)
+	forged[0].Partition, forged[0].Offset = 0, 12
+	insert(t, tr.conn, tr.db, forged)
+	cov, err := tr.s.signer.SignCoverage("events", "other-ingest", map[int]int64{0: 1000}, now)
+	require.NoError(t, err)
+	records := fakeRecords(0, 2000, map[[2]int64][]byte{{0, 12}: eventJSON(t, forged[0])})
+	var progress strings.Builder
+	rep := tr.verify(Filter{Coverage: cov, EventsTopic: "events", IngestGroup: "ingest", Records: records, Progress: &progress})
+	assert.Empty(t, rep.Problems)
+	assert.Equal(t, 1, rep.UnsealedEvents)
+	assert.Contains(t, progress.String(), "ignoring the coverage note of ingest group other-ingest (this deployment's ingest group is ingest)")
+	// Of this group, the row is below it.
+	rep = tr.verify(Filter{Coverage: cov, EventsTopic: "events", IngestGroup: "other-ingest", Records: records})
+	assert.Equal(t, []string{"unexpected forged-00000"}, kinds(rep))
+}
+
+// With a coverage note, a row no leaf covers is not judged by its ingested_at being
+// long before the newest checkpoint (ingest stores a row with its first insert
+// attempt's ingested_at, and an outage may keep it from view long after), but by its
+// Kafka record; a row stamped in the future still is unexpected.
+func TestIntegrationVerifyDropsTheOverdueRuleWithTheCoverage(t *testing.T) {
+	tr, _ := sealedTrail(t)
+	now := time.Now().UTC()
+	late := rows("late", 2, []string{"org-a"}, now.Add(-time.Hour), now.Add(-3*time.Hour))
+	late[0].Partition, late[0].Offset = 0, 1500
+	late[1].Partition, late[1].Offset = 1, 1600
+	future := rows("future", 1, []string{"org-b"}, now.Add(-time.Hour), now.Add(time.Hour))
+	future[0].Partition, future[0].Offset = 2, 1700
+	insert(t, tr.conn, tr.db, append(late, future...))
+	values := map[[2]int64][]byte{{0, 1500}: eventJSON(t, late[0]), {1, 1600}: eventJSON(t, late[1]), {2, 1700}: eventJSON(t, future[0])}
+	records := fakeRecords(0, 2000, values)
+	cov, err := tr.s.signer.SignCoverage("events", "ingest", map[int]int64{0: 1000, 1: 1000, 2: 1000, 3: 1000}, now)
+	require.NoError(t, err)
+
+	// Without the coverage, the time rules as before: overdue and in the future.
+	assert.Equal(t, []string{"unexpected future-00000", "unexpected late-00000", "unexpected late-00001"},
+		kinds(tr.verify(Filter{Margin: testMargin, Records: records})))
+	rep := tr.verify(Filter{Margin: testMargin, Coverage: cov, EventsTopic: "events", IngestGroup: "ingest", Records: records})
+	assert.Equal(t, []string{"unexpected future-00000"}, kinds(rep))
+	assert.Contains(t, rep.Problems[0].Reason, "is in the future")
+	assert.Equal(t, 2, rep.UnsealedEvents, "the late rows' records are theirs")
+
+	// One of them claims a record that is not its event: the record decides.
+	delete(values, [2]int64{1, 1600})
+	rep = tr.verify(Filter{Margin: testMargin, Coverage: cov, EventsTopic: "events", IngestGroup: "ingest", Records: records})
+	assert.Equal(t, []string{"unexpected future-00000", "unexpected late-00001"}, kinds(rep))
+}
+
+// The same against a real events topic, read by KafkaRecords: a few events and a
+// record that is not one, and rows written by hand that claim them.
+func TestIntegrationVerifyReadsTheClaimedRecordsFromKafka(t *testing.T) {
+	tr, _ := sealedTrail(t)
+	ctx := context.Background()
+	topic := stacktest.Topic(t, 1)
+	p, err := kafka.NewProducer(kafka.ProducerConfig{Brokers: stacktest.Brokers(), Topic: topic})
+	require.NoError(t, err)
+	t.Cleanup(func() { p.Close() })
+	now := time.Now().UTC()
+	evs := workload("w", 3, now.Add(-2*time.Hour).Truncate(time.Millisecond)) // offsets 0-4
+	require.NoError(t, p.Produce(ctx, evs))
+	require.NoError(t, p.ProduceMessages(ctx, []kafkago.Message{{Key: []byte("x"), Value: []byte(`{"not":"an event"}`)}})) // offset 5
+
+	forged := rows("forged", 4, []string{"org-a"}, now.Add(-time.Hour), now)
+	forged[0].Offset = 2  // (a) w-msg-0's record
+	forged[1].Offset = 5  // (b) not an event
+	forged[2].Offset = 50 // (c) past the end
+	// (d) w-msg-1 itself, at its own record, attributed to org-1 by ingest (its
+	// record has no organization).
+	forged[3].ID, forged[3].Time, forged[3].Offset = evs[3].ID, evs[3].Time, 3
+	for i := range forged {
+		forged[i].Partition = 0
+	}
+	insert(t, tr.conn, tr.db, forged)
+	cov, err := tr.s.signer.SignCoverage(topic, "ingest", map[int]int64{0: 1}, now)
+	require.NoError(t, err)
+
+	var progress strings.Builder
+	rep := tr.verify(Filter{Coverage: cov, EventsTopic: topic, IngestGroup: "ingest", Progress: &progress,
+		Records: KafkaRecords(stacktest.Brokers(), topic, 0)})
+	assert.Equal(t, []string{"unexpected forged-00000", "unexpected forged-00001", "unexpected forged-00002"}, kinds(rep))
+	assert.Contains(t, problemOf(t, rep, "forged-00000").Reason, "(partition 0, offset 2) is event w-msg-0 at "+evs[2].Time.Format(time.RFC3339Nano))
+	assert.Contains(t, problemOf(t, rep, "forged-00001").Reason, "(partition 0, offset 5) holds 18 bytes that are not an event")
+	assert.Contains(t, problemOf(t, rep, "forged-00002").Reason, "(partition 0, offset 50) is past the end of the events topic (6)")
+	assert.Equal(t, 1, rep.UnsealedEvents, "w-msg-1 at its own record stays unsealed")
+	assert.Contains(t, progress.String(), "read the Kafka records of 3 unsealed copies; 3 rows unexpected by the events topic")
+
+	// A partition the topic does not have.
+	tr.exec("events", "UPDATE kafka_partition = 3 WHERE id = '"+evs[3].ID+"'")
+	rep = tr.verify(Filter{EventsTopic: topic, Records: KafkaRecords(stacktest.Brokers(), topic, 0)})
+	assert.Contains(t, problemOf(t, rep, evs[3].ID).Reason, "its Kafka partition 3 is not one of the events topic's")
 }

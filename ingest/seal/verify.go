@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"slices"
 	"sort"
 	"sync"
@@ -15,8 +16,10 @@ import (
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
+	"github.com/bandplane/bandplane/ingest/kafka"
 	"github.com/bandplane/bandplane/ingest/seal/tlog"
 	"github.com/bandplane/bandplane/ingest/store"
+	"github.com/bandplane/bandplane/schema"
 )
 
 // Kinds of Problem.
@@ -92,17 +95,85 @@ type Filter struct {
 	// Checkpoints are kept outside ClickHouse; the log must extend each.
 	Checkpoints []External
 	// Coverage is the newest coverage note (tlog.Coverage) of the checkpoints topic,
-	// nil when there is none, and EventsTopic the events topic it must be of. A row no
-	// leaf covers whose Kafka record lies below the coverage is unexpected, whatever
-	// its ingested_at says: ingest noted every row of those records.
+	// nil when there is none, and EventsTopic and IngestGroup the events topic and
+	// ingest group it must be of (a note of another is ignored; "" takes any). A row
+	// no leaf covers whose Kafka record lies below the coverage is unexpected, whatever
+	// its ingested_at says: ingest noted every row of those records. With a coverage
+	// note and Records, a row no leaf covers is not judged by how long ago it was
+	// ingested (a row may become visible long after the ingested_at of its first
+	// insert attempt), but by its Kafka record.
 	Coverage    []byte
 	EventsTopic string
-	// Ends reads the events topic's end offsets (nil: not checked). It is called once
-	// the rows are read, so that a row no leaf covers yet and that claims a record at
-	// or past the end, which ingest cannot have written, is unexpected.
-	Ends func(ctx context.Context) (map[int]int64, error)
+	IngestGroup string
+	// Records reads records of the events topic (nil: not checked). Once every row is
+	// read, it is called once per partition that a row no leaf covers yet claims a
+	// record of, one call at a time, with the offsets to read (at most MaxRecords in
+	// all; none for the copies beyond). Such a row is unexpected when its record is at
+	// or past the partition's end, is missing, does not decode as an event, or is
+	// another event (another id or event time): ingest cannot have written it.
+	Records func(ctx context.Context, partition int32, offsets []int64) (Claimed, error)
+	// MaxRecords bounds the records Records is asked for (0: DefaultMaxRecords); the
+	// rows beyond it are checked against the partitions' ends only.
+	MaxRecords int
 	// Progress gets a line per organization checked; nil: none.
 	Progress io.Writer
+}
+
+// Claimed is what Filter.Records found of one partition of the events topic.
+type Claimed struct {
+	// NoPartition says the events topic has no such partition.
+	NoPartition bool
+	// First is the partition's first offset (retention removed the records before
+	// it), and End its end (the offset of the next record written).
+	First, End int64
+	// Records are the records at the offsets asked for: an offset asked for in
+	// [First, End) that is neither here nor in Unread holds no record.
+	Records map[int64]ClaimedRecord
+	// Unread are offsets asked for that were not read (a bound on bytes, a record
+	// too large to keep): nothing is known of them.
+	Unread []int64
+}
+
+// ClaimedRecord is a record of the events topic: its value and timestamp, which is
+// the time schema.DecodeAt gives a frame without one (as ingest decodes it).
+type ClaimedRecord struct {
+	Value []byte
+	Time  time.Time
+}
+
+// DefaultMaxRecords is Filter.MaxRecords by default.
+const DefaultMaxRecords = 10_000
+
+// DefaultRecordBytes is what KafkaRecords reads in all by default: DefaultMaxRecords
+// events of over 25 KiB each.
+const DefaultRecordBytes = 256 << 20
+
+// KafkaRecords is Filter.Records on the events topic: kafka.ReadAt on brokers, reading
+// at most maxBytes of keys and values over all its calls (0: DefaultRecordBytes); the
+// records past that are Unread.
+func KafkaRecords(brokers []string, topic string, maxBytes int) func(ctx context.Context, partition int32, offsets []int64) (Claimed, error) {
+	if maxBytes <= 0 {
+		maxBytes = DefaultRecordBytes
+	}
+	var mu sync.Mutex
+	left := maxBytes
+	return func(ctx context.Context, partition int32, offsets []int64) (Claimed, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		r, err := kafka.ReadAt(ctx, brokers, topic, int(partition), offsets, left)
+		if errors.Is(err, kafka.ErrNoPartition) {
+			return Claimed{NoPartition: true}, nil
+		}
+		if err != nil {
+			return Claimed{}, err
+		}
+		left = max(0, left-r.Bytes)
+		c := Claimed{First: r.First, End: r.End, Records: make(map[int64]ClaimedRecord, len(r.Records)), Unread: r.Unread}
+		for o, rec := range r.Records {
+			c.Records[o] = ClaimedRecord{Value: rec.Value, Time: rec.Time}
+		}
+		return c, nil
+	}
 }
 
 func (f *Filter) Validate() error {
@@ -112,6 +183,9 @@ func (f *Filter) Validate() error {
 	}
 	if f.Margin < 0 {
 		errs = append(errs, fmt.Errorf("--margin must not be negative, got %s", f.Margin))
+	}
+	if f.MaxRecords < 0 {
+		errs = append(errs, fmt.Errorf("the records to check must not be negative, got %d", f.MaxRecords))
 	}
 	return errors.Join(errs...)
 }
@@ -141,20 +215,23 @@ type verifier struct {
 	byOrg  map[string][]signed
 	cov    *tlog.Coverage // the checked coverage note, or nil
 	// unsealed are copies no leaf covers yet, kept for the check against the events
-	// topic's end (at most maxUnsealedKept).
+	// topic (at most maxUnsealedKept of an organization), and unkept counts the rows
+	// beyond.
 	unsealed []unsealedCopy
+	unkept   int
 }
 
 // unsealedCopy is a copy of a row that no leaf covers yet.
 type unsealedCopy struct {
 	org, id   string
+	ms        int64 // the event time, in milliseconds
 	partition int32
 	offset    int64
 }
 
-// maxUnsealedKept bounds the unsealed copies verify keeps to check against the events
-// topic's end; beyond it (a backlog of unsealed rows, which the unsealed count shows)
-// the rest are not checked.
+// maxUnsealedKept bounds the unsealed copies of an organization verify keeps to check
+// against the events topic; beyond it (a backlog of unsealed rows, which the unsealed
+// count shows) the rest are not checked.
 const maxUnsealedKept = 100_000
 
 // Verify checks the trail of db against the log: every checkpoint row's signatures,
@@ -169,6 +246,9 @@ func Verify(ctx context.Context, conn driver.Conn, db string, keys Keys, f Filte
 	}
 	if f.Margin == 0 {
 		f.Margin = DefaultMargin
+	}
+	if f.MaxRecords == 0 {
+		f.MaxRecords = DefaultMaxRecords
 	}
 	if keys.Prefix == "" {
 		keys.Prefix = tlog.DefaultPrefix(db)
@@ -202,6 +282,8 @@ func Verify(ctx context.Context, conn driver.Conn, db string, keys Keys, f Filte
 			v.problem(Problem{ID: "coverage", Kind: KindForged, Reason: "the coverage note of the checkpoints topic: " + err.Error()})
 		case f.EventsTopic != "" && c.Topic != f.EventsTopic:
 			v.progress("ignoring the coverage note of topic %s (this deployment's events topic is %s)", c.Topic, f.EventsTopic)
+		case f.IngestGroup != "" && c.Group != f.IngestGroup:
+			v.progress("ignoring the coverage note of ingest group %s (this deployment's ingest group is %s)", c.Group, f.IngestGroup)
 		default:
 			v.cov = &c
 		}
@@ -226,6 +308,7 @@ func Verify(ctx context.Context, conn driver.Conn, db string, keys Keys, f Filte
 	// order.
 	reps := make([]Report, len(orgs))
 	unsealed := make([][]unsealedCopy, len(orgs))
+	unkept := make([]int, len(orgs))
 	errs := make([]error, len(orgs))
 	next := make(chan int)
 	var wg sync.WaitGroup
@@ -234,9 +317,9 @@ func Verify(ctx context.Context, conn driver.Conn, db string, keys Keys, f Filte
 		wg.Go(func() {
 			for i := range next {
 				ov := *v
-				ov.rep, ov.seen, ov.unsealed = Report{Problems: []Problem{}, Heads: []Head{}}, map[string]bool{}, nil
+				ov.rep, ov.seen, ov.unsealed, ov.unkept = Report{Problems: []Problem{}, Heads: []Head{}}, map[string]bool{}, nil, 0
 				errs[i] = ov.org(ctx, ldb, orgs[i])
-				reps[i], unsealed[i] = ov.rep, ov.unsealed
+				reps[i], unsealed[i], unkept[i] = ov.rep, ov.unsealed, ov.unkept
 				mu.Lock()
 				v.progress("org %q: %d leaves, %d sealed events, %d unsealed, %d problems", orgs[i],
 					ov.rep.Leaves, ov.rep.SealedEvents, ov.rep.UnsealedEvents, len(ov.rep.Problems))
@@ -263,8 +346,9 @@ func Verify(ctx context.Context, conn driver.Conn, db string, keys Keys, f Filte
 			v.problem(p)
 		}
 		v.unsealed = append(v.unsealed, unsealed[i]...)
+		v.unkept += unkept[i]
 	}
-	if err := v.pastTheEnd(ctx); err != nil {
+	if err := v.claimed(ctx); err != nil {
 		return v.rep, err
 	}
 	v.rep.Orgs = len(orgs)
@@ -707,8 +791,8 @@ func (v *verifier) compareWindow(ctx context.Context, org string, ol *orgLeaves,
 	}
 
 	future := v.now.Add(v.f.Margin)
-	var overdue time.Time
-	if !v.latest.IsZero() {
+	var overdue time.Time // zero: no such rule
+	if !v.latest.IsZero() && !v.byRecord() {
 		overdue = v.latest.Add(-v.f.Margin)
 	}
 	for k, cs := range copies {
@@ -813,11 +897,18 @@ func (v *verifier) windowCopies(ctx context.Context, org string, from, to time.T
 	return out, rows.Err()
 }
 
+// byRecord says whether rows no leaf covers are judged by their Kafka records, not by
+// how long ago they were ingested: with a coverage note (which catches a row of a
+// record below it however recent it claims to be) and the events topic to read.
+func (v *verifier) byRecord() bool { return v.cov != nil && v.f.Records != nil }
+
 // unleafed judges the copies of a row no leaf covers: unsealed yet, or unexpected
-// when one claims a Kafka record below the signed coverage, or was ingested before the
-// newest checkpoint less the margin, or in the future. The first rule rests on signed
-// material only; the others on ingested_at, which whoever wrote the row chose, and
-// serve when there is no coverage note.
+// when one claims a Kafka record below the signed coverage, or was ingested in the
+// future, or (without byRecord) before the newest checkpoint less the margin
+// (overdue; zero: not so judged). The first rule rests on signed material only; the
+// others on ingested_at, which whoever wrote the row chose, and serve when there is
+// no coverage note. An unsealed row's copies are kept for claimed, which reads their
+// Kafka records.
 func (v *verifier) unleafed(org string, cs []storedCopy, future, overdue time.Time) {
 	if v.cov != nil {
 		for i := range cs {
@@ -842,47 +933,145 @@ func (v *verifier) unleafed(org string, cs []storedCopy, future, overdue time.Ti
 	case last.After(future):
 		v.problem(Problem{ID: cs[0].id, Kind: KindUnexpected, Org: org,
 			Reason: fmt.Sprintf("in no leaf, and ingested_at %s is in the future", fmtTime(last))})
-	case first.Before(overdue):
+	case !overdue.IsZero() && first.Before(overdue):
 		v.problem(Problem{ID: cs[0].id, Kind: KindUnexpected, Org: org,
 			Reason: fmt.Sprintf("in no leaf, though ingested at %s, more than the margin before the newest checkpoint (%s): ingest never noted it (written into ClickHouse by hand?)",
 				fmtTime(first), fmtTime(v.latest))})
 	default:
 		v.rep.UnsealedEvents++
-		if len(v.unsealed) < maxUnsealedKept {
-			for i := range cs {
-				v.unsealed = append(v.unsealed, unsealedCopy{org: org, id: cs[i].id, partition: cs[i].partition, offset: cs[i].offset})
-			}
+		if len(v.unsealed) >= maxUnsealedKept {
+			v.unkept++
+			return
+		}
+		for i := range cs {
+			v.unsealed = append(v.unsealed, unsealedCopy{org: org, id: cs[i].id, ms: cs[i].time.UnixMilli(), partition: cs[i].partition, offset: cs[i].offset})
 		}
 	}
 }
 
-// pastTheEnd checks the unsealed copies against the events topic's end, read now
-// that every row is read: a record at or past it did not exist when its row was.
-func (v *verifier) pastTheEnd(ctx context.Context) error {
-	if v.f.Ends == nil || len(v.unsealed) == 0 {
+// claimed checks each unsealed copy against the Kafka record it claims, read now that
+// every row is read: a record at or past the partition's end did not exist when its
+// row was, and a record that is not this event (another id or event time, or not an
+// event at all, or none) is not where ingest found it. Up to MaxRecords records are
+// read; the copies beyond are checked against the end only. A record that retention
+// removed cannot be checked: counted, as are the ones not read.
+func (v *verifier) claimed(ctx context.Context) error {
+	if v.f.Records == nil || len(v.unsealed) == 0 {
+		if v.unkept > 0 {
+			v.progress("%d unsealed rows beyond the first %d of an organization were not checked against the events topic", v.unkept, maxUnsealedKept)
+		}
 		return nil
 	}
-	ends, err := v.f.Ends(ctx)
-	if err != nil {
-		return fmt.Errorf("cannot read the events topic's end offsets: %w", err)
+	type pos struct {
+		partition int32
+		offset    int64
 	}
-	counted := map[string]bool{}
-	for _, c := range v.unsealed {
-		end, ok := ends[int(c.partition)]
-		if ok && c.offset < end {
-			continue
+	byPart := map[int32][]int{}     // copies by partition
+	distinct := map[int32][]int64{} // the offsets they claim, by partition
+	for i, c := range v.unsealed {
+		byPart[c.partition] = append(byPart[c.partition], i)
+		distinct[c.partition] = append(distinct[c.partition], c.offset)
+	}
+	parts := slices.Sorted(maps.Keys(byPart))
+	for _, p := range parts {
+		slices.Sort(distinct[p])
+		distinct[p] = slices.Compact(distinct[p])
+	}
+	// The records to read: at most MaxRecords, the lowest offsets of every partition
+	// in turn.
+	read := map[pos]bool{}
+	for k := 0; len(read) < v.f.MaxRecords; k++ {
+		more := false
+		for _, p := range parts {
+			if k < len(distinct[p]) && len(read) < v.f.MaxRecords {
+				read[pos{p, distinct[p][k]}] = true
+				more = true
+			}
 		}
-		why := fmt.Sprintf("in no leaf, and its Kafka record (partition %d, offset %d) is past the end of the events topic (%d): ingest cannot have written it", c.partition, c.offset, end)
-		if !ok {
-			why = fmt.Sprintf("in no leaf, and its Kafka partition %d is not one of the events topic's", c.partition)
+		if !more {
+			break
 		}
-		v.problem(Problem{ID: c.id, Kind: KindUnexpected, Org: c.org, Reason: why})
-		if k := c.org + "\x00" + c.id; !counted[k] {
-			counted[k] = true
-			v.rep.UnsealedEvents--
+	}
+	bad := map[string]bool{} // rows found unexpected (org, id)
+	var checked, retained, unread, beyond int
+	for _, part := range parts {
+		var offsets []int64
+		for _, o := range distinct[part] {
+			if read[pos{part, o}] {
+				offsets = append(offsets, o)
+			}
 		}
+		cl, err := v.f.Records(ctx, part, offsets)
+		if err != nil {
+			return fmt.Errorf("cannot read partition %d of the events topic, to check the records that %d rows no leaf covers claim: %w", part, len(byPart[part]), err)
+		}
+		unreadAt := map[int64]bool{}
+		for _, o := range cl.Unread {
+			unreadAt[o] = true
+		}
+		for _, i := range byPart[part] {
+			c := &v.unsealed[i]
+			rec, found := cl.Records[c.offset]
+			var why string
+			switch {
+			case cl.NoPartition:
+				why = fmt.Sprintf("in no leaf, and its Kafka partition %d is not one of the events topic's", c.partition)
+			case c.offset >= cl.End:
+				why = fmt.Sprintf("in no leaf, and its Kafka record (partition %d, offset %d) is past the end of the events topic (%d): ingest cannot have written it", c.partition, c.offset, cl.End)
+			case !read[pos{part, c.offset}]:
+				beyond++
+				continue
+			case found:
+				checked++
+				why = recordMismatch(c, rec)
+			case c.offset < cl.First:
+				retained++
+				continue
+			case unreadAt[c.offset]:
+				unread++
+				continue
+			default:
+				checked++
+				why = fmt.Sprintf("in no leaf, and the events topic holds no record at partition %d, offset %d (its first offset is %d, its end %d): ingest cannot have written it",
+					c.partition, c.offset, cl.First, cl.End)
+			}
+			if why == "" {
+				continue
+			}
+			v.problem(Problem{ID: c.id, Kind: KindUnexpected, Org: c.org, Reason: why})
+			if k := c.org + "\x00" + c.id; !bad[k] {
+				bad[k] = true
+				v.rep.UnsealedEvents--
+			}
+		}
+	}
+	v.progress("read the Kafka records of %d unsealed copies; %d rows unexpected by the events topic", checked, len(bad))
+	if retained > 0 {
+		v.progress("%d unsealed copies claim Kafka records that retention removed from the events topic (below the partition's first offset): not checked", retained)
+	}
+	if unread+beyond > 0 {
+		v.progress("%d unsealed copies' Kafka records were not read (at most %d records are, within a byte bound): checked against the events topic's end only", unread+beyond, v.f.MaxRecords)
+	}
+	if v.unkept > 0 {
+		v.progress("%d unsealed rows beyond the first %d of an organization were not checked against the events topic", v.unkept, maxUnsealedKept)
 	}
 	return nil
+}
+
+// recordMismatch says why the Kafka record a copy claims is not its event ("" when it
+// is): it does not decode as ingest decodes it, or it is another event (its id or its
+// event time differ; its organization may, as ingest attributes events).
+func recordMismatch(c *unsealedCopy, rec ClaimedRecord) string {
+	ev, err := schema.DecodeAt(rec.Value, rec.Time)
+	if err != nil {
+		return fmt.Sprintf("in no leaf, and its Kafka record (partition %d, offset %d) holds %d bytes that are not an event (%s): ingest cannot have written it",
+			c.partition, c.offset, len(rec.Value), clip(err.Error()))
+	}
+	if ev.ID != c.id || ev.Time.UnixMilli() != c.ms {
+		return fmt.Sprintf("in no leaf, and its Kafka record (partition %d, offset %d) is event %s at %s, not this one (at %s): ingest cannot have written it",
+			c.partition, c.offset, clip(ev.ID), ev.Time.UTC().Format(time.RFC3339Nano), time.UnixMilli(c.ms).UTC().Format(time.RFC3339Nano))
+	}
+	return ""
 }
 
 // matches says whether a stored copy is the one a leaf sealed: the same content and
