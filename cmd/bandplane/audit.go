@@ -47,6 +47,27 @@ const auditUsage = `usage: bandplane audit <keygen|seal|verify|export|checkpoint
 Run 'bandplane audit <command> -h' for a command's flags.
 `
 
+// auditAnchors loads the public keys a trail is checked against: the --audit-key
+// files, or env's (BANDPLANE_AUDIT_KEY, read by the command) when none is given. It
+// needs at least one.
+func auditAnchors(keyFiles listFlag, env string) ([]ed25519.PublicKey, error) {
+	if len(keyFiles) == 0 && env != "" {
+		keyFiles = listFlag{env}
+	}
+	var anchors []ed25519.PublicKey
+	for _, f := range keyFiles {
+		pub, err := seal.LoadPublicKey(f)
+		if err != nil {
+			return nil, fmt.Errorf("--audit-key: %w", err)
+		}
+		anchors = append(anchors, pub)
+	}
+	if len(anchors) == 0 {
+		return nil, errors.New("--audit-key: no audit key given (the public key file suffices)")
+	}
+	return anchors, nil
+}
+
 func auditKeyFlag(fs *flag.FlagSet, what string) *string {
 	return fs.String("audit-key", envOr("BANDPLANE_AUDIT_KEY", ""), what+" (env BANDPLANE_AUDIT_KEY)")
 }
@@ -138,21 +159,9 @@ func runAuditVerify(ctx context.Context, e *env, args []string) error {
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	if len(keyFiles) == 0 {
-		if v := os.Getenv("BANDPLANE_AUDIT_KEY"); v != "" {
-			keyFiles = listFlag{v}
-		}
-	}
-	var anchors []ed25519.PublicKey
-	for _, f := range keyFiles {
-		pub, err := seal.LoadPublicKey(f)
-		if err != nil {
-			return fmt.Errorf("--audit-key: %w", err)
-		}
-		anchors = append(anchors, pub)
-	}
-	if len(anchors) == 0 {
-		return errors.New("--audit-key: no audit key given (the public key file suffices)")
+	anchors, err := auditAnchors(keyFiles, os.Getenv("BANDPLANE_AUDIT_KEY"))
+	if err != nil {
+		return err
 	}
 	var saved []seal.External
 	for _, f := range checkpoints {
@@ -184,7 +193,6 @@ func runAuditVerify(ctx context.Context, e *env, args []string) error {
 			f.Orgs = []string{*org}
 		}
 	})
-	var err error
 	if *from != "" {
 		if f.From, err = parseDay(*from); err != nil {
 			return fmt.Errorf("--from: %w", err)

@@ -23,7 +23,6 @@ import (
 
 	"golang.org/x/mod/sumdb/note"
 
-	"github.com/bandplane/bandplane/ingest/seal"
 	"github.com/bandplane/bandplane/ingest/seal/tlog"
 )
 
@@ -108,21 +107,9 @@ func runAuditWitness(ctx context.Context, e *env, args []string) error {
 	if *every < 0 {
 		return fmt.Errorf("--every: %s is negative", *every)
 	}
-	if len(keyFiles) == 0 {
-		if v := os.Getenv("BANDPLANE_AUDIT_KEY"); v != "" {
-			keyFiles = listFlag{v}
-		}
-	}
-	var anchors []ed25519.PublicKey
-	for _, f := range keyFiles {
-		pub, err := seal.LoadPublicKey(f)
-		if err != nil {
-			return fmt.Errorf("--audit-key: %w", err)
-		}
-		anchors = append(anchors, pub)
-	}
-	if len(anchors) == 0 {
-		return errors.New("--audit-key: the deployment's audit public key is required")
+	anchors, err := auditAnchors(keyFiles, os.Getenv("BANDPLANE_AUDIT_KEY"))
+	if err != nil {
+		return err
 	}
 	if err := tlog.CheckPrefix(*origin); err != nil {
 		return fmt.Errorf("--audit-origin: %w", err)
