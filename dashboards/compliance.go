@@ -51,7 +51,7 @@ var (
 	GROUP BY bucket, type
 	ORDER BY bucket, type`)
 
-	// Each organization's transparency log as ClickHouse holds it (ingest/seal): its
+	// Each organization's transparency log as ClickHouse holds it (query/trail): its
 	// newest checkpoint row (the largest size, then the latest signed_at), the leaves
 	// its index holds, and its events not sealed yet (unsealedKeys). Driven by the
 	// events and the checkpoints, so that an organization never sealed shows too, and

@@ -51,7 +51,7 @@ var (
 	// they cost, at the prices of the newest catalog version in bandplane.prices (for each
 	// model and effective time the row of the highest catalog_version, set_at, set_id, as
 	// ingest/prices folds them), the entry in effect at each hour, matched by the model's
-	// name or one of its aliases, ignoring case (ingest/pricing). A missing cache_read
+	// name or one of its aliases, ignoring case (schema/pricing). A missing cache_read
 	// price is stored as the input price (pricing bills it so), which saves nothing.
 	cacheSavingsByModelSQL = sql(`
 	SELECT model, cache_read_tokens, toFloat64(saved_exact) AS saved, currency

@@ -1,6 +1,6 @@
 package dashboards
 
-import "github.com/bandplane/bandplane/ingest/pricing"
+import "github.com/bandplane/bandplane/schema/pricing"
 
 // Name lookups, joined on an id column so that legends and tables show names: one JOIN
 // per SELECT (ClickHouse 18.16 allows no more), each an aliased subquery (every
@@ -49,7 +49,7 @@ func anyNameLookup(key, name, alias string) string {
 func nameOr(name, id string) string { return "if(" + name + " = '', " + id + ", " + name + ")" }
 
 // costUnit is the Grafana unit of cost fields: the currency of bandplane's default
-// price catalog (ingest/pricing/catalog.json). A deployment with a catalog in another
+// price catalog (schema/pricing/catalog.json). A deployment with a catalog in another
 // currency regenerates the dashboards; the tables show each row's currency anyway.
 var costUnit = currencyUnit(pricing.Default().Currency())
 

@@ -13,19 +13,19 @@ import (
 	kafkago "github.com/segmentio/kafka-go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/bandplane/bandplane/deploy/simulate"
 	"github.com/bandplane/bandplane/deploy/stacktest"
 	"github.com/bandplane/bandplane/deploy/stacktest/dual"
 	"github.com/bandplane/bandplane/ingest"
-	"github.com/bandplane/bandplane/ingest/kafka"
 	"github.com/bandplane/bandplane/ingest/prices"
-	"github.com/bandplane/bandplane/ingest/pricing"
-	"github.com/bandplane/bandplane/ingest/seal"
-	"github.com/bandplane/bandplane/ingest/seal/tlog"
-	"github.com/bandplane/bandplane/ingest/simulate"
-	"github.com/bandplane/bandplane/ingest/store"
 	"github.com/bandplane/bandplane/policy"
 	"github.com/bandplane/bandplane/policy/api"
+	"github.com/bandplane/bandplane/query/trail"
 	"github.com/bandplane/bandplane/schema"
+	"github.com/bandplane/bandplane/schema/kafka"
+	"github.com/bandplane/bandplane/schema/pricing"
+	"github.com/bandplane/bandplane/schema/store"
+	"github.com/bandplane/bandplane/schema/tlog"
 )
 
 // world is the data the dashboards are tried on: a simulated workload and bandplane's
@@ -480,7 +480,7 @@ func sealTrail(t *testing.T, ctx context.Context, rec *dual.Recorder, db, hostil
 	_, key, err := ed25519.GenerateKey(nil)
 	require.NoError(t, err)
 	topic := &memTopic{}
-	sealer, err := seal.New(seal.Config{Conn: rec, Database: db, Key: key, Notes: notes, Publisher: topic, Logger: stacktest.Logger()})
+	sealer, err := trail.New(trail.Config{Conn: rec, Database: db, Key: key, Notes: notes, Publisher: topic, Logger: stacktest.Logger()})
 	require.NoError(t, err)
 	res, err := sealer.SealNow(ctx)
 	require.NoError(t, err)
@@ -531,7 +531,7 @@ func storedRows(t *testing.T, ctx context.Context, rec *dual.Recorder, db string
 	return out
 }
 
-// memNotes stands in for the stored-events topic (seal.NoteSource): the notes of the
+// memNotes stands in for the stored-events topic (trail.NoteSource): the notes of the
 // rows it is given, keyed by organization, as ingest produces them.
 type memNotes struct {
 	mu      sync.Mutex
@@ -596,7 +596,7 @@ func (n *memNotes) pending() int {
 	return len(n.queue)
 }
 
-// memTopic stands in for the checkpoints topic (seal.Publisher).
+// memTopic stands in for the checkpoints topic (trail.Publisher).
 type memTopic struct {
 	mu sync.Mutex
 	n  int

@@ -7,8 +7,8 @@ import (
 	"net/http"
 	"strings"
 
-	"github.com/bandplane/bandplane/policy/keys"
 	"github.com/bandplane/bandplane/query"
+	"github.com/bandplane/bandplane/schema/keys"
 )
 
 // Every field is authorized with the request's API key (README, "Keys and roles"): the

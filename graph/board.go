@@ -8,7 +8,7 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/bandplane/bandplane/policy/keys"
+	"github.com/bandplane/bandplane/schema/keys"
 )
 
 // The board is three static files: no build step, nothing loaded from another host.

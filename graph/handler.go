@@ -23,8 +23,8 @@ import (
 
 	"github.com/bandplane/bandplane/graph/generated"
 	"github.com/bandplane/bandplane/graph/model"
-	"github.com/bandplane/bandplane/policy/keys"
 	"github.com/bandplane/bandplane/query"
+	"github.com/bandplane/bandplane/schema/keys"
 )
 
 // Limits bound what one client can make the API do. Zero fields take the defaults.

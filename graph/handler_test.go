@@ -20,8 +20,8 @@ import (
 	"github.com/shopspring/decimal"
 
 	"github.com/bandplane/bandplane/graph"
-	"github.com/bandplane/bandplane/policy/keys"
 	"github.com/bandplane/bandplane/query"
+	"github.com/bandplane/bandplane/schema/keys"
 )
 
 // fakeQuerier records what the resolvers asked and validates like the real one, so

@@ -15,10 +15,10 @@ import (
 	"github.com/vektah/gqlparser/v2/gqlerror"
 
 	"github.com/bandplane/bandplane/graph/model"
-	"github.com/bandplane/bandplane/ingest/store"
 	"github.com/bandplane/bandplane/policy"
 	"github.com/bandplane/bandplane/query"
 	"github.com/bandplane/bandplane/schema"
+	"github.com/bandplane/bandplane/schema/store"
 )
 
 // The hub fans the live events of one serve process (its "live" Kafka reader, see

@@ -13,10 +13,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/bandplane/bandplane/graph/model"
-	"github.com/bandplane/bandplane/ingest/store"
 	"github.com/bandplane/bandplane/policy"
 	"github.com/bandplane/bandplane/query"
 	"github.com/bandplane/bandplane/schema"
+	"github.com/bandplane/bandplane/schema/store"
 )
 
 type fakeHandles map[string]string // id → handle; ids starting with "u" are people

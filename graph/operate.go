@@ -13,8 +13,8 @@ import (
 	"github.com/bandplane/bandplane/graph/model"
 	"github.com/bandplane/bandplane/policy"
 	"github.com/bandplane/bandplane/policy/api"
-	"github.com/bandplane/bandplane/policy/keys"
 	"github.com/bandplane/bandplane/query"
+	"github.com/bandplane/bandplane/schema/keys"
 )
 
 // Operator is what the budget and operator mutations act through: the policy side of

@@ -16,7 +16,7 @@ import (
 	"github.com/bandplane/bandplane/graph"
 	"github.com/bandplane/bandplane/policy"
 	"github.com/bandplane/bandplane/policy/api"
-	"github.com/bandplane/bandplane/policy/keys"
+	"github.com/bandplane/bandplane/schema/keys"
 )
 
 // fakeOperator keeps budgets in a real ledger and records what it was asked; agents

@@ -8,7 +8,7 @@ import (
 
 	"github.com/99designs/gqlgen/graphql/playground"
 
-	"github.com/bandplane/bandplane/policy/keys"
+	"github.com/bandplane/bandplane/schema/keys"
 )
 
 // DefaultAllowedHosts are the host names the browser-facing pages answer to when no

@@ -7,8 +7,8 @@ import (
 	"time"
 
 	"github.com/bandplane/bandplane/graph/model"
-	"github.com/bandplane/bandplane/policy/keys"
 	"github.com/bandplane/bandplane/query"
+	"github.com/bandplane/bandplane/schema/keys"
 )
 
 // Prices is what the price and job fields read and change: the platform-wide price

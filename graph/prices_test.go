@@ -11,7 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/bandplane/bandplane/graph"
-	"github.com/bandplane/bandplane/policy/keys"
+	"github.com/bandplane/bandplane/schema/keys"
 )
 
 // fakePrices records what it was asked; like the price service, only a platform key

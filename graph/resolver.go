@@ -15,8 +15,8 @@ import (
 	"github.com/vektah/gqlparser/v2/gqlerror"
 
 	"github.com/bandplane/bandplane/graph/model"
-	"github.com/bandplane/bandplane/policy/keys"
 	"github.com/bandplane/bandplane/query"
+	"github.com/bandplane/bandplane/schema/keys"
 )
 
 // Querier is what the resolvers read. *query.Querier implements it; tests use a fake.

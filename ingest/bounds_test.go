@@ -14,8 +14,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/bandplane/bandplane/ingest"
-	"github.com/bandplane/bandplane/ingest/pricing"
-	"github.com/bandplane/bandplane/ingest/store"
+	"github.com/bandplane/bandplane/schema/pricing"
+	"github.com/bandplane/bandplane/schema/store"
 )
 
 // paddedLine is an event of about 1 KiB whose length does not depend on i (< 10).

@@ -13,10 +13,10 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/bandplane/bandplane/deploy/simulate"
 	"github.com/bandplane/bandplane/deploy/stacktest"
 	"github.com/bandplane/bandplane/ingest"
-	"github.com/bandplane/bandplane/ingest/kafka"
-	"github.com/bandplane/bandplane/ingest/simulate"
+	"github.com/bandplane/bandplane/schema/kafka"
 )
 
 // TestIntegrationClusterBrokerKilled: on the three-broker cluster (RF 3,

@@ -20,12 +20,12 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/bandplane/bandplane/deploy/simulate"
 	"github.com/bandplane/bandplane/deploy/stacktest"
 	"github.com/bandplane/bandplane/ingest"
-	"github.com/bandplane/bandplane/ingest/kafka"
-	"github.com/bandplane/bandplane/ingest/seal"
-	"github.com/bandplane/bandplane/ingest/simulate"
+	"github.com/bandplane/bandplane/query/trail"
 	"github.com/bandplane/bandplane/schema/chdb"
+	"github.com/bandplane/bandplane/schema/kafka"
 )
 
 // The cluster tests of ClickHouse (`make test-cluster`): the database is made on
@@ -298,7 +298,7 @@ func TestIntegrationClusterIngestScaleOut(t *testing.T) {
 	// Both seal too: the sealers' group gives the stored-events topic to one, and the
 	// survivor's takes over when that one dies.
 	auditKey := filepath.Join(t.TempDir(), "audit.key")
-	require.NoError(t, seal.GenerateKey(auditKey))
+	require.NoError(t, trail.GenerateKey(auditKey))
 	sealing := []string{"--audit-key", auditKey, "--seal-every", "1s"}
 
 	a := startIngest(t, bin, topic, db, group, sealing...)
@@ -327,11 +327,11 @@ func TestIntegrationClusterIngestScaleOut(t *testing.T) {
 	}), "the group's lag is still %d", lag)
 
 	// The trail is sealed whole, and verifies, whichever sealer held the topic.
-	pub, err := seal.LoadPublicKey(auditKey + ".pub")
+	pub, err := trail.LoadPublicKey(auditKey + ".pub")
 	require.NoError(t, err)
-	var rep seal.Report
+	var rep trail.Report
 	require.True(t, stacktest.Eventually(t, 2*time.Minute, time.Second, func() bool {
-		rep, err = seal.Verify(ctx, conn, db, seal.Keys{Anchors: []ed25519.PublicKey{pub}}, seal.Filter{})
+		rep, err = trail.Verify(ctx, conn, db, trail.Keys{Anchors: []ed25519.PublicKey{pub}}, trail.Filter{})
 		require.NoError(t, err)
 		require.Empty(t, rep.Problems, "the cluster raised an alarm in the sealed trail")
 		return rep.UnsealedEvents == 0

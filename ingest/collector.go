@@ -13,9 +13,9 @@ import (
 
 	kafkago "github.com/segmentio/kafka-go"
 
-	"github.com/bandplane/bandplane/ingest/kafka"
-	"github.com/bandplane/bandplane/policy/keys"
 	"github.com/bandplane/bandplane/schema"
+	"github.com/bandplane/bandplane/schema/kafka"
+	"github.com/bandplane/bandplane/schema/keys"
 )
 
 // Producer puts canonical events on the events topic. Produce blocks until every

@@ -24,11 +24,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	kafkago "github.com/segmentio/kafka-go"
 
-	"github.com/bandplane/bandplane/ingest/kafka"
-	"github.com/bandplane/bandplane/ingest/pricing"
-	"github.com/bandplane/bandplane/ingest/seal/tlog"
-	"github.com/bandplane/bandplane/ingest/store"
 	"github.com/bandplane/bandplane/schema"
+	"github.com/bandplane/bandplane/schema/kafka"
+	"github.com/bandplane/bandplane/schema/pricing"
+	"github.com/bandplane/bandplane/schema/store"
+	"github.com/bandplane/bandplane/schema/tlog"
 )
 
 // MessageReader is the consumer-group side of Kafka. FetchMessage blocks until a record
@@ -44,7 +44,7 @@ type MessageWriter interface {
 	ProduceMessages(ctx context.Context, msgs []kafkago.Message) error
 }
 
-// NoteWriter produces notes to the stored-events topic (ingest/seal's package doc):
+// NoteWriter produces notes to the stored-events topic (query/trail's package doc):
 // the leaves of the rows a batch stored. It returns once every one is acknowledged,
 // or an error (the call is retried whole; the sealer drops a note it has sealed).
 type NoteWriter interface {

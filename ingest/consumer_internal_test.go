@@ -9,9 +9,9 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/bandplane/bandplane/ingest/pricing"
-	"github.com/bandplane/bandplane/ingest/store"
 	"github.com/bandplane/bandplane/schema"
+	"github.com/bandplane/bandplane/schema/pricing"
+	"github.com/bandplane/bandplane/schema/store"
 )
 
 // rowsStorage answers lookups from rows; it is never written to here.

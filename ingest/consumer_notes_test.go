@@ -13,8 +13,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/bandplane/bandplane/ingest"
-	"github.com/bandplane/bandplane/ingest/seal/tlog"
-	"github.com/bandplane/bandplane/ingest/store"
+	"github.com/bandplane/bandplane/schema/store"
+	"github.com/bandplane/bandplane/schema/tlog"
 )
 
 // fakeNotes keeps the notes it is given; fail makes that many writes fail first.

@@ -20,10 +20,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/bandplane/bandplane/ingest"
-	"github.com/bandplane/bandplane/ingest/kafka"
-	"github.com/bandplane/bandplane/ingest/pricing"
-	"github.com/bandplane/bandplane/ingest/store"
 	"github.com/bandplane/bandplane/schema"
+	"github.com/bandplane/bandplane/schema/kafka"
+	"github.com/bandplane/bandplane/schema/pricing"
+	"github.com/bandplane/bandplane/schema/store"
 )
 
 // fakeReader hands out queued messages and records commits. A fake, not the broker:

@@ -4,8 +4,8 @@ import (
 	"fmt"
 	"sync"
 
-	"github.com/bandplane/bandplane/ingest/store"
 	"github.com/bandplane/bandplane/schema"
+	"github.com/bandplane/bandplane/schema/store"
 )
 
 // Agent is what enrichment needs to know of an agent.

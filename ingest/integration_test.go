@@ -12,11 +12,11 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/bandplane/bandplane/deploy/simulate"
 	"github.com/bandplane/bandplane/deploy/stacktest"
 	"github.com/bandplane/bandplane/ingest"
-	"github.com/bandplane/bandplane/ingest/kafka"
-	"github.com/bandplane/bandplane/ingest/pricing"
-	"github.com/bandplane/bandplane/ingest/simulate"
+	"github.com/bandplane/bandplane/schema/kafka"
+	"github.com/bandplane/bandplane/schema/pricing"
 )
 
 // pipeline is a real ingest consumer on a unique topic and database.

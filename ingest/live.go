@@ -9,8 +9,8 @@ import (
 
 	kafkago "github.com/segmentio/kafka-go"
 
-	"github.com/bandplane/bandplane/ingest/kafka"
 	"github.com/bandplane/bandplane/schema"
+	"github.com/bandplane/bandplane/schema/kafka"
 )
 
 // Live reads the event topic in every partition, outside any consumer group: each

@@ -10,8 +10,8 @@ import (
 
 	"github.com/bandplane/bandplane/deploy/stacktest"
 	"github.com/bandplane/bandplane/ingest"
-	"github.com/bandplane/bandplane/ingest/seal/tlog"
-	"github.com/bandplane/bandplane/ingest/store"
+	"github.com/bandplane/bandplane/schema/store"
+	"github.com/bandplane/bandplane/schema/tlog"
 )
 
 // storedCopies reads the stored copies of r's key from ClickHouse, as ingest looks them up.

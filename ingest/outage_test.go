@@ -17,10 +17,10 @@ import (
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"github.com/stretchr/testify/require"
 
+	"github.com/bandplane/bandplane/deploy/simulate"
 	"github.com/bandplane/bandplane/deploy/stacktest"
 	"github.com/bandplane/bandplane/ingest"
-	"github.com/bandplane/bandplane/ingest/seal"
-	"github.com/bandplane/bandplane/ingest/simulate"
+	"github.com/bandplane/bandplane/query/trail"
 )
 
 // Outage tests stop shared servers or kill processes, so `make test` runs them alone,
@@ -39,9 +39,9 @@ func (p *pipeline) sealAlong() (check func()) {
 	p.t.Helper()
 	_, key, err := ed25519.GenerateKey(rand.Reader)
 	require.NoError(p.t, err)
-	t := seal.Topics{Brokers: stacktest.Brokers(), Stored: stacktest.StoredTopic(p.topic), Checkpoints: p.topic + "_checkpoints"}
-	require.NoError(p.t, seal.EnsureTopics(context.Background(), t, 1))
-	s, closeSealer, err := seal.NewOnKafka(seal.Config{Conn: p.conn, Database: p.db, Key: key, Every: time.Second, Logger: stacktest.Logger()}, t)
+	t := trail.Topics{Brokers: stacktest.Brokers(), Stored: stacktest.StoredTopic(p.topic), Checkpoints: p.topic + "_checkpoints"}
+	require.NoError(p.t, trail.EnsureTopics(context.Background(), t, 1))
+	s, closeSealer, err := trail.NewOnKafka(trail.Config{Conn: p.conn, Database: p.db, Key: key, Every: time.Second, Logger: stacktest.Logger()}, t)
 	require.NoError(p.t, err)
 	p.t.Cleanup(func() { _ = closeSealer() })
 	ctx, cancel := context.WithCancel(context.Background())
@@ -59,7 +59,7 @@ func (p *pipeline) sealAlong() (check func()) {
 // verifyTrail checks the sealed trail and fails on any problem.
 func verifyTrail(t *testing.T, conn driver.Conn, db string, pub ed25519.PublicKey) {
 	t.Helper()
-	rep, err := seal.Verify(context.Background(), conn, db, seal.Keys{Anchors: []ed25519.PublicKey{pub}}, seal.Filter{})
+	rep, err := trail.Verify(context.Background(), conn, db, trail.Keys{Anchors: []ed25519.PublicKey{pub}}, trail.Filter{})
 	require.NoError(t, err)
 	require.Empty(t, rep.Problems, "the outage raised an alarm in the sealed trail")
 	require.Positive(t, rep.SealedEvents)
@@ -150,7 +150,7 @@ func TestIntegrationOutageConsumerKilledMidBatch(t *testing.T) {
 
 	p := newPipeline(t)
 	auditKey := filepath.Join(t.TempDir(), "audit.key")
-	require.NoError(t, seal.GenerateKey(auditKey))
+	require.NoError(t, trail.GenerateKey(auditKey))
 	serve := func() (*exec.Cmd, *strings.Builder) {
 		cmd := exec.Command(bin, "serve", "--topic", p.topic, "--dlq-topic", p.topic+"_dlq", "--clickhouse-db", p.db,
 			"--kafka", strings.Join(stacktest.Brokers(), ","), "--clickhouse", stacktest.ClickHouseAddr(),
@@ -206,7 +206,7 @@ func TestIntegrationOutageConsumerKilledMidBatch(t *testing.T) {
 	require.True(t, ok, "after the kill: got %+v, want %+v\nserve log:\n%s", got, expected(sum), tail(log.String(), 30))
 	// A clean stop seals what is left; the kill and the redelivery raised no alarm.
 	stop()
-	pub, err := seal.LoadPublicKey(auditKey + ".pub")
+	pub, err := trail.LoadPublicKey(auditKey + ".pub")
 	require.NoError(t, err)
 	verifyTrail(t, p.conn, p.db, pub)
 }

@@ -9,8 +9,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/bandplane/bandplane/ingest/pricing"
-	"github.com/bandplane/bandplane/ingest/store"
+	"github.com/bandplane/bandplane/schema/pricing"
+	"github.com/bandplane/bandplane/schema/store"
 )
 
 // Rollup keeps the hourly cost rollup current: the consumer marks the hours each batch

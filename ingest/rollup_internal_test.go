@@ -5,7 +5,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 
-	"github.com/bandplane/bandplane/ingest/store"
+	"github.com/bandplane/bandplane/schema/store"
 )
 
 func TestRegisteredModelIsTheAgentsOfTheRowsOrganization(t *testing.T) {

@@ -4,9 +4,9 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/bandplane/bandplane/ingest/pricing"
-	"github.com/bandplane/bandplane/ingest/store"
 	"github.com/bandplane/bandplane/schema"
+	"github.com/bandplane/bandplane/schema/pricing"
+	"github.com/bandplane/bandplane/schema/store"
 )
 
 // Unknown is the model of usage whose model nobody reported or registered.

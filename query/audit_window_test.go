@@ -18,8 +18,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/bandplane/bandplane/deploy/stacktest"
-	"github.com/bandplane/bandplane/ingest/store"
 	"github.com/bandplane/bandplane/schema"
+	"github.com/bandplane/bandplane/schema/store"
 )
 
 func TestWalkBackSpans(t *testing.T) {

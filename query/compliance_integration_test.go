@@ -13,10 +13,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/bandplane/bandplane/deploy/stacktest"
-	"github.com/bandplane/bandplane/ingest/store"
 	"github.com/bandplane/bandplane/policy"
 	"github.com/bandplane/bandplane/policy/api"
 	"github.com/bandplane/bandplane/query"
+	"github.com/bandplane/bandplane/schema/store"
 )
 
 // compliance is one test's database, with merges stopped so that every insert stays a

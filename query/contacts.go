@@ -42,7 +42,7 @@ type ContactStep struct {
 // Who is who: the platform sends both events on the recipient's channel
 // (agent_contacts:<agent>, schema/band.go), so the event's actor is the agent that
 // received the request (AgentID), and the requester is named only by its handle
-// (FromHandle, a person or an agent of another owner; ingest/simulate/generate.go).
+// (FromHandle, a person or an agent of another owner; deploy/simulate/generate.go).
 // The frames have no subject and do not say who answered. Following the platform's
 // rules, approved and rejected are the recipient's answer (the agent itself or its
 // owner on its behalf) and cancelled the requester's withdrawal, so DecidedBy is the

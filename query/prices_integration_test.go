@@ -11,8 +11,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/bandplane/bandplane/deploy/stacktest"
-	"github.com/bandplane/bandplane/ingest/store"
 	"github.com/bandplane/bandplane/query"
+	"github.com/bandplane/bandplane/schema/store"
 )
 
 // UnpricedModels reads the rollups (whole days from usage_daily, the edges and the

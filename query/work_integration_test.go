@@ -10,9 +10,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/bandplane/bandplane/deploy/stacktest"
-	"github.com/bandplane/bandplane/ingest/store"
 	"github.com/bandplane/bandplane/query"
 	"github.com/bandplane/bandplane/schema"
+	"github.com/bandplane/bandplane/schema/store"
 )
 
 // workEvents builds event rows the way ingest stores them; BatchInsert derives the

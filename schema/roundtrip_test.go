@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/bandplane/bandplane/ingest/simulate"
+	"github.com/bandplane/bandplane/deploy/simulate"
 	"github.com/bandplane/bandplane/schema"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"

@@ -11,9 +11,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/bandplane/bandplane/ingest/kafka"
-	"github.com/bandplane/bandplane/ingest/seal"
-	"github.com/bandplane/bandplane/ingest/seal/tlog"
+	"github.com/bandplane/bandplane/query/trail"
+	"github.com/bandplane/bandplane/schema/kafka"
+	"github.com/bandplane/bandplane/schema/tlog"
 )
 
 func init() {
@@ -56,7 +56,7 @@ func auditAnchors(keyFiles listFlag, env string) ([]ed25519.PublicKey, error) {
 	}
 	var anchors []ed25519.PublicKey
 	for _, f := range keyFiles {
-		pub, err := seal.LoadPublicKey(f)
+		pub, err := trail.LoadPublicKey(f)
 		if err != nil {
 			return nil, fmt.Errorf("--audit-key: %w", err)
 		}
@@ -91,10 +91,10 @@ func runAuditKeygen(e *env, args []string) error {
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
-	if err := seal.GenerateKey(*out); err != nil {
+	if err := trail.GenerateKey(*out); err != nil {
 		return err
 	}
-	pub, err := seal.LoadPublicKey(*out + ".pub")
+	pub, err := trail.LoadPublicKey(*out + ".pub")
 	if err != nil {
 		return err
 	}
@@ -114,7 +114,7 @@ func runAuditSeal(ctx context.Context, e *env, args []string) error {
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	key, err := seal.LoadPrivateKey(*keyFile)
+	key, err := trail.LoadPrivateKey(*keyFile)
 	if err != nil {
 		return fmt.Errorf("--audit-key: %w", err)
 	}
@@ -151,7 +151,7 @@ func runAuditVerify(ctx context.Context, e *env, args []string) error {
 	org := fs.String("org", "", `verify only this organization's log ("" is the log of events stored without one; default: every log)`)
 	from := fs.String("from", "", "only events at or after this time, RFC 3339 or YYYY-MM-DD")
 	to := fs.String("to", "", "only events before this time, RFC 3339 or YYYY-MM-DD")
-	margin := fs.Duration("margin", seal.DefaultMargin, "a stored row may lack its leaf this long after its ingested_at; longer before the newest checkpoint, it is unexpected (not with the checkpoints topic's coverage note: then its Kafka record decides)")
+	margin := fs.Duration("margin", trail.DefaultMargin, "a stored row may lack its leaf this long after its ingested_at; longer before the newest checkpoint, it is unexpected (not with the checkpoints topic's coverage note: then its Kafka record decides)")
 	var checkpoints listFlag
 	fs.Var(&checkpoints, "checkpoint", "a checkpoint kept outside ClickHouse (bandplane audit checkpoint --out, a witness's state file): the log must extend it (repeatable)")
 	useTopic := fs.Bool("checkpoints-topic", true, "also check the log against the newest checkpoints on the checkpoints topic (<topic>.checkpoints): catches a truncation or a rollback of ClickHouse, and with its coverage note and the events topic's records, rows written into ClickHouse by hand whatever their ingested_at or Kafka record")
@@ -163,13 +163,13 @@ func runAuditVerify(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	var saved []seal.External
+	var saved []trail.External
 	for _, f := range checkpoints {
 		b, err := readBounded(f, tlog.MaxNoteBytes)
 		if err != nil {
 			return fmt.Errorf("--checkpoint: %w", err)
 		}
-		saved = append(saved, seal.External{Source: "checkpoint file " + f, Note: b})
+		saved = append(saved, trail.External{Source: "checkpoint file " + f, Note: b})
 	}
 	if *export != "" {
 		if fs.NArg() > 0 {
@@ -187,7 +187,7 @@ func runAuditVerify(ctx context.Context, e *env, args []string) error {
 		}
 		return runAuditVerifyExport(ctx, e, *export, anchors, saved)
 	}
-	f := seal.Filter{Checkpoints: saved}
+	f := trail.Filter{Checkpoints: saved}
 	fs.Visit(func(fl *flag.Flag) {
 		if fl.Name == "org" {
 			f.Orgs = []string{*org}
@@ -218,20 +218,20 @@ func runAuditVerify(ctx context.Context, e *env, args []string) error {
 			return fmt.Errorf("cannot read the checkpoints topic %s (--checkpoints-topic=false checks against ClickHouse alone): %w", st.checkpointTopic(), err)
 		}
 		for key, note := range latest {
-			if strings.HasPrefix(key, seal.RotationKeyPrefix) {
+			if strings.HasPrefix(key, trail.RotationKeyPrefix) {
 				rotations = append(rotations, note)
 				continue
 			}
-			if key == seal.CoverageKey {
+			if key == trail.CoverageKey {
 				f.Coverage = note
 				continue
 			}
-			f.Checkpoints = append(f.Checkpoints, seal.External{Source: fmt.Sprintf("the checkpoints topic's newest of org %q", key), Note: note})
+			f.Checkpoints = append(f.Checkpoints, trail.External{Source: fmt.Sprintf("the checkpoints topic's newest of org %q", key), Note: note})
 		}
 		// A row no leaf covers yet is checked against the record it claims: it must be
 		// there, below the end, and be this event.
 		f.EventsTopic, f.IngestGroup = st.topic, *group
-		f.Records = seal.KafkaRecords(st.brokers(), st.topic, 0)
+		f.Records = trail.KafkaRecords(st.brokers(), st.topic, 0)
 	}
 	conn, err := st.openDB(ctx)
 	if err != nil {
@@ -239,7 +239,7 @@ func runAuditVerify(ctx context.Context, e *env, args []string) error {
 	}
 	defer conn.Close()
 	start := time.Now()
-	rep, err := seal.Verify(ctx, conn, st.ch.Database, seal.Keys{Prefix: prefix, Anchors: anchors, Rotations: rotations}, f)
+	rep, err := trail.Verify(ctx, conn, st.ch.Database, trail.Keys{Prefix: prefix, Anchors: anchors, Rotations: rotations}, f)
 	if err != nil {
 		return err
 	}

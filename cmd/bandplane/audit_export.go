@@ -22,15 +22,15 @@ import (
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
-	"github.com/bandplane/bandplane/ingest/seal"
-	"github.com/bandplane/bandplane/ingest/seal/tlog"
-	"github.com/bandplane/bandplane/policy/keys"
+	"github.com/bandplane/bandplane/query/trail"
 	"github.com/bandplane/bandplane/schema"
+	"github.com/bandplane/bandplane/schema/keys"
+	"github.com/bandplane/bandplane/schema/tlog"
 )
 
 // The compliance export (README, "Compliance export"): GET /v1/audit/export streams a
 // selection of one organization's trail pinned to a signed checkpoint of its log, with
-// the proofs to check it offline (the format is ingest/seal's: seal.ExportFormat);
+// the proofs to check it offline (the format is query/trail's: trail.ExportFormat);
 // `bandplane audit export` drives it and resumes an interrupted file; `bandplane audit
 // verify --export FILE` checks one.
 
@@ -56,8 +56,8 @@ type exportRecorder interface {
 }
 
 type exportHandler struct {
-	x        *seal.Exporter // nil without --audit-key
-	recorder exportRecorder // records each export (nil: not recorded; tests of refusals)
+	x        *trail.Exporter // nil without --audit-key
+	recorder exportRecorder  // records each export (nil: not recorded; tests of refusals)
 	log      *slog.Logger
 	slots    chan struct{}
 
@@ -92,22 +92,22 @@ type exportedData struct {
 // the checkpoints topic's newest checkpoint of every organization (kafka.ReadLatest):
 // an export pinned to the newest checkpoint is refused (409) when the topic's is
 // larger, since ClickHouse was then rolled back; nil compares nothing.
-func newAuditExporter(conn driver.Conn, db, prefix, keyFile string, published func(context.Context) (map[string][]byte, error), log *slog.Logger) (*seal.Exporter, error) {
+func newAuditExporter(conn driver.Conn, db, prefix, keyFile string, published func(context.Context) (map[string][]byte, error), log *slog.Logger) (*trail.Exporter, error) {
 	if keyFile == "" {
 		return nil, nil
 	}
-	key, err := seal.LoadPrivateKey(keyFile)
+	key, err := trail.LoadPrivateKey(keyFile)
 	if err != nil {
 		return nil, fmt.Errorf("cannot use --audit-key for the audit export: %w", err)
 	}
-	return seal.NewExporter(seal.ExportConfig{Conn: conn, Database: db, Prefix: prefix, Key: key, Logger: log, Published: published})
+	return trail.NewExporter(trail.ExportConfig{Conn: conn, Database: db, Prefix: prefix, Key: key, Logger: log, Published: published})
 }
 
 // auditExportHandler serves GET /v1/audit/export for the roles compliance and admin;
 // without an exporter (no --audit-key) it answers 503. Each export is recorded as an
 // audit.exported event through recorder before a byte of it is sent; one that cannot
 // be recorded is refused (503).
-func auditExportHandler(auth keys.Authenticator, x *seal.Exporter, recorder exportRecorder, log *slog.Logger) http.Handler {
+func auditExportHandler(auth keys.Authenticator, x *trail.Exporter, recorder exportRecorder, log *slog.Logger) http.Handler {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
@@ -131,7 +131,7 @@ func (h *exportHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		keys.WriteError(w, http.StatusBadRequest, "bad_request", "malformed query string: "+err.Error())
 		return
 	}
-	req, err := seal.ParseExportRequest(q)
+	req, err := trail.ParseExportRequest(q)
 	if err != nil {
 		keys.WriteError(w, http.StatusBadRequest, "bad_request", strings.ReplaceAll(err.Error(), "\n", "; "))
 		return
@@ -181,8 +181,8 @@ func (h *exportHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	exp, err := h.x.Prepare(ctx, req)
 	switch {
 	case err == nil:
-	case errors.Is(err, seal.ErrExportConflict):
-		keys.WriteError(w, http.StatusConflict, "conflict", strings.TrimPrefix(err.Error(), seal.ErrExportConflict.Error()+": "))
+	case errors.Is(err, trail.ErrExportConflict):
+		keys.WriteError(w, http.StatusConflict, "conflict", strings.TrimPrefix(err.Error(), trail.ErrExportConflict.Error()+": "))
 		return
 	case ctx.Err() != nil:
 		return
@@ -208,7 +208,7 @@ func (h *exportHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	ct := "application/x-ndjson"
-	if req.Encoding == seal.EncodingCSV {
+	if req.Encoding == trail.EncodingCSV {
 		ct = "text/csv; charset=utf-8"
 	}
 	w.Header().Set("Content-Type", ct)
@@ -250,7 +250,7 @@ func (l *listFlag) Set(v string) error {
 func runAuditExport(ctx context.Context, e *env, args []string) error {
 	fs := newFlagSet(e, "audit export", "--out FILE --from T --to T [flags]")
 	out := fs.String("out", "", "file to write (required); it is written as FILE.part and renamed once complete")
-	format := fs.String("format", seal.EncodingNDJSON, "ndjson or csv")
+	format := fs.String("format", trail.EncodingNDJSON, "ndjson or csv")
 	from := fs.String("from", "", "events at or after this time, RFC 3339 or YYYY-MM-DD (required)")
 	to := fs.String("to", "", "events before this time, RFC 3339 or YYYY-MM-DD (required)")
 	org := fs.String("org", "", "the organization (required with a platform key; an organization's key exports its own)")
@@ -301,8 +301,8 @@ func runAuditExport(ctx context.Context, e *env, args []string) error {
 			q.Add(l.name, v)
 		}
 	}
-	if len(checkpoints) > seal.MaxConsistency {
-		return fmt.Errorf("--checkpoint: %d given; at most %d", len(checkpoints), seal.MaxConsistency)
+	if len(checkpoints) > trail.MaxConsistency {
+		return fmt.Errorf("--checkpoint: %d given; at most %d", len(checkpoints), trail.MaxConsistency)
 	}
 	for _, f := range checkpoints {
 		size, err := heldCheckpointSize(f)
@@ -312,9 +312,9 @@ func runAuditExport(ctx context.Context, e *env, args []string) error {
 		q.Add("consistency", strconv.FormatUint(size, 10))
 	}
 	selectionGiven := given["from"] || given["to"] || given["type"] || given["actor"] || given["room"] || given["org"] || given["as-of"] || given["checkpoint"]
-	var want *seal.ExportRequest
+	var want *trail.ExportRequest
 	if !*resume || selectionGiven {
-		req, err := seal.ParseExportRequest(q)
+		req, err := trail.ParseExportRequest(q)
 		if err != nil {
 			msg := strings.ReplaceAll(err.Error(), "\n", "; ")
 			msg = strings.NewReplacer("as_of:", "--as-of:", "consistency:", "--checkpoint:").Replace(msg)
@@ -339,7 +339,7 @@ func runAuditExport(ctx context.Context, e *env, args []string) error {
 // or --as-of is given: the server then refuses to pin an older checkpoint than the
 // one it serves, which is what a ClickHouse rolled back below the checkpoints topic
 // gives, and the export proves its log extends that size.
-func (x *exporter) withServed(ctx context.Context, req *seal.ExportRequest) error {
+func (x *exporter) withServed(ctx context.Context, req *trail.ExportRequest) error {
 	if !x.servedDefault {
 		return nil
 	}
@@ -448,7 +448,7 @@ func exists(path string) bool {
 	return err == nil
 }
 
-func (x *exporter) fresh(ctx context.Context, req seal.ExportRequest) error {
+func (x *exporter) fresh(ctx context.Context, req trail.ExportRequest) error {
 	if exists(x.out) {
 		return fmt.Errorf("%s exists: remove it or choose another --out", x.out)
 	}
@@ -475,7 +475,7 @@ func (x *exporter) fresh(ctx context.Context, req seal.ExportRequest) error {
 
 // resume continues x.part. want is the selection the flags give (nil: none given),
 // format the --format given ("" when not), held whether --checkpoint was given.
-func (x *exporter) resume(ctx context.Context, want *seal.ExportRequest, format string, held bool) error {
+func (x *exporter) resume(ctx context.Context, want *trail.ExportRequest, format string, held bool) error {
 	if !exists(x.part) {
 		if exists(x.out) {
 			fmt.Fprintf(x.e.stderr, "audit export: %s is complete: nothing to resume\n", x.out)
@@ -490,14 +490,14 @@ func (x *exporter) resume(ctx context.Context, want *seal.ExportRequest, format 
 	defer f.Close()
 	first := make([]byte, 1)
 	n, _ := f.ReadAt(first, 0)
-	enc := seal.EncodingNDJSON
+	enc := trail.EncodingNDJSON
 	if n == 1 && first[0] == 'k' {
-		enc = seal.EncodingCSV
+		enc = trail.EncodingCSV
 	}
 	if format != "" && n == 1 && format != enc {
 		return fmt.Errorf("%s is a %s export, not %s: --resume continues it as it is (drop --format)", x.part, enc, format)
 	}
-	sc := seal.NewExportScanner(enc)
+	sc := trail.NewExportScanner(enc)
 	if _, err := io.Copy(sc, io.NewSectionReader(f, 0, 1<<62)); err != nil {
 		return fmt.Errorf("cannot read %s: %w", x.part, err)
 	}
@@ -519,23 +519,23 @@ func (x *exporter) resume(ctx context.Context, want *seal.ExportRequest, format 
 		_, err := x.fetch(ctx, f, req, 0)
 		return err
 	}
-	h, err := seal.ParseExportHeader(enc, sc.Header)
+	h, err := trail.ParseExportHeader(enc, sc.Header)
 	if err != nil {
 		return fmt.Errorf("%s: %w (remove it and start over)", x.part, err)
 	}
 	cut, events := sc.HeaderEnd, sc.Events
-	var c seal.Cursor
+	var c trail.Cursor
 	if events > 0 {
-		last, err := seal.ExportEventKey(enc, sc.LastEvent)
+		last, err := trail.ExportEventKey(enc, sc.LastEvent)
 		if err != nil {
 			return fmt.Errorf("%s: %w (remove it and start over)", x.part, err)
 		}
 		cut = sc.LastEventEnd
-		c, err = seal.NewCursor(&h, events, last.Time, last.ID)
+		c, err = trail.NewCursor(&h, events, last.Time, last.ID)
 		if err != nil {
 			return fmt.Errorf("%s: %w", x.part, err)
 		}
-	} else if c, err = seal.NewCursor(&h, 0, time.Time{}, ""); err != nil {
+	} else if c, err = trail.NewCursor(&h, 0, time.Time{}, ""); err != nil {
 		return fmt.Errorf("%s: %w", x.part, err)
 	}
 	req, err := h.Request(&c)
@@ -556,7 +556,7 @@ func (x *exporter) resume(ctx context.Context, want *seal.ExportRequest, format 
 }
 
 // sameSelection says whether the flags given with --resume ask for the file's export.
-func sameSelection(want, got *seal.ExportRequest, formatGiven, heldGiven bool) bool {
+func sameSelection(want, got *trail.ExportRequest, formatGiven, heldGiven bool) bool {
 	w, g := want.Selection, got.Selection
 	if w.Org != "" && w.Org != g.Org || !w.From.Equal(g.From) || !w.To.Equal(g.To) ||
 		strings.Join(w.Types, "\x00") != strings.Join(g.Types, "\x00") ||
@@ -588,7 +588,7 @@ func retryAfter(v string) time.Duration {
 
 // fetch runs one request and appends its body to f at offset at. done says whether
 // the export is complete (and renamed).
-func (x *exporter) fetch(ctx context.Context, f *os.File, req seal.ExportRequest, at int64) (bool, error) {
+func (x *exporter) fetch(ctx context.Context, f *os.File, req trail.ExportRequest, at int64) (bool, error) {
 	if _, err := f.Seek(at, io.SeekStart); err != nil {
 		return false, fmt.Errorf("cannot write %s: %w", x.part, err)
 	}
@@ -657,7 +657,7 @@ func (x *exporter) fetch(ctx context.Context, f *os.File, req seal.ExportRequest
 			}
 		}
 	}()
-	sc := seal.NewExportScanner(req.Encoding)
+	sc := trail.NewExportScanner(req.Encoding)
 	buf := make([]byte, 256<<10)
 	var rerr error
 	for {
@@ -688,7 +688,7 @@ func (x *exporter) fetch(ctx context.Context, f *os.File, req seal.ExportRequest
 		// Keep the records before the server's error, not the error itself.
 		_ = f.Truncate(at + sc.ErrorStart)
 		return false, fmt.Errorf("the server stopped the export after %d events: %s; run again with --resume to continue %s",
-			x.priorEvents+sc.Events, seal.ParseExportError(req.Encoding, sc.Error), x.part)
+			x.priorEvents+sc.Events, trail.ParseExportError(req.Encoding, sc.Error), x.part)
 	case sc.Complete():
 		return true, x.finish(f, sc.Manifest, req.Encoding)
 	case rerr != nil:
@@ -716,7 +716,7 @@ func (x *exporter) finish(f *os.File, manifest []byte, enc string) error {
 		_ = d.Sync() // the rename itself
 		d.Close()
 	}
-	m, err := seal.ParseExportManifest(enc, manifest)
+	m, err := trail.ParseExportManifest(enc, manifest)
 	if err != nil {
 		return fmt.Errorf("%s: %w", x.out, err)
 	}
@@ -817,7 +817,7 @@ func (p *exportProgress) draw(last bool) {
 // runAuditVerifyExport checks an export file offline (no database) against the audit
 // keys anchors (the first or the current key: the export's rotation records link the
 // others) and the checkpoints an auditor holds.
-func runAuditVerifyExport(ctx context.Context, e *env, file string, anchors []ed25519.PublicKey, held []seal.External) error {
+func runAuditVerifyExport(ctx context.Context, e *env, file string, anchors []ed25519.PublicKey, held []trail.External) error {
 	f, err := os.Open(file)
 	if err != nil {
 		return fmt.Errorf("--export: %w", err)
@@ -831,14 +831,14 @@ func runAuditVerifyExport(ctx context.Context, e *env, file string, anchors []ed
 		return fmt.Errorf("--export: %s is not a regular file", file)
 	}
 	start := time.Now()
-	rep, err := seal.VerifyExport(ctx, f, info.Size(), seal.ExportVerifyOptions{Anchors: anchors, Checkpoints: held})
+	rep, err := trail.VerifyExport(ctx, f, info.Size(), trail.ExportVerifyOptions{Anchors: anchors, Checkpoints: held})
 	if err != nil {
 		return err
 	}
 	const shown = 20
 	for i, p := range rep.Problems {
 		if i == shown {
-			fmt.Fprintf(e.stderr, "audit verify: … and %d more problems (the report on stdout lists up to %d)\n", len(rep.Problems)-shown+int(rep.MoreProblems), seal.MaxExportProblems)
+			fmt.Fprintf(e.stderr, "audit verify: … and %d more problems (the report on stdout lists up to %d)\n", len(rep.Problems)-shown+int(rep.MoreProblems), trail.MaxExportProblems)
 			break
 		}
 		where := "file"

@@ -24,11 +24,11 @@ import (
 
 	kafkago "github.com/segmentio/kafka-go"
 
-	"github.com/bandplane/bandplane/ingest/kafka"
-	"github.com/bandplane/bandplane/ingest/seal"
-	"github.com/bandplane/bandplane/ingest/seal/tlog"
-	"github.com/bandplane/bandplane/policy/keys"
+	"github.com/bandplane/bandplane/query/trail"
 	"github.com/bandplane/bandplane/schema"
+	"github.com/bandplane/bandplane/schema/kafka"
+	"github.com/bandplane/bandplane/schema/keys"
+	"github.com/bandplane/bandplane/schema/tlog"
 )
 
 // The audit log's read side over HTTP (README, "Tamper-evident audit trail"): an
@@ -84,7 +84,7 @@ func (l *latestCheckpoints) get(ctx context.Context) (map[string][]byte, error) 
 }
 
 type auditLogHandler struct {
-	log    *seal.Log // nil without an audit key
+	log    *trail.Log // nil without an audit key
 	latest *latestCheckpoints
 	logger *slog.Logger
 }
@@ -92,7 +92,7 @@ type auditLogHandler struct {
 // newAuditLogHandler serves /v1/audit/checkpoint, /v1/audit/proof and
 // /v1/audit/rotations for the roles compliance and admin; without an audit key it
 // answers 503.
-func newAuditLogHandler(l *seal.Log, latest func(ctx context.Context) (map[string][]byte, error), auth keys.Authenticator, log *slog.Logger) http.Handler {
+func newAuditLogHandler(l *trail.Log, latest func(ctx context.Context) (map[string][]byte, error), auth keys.Authenticator, log *slog.Logger) http.Handler {
 	h := &auditLogHandler{log: l, latest: &latestCheckpoints{read: latest}, logger: log.With("component", "audit_log")}
 	return keys.Require(auth, keys.RoleCompliance, keys.RoleAdmin)(h)
 }
@@ -164,7 +164,7 @@ func (h *auditLogHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		org, hasOrg = k.Org, true
 	}
 	latest := h.topic(ctx)
-	ring, err := h.log.RingWith(ctx, seal.TopicRotations(latest))
+	ring, err := h.log.RingWith(ctx, trail.TopicRotations(latest))
 	if err != nil {
 		h.fail(w, err)
 		return
@@ -239,21 +239,21 @@ func isOrgKey(key string) bool {
 // no older than ClickHouse's (it is fresher: every run signs one), else ClickHouse's.
 func (h *auditLogHandler) newest(ctx context.Context, ring *tlog.KeyRing, org string, latest map[string][]byte) (tlog.Checkpoint, error) {
 	stored, err := h.log.Newest(ctx, ring, org)
-	if err != nil && !errors.Is(err, seal.ErrNotInLog) {
+	if err != nil && !errors.Is(err, trail.ErrNotInLog) {
 		return tlog.Checkpoint{}, err
 	}
 	return combineNewest(ring, org, stored, err, latest)
 }
 
 // combineNewest chooses between ClickHouse's newest checkpoint of org (stored, or why
-// there is none: serr, wrapping seal.ErrNotInLog) and the topic's.
+// there is none: serr, wrapping trail.ErrNotInLog) and the topic's.
 func combineNewest(ring *tlog.KeyRing, org string, stored tlog.Checkpoint, serr error, latest map[string][]byte) (tlog.Checkpoint, error) {
 	if note, ok := latest[org]; ok {
 		if c, oerr := ring.Open(note); oerr == nil && c.Org == org && c.Size >= stored.Size {
 			if c.Size > stored.Size && serr == nil {
 				// ClickHouse lost what the topic holds: serve neither, say so.
 				return tlog.Checkpoint{}, fmt.Errorf("%w: the checkpoints topic has a checkpoint of %d leaves for organization %q, ClickHouse's log only %d: rolled back",
-					seal.ErrLogDamaged, c.Size, org, stored.Size)
+					trail.ErrLogDamaged, c.Size, org, stored.Size)
 			}
 			if serr == nil || c.Size > 0 {
 				return c, nil
@@ -304,7 +304,7 @@ func (h *auditLogHandler) all(w http.ResponseWriter, r *http.Request, ring *tlog
 			continue
 		}
 		c, err := combineNewest(ring, org, tlog.Checkpoint{},
-			fmt.Errorf("%w: organization %q has no checkpoint in ClickHouse, and the checkpoints topic's does not verify with the audit key", seal.ErrNotInLog, org), latest)
+			fmt.Errorf("%w: organization %q has no checkpoint in ClickHouse, and the checkpoints topic's does not verify with the audit key", trail.ErrNotInLog, org), latest)
 		add(org, c, err)
 	}
 	slices.SortFunc(out, func(a, b checkpointEntry) int { return strings.Compare(a.Org, b.Org) })
@@ -334,7 +334,7 @@ func (h *auditLogHandler) rotations(w http.ResponseWriter, r *http.Request, late
 	}
 	ans := rotationsAnswer{Rotations: []rotationEntry{}}
 	seen := map[string]bool{}
-	for _, n := range append(stored, seal.TopicRotations(latest)...) {
+	for _, n := range append(stored, trail.TopicRotations(latest)...) {
 		if seen[string(n)] || len(seen) >= maxServedRotations {
 			continue
 		}
@@ -439,7 +439,7 @@ func (h *auditLogHandler) proof(w http.ResponseWriter, r *http.Request, ring *tl
 	var err error
 	if hasTo {
 		cp, err = h.log.AtSize(ctx, ring, org, to)
-		if errors.Is(err, seal.ErrNotInLog) {
+		if errors.Is(err, trail.ErrNotInLog) {
 			if n, nerr := h.newest(ctx, ring, org, latest); nerr == nil && n.Size == to {
 				cp, err = n, nil
 			}
@@ -478,9 +478,9 @@ func (h *auditLogHandler) proof(w http.ResponseWriter, r *http.Request, ring *tl
 
 func (h *auditLogHandler) fail(w http.ResponseWriter, err error) {
 	switch {
-	case errors.Is(err, seal.ErrNotInLog):
+	case errors.Is(err, trail.ErrNotInLog):
 		keys.WriteError(w, http.StatusNotFound, "not_found", err.Error())
-	case errors.Is(err, seal.ErrLogDamaged):
+	case errors.Is(err, trail.ErrLogDamaged):
 		h.logger.Error("the stored log does not prove what was asked", "err", err)
 		keys.WriteError(w, http.StatusConflict, "conflict", err.Error()+" (bandplane audit verify names what is wrong)")
 	default:
@@ -653,11 +653,11 @@ func runAuditRotate(ctx context.Context, e *env, args []string) error {
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
-	old, err := seal.LoadPrivateKey(*oldFile)
+	old, err := trail.LoadPrivateKey(*oldFile)
 	if err != nil {
 		return fmt.Errorf("--audit-key: %w", err)
 	}
-	next, err := seal.LoadPrivateKey(*newFile)
+	next, err := trail.LoadPrivateKey(*newFile)
 	if err != nil {
 		return fmt.Errorf("--new-key: %w", err)
 	}
@@ -684,7 +684,7 @@ func runAuditRotate(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	defer conn.Close()
-	l, err := seal.NewLog(conn, st.ch.Database, prefix, []ed25519.PublicKey{old.Public().(ed25519.PublicKey)})
+	l, err := trail.NewLog(conn, st.ch.Database, prefix, []ed25519.PublicKey{old.Public().(ed25519.PublicKey)})
 	if err != nil {
 		return err
 	}
@@ -694,7 +694,7 @@ func runAuditRotate(ctx context.Context, e *env, args []string) error {
 	t := st.auditTopics(sealerPriorityOperator)
 	kctx, cancel := context.WithTimeout(ctx, rotateKafkaWait)
 	published, kerr := func() (map[string][]byte, error) {
-		if err := seal.EnsureTopics(kctx, t, 4); err != nil {
+		if err := trail.EnsureTopics(kctx, t, 4); err != nil {
 			return nil, err
 		}
 		return kafka.ReadLatest(kctx, t.Brokers, t.Checkpoints)
@@ -727,7 +727,7 @@ func runAuditRotate(ctx context.Context, e *env, args []string) error {
 	// either key finds it; the stored-events topic hands it to the running sealer in
 	// order with the notes, so that a deletion from ClickHouse cannot hide it from the
 	// sealer, which then signs nothing with a retired key.
-	msg := []kafkago.Message{{Key: []byte(seal.RotationKeyPrefix + newID), Value: out.Note}}
+	msg := []kafkago.Message{{Key: []byte(trail.RotationKeyPrefix + newID), Value: out.Note}}
 	for _, topic := range []string{t.Checkpoints, t.Stored} {
 		p, err := kafka.NewProducer(kafka.ProducerConfig{Brokers: t.Brokers, Topic: topic})
 		if err != nil {

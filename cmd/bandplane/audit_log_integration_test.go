@@ -17,11 +17,11 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/bandplane/bandplane/deploy/stacktest"
-	"github.com/bandplane/bandplane/ingest/kafka"
-	"github.com/bandplane/bandplane/ingest/seal"
-	"github.com/bandplane/bandplane/ingest/seal/tlog"
-	"github.com/bandplane/bandplane/policy/keys"
+	"github.com/bandplane/bandplane/query/trail"
 	"github.com/bandplane/bandplane/schema"
+	"github.com/bandplane/bandplane/schema/kafka"
+	"github.com/bandplane/bandplane/schema/keys"
+	"github.com/bandplane/bandplane/schema/tlog"
 )
 
 // The audit log's read side on a real serve: the newest checkpoint and proofs over HTTP
@@ -31,10 +31,10 @@ import (
 func TestIntegrationAuditLog(t *testing.T) {
 	s := newStack(t)
 	keyFile := filepath.Join(s.dir, "audit.key")
-	require.NoError(t, seal.GenerateKey(keyFile))
-	pub, err := seal.LoadPublicKey(keyFile + ".pub")
+	require.NoError(t, trail.GenerateKey(keyFile))
+	pub, err := trail.LoadPublicKey(keyFile + ".pub")
 	require.NoError(t, err)
-	priv, err := seal.LoadPrivateKey(keyFile)
+	priv, err := trail.LoadPrivateKey(keyFile)
 	require.NoError(t, err)
 	ingestKey := s.key(t, "platform-ingest", keys.PlatformOrg, keys.RoleIngest)
 	compliance := s.key(t, "alpha-compliance", "org-alpha", keys.RoleCompliance)
@@ -236,8 +236,8 @@ func TestIntegrationAuditLog(t *testing.T) {
 	// time must come after every organization's newest checkpoint: serve signs with the
 	// old key until then.
 	nextFile := filepath.Join(s.dir, "next.key")
-	require.NoError(t, seal.GenerateKey(nextFile))
-	next, err := seal.LoadPublicKey(nextFile + ".pub")
+	require.NoError(t, trail.GenerateKey(nextFile))
+	next, err := trail.LoadPublicKey(nextFile + ".pub")
 	require.NoError(t, err)
 	oldID, nextID := tlog.KeyID(pub), tlog.KeyID(next)
 	stackArgs := []string{"--clickhouse", stacktest.ClickHouseAddr(), "--clickhouse-db", s.db, "--kafka", strings.Join(stacktest.Brokers(), ","), "--topic", s.topic}
@@ -282,14 +282,14 @@ func TestIntegrationAuditLog(t *testing.T) {
 	assert.Contains(t, stderr, "(--from is not used)")
 	latest, err := kafka.ReadLatest(t.Context(), stacktest.Brokers(), s.topic+".checkpoints")
 	require.NoError(t, err)
-	assert.Equal(t, record, string(latest[seal.RotationKeyPrefix+nextID]), "the record is on the checkpoints topic")
+	assert.Equal(t, record, string(latest[trail.RotationKeyPrefix+nextID]), "the record is on the checkpoints topic")
 	var rotationRows uint64
 	require.NoError(t, s.conn.QueryRow(t.Context(), "SELECT uniqExact(note) FROM "+s.db+".key_rotations").Scan(&rotationRows))
 	assert.Equal(t, uint64(1), rotationRows, "one record, however often it is run")
 	// The rotated key handed over to another key: refused, naming both and the time.
 	thirdFile := filepath.Join(s.dir, "third.key")
-	require.NoError(t, seal.GenerateKey(thirdFile))
-	third, err := seal.LoadPublicKey(thirdFile + ".pub")
+	require.NoError(t, trail.GenerateKey(thirdFile))
+	third, err := trail.LoadPublicKey(thirdFile + ".pub")
 	require.NoError(t, err)
 	code, _, stderr = rotate("--audit-key", keyFile, "--new-key", thirdFile)
 	assert.Equal(t, 1, code, stderr)

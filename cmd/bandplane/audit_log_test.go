@@ -12,8 +12,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/bandplane/bandplane/ingest/seal"
-	"github.com/bandplane/bandplane/ingest/seal/tlog"
+	"github.com/bandplane/bandplane/query/trail"
+	"github.com/bandplane/bandplane/schema/tlog"
 )
 
 // The choice between ClickHouse's newest checkpoint and the topic's: the topic's when it
@@ -33,7 +33,7 @@ func TestAuditCombineNewest(t *testing.T) {
 		return c
 	}
 	stored := sign(key, "org-a", 5)
-	noneErr := fmt.Errorf("%w: organization %q has no checkpoint signed with the audit key", seal.ErrNotInLog, "org-a")
+	noneErr := fmt.Errorf("%w: organization %q has no checkpoint signed with the audit key", trail.ErrNotInLog, "org-a")
 
 	c, err := combineNewest(ring, "org-a", stored, nil, nil)
 	require.NoError(t, err)
@@ -46,7 +46,7 @@ func TestAuditCombineNewest(t *testing.T) {
 
 	larger := sign(key, "org-a", 9)
 	_, err = combineNewest(ring, "org-a", stored, nil, map[string][]byte{"org-a": larger.Note})
-	assert.ErrorIs(t, err, seal.ErrLogDamaged)
+	assert.ErrorIs(t, err, trail.ErrLogDamaged)
 	assert.ErrorContains(t, err, "rolled back")
 
 	c, err = combineNewest(ring, "org-a", tlog.Checkpoint{}, noneErr, map[string][]byte{"org-a": larger.Note})
@@ -62,15 +62,15 @@ func TestAuditCombineNewest(t *testing.T) {
 		require.NoError(t, err, name)
 		assert.Equal(t, stored.Note, c.Note, "%s: ClickHouse's", name)
 		_, err = combineNewest(ring, "org-a", tlog.Checkpoint{}, noneErr, map[string][]byte{"org-a": note})
-		assert.ErrorIs(t, err, seal.ErrNotInLog, name)
+		assert.ErrorIs(t, err, trail.ErrNotInLog, name)
 	}
 
 	assert.True(t, isOrgKey("org-a"))
 	assert.True(t, isOrgKey(""))
-	assert.False(t, isOrgKey(seal.CoverageKey))
-	assert.False(t, isOrgKey(seal.RotationKeyPrefix+"abc"))
+	assert.False(t, isOrgKey(trail.CoverageKey))
+	assert.False(t, isOrgKey(trail.RotationKeyPrefix+"abc"))
 	assert.Equal(t, [][]byte{[]byte("r1"), []byte("r2")},
-		seal.TopicRotations(map[string][]byte{seal.RotationKeyPrefix + "b": []byte("r2"), seal.RotationKeyPrefix + "a": []byte("r1"), "org-a": []byte("c"), seal.CoverageKey: []byte("cov")}))
+		trail.TopicRotations(map[string][]byte{trail.RotationKeyPrefix + "b": []byte("r2"), trail.RotationKeyPrefix + "a": []byte("r1"), "org-a": []byte("c"), trail.CoverageKey: []byte("cov")}))
 }
 
 // The topic is read once per refresh interval, a failed read included (with Kafka down

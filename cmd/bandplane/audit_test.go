@@ -17,12 +17,12 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/bandplane/bandplane/deploy/stacktest"
-	"github.com/bandplane/bandplane/ingest/kafka"
-	"github.com/bandplane/bandplane/ingest/seal"
-	"github.com/bandplane/bandplane/ingest/seal/tlog"
-	"github.com/bandplane/bandplane/ingest/store"
+	"github.com/bandplane/bandplane/query/trail"
 	"github.com/bandplane/bandplane/schema"
 	"github.com/bandplane/bandplane/schema/chdb"
+	"github.com/bandplane/bandplane/schema/kafka"
+	"github.com/bandplane/bandplane/schema/store"
+	"github.com/bandplane/bandplane/schema/tlog"
 )
 
 func bandplane(t *testing.T, args ...string) (code int, stdout, stderr string) {
@@ -78,7 +78,7 @@ func TestIntegrationAuditCLI(t *testing.T) {
 	require.Equal(t, 0, code, stderr)
 	var kg map[string]string
 	lastLine(t, stdout, &kg)
-	pub, err := seal.LoadPublicKey(keyFile + ".pub")
+	pub, err := trail.LoadPublicKey(keyFile + ".pub")
 	require.NoError(t, err)
 	vkey, err := tlog.VerifierKey(tlog.DefaultPrefix(db), pub)
 	require.NoError(t, err)
@@ -99,7 +99,7 @@ func TestIntegrationAuditCLI(t *testing.T) {
 
 	code, stdout, stderr = bandplane(t, append([]string{"audit", "seal", "--audit-key", keyFile}, stack...)...)
 	require.Equal(t, 0, code, stderr)
-	var res seal.Result
+	var res trail.Result
 	lastLine(t, stdout, &res)
 	assert.Equal(t, 2, res.Checkpoints)
 	assert.Equal(t, 20, res.Leaves)
@@ -108,10 +108,10 @@ func TestIntegrationAuditCLI(t *testing.T) {
 	require.NoError(t, err)
 	assert.Len(t, latest, 3, "org-a's and org-b's checkpoints and the coverage note, on the checkpoints topic")
 
-	verify := func(args ...string) (int, seal.Report, string) {
+	verify := func(args ...string) (int, trail.Report, string) {
 		t.Helper()
 		code, stdout, stderr := bandplane(t, append(append([]string{"audit", "verify"}, stack...), args...)...)
-		var rep seal.Report
+		var rep trail.Report
 		if code == 0 || code == 1 && stdout != "" {
 			lastLine(t, stdout, &rep)
 		}
@@ -153,7 +153,7 @@ func TestIntegrationAuditCLI(t *testing.T) {
 	assert.Equal(t, 1, code)
 	require.Len(t, rep.Problems, 1)
 	assert.Equal(t, "cli-03", rep.Problems[0].ID)
-	assert.Equal(t, seal.KindModified, rep.Problems[0].Kind)
+	assert.Equal(t, trail.KindModified, rep.Problems[0].Kind)
 	require.NotNil(t, rep.Problems[0].Leaf)
 	assert.Equal(t, uint64(1), *rep.Problems[0].Leaf)
 
@@ -166,7 +166,7 @@ func TestIntegrationAuditCLI(t *testing.T) {
 	forged := 0
 	for _, p := range rep.Problems {
 		switch {
-		case p.Kind != seal.KindForged:
+		case p.Kind != trail.KindForged:
 		case p.ID == "coverage":
 			assert.Contains(t, p.Reason, "the coverage note does not verify")
 		default:
@@ -178,7 +178,7 @@ func TestIntegrationAuditCLI(t *testing.T) {
 	assert.Contains(t, problemKinds(rep), "forged coverage", "and the topic's coverage note")
 }
 
-func problemKinds(rep seal.Report) []string {
+func problemKinds(rep trail.Report) []string {
 	var out []string
 	for _, p := range rep.Problems {
 		out = append(out, p.Kind+" "+p.ID)
@@ -253,12 +253,12 @@ func TestIntegrationAuditRetention(t *testing.T) {
 	keyFile := filepath.Join(dir, "audit.key")
 	code, _, stderr := bandplane(t, "audit", "keygen", "--out", keyFile)
 	require.Equal(t, 0, code, stderr)
-	pub, err := seal.LoadPublicKey(keyFile + ".pub")
+	pub, err := trail.LoadPublicKey(keyFile + ".pub")
 	require.NoError(t, err)
 	t.Setenv("BANDPLANE_AUDIT_KEY", "")
 
 	// A sealed trail of 4 events 30 days old and 4 of today.
-	trail := func(t *testing.T) []string {
+	stackArgs := func(t *testing.T) []string {
 		conn, db := stacktest.Database(t)
 		topic := stacktest.Topic(t, 1)
 		stack := []string{"--clickhouse", stacktest.ClickHouseAddr(), "--clickhouse-db", db, "--kafka", strings.Join(stacktest.Brokers(), ","), "--topic", topic}
@@ -286,17 +286,17 @@ func TestIntegrationAuditRetention(t *testing.T) {
 		Dropped []chdb.Dropped `json:"dropped"`
 		Cuts    []chdb.Cut     `json:"cuts"`
 	}
-	verify := func(stack []string) (int, seal.Report) {
+	verify := func(stack []string) (int, trail.Report) {
 		t.Helper()
 		code, stdout, stderr := bandplane(t, append([]string{"audit", "verify", "--audit-key", keyFile + ".pub"}, stack...)...)
 		require.Contains(t, []int{0, 1}, code, stderr)
-		var rep seal.Report
+		var rep trail.Report
 		lastLine(t, stdout, &rep)
 		return code, rep
 	}
 
 	t.Run("signed", func(t *testing.T) {
-		stack := trail(t)
+		stack := stackArgs(t)
 		t.Setenv("BANDPLANE_AUDIT_KEY", keyFile) // the environment names the key
 		code, stdout, stderr := bandplane(t, append([]string{"retention", "--events", "240h", "--dry-run"}, stack...)...)
 		require.Equal(t, 0, code, stderr)
@@ -322,7 +322,7 @@ func TestIntegrationAuditRetention(t *testing.T) {
 	})
 
 	t.Run("unsigned", func(t *testing.T) {
-		stack := trail(t)
+		stack := stackArgs(t)
 		code, stdout, stderr := bandplane(t, append([]string{"retention", "--events", "240h"}, stack...)...)
 		require.Equal(t, 0, code, stderr)
 		assert.Contains(t, stderr, "retention without --audit-key dropped sealed events under an unsigned cut: audit verify will report them missing")
@@ -335,7 +335,7 @@ func TestIntegrationAuditRetention(t *testing.T) {
 		assert.Equal(t, 1, code)
 		assert.Len(t, rep.Problems, 4)
 		for _, p := range rep.Problems {
-			assert.Equal(t, seal.KindMissing, p.Kind)
+			assert.Equal(t, trail.KindMissing, p.Kind)
 			assert.Contains(t, p.Reason, "unsigned")
 		}
 		assert.Zero(t, rep.ExpiredEvents)
@@ -411,7 +411,7 @@ func TestIntegrationAuditVerifyChecksTheClaimedRecord(t *testing.T) {
 		}
 		code, stdout, stderr := bandplane(t, args...)
 		require.Equal(t, 1, code, stderr)
-		var rep seal.Report
+		var rep trail.Report
 		lastLine(t, stdout, &rep)
 		assert.Equal(t, []string{"unexpected claimer"}, problemKinds(rep))
 		assert.Contains(t, rep.Problems[0].Reason, "its Kafka record (partition 0, offset 0) is event ev-0 at ")

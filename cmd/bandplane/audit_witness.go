@@ -23,7 +23,7 @@ import (
 
 	"golang.org/x/mod/sumdb/note"
 
-	"github.com/bandplane/bandplane/ingest/seal/tlog"
+	"github.com/bandplane/bandplane/schema/tlog"
 )
 
 // `bandplane audit witness` keeps, outside the deployment, the newest checkpoint of

@@ -16,10 +16,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/bandplane/bandplane/deploy/stacktest"
-	"github.com/bandplane/bandplane/ingest/seal"
-	"github.com/bandplane/bandplane/ingest/seal/tlog"
-	"github.com/bandplane/bandplane/policy/keys"
+	"github.com/bandplane/bandplane/query/trail"
 	"github.com/bandplane/bandplane/schema"
+	"github.com/bandplane/bandplane/schema/keys"
+	"github.com/bandplane/bandplane/schema/tlog"
 )
 
 // The listing of every organization's checkpoint on a real serve, one query for all of
@@ -29,7 +29,7 @@ import (
 func TestIntegrationAuditWitnessPerOrganization(t *testing.T) {
 	s := newStack(t)
 	keyFile := filepath.Join(s.dir, "audit.key")
-	require.NoError(t, seal.GenerateKey(keyFile))
+	require.NoError(t, trail.GenerateKey(keyFile))
 	ingestKey := s.key(t, "platform-ingest", keys.PlatformOrg, keys.RoleIngest)
 	platform := s.key(t, "platform-compliance", keys.PlatformOrg, keys.RoleCompliance)
 	srv := s.serve(t, "--audit-key", keyFile, "--seal-every", "1s", "--no-policy")

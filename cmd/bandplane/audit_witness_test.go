@@ -24,9 +24,9 @@ import (
 	"github.com/transparency-dev/merkle/rfc6962"
 	"github.com/transparency-dev/merkle/testonly"
 
-	"github.com/bandplane/bandplane/ingest/seal"
-	"github.com/bandplane/bandplane/ingest/seal/tlog"
-	"github.com/bandplane/bandplane/policy/keys"
+	"github.com/bandplane/bandplane/query/trail"
+	"github.com/bandplane/bandplane/schema/keys"
+	"github.com/bandplane/bandplane/schema/tlog"
 )
 
 // The witness against a fake serve: a log per organization held in memory, its
@@ -172,8 +172,8 @@ func (f *fakeServe) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 func auditKey(t *testing.T, dir, name string) (ed25519.PrivateKey, string) {
 	t.Helper()
 	file := filepath.Join(dir, name)
-	require.NoError(t, seal.GenerateKey(file))
-	priv, err := seal.LoadPrivateKey(file)
+	require.NoError(t, trail.GenerateKey(file))
+	priv, err := trail.LoadPrivateKey(file)
 	require.NoError(t, err)
 	return priv, file + ".pub"
 }

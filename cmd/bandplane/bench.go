@@ -7,7 +7,7 @@ import (
 	"runtime/pprof"
 	"time"
 
-	"github.com/bandplane/bandplane/ingest/bench"
+	"github.com/bandplane/bandplane/deploy/bench"
 )
 
 func init() {

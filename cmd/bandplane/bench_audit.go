@@ -4,7 +4,7 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/bandplane/bandplane/ingest/bench/auditbench"
+	"github.com/bandplane/bandplane/deploy/bench/auditbench"
 )
 
 func runBenchAudit(ctx context.Context, e *env, args []string) error {

@@ -14,11 +14,11 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/bandplane/bandplane/ingest/kafka"
+	"github.com/bandplane/bandplane/deploy/bench/policybench"
 	"github.com/bandplane/bandplane/policy"
 	"github.com/bandplane/bandplane/policy/api"
-	"github.com/bandplane/bandplane/policy/keys"
-	"github.com/bandplane/bandplane/policy/policybench"
+	"github.com/bandplane/bandplane/schema/kafka"
+	"github.com/bandplane/bandplane/schema/keys"
 )
 
 // benchPolicyResult is the JSON line of `bench policy`: the in-process latencies of

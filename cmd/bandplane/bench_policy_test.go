@@ -11,7 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/bandplane/bandplane/deploy/stacktest"
-	"github.com/bandplane/bandplane/ingest/kafka"
+	"github.com/bandplane/bandplane/schema/kafka"
 )
 
 // TestBenchPolicySmall runs `bench policy` on a small directory without audit (no

@@ -7,7 +7,7 @@ import (
 	"os"
 	"time"
 
-	"github.com/bandplane/bandplane/ingest/bench/querybench"
+	"github.com/bandplane/bandplane/deploy/bench/querybench"
 	"github.com/bandplane/bandplane/schema/chdb"
 )
 

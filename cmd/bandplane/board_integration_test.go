@@ -19,9 +19,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/bandplane/bandplane/deploy/stacktest"
-	"github.com/bandplane/bandplane/ingest/kafka"
-	"github.com/bandplane/bandplane/policy/keys"
 	"github.com/bandplane/bandplane/schema"
+	"github.com/bandplane/bandplane/schema/kafka"
+	"github.com/bandplane/bandplane/schema/keys"
 )
 
 // boardLatency is how soon after an event is in Kafka the board must show it.

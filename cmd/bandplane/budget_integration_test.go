@@ -19,8 +19,8 @@ import (
 	"github.com/bandplane/bandplane/deploy/stacktest"
 	"github.com/bandplane/bandplane/graph/wsclient"
 	"github.com/bandplane/bandplane/policy"
-	"github.com/bandplane/bandplane/policy/keys"
 	"github.com/bandplane/bandplane/schema"
+	"github.com/bandplane/bandplane/schema/keys"
 )
 
 // budgetBundle is the built-in policy bundle with the message rates of org lifted, so

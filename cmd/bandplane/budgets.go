@@ -11,12 +11,12 @@ import (
 
 	"github.com/shopspring/decimal"
 
-	"github.com/bandplane/bandplane/ingest/kafka"
-	"github.com/bandplane/bandplane/ingest/store"
 	"github.com/bandplane/bandplane/policy"
 	"github.com/bandplane/bandplane/policy/api"
-	"github.com/bandplane/bandplane/policy/keys"
 	"github.com/bandplane/bandplane/schema"
+	"github.com/bandplane/bandplane/schema/kafka"
+	"github.com/bandplane/bandplane/schema/keys"
+	"github.com/bandplane/bandplane/schema/store"
 )
 
 func init() {

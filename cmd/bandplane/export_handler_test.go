@@ -20,8 +20,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/bandplane/bandplane/ingest/seal"
-	"github.com/bandplane/bandplane/policy/keys"
+	"github.com/bandplane/bandplane/query/trail"
+	"github.com/bandplane/bandplane/schema/keys"
 )
 
 // fakeAuth knows a fixed set of tokens.
@@ -49,7 +49,7 @@ func exportHandlerForTest(t *testing.T, withKey bool) http.Handler {
 	keyFile := ""
 	if withKey {
 		keyFile = filepath.Join(t.TempDir(), "audit.key")
-		require.NoError(t, seal.GenerateKey(keyFile))
+		require.NoError(t, trail.GenerateKey(keyFile))
 	}
 	x, err := newAuditExporter(noConn{}, "db", "", keyFile, nil, nil)
 	require.NoError(t, err)
@@ -95,7 +95,7 @@ func TestExportHandlerRefuses(t *testing.T) {
 		{"unknown parameter", "GET", "compliance-a", ok + "&type=x", 400, "bad_request", `unknown parameter "type"`},
 		{"bad format", "GET", "compliance-a", ok + "&format=xlsx", 400, "bad_request", `format: "xlsx" is not ndjson or csv`},
 		{"bad cursor", "GET", "compliance-a", ok + "&as_of=12&after=zzz", 400, "bad_request", "after: malformed cursor"},
-		{"cursor without as_of", "GET", "compliance-a", ok + "&after=" + seal.Cursor{}.String(), 400, "bad_request", "after: needs as_of"},
+		{"cursor without as_of", "GET", "compliance-a", ok + "&after=" + trail.Cursor{}.String(), 400, "bad_request", "after: needs as_of"},
 		{"as_of not a size", "GET", "compliance-a", ok + "&as_of=2026-03-02T00:00:00Z", 400, "bad_request", "as_of: want a log size"},
 		{"as_of zero", "GET", "compliance-a", ok + "&as_of=0", 400, "bad_request", "as_of: 0 is not the size of a checkpoint"},
 		{"as_of twice", "GET", "compliance-a", ok + "&as_of=3&as_of=4", 400, "bad_request", "as_of: given 2 times"},
@@ -132,7 +132,7 @@ func TestExportHandlerWithoutAuditKey(t *testing.T) {
 	// A key file that is not a private key stops serve at start, and so does an origin
 	// prefix a checkpoint cannot have.
 	pub := filepath.Join(t.TempDir(), "audit.key")
-	require.NoError(t, seal.GenerateKey(pub))
+	require.NoError(t, trail.GenerateKey(pub))
 	_, err := newAuditExporter(noConn{}, "db", "", pub+".pub", nil, nil)
 	assert.ErrorContains(t, err, "is a public key")
 	_, err = newAuditExporter(noConn{}, "db", "has space", pub, nil, nil)
@@ -151,7 +151,7 @@ func TestExportCLIRefuses(t *testing.T) {
 		nineCheckpoints = append(nineCheckpoints, "--checkpoint", sizeless)
 	}
 	keyFile := filepath.Join(dir, "audit.key")
-	require.NoError(t, seal.GenerateKey(keyFile))
+	require.NoError(t, trail.GenerateKey(keyFile))
 	t.Setenv("BANDPLANE_KEY", "")
 	for _, tc := range []struct {
 		name string
@@ -191,7 +191,7 @@ func TestExportCLIRefuses(t *testing.T) {
 		require.NoError(t, os.WriteFile(f, []byte(content), 0o600))
 		code, stdout, stderr := bandplane(t, "audit", "verify", "--export", f, "--audit-key", keyFile+".pub")
 		assert.Equal(t, 1, code, "%q: %s", content, stderr)
-		var rep seal.ExportReport
+		var rep trail.ExportReport
 		lastLine(t, stdout, &rep)
 		assert.NotEmpty(t, rep.Problems, "%q", content)
 	}
@@ -202,10 +202,10 @@ func TestExportCLIRefuses(t *testing.T) {
 
 func TestExportHandlerBusy(t *testing.T) {
 	keyFile := filepath.Join(t.TempDir(), "audit.key")
-	require.NoError(t, seal.GenerateKey(keyFile))
-	key, err := seal.LoadPrivateKey(keyFile)
+	require.NoError(t, trail.GenerateKey(keyFile))
+	key, err := trail.LoadPrivateKey(keyFile)
 	require.NoError(t, err)
-	x, err := seal.NewExporter(seal.ExportConfig{Conn: noConn{}, Database: "db", Key: key})
+	x, err := trail.NewExporter(trail.ExportConfig{Conn: noConn{}, Database: "db", Key: key})
 	require.NoError(t, err)
 	h := &exportHandler{x: x, log: slog.New(slog.DiscardHandler), slots: make(chan struct{}, maxConcurrentExports)}
 	for range maxConcurrentExports {

@@ -22,12 +22,12 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/bandplane/bandplane/deploy/stacktest"
-	"github.com/bandplane/bandplane/ingest/kafka"
-	"github.com/bandplane/bandplane/ingest/seal"
-	"github.com/bandplane/bandplane/ingest/seal/tlog"
-	"github.com/bandplane/bandplane/ingest/store"
-	"github.com/bandplane/bandplane/policy/keys"
+	"github.com/bandplane/bandplane/query/trail"
 	"github.com/bandplane/bandplane/schema"
+	"github.com/bandplane/bandplane/schema/kafka"
+	"github.com/bandplane/bandplane/schema/keys"
+	"github.com/bandplane/bandplane/schema/store"
+	"github.com/bandplane/bandplane/schema/tlog"
 )
 
 // TestIntegrationExport drives the real `bandplane serve --audit-key` and the real CLI:
@@ -42,7 +42,7 @@ func TestIntegrationExport(t *testing.T) {
 	began := time.Now()
 	s := newStack(t)
 	keyFile := filepath.Join(s.dir, "audit.key")
-	require.NoError(t, seal.GenerateKey(keyFile))
+	require.NoError(t, trail.GenerateKey(keyFile))
 	pubFile := keyFile + ".pub"
 	ingestKey := s.key(t, "platform-ingest", keys.PlatformOrg, keys.RoleIngest)
 	compliance := s.key(t, "alpha-compliance", "org-alpha", keys.RoleCompliance)
@@ -83,14 +83,14 @@ func TestIntegrationExport(t *testing.T) {
 	ctx := context.Background()
 	// sealNow seals until every one of ids has a leaf (a note produced after a run's
 	// drain is sealed by the next one).
-	sealNow := func(ids []string) seal.Result {
+	sealNow := func(ids []string) trail.Result {
 		t.Helper()
 		isoWaitStored(t, s, ids)
-		var res seal.Result
+		var res trail.Result
 		for run := 1; ; run++ {
 			code, stdout, stderr := bandplane(t, append([]string{"audit", "seal", "--audit-key", keyFile}, stackArgs...)...)
 			require.Equal(t, 0, code, stderr)
-			var r seal.Result
+			var r trail.Result
 			lastLine(t, stdout, &r)
 			res.Checkpoints, res.Leaves = res.Checkpoints+r.Checkpoints, res.Leaves+r.Leaves
 			var n uint64
@@ -164,10 +164,10 @@ func TestIntegrationExport(t *testing.T) {
 		t.Helper()
 		return bandplane(t, append([]string{"audit", "export", "--out", out, "--server", srv.url, "--key", token, "--quiet"}, args...)...)
 	}
-	verify := func(t *testing.T, file string, extra ...string) (int, seal.ExportReport, string) {
+	verify := func(t *testing.T, file string, extra ...string) (int, trail.ExportReport, string) {
 		t.Helper()
 		code, stdout, stderr := bandplane(t, append([]string{"audit", "verify", "--export", file, "--audit-key", pubFile}, extra...)...)
-		var rep seal.ExportReport
+		var rep trail.ExportReport
 		lastLine(t, stdout, &rep)
 		return code, rep, stderr
 	}
@@ -235,7 +235,7 @@ func TestIntegrationExport(t *testing.T) {
 	original, err := os.ReadFile(files["ndjson"])
 	require.NoError(t, err)
 	ls := bytes.SplitAfter(original, []byte("\n"))
-	tampered := func(name string, edit func([][]byte) [][]byte) seal.ExportReport {
+	tampered := func(name string, edit func([][]byte) [][]byte) trail.ExportReport {
 		t.Helper()
 		f := filepath.Join(dir, name+".ndjson")
 		require.NoError(t, os.WriteFile(f, bytes.Join(edit(append([][]byte{}, ls...)), nil), 0o600))
@@ -249,22 +249,22 @@ func TestIntegrationExport(t *testing.T) {
 		return l
 	})
 	require.Len(t, rep.Problems, 1, "%+v", rep.Problems)
-	assert.Equal(t, seal.ExportChanged, rep.Problems[0].Kind)
+	assert.Equal(t, trail.ExportChanged, rep.Problems[0].Kind)
 	assert.Equal(t, int64(102), rep.Problems[0].Line)
 	changedID := lineID(t, ls[101])
 	assert.Equal(t, changedID, rep.Problems[0].ID)
 	rep = tampered("dropped", func(l [][]byte) [][]byte { return append(l[:500], l[501:]...) })
-	require.Equal(t, seal.ExportDropped, rep.Problems[0].Kind, "%+v", rep.Problems)
+	require.Equal(t, trail.ExportDropped, rep.Problems[0].Kind, "%+v", rep.Problems)
 	assert.Equal(t, int64(501), rep.Problems[0].Line)
 	assert.Equal(t, lineKey(t, ls[500]).Leaf, *rep.Problems[0].Leaf)
 	rep = tampered("added", func(l [][]byte) [][]byte {
 		extra := bytes.Replace(l[1000], []byte(lineID(t, l[1000])), []byte(lineID(t, l[1000])+"-copy"), 1)
 		return append(append(l[:1001:1001], extra), l[1001:]...)
 	})
-	require.Equal(t, seal.ExportChanged, rep.Problems[0].Kind, "%+v", rep.Problems)
+	require.Equal(t, trail.ExportChanged, rep.Problems[0].Kind, "%+v", rep.Problems)
 	assert.Equal(t, int64(1002), rep.Problems[0].Line)
 	assert.Equal(t, lineID(t, ls[1000])+"-copy", rep.Problems[0].ID)
-	assert.Equal(t, seal.ExportAdded, rep.Problems[1].Kind, "%+v", rep.Problems)
+	assert.Equal(t, trail.ExportAdded, rep.Problems[1].Kind, "%+v", rep.Problems)
 
 	// Killed midway, resumed: the file equals an uninterrupted export of the selection.
 	for _, format := range []string{"ndjson", "csv"} {
@@ -317,9 +317,9 @@ func TestIntegrationExport(t *testing.T) {
 	}
 
 	// A cursor of another selection, and one whose file does not match the trail: 409.
-	h, err := seal.ParseExportHeader("ndjson", ls[0])
+	h, err := trail.ParseExportHeader("ndjson", ls[0])
 	require.NoError(t, err)
-	last, err := seal.ExportEventKey("ndjson", ls[700])
+	last, err := trail.ExportEventKey("ndjson", ls[700])
 	require.NoError(t, err)
 	for _, tc := range []struct {
 		name   string
@@ -330,7 +330,7 @@ func TestIntegrationExport(t *testing.T) {
 		{"other selection", 700, func(q url.Values) { q.Set("format", "csv") }, "belongs to another export"},
 		{"wrong count", 650, func(url.Values) {}, "the file holds 650 events"},
 	} {
-		c, err := seal.NewCursor(&h, tc.events, last.Time, last.ID)
+		c, err := trail.NewCursor(&h, tc.events, last.Time, last.ID)
 		require.NoError(t, err)
 		req, err := h.Request(&c)
 		require.NoError(t, err)
@@ -358,7 +358,7 @@ func TestIntegrationExport(t *testing.T) {
 	for _, p := range rep.Problems {
 		got[p.ID] = p.Kind
 	}
-	assert.Equal(t, map[string]string{"org-alpha-00042": seal.ExportModified, "org-alpha-00043": seal.ExportMissing}, got, "%+v", rep.Problems)
+	assert.Equal(t, map[string]string{"org-alpha-00042": trail.ExportModified, "org-alpha-00043": trail.ExportMissing}, got, "%+v", rep.Problems)
 	b, err := os.ReadFile(out)
 	require.NoError(t, err)
 	assert.NotContains(t, string(b), "rewritten", "an edited row is a gap, never its new content")
@@ -417,9 +417,9 @@ func verifyCLI(t *testing.T, file, pub string) (int, string, string) {
 // lineID is the id of an NDJSON event line.
 func lineID(t *testing.T, line []byte) string { return lineKey(t, line).ID }
 
-func lineKey(t *testing.T, line []byte) seal.ExportEventID {
+func lineKey(t *testing.T, line []byte) trail.ExportEventID {
 	t.Helper()
-	k, err := seal.ExportEventKey("ndjson", line)
+	k, err := trail.ExportEventKey("ndjson", line)
 	require.NoError(t, err)
 	return k
 }

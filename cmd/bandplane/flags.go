@@ -10,9 +10,9 @@ import (
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
-	"github.com/bandplane/bandplane/ingest/pricing"
-	"github.com/bandplane/bandplane/ingest/seal/tlog"
 	"github.com/bandplane/bandplane/schema/chdb"
+	"github.com/bandplane/bandplane/schema/pricing"
+	"github.com/bandplane/bandplane/schema/tlog"
 )
 
 // stackFlags are the connection flags every command that talks to the stack shares.

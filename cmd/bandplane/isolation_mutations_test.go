@@ -10,7 +10,7 @@ import (
 
 	"github.com/bandplane/bandplane/deploy/stacktest"
 	"github.com/bandplane/bandplane/policy"
-	"github.com/bandplane/bandplane/policy/keys"
+	"github.com/bandplane/bandplane/schema/keys"
 )
 
 // isoMutation says how the isolation test asks one mutation: a document acting on a

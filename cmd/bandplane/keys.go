@@ -9,8 +9,8 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/bandplane/bandplane/ingest/kafka"
-	"github.com/bandplane/bandplane/policy/keys"
+	"github.com/bandplane/bandplane/schema/kafka"
+	"github.com/bandplane/bandplane/schema/keys"
 )
 
 func init() {

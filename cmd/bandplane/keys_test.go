@@ -11,8 +11,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/bandplane/bandplane/deploy/stacktest"
-	"github.com/bandplane/bandplane/ingest/kafka"
-	"github.com/bandplane/bandplane/policy/keys"
+	"github.com/bandplane/bandplane/schema/kafka"
+	"github.com/bandplane/bandplane/schema/keys"
 )
 
 func keysCmd(t *testing.T, args ...string) (code int, stdout, stderr string) {

@@ -7,7 +7,7 @@ import (
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
-	"github.com/bandplane/bandplane/ingest/seal"
+	"github.com/bandplane/bandplane/query/trail"
 	"github.com/bandplane/bandplane/schema/chdb"
 )
 
@@ -62,7 +62,7 @@ func runRetention(ctx context.Context, e *env, args []string) error {
 	}
 	opts := chdb.RetentionOptions{DryRun: *dry}
 	if *keyFile != "" {
-		key, err := seal.LoadPrivateKey(*keyFile)
+		key, err := trail.LoadPrivateKey(*keyFile)
 		if err != nil {
 			return fmt.Errorf("--audit-key: %w", err)
 		}
@@ -70,7 +70,7 @@ func runRetention(ctx context.Context, e *env, args []string) error {
 		if err != nil {
 			return err
 		}
-		opts.Sign = seal.CutSigner(key, st.ch.Database, prefix)
+		opts.Sign = trail.CutSigner(key, st.ch.Database, prefix)
 	}
 	conn, err := st.openDB(ctx)
 	if err != nil {
@@ -100,7 +100,7 @@ func warnUnsigned(ctx context.Context, e *env, conn driver.Conn, db string, res 
 	if len(days) == 0 {
 		return
 	}
-	n, err := seal.SealedIn(ctx, conn, db, days)
+	n, err := trail.SealedIn(ctx, conn, db, days)
 	if err != nil {
 		e.log.Warn("retention without --audit-key: its cut is unsigned, and the sealed events it drops cannot be counted", "err", err)
 		return

@@ -18,9 +18,9 @@ import (
 	"github.com/bandplane/bandplane/deploy/stacktest"
 	"github.com/bandplane/bandplane/policy"
 	"github.com/bandplane/bandplane/policy/client"
-	"github.com/bandplane/bandplane/policy/keys"
 	"github.com/bandplane/bandplane/policy/shard"
 	"github.com/bandplane/bandplane/schema"
+	"github.com/bandplane/bandplane/schema/keys"
 )
 
 // shardBundle is the built-in bundle with slow rates for orgs: 16 messages an hour per

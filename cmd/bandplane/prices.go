@@ -9,8 +9,8 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/bandplane/bandplane/ingest/kafka"
 	"github.com/bandplane/bandplane/ingest/prices"
+	"github.com/bandplane/bandplane/schema/kafka"
 )
 
 func init() {

@@ -11,11 +11,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/bandplane/bandplane/graph"
-	"github.com/bandplane/bandplane/ingest/kafka"
 	"github.com/bandplane/bandplane/ingest/prices"
-	"github.com/bandplane/bandplane/ingest/pricing"
-	"github.com/bandplane/bandplane/policy/keys"
 	"github.com/bandplane/bandplane/query"
+	"github.com/bandplane/bandplane/schema/kafka"
+	"github.com/bandplane/bandplane/schema/keys"
+	"github.com/bandplane/bandplane/schema/pricing"
 )
 
 // priceService is the price side of serve (issue 9, section 2): the catalog ingest and

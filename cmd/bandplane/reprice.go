@@ -9,8 +9,8 @@ import (
 	"time"
 
 	"github.com/bandplane/bandplane/ingest/prices"
-	"github.com/bandplane/bandplane/ingest/pricing"
-	"github.com/bandplane/bandplane/policy/keys"
+	"github.com/bandplane/bandplane/schema/keys"
+	"github.com/bandplane/bandplane/schema/pricing"
 )
 
 func init() {

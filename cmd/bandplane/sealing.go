@@ -10,12 +10,12 @@ import (
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/bandplane/bandplane/ingest/kafka"
-	"github.com/bandplane/bandplane/ingest/seal"
-	"github.com/bandplane/bandplane/ingest/store"
+	"github.com/bandplane/bandplane/query/trail"
+	"github.com/bandplane/bandplane/schema/kafka"
+	"github.com/bandplane/bandplane/schema/store"
 )
 
-// Priorities of a sealer in its group (seal.Topics): an operator's `audit seal` takes
+// Priorities of a sealer in its group (trail.Topics): an operator's `audit seal` takes
 // the stored-events topic over from serve's sealers while it runs.
 const (
 	sealerPriorityServe    = 0
@@ -23,25 +23,25 @@ const (
 )
 
 // auditTopics are the sealer's topics of this stack.
-func (s *stackFlags) auditTopics(priority uint8) seal.Topics {
-	return seal.Topics{Brokers: s.brokers(), Stored: s.storedTopic(), Checkpoints: s.checkpointTopic(), Priority: priority}
+func (s *stackFlags) auditTopics(priority uint8) trail.Topics {
+	return trail.Topics{Brokers: s.brokers(), Stored: s.storedTopic(), Checkpoints: s.checkpointTopic(), Priority: priority}
 }
 
 // newSealer builds the sealer of the trail with its Kafka clients (creating the topics
 // when they do not exist); close releases them.
 // ingestGroup is the ingest consumer group whose offsets the coverage notes sign.
 func newSealer(ctx context.Context, st *stackFlags, conn driver.Conn, key ed25519.PrivateKey, every time.Duration, priority uint8,
-	ingestGroup string, log *slog.Logger, reg prometheus.Registerer) (*seal.Sealer, func() error, error) {
+	ingestGroup string, log *slog.Logger, reg prometheus.Registerer) (*trail.Sealer, func() error, error) {
 	prefix, err := st.prefix()
 	if err != nil {
 		return nil, nil, err
 	}
 	t := st.auditTopics(priority)
-	if err := seal.EnsureTopics(ctx, t, 4); err != nil {
+	if err := trail.EnsureTopics(ctx, t, 4); err != nil {
 		return nil, nil, err
 	}
 	brokers := st.brokers()
-	return seal.NewOnKafka(seal.Config{Conn: conn, Database: st.ch.Database, Prefix: prefix, Key: key, Every: every,
+	return trail.NewOnKafka(trail.Config{Conn: conn, Database: st.ch.Database, Prefix: prefix, Key: key, Every: every,
 		Ingested: func(ctx context.Context) (map[int]int64, error) {
 			return kafka.CommittedOffsets(ctx, brokers, st.topic, ingestGroup)
 		},
@@ -52,7 +52,7 @@ func newSealer(ctx context.Context, st *stackFlags, conn driver.Conn, key ed2551
 // coverage note on the checkpoints topic, of this events topic as this ingest group
 // reads it, and the audit log.
 type replicaTrail struct {
-	log    *seal.Log
+	log    *trail.Log
 	topic  string
 	group  string
 	latest func(ctx context.Context) (map[string][]byte, error)
@@ -76,5 +76,5 @@ func (t replicaTrail) Sealed(ctx context.Context, rows []store.EventRow) ([]bool
 	if err != nil {
 		return nil, fmt.Errorf("cannot read the checkpoints topic's rotation records: %w", err)
 	}
-	return t.log.Sealed(ctx, seal.TopicRotations(latest), rows)
+	return t.log.Sealed(ctx, trail.TopicRotations(latest), rows)
 }

@@ -21,13 +21,13 @@ import (
 
 	"github.com/bandplane/bandplane/graph"
 	"github.com/bandplane/bandplane/ingest"
-	"github.com/bandplane/bandplane/ingest/kafka"
-	"github.com/bandplane/bandplane/ingest/seal"
-	"github.com/bandplane/bandplane/ingest/store"
-	"github.com/bandplane/bandplane/policy/keys"
 	"github.com/bandplane/bandplane/policy/replica"
 	"github.com/bandplane/bandplane/query"
+	"github.com/bandplane/bandplane/query/trail"
 	"github.com/bandplane/bandplane/schema/chdb"
+	"github.com/bandplane/bandplane/schema/kafka"
+	"github.com/bandplane/bandplane/schema/keys"
+	"github.com/bandplane/bandplane/schema/store"
 )
 
 func init() {
@@ -76,11 +76,11 @@ func (s *sealFlags) register(fs *flag.FlagSet) {
 
 // sealer returns the sealer of the trail, or nil without --audit-key; close releases
 // its Kafka clients.
-func (s *sealFlags) sealer(ctx context.Context, st *stackFlags, conn driver.Conn, ingestGroup string, log *slog.Logger, reg prometheus.Registerer) (*seal.Sealer, func() error, error) {
+func (s *sealFlags) sealer(ctx context.Context, st *stackFlags, conn driver.Conn, ingestGroup string, log *slog.Logger, reg prometheus.Registerer) (*trail.Sealer, func() error, error) {
 	if s.keyFile == "" {
 		return nil, func() error { return nil }, nil
 	}
-	key, err := seal.LoadPrivateKey(s.keyFile)
+	key, err := trail.LoadPrivateKey(s.keyFile)
 	if err != nil {
 		return nil, nil, fmt.Errorf("cannot use --audit-key: %w", err)
 	}
@@ -89,11 +89,11 @@ func (s *sealFlags) sealer(ctx context.Context, st *stackFlags, conn driver.Conn
 
 // log returns the reader of the audit log, checked against --audit-key's public half,
 // or nil without --audit-key.
-func (s *sealFlags) log(conn driver.Conn, st *stackFlags) (*seal.Log, error) {
+func (s *sealFlags) log(conn driver.Conn, st *stackFlags) (*trail.Log, error) {
 	if s.keyFile == "" {
 		return nil, nil
 	}
-	pub, err := seal.LoadPublicKey(s.keyFile)
+	pub, err := trail.LoadPublicKey(s.keyFile)
 	if err != nil {
 		return nil, fmt.Errorf("cannot use --audit-key: %w", err)
 	}
@@ -101,7 +101,7 @@ func (s *sealFlags) log(conn driver.Conn, st *stackFlags) (*seal.Log, error) {
 	if err != nil {
 		return nil, err
 	}
-	return seal.NewLog(conn, st.ch.Database, prefix, []ed25519.PublicKey{pub})
+	return trail.NewLog(conn, st.ch.Database, prefix, []ed25519.PublicKey{pub})
 }
 
 // httpLimits are the timeouts of serve's HTTP servers.
@@ -222,7 +222,7 @@ func serve(ctx context.Context, log *slog.Logger, reg *prometheus.Registry, c se
 	}
 	// Ingest notes what it stores whether this process seals or not: a sealer
 	// elsewhere, or one started later, seals it.
-	if err := seal.EnsureTopics(ctx, c.stack.auditTopics(sealerPriorityServe), c.partitions); err != nil {
+	if err := trail.EnsureTopics(ctx, c.stack.auditTopics(sealerPriorityServe), c.partitions); err != nil {
 		return err
 	}
 	metrics := ingest.NewMetrics(reg)
@@ -263,11 +263,11 @@ func serve(ctx context.Context, log *slog.Logger, reg *prometheus.Registry, c se
 	latestCheckpoints := func(ctx context.Context) (map[string][]byte, error) {
 		return kafka.ReadLatest(ctx, brokers, c.stack.checkpointTopic())
 	}
-	var trail replica.Trail
+	var sealed replica.Trail
 	if auditLog != nil {
-		trail = replicaTrail{log: auditLog, topic: c.stack.topic, group: c.group, latest: latestCheckpoints}
+		sealed = replicaTrail{log: auditLog, topic: c.stack.topic, group: c.group, latest: latestCheckpoints}
 	}
-	pol, err := c.policy.build(ctx, log, reg, conn, c.stack, prices.Live, auditor, keyCache, trail)
+	pol, err := c.policy.build(ctx, log, reg, conn, c.stack, prices.Live, auditor, keyCache, sealed)
 	if err != nil {
 		return err
 	}

@@ -21,8 +21,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/bandplane/bandplane/deploy/stacktest"
-	"github.com/bandplane/bandplane/ingest/kafka"
-	"github.com/bandplane/bandplane/policy/keys"
+	"github.com/bandplane/bandplane/schema/kafka"
+	"github.com/bandplane/bandplane/schema/keys"
 )
 
 // The helpers below run the real `bandplane serve` binary against the real stack, with

@@ -6,9 +6,9 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/bandplane/bandplane/deploy/simulate"
 	"github.com/bandplane/bandplane/ingest"
-	"github.com/bandplane/bandplane/ingest/kafka"
-	"github.com/bandplane/bandplane/ingest/simulate"
+	"github.com/bandplane/bandplane/schema/kafka"
 )
 
 func init() {

@@ -57,7 +57,7 @@ log="$(mktemp)"
 rc=0
 # -p 1: one package at a time, so that a test that kills a broker or a server never
 # runs beside another package's test that needs them all.
-go test -count=1 -p 1 -timeout 30m -run '^TestIntegrationCluster' -v ./ingest/ ./ingest/kafka/ ./cmd/bandplane/ >"$log" 2>&1 || rc=$?
+go test -count=1 -p 1 -timeout 30m -run '^TestIntegrationCluster' -v ./ingest/ ./schema/kafka/ ./cmd/bandplane/ >"$log" 2>&1 || rc=$?
 # The tests' own lines (what was killed, how long the stall was) and the verdicts.
 # On failure, all of it.
 if [[ $rc -eq 0 ]]; then

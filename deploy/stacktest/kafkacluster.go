@@ -14,7 +14,7 @@ import (
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	kafkago "github.com/segmentio/kafka-go"
 
-	"github.com/bandplane/bandplane/ingest/kafka"
+	"github.com/bandplane/bandplane/schema/kafka"
 )
 
 // The three-node Kafka cluster of `deploy/local/kafka.sh --brokers 3` (`make

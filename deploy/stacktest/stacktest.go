@@ -21,8 +21,8 @@ import (
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	kafkago "github.com/segmentio/kafka-go"
 
-	"github.com/bandplane/bandplane/ingest/kafka"
 	"github.com/bandplane/bandplane/schema/chdb"
+	"github.com/bandplane/bandplane/schema/kafka"
 )
 
 // Brokers and ClickHouse address of the local stack (overridable like the CLI's).

@@ -13,10 +13,10 @@ import (
 	"unicode/utf8"
 
 	"github.com/bandplane/bandplane/ingest"
-	"github.com/bandplane/bandplane/ingest/pricing"
-	"github.com/bandplane/bandplane/ingest/store"
-	"github.com/bandplane/bandplane/policy/keys"
 	"github.com/bandplane/bandplane/schema"
+	"github.com/bandplane/bandplane/schema/keys"
+	"github.com/bandplane/bandplane/schema/pricing"
+	"github.com/bandplane/bandplane/schema/store"
 )
 
 // Bounds of a price upsert.

@@ -7,8 +7,8 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/bandplane/bandplane/policy/keys"
 	"github.com/bandplane/bandplane/schema"
+	"github.com/bandplane/bandplane/schema/keys"
 )
 
 // Source is the source of the price.* and job.* events (bandplane's own: the collector

@@ -38,8 +38,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/bandplane/bandplane/ingest"
-	"github.com/bandplane/bandplane/ingest/pricing"
-	"github.com/bandplane/bandplane/ingest/store"
+	"github.com/bandplane/bandplane/schema/pricing"
+	"github.com/bandplane/bandplane/schema/store"
 )
 
 // Config configures a Service.

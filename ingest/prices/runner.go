@@ -11,7 +11,7 @@ import (
 	"github.com/shopspring/decimal"
 
 	"github.com/bandplane/bandplane/ingest"
-	"github.com/bandplane/bandplane/ingest/store"
+	"github.com/bandplane/bandplane/schema/store"
 )
 
 // RunNow records a reprice job as running in this process and runs it to its end

@@ -21,9 +21,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/bandplane/bandplane/policy"
-	"github.com/bandplane/bandplane/policy/keys"
 	"github.com/bandplane/bandplane/policy/shard"
 	"github.com/bandplane/bandplane/schema"
+	"github.com/bandplane/bandplane/schema/keys"
 )
 
 // Auditor writes audit events. Audit blocks until the events are acknowledged by Kafka

@@ -18,8 +18,8 @@ import (
 
 	"github.com/bandplane/bandplane/policy"
 	"github.com/bandplane/bandplane/policy/api"
-	"github.com/bandplane/bandplane/policy/keys"
 	"github.com/bandplane/bandplane/schema"
+	"github.com/bandplane/bandplane/schema/keys"
 )
 
 type fakeAuditor struct {

@@ -9,8 +9,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/bandplane/bandplane/policy"
-	"github.com/bandplane/bandplane/policy/keys"
 	"github.com/bandplane/bandplane/schema"
+	"github.com/bandplane/bandplane/schema/keys"
 )
 
 // Errors of the operations below, for callers that map them (GraphQL codes, HTTP

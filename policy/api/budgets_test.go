@@ -11,8 +11,8 @@ import (
 
 	"github.com/bandplane/bandplane/policy"
 	"github.com/bandplane/bandplane/policy/api"
-	"github.com/bandplane/bandplane/policy/keys"
 	"github.com/bandplane/bandplane/schema"
+	"github.com/bandplane/bandplane/schema/keys"
 )
 
 var acmeManager = keys.Key{ID: "k-mgr", Org: "org-acme", Role: keys.RoleManager}

@@ -6,9 +6,9 @@ import (
 	"net/http"
 
 	"github.com/bandplane/bandplane/policy"
-	"github.com/bandplane/bandplane/policy/keys"
 	"github.com/bandplane/bandplane/policy/shard"
 	"github.com/bandplane/bandplane/schema"
+	"github.com/bandplane/bandplane/schema/keys"
 )
 
 // Several replicas (README, "Several replicas"): send_message takes from the limiter

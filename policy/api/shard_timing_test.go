@@ -14,9 +14,9 @@ import (
 	"testing/fstest"
 	"time"
 
+	"github.com/bandplane/bandplane/deploy/bench/policybench"
 	"github.com/bandplane/bandplane/policy"
 	"github.com/bandplane/bandplane/policy/api"
-	"github.com/bandplane/bandplane/policy/policybench"
 	"github.com/bandplane/bandplane/policy/shard"
 )
 

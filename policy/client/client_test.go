@@ -17,9 +17,9 @@ import (
 	"github.com/bandplane/bandplane/policy"
 	"github.com/bandplane/bandplane/policy/api"
 	"github.com/bandplane/bandplane/policy/client"
-	"github.com/bandplane/bandplane/policy/keys"
 	"github.com/bandplane/bandplane/policy/shard"
 	"github.com/bandplane/bandplane/schema"
+	"github.com/bandplane/bandplane/schema/keys"
 )
 
 // fake is a scripted replica: it counts requests and answers with handle.

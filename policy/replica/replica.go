@@ -27,11 +27,11 @@ import (
 	kafkago "github.com/segmentio/kafka-go"
 	"github.com/shopspring/decimal"
 
-	"github.com/bandplane/bandplane/ingest/kafka"
-	"github.com/bandplane/bandplane/ingest/pricing"
-	"github.com/bandplane/bandplane/ingest/store"
 	"github.com/bandplane/bandplane/policy"
 	"github.com/bandplane/bandplane/schema"
+	"github.com/bandplane/bandplane/schema/kafka"
+	"github.com/bandplane/bandplane/schema/pricing"
+	"github.com/bandplane/bandplane/schema/store"
 )
 
 // Config configures a Replica.
@@ -459,7 +459,7 @@ func first(vs ...string) string {
 }
 
 // Trail is how the replica checks what it restores from ClickHouse (cmd/bandplane
-// wires ingest/seal's Log and the checkpoints topic to it): Coverage is the newest
+// wires query/trail's Log and the checkpoints topic to it): Coverage is the newest
 // signed coverage of the events topic (tlog.Coverage; ok false while nothing is
 // covered), and Sealed says which rows are leaves of their organization's log under a
 // verified checkpoint.

@@ -8,10 +8,10 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/bandplane/bandplane/ingest/pricing"
 	"github.com/bandplane/bandplane/policy"
 	"github.com/bandplane/bandplane/policy/replica"
 	"github.com/bandplane/bandplane/schema"
+	"github.com/bandplane/bandplane/schema/pricing"
 )
 
 // apply decodes each line as ingest would and applies it.

@@ -10,10 +10,10 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/bandplane/bandplane/ingest/pricing"
 	"github.com/bandplane/bandplane/policy"
 	"github.com/bandplane/bandplane/policy/api"
 	"github.com/bandplane/bandplane/schema"
+	"github.com/bandplane/bandplane/schema/pricing"
 )
 
 // clock is a settable time for the engine (the limiter's now).

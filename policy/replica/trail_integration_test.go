@@ -10,35 +10,35 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/bandplane/bandplane/deploy/simulate"
 	"github.com/bandplane/bandplane/deploy/stacktest"
 	"github.com/bandplane/bandplane/ingest"
-	"github.com/bandplane/bandplane/ingest/kafka"
-	"github.com/bandplane/bandplane/ingest/pricing"
-	"github.com/bandplane/bandplane/ingest/seal"
-	"github.com/bandplane/bandplane/ingest/simulate"
-	"github.com/bandplane/bandplane/ingest/store"
 	"github.com/bandplane/bandplane/policy"
 	"github.com/bandplane/bandplane/policy/replica"
+	"github.com/bandplane/bandplane/query/trail"
 	"github.com/bandplane/bandplane/schema"
+	"github.com/bandplane/bandplane/schema/kafka"
+	"github.com/bandplane/bandplane/schema/pricing"
+	"github.com/bandplane/bandplane/schema/store"
 )
 
 // trail is replica.Trail on the real audit log and checkpoints topic.
-type trail struct {
-	log    *seal.Log
+type sealedTrail struct {
+	log    *trail.Log
 	latest func(ctx context.Context) (map[string][]byte, error)
 }
 
-func (t trail) Coverage(ctx context.Context) (map[int]int64, bool, error) {
+func (t sealedTrail) Coverage(ctx context.Context) (map[int]int64, bool, error) {
 	c, ok, err := t.log.Coverage(ctx, t.latest)
 	return c.Offsets, ok, err
 }
 
-func (t trail) Sealed(ctx context.Context, rows []store.EventRow) ([]bool, error) {
+func (t sealedTrail) Sealed(ctx context.Context, rows []store.EventRow) ([]bool, error) {
 	latest, err := t.latest(ctx)
 	if err != nil {
 		return nil, err
 	}
-	return t.log.Sealed(ctx, seal.TopicRotations(latest), rows)
+	return t.log.Sealed(ctx, trail.TopicRotations(latest), rows)
 }
 
 // A governance row written into ClickHouse by hand (an operator's suspension, which
@@ -67,9 +67,9 @@ func TestIntegrationReplicaRestoresOnlyWhatTheLogSeals(t *testing.T) {
 	// Seal it, with the coverage of the ingest group's offsets.
 	_, key, err := ed25519.GenerateKey(rand.Reader)
 	require.NoError(t, err)
-	topics := seal.Topics{Brokers: stacktest.Brokers(), Stored: stacktest.StoredTopic(topic), Checkpoints: topic + "_checkpoints"}
-	require.NoError(t, seal.EnsureTopics(ctx, topics, 1))
-	s, closeSealer, err := seal.NewOnKafka(seal.Config{Conn: conn, Database: db, Key: key, Logger: stacktest.Logger(),
+	topics := trail.Topics{Brokers: stacktest.Brokers(), Stored: stacktest.StoredTopic(topic), Checkpoints: topic + "_checkpoints"}
+	require.NoError(t, trail.EnsureTopics(ctx, topics, 1))
+	s, closeSealer, err := trail.NewOnKafka(trail.Config{Conn: conn, Database: db, Key: key, Logger: stacktest.Logger(),
 		Ingested: func(ctx context.Context) (map[int]int64, error) {
 			return kafka.CommittedOffsets(ctx, stacktest.Brokers(), topic, "ingest")
 		},
@@ -108,9 +108,9 @@ func TestIntegrationReplicaRestoresOnlyWhatTheLogSeals(t *testing.T) {
 	a, _ := trusting.Agent(chatty)
 	assert.True(t, a.OperatorSuspended, "a replica that trusts ClickHouse applies the forged row")
 
-	l, err := seal.NewLog(conn, db, "", []ed25519.PublicKey{key.Public().(ed25519.PublicKey)})
+	l, err := trail.NewLog(conn, db, "", []ed25519.PublicKey{key.Public().(ed25519.PublicKey)})
 	require.NoError(t, err)
-	checking := boot(trail{log: l, latest: func(ctx context.Context) (map[string][]byte, error) {
+	checking := boot(sealedTrail{log: l, latest: func(ctx context.Context) (map[string][]byte, error) {
 		return kafka.ReadLatest(ctx, stacktest.Brokers(), topics.Checkpoints)
 	}})
 	a, ok = checking.Agent(chatty)
@@ -139,7 +139,7 @@ func TestIntegrationReplicaRestoresOnlyWhatTheLogSeals(t *testing.T) {
 	hidden.Data = `{"handle":"mallory/bot","name":"Mallory","owner_id":"mallory"}`
 	hidden.IngestedAt, hidden.Partition, hidden.Offset = time.Now().UTC(), 0, 2
 	require.NoError(t, store.New(conn, db).BatchInsert(ctx, &store.Batch{Events: []store.EventRow{hidden}}))
-	checking = boot(trail{log: l, latest: func(ctx context.Context) (map[string][]byte, error) {
+	checking = boot(sealedTrail{log: l, latest: func(ctx context.Context) (map[string][]byte, error) {
 		return kafka.ReadLatest(ctx, stacktest.Brokers(), topics.Checkpoints)
 	}})
 	a, ok = checking.Agent(chatty)

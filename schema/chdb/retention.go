@@ -52,7 +52,7 @@ type RetentionOptions struct {
 	// DryRun lists what would be dropped, and the cuts that would be recorded, and
 	// changes nothing.
 	DryRun bool
-	// Sign signs each cut before it is recorded (ingest/seal.CutSigner with the audit
+	// Sign signs each cut before it is recorded (query/trail.CutSigner with the audit
 	// key). nil records cuts unsigned: audit verify honours only cuts signed with the
 	// audit key, so it reports sealed events of partitions dropped without one as
 	// missing.
@@ -74,7 +74,7 @@ type RetentionResult struct {
 //
 // Before it drops a table's partitions it records the cut in retention_cuts: before is
 // the end of the newest partition it drops, so every row it removes is older than
-// that; at is now; the cut is signed with opts.Sign. Verify (ingest/seal) treats a
+// that; at is now; the cut is signed with opts.Sign. Verify (query/trail) treats a
 // sealed event as expired, not missing, only when a cut signed with the audit key and
 // recorded after the event was sealed covers its time, and no row of its day is left
 // (retention drops whole days; a DELETE leaves the day's other rows). The cut is
@@ -159,8 +159,8 @@ type Cut struct {
 	Before     time.Time `json:"before"`
 	At         time.Time `json:"at"` // when the run started (seconds)
 	Partitions uint64    `json:"partitions"`
-	// KeyID is the fingerprint of the audit key that signed the cut (ingest/seal/tlog.KeyID)
-	// and Signature the hex Ed25519 signature of ingest/seal.CutContent; both are ""
+	// KeyID is the fingerprint of the audit key that signed the cut (schema/tlog.KeyID)
+	// and Signature the hex Ed25519 signature of query/trail.CutContent; both are ""
 	// for a cut recorded without the key.
 	KeyID     string `json:"key_id"`
 	Signature string `json:"signature"`

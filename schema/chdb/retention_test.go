@@ -10,8 +10,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/bandplane/bandplane/deploy/stacktest"
-	"github.com/bandplane/bandplane/ingest/store"
 	"github.com/bandplane/bandplane/schema/chdb"
+	"github.com/bandplane/bandplane/schema/store"
 )
 
 func TestIntegrationRetentionRecordsCuts(t *testing.T) {

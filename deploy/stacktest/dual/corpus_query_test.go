@@ -12,13 +12,13 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/bandplane/bandplane/deploy/simulate"
 	"github.com/bandplane/bandplane/deploy/stacktest/dual"
-	"github.com/bandplane/bandplane/ingest/simulate"
-	"github.com/bandplane/bandplane/ingest/store"
 	"github.com/bandplane/bandplane/policy"
 	"github.com/bandplane/bandplane/policy/api"
 	"github.com/bandplane/bandplane/query"
 	"github.com/bandplane/bandplane/schema"
+	"github.com/bandplane/bandplane/schema/store"
 )
 
 // Every read of query/ (costs with each grouping and range shape, totals and unpriced

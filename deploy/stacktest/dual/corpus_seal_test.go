@@ -17,12 +17,12 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/bandplane/bandplane/deploy/stacktest/dual"
-	"github.com/bandplane/bandplane/ingest/seal"
-	"github.com/bandplane/bandplane/ingest/seal/tlog"
-	"github.com/bandplane/bandplane/ingest/store"
-	"github.com/bandplane/bandplane/policy/keys"
+	"github.com/bandplane/bandplane/query/trail"
 	"github.com/bandplane/bandplane/schema"
 	"github.com/bandplane/bandplane/schema/chdb"
+	"github.com/bandplane/bandplane/schema/keys"
+	"github.com/bandplane/bandplane/schema/store"
+	"github.com/bandplane/bandplane/schema/tlog"
 )
 
 // collector is a keys.Producer that keeps the events it is given.
@@ -120,7 +120,7 @@ func sealRows(prefix, org string, n int, at, ingested time.Time) []store.EventRo
 	return out
 }
 
-func problemsOf(rep seal.Report) []string {
+func problemsOf(rep trail.Report) []string {
 	out := make([]string, 0, len(rep.Problems))
 	for _, p := range rep.Problems {
 		out = append(out, p.Kind+" "+p.ID)
@@ -130,7 +130,7 @@ func problemsOf(rep seal.Report) []string {
 }
 
 // exportAll prepares and streams one export whole.
-func exportAll(t *testing.T, x *seal.Exporter, req seal.ExportRequest) ([]byte, seal.ExportStats) {
+func exportAll(t *testing.T, x *trail.Exporter, req trail.ExportRequest) ([]byte, trail.ExportStats) {
 	t.Helper()
 	ctx := context.Background()
 	e, err := x.Prepare(ctx, req)
@@ -141,9 +141,9 @@ func exportAll(t *testing.T, x *seal.Exporter, req seal.ExportRequest) ([]byte, 
 	return buf.Bytes(), st
 }
 
-func verifyExport(t *testing.T, b []byte, pub ed25519.PublicKey) seal.ExportReport {
+func verifyExport(t *testing.T, b []byte, pub ed25519.PublicKey) trail.ExportReport {
 	t.Helper()
-	rep, err := seal.VerifyExport(context.Background(), bytes.NewReader(b), int64(len(b)), seal.ExportVerifyOptions{Anchors: []ed25519.PublicKey{pub}})
+	rep, err := trail.VerifyExport(context.Background(), bytes.NewReader(b), int64(len(b)), trail.ExportVerifyOptions{Anchors: []ed25519.PublicKey{pub}})
 	require.NoError(t, err)
 	return rep
 }
@@ -208,9 +208,9 @@ func TestIntegrationCorpusSealVerifyExportRetention(t *testing.T) {
 	q := &notes{}
 	q.add(storedRows(t, rec))
 	tp := &topic{latest: map[string][]byte{}}
-	newSealer := func(published map[string][]byte) *seal.Sealer {
+	newSealer := func(published map[string][]byte) *trail.Sealer {
 		t.Helper()
-		s, err := seal.New(seal.Config{Conn: rec, Database: db, Key: key, Notes: q, Publisher: tp, MaxLeaves: 500,
+		s, err := trail.New(trail.Config{Conn: rec, Database: db, Key: key, Notes: q, Publisher: tp, MaxLeaves: 500,
 			Published: func(context.Context) (map[string][]byte, error) { return published, nil }})
 		require.NoError(t, err)
 		return s
@@ -229,7 +229,7 @@ func TestIntegrationCorpusSealVerifyExportRetention(t *testing.T) {
 	require.NoError(t, err)
 	rotation, err := tlog.Rotation(prefix, key, nextKey, now.Add(24*time.Hour))
 	require.NoError(t, err)
-	lg, err := seal.NewLog(rec, db, prefix, []ed25519.PublicKey{pub})
+	lg, err := trail.NewLog(rec, db, prefix, []ed25519.PublicKey{pub})
 	require.NoError(t, err)
 	require.NoError(t, lg.Rotate(ctx, rotation))
 	res, err = sealer.SealNow(ctx)
@@ -248,16 +248,16 @@ func TestIntegrationCorpusSealVerifyExportRetention(t *testing.T) {
 	assert.Empty(t, res.Refused)
 	assert.Equal(t, len(later), res.Leaves)
 
-	rep, err := seal.Verify(ctx, rec, db, seal.Keys{Anchors: []ed25519.PublicKey{pub}}, seal.Filter{})
+	rep, err := trail.Verify(ctx, rec, db, trail.Keys{Anchors: []ed25519.PublicKey{pub}}, trail.Filter{})
 	require.NoError(t, err)
 	require.True(t, rep.OK(), "%v", problemsOf(rep))
 	assert.Equal(t, sum.Events+ownRows+len(later), rep.SealedEvents)
 	assert.Zero(t, rep.UnsealedEvents)
-	rep, err = seal.Verify(ctx, rec, db, seal.Keys{Anchors: []ed25519.PublicKey{pub}}, seal.Filter{Orgs: []string{org}, From: now.Add(-2 * time.Hour), To: now.Add(time.Minute)})
+	rep, err = trail.Verify(ctx, rec, db, trail.Keys{Anchors: []ed25519.PublicKey{pub}}, trail.Filter{Orgs: []string{org}, From: now.Add(-2 * time.Hour), To: now.Add(time.Minute)})
 	require.NoError(t, err)
 	require.True(t, rep.OK(), "%v", problemsOf(rep))
 	assert.Equal(t, len(recent)+len(later), rep.SealedEvents)
-	_, err = seal.Verify(ctx, rec, db, seal.Keys{Anchors: []ed25519.PublicKey{pub}}, seal.Filter{Orgs: []string{"org-nobody"}})
+	_, err = trail.Verify(ctx, rec, db, trail.Keys{Anchors: []ed25519.PublicKey{pub}}, trail.Filter{Orgs: []string{"org-nobody"}})
 	assert.ErrorContains(t, err, `organization "org-nobody" has no log`)
 
 	// The log's proofs and the policy replica's check of rows.
@@ -282,18 +282,18 @@ func TestIntegrationCorpusSealVerifyExportRetention(t *testing.T) {
 
 	// The export of the simulated organization with the most events, in small windows,
 	// verified offline, and resumed after its 25th event.
-	sel := seal.Selection{From: now.Add(-3 * time.Hour), To: now.Add(time.Minute)}
+	sel := trail.Selection{From: now.Add(-3 * time.Hour), To: now.Add(time.Minute)}
 	var simCount uint64
 	require.NoError(t, rec.Conn.QueryRow(ctx, "SELECT org_id, count() AS n FROM "+db+".events FINAL WHERE org_id != ? AND time >= ? AND time < ? GROUP BY org_id ORDER BY n DESC, org_id LIMIT 1",
 		org, sel.From, sel.To).Scan(&sel.Org, &simCount))
-	x, err := seal.NewExporter(seal.ExportConfig{Conn: rec, Database: db, Key: key, WindowRows: 100, IndexChunk: 300})
+	x, err := trail.NewExporter(trail.ExportConfig{Conn: rec, Database: db, Key: key, WindowRows: 100, IndexChunk: 300})
 	require.NoError(t, err)
-	full, xs := exportAll(t, x, seal.ExportRequest{Selection: sel, Encoding: seal.EncodingNDJSON})
+	full, xs := exportAll(t, x, trail.ExportRequest{Selection: sel, Encoding: trail.EncodingNDJSON})
 	assert.Equal(t, simCount, xs.Total, "every event of %s", sel.Org)
 	xrep := verifyExport(t, full, pub)
 	require.True(t, xrep.OK(), "%+v", xrep.Problems)
 
-	sc := seal.NewExportScanner(seal.EncodingNDJSON)
+	sc := trail.NewExportScanner(trail.EncodingNDJSON)
 	cut := 0
 	for _, line := range bytes.SplitAfter(full, []byte("\n")) {
 		_, _ = sc.Write(line)
@@ -303,11 +303,11 @@ func TestIntegrationCorpusSealVerifyExportRetention(t *testing.T) {
 		}
 	}
 	require.EqualValues(t, 25, sc.Events)
-	h, err := seal.ParseExportHeader(seal.EncodingNDJSON, sc.Header)
+	h, err := trail.ParseExportHeader(trail.EncodingNDJSON, sc.Header)
 	require.NoError(t, err)
-	last, err := seal.ExportEventKey(seal.EncodingNDJSON, sc.LastEvent)
+	last, err := trail.ExportEventKey(trail.EncodingNDJSON, sc.LastEvent)
 	require.NoError(t, err)
-	c, err := seal.NewCursor(&h, 25, last.Time, last.ID)
+	c, err := trail.NewCursor(&h, 25, last.Time, last.ID)
 	require.NoError(t, err)
 	resume, err := h.Request(&c)
 	require.NoError(t, err)
@@ -318,7 +318,7 @@ func TestIntegrationCorpusSealVerifyExportRetention(t *testing.T) {
 	edited := recent[7]
 	edited.Data = `{"content":"not what was said"}`
 	require.NoError(t, st.BatchInsert(ctx, &store.Batch{Events: []store.EventRow{edited}}))
-	rep, err = seal.Verify(ctx, rec, db, seal.Keys{Anchors: []ed25519.PublicKey{pub}}, seal.Filter{})
+	rep, err = trail.Verify(ctx, rec, db, trail.Keys{Anchors: []ed25519.PublicKey{pub}}, trail.Filter{})
 	require.NoError(t, err)
 	assert.Equal(t, []string{"modified " + edited.ID}, problemsOf(rep))
 
@@ -326,7 +326,7 @@ func TestIntegrationCorpusSealVerifyExportRetention(t *testing.T) {
 	// run without the key drops the older one, whose sealed events are then missing.
 	dayOf := func(t time.Time) string { return t.UTC().Format("20060102") }
 	keep := chdb.Retention{Events: 2 * 24 * time.Hour}
-	sign := seal.CutSigner(key, db, prefix)
+	sign := trail.CutSigner(key, db, prefix)
 	dry, err := chdb.ApplyRetention(ctx, rec, chdb.Config{Database: db}, keep, time.Now(), chdb.RetentionOptions{DryRun: true, Sign: sign})
 	require.NoError(t, err)
 	var parts []string
@@ -338,7 +338,7 @@ func TestIntegrationCorpusSealVerifyExportRetention(t *testing.T) {
 	assert.Equal(t, []string{dayOf(day20[0].Time), dayOf(day3[0].Time)}, parts)
 	require.NotEmpty(t, dry.Cuts)
 	assert.NotEmpty(t, dry.Cuts[0].Signature)
-	inParts, err := seal.SealedIn(ctx, rec, db, parts)
+	inParts, err := trail.SealedIn(ctx, rec, db, parts)
 	require.NoError(t, err)
 	assert.EqualValues(t, len(day3)+len(day20), inParts)
 	cuts, err := chdb.RetentionCuts(ctx, rec, db, "events")
@@ -348,11 +348,11 @@ func TestIntegrationCorpusSealVerifyExportRetention(t *testing.T) {
 	unsigned, err := chdb.ApplyRetention(ctx, rec, chdb.Config{Database: db}, chdb.Retention{Events: 10 * 24 * time.Hour}, time.Now(), chdb.RetentionOptions{})
 	require.NoError(t, err)
 	assert.Equal(t, []chdb.Dropped{{Table: "events", Partition: dayOf(day20[0].Time)}}, unsigned.Dropped)
-	rep, err = seal.Verify(ctx, rec, db, seal.Keys{Anchors: []ed25519.PublicKey{pub}}, seal.Filter{})
+	rep, err = trail.Verify(ctx, rec, db, trail.Keys{Anchors: []ed25519.PublicKey{pub}}, trail.Filter{})
 	require.NoError(t, err)
 	var missing int
 	for _, p := range rep.Problems {
-		if p.Kind == seal.KindMissing {
+		if p.Kind == trail.KindMissing {
 			missing++
 			assert.True(t, strings.HasPrefix(p.ID, "day20-"), "%+v", p)
 			assert.Contains(t, p.Reason, "unsigned")
@@ -366,14 +366,14 @@ func TestIntegrationCorpusSealVerifyExportRetention(t *testing.T) {
 	signed, err := chdb.ApplyRetention(ctx, rec, chdb.Config{Database: db}, keep, time.Now().Add(2*time.Second), chdb.RetentionOptions{Sign: sign})
 	require.NoError(t, err)
 	assert.Equal(t, []chdb.Dropped{{Table: "events", Partition: dayOf(day3[0].Time)}}, signed.Dropped)
-	rep, err = seal.Verify(ctx, rec, db, seal.Keys{Anchors: []ed25519.PublicKey{pub}}, seal.Filter{})
+	rep, err = trail.Verify(ctx, rec, db, trail.Keys{Anchors: []ed25519.PublicKey{pub}}, trail.Filter{})
 	require.NoError(t, err)
 	assert.Equal(t, []string{"modified " + edited.ID}, problemsOf(rep))
 	assert.Equal(t, len(day3)+len(day20), rep.ExpiredEvents)
 
 	// The export of org-seal over the three weeks: the dropped events are expired gaps.
-	ownSel := seal.Selection{Org: org, From: now.Add(-21 * 24 * time.Hour), To: now.Add(time.Minute)}
-	b, xs := exportAll(t, x, seal.ExportRequest{Selection: ownSel, Encoding: seal.EncodingCSV})
+	ownSel := trail.Selection{Org: org, From: now.Add(-21 * 24 * time.Hour), To: now.Add(time.Minute)}
+	b, xs := exportAll(t, x, trail.ExportRequest{Selection: ownSel, Encoding: trail.EncodingCSV})
 	assert.EqualValues(t, len(recent)+len(later), xs.Total)
 	xrep = verifyExport(t, b, pub)
 	assert.True(t, xrep.OK(), "%+v", xrep.Problems)

@@ -12,15 +12,15 @@ import (
 	"github.com/bandplane/bandplane/deploy/stacktest"
 	"github.com/bandplane/bandplane/deploy/stacktest/dual"
 	"github.com/bandplane/bandplane/ingest"
-	"github.com/bandplane/bandplane/ingest/kafka"
 	"github.com/bandplane/bandplane/ingest/prices"
-	"github.com/bandplane/bandplane/ingest/pricing"
-	"github.com/bandplane/bandplane/ingest/store"
 	"github.com/bandplane/bandplane/policy"
 	"github.com/bandplane/bandplane/policy/api"
-	"github.com/bandplane/bandplane/policy/keys"
 	"github.com/bandplane/bandplane/policy/replica"
 	"github.com/bandplane/bandplane/schema"
+	"github.com/bandplane/bandplane/schema/kafka"
+	"github.com/bandplane/bandplane/schema/keys"
+	"github.com/bandplane/bandplane/schema/pricing"
+	"github.com/bandplane/bandplane/schema/store"
 )
 
 // The price catalog (seeded, a new version), a reprice job over the loaded range, the

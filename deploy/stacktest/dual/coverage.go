@@ -15,11 +15,11 @@ import (
 // CorpusDirs are the packages whose SQL the two-engine corpus must cover: every call
 // there that sends SQL (CallSites) has to be made through a Recorder by some corpus
 // test and compared on both engines with rows, so a new query cannot escape the
-// comparison. Outside them only the benchmarks (ingest/bench, policy/policybench) and
+// comparison. Outside them only the benchmarks (deploy/bench, deploy/bench/policybench) and
 // the test helpers (deploy/stacktest) send SQL.
 var CorpusDirs = []string{
-	"schema/chdb", "ingest/store", "ingest/seal", "ingest/prices",
-	"query", "policy/replica", "policy/keys",
+	"schema/chdb", "schema/store", "query/trail", "ingest/prices",
+	"query", "policy/replica", "schema/keys",
 }
 
 // compared holds the calls in bandplane's code (file:line) whose statements a Replay

@@ -14,8 +14,8 @@ import (
 // emptyOK are the calls whose results are empty on any data the corpus can make, by
 // design, with the reason.
 var emptyOK = map[string]string{
-	"ingest/seal/cut.go:117": "the days of events before a signed retention cut: retention drops them before it records the cut, so only a drop that failed half-way leaves rows",
-	"ingest/seal/db.go:15":   "SELECT now(): the server's clock, compared by its column only",
+	"query/trail/cut.go:117": "the days of events before a signed retention cut: retention drops them before it records the cut, so only a drop that failed half-way leaves rows",
+	"query/trail/db.go:15":   "SELECT now(): the server's clock, compared by its column only",
 }
 
 // clusterOnly are the files whose SQL runs only on a ClickHouse cluster (DDL ON CLUSTER,
