@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/http"
-	"strings"
 
 	"github.com/bandplane/bandplane/query"
 	"github.com/bandplane/bandplane/schema/keys"
@@ -51,7 +49,7 @@ func (r *Resolver) begin(ctx context.Context, orgID *string, roles []keys.Role) 
 // authorize checks the request's key for a field of roles reading orgID (see begin),
 // and returns the key and the organization read.
 func (r *Resolver) authorize(ctx context.Context, orgID *string, roles []keys.Role) (keys.Key, string, error) {
-	token := tokenFrom(ctx)
+	token := keys.TokenFrom(ctx)
 	if token == "" {
 		return keys.Key{}, "", fmt.Errorf("no API key: send Authorization: Bearer <key> (over WebSocket: in the init payload): %w", ErrUnauthenticated)
 	}
@@ -60,7 +58,7 @@ func (r *Resolver) authorize(ctx context.Context, orgID *string, roles []keys.Ro
 		return keys.Key{}, "", fmt.Errorf("unknown or revoked API key: %w", ErrUnauthenticated)
 	}
 	if !k.Has(roles...) {
-		return keys.Key{}, "", fmt.Errorf("key %s has role %s; this field needs one of %s: %w", k.ID, k.Role, roleList(roles), ErrForbidden)
+		return keys.Key{}, "", fmt.Errorf("key %s has role %s; this field needs one of %s: %w", k.ID, k.Role, keys.RoleList(roles), ErrForbidden)
 	}
 	org := k.Org
 	if orgID != nil && *orgID != "" {
@@ -79,7 +77,7 @@ func (r *Resolver) authorize(ctx context.Context, orgID *string, roles []keys.Ro
 // and when given must be one the key may act on.
 func (r *Resolver) authorizeKey(ctx context.Context, orgID *string, roles []keys.Role) (keys.Key, error) {
 	if orgID == nil || *orgID == "" {
-		k, ok := r.auth.Lookup(ctx, tokenFrom(ctx))
+		k, ok := r.auth.Lookup(ctx, keys.TokenFrom(ctx))
 		if ok && k.Platform() {
 			star := keys.PlatformOrg
 			orgID = &star
@@ -87,54 +85,4 @@ func (r *Resolver) authorizeKey(ctx context.Context, orgID *string, roles []keys
 	}
 	k, _, err := r.authorize(ctx, orgID, roles)
 	return k, err
-}
-
-func roleList(roles []keys.Role) string {
-	s := make([]string, len(roles))
-	for i, r := range roles {
-		s[i] = string(r)
-	}
-	return strings.Join(s, ", ")
-}
-
-type tokenKey struct{}
-
-// withToken records the request's bearer token for the resolvers.
-func withToken(ctx context.Context, token string) context.Context {
-	return context.WithValue(ctx, tokenKey{}, token)
-}
-
-func tokenFrom(ctx context.Context) string {
-	t, _ := ctx.Value(tokenKey{}).(string)
-	return t
-}
-
-// parseBearer returns the token of an Authorization value; "" is no token, and
-// anything other than "Bearer <token>" is an error.
-func parseBearer(v string) (string, error) {
-	if v == "" {
-		return "", nil
-	}
-	scheme, token, ok := strings.Cut(v, " ")
-	token = strings.TrimSpace(token)
-	if !ok || !strings.EqualFold(scheme, "Bearer") || token == "" {
-		return "", errors.New(`malformed Authorization: want "Bearer <token>"`)
-	}
-	return token, nil
-}
-
-// bearer reads the Authorization header of HTTP requests and of the WebSocket upgrade.
-// Browsers cannot set headers on a WebSocket, so the transport's init payload may carry
-// it instead (see NewHandler). Whether a key is needed is the field's business: a
-// request without one gets UNAUTHENTICATED from every field that reads data.
-func bearer(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		token, err := parseBearer(r.Header.Get("Authorization"))
-		if err != nil {
-			w.Header().Set("WWW-Authenticate", `Bearer realm="bandplane"`)
-			keys.WriteError(w, http.StatusUnauthorized, "unauthenticated", err.Error())
-			return
-		}
-		next.ServeHTTP(w, r.WithContext(withToken(r.Context(), token)))
-	})
 }

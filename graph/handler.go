@@ -235,12 +235,12 @@ func NewHandler(q Querier, auth keys.Authenticator, opts ...Option) http.Handler
 		KeepAlivePingInterval: 10 * time.Second,
 		InitTimeout:           cfg.limits.InitTimeout,
 		InitFunc: func(ctx context.Context, p transport.InitPayload) (context.Context, *transport.InitPayload, error) {
-			token, err := parseBearer(p.Authorization())
+			token, err := keys.ParseBearer(p.Authorization())
 			if err != nil {
 				return ctx, nil, err
 			}
 			if token == "" {
-				token = tokenFrom(ctx) // the upgrade request's header
+				token = keys.TokenFrom(ctx) // the upgrade request's header
 			}
 			// A connection needs a key that exists; what it may read is decided per field.
 			// graphql-transport-ws has no error message at init: the close frame says why
@@ -255,7 +255,7 @@ func NewHandler(q Querier, auth keys.Authenticator, opts ...Option) http.Handler
 				msg := fmt.Sprintf("too many WebSocket connections for this key (%d, --graphql-max-websockets-per-key)", perKey.max)
 				return transport.WithWebsocketCloseCode(transport.AppendCloseReason(ctx, msg), 4429), nil, errors.New(msg)
 			}
-			return context.WithValue(withToken(ctx, token), releaseKey{}, release), &p, nil
+			return context.WithValue(keys.WithToken(ctx, token), releaseKey{}, release), &p, nil
 		},
 		CloseFunc: func(ctx context.Context, _ int) {
 			if release, ok := ctx.Value(releaseKey{}).(func()); ok {
@@ -272,7 +272,7 @@ func NewHandler(q Querier, auth keys.Authenticator, opts ...Option) http.Handler
 	srv.Use(extension.Introspection{})
 	srv.Use(extension.AutomaticPersistedQuery{Cache: lru.New[string](100)})
 	srv.AroundOperations(operationDeadline(cfg.limits))
-	api := bearer(limit(srv, cfg.limits))
+	api := keys.Token(limit(srv, cfg.limits))
 	page := AllowHosts(cfg.hosts, graphiQL())
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Add("Vary", "Accept") // the same URL is the page or the API

@@ -143,7 +143,7 @@ func (r *Resolver) subscribe(ctx context.Context, orgID, roomID *string, roles [
 		return nil, &gqlerror.Error{Message: "live updates are not running in this process", Path: graphql.GetPath(ctx),
 			Extensions: map[string]any{"code": "UNAVAILABLE"}}
 	}
-	token := tokenFrom(ctx)
+	token := keys.TokenFrom(ctx)
 	valid := func() bool {
 		k, ok := r.auth.Lookup(context.WithoutCancel(ctx), token)
 		return ok && k.Has(roles...) && k.MayActOn(org)

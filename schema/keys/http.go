@@ -33,18 +33,31 @@ const maxBearerBytes = 1024
 var errMalformed = errors.New(`malformed Authorization header: want "Bearer <API key>"`)
 
 // Bearer returns the token of the request's Authorization header: "" and nil when there
-// is none, an error when the header is not one "Bearer <token>". The error never
-// repeats the header's value (it may be a secret).
+// is none, an error when there are several or the one is not "Bearer <token>"
+// (ParseBearer). The error never repeats the header's value (it may be a secret).
 func Bearer(r *http.Request) (string, error) {
 	vals := r.Header.Values("Authorization")
 	switch len(vals) {
 	case 0:
 		return "", nil
 	case 1:
+		if vals[0] == "" {
+			return "", errMalformed // sent, but empty
+		}
+		return ParseBearer(vals[0])
 	default:
 		return "", fmt.Errorf("%d Authorization headers: send one", len(vals))
 	}
-	scheme, token, ok := strings.Cut(vals[0], " ")
+}
+
+// ParseBearer returns the token of one Authorization value, from a header or a
+// WebSocket init payload: "" and nil for "", an error unless it is "Bearer <token>"
+// with a token of at most 1 KiB of printable ASCII. The error never repeats the value.
+func ParseBearer(v string) (string, error) {
+	if v == "" {
+		return "", nil
+	}
+	scheme, token, ok := strings.Cut(v, " ")
 	if !ok || !strings.EqualFold(scheme, "Bearer") {
 		return "", errMalformed
 	}
@@ -58,6 +71,33 @@ func Bearer(r *http.Request) (string, error) {
 		}
 	}
 	return token, nil
+}
+
+// Token admits every request whose Authorization header is absent or well formed and
+// puts its token ("" for none) in the request's context (TokenFrom), for surfaces that
+// decide per operation whether a key is needed (GraphQL). A malformed header is 401.
+func Token(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		token, err := Bearer(r)
+		if err != nil {
+			unauthenticated(w, err.Error())
+			return
+		}
+		next.ServeHTTP(w, r.WithContext(WithToken(r.Context(), token)))
+	})
+}
+
+type tokenCtx struct{}
+
+// WithToken returns ctx carrying a bearer token (Token does it for every request).
+func WithToken(ctx context.Context, token string) context.Context {
+	return context.WithValue(ctx, tokenCtx{}, token)
+}
+
+// TokenFrom returns the token Token found, "" for none.
+func TokenFrom(ctx context.Context) string {
+	t, _ := ctx.Value(tokenCtx{}).(string)
+	return t
 }
 
 // Require admits requests whose bearer token is an active key with one of roles (any
@@ -84,7 +124,7 @@ func Require(a Authenticator, roles ...Role) func(http.Handler) http.Handler {
 			}
 			if len(roles) > 0 && !k.Has(roles...) {
 				WriteError(w, http.StatusForbidden, CodeForbidden,
-					fmt.Sprintf("key %s has role %s; %s %s needs one of: %s", k.ID, k.Role, r.Method, r.URL.Path, roleList(roles)))
+					fmt.Sprintf("key %s has role %s; %s %s needs one of: %s", k.ID, k.Role, r.Method, r.URL.Path, RoleList(roles)))
 				return
 			}
 			next.ServeHTTP(w, r.WithContext(WithKey(r.Context(), k)))

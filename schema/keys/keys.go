@@ -51,10 +51,11 @@ func ParseRole(s string) (Role, error) {
 	if r := Role(s); r.Valid() {
 		return r, nil
 	}
-	return "", fmt.Errorf("unknown role %q (valid: %s)", s, roleList(Roles))
+	return "", fmt.Errorf("unknown role %q (valid: %s)", s, RoleList(Roles))
 }
 
-func roleList(roles []Role) string {
+// RoleList names roles for a message: "compliance, admin".
+func RoleList(roles []Role) string {
 	s := make([]string, len(roles))
 	for i, r := range roles {
 		s[i] = string(r)
