@@ -2,10 +2,9 @@ package graph
 
 import (
 	"context"
-	"errors"
 	"fmt"
 
-	"github.com/bandplane/bandplane/query"
+	"github.com/bandplane/bandplane/schema"
 	"github.com/bandplane/bandplane/schema/keys"
 )
 
@@ -21,14 +20,6 @@ var (
 	managers = []keys.Role{keys.RoleManager, keys.RoleAdmin}
 	// denialWatchers may follow denied decisions live.
 	denialWatchers = []keys.Role{keys.RoleManager, keys.RoleCompliance, keys.RoleAdmin}
-)
-
-// Errors of authorize; the API reports them as UNAUTHENTICATED and FORBIDDEN.
-var (
-	ErrUnauthenticated = errors.New("unauthenticated")
-	ErrForbidden       = errors.New("forbidden")
-	// ErrTooMany is a key running as many ClickHouse reads as it may at once.
-	ErrTooMany = errors.New("too many requests")
 )
 
 // begin starts a field that reads an organization's data from ClickHouse. It checks
@@ -51,23 +42,23 @@ func (r *Resolver) begin(ctx context.Context, orgID *string, roles []keys.Role) 
 func (r *Resolver) authorize(ctx context.Context, orgID *string, roles []keys.Role) (keys.Key, string, error) {
 	token := keys.TokenFrom(ctx)
 	if token == "" {
-		return keys.Key{}, "", fmt.Errorf("no API key: send Authorization: Bearer <key> (over WebSocket: in the init payload): %w", ErrUnauthenticated)
+		return keys.Key{}, "", fmt.Errorf("no API key: send Authorization: Bearer <key> (over WebSocket: in the init payload): %w", schema.ErrUnauthenticated)
 	}
 	k, ok := r.auth.Lookup(ctx, token)
 	if !ok {
-		return keys.Key{}, "", fmt.Errorf("unknown or revoked API key: %w", ErrUnauthenticated)
+		return keys.Key{}, "", fmt.Errorf("unknown or revoked API key: %w", schema.ErrUnauthenticated)
 	}
 	if !k.Has(roles...) {
-		return keys.Key{}, "", fmt.Errorf("key %s has role %s; this field needs one of %s: %w", k.ID, k.Role, keys.RoleList(roles), ErrForbidden)
+		return keys.Key{}, "", fmt.Errorf("key %s has role %s; this field needs one of %s: %w", k.ID, k.Role, keys.RoleList(roles), schema.ErrForbidden)
 	}
 	org := k.Org
 	if orgID != nil && *orgID != "" {
 		org = *orgID
 	} else if k.Platform() {
-		return keys.Key{}, "", &query.FieldError{Field: "orgId", Msg: "required with a platform key (organization '*'): name the organization to read"}
+		return keys.Key{}, "", &schema.FieldError{Field: "orgId", Reason: "required with a platform key (organization '*'): name the organization to read"}
 	}
 	if !k.MayActOn(org) {
-		return keys.Key{}, "", fmt.Errorf("key %s of organization %q may not read organization %q: %w", k.ID, k.Org, org, ErrForbidden)
+		return keys.Key{}, "", fmt.Errorf("key %s of organization %q may not read organization %q: %w", k.ID, k.Org, org, schema.ErrForbidden)
 	}
 	return k, org, nil
 }

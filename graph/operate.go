@@ -3,7 +3,6 @@ package graph
 import (
 	"context"
 	"errors"
-	"fmt"
 	"strings"
 
 	"github.com/99designs/gqlgen/graphql"
@@ -13,13 +12,13 @@ import (
 	"github.com/bandplane/bandplane/graph/model"
 	"github.com/bandplane/bandplane/policy"
 	"github.com/bandplane/bandplane/policy/api"
-	"github.com/bandplane/bandplane/query"
+	"github.com/bandplane/bandplane/schema"
 	"github.com/bandplane/bandplane/schema/keys"
 )
 
 // Operator is what the budget and operator mutations act through: the policy side of
-// the process (*api.API). Its errors match api.ErrInvalid, api.ErrNotFound,
-// api.ErrForbidden or api.ErrUnavailable.
+// the process (*api.API). Its errors match schema.ErrInvalid, schema.ErrNotFound,
+// schema.ErrForbidden or schema.ErrUnavailable.
 type Operator interface {
 	SetBudget(ctx context.Context, by keys.Key, b policy.Budget) (policy.Budget, error)
 	DeleteBudget(ctx context.Context, by keys.Key, org, id string) (policy.Budget, error)
@@ -48,11 +47,9 @@ func unavailable(ctx context.Context, what string) error {
 // id is the caller's mistake (the same answer for both: no existence oracle).
 func (r *Resolver) operatorError(ctx context.Context, err error) error {
 	switch {
-	case errors.Is(err, api.ErrInvalid), errors.Is(err, api.ErrNotFound):
-		return r.fail(ctx, &query.FieldError{Msg: err.Error()})
-	case errors.Is(err, api.ErrForbidden):
-		return r.fail(ctx, fmt.Errorf("%w: %w", ErrForbidden, err))
-	case errors.Is(err, api.ErrUnavailable):
+	case errors.Is(err, schema.ErrInvalid), errors.Is(err, schema.ErrNotFound):
+		return r.fail(ctx, &schema.FieldError{Reason: err.Error()})
+	case errors.Is(err, schema.ErrUnavailable):
 		r.log.WarnContext(ctx, "operator action refused", "err", err)
 		return &gqlerror.Error{Message: strings.ReplaceAll(err.Error(), "\n", "; "), Path: graphql.GetPath(ctx),
 			Extensions: map[string]any{"code": "UNAVAILABLE"}}
@@ -74,7 +71,7 @@ func budgetOf(org string, in model.BudgetInput) (policy.Budget, error) {
 	if in.Cost != nil {
 		micros, err := policy.ParseCostMicros(*in.Cost)
 		if err != nil {
-			return b, &query.FieldError{Field: "budget.cost", Msg: err.Error()}
+			return b, &schema.FieldError{Field: "budget.cost", Reason: err.Error()}
 		}
 		b.CostMicros = micros
 	}

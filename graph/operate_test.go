@@ -15,7 +15,7 @@ import (
 
 	"github.com/bandplane/bandplane/graph"
 	"github.com/bandplane/bandplane/policy"
-	"github.com/bandplane/bandplane/policy/api"
+	"github.com/bandplane/bandplane/schema"
 	"github.com/bandplane/bandplane/schema/keys"
 )
 
@@ -36,15 +36,15 @@ func (f *fakeOperator) SetBudget(_ context.Context, by keys.Key, b policy.Budget
 		return policy.Budget{}, f.fail
 	}
 	if !by.MayActOn(b.Org) {
-		return policy.Budget{}, fmt.Errorf("%w: not yours", api.ErrForbidden)
+		return policy.Budget{}, fmt.Errorf("%w: not yours", schema.ErrForbidden)
 	}
 	b.Normalize()
 	b.UpdatedAt, b.UpdatedBy = time.Now(), by.ID
 	if err := b.Validate(); err != nil {
-		return policy.Budget{}, fmt.Errorf("%w: %w", api.ErrInvalid, err)
+		return policy.Budget{}, fmt.Errorf("%w: %w", schema.ErrInvalid, err)
 	}
 	if a, ok := fakeAgents[b.ScopeID]; b.Scope == policy.ScopeAgent && (!ok || a.Org != b.Org) {
-		return policy.Budget{}, fmt.Errorf("%w: agent %q is not registered in organization %s", api.ErrNotFound, b.ScopeID, b.Org)
+		return policy.Budget{}, fmt.Errorf("%w: agent %q is not registered in organization %s", schema.ErrNotFound, b.ScopeID, b.Org)
 	}
 	f.ledger.Set(b, time.Now())
 	return b, nil
@@ -53,7 +53,7 @@ func (f *fakeOperator) SetBudget(_ context.Context, by keys.Key, b policy.Budget
 func (f *fakeOperator) DeleteBudget(_ context.Context, by keys.Key, org, id string) (policy.Budget, error) {
 	b, ok := f.ledger.Budget(id)
 	if !ok || b.Org != org {
-		return policy.Budget{}, fmt.Errorf("%w: no budget %q", api.ErrNotFound, id)
+		return policy.Budget{}, fmt.Errorf("%w: no budget %q", schema.ErrNotFound, id)
 	}
 	f.ledger.Delete(id, time.Now())
 	return b, nil
@@ -67,7 +67,7 @@ func (f *fakeOperator) SetSuspended(_ context.Context, by keys.Key, id string, s
 	f.gotBy = by
 	a, ok := fakeAgents[id]
 	if !ok || !by.MayActOn(a.Org) {
-		return policy.Agent{}, nil, fmt.Errorf("%w: agent %q is not in the directory of this key's organization", api.ErrNotFound, id)
+		return policy.Agent{}, nil, fmt.Errorf("%w: agent %q is not in the directory of this key's organization", schema.ErrNotFound, id)
 	}
 	if f.fail != nil {
 		return policy.Agent{}, nil, f.fail
@@ -157,7 +157,7 @@ func TestBudgetMutations(t *testing.T) {
 	}
 
 	// The trail could not be written: UNAVAILABLE, the message says so.
-	op.fail = fmt.Errorf("%w: cannot record the change in the audit trail: kafka down; the budget is not set", api.ErrUnavailable)
+	op.fail = fmt.Errorf("%w: cannot record the change in the audit trail: kafka down; the budget is not set", schema.ErrUnavailable)
 	a = ask(t, h, "tok-a-manager", `mutation { setBudget(budget: {scope: ORG, period: DAY, tokens: 5, mode: HARD}) { id } }`)
 	assert.Equal(t, "UNAVAILABLE", code(a))
 	assert.Contains(t, a.Errors[0].Message, "the budget is not set")

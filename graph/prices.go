@@ -7,14 +7,14 @@ import (
 	"time"
 
 	"github.com/bandplane/bandplane/graph/model"
-	"github.com/bandplane/bandplane/query"
+	"github.com/bandplane/bandplane/schema"
 	"github.com/bandplane/bandplane/schema/keys"
 )
 
 // Prices is what the price and job fields read and change: the platform-wide price
 // catalog in ClickHouse, its re-pricing jobs, and the usage nobody priced. serve
-// adapts the price service to it. Errors matching query.IsInvalid are the caller's
-// mistakes; ErrForbidden, a key that may not do it.
+// adapts the price service to it. Errors matching schema.ErrInvalid are the caller's
+// mistakes; schema.ErrForbidden, a key that may not do it.
 type Prices interface {
 	UpsertPrice(ctx context.Context, by keys.Key, p PriceChange) (PriceInfo, error)
 	Prices(ctx context.Context) ([]PriceInfo, error)
@@ -76,7 +76,7 @@ func limitOf(limit *int, def, most int) (int, error) {
 		n = def
 	}
 	if n < 1 || n > most {
-		return 0, &query.FieldError{Field: "limit", Msg: fmt.Sprintf("must be between 1 and %d", most)}
+		return 0, &schema.FieldError{Field: "limit", Reason: fmt.Sprintf("must be between 1 and %d", most)}
 	}
 	return n, nil
 }

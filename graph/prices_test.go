@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/bandplane/bandplane/graph"
+	"github.com/bandplane/bandplane/schema"
 	"github.com/bandplane/bandplane/schema/keys"
 )
 
@@ -25,7 +26,7 @@ type fakePrices struct {
 func (f *fakePrices) UpsertPrice(_ context.Context, by keys.Key, p graph.PriceChange) (graph.PriceInfo, error) {
 	f.gotBy = by
 	if !by.Platform() {
-		return graph.PriceInfo{}, fmt.Errorf("prices are every organization's: %w", graph.ErrForbidden)
+		return graph.PriceInfo{}, fmt.Errorf("prices are every organization's: %w", schema.ErrForbidden)
 	}
 	return graph.PriceInfo{Model: p.Model, Currency: "USD", Input: p.Input, Output: p.Output, CatalogVersion: "2"}, nil
 }

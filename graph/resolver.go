@@ -16,11 +16,12 @@ import (
 
 	"github.com/bandplane/bandplane/graph/model"
 	"github.com/bandplane/bandplane/query"
+	"github.com/bandplane/bandplane/schema"
 	"github.com/bandplane/bandplane/schema/keys"
 )
 
 // Querier is what the resolvers read. *query.Querier implements it; tests use a fake.
-// Both methods block on the database and return an error matching query.IsInvalid
+// Both methods block on the database and return an error matching schema.ErrInvalid
 // for the caller's mistakes, any other error for failures.
 type Querier interface {
 	Costs(ctx context.Context, q query.CostQuery) (query.CostReport, error)
@@ -58,13 +59,13 @@ type Resolver struct {
 func (r *Resolver) fail(ctx context.Context, err error) error {
 	code := ""
 	switch {
-	case query.IsInvalid(err):
+	case errors.Is(err, schema.ErrInvalid), query.IsInvalid(err):
 		code = "BAD_USER_INPUT"
-	case errors.Is(err, ErrUnauthenticated):
+	case errors.Is(err, schema.ErrUnauthenticated):
 		code = "UNAUTHENTICATED"
-	case errors.Is(err, ErrForbidden):
+	case errors.Is(err, schema.ErrForbidden):
 		code = "FORBIDDEN"
-	case errors.Is(err, ErrTooMany), errors.Is(err, ErrTooManySubscriptions):
+	case errors.Is(err, schema.ErrTooMany), errors.Is(err, ErrTooManySubscriptions):
 		code = "TOO_MANY_REQUESTS"
 	case errors.Is(err, context.Canceled) || ctx.Err() == context.Canceled:
 		// The client went away (a disconnect, a WebSocket "complete"): nothing to report.
@@ -137,7 +138,7 @@ func (r *Resolver) subscribe(ctx context.Context, orgID, roomID *string, roles [
 		return nil, r.fail(ctx, err)
 	}
 	if roomID != nil && len(*roomID) > 256 {
-		return nil, r.fail(ctx, &query.FieldError{Field: "roomId", Msg: "longer than 256 bytes"})
+		return nil, r.fail(ctx, &schema.FieldError{Field: "roomId", Reason: "longer than 256 bytes"})
 	}
 	if r.hub == nil {
 		return nil, &gqlerror.Error{Message: "live updates are not running in this process", Path: graphql.GetPath(ctx),

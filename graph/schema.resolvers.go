@@ -14,6 +14,7 @@ import (
 	"github.com/bandplane/bandplane/graph/model"
 	"github.com/bandplane/bandplane/policy"
 	"github.com/bandplane/bandplane/query"
+	"github.com/bandplane/bandplane/schema"
 )
 
 // SetBudget is the resolver for the setBudget field.
@@ -47,7 +48,7 @@ func (r *mutationResolver) DeleteBudget(ctx context.Context, orgID *string, id s
 		return nil, unavailable(ctx, "the policy side (decisions, budgets, suspensions)")
 	}
 	if len(id) > policy.MaxBudgetIDBytes {
-		return nil, r.fail(ctx, &query.FieldError{Field: "id", Msg: "longer than 256 bytes"})
+		return nil, r.fail(ctx, &schema.FieldError{Field: "id", Reason: "longer than 256 bytes"})
 	}
 	b, err := r.operator.DeleteBudget(ctx, k, org, id)
 	if err != nil {

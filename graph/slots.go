@@ -2,6 +2,7 @@ package graph
 
 import (
 	"fmt"
+	"github.com/bandplane/bandplane/schema"
 	"sync"
 )
 
@@ -15,13 +16,13 @@ type keySlots struct {
 
 func newKeySlots(max int) *keySlots { return &keySlots{max: max, running: map[string]int{}} }
 
-// acquire takes a slot of key id, or fails at once with ErrTooMany; release gives it back.
+// acquire takes a slot of key id, or fails at once with schema.ErrTooMany; release gives it back.
 func (s *keySlots) acquire(id string) (release func(), err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.running[id] >= s.max {
 		return nil, fmt.Errorf("key %s already runs %d queries at once (--graphql-max-concurrent-per-key); retry when one has finished: %w",
-			id, s.max, ErrTooMany)
+			id, s.max, schema.ErrTooMany)
 	}
 	s.running[id]++
 	var once sync.Once

@@ -7,10 +7,34 @@ import (
 	"strings"
 )
 
-// FieldError is why an event (or a line that should hold one) is invalid: the field,
-// as a dotted path into the canonical envelope or the platform frame ("time",
-// "actor.id", "data.input_tokens", "payload.inserted_at", "topic"), and the reason.
-// Problems with the line as a whole (malformed JSON, not an object) have no field.
+// The kinds of error every surface tells apart with errors.Is and maps the same way
+// (GraphQL codes, HTTP statuses, exit codes). Each is wrapped with a message saying
+// what was refused and why; a FieldError is ErrInvalid.
+var (
+	// ErrInvalid: the caller's input is wrong; the message is safe to show as is.
+	ErrInvalid = errors.New("invalid input")
+	// ErrUnauthenticated: no key, or one that does not exist or is revoked.
+	ErrUnauthenticated = errors.New("unauthenticated")
+	// ErrForbidden: the key may not do this (its role, or another organization).
+	ErrForbidden = errors.New("forbidden")
+	// ErrNotFound: nothing of that name visible to the caller (another organization's
+	// is reported the same way).
+	ErrNotFound = errors.New("not found")
+	// ErrConflict: the state forbids it now (an unfinished job exists, a job is
+	// finished already).
+	ErrConflict = errors.New("conflict")
+	// ErrTooMany: the caller holds as many of a shared resource as it may at once.
+	ErrTooMany = errors.New("too many requests")
+	// ErrUnavailable: a dependency cannot serve it now; retrying may work.
+	ErrUnavailable = errors.New("unavailable")
+)
+
+// FieldError is a problem with one field of an input, the caller's mistake, safe to
+// show as is: of an event (or a line that should hold one), the field is a dotted path
+// into the canonical envelope or the platform frame ("time", "actor.id",
+// "data.input_tokens", "payload.inserted_at", "topic"); of an API call, the argument
+// ("limit", "budget.cost"). Problems with the input as a whole (malformed JSON, not an
+// object) have no field. It is ErrInvalid (errors.Is).
 type FieldError struct {
 	Field  string
 	Reason string
@@ -22,6 +46,9 @@ func (e *FieldError) Error() string {
 	}
 	return e.Field + ": " + e.Reason
 }
+
+// Is makes every FieldError ErrInvalid.
+func (e *FieldError) Is(target error) bool { return target == ErrInvalid }
 
 func fieldErr(field, format string, args ...any) *FieldError {
 	if len(args) == 0 {

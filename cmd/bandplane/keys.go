@@ -9,6 +9,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/bandplane/bandplane/schema"
 	"github.com/bandplane/bandplane/schema/kafka"
 	"github.com/bandplane/bandplane/schema/keys"
 )
@@ -213,7 +214,7 @@ func keysRevoke(ctx context.Context, e *env, args []string) error {
 	}
 	defer closeStore()
 	k, err := store.Revoke(ctx, pos[0], kf.by)
-	if errors.Is(err, keys.ErrNotFound) {
+	if errors.Is(err, schema.ErrNotFound) {
 		return fmt.Errorf("%w (see `bandplane keys list`)", err)
 	}
 	if err != nil {

@@ -136,7 +136,7 @@ func TestIntegrationKeysCLI(t *testing.T) {
 	code, stdout, stderr = keysCmd(t, append([]string{"revoke", "no-such-key"}, stack...)...)
 	assert.Equal(t, 1, code)
 	assert.Empty(t, stdout)
-	assert.Contains(t, stderr, `bandplane keys: cannot revoke key "no-such-key": no such key (see `+"`bandplane keys list`)")
+	assert.Contains(t, stderr, `bandplane keys: cannot revoke key "no-such-key": not found (see `+"`bandplane keys list`)")
 
 	// Two creations and one revocation: three audit events on the topic.
 	total, _, err := kafka.Lag(context.Background(), stacktest.Brokers(), topic, "nobody-"+topic)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/bandplane/bandplane/ingest/prices"
+	"github.com/bandplane/bandplane/schema"
 	"github.com/bandplane/bandplane/schema/kafka"
 )
 
@@ -88,7 +89,7 @@ var fieldFlags = map[string]string{
 // reportInvalid prints each field error of err as a bad flag (exit 2); other errors
 // are returned as they are.
 func reportInvalid(e *env, cmd string, err error) error {
-	if !prices.IsInvalid(err) {
+	if !errors.Is(err, schema.ErrInvalid) {
 		return err
 	}
 	var walk func(error)
@@ -99,13 +100,13 @@ func reportInvalid(e *env, cmd string, err error) error {
 			}
 			return
 		}
-		var fe *prices.FieldError
+		var fe *schema.FieldError
 		if errors.As(err, &fe) {
 			name := fieldFlags[fe.Field]
 			if name == "" {
 				name = fe.Field
 			}
-			fmt.Fprintf(e.stderr, "bandplane %s: %s: %s\n", cmd, name, fe.Msg)
+			fmt.Fprintf(e.stderr, "bandplane %s: %s: %s\n", cmd, name, fe.Reason)
 			return
 		}
 		fmt.Fprintf(e.stderr, "bandplane %s: %v\n", cmd, err)

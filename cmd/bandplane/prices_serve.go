@@ -13,6 +13,7 @@ import (
 	"github.com/bandplane/bandplane/graph"
 	"github.com/bandplane/bandplane/ingest/prices"
 	"github.com/bandplane/bandplane/query"
+	"github.com/bandplane/bandplane/schema"
 	"github.com/bandplane/bandplane/schema/kafka"
 	"github.com/bandplane/bandplane/schema/keys"
 	"github.com/bandplane/bandplane/schema/pricing"
@@ -54,9 +55,8 @@ func (p *priceService) Run(ctx context.Context) { _ = p.Service.Run(ctx) }
 
 // graphPrices adapts the price service (and the querier, for the unpriced models) to
 // what the GraphQL layer calls: serve passes graph.WithPrices(prices.graphPrices(querier)).
-// The service's errors become the GraphQL layer's: field errors and conflicts are the
-// caller's mistakes (query.FieldError, BAD_USER_INPUT), prices.ErrForbidden is
-// graph.ErrForbidden.
+// The service's errors are the GraphQL layer's kinds (schema.ErrInvalid,
+// schema.ErrForbidden); a conflict becomes the caller's mistake (graphErr).
 func (p *priceService) graphPrices(q *query.Querier) graph.Prices {
 	return priceGraph{svc: p.Service, q: q}
 }
@@ -137,35 +137,11 @@ func jobInfo(j prices.Job) graph.JobInfo {
 		DaysDone: j.DaysDone, DaysTotal: j.DaysTotal, RowsScanned: int64(j.RowsScanned), RowsChanged: int64(j.RowsChanged)}
 }
 
-// mappedErr keeps an error's message and makes it match the GraphQL layer's sentinel.
-type mappedErr struct{ err, as error }
-
-func (m mappedErr) Error() string   { return m.err.Error() }
-func (m mappedErr) Unwrap() []error { return []error{m.as, m.err} }
-
-// graphErr maps the price service's errors to the GraphQL layer's; a conflict is
-// reported as a mistake about conflictField.
+// graphErr reports a conflict of the price service as the caller's mistake about
+// conflictField; its other errors are the GraphQL layer's kinds already.
 func graphErr(err error, conflictField string) error {
-	var fe *prices.FieldError
-	switch {
-	case prices.IsInvalid(err):
-		var out []error
-		var walk func(error)
-		walk = func(e error) {
-			if j, ok := e.(interface{ Unwrap() []error }); ok {
-				for _, x := range j.Unwrap() {
-					walk(x)
-				}
-			} else if errors.As(e, &fe) {
-				out = append(out, &query.FieldError{Field: fe.Field, Msg: fe.Msg})
-			}
-		}
-		walk(err)
-		return errors.Join(out...)
-	case errors.Is(err, prices.ErrForbidden):
-		return mappedErr{err: err, as: graph.ErrForbidden}
-	case errors.Is(err, prices.ErrConflict) && conflictField != "":
-		return &query.FieldError{Field: conflictField, Msg: err.Error()}
+	if errors.Is(err, schema.ErrConflict) && conflictField != "" {
+		return &schema.FieldError{Field: conflictField, Reason: err.Error()}
 	}
 	return err
 }

@@ -269,7 +269,7 @@ func cut(s string) string {
 func (s *Service) UpsertPrice(ctx context.Context, by keys.Key, in PriceInput) (PriceVersion, error) {
 	if !by.Platform() || !by.Has(keys.RoleAdmin) {
 		return PriceVersion{}, fmt.Errorf("%w: prices are platform-wide: only a platform key with role admin may change them (key %s is a %s key of %q)",
-			ErrForbidden, by.ID, by.Role, by.Org)
+			schema.ErrForbidden, by.ID, by.Role, by.Org)
 	}
 	return s.SetPrice(ctx, by.ID, in)
 }
@@ -297,7 +297,7 @@ func (s *Service) SetPrice(ctx context.Context, by string, in PriceInput) (Price
 	}
 	if len(s.meta) >= MaxEntries {
 		if _, replaces := s.meta[keyOf(p.Model, p.Effective)]; !replaces {
-			return PriceVersion{}, fmt.Errorf("%w: the catalog has %d entries, the most it may have", ErrConflict, len(s.meta))
+			return PriceVersion{}, fmt.Errorf("%w: the catalog has %d entries, the most it may have", schema.ErrConflict, len(s.meta))
 		}
 	}
 	r := rowOf(p, s.cat.Currency())

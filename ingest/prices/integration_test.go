@@ -3,6 +3,7 @@ package prices_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -95,9 +96,9 @@ func TestIntegrationUpsertVersionsAndAudit(t *testing.T) {
 	assert.Equal(t, "2", a.Live().Current().Version(), "the writer prices with it at once")
 
 	_, err = a.UpsertPrice(ctx, keys.Key{ID: "org-admin", Org: "acme", Role: keys.RoleAdmin}, prices.PriceInput{Model: "gpt-5-mini", Input: "0", Output: "0"})
-	assert.ErrorIs(t, err, prices.ErrForbidden)
+	assert.ErrorIs(t, err, schema.ErrForbidden)
 	_, err = a.UpsertPrice(ctx, platformAdmin, prices.PriceInput{Model: "gpt-5-mini", Input: "-1", Output: "x"})
-	assert.True(t, prices.IsInvalid(err))
+	assert.True(t, errors.Is(err, schema.ErrInvalid))
 	assert.Equal(t, uint64(2), a.CurrentVersion(), "refused upserts make no version")
 
 	// b writes the next version on top of a's, though it had not refreshed yet.
@@ -247,7 +248,7 @@ func TestIntegrationInterruptedRepriceNeverDoubleCounts(t *testing.T) {
 	assert.Equal(t, nDays, job.DaysTotal)
 	// One unfinished reprice per organization: every organization's blocks acme's.
 	_, err = a.StartReprice(ctx, keys.Key{ID: "acme-admin", Org: "acme", Role: keys.RoleAdmin}, "acme", d0, end)
-	assert.ErrorIs(t, err, prices.ErrConflict)
+	assert.ErrorIs(t, err, schema.ErrConflict)
 	assert.ErrorContains(t, err, job.ID)
 
 	// Runner a stops after two days.
@@ -382,7 +383,7 @@ func TestIntegrationJobsCancelAndScope(t *testing.T) {
 	j, err := s.StartReprice(ctx, acmeAdmin, "acme", from, to)
 	require.NoError(t, err)
 	_, err = s.StartReprice(ctx, platformAdmin, keys.PlatformOrg, from, to)
-	assert.ErrorIs(t, err, prices.ErrConflict, "every organization's job would overlap acme's")
+	assert.ErrorIs(t, err, schema.ErrConflict, "every organization's job would overlap acme's")
 	other, err := s.StartReprice(ctx, keys.Key{ID: "globex-admin", Org: "globex", Role: keys.RoleAdmin}, "globex", from, to)
 	require.NoError(t, err, "another organization's job does not conflict")
 
@@ -391,9 +392,9 @@ func TestIntegrationJobsCancelAndScope(t *testing.T) {
 	require.Len(t, list, 1)
 	assert.Equal(t, j.ID, list[0].ID)
 	_, err = s.Job(ctx, "acme", other.ID)
-	assert.ErrorIs(t, err, prices.ErrNotFound, "globex's job is not acme's to see")
+	assert.ErrorIs(t, err, schema.ErrNotFound, "globex's job is not acme's to see")
 	_, err = s.CancelJob(ctx, acmeAdmin, other.ID)
-	assert.ErrorIs(t, err, prices.ErrNotFound, "nor to cancel")
+	assert.ErrorIs(t, err, schema.ErrNotFound, "nor to cancel")
 	all, err := s.Jobs(ctx, keys.PlatformOrg, 10)
 	require.NoError(t, err)
 	assert.Len(t, all, 2)
@@ -402,7 +403,7 @@ func TestIntegrationJobsCancelAndScope(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, prices.JobCancelled, c.State)
 	_, err = s.CancelJob(ctx, acmeAdmin, j.ID)
-	assert.ErrorIs(t, err, prices.ErrConflict, "already cancelled")
+	assert.ErrorIs(t, err, schema.ErrConflict, "already cancelled")
 	j2, err := s.StartReprice(ctx, acmeAdmin, "acme", from, to)
 	require.NoError(t, err, "a cancelled job is finished: a new one may start")
 

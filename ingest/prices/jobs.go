@@ -165,15 +165,15 @@ func (s *Service) checkRequest(by, org, agent string, from, to time.Time) (time.
 // the newest catalog version when the job starts, by a runner of a `bandplane serve`.
 // by needs role admin, and may reprice its own organization (a platform key: any, or
 // all). An organization has at most one unfinished reprice job at a time (a job of
-// every organization counts for each): another request is ErrConflict naming it.
+// every organization counts for each): another request is schema.ErrConflict naming it.
 func (s *Service) StartReprice(ctx context.Context, by keys.Key, org string, from, to time.Time) (Job, error) {
 	switch {
 	case !by.Has(keys.RoleAdmin):
-		return Job{}, fmt.Errorf("%w: starting a reprice job needs role admin (key %s has role %s)", ErrForbidden, by.ID, by.Role)
+		return Job{}, fmt.Errorf("%w: starting a reprice job needs role admin (key %s has role %s)", schema.ErrForbidden, by.ID, by.Role)
 	case org == keys.PlatformOrg && !by.Platform():
-		return Job{}, fmt.Errorf("%w: only a platform key may reprice every organization", ErrForbidden)
+		return Job{}, fmt.Errorf("%w: only a platform key may reprice every organization", schema.ErrForbidden)
 	case org != keys.PlatformOrg && org != "" && !by.MayActOn(org):
-		return Job{}, fmt.Errorf("%w: key %s of organization %q may not reprice organization %q", ErrForbidden, by.ID, by.Org, org)
+		return Job{}, fmt.Errorf("%w: key %s of organization %q may not reprice organization %q", schema.ErrForbidden, by.ID, by.Org, org)
 	}
 	return s.Enqueue(ctx, by.ID, org, "", from, to)
 }
@@ -196,7 +196,7 @@ func (s *Service) request(ctx context.Context, by, org, agent string, from, to t
 		return Job{}, err
 	} else if other != nil {
 		return Job{}, fmt.Errorf("%w: reprice job %s of organization %q is %s (requested by %s at %s): wait for it to finish, or cancel it",
-			ErrConflict, other.ID, other.Org, other.State, other.RequestedBy, other.RequestedAt.Format(time.RFC3339))
+			schema.ErrConflict, other.ID, other.Org, other.State, other.RequestedBy, other.RequestedAt.Format(time.RFC3339))
 	}
 	now := s.stamp()
 	j := Job{ID: schema.NewID(), Org: org, Kind: KindReprice, Agent: agent, From: from, To: to, State: JobQueued,
@@ -217,7 +217,7 @@ func (s *Service) request(ctx context.Context, by, org, agent string, from, to t
 		j.State, j.FinishedAt, j.Error = JobCancelled, now, "superseded by job "+other.ID+", requested at the same time"
 		_ = s.audit(ctx, event(TypeJobFinished, org, Source, j.ID, now, JobEventData{Job: j}))
 		_ = s.st.InsertJob(ctx, j.row(s.finalVersion()))
-		return Job{}, fmt.Errorf("%w: reprice job %s of organization %q was requested at the same time", ErrConflict, other.ID, other.Org)
+		return Job{}, fmt.Errorf("%w: reprice job %s of organization %q was requested at the same time", schema.ErrConflict, other.ID, other.Org)
 	}
 	s.log.Info("reprice job queued", "job_id", j.ID, "org_id", org, "from", from, "to", to, "by", by)
 	return j, nil
@@ -274,7 +274,7 @@ func (s *Service) Jobs(ctx context.Context, org string, limit int) ([]Job, error
 }
 
 // Job returns one job of org (keys.PlatformOrg: any job); another organization's job
-// is ErrNotFound, like one that does not exist.
+// is schema.ErrNotFound, like one that does not exist.
 func (s *Service) Job(ctx context.Context, org, id string) (Job, error) {
 	if org == "" {
 		return Job{}, fieldErr("org", "required")
@@ -291,7 +291,7 @@ func (s *Service) Job(ctx context.Context, org, id string) (Job, error) {
 		return Job{}, err
 	}
 	if len(rows) == 0 {
-		return Job{}, fmt.Errorf("%w: no job %s", ErrNotFound, id)
+		return Job{}, fmt.Errorf("%w: no job %s", schema.ErrNotFound, id)
 	}
 	return jobOf(rows[0]), nil
 }
@@ -299,13 +299,13 @@ func (s *Service) Job(ctx context.Context, org, id string) (Job, error) {
 // CancelJob cancels a queued or running job of by's organization (a platform key: any
 // job); by needs role admin. A running job stops after the day it is repricing (each
 // day is left wholly repriced or untouched); the days before its cursor keep their new
-// prices. A finished job is ErrConflict.
+// prices. A finished job is schema.ErrConflict.
 func (s *Service) CancelJob(ctx context.Context, by keys.Key, id string) (Job, error) {
 	if !by.Has(keys.RoleAdmin) {
-		return Job{}, fmt.Errorf("%w: cancelling a job needs role admin (key %s has role %s)", ErrForbidden, by.ID, by.Role)
+		return Job{}, fmt.Errorf("%w: cancelling a job needs role admin (key %s has role %s)", schema.ErrForbidden, by.ID, by.Role)
 	}
 	if by.Org == "" {
-		return Job{}, fmt.Errorf("%w: key %s has no organization", ErrForbidden, by.ID)
+		return Job{}, fmt.Errorf("%w: key %s has no organization", schema.ErrForbidden, by.ID)
 	}
 	if _, err := s.Job(ctx, by.Org, id); err != nil {
 		return Job{}, err
@@ -323,7 +323,7 @@ func (s *Service) Cancel(ctx context.Context, by, id string) (Job, error) {
 		return Job{}, err
 	}
 	if j.State.Finished() {
-		return j, fmt.Errorf("%w: job %s is already %s", ErrConflict, id, j.State)
+		return j, fmt.Errorf("%w: job %s is already %s", schema.ErrConflict, id, j.State)
 	}
 	now := s.stamp()
 	j.State, j.FinishedAt, j.Error = JobCancelled, now, "cancelled by "+by

@@ -71,7 +71,7 @@ func TestEntryValidation(t *testing.T) {
 	} {
 		_, err := entry(cur, tc.in, now)
 		require.Error(t, err, tc.name)
-		assert.True(t, IsInvalid(err), tc.name)
+		assert.True(t, errors.Is(err, schema.ErrInvalid), tc.name)
 		for _, w := range tc.want {
 			assert.ErrorContains(t, err, w, tc.name)
 		}
@@ -92,7 +92,7 @@ func TestOnlyPlatformAdminsSetPrices(t *testing.T) {
 		{},
 	} {
 		_, err := s.UpsertPrice(context.Background(), k, in)
-		assert.ErrorIs(t, err, ErrForbidden, "%+v", k)
+		assert.ErrorIs(t, err, schema.ErrForbidden, "%+v", k)
 		assert.ErrorContains(t, err, "only a platform key with role admin", "%+v", k)
 	}
 }
@@ -111,11 +111,11 @@ func TestRepriceRequestRights(t *testing.T) {
 		{keys.Key{ID: "a", Org: "acme", Role: keys.RoleAdmin}, "globex", `may not reprice organization "globex"`},
 	} {
 		_, err := s.StartReprice(context.Background(), tc.key, tc.org, from, to)
-		assert.ErrorIs(t, err, ErrForbidden, "%+v %s", tc.key, tc.org)
+		assert.ErrorIs(t, err, schema.ErrForbidden, "%+v %s", tc.key, tc.org)
 		assert.ErrorContains(t, err, tc.want)
 	}
 	_, err := s.CancelJob(context.Background(), keys.Key{ID: "v", Org: "acme", Role: keys.RoleManager}, "x")
-	assert.ErrorIs(t, err, ErrForbidden)
+	assert.ErrorIs(t, err, schema.ErrForbidden)
 }
 
 func TestRepriceRequestValidation(t *testing.T) {
@@ -147,19 +147,19 @@ func TestRepriceRequestValidation(t *testing.T) {
 	} {
 		_, _, err := s.checkRequest(tc.by, tc.org, tc.agent, tc.from, tc.to)
 		require.Error(t, err, "%+v", tc)
-		assert.True(t, IsInvalid(err))
+		assert.True(t, errors.Is(err, schema.ErrInvalid))
 		for _, w := range tc.want {
 			assert.ErrorContains(t, err, w, "%+v", tc)
 		}
 	}
 	// Job ids and listing bounds are checked before any read.
 	_, err = s.Job(context.Background(), "acme", "'; DROP TABLE jobs; --")
-	assert.True(t, IsInvalid(err))
+	assert.True(t, errors.Is(err, schema.ErrInvalid))
 	_, err = s.Job(context.Background(), "", "abc")
-	assert.True(t, IsInvalid(err))
+	assert.True(t, errors.Is(err, schema.ErrInvalid))
 	for _, limit := range []int{-1, MaxJobLimit + 1} {
 		_, err = s.Jobs(context.Background(), "acme", limit)
-		assert.True(t, IsInvalid(err), "%d", limit)
+		assert.True(t, errors.Is(err, schema.ErrInvalid), "%d", limit)
 	}
 }
 
@@ -239,7 +239,7 @@ func TestJobEventsAreValid(t *testing.T) {
 	ev = event(TypeJobFinished, "acme", "key-1", j.ID, now, JobEventData{Job: j})
 	assert.Equal(t, "acme", ev.OrgID)
 
-	var fe *FieldError
+	var fe *schema.FieldError
 	assert.True(t, errors.As(errors.Join(errors.New("x"), fieldErr("model", "bad")), &fe))
 	assert.Equal(t, "model", fe.Field)
 	assert.Equal(t, "abc", truncate("abcdef", 3))

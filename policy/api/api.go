@@ -594,13 +594,13 @@ func (a *API) suspend(suspended bool) http.HandlerFunc {
 // StatusOf is the HTTP status of an error of this package's operations.
 func StatusOf(err error) int {
 	switch {
-	case errors.Is(err, ErrInvalid):
+	case errors.Is(err, schema.ErrInvalid):
 		return http.StatusBadRequest
-	case errors.Is(err, ErrNotFound):
+	case errors.Is(err, schema.ErrNotFound):
 		return http.StatusNotFound
-	case errors.Is(err, ErrForbidden):
+	case errors.Is(err, schema.ErrForbidden):
 		return http.StatusForbidden
-	case errors.Is(err, ErrUnavailable):
+	case errors.Is(err, schema.ErrUnavailable):
 		return http.StatusServiceUnavailable
 	}
 	return http.StatusInternalServerError

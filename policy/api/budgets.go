@@ -3,7 +3,6 @@ package api
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"time"
 	"unicode/utf8"
@@ -13,15 +12,6 @@ import (
 	"github.com/bandplane/bandplane/schema/keys"
 )
 
-// Errors of the operations below, for callers that map them (GraphQL codes, HTTP
-// statuses). Each is wrapped with a message that says what was wrong.
-var (
-	ErrInvalid     = errors.New("invalid input")
-	ErrNotFound    = errors.New("not found")
-	ErrForbidden   = errors.New("forbidden")
-	ErrUnavailable = errors.New("unavailable")
-)
-
 // SetBudget validates b, records it as a budget.set event (the trail and every policy
 // replica learn it from there) and puts it in force here at once. An organization's key
 // sets budgets of its own organization only; the scope's agent or owner must be
@@ -29,22 +19,22 @@ var (
 // organization). The answer is the budget as stored.
 func (a *API) SetBudget(ctx context.Context, by keys.Key, b policy.Budget) (policy.Budget, error) {
 	if !by.MayActOn(b.Org) {
-		return policy.Budget{}, fmt.Errorf("%w: key %s (%s) of organization %s may not set budgets of organization %q", ErrForbidden, by.ID, by.Role, by.Org, b.Org)
+		return policy.Budget{}, fmt.Errorf("%w: key %s (%s) of organization %s may not set budgets of organization %q", schema.ErrForbidden, by.ID, by.Role, by.Org, b.Org)
 	}
 	b.Normalize()
 	b.UpdatedAt, b.UpdatedBy = time.Now().UTC(), by.ID
 	if err := b.Validate(); err != nil {
-		return policy.Budget{}, fmt.Errorf("%w: %w", ErrInvalid, err)
+		return policy.Budget{}, fmt.Errorf("%w: %w", schema.ErrInvalid, err)
 	}
 	if b.Scope == policy.ScopeAgent || b.Scope == policy.ScopeOwner {
 		if org, ok := a.cfg.Engine.Directory().OrgOf(b.ScopeID); !ok || org != b.Org {
 			// The same answer for another organization's id: no existence oracle.
-			return policy.Budget{}, fmt.Errorf("%w: %s %q is not registered in organization %s", ErrNotFound, b.Scope, b.ScopeID, b.Org)
+			return policy.Budget{}, fmt.Errorf("%w: %s %q is not registered in organization %s", schema.ErrNotFound, b.Scope, b.ScopeID, b.Org)
 		}
 	}
 	ledger := a.cfg.Engine.Ledger()
 	if _, exists := ledger.Budget(b.ID); !exists && ledger.Count(b.Org) >= policy.MaxBudgetsPerOrg {
-		return policy.Budget{}, fmt.Errorf("%w: organization %s has %d budgets, the most it may have; delete one first", ErrInvalid, b.Org, policy.MaxBudgetsPerOrg)
+		return policy.Budget{}, fmt.Errorf("%w: organization %s has %d budgets, the most it may have; delete one first", schema.ErrInvalid, b.Org, policy.MaxBudgetsPerOrg)
 	}
 	if err := a.record(ctx, budgetEvent(schema.TypeBudgetSet, b, by)); err != nil {
 		return policy.Budget{}, fmt.Errorf("%w; the budget is not set", err)
@@ -58,11 +48,11 @@ func (a *API) SetBudget(ctx context.Context, by keys.Key, b policy.Budget) (poli
 // DeleteBudget removes the budget id of org, recorded as budget.deleted.
 func (a *API) DeleteBudget(ctx context.Context, by keys.Key, org, id string) (policy.Budget, error) {
 	if !by.MayActOn(org) {
-		return policy.Budget{}, fmt.Errorf("%w: key %s (%s) of organization %s may not delete budgets of organization %q", ErrForbidden, by.ID, by.Role, by.Org, org)
+		return policy.Budget{}, fmt.Errorf("%w: key %s (%s) of organization %s may not delete budgets of organization %q", schema.ErrForbidden, by.ID, by.Role, by.Org, org)
 	}
 	b, ok := a.cfg.Engine.Ledger().Budget(id)
 	if !ok || b.Org != org {
-		return policy.Budget{}, fmt.Errorf("%w: organization %s has no budget %q", ErrNotFound, org, id)
+		return policy.Budget{}, fmt.Errorf("%w: organization %s has no budget %q", schema.ErrNotFound, org, id)
 	}
 	b.UpdatedAt, b.UpdatedBy = time.Now().UTC(), by.ID
 	if err := a.record(ctx, budgetEvent(schema.TypeBudgetDeleted, b, by)); err != nil {
@@ -90,7 +80,7 @@ func (a *API) record(ctx context.Context, events ...schema.Event) error {
 		a.auditErrs.Inc()
 		// The cause (broker addresses, Kafka's own words) goes to the log, not to the caller.
 		a.log.Error("cannot write bandplane's own events to the trail", "type", events[0].Type, "event_id", events[0].ID, "err", err)
-		return fmt.Errorf("%w: cannot record the change in the audit trail (Kafka does not acknowledge; the server log says why)", ErrUnavailable)
+		return fmt.Errorf("%w: cannot record the change in the audit trail (Kafka does not acknowledge; the server log says why)", schema.ErrUnavailable)
 	}
 	return nil
 }
@@ -176,13 +166,13 @@ func (a *API) SetSuspended(ctx context.Context, by keys.Key, id string, suspende
 	ag, ok := dir.Agent(id)
 	if !ok || !by.MayActOn(ag.Org) {
 		// The same answer for another organization's agent: no existence oracle.
-		return policy.Agent{}, nil, fmt.Errorf("%w: agent %q is not in the directory of this key's organization", ErrNotFound, id)
+		return policy.Agent{}, nil, fmt.Errorf("%w: agent %q is not in the directory of this key's organization", schema.ErrNotFound, id)
 	}
 	if len(reason) > MaxReasonBytes {
-		return policy.Agent{}, nil, fmt.Errorf("%w: reason is %d bytes long, more than %d", ErrInvalid, len(reason), MaxReasonBytes)
+		return policy.Agent{}, nil, fmt.Errorf("%w: reason is %d bytes long, more than %d", schema.ErrInvalid, len(reason), MaxReasonBytes)
 	}
 	if !utf8.ValidString(reason) {
-		return policy.Agent{}, nil, fmt.Errorf("%w: reason is not valid UTF-8", ErrInvalid)
+		return policy.Agent{}, nil, fmt.Errorf("%w: reason is not valid UTF-8", schema.ErrInvalid)
 	}
 	if err := dir.Suspend(ctx, id, suspended); err != nil {
 		return policy.Agent{}, nil, err

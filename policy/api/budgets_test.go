@@ -10,7 +10,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/bandplane/bandplane/policy"
-	"github.com/bandplane/bandplane/policy/api"
 	"github.com/bandplane/bandplane/schema"
 	"github.com/bandplane/bandplane/schema/keys"
 )
@@ -44,26 +43,26 @@ func TestSetBudgetIsRecordedThenInForce(t *testing.T) {
 	// Another organization's agent, or an unknown one, is not found alike.
 	for _, id := range []string{"a-partner-reviewer", "a-nobody"} {
 		_, err = a.SetBudget(ctx, acmeManager, policy.Budget{Org: "org-acme", Scope: policy.ScopeAgent, ScopeID: id, Period: policy.PeriodDay, Tokens: 1})
-		assert.ErrorIs(t, err, api.ErrNotFound, id)
+		assert.ErrorIs(t, err, schema.ErrNotFound, id)
 	}
 	_, err = a.SetBudget(ctx, acmeManager, policy.Budget{Org: "org-partner", Scope: policy.ScopeOrg, Period: policy.PeriodDay, Tokens: 1})
-	assert.ErrorIs(t, err, api.ErrForbidden)
+	assert.ErrorIs(t, err, schema.ErrForbidden)
 	_, err = a.SetBudget(ctx, acmeManager, policy.Budget{Org: "org-acme", Scope: policy.ScopeOrg, Period: "week", Tokens: 1})
-	assert.ErrorIs(t, err, api.ErrInvalid)
+	assert.ErrorIs(t, err, schema.ErrInvalid)
 
 	_, err = a.DeleteBudget(ctx, keys.Key{ID: "k-p", Org: "org-partner", Role: keys.RoleManager}, "org-acme", b.ID)
-	assert.ErrorIs(t, err, api.ErrForbidden)
+	assert.ErrorIs(t, err, schema.ErrForbidden)
 	_, err = a.DeleteBudget(ctx, acmeManager, "org-acme", b.ID)
 	require.NoError(t, err)
 	assert.Len(t, aud.eventsOf(schema.TypeBudgetDeleted), 1)
 	_, err = a.DeleteBudget(ctx, acmeManager, "org-acme", b.ID)
-	assert.ErrorIs(t, err, api.ErrNotFound)
+	assert.ErrorIs(t, err, schema.ErrNotFound)
 }
 
 func TestSetBudgetThatCannotBeRecordedIsNotSet(t *testing.T) {
 	a, eng := newAPI(t, &fakeAuditor{err: errors.New("kafka down")}, nil)
 	_, err := a.SetBudget(context.Background(), acmeManager, policy.Budget{Org: "org-acme", Scope: policy.ScopeOrg, Period: policy.PeriodDay, Tokens: 1, Hard: true})
-	assert.ErrorIs(t, err, api.ErrUnavailable)
+	assert.ErrorIs(t, err, schema.ErrUnavailable)
 	assert.Contains(t, err.Error(), "the budget is not set")
 	assert.Zero(t, eng.Ledger().Count("org-acme"))
 }
@@ -79,7 +78,7 @@ func TestBudgetsPerOrganizationAreBounded(t *testing.T) {
 		require.NoError(t, err)
 	}
 	_, err := a.SetBudget(ctx, acmeManager, room(policy.MaxBudgetsPerOrg))
-	assert.ErrorIs(t, err, api.ErrInvalid)
+	assert.ErrorIs(t, err, schema.ErrInvalid)
 	assert.Contains(t, err.Error(), "has 1000 budgets")
 	_, err = a.SetBudget(ctx, acmeManager, room(7))
 	assert.NoError(t, err, "changing one in force is always possible")
@@ -90,9 +89,9 @@ func TestSetSuspendedRefusesForeignAgentsAndBadReasons(t *testing.T) {
 	ctx := context.Background()
 	op := keys.Key{ID: "k-op", Org: "org-acme", Role: keys.RoleOperator}
 	_, _, err := a.SetSuspended(ctx, op, "a-partner-reviewer", true, "")
-	assert.ErrorIs(t, err, api.ErrNotFound)
+	assert.ErrorIs(t, err, schema.ErrNotFound)
 	_, _, err = a.SetSuspended(ctx, op, "a-coder", true, "bad \xff")
-	assert.ErrorIs(t, err, api.ErrInvalid)
+	assert.ErrorIs(t, err, schema.ErrInvalid)
 	ag, evs, err := a.SetSuspended(ctx, op, "a-coder", true, "loops")
 	require.NoError(t, err)
 	assert.True(t, ag.IsSuspended())

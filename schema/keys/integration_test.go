@@ -142,10 +142,10 @@ func TestIntegrationKeyLifecycle(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, revoked, again)
 	_, err = store.Revoke(ctx, "no-such-key", "sec@host")
-	require.ErrorIs(t, err, keys.ErrNotFound)
+	require.ErrorIs(t, err, schema.ErrNotFound)
 	assert.Contains(t, err.Error(), "no-such-key")
 	_, err = store.Revoke(ctx, "", "sec@host")
-	require.ErrorIs(t, err, keys.ErrNotFound)
+	require.ErrorIs(t, err, schema.ErrNotFound)
 
 	list, err = store.List(ctx)
 	require.NoError(t, err)

@@ -16,9 +16,6 @@ import (
 // Source is the source of the key.created and key.revoked events.
 const Source = schema.SourceBandplane + "-keys"
 
-// ErrNotFound is wrapped by Revoke for an id the store does not hold.
-var ErrNotFound = errors.New("no such key")
-
 // Producer writes bandplane's own audit events (kafka.Producer implements it). Produce
 // blocks until every in-sync replica has acknowledged all events, or returns an error.
 type Producer interface {
@@ -95,7 +92,7 @@ func validRole(r Role) error {
 }
 
 // Revoke revokes key id, recording by as who did it, and returns the key as revoked.
-// An unknown id is an error wrapping ErrNotFound; a key already revoked is returned as
+// An unknown id is an error wrapping schema.ErrNotFound; a key already revoked is returned as
 // it is, with no new event.
 //
 // The revocation is stored before its key.revoked event is produced: a revocation must
@@ -103,7 +100,7 @@ func validRole(r Role) error {
 // event must never claim a revocation that ClickHouse refused.
 func (s *Store) Revoke(ctx context.Context, id, by string) (Key, error) {
 	if id == "" || len(id) > schema.MaxIDBytes {
-		return Key{}, fmt.Errorf("cannot revoke key %q: %w (a key id is 1 to %d bytes)", id, ErrNotFound, schema.MaxIDBytes)
+		return Key{}, fmt.Errorf("cannot revoke key %q: %w (a key id is 1 to %d bytes)", id, schema.ErrNotFound, schema.MaxIDBytes)
 	}
 	if err := validateBy(by); err != nil {
 		return Key{}, fmt.Errorf("cannot revoke key %s: %w", id, err)
@@ -113,7 +110,7 @@ func (s *Store) Revoke(ctx context.Context, id, by string) (Key, error) {
 		return Key{}, fmt.Errorf("cannot revoke key %s: %w", id, err)
 	}
 	if len(recs) == 0 {
-		return Key{}, fmt.Errorf("cannot revoke key %q: %w", id, ErrNotFound)
+		return Key{}, fmt.Errorf("cannot revoke key %q: %w", id, schema.ErrNotFound)
 	}
 	r := recs[0]
 	if !r.Active() {
