@@ -89,7 +89,7 @@ func (qr *Querier) Agents(ctx context.Context, q AgentQuery) ([]Agent, error) {
 		return nil, err
 	}
 	if q.Now.IsZero() {
-		q.Now = time.Now()
+		q.Now = qr.now()
 	}
 	s := agentSQL{qr.db}
 	what := func(verb string) string { return fmt.Sprintf("cannot %s of org %q in %s", verb, q.OrgID, qr.db) }
@@ -291,7 +291,7 @@ func (qr *Querier) Rooms(ctx context.Context, q RoomQuery) ([]Room, error) {
 		return nil, err
 	}
 	wq := WorkQuery{OrgID: q.OrgID, Now: q.Now, StuckAfter: q.StuckAfter}
-	if err := wq.normalize(); err != nil {
+	if err := wq.normalize(qr.now()); err != nil {
 		return nil, err
 	}
 	out := make([]Room, 0, len(ids))

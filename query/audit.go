@@ -402,7 +402,7 @@ func (qr *Querier) AuditEvents(ctx context.Context, q AuditQuery) (AuditPage, er
 	if err := q.Validate(); err != nil {
 		return AuditPage{}, err
 	}
-	return qr.auditPage(ctx, auditSQL{db: qr.db, q: q, asOf: asOfOf(q.Before, time.Now())})
+	return qr.auditPage(ctx, auditSQL{db: qr.db, q: q, asOf: asOfOf(q.Before, qr.now())})
 }
 
 // asOfOf is the watermark of a listing: the cursor's, or for a first page now less
@@ -423,7 +423,7 @@ func asOfOf(before string, now time.Time) time.Time {
 func (qr *Querier) auditPage(ctx context.Context, s auditSQL) (AuditPage, error) {
 	limit := s.limit()
 	events := make([]Event, 0, min(limit+1, 1024))
-	for _, win := range s.spans(time.Now()) {
+	for _, win := range s.spans(qr.now()) {
 		w := s
 		w.win, w.rows = win, limit+1-len(events)
 		var err error

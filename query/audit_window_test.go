@@ -128,8 +128,12 @@ func walkAll(t *testing.T, ctx context.Context, qr *Querier, s auditSQL, whole b
 func TestIntegrationAuditWalkBack(t *testing.T) {
 	ctx, st, qr := walkStore(t)
 	// T is the upper bound of the first pages with To: T; without To, now, so that the
-	// hour, the day and the week before now are empty windows.
+	// hour, the day and the week before now are empty windows. now is the Querier's
+	// clock as well: the watermark and the cursors AuditEvents builds are then the ones
+	// the test computes, whenever it runs.
 	T := time.Date(2025, 3, 1, 10, 0, 0, 0, time.UTC)
+	now := T.Add(10 * 24 * time.Hour)
+	qr.now = func() time.Time { return now }
 	old := time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
 	rng := rand.New(rand.NewPCG(1, 2))
 	types := []string{"message.created", "message.created", "tool.called", schema.TypePolicyDecided}
@@ -185,7 +189,7 @@ func TestIntegrationAuditWalkBack(t *testing.T) {
 		}
 	}
 	late := replays[0]
-	late.IngestedAt = time.Now().UTC().Add(time.Hour) // after any watermark: never shown
+	late.IngestedAt = now.Add(time.Hour) // after any watermark: never shown
 	require.NoError(t, st.BatchInsert(ctx, &store.Batch{Events: append(replays, late)}))
 	orgA := len(rows) / 2
 
@@ -207,7 +211,6 @@ func TestIntegrationAuditWalkBack(t *testing.T) {
 	require.Greater(t, day, hour)
 	msgHour := count([]string{"message.created"}, time.Hour)
 
-	now := time.Now()
 	asOf := asOfOf("", now)
 	cases := map[string]auditSQL{}
 	for _, limit := range []int{hour - 1, hour, hour + 1, day, day + 1, 100, MaxAuditLimit} {
@@ -279,7 +282,7 @@ func TestIntegrationAuditWalkBack(t *testing.T) {
 	require.Len(t, auditSQL{q: AuditQuery{OrgID: "org-a", To: T}}.spans(now), 4)
 	page, err := qr.AuditEvents(ctx, AuditQuery{OrgID: "org-a", To: T, Limit: hour})
 	require.NoError(t, err)
-	one := walkAll(t, ctx, qr, auditSQL{q: AuditQuery{OrgID: "org-a", To: T, Limit: hour}, asOf: asOfOf("", time.Now())}, true)
+	one := walkAll(t, ctx, qr, auditSQL{q: AuditQuery{OrgID: "org-a", To: T, Limit: hour}, asOf: asOf}, true)
 	require.Equal(t, one[0].Events, page.Events)
 	require.Equal(t, one[0].Next, page.NextCursor)
 	require.Equal(t, T.Add(-time.Hour), page.Events[hour-1].Time, "the page ends at the hour's bound")
@@ -333,7 +336,10 @@ func TestAuditWalkBackTimes(t *testing.T) {
 	}
 	var one, walked []sample
 	for i := range warm + runs {
-		asOf := asOfOf("", time.Now()) // the same watermark for both: the same cursor
+		// One instant for both reads: the same watermark, the same windows, the same cursor.
+		at := time.Now()
+		qr.now = func() time.Time { return at }
+		asOf := asOfOf("", at)
 		d1, p1, id1 := run(i, asOf, true)
 		d2, p2, id2 := run(i, asOf, false)
 		require.Equal(t, p1, p2, "the same page")

@@ -164,7 +164,7 @@ func (qr *Querier) ChattyAgents(ctx context.Context, q ChattyQuery) ([]ChattyAge
 	if err := q.Validate(); err != nil {
 		return nil, err
 	}
-	from, to, err := window(q.From, q.To, time.Now(), defaultChattyRange)
+	from, to, err := window(q.From, q.To, qr.now(), defaultChattyRange)
 	if err != nil {
 		return nil, err
 	}

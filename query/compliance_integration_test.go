@@ -27,6 +27,10 @@ type compliance struct {
 	ctx context.Context
 	st  *store.Store
 	q   *query.Querier
+	// now is q's clock, moved by the test only: the defaults q applies (a first page's
+	// watermark, the last 30 days, the last hour) start from the instant the test's
+	// expectations start from.
+	now time.Time
 }
 
 func newCompliance(t *testing.T) *compliance {
@@ -36,7 +40,10 @@ func newCompliance(t *testing.T) *compliance {
 	for _, table := range []string{"events", "usage", "usage_hourly"} {
 		require.NoError(t, conn.Exec(ctx, "SYSTEM STOP MERGES "+db+"."+table))
 	}
-	return &compliance{t: t, ctx: ctx, st: store.New(conn, db), q: query.New(conn, db)}
+	c := &compliance{t: t, ctx: ctx, st: store.New(conn, db), q: query.New(conn, db),
+		now: time.Date(2025, 3, 20, 12, 34, 56, 789_000_000, time.UTC)}
+	query.SetClock(c.q, func() time.Time { return c.now })
+	return c
 }
 
 // insert writes rows in one batch (one part per day).
@@ -129,7 +136,7 @@ func TestIntegrationAuditStableCursor(t *testing.T) {
 	late := row("org-a", "late", "message.created", at(5).Add(500*time.Millisecond), "a1") // between e05 and e06
 	lateReplay := a[4]                                                                     // e04 again, stamped now
 	for _, r := range []*store.EventRow{&newer, &late, &lateReplay} {
-		r.IngestedAt = time.Now().UTC()
+		r.IngestedAt = c.now
 	}
 	c.insert(newer, late, lateReplay)
 
@@ -148,11 +155,17 @@ func TestIntegrationAuditStableCursor(t *testing.T) {
 		assert.True(t, e.IngestedAt.Before(time.Date(2025, 1, 2, 0, 0, 0, 0, time.UTC)), "the copy ingested before the listing: %s", e.IngestedAt)
 	}
 
-	// A listing started afresh sees the arrivals once the watermark passes them.
-	require.Eventually(t, func() bool {
+	// A listing started afresh sees the arrivals once the watermark (now less two
+	// seconds, in whole seconds) passes them, and not before.
+	afresh := func() []string {
+		t.Helper()
 		page, err := c.q.AuditEvents(c.ctx, query.AuditQuery{OrgID: "org-a", Limit: 20})
-		return err == nil && cmp.Equal([]string{"new", "e09", "e08", "e07", "e06", "late", "e05", "e04", "e03", "e02", "e01", "e00"}, ids(page.Events))
-	}, 10*time.Second, 200*time.Millisecond)
+		require.NoError(t, err)
+		return ids(page.Events)
+	}
+	require.Equal(t, []string{"e09", "e08", "e07", "e06", "e05", "e04", "e03", "e02", "e01", "e00"}, afresh(), "arrivals within the settle time")
+	c.now = c.now.Add(2 * time.Second)
+	require.Equal(t, []string{"new", "e09", "e08", "e07", "e06", "late", "e05", "e04", "e03", "e02", "e01", "e00"}, afresh(), "arrivals past the watermark")
 
 	// Filters: outcome, subject, and outcome with types that hold no decision.
 	require.Equal(t, [][]string{{"e05", "e02"}}, c.listAudit(query.AuditQuery{OrgID: "org-a", Outcome: "denied"}))
@@ -286,7 +299,7 @@ func contactRow(org, id, typ string, at time.Time, agent, data string) store.Eve
 
 func TestIntegrationContactRequests(t *testing.T) {
 	c := newCompliance(t)
-	now := time.Now().UTC().Truncate(time.Millisecond)
+	now := c.now
 	ago := func(d time.Duration) time.Time { return now.Add(-d) }
 	r1approved := contactRow("org-a", "e2", "updated", ago(time.Hour), "a1", `{"status":"approved","request_id":"r1","from_handle":"alice"}`)
 	c.insert(
@@ -376,7 +389,7 @@ func TestIntegrationContactRequests(t *testing.T) {
 // and says so, even when the requests fit the limit.
 func TestIntegrationContactRequestsRowBound(t *testing.T) {
 	c := newCompliance(t)
-	base := time.Now().UTC().Add(-24 * time.Hour).Truncate(time.Second)
+	base := c.now.Add(-24 * time.Hour).Truncate(time.Second)
 	const n = query.MaxContactLimit*20 + 1
 	rows := make([]store.EventRow, 0, n+1)
 	rows = append(rows, contactRow("org-a", "first", "received", base, "a1", `{"status":"pending","request_id":"big"}`))
@@ -396,7 +409,7 @@ func TestIntegrationContactRequestsRowBound(t *testing.T) {
 
 func TestIntegrationChattyAgents(t *testing.T) {
 	c := newCompliance(t)
-	now := time.Now().UTC().Truncate(time.Millisecond)
+	now := c.now
 	ago := func(d time.Duration) time.Time { return now.Add(-d) }
 	var rows []store.EventRow
 	n := 0

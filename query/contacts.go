@@ -113,7 +113,7 @@ func (qr *Querier) ContactRequests(ctx context.Context, q ContactQuery) (Contact
 	if err := q.Validate(); err != nil {
 		return ContactPage{}, err
 	}
-	from, to, err := window(q.From, q.To, time.Now(), defaultContactRange)
+	from, to, err := window(q.From, q.To, qr.now(), defaultContactRange)
 	if err != nil {
 		return ContactPage{}, err
 	}

@@ -91,7 +91,7 @@ func (qr *Querier) PolicyDecisions(ctx context.Context, q DecisionQuery) (Decisi
 	}
 	aq := AuditQuery{OrgID: q.OrgID, From: q.From, To: q.To, ActorID: q.AgentID,
 		Types: []string{schema.TypePolicyDecided}, Outcome: q.Outcome, Limit: limit, Before: q.Before}
-	page, err := qr.auditPage(ctx, auditSQL{db: qr.db, q: aq, decision: q.Decision, asOf: asOfOf(q.Before, time.Now())})
+	page, err := qr.auditPage(ctx, auditSQL{db: qr.db, q: aq, decision: q.Decision, asOf: asOfOf(q.Before, qr.now())})
 	if err != nil {
 		return DecisionPage{}, err
 	}

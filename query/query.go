@@ -6,6 +6,9 @@
 // replacing key instead (FINAL over a month costs seconds). SQL is built by plain query
 // structs that are tested without a database; everything here runs on ClickHouse 18.16
 // and current releases.
+//
+// It may import schema/ and its own folder's packages only; ingest/, policy/ and query/
+// stand side by side and never import each other (deploy/layers).
 package query
 
 import (
@@ -23,10 +26,14 @@ import (
 type Querier struct {
 	conn driver.Conn
 	db   string
+	// now is the clock of every default that depends on the time: a first audit page's
+	// watermark, where its walk-back starts, the default ranges and the Now of the work
+	// reads. Tests set it, so that what they expect is computed from the same instant.
+	now func() time.Time
 }
 
 // New returns a Querier reading tables as db.table.
-func New(conn driver.Conn, db string) *Querier { return &Querier{conn: conn, db: db} }
+func New(conn driver.Conn, db string) *Querier { return &Querier{conn: conn, db: db, now: time.Now} }
 
 // FieldError is a problem with one field of a query: the caller's mistake, safe to show
 // to the caller as is (the API reports it as a bad input, not an internal error).

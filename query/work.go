@@ -107,7 +107,7 @@ type RoomWork struct {
 // WorkQuery asks for the work status of one room of OrgID, or of its rooms with work.
 type WorkQuery struct {
 	OrgID, RoomID string
-	Now           time.Time     // zero: time.Now()
+	Now           time.Time     // zero: the Querier's clock (time.Now)
 	StuckAfter    time.Duration // zero: DefaultStuckAfter
 }
 
@@ -118,7 +118,8 @@ type WorkStatus struct {
 	AsOf      time.Time
 }
 
-func (q *WorkQuery) normalize() error {
+// normalize checks q and applies its defaults; now is the Now of a query without one.
+func (q *WorkQuery) normalize(now time.Time) error {
 	errs := checkOrg(nil, q.OrgID)
 	if len(q.RoomID) > 256 {
 		errs = append(errs, fieldErr("room_id", "longer than 256 bytes"))
@@ -127,7 +128,7 @@ func (q *WorkQuery) normalize() error {
 		errs = append(errs, fieldErr("stuck_after", "must not be negative"))
 	}
 	if q.Now.IsZero() {
-		q.Now = time.Now()
+		q.Now = now
 	}
 	q.Now = q.Now.UTC()
 	if q.StuckAfter == 0 {
@@ -198,7 +199,7 @@ var finishedStatuses = []string{"done", "completed", "complete", "closed", "canc
 // WorkStatus reads the work status of q.RoomID, or of the organization's rooms with
 // work (at most MaxWorkRooms, latest activity first, then rooms with open tasks).
 func (qr *Querier) WorkStatus(ctx context.Context, q WorkQuery) (WorkStatus, error) {
-	if err := q.normalize(); err != nil {
+	if err := q.normalize(qr.now()); err != nil {
 		return WorkStatus{}, err
 	}
 	out := WorkStatus{AsOf: q.Now}

@@ -37,7 +37,10 @@ func TestIntegrationWorkStatus(t *testing.T) {
 	}
 	st := store.New(conn, db)
 	q := query.New(conn, db)
-	now := time.Now().UTC().Truncate(time.Millisecond)
+	// Every read is given Now: a fixed instant, so that the windows and today's counts
+	// the reads apply are the ones the test expects whenever it runs. The millisecond
+	// part shows where a read keeps whole seconds only.
+	now := time.Date(2025, 3, 20, 12, 34, 56, 789_000_000, time.UTC)
 	ago := func(d time.Duration) time.Time { return now.Add(-d) }
 
 	// Directory: a person and two agents of org-a.
@@ -98,11 +101,7 @@ func TestIntegrationWorkStatus(t *testing.T) {
 		require.Equal(t, "a-writer", r.Agents[0].AgentID, "latest activity first")
 		require.Equal(t, "a-coder", r.Agents[1].AgentID)
 		require.Equal(t, "Working on the retry loop", r.Agents[1].LastMessage)
-		want := uint64(0) // today (UTC): none just after midnight
-		if ago(20 * time.Minute).Truncate(24 * time.Hour).Equal(now.Truncate(24 * time.Hour)) {
-			want = 1
-		}
-		require.Equal(t, want, r.Agents[1].MessagesToday)
+		require.Equal(t, uint64(1), r.Agents[1].MessagesToday, "its message of 12:14 today (UTC)")
 	}
 	ws, err := q.WorkStatus(ctx, query.WorkQuery{OrgID: "org-a", Now: now})
 	require.NoError(t, err)
