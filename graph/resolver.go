@@ -1,6 +1,9 @@
 // Package graph owns bandplane's GraphQL API (gqlgen): the schema, its resolvers over
 // the query package, the HTTP and WebSocket handler, and the authorization hook. The
 // code in generated/ and model/ is generated: see README.md.
+//
+// It may import ingest/, policy/, query/, schema/ and its own folder's packages, never
+// deploy/ or cmd/ (deploy/layers).
 package graph
 
 import (
@@ -59,7 +62,7 @@ type Resolver struct {
 func (r *Resolver) fail(ctx context.Context, err error) error {
 	code := ""
 	switch {
-	case errors.Is(err, schema.ErrInvalid), query.IsInvalid(err):
+	case errors.Is(err, schema.ErrInvalid):
 		code = "BAD_USER_INPUT"
 	case errors.Is(err, schema.ErrUnauthenticated):
 		code = "UNAUTHENTICATED"

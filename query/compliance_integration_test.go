@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -16,6 +17,7 @@ import (
 	"github.com/bandplane/bandplane/policy"
 	"github.com/bandplane/bandplane/policy/api"
 	"github.com/bandplane/bandplane/query"
+	"github.com/bandplane/bandplane/schema"
 	"github.com/bandplane/bandplane/schema/store"
 )
 
@@ -192,11 +194,11 @@ func TestIntegrationAuditStableCursor(t *testing.T) {
 	for _, before := range []string{"garbage!", base64.RawURLEncoding.EncodeToString([]byte("v1:1740823200007:e05")),
 		base64.RawURLEncoding.EncodeToString([]byte("v2:1:2")), base64.RawURLEncoding.EncodeToString([]byte("v2:x:1:e05"))} {
 		_, err := c.q.AuditEvents(c.ctx, query.AuditQuery{OrgID: "org-a", Before: before})
-		require.True(t, query.IsInvalid(err), "%q: %v", before, err)
+		require.True(t, errors.Is(err, schema.ErrInvalid), "%q: %v", before, err)
 		require.Contains(t, err.Error(), "before: ")
 	}
 	_, err = c.q.AuditEvents(c.ctx, query.AuditQuery{OrgID: "org-a", Outcome: "maybe"})
-	require.True(t, query.IsInvalid(err), "%v", err)
+	require.True(t, errors.Is(err, schema.ErrInvalid), "%v", err)
 }
 
 func TestIntegrationDecisions(t *testing.T) {
@@ -285,7 +287,7 @@ func TestIntegrationDecisions(t *testing.T) {
 		{Decision: "send_message"},
 	} {
 		_, err := c.q.PolicyDecisions(c.ctx, bad)
-		require.True(t, query.IsInvalid(err), "%+v: %v", bad, err)
+		require.True(t, errors.Is(err, schema.ErrInvalid), "%+v: %v", bad, err)
 	}
 }
 
@@ -381,7 +383,7 @@ func TestIntegrationContactRequests(t *testing.T) {
 		{Status: "pending"},
 	} {
 		_, err := c.q.ContactRequests(c.ctx, bad)
-		require.True(t, query.IsInvalid(err), "%+v: %v", bad, err)
+		require.True(t, errors.Is(err, schema.ErrInvalid), "%+v: %v", bad, err)
 	}
 }
 
@@ -541,6 +543,6 @@ func TestIntegrationChattyAgents(t *testing.T) {
 		{},
 	} {
 		_, err := c.q.ChattyAgents(c.ctx, bad)
-		require.True(t, query.IsInvalid(err), "%+v: %v", bad, err)
+		require.True(t, errors.Is(err, schema.ErrInvalid), "%+v: %v", bad, err)
 	}
 }

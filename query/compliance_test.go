@@ -3,6 +3,7 @@ package query
 import (
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/bandplane/bandplane/policy"
 	"github.com/bandplane/bandplane/policy/api"
+	"github.com/bandplane/bandplane/schema"
 )
 
 // checkErrs runs validate and compares its errors, one a line, with want (none: valid).
@@ -27,8 +29,8 @@ func checkErrs(t *testing.T, what any, err error, want ...string) {
 		t.Errorf("%+v: no error, want %q", what, want)
 		return
 	}
-	if !IsInvalid(err) {
-		t.Errorf("%v: IsInvalid = false", err)
+	if !errors.Is(err, schema.ErrInvalid) {
+		t.Errorf("%v: not schema.ErrInvalid", err)
 	}
 	if diff := cmp.Diff(want, strings.Split(err.Error(), "\n")); diff != "" {
 		t.Errorf("%+v: errors (-want +got):\n%s", what, diff)
@@ -366,7 +368,7 @@ func TestAuditActorAndSubjectTheSameIDMatchEitherRole(t *testing.T) {
 		{OrgID: "o", Types: make([]string, MaxAuditTypes+1)},
 		{OrgID: "o", Types: []string{strings.Repeat("t", 129)}},
 	} {
-		if !IsInvalid(q.Validate()) {
+		if !errors.Is(q.Validate(), schema.ErrInvalid) {
 			t.Errorf("Validate(%+v) accepted it", q)
 		}
 	}

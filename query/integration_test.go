@@ -2,6 +2,7 @@ package query_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -10,6 +11,7 @@ import (
 
 	"github.com/bandplane/bandplane/deploy/stacktest"
 	"github.com/bandplane/bandplane/query"
+	"github.com/bandplane/bandplane/schema"
 	"github.com/bandplane/bandplane/schema/store"
 )
 
@@ -228,10 +230,10 @@ func TestIntegrationCostsAndAudit(t *testing.T) {
 	require.Equal(t, uint64(1), series[0].Points[0].Events)
 	require.Equal(t, uint64(0), series[0].Points[1].Events)
 	_, err = q.UsageSeries(ctx, query.SeriesQuery{OrgID: "org-a", From: base, To: base.Add(10000 * time.Hour), Interval: "hour"})
-	require.True(t, query.IsInvalid(err), "too many buckets: %v", err)
+	require.True(t, errors.Is(err, schema.ErrInvalid), "too many buckets: %v", err)
 
 	_, err = q.Costs(ctx, query.CostQuery{OrgID: "org-a", From: base, To: base, GroupBy: []string{"foo"}})
-	require.True(t, query.IsInvalid(err), "%v", err)
+	require.True(t, errors.Is(err, schema.ErrInvalid), "%v", err)
 
 	// Audit: page two at a time through org-a, newest first, replayed e2 once.
 	var ids []string

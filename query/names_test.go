@@ -2,6 +2,7 @@ package query_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/bandplane/bandplane/deploy/stacktest"
 	"github.com/bandplane/bandplane/query"
+	"github.com/bandplane/bandplane/schema"
 	"github.com/bandplane/bandplane/schema/store"
 )
 
@@ -60,7 +62,7 @@ func TestIntegrationNames(t *testing.T) {
 	}
 	_, err = q.Names(ctx, "org-a", many)
 	require.Error(t, err)
-	assert.True(t, query.IsInvalid(err))
+	assert.True(t, errors.Is(err, schema.ErrInvalid))
 	assert.Contains(t, err.Error(), fmt.Sprintf("ids: %d ids to name; at most %d at once", query.MaxNames+1, query.MaxNames))
 
 	_, err = q.Names(ctx, "", []string{"a1"})

@@ -2,6 +2,7 @@ package query_test
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/bandplane/bandplane/deploy/stacktest"
 	"github.com/bandplane/bandplane/query"
+	"github.com/bandplane/bandplane/schema"
 	"github.com/bandplane/bandplane/schema/store"
 )
 
@@ -109,7 +111,7 @@ func TestIntegrationUnpricedModels(t *testing.T) {
 		{"acme", from, to, 1001, "limit"},
 	} {
 		_, _, err := q.UnpricedModels(ctx, c.org, c.from, c.to, c.limit)
-		assert.True(t, query.IsInvalid(err), "%+v", c)
+		assert.True(t, errors.Is(err, schema.ErrInvalid), "%+v", c)
 		assert.ErrorContains(t, err, c.want)
 	}
 	_, _, err = q.UnpricedModels(ctx, "acme'; DROP TABLE usage; --", from, to, 0)

@@ -20,6 +20,7 @@ import (
 
 	"github.com/ClickHouse/clickhouse-go/v2"
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+	"github.com/bandplane/bandplane/schema"
 )
 
 // Querier runs queries against one database.
@@ -34,15 +35,6 @@ type Querier struct {
 
 // New returns a Querier reading tables as db.table.
 func New(conn driver.Conn, db string) *Querier { return &Querier{conn: conn, db: db, now: time.Now} }
-
-// FieldError is a problem with one field of a query: the caller's mistake, safe to show
-// to the caller as is (the API reports it as a bad input, not an internal error).
-type FieldError struct {
-	Field string // snake_case name of the field, e.g. "group_by"
-	Msg   string
-}
-
-func (e *FieldError) Error() string { return e.Field + ": " + e.Msg }
 
 // ErrTimeout matches (errors.Is) a query that did not finish before its context's
 // deadline. clickhouse-go passes the deadline on: it sends max_execution_time (the time
@@ -68,13 +60,7 @@ func queryErr(ctx context.Context, err error, what string) error {
 }
 
 func fieldErr(field, format string, args ...any) error {
-	return &FieldError{Field: field, Msg: fmt.Sprintf(format, args...)}
-}
-
-// IsInvalid reports whether err (or any error joined in it) is a FieldError.
-func IsInvalid(err error) bool {
-	var fe *FieldError
-	return errors.As(err, &fe)
+	return &schema.FieldError{Field: field, Reason: fmt.Sprintf(format, args...)}
 }
 
 // where collects AND-ed conditions and their arguments in order.

@@ -1,11 +1,13 @@
 package query
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/bandplane/bandplane/schema"
 	"github.com/google/go-cmp/cmp"
 )
 
@@ -87,8 +89,8 @@ func TestCostFilterRefusesHostileLists(t *testing.T) {
 		"too long": {Models: []string{string(make([]byte, 257))}},
 	} {
 		err := CostQuery{OrgID: "o1", From: t0, To: t1, Filter: f}.Validate()
-		if !IsInvalid(err) {
-			t.Errorf("%s: Validate = %v, want a FieldError", name, err)
+		if !errors.Is(err, schema.ErrInvalid) {
+			t.Errorf("%s: Validate = %v, want a schema.FieldError", name, err)
 		}
 	}
 }
@@ -106,8 +108,8 @@ func TestCostQueryValidate(t *testing.T) {
 		if err == nil {
 			t.Fatalf("%+v: no error, want %q", q, want)
 		}
-		if !IsInvalid(err) {
-			t.Errorf("%v: IsInvalid = false", err)
+		if !errors.Is(err, schema.ErrInvalid) {
+			t.Errorf("%v: not schema.ErrInvalid", err)
 		}
 		got := strings.Split(err.Error(), "\n")
 		if diff := cmp.Diff(want, got); diff != "" {
@@ -197,8 +199,8 @@ func TestAuditQueryValidate(t *testing.T) {
 		if err == nil {
 			t.Fatalf("%+v: no error, want %q", q, want)
 		}
-		if !IsInvalid(err) {
-			t.Errorf("%v: IsInvalid = false", err)
+		if !errors.Is(err, schema.ErrInvalid) {
+			t.Errorf("%v: not schema.ErrInvalid", err)
 		}
 		if diff := cmp.Diff(want, strings.Split(err.Error(), "\n")); diff != "" {
 			t.Errorf("errors (-want +got):\n%s", diff)

@@ -3,6 +3,7 @@ package query_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -188,11 +189,11 @@ func TestIntegrationWorkStatus(t *testing.T) {
 
 	// Hostile input.
 	_, err = q.WorkStatus(ctx, query.WorkQuery{})
-	require.True(t, query.IsInvalid(err), "%v", err)
+	require.True(t, errors.Is(err, schema.ErrInvalid), "%v", err)
 	_, err = q.Agents(ctx, query.AgentQuery{OrgID: "org-a", Limit: query.MaxListLimit + 1})
-	require.True(t, query.IsInvalid(err), "%v", err)
+	require.True(t, errors.Is(err, schema.ErrInvalid), "%v", err)
 	_, err = q.Rooms(ctx, query.RoomQuery{OrgID: "org-a", Limit: -1})
-	require.True(t, query.IsInvalid(err), "%v", err)
+	require.True(t, errors.Is(err, schema.ErrInvalid), "%v", err)
 }
 
 // withoutMs drops the sub-second part of a room's last activity (room lists read it
@@ -237,6 +238,6 @@ func TestWorkQueryRefusesHostileInput(t *testing.T) {
 		{RoomID: "r1"},
 	} {
 		_, err := q.WorkStatus(context.Background(), wq)
-		require.True(t, query.IsInvalid(err), "%+v: %v", wq, err)
+		require.True(t, errors.Is(err, schema.ErrInvalid), "%+v: %v", wq, err)
 	}
 }
