@@ -22,6 +22,7 @@ import (
 	"github.com/vektah/gqlparser/v2/gqlerror"
 
 	"github.com/bandplane/bandplane/graph/generated"
+	"github.com/bandplane/bandplane/graph/graphiql"
 	"github.com/bandplane/bandplane/graph/model"
 	"github.com/bandplane/bandplane/query"
 	"github.com/bandplane/bandplane/schema/keys"
@@ -169,6 +170,8 @@ func WithLimits(l Limits) Option { return func(c *config) { c.limits = l } }
 // NewHandler serves the GraphQL API over POST, GET and WebSocket (graphql-ws and
 // graphql-transport-ws, on coder/websocket). Every field checks the request's API key
 // with auth (*keys.Cache in production). *query.Querier is the production Querier.
+// A browser opening it gets GraphiQL, whose files it serves below graphiql.AssetsPath:
+// mount it there too.
 func NewHandler(q Querier, auth keys.Authenticator, opts ...Option) http.Handler {
 	cfg := config{log: slog.New(slog.DiscardHandler), hosts: DefaultAllowedHosts}
 	for _, o := range opts {
@@ -273,8 +276,13 @@ func NewHandler(q Querier, auth keys.Authenticator, opts ...Option) http.Handler
 	srv.Use(extension.AutomaticPersistedQuery{Cache: lru.New[string](100)})
 	srv.AroundOperations(operationDeadline(cfg.limits))
 	api := keys.Token(limit(srv, cfg.limits))
-	page := AllowHosts(cfg.hosts, graphiQL())
+	ui := graphiql.New()
+	page, assets := AllowHosts(cfg.hosts, ui.Page()), AllowHosts(cfg.hosts, ui.Assets())
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasPrefix(r.URL.Path, graphiql.AssetsPath) {
+			assets.ServeHTTP(w, r) // before the key check: the page loads them without one
+			return
+		}
 		w.Header().Add("Vary", "Accept") // the same URL is the page or the API
 		if wantsPage(r) {
 			page.ServeHTTP(w, r)

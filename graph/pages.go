@@ -6,8 +6,6 @@ import (
 	"net/http"
 	"strings"
 
-	"github.com/99designs/gqlgen/graphql/playground"
-
 	"github.com/bandplane/bandplane/schema/keys"
 )
 
@@ -49,17 +47,4 @@ func normalizeHost(h string) string {
 func wantsPage(r *http.Request) bool {
 	return r.Method == http.MethodGet && r.URL.Query().Get("query") == "" &&
 		strings.Contains(r.Header.Get("Accept"), "text/html")
-}
-
-// graphiQL is GraphiQL for /graphql. Its scripts and styles load from cdn.jsdelivr.net
-// (gqlgen's playground handler, pinned versions with subresource integrity). No other
-// site may frame it (clickjacking), and no cache keeps it.
-func graphiQL() http.Handler {
-	page := playground.Handler("bandplane GraphQL", "/graphql")
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("X-Frame-Options", "DENY")
-		w.Header().Set("Content-Security-Policy", "frame-ancestors 'none'")
-		w.Header().Set("Cache-Control", "no-store")
-		page.ServeHTTP(w, r)
-	})
 }
