@@ -19,26 +19,26 @@ import (
 
 const repoRoot = "../.."
 
-// TestConfigReferenceREADMEUpToDate regenerates the reference and compares it with
-// README.md's region: a flag or variable added, changed or removed without
-// regenerating fails here.
-func TestConfigReferenceREADMEUpToDate(t *testing.T) {
-	region, err := configReference(context.Background(), commands, repoRoot)
+// TestConfigReferenceUpToDate regenerates the reference and compares it with
+// CONFIG.md: a flag or variable added, changed or removed without regenerating fails
+// here.
+func TestConfigReferenceUpToDate(t *testing.T) {
+	doc, err := configReference(context.Background(), commands, repoRoot)
 	require.NoError(t, err)
-	assert.Contains(t, region, "#### `bandplane normalize`\n\nNo flags.\n", "a command without flags is listed too")
-	readme, err := os.ReadFile(filepath.Join(repoRoot, "README.md"))
-	require.NoError(t, err)
-	got, ok := regionOf(string(readme))
-	require.True(t, ok, "README.md has no %s … %s region", configRefBegin, configRefEnd)
-	if got == region {
+	assert.Contains(t, doc, "### `bandplane normalize`\n\nNo flags.\n", "a command without flags is listed too")
+	assert.True(t, strings.HasPrefix(doc, configRefHeader), "the file opens with its title")
+	committed, err := os.ReadFile(filepath.Join(repoRoot, configRefFile))
+	require.NoError(t, err, "run %s", configRefCommand)
+	got := string(committed)
+	if got == doc {
 		return
 	}
-	want, have := strings.Split(region, "\n"), strings.Split(got, "\n")
+	want, have := strings.Split(doc, "\n"), strings.Split(got, "\n")
 	for i := 0; i < len(want) || i < len(have); i++ {
 		w, h := lineAt(want, i), lineAt(have, i)
 		if w != h {
-			t.Fatalf("README.md's configuration reference is stale: run %s\nfirst difference, line %d of the region:\n  README:    %s\n  generated: %s",
-				configRefCommand, i+1, h, w)
+			t.Fatalf("%s is stale: run %s\nfirst difference, line %d:\n  committed: %s\n  generated: %s",
+				configRefFile, configRefCommand, i+1, h, w)
 		}
 	}
 }
@@ -50,20 +50,17 @@ func lineAt(lines []string, i int) string {
 	return "(end)"
 }
 
-// TestConfigReferenceREADMEListsEveryVariable reads the README's own table: every
-// variable the product's Go code reads and every one a deploy script documents has a
-// row.
-func TestConfigReferenceREADMEListsEveryVariable(t *testing.T) {
+// TestConfigReferenceListsEveryVariable reads CONFIG.md's own table: every variable
+// the product's Go code reads and every one a deploy script documents has a row.
+func TestConfigReferenceListsEveryVariable(t *testing.T) {
 	src, err := scanSources(repoRoot)
 	require.NoError(t, err)
 	scripts, err := scanScripts(repoRoot)
 	require.NoError(t, err)
-	readme, err := os.ReadFile(filepath.Join(repoRoot, "README.md"))
+	doc, err := os.ReadFile(filepath.Join(repoRoot, configRefFile))
 	require.NoError(t, err)
-	region, ok := regionOf(string(readme))
-	require.True(t, ok)
 	rows := map[string]bool{}
-	for _, line := range strings.Split(region, "\n") {
+	for _, line := range strings.Split(string(doc), "\n") {
 		if name, ok := strings.CutPrefix(line, "| `BANDPLANE_"); ok {
 			name, _, _ = strings.Cut(name, "`")
 			rows["BANDPLANE_"+name] = true
@@ -75,11 +72,11 @@ func TestConfigReferenceREADMEListsEveryVariable(t *testing.T) {
 	}
 	assert.NotContains(t, src.vars, "BANDPLANE_INTEGRATION", "deploy/stacktest is test-only: not product code")
 	for v, where := range src.vars {
-		assert.True(t, rows[v], "%s is read in %v but missing from README.md's environment table: run %s", v, where, configRefCommand)
+		assert.True(t, rows[v], "%s is read in %v but missing from %s's environment table: run %s", v, where, configRefFile, configRefCommand)
 	}
 	require.NotEmpty(t, scripts)
 	for _, s := range scripts {
-		assert.True(t, rows[s.Name], "%s is documented in %s but missing from README.md's environment table: run %s", s.Name, s.Script, configRefCommand)
+		assert.True(t, rows[s.Name], "%s is documented in %s but missing from %s's environment table: run %s", s.Name, s.Script, configRefFile, configRefCommand)
 	}
 }
 
@@ -230,8 +227,8 @@ func TestConfigReferenceFindsWhichVariableSetsWhichFlag(t *testing.T) {
 	ref.addEnv(src, nil, nil)
 	require.Empty(t, ref.problems)
 	md := ref.render()
-	assert.Contains(t, md, "#### `bandplane bare`\n\nNo flags.\n")
-	assert.Contains(t, md, "#### `bandplane group b`\n\n`bandplane group b [flags]`\n\nNo flags.\n")
+	assert.Contains(t, md, "### `bandplane bare`\n\nNo flags.\n")
+	assert.Contains(t, md, "### `bandplane group b`\n\n`bandplane group b [flags]`\n\nNo flags.\n")
 	assert.Contains(t, md, "| `--key` |  | `BANDPLANE_CONFIGREF_FALLBACK` (fallback) | a key (default: env BANDPLANE_CONFIGREF_FALLBACK) |")
 	assert.Contains(t, md, "| `BANDPLANE_CONFIGREF_HONEST` | `x.go` (honest) | an address; default of `--addr` (honest) |")
 	assert.Contains(t, md, "| `BANDPLANE_CONFIGREF_FALLBACK` | `x.go` (fallback) | a key; read when `--key` (fallback) is not given |")
@@ -386,22 +383,36 @@ func TestParseScriptHeader(t *testing.T) {
 	f("#   BANDPLANE_X   no shebang\n# prose after it, not a continuation\n", "BANDPLANE_X=no shebang")
 }
 
-func TestReplaceRegion(t *testing.T) {
-	readme := "# t\n\n## Configuration reference\n\n" + configRefBegin + "\nold\n" + configRefEnd + "\n\n## Repository\n"
-	got, err := replaceRegion(readme, "new\n")
+// TestConfigReferenceSync: --check never writes and calls a missing or different file
+// stale; without it the file is written, and left alone when it is current.
+func TestConfigReferenceSync(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "CONFIG.md")
+	stale, err := syncReference(path, "new\n", true)
 	require.NoError(t, err)
-	assert.Equal(t, "# t\n\n## Configuration reference\n\n"+configRefBegin+"\nnew\n"+configRefEnd+"\n\n## Repository\n", got)
-	region, ok := regionOf(got)
-	assert.True(t, ok)
-	assert.Equal(t, "new\n", region)
-	again, err := replaceRegion(got, "new\n")
-	require.NoError(t, err)
-	assert.Equal(t, got, again)
+	assert.True(t, stale, "a missing file is stale")
+	assert.NoFileExists(t, path, "--check writes nothing")
 
-	_, err = replaceRegion("no markers", "x")
-	assert.Error(t, err)
-	_, err = replaceRegion(readme+configRefBegin, "x")
-	assert.Error(t, err)
+	stale, err = syncReference(path, "new\n", false)
+	require.NoError(t, err)
+	assert.False(t, stale)
+	got, err := os.ReadFile(path)
+	require.NoError(t, err)
+	assert.Equal(t, "new\n", string(got))
+
+	stale, err = syncReference(path, "new\n", true)
+	require.NoError(t, err)
+	assert.False(t, stale, "the file as generated is current")
+
+	require.NoError(t, os.WriteFile(path, []byte("edited by hand\n"), 0o644))
+	stale, err = syncReference(path, "new\n", true)
+	require.NoError(t, err)
+	assert.True(t, stale)
+	got, err = os.ReadFile(path)
+	require.NoError(t, err)
+	assert.Equal(t, "edited by hand\n", string(got), "--check leaves a stale file as it is")
+
+	_, err = syncReference(t.TempDir(), "new\n", false) // a folder: cannot be read as a file
+	assert.ErrorContains(t, err, "cannot read the configuration reference")
 }
 
 func TestConfigReferenceMarkdown(t *testing.T) {
