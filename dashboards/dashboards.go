@@ -12,6 +12,9 @@
 // replayed event counts once (except the few reads FINAL cannot change: unmerged).
 // Every SELECT of a tenant's table is filtered by organization. Variables enter the SQL
 // only through value (vars.go); macros.go expands a query as Grafana and the plugin do.
+//
+// It may import ingest/, policy/, query/, schema/ and its own folder's packages, never
+// deploy/ or cmd/ (deploy/layers).
 package dashboards
 
 import (

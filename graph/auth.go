@@ -8,7 +8,7 @@ import (
 	"github.com/bandplane/bandplane/schema/keys"
 )
 
-// Every field is authorized with the request's API key (README, "Keys and roles"): the
+// Every field is authorized with the request's API key (schema/README.md, "Keys and roles"): the
 // key must have one of the field's roles, and may read only its own organization (a
 // platform key, org '*', may name any). The roles of each field are in graph/README.md.
 var (

@@ -150,7 +150,7 @@ func (c *CollectorConfig) Validate() error {
 // each rejected line's reason. A produce failure answers 503 and the client retries the
 // whole request, which event ids make harmless.
 //
-// The key's rights (README, "Keys and roles"): nobody writes bandplane's own types or
+// The key's rights (schema/README.md, "Keys and roles"): nobody writes bandplane's own types or
 // sources; only platform keys write directory and governance types; an organization's
 // key writes events of its organization only (an event without org_id gets the key's),
 // and not as a party registered in another organization. A frame's id is in the scope of

@@ -4,6 +4,9 @@
 // batches to ClickHouse and only then commits offsets. Records it cannot use go to the
 // dead-letter topic and table with the reason. Delivery is at-least-once; the event id
 // makes it effectively-once in everything queries read.
+//
+// It may import schema/ and its own folder's packages only; ingest/, policy/ and query/
+// stand side by side and never import each other (deploy/layers).
 package ingest
 
 import (

@@ -90,7 +90,7 @@ func (r *Rollup) CatchUp(ctx context.Context) error {
 // intervals), so every such hour is found by the next look of a process still running.
 // A look reads usage's version column (not in the primary key): measured on 18.16, about
 // 1.9M usage rows in 0.17 s, so at billions of rows per shard it must be narrowed
-// (README, "Running on a cluster", capacity model).
+// (deploy/README.md, "Running on a cluster", capacity model).
 const CatchUpEvery = 30 * time.Second
 
 // Run catches up, then rebuilds marked hours every interval until ctx ends, then once
@@ -340,7 +340,7 @@ func RepriceRange(ctx context.Context, st *store.Store, dir *Directory, cat *pri
 // registeredModel is the model the directory gives usage row r whose own model is
 // unknown: that of the agent r names, as registered in r's organization. A row without
 // organization ("") was stored so because its agent was not registered when it arrived
-// (README, "Delivery and counting"), and the registration is what attributes an
+// (ingest/README.md, "Delivery and counting"), and the registration is what attributes an
 // agent's events: such a row is the agent's wherever the directory now registers it,
 // and takes that entry's model (it keeps org "", part of its key, so that a replay
 // still collapses with it). A row of any other organization that names the same agent

@@ -15,4 +15,7 @@
 // revision (sha256 of the bundle files). Deny by default: an evaluation error or an
 // undefined result is a deny with reason eval_error or undefined. See README.md for the
 // data layout, the directory file format and examples.
+//
+// It may import schema/ and its own folder's packages only; ingest/, policy/ and query/
+// stand side by side and never import each other (deploy/layers).
 package policy

@@ -1,6 +1,10 @@
 // Package schema owns bandplane's event contract: the canonical, versioned event
 // envelope, its per-type data, the mapping from the platform's own frames, validation,
-// and (in schema/migrations) the ClickHouse tables the events land in.
+// and the kinds of error every surface reports (errors.go). The ClickHouse tables the
+// events land in are schema/chdb's migrations.
+//
+// It may import the standard library, third-party modules and the other schema/
+// packages only: schema/ is the basement every other folder builds on (deploy/layers).
 package schema
 
 import (

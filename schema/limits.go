@@ -3,7 +3,7 @@ package schema
 import "time"
 
 // Limits every event is held to, wherever it is decoded (collector, consumer, policy
-// replica, `bandplane normalize`). They are part of the contract (README, "Limits").
+// replica, `bandplane normalize`). They are part of the contract (ingest/README.md, "Limits").
 const (
 	// MaxDepth is the deepest nesting of objects and arrays a line may have: the
 	// envelope is level 1, its data level 2. It is checked by a byte scan before any
@@ -21,7 +21,7 @@ const (
 
 	// MaxTokens bounds each token count of a usage report (input, output, cache read,
 	// cache write, reasoning): 10^9, some 500 times the largest context window of any
-	// model. The cap is what keeps every sum exact (README, "Limits"): an hourly rollup
+	// model. The cap is what keeps every sum exact (ingest/README.md, "Limits"): an hourly rollup
 	// group would need 1.8·10^10 reports in one hour to overflow its UInt64 token sums,
 	// and with prices capped at pricing.MaxPricePerMillion one report costs at most
 	// 5·10^9 units (all five kinds at the cap, reasoning billed apart), far inside

@@ -28,7 +28,7 @@ import (
 	"github.com/bandplane/bandplane/schema/tlog"
 )
 
-// The compliance export (README, "Compliance export"): GET /v1/audit/export streams a
+// The compliance export (query/trail/README.md, "Compliance export"): GET /v1/audit/export streams a
 // selection of one organization's trail pinned to a signed checkpoint of its log, with
 // the proofs to check it offline (the format is query/trail's: trail.ExportFormat);
 // `bandplane audit export` drives it and resumes an interrupted file; `bandplane audit

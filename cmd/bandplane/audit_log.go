@@ -31,7 +31,7 @@ import (
 	"github.com/bandplane/bandplane/schema/tlog"
 )
 
-// The audit log's read side over HTTP (README, "Tamper-evident audit trail"): an
+// The audit log's read side over HTTP (query/trail/README.md): an
 // organization's newest checkpoint and the proofs a witness or an auditor checks
 // against it. Every answer is checked against the audit key ring before it is sent.
 //

@@ -1,5 +1,9 @@
 // Command bandplane is the control plane's one binary. Each subcommand wires the
-// components it needs; flags and environment are read here and nowhere else.
+// components it needs; flags and environment are read here and nowhere else. serve
+// runs its components (ingest, policy, live, the API, sealing) through one lifecycle
+// (serve_lifecycle.go), each built in a serve_*.go file of its own.
+//
+// It may import every folder (deploy/layers).
 package main
 
 import (

@@ -3,6 +3,8 @@
 // the same events, and freshness (produce to queryable) at half the pipeline's rate.
 // All three run in one process, one after another, so their ratio is meaningful on a
 // noisy machine.
+//
+// It may import any folder but cmd/ (deploy/layers).
 package bench
 
 import (

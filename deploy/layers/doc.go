@@ -2,6 +2,9 @@
 // import which, so that the data flow reads from the imports. It holds no code of its
 // own; `go test ./deploy/layers/ -v` also lists each folder's hand-written lines.
 //
+// It may import nothing of the module (deploy/layers): its tests read the module with
+// go list.
+//
 // The floors, from the bottom:
 //
 //  0. schema/: the basement every user shares: the event contract, ClickHouse's

@@ -4,6 +4,8 @@ import (
 	"bufio"
 	"bytes"
 	"fmt"
+	"go/parser"
+	"go/token"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -185,4 +187,40 @@ func generated(b []byte) bool {
 		}
 	}
 	return false
+}
+
+// Every package's doc comment says what it may import (the rule of its floor, naming
+// this package), so that a reader learns the rule where the package begins. Generated
+// packages are left out.
+func TestPackageDocsSayWhatTheyMayImport(t *testing.T) {
+	r := root(t)
+	for pkg := range imports(t) {
+		if pkg == "graph/generated" || pkg == "graph/model" {
+			continue
+		}
+		doc := packageDoc(t, filepath.Join(r, filepath.FromSlash(pkg)))
+		assert.NotEmpty(t, doc, "%s has no package doc comment", pkg)
+		if doc != "" {
+			assert.Contains(t, doc, "(deploy/layers)", "%s: its doc comment does not say what it may import", pkg)
+		}
+	}
+}
+
+// packageDoc is the package doc comment of the Go package in dir (tests apart).
+func packageDoc(t *testing.T, dir string) string {
+	t.Helper()
+	entries, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	fset := token.NewFileSet()
+	for _, e := range entries {
+		if !strings.HasSuffix(e.Name(), ".go") || strings.HasSuffix(e.Name(), "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(fset, filepath.Join(dir, e.Name()), nil, parser.PackageClauseOnly|parser.ParseComments)
+		require.NoError(t, err)
+		if f.Doc != nil {
+			return f.Doc.Text()
+		}
+	}
+	return ""
 }

@@ -6,4 +6,6 @@
 // a schema cannot: that names, labels, ports, volumes, secrets and BANDPLANE_* variables
 // refer to something that exists. Neither set of manifests is run here: no container
 // engine or cluster is available on the machines this repository is built on.
+//
+// It may import any folder but cmd/ (deploy/layers).
 package manifests

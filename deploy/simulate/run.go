@@ -6,6 +6,8 @@
 // trail must reconcile with.
 //
 // The same Config, Start included, always yields byte-identical lines.
+//
+// It may import any folder but cmd/ (deploy/layers).
 package simulate
 
 import (

@@ -5,6 +5,8 @@
 // Integration tests run when BANDPLANE_INTEGRATION=1 (`make test` sets it); then a
 // missing server fails the test with the command that starts it. Without it they skip,
 // so `go test ./...` on a laptop with nothing running still passes the unit tests.
+//
+// It may import any folder but cmd/ (deploy/layers).
 package stacktest
 
 import (

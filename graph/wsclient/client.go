@@ -1,5 +1,8 @@
 // Package wsclient is a small graphql-transport-ws client on coder/websocket: what
 // bandplane's own tests and `bandplane bench query` subscribe with.
+//
+// It may import ingest/, policy/, query/, schema/ and its own folder's packages, never
+// deploy/ or cmd/ (deploy/layers).
 package wsclient
 
 import (

@@ -21,6 +21,9 @@
 // guarantees: it never double counts (a repriced usage row replaces the old one), and
 // a range it is working on is never shown as final (query.CostReport.Repricing names
 // the unfinished jobs overlapping an answer).
+//
+// It may import schema/ and its own folder's packages only; ingest/, policy/ and query/
+// stand side by side and never import each other (deploy/layers).
 package prices
 
 import (

@@ -1,6 +1,9 @@
 // Package api serves the policy decisions over HTTP and makes each one an audit event:
 // POST /v1/decisions/{name}, GET /v1/peers, POST /v1/policy/reload and the operator's
 // POST /v1/agents/{id}/suspend|resume.
+//
+// It may import schema/ and its own folder's packages only; ingest/, policy/ and query/
+// stand side by side and never import each other (deploy/layers).
 package api
 
 import (
@@ -40,7 +43,7 @@ type Config struct {
 	// cannot be written. Every other decision fails closed: a grant without an audit
 	// record becomes a deny (reason audit_unavailable).
 	FailOpen map[string]bool
-	// Auth checks the API key of every HTTP request (README, "Keys and roles"):
+	// Auth checks the API key of every HTTP request (schema/README.md, "Keys and roles"):
 	// decisions and peers need the router role, reload, suspend and resume the
 	// operator or admin role. Nil serves no HTTP (the CLI and the benchmark of the
 	// engine call Decide directly).

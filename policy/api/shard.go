@@ -11,7 +11,7 @@ import (
 	"github.com/bandplane/bandplane/schema/keys"
 )
 
-// Several replicas (README, "Several replicas"): send_message takes from the limiter
+// Several replicas (policy/README.md, "Several replicas"): send_message takes from the limiter
 // and reserves on the ledger, state that must live in one place per organization, so
 // only the organization's owner (Config.Shards) decides it. The other decisions read
 // the directory, which every replica holds whole, and are answered by any.

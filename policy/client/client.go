@@ -3,6 +3,9 @@
 // a 421 Misdirected Request to the replica that owns the agent's organization (at most
 // MaxHops, only to a replica of its own peer list) and remembers the owner of each
 // agent, so that the next decision goes there directly.
+//
+// It may import schema/ and its own folder's packages only; ingest/, policy/ and query/
+// stand side by side and never import each other (deploy/layers).
 package client
 
 import (
@@ -61,7 +64,7 @@ type Config struct {
 	// places a 421 may send the client, and so its API key. Empty: one replica at
 	// Endpoint, and a 421 is an error.
 	Peers []string
-	// APIKey is a router key (README, "Keys and roles"). Required.
+	// APIKey is a router key (schema/README.md, "Keys and roles"). Required.
 	APIKey string
 	// HTTPClient sends the requests (default: one with pooled keep-alive connections).
 	// Its HTTP redirects are never followed: only a 421 moves a decision.

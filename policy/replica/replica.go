@@ -7,6 +7,9 @@
 // limiter it also rebuilds the message rates and open reservations of the
 // organizations it owns from the allowed send_message decisions of the trail
 // (restore.go says how).
+//
+// It may import schema/ and its own folder's packages only; ingest/, policy/ and query/
+// stand side by side and never import each other (deploy/layers).
 package replica
 
 import (

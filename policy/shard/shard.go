@@ -4,6 +4,9 @@
 // rendezvous (highest random weight) score for it. Adding a replica to N moves about
 // 1/(N+1) of the organizations, all of them to the new one; removing one moves only
 // the organizations it owned.
+//
+// It may import schema/ and its own folder's packages only; ingest/, policy/ and query/
+// stand side by side and never import each other (deploy/layers).
 package shard
 
 import (

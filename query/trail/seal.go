@@ -50,6 +50,9 @@
 // committed only once the checkpoints topic has acknowledged the checkpoints that seal
 // them, and rotation records reach the sealer on the stored-events topic too: one it
 // has seen counts for good.
+//
+// It may import schema/ and its own folder's packages only; ingest/, policy/ and query/
+// stand side by side and never import each other (deploy/layers).
 package trail
 
 import (

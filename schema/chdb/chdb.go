@@ -7,6 +7,9 @@
 // Times cross the wire as values, never as text: 18.16 writes the zero DateTime as
 // 0000-00-00 00:00:00, which 26.9 parses as a date of the current year, not the epoch.
 // deploy/stacktest/dual runs every statement of this package and the others on both.
+//
+// It may import the standard library, third-party modules and the other schema/
+// packages only: schema/ is the basement every other folder builds on (deploy/layers).
 package chdb
 
 import (

@@ -18,7 +18,7 @@ import (
 // NAME_local, a Replicated*MergeTree on every server (its replicas share a ZooKeeper
 // path per shard), and NAME, a Distributed table over NAME_local on every server. Code
 // reads and writes NAME as on one server; only DDL, partition drops and system tables
-// need the local names (README, "Running on a cluster").
+// need the local names (deploy/README.md, "Running on a cluster").
 //
 // The sharding key of every table is a hash of columns of its ORDER BY key. The
 // Replacing engines collapse rows of equal sorting key only within one server's table,

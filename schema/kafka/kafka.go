@@ -1,6 +1,9 @@
 // Package kafka is bandplane's side of the event bus: the producer the collector and the
 // routing core use, the consumer-group reader ingest runs on, topic creation, and
 // consumer lag. It wraps segmentio/kafka-go.
+//
+// It may import the standard library, third-party modules and the other schema/
+// packages only: schema/ is the basement every other folder builds on (deploy/layers).
 package kafka
 
 import (

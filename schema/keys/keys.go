@@ -2,6 +2,9 @@
 // (api_keys, only SHA-256 digests of tokens), the audit events of key creation and
 // revocation, the in-memory cache every HTTP surface authenticates against, and the
 // HTTP middleware and JSON error writers those surfaces share.
+//
+// It may import the standard library, third-party modules and the other schema/
+// packages only: schema/ is the basement every other folder builds on (deploy/layers).
 package keys
 
 import (

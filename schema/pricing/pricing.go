@@ -49,6 +49,9 @@
 // (input, output, both cache kinds, reasoning when billed apart) at most 5·10⁹ units,
 // 5·10¹⁵ micro-units: far inside an int64 and inside the Decimal(18,6) (< 10¹² units)
 // of a usage row.
+//
+// It may import the standard library, third-party modules and the other schema/
+// packages only: schema/ is the basement every other folder builds on (deploy/layers).
 package pricing
 
 import (

@@ -23,8 +23,8 @@ func (r *EventRow) ContentDigest() Digest { return r.digest(false) }
 func (r *EventRow) SealDigest() Digest { return r.digest(true) }
 
 // digest hashes the columns in a fixed order, each length-prefixed, under a version
-// label: the encoding is part of the trail's format (README, "Tamper-evident audit
-// trail"). The encoding is built in one pooled buffer and hashed at once: ingest and
+// label: the encoding is part of the trail's format
+// (query/trail/README.md). The encoding is built in one pooled buffer and hashed at once: ingest and
 // verify digest every row.
 func (r *EventRow) digest(withOwner bool) Digest {
 	bp := digestBufs.Get().(*[]byte)

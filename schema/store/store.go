@@ -2,6 +2,9 @@
 // dead letters and the directory snapshot, and keeps the hourly cost rollup rebuilt
 // from usage facts. Every write is idempotent, so a batch retried after a partial
 // failure or a replay never adds twice to what queries read (they read FINAL).
+//
+// It may import the standard library, third-party modules and the other schema/
+// packages only: schema/ is the basement every other folder builds on (deploy/layers).
 package store
 
 import (

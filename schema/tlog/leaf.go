@@ -5,6 +5,9 @@
 // github.com/transparency-dev/formats), the key ring that carries trust across a key
 // rotation, and a witness's checks. It holds no database code: query/trail stores the
 // log in ClickHouse and reads it back through NodeReader.
+//
+// It may import the standard library, third-party modules and the other schema/
+// packages only: schema/ is the basement every other folder builds on (deploy/layers).
 package tlog
 
 import (

@@ -2,6 +2,8 @@
 // audit`): sealing stored events from their notes on Kafka into the organizations'
 // logs, verifying the trail against the logs, and exporting one organization with
 // inclusion proofs and checking that export offline.
+//
+// It may import any folder but cmd/ (deploy/layers).
 package auditbench
 
 import (

@@ -2,6 +2,8 @@
 // generated directory the size of a large platform, decision latencies through the
 // engine, the bare OPA evaluation of the same query, and a reference CPU task timed in
 // the same loop. It is a tool, not part of the policy API.
+//
+// It may import any folder but cmd/ (deploy/layers).
 package policybench
 
 import (

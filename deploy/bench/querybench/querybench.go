@@ -4,6 +4,8 @@
 // latency of live work-status changes from the Kafka producer to each of many
 // WebSocket subscribers. Its events are loaded once into a database of its own, from
 // the simulator, and reused by later runs.
+//
+// It may import any folder but cmd/ (deploy/layers).
 package querybench
 
 import (

@@ -8,6 +8,8 @@
 // is recorded with the exact text the server received (read back from system.query_log
 // by query id) and every batch insert with its rows, so Replay can run the same
 // statements on the same data on the other engine and report where they differ.
+//
+// It may import any folder but cmd/ (deploy/layers).
 package dual
 
 import (
