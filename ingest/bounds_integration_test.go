@@ -31,8 +31,9 @@ func TestIntegrationLargeEventsAreBatchedByTheirBytes(t *testing.T) {
 	metrics := ingest.NewMetrics(nil)
 	p, err := ingest.NewPipeline(ctx, ingest.PipelineConfig{
 		Brokers: stacktest.Brokers(), Topic: topic, DLQTopic: topic + "_dlq", GroupID: "large", Store: store.New(conn, db),
-		Catalog: pricing.Default(), BatchSize: 2000, BatchAge: time.Minute, BatchBytes: 3 << 20, MaxPendingBytes: 8 << 20,
-		RollupInterval: time.Second, RetryMin: 50 * time.Millisecond, RetryMax: time.Second, Logger: stacktest.Logger(), Metrics: metrics,
+		RollupInterval: time.Second,
+		Consumer: ingest.Config{Catalog: pricing.Default(), BatchSize: 2000, BatchAge: time.Minute, BatchBytes: 3 << 20, MaxPendingBytes: 8 << 20,
+			RetryMin: 50 * time.Millisecond, RetryMax: time.Second, Logger: stacktest.Logger(), Metrics: metrics},
 	})
 	require.NoError(t, err)
 	done := make(chan struct{})
@@ -41,7 +42,7 @@ func TestIntegrationLargeEventsAreBatchedByTheirBytes(t *testing.T) {
 
 	producer, err := kafka.NewProducer(kafka.ProducerConfig{Brokers: stacktest.Brokers(), Topic: topic})
 	require.NoError(t, err)
-	defer producer.Close()
+	defer producer.Close() //nolint:errcheck // Publish returns once the brokers acknowledge: nothing is left to send
 	msgs := make([]kafkago.Message, events)
 	for i := range msgs {
 		content := strings.Repeat(string(rune('a'+i)), size)

@@ -10,13 +10,11 @@ import (
 	kafkago "github.com/segmentio/kafka-go"
 
 	"github.com/bandplane/bandplane/schema/kafka"
-	"github.com/bandplane/bandplane/schema/pricing"
 	"github.com/bandplane/bandplane/schema/store"
 	"github.com/bandplane/bandplane/schema/tlog"
 )
 
-// PipelineConfig configures a Pipeline: where to read, where to write, and the
-// consumer's batching.
+// PipelineConfig configures a Pipeline: where to read and write, and the consumer.
 type PipelineConfig struct {
 	Brokers  []string
 	Topic    string
@@ -26,23 +24,12 @@ type PipelineConfig struct {
 	StoredTopic    string
 	GroupID        string
 	Store          *store.Store
-	Catalog        pricing.Source
-	BatchSize      int
-	BatchAge       time.Duration
 	RollupInterval time.Duration
-	RetryMin       time.Duration // 0: the consumer's default
-	RetryMax       time.Duration
-	// BatchBytes and MaxPendingBytes bound the consumer's batches and the records it
-	// holds in raw bytes (Config); 0: the defaults (DefaultBatchBytes, and
-	// DefaultPendingBatches batches).
-	BatchBytes      int
-	MaxPendingBytes int
-	// LateHorizon and UnpricedHorizon bound the consumer's memory (Config); 0: the
-	// defaults. The state read at start is restricted to them too.
-	LateHorizon     time.Duration
-	UnpricedHorizon time.Duration
-	Logger          *slog.Logger
-	Metrics         *Metrics
+	// Consumer is the consumer's configuration: its catalog, batching, retries,
+	// horizons, logger and metrics (the rollup uses the same catalog, logger and
+	// metrics). The pipeline sets what it wires itself: the reader, the dead-letter and
+	// notes writers, the storage, the directory and the state read at start.
+	Consumer Config
 }
 
 // Pipeline is ingest as a process runs it: the consumer group reader, the consumer,
@@ -62,15 +49,23 @@ type Pipeline struct {
 // its horizon) and opens its Kafka reader and dead-letter producer. Close releases
 // them.
 func NewPipeline(ctx context.Context, cfg PipelineConfig) (*Pipeline, error) {
-	if cfg.Store == nil || cfg.Catalog == nil {
+	c := cfg.Consumer
+	if cfg.Store == nil || c.Catalog == nil {
 		return nil, errors.New("ingest pipeline: store and catalog are required")
 	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.DiscardHandler)
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
 	}
-	if cfg.Metrics == nil {
-		cfg.Metrics = NewMetrics(nil)
+	if c.Metrics == nil {
+		c.Metrics = NewMetrics(nil)
 	}
+	if c.LateHorizon <= 0 {
+		c.LateHorizon = DefaultLateHorizon
+	}
+	if c.UnpricedHorizon <= 0 {
+		c.UnpricedHorizon = DefaultUnpricedHorizon
+	}
+	cfg.Consumer = c
 	st := cfg.Store
 	dir := NewDirectory()
 	rows, err := st.LoadDirectory(ctx)
@@ -78,51 +73,42 @@ func NewPipeline(ctx context.Context, cfg PipelineConfig) (*Pipeline, error) {
 		return nil, err
 	}
 	dir.Load(rows)
-	if cfg.LateHorizon <= 0 {
-		cfg.LateHorizon = DefaultLateHorizon
-	}
-	if cfg.UnpricedHorizon <= 0 {
-		cfg.UnpricedHorizon = DefaultUnpricedHorizon
-	}
 	now := time.Now()
-	late, err := st.UnattributedParties(ctx, now.Add(-cfg.LateHorizon))
+	late, err := st.UnattributedParties(ctx, now.Add(-c.LateHorizon))
 	if err != nil {
 		return nil, err
 	}
-	unpriced, err := st.UnpricedAgents(ctx, now.Add(-cfg.UnpricedHorizon))
+	unpriced, err := st.UnpricedAgents(ctx, now.Add(-c.UnpricedHorizon))
 	if err != nil {
 		return nil, err
 	}
 	agents, people := dir.Len()
-	cfg.Logger.Info("ingest state loaded from clickhouse", "agents", agents, "people", people,
+	c.Logger.Info("ingest state loaded from clickhouse", "agents", agents, "people", people,
 		"unattributed_parties", len(late), "agents_with_unpriced_usage", len(unpriced))
 
 	p := &Pipeline{cfg: cfg}
-	if p.reader, err = kafka.NewReader(kafka.ReaderConfig{Brokers: cfg.Brokers, Topic: cfg.Topic, GroupID: cfg.GroupID, Logger: cfg.Logger}); err != nil {
+	if p.reader, err = kafka.NewReader(kafka.ReaderConfig{Brokers: cfg.Brokers, Topic: cfg.Topic, GroupID: cfg.GroupID, Logger: c.Logger}); err != nil {
 		return nil, err
 	}
 	if p.dlq, err = kafka.NewProducer(kafka.ProducerConfig{Brokers: cfg.Brokers, Topic: cfg.DLQTopic}); err != nil {
-		p.reader.Close()
+		_ = p.reader.Close() // the producer's error is the one reported
 		return nil, err
 	}
-	var notes NoteWriter
 	if cfg.StoredTopic != "" {
 		if p.notes, err = kafka.NewProducer(kafka.ProducerConfig{Brokers: cfg.Brokers, Topic: cfg.StoredTopic}); err != nil {
-			p.Close()
+			_ = p.Close() // the producer's error is the one reported
 			return nil, err
 		}
-		notes = noteProducer{p.notes}
+		c.Notes = noteProducer{p.notes}
 	}
-	p.rollup = NewRollup(st, dir, cfg.Catalog, cfg.RollupInterval, cfg.Logger, cfg.Metrics)
-	p.consumer, err = New(Config{
-		Reader: p.reader, DeadLetters: p.dlq, Notes: notes, Storage: st, Directory: dir, Catalog: cfg.Catalog, Topic: cfg.Topic,
-		BatchSize: cfg.BatchSize, BatchAge: cfg.BatchAge, BatchBytes: cfg.BatchBytes, MaxPendingBytes: cfg.MaxPendingBytes,
-		RetryMin: cfg.RetryMin, RetryMax: cfg.RetryMax,
-		DeadLetterMaxBytes: kafka.MaxMessageBytes, LateHorizon: cfg.LateHorizon, UnpricedHorizon: cfg.UnpricedHorizon,
-		LateParties: late, Unattributed: st.UnattributedParties, ReloadDirectory: st.LoadDirectory, UnpricedAgents: unpriced, AfterFlush: p.rollup.Mark, Logger: cfg.Logger, Metrics: cfg.Metrics,
-	})
+	p.rollup = NewRollup(st, dir, c.Catalog, cfg.RollupInterval, c.Logger, c.Metrics)
+	c.Reader, c.DeadLetters, c.Storage, c.Directory, c.Topic = p.reader, p.dlq, st, dir, cfg.Topic
+	c.DeadLetterMaxBytes = kafka.MaxMessageBytes
+	c.LateParties, c.Unattributed, c.ReloadDirectory, c.UnpricedAgents = late, st.UnattributedParties, st.LoadDirectory, unpriced
+	c.AfterFlush = p.rollup.Mark
+	p.consumer, err = New(c)
 	if err != nil {
-		p.Close()
+		_ = p.Close() // the consumer's error is the one reported
 		return nil, err
 	}
 	return p, nil
@@ -195,11 +181,11 @@ func (p *Pipeline) pollLag(ctx context.Context) {
 		cancel()
 		if err != nil {
 			if ctx.Err() == nil && time.Since(lastLog) > time.Minute {
-				p.cfg.Logger.Warn("cannot read consumer lag", "err", err)
+				p.cfg.Consumer.Logger.Warn("cannot read consumer lag", "err", err)
 				lastLog = time.Now()
 			}
 			continue
 		}
-		p.cfg.Metrics.Lag.Set(float64(lag))
+		p.cfg.Consumer.Metrics.Lag.Set(float64(lag))
 	}
 }

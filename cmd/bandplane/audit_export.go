@@ -23,7 +23,6 @@ import (
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
 	"github.com/bandplane/bandplane/query/trail"
-	"github.com/bandplane/bandplane/schema"
 	"github.com/bandplane/bandplane/schema/keys"
 	"github.com/bandplane/bandplane/schema/tlog"
 )
@@ -33,58 +32,6 @@ import (
 // the proofs to check it offline (the format is query/trail's: trail.ExportFormat);
 // `bandplane audit export` drives it and resumes an interrupted file; `bandplane audit
 // verify --export FILE` checks one.
-
-// maxConcurrentExports bounds the exports one serve runs at once: each holds a
-// ClickHouse connection of the query pool while it reads. One API key runs one at a
-// time, so that one organization's slow reader cannot hold every slot.
-const maxConcurrentExports = 4
-
-// exportWriteWindow is how long the handler gives each MiB of an export to reach the
-// client (serve's --write-timeout would cut a long export).
-const exportWriteWindow = 2 * time.Minute
-
-// Response headers of an export.
-const (
-	headerExportSize     = "X-Bandplane-Export-Size"
-	headerExportExpected = "X-Bandplane-Export-Expected-Events"
-)
-
-// exportRecorder records each export in the audit trail (serve's audit producer,
-// kafka.Producer). Produce returns once Kafka has acknowledged the events.
-type exportRecorder interface {
-	Produce(ctx context.Context, events []schema.Event) error
-}
-
-type exportHandler struct {
-	x        *trail.Exporter // nil without --audit-key
-	recorder exportRecorder  // records each export (nil: not recorded; tests of refusals)
-	log      *slog.Logger
-	slots    chan struct{}
-
-	mu      sync.Mutex
-	running map[string]bool // key id -> an export of it is running
-}
-
-// TypeAuditExported is the audit event of one export request: who took which part of
-// the trail away (bandplane's own type; audit.* is refused from clients).
-const TypeAuditExported = "audit.exported"
-
-// sourceAuditExport is the source of the audit.exported events.
-const sourceAuditExport = schema.SourceBandplane + "-audit"
-
-// exportedData is the data of audit.exported.
-type exportedData struct {
-	KeyName     string    `json:"key_name,omitempty"`
-	From        time.Time `json:"from"`
-	To          time.Time `json:"to"`
-	Types       []string  `json:"types"`
-	Actors      []string  `json:"actors"`
-	Rooms       []string  `json:"rooms"`
-	Format      string    `json:"format"`
-	Size        uint64    `json:"size"`
-	Consistency []uint64  `json:"consistency,omitempty"`
-	Resumed     bool      `json:"resumed"`
-}
 
 // newAuditExporter is the exporter of serve's --audit-key (nil without one): it signs
 // the manifests, and its public half anchors the key ring the export's checkpoint is
@@ -103,142 +50,6 @@ func newAuditExporter(conn driver.Conn, db, prefix, keyFile string, published fu
 	return trail.NewExporter(trail.ExportConfig{Conn: conn, Database: db, Prefix: prefix, Key: key, Logger: log, Published: published})
 }
 
-// auditExportHandler serves GET /v1/audit/export for the roles compliance and admin;
-// without an exporter (no --audit-key) it answers 503. Each export is recorded as an
-// audit.exported event through recorder before a byte of it is sent; one that cannot
-// be recorded is refused (503).
-func auditExportHandler(auth keys.Authenticator, x *trail.Exporter, recorder exportRecorder, log *slog.Logger) http.Handler {
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
-	h := &exportHandler{x: x, recorder: recorder, log: log.With("component", "audit_export"), slots: make(chan struct{}, maxConcurrentExports)}
-	return keys.Require(auth, keys.RoleCompliance, keys.RoleAdmin)(h)
-}
-
-func (h *exportHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if r.Method != http.MethodGet {
-		w.Header().Set("Allow", http.MethodGet)
-		keys.WriteError(w, http.StatusMethodNotAllowed, "method_not_allowed", r.Method+" /v1/audit/export: use GET")
-		return
-	}
-	if h.x == nil {
-		keys.WriteError(w, http.StatusServiceUnavailable, "unavailable",
-			"the audit export signs what it exports with the audit key, and this serve has none: start it with --audit-key (env BANDPLANE_AUDIT_KEY)")
-		return
-	}
-	q, err := url.ParseQuery(r.URL.RawQuery)
-	if err != nil {
-		keys.WriteError(w, http.StatusBadRequest, "bad_request", "malformed query string: "+err.Error())
-		return
-	}
-	req, err := trail.ParseExportRequest(q)
-	if err != nil {
-		keys.WriteError(w, http.StatusBadRequest, "bad_request", strings.ReplaceAll(err.Error(), "\n", "; "))
-		return
-	}
-	k, _ := keys.FromContext(r.Context())
-	switch org := req.Selection.Org; {
-	case org == "" && k.Platform():
-		keys.WriteError(w, http.StatusBadRequest, "bad_request", "org: required: a platform key names the organization to export (org=…)")
-		return
-	case org == "":
-		req.Selection.Org = k.Org
-	case !k.MayActOn(org):
-		keys.Forbidden(w, k, org)
-		return
-	}
-	h.mu.Lock()
-	if h.running == nil {
-		h.running = map[string]bool{}
-	}
-	busy := h.running[k.ID]
-	if !busy {
-		h.running[k.ID] = true
-	}
-	h.mu.Unlock()
-	if busy {
-		w.Header().Set("Retry-After", "10")
-		keys.WriteError(w, http.StatusTooManyRequests, "too_many_requests", "an export of this key is running already: one at a time per key; retry when it ends")
-		return
-	}
-	defer func() {
-		h.mu.Lock()
-		delete(h.running, k.ID)
-		h.mu.Unlock()
-	}()
-	select {
-	case h.slots <- struct{}{}:
-		defer func() { <-h.slots }()
-	default:
-		w.Header().Set("Retry-After", "10")
-		keys.WriteError(w, http.StatusTooManyRequests, "too_many_requests", fmt.Sprintf("%d exports are running, the most this server runs at once; retry later", maxConcurrentExports))
-		return
-	}
-	ctx := r.Context()
-	rc := http.NewResponseController(w)
-	_ = rc.SetWriteDeadline(time.Now().Add(exportWriteWindow)) // not every writer has one
-	start := time.Now()
-	exp, err := h.x.Prepare(ctx, req)
-	switch {
-	case err == nil:
-	case errors.Is(err, trail.ErrExportConflict):
-		keys.WriteError(w, http.StatusConflict, "conflict", strings.TrimPrefix(err.Error(), trail.ErrExportConflict.Error()+": "))
-		return
-	case ctx.Err() != nil:
-		return
-	default:
-		h.log.Error("cannot prepare an audit export", "err", err, "org_id", req.Selection.Org, "key_id", k.ID)
-		keys.WriteError(w, http.StatusServiceUnavailable, "unavailable", "cannot read the audit trail from ClickHouse or the checkpoints topic; retry (the server log says why)")
-		return
-	}
-	cp := exp.Checkpoint()
-	if h.recorder != nil {
-		sel := req.Selection
-		data, _ := json.Marshal(exportedData{KeyName: k.Name, From: sel.From, To: sel.To, Types: sel.Types, Actors: sel.Actors, Rooms: sel.Rooms,
-			Format: req.Encoding, Size: cp.Size, Consistency: req.Consistency, Resumed: req.After != nil})
-		ev := schema.Event{ID: schema.NewID(), Type: TypeAuditExported, Time: time.Now().UTC(), OrgID: sel.Org,
-			Actor: schema.Party{ID: k.ID, Type: schema.ActorSystem}, Source: sourceAuditExport, SchemaVersion: schema.Version, Data: data}
-		actx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		err := h.recorder.Produce(actx, []schema.Event{ev})
-		cancel()
-		if err != nil {
-			h.log.Error("cannot record an audit export; refusing it", "err", err, "org_id", sel.Org, "key_id", k.ID)
-			keys.WriteError(w, http.StatusServiceUnavailable, "unavailable", "the export could not be recorded in the audit trail, so it is not served; retry")
-			return
-		}
-	}
-	ct := "application/x-ndjson"
-	if req.Encoding == trail.EncodingCSV {
-		ct = "text/csv; charset=utf-8"
-	}
-	w.Header().Set("Content-Type", ct)
-	w.Header().Set("Cache-Control", "no-store")
-	w.Header().Set("X-Content-Type-Options", "nosniff")
-	w.Header().Set(headerExportSize, strconv.FormatUint(cp.Size, 10))
-	w.Header().Set(headerExportExpected, strconv.FormatUint(exp.Expected(), 10))
-	w.WriteHeader(http.StatusOK)
-	flush := func() error {
-		_ = rc.SetWriteDeadline(time.Now().Add(exportWriteWindow))
-		if err := rc.Flush(); err != nil && !errors.Is(err, http.ErrNotSupported) {
-			return err
-		}
-		return nil
-	}
-	_ = flush()
-	st, err := exp.Stream(ctx, w, flush)
-	attrs := []any{"org_id", req.Selection.Org, "key_id", k.ID, "format", req.Encoding, "size", cp.Size, "resumed", req.After != nil,
-		"events", st.Events, "total_events", st.Total, "gaps", st.Gaps, "bytes", st.Bytes, "duration", time.Since(start).Round(time.Millisecond)}
-	switch {
-	case err == nil:
-		h.log.Info("audit export", attrs...)
-	case ctx.Err() != nil:
-		h.log.Info("audit export stopped: the client went away", attrs...)
-	default:
-		h.log.Error("audit export failed", append(attrs, "err", err)...)
-	}
-}
-
-// listFlag is a repeatable flag whose values may also be comma-separated.
 type listFlag []string
 
 func (l *listFlag) String() string { return strings.Join(*l, ",") }
@@ -371,7 +182,7 @@ func (x *exporter) servedSize(ctx context.Context, org string) (uint64, error) {
 	if err != nil {
 		return 0, fmt.Errorf("cannot reach %s for %s: %w", x.base.Redacted(), what, err)
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }()
 	if resp.StatusCode != http.StatusOK {
 		body, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
 		var eb keys.ErrorBody
@@ -462,11 +273,11 @@ func (x *exporter) fresh(ctx context.Context, req trail.ExportRequest) error {
 	if err != nil {
 		return fmt.Errorf("cannot create %s: %w", x.part, err)
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }()
 	done, err := x.fetch(ctx, f, req, 0)
 	if err != nil && !done {
 		if info, serr := f.Stat(); serr == nil && info.Size() == 0 {
-			f.Close()
+			_ = f.Close()
 			_ = os.Remove(x.part) // nothing came: nothing to resume
 		}
 	}
@@ -487,7 +298,7 @@ func (x *exporter) resume(ctx context.Context, want *trail.ExportRequest, format
 	if err != nil {
 		return fmt.Errorf("cannot open %s: %w", x.part, err)
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }()
 	first := make([]byte, 1)
 	n, _ := f.ReadAt(first, 0)
 	enc := trail.EncodingNDJSON
@@ -618,7 +429,7 @@ func (x *exporter) fetch(ctx context.Context, f *os.File, req trail.ExportReques
 		if resp.StatusCode != http.StatusTooManyRequests || wait <= 0 {
 			break
 		}
-		resp.Body.Close()
+		_ = resp.Body.Close()
 		fmt.Fprintf(x.e.stderr, "audit export: the server is busy (429); asking again in %s\n", wait.Round(100*time.Millisecond))
 		select {
 		case <-ctx.Done():
@@ -626,7 +437,7 @@ func (x *exporter) fetch(ctx context.Context, f *os.File, req trail.ExportReques
 		case <-time.After(wait):
 		}
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }()
 	if resp.StatusCode != http.StatusOK {
 		body, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
 		var eb keys.ErrorBody
@@ -635,7 +446,7 @@ func (x *exporter) fetch(ctx context.Context, f *os.File, req trail.ExportReques
 		}
 		return false, fmt.Errorf("the server answered %d: %.200s", resp.StatusCode, body)
 	}
-	expected, _ := strconv.ParseUint(resp.Header.Get(headerExportExpected), 10, 64)
+	expected, _ := strconv.ParseUint(resp.Header.Get(trail.HeaderExportExpected), 10, 64)
 	p := newExportProgress(x.e.stderr, x.quiet, expected, x.priorEvents)
 	defer p.stop()
 
@@ -692,7 +503,7 @@ func (x *exporter) fetch(ctx context.Context, f *os.File, req trail.ExportReques
 	case sc.Complete():
 		return true, x.finish(f, sc.Manifest, req.Encoding)
 	case rerr != nil:
-		return false, fmt.Errorf("the export stopped after %d events (%v): run again with --resume to continue %s", x.priorEvents+sc.Events, rerr, x.part)
+		return false, fmt.Errorf("the export stopped after %d events (%w): run again with --resume to continue %s", x.priorEvents+sc.Events, rerr, x.part)
 	}
 	return false, fmt.Errorf("the export ended before its manifest after %d events: run again with --resume to continue %s", x.priorEvents+sc.Events, x.part)
 }
@@ -714,7 +525,7 @@ func (x *exporter) finish(f *os.File, manifest []byte, enc string) error {
 	}
 	if d, err := os.Open(filepath.Dir(x.out)); err == nil {
 		_ = d.Sync() // the rename itself
-		d.Close()
+		_ = d.Close()
 	}
 	m, err := trail.ParseExportManifest(enc, manifest)
 	if err != nil {
@@ -822,7 +633,7 @@ func runAuditVerifyExport(ctx context.Context, e *env, file string, anchors []ed
 	if err != nil {
 		return fmt.Errorf("--export: %w", err)
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }()
 	info, err := f.Stat()
 	if err != nil {
 		return fmt.Errorf("--export: %w", err)

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -54,7 +53,7 @@ func exportHandlerForTest(t *testing.T, withKey bool) http.Handler {
 	x, err := newAuditExporter(noConn{}, "db", "", keyFile, nil, nil)
 	require.NoError(t, err)
 	require.Equal(t, withKey, x != nil)
-	return auditExportHandler(exportAuth, x, nil, nil)
+	return trail.ExportHandler(exportAuth, x, nil, nil)
 }
 
 func exportAsk(t *testing.T, h http.Handler, method, token, query string) (int, keys.ErrorBody, http.Header) {
@@ -198,30 +197,6 @@ func TestExportCLIRefuses(t *testing.T) {
 	code, _, stderr := bandplane(t, "audit", "verify", "--export", dir, "--audit-key", keyFile+".pub")
 	assert.Equal(t, 1, code)
 	assert.Contains(t, stderr, "is not a regular file")
-}
-
-func TestExportHandlerBusy(t *testing.T) {
-	keyFile := filepath.Join(t.TempDir(), "audit.key")
-	require.NoError(t, trail.GenerateKey(keyFile))
-	key, err := trail.LoadPrivateKey(keyFile)
-	require.NoError(t, err)
-	x, err := trail.NewExporter(trail.ExportConfig{Conn: noConn{}, Database: "db", Key: key})
-	require.NoError(t, err)
-	h := &exportHandler{x: x, log: slog.New(slog.DiscardHandler), slots: make(chan struct{}, maxConcurrentExports)}
-	for range maxConcurrentExports {
-		h.slots <- struct{}{} // every slot taken by a running export
-	}
-	status, body, hdr := exportAsk(t, keys.Require(exportAuth, keys.RoleCompliance, keys.RoleAdmin)(h), "GET", "compliance-a", "from=2026-03-01&to=2026-03-02")
-	assert.Equal(t, http.StatusTooManyRequests, status)
-	assert.Equal(t, "too_many_requests", body.Code)
-	assert.Equal(t, "10", hdr.Get("Retry-After"))
-
-	// One export at a time per key, whatever slots are free.
-	h = &exportHandler{x: x, log: slog.New(slog.DiscardHandler), slots: make(chan struct{}, maxConcurrentExports),
-		running: map[string]bool{exportAuth["compliance-a"].ID: true}}
-	status, body, _ = exportAsk(t, keys.Require(exportAuth, keys.RoleCompliance, keys.RoleAdmin)(h), "GET", "compliance-a", "from=2026-03-01&to=2026-03-02")
-	assert.Equal(t, http.StatusTooManyRequests, status)
-	assert.Contains(t, body.Error, "one at a time per key")
 }
 
 // A busy server (429) is asked again after its Retry-After, within exportBusyWait, and

@@ -391,7 +391,7 @@ func TestIntegrationExport(t *testing.T) {
 		return kafka.ReadLatest(ctx, stacktest.Brokers(), s.topic+".checkpoints")
 	}, nil)
 	require.NoError(t, err)
-	status, eb, _ := exportAsk(t, auditExportHandler(fakeAuth{"c": {ID: "c", Org: "org-alpha", Role: keys.RoleCompliance}}, onTopic, nil, nil), http.MethodGet, "c", exportQuery)
+	status, eb, _ := exportAsk(t, trail.ExportHandler(fakeAuth{"c": {ID: "c", Org: "org-alpha", Role: keys.RoleCompliance}}, onTopic, nil, nil), http.MethodGet, "c", exportQuery)
 	assert.Equal(t, http.StatusConflict, status, "%+v", eb)
 	assert.Contains(t, eb.Error, `for org "org-alpha"`)
 	assert.Contains(t, eb.Error, fmt.Sprintf("ClickHouse's newest checkpoint has only %d: ClickHouse's log was rolled back", kept))
@@ -402,7 +402,7 @@ func TestIntegrationExport(t *testing.T) {
 	var exported uint64
 	require.True(t, stacktest.Eventually(t, 20*time.Second, 200*time.Millisecond, func() bool {
 		require.NoError(t, s.conn.QueryRow(ctx, "SELECT count() FROM "+s.db+".events WHERE type = ? AND org_id = 'org-alpha' AND actor_id = ?",
-			TypeAuditExported, s.ids["alpha-compliance"]).Scan(&exported))
+			trail.TypeAuditExported, s.ids["alpha-compliance"]).Scan(&exported))
 		return exported >= 3
 	}), "audit.exported events of org-alpha's compliance key: %d", exported)
 	srv.alive()
@@ -430,7 +430,7 @@ func noteRows(t *testing.T, topic string, rows []store.EventRow) {
 	t.Helper()
 	p, err := kafka.NewProducer(kafka.ProducerConfig{Brokers: stacktest.Brokers(), Topic: topic})
 	require.NoError(t, err)
-	defer p.Close()
+	defer func() { _ = p.Close() }()
 	byOrg := map[string][]tlog.Leaf{}
 	var orgs []string
 	for i := range rows {
@@ -464,7 +464,7 @@ func pausingProxy(t *testing.T, target string, limit int64) *httptest.Server {
 			http.Error(w, err.Error(), http.StatusBadGateway)
 			return
 		}
-		defer resp.Body.Close()
+		defer func() { _ = resp.Body.Close() }()
 		for k, v := range resp.Header {
 			w.Header()[k] = v
 		}

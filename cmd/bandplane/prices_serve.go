@@ -19,7 +19,7 @@ import (
 	"github.com/bandplane/bandplane/schema/pricing"
 )
 
-// priceService is the price side of serve (issue 9, section 2): the catalog ingest and
+// priceService is the price side of serve: the catalog ingest and
 // the policy replica price with, and the reprice job runner.
 type priceService struct {
 	// Live is what ingest and the policy replica price with: the newest catalog version

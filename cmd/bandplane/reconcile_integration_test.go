@@ -454,7 +454,7 @@ func recRun(t *testing.T, cfg simulate.Config, sink simulate.Sink) recSim {
 // returns the file's path.
 func recCatalogWithout(t *testing.T, dir, model string) string {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join(stacktest.RepoRoot(), "ingest", "pricing", "catalog.json"))
+	b, err := os.ReadFile(filepath.Join(stacktest.RepoRoot(), "schema", "pricing", "catalog.json"))
 	require.NoError(t, err)
 	var cat map[string]json.RawMessage
 	require.NoError(t, json.Unmarshal(b, &cat))

@@ -2,26 +2,18 @@ package main
 
 import (
 	"context"
-	"crypto/ed25519"
-	"errors"
-	"flag"
 	"fmt"
 	"log/slog"
 	"net"
-	"net/http"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/bandplane/bandplane/graph"
 	"github.com/bandplane/bandplane/ingest"
-	"github.com/bandplane/bandplane/policy/replica"
 	"github.com/bandplane/bandplane/query"
 	"github.com/bandplane/bandplane/query/trail"
 	"github.com/bandplane/bandplane/schema/chdb"
@@ -61,47 +53,6 @@ type serveConfig struct {
 	noConsumer    bool
 	policy        policyFlags
 	seal          sealFlags
-}
-
-// sealFlags configure serve's sealing of the audit trail.
-type sealFlags struct {
-	keyFile string
-	every   time.Duration
-}
-
-func (s *sealFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&s.keyFile, "audit-key", envOr("BANDPLANE_AUDIT_KEY", ""), "Ed25519 private key file (bandplane audit keygen) to seal the audit trail with (env BANDPLANE_AUDIT_KEY); without it nothing is sealed")
-	fs.DurationVar(&s.every, "seal-every", time.Minute, "how often what was ingested is sealed (with --audit-key)")
-}
-
-// sealer returns the sealer of the trail, or nil without --audit-key; close releases
-// its Kafka clients.
-func (s *sealFlags) sealer(ctx context.Context, st *stackFlags, conn driver.Conn, ingestGroup string, log *slog.Logger, reg prometheus.Registerer) (*trail.Sealer, func() error, error) {
-	if s.keyFile == "" {
-		return nil, func() error { return nil }, nil
-	}
-	key, err := trail.LoadPrivateKey(s.keyFile)
-	if err != nil {
-		return nil, nil, fmt.Errorf("cannot use --audit-key: %w", err)
-	}
-	return newSealer(ctx, st, conn, key, s.every, sealerPriorityServe, ingestGroup, log, reg)
-}
-
-// log returns the reader of the audit log, checked against --audit-key's public half,
-// or nil without --audit-key.
-func (s *sealFlags) log(conn driver.Conn, st *stackFlags) (*trail.Log, error) {
-	if s.keyFile == "" {
-		return nil, nil
-	}
-	pub, err := trail.LoadPublicKey(s.keyFile)
-	if err != nil {
-		return nil, fmt.Errorf("cannot use --audit-key: %w", err)
-	}
-	prefix, err := st.prefix()
-	if err != nil {
-		return nil, err
-	}
-	return trail.NewLog(conn, st.ch.Database, prefix, []ed25519.PublicKey{pub})
 }
 
 // httpLimits are the timeouts of serve's HTTP servers.
@@ -204,356 +155,147 @@ func (c *serveConfig) validateGraphQL() error {
 	return nil
 }
 
-func serve(ctx context.Context, log *slog.Logger, reg *prometheus.Registry, c serveConfig) error {
+// serveDeps are the clients and services serve's components share; close releases
+// them, after every component has stopped.
+type serveDeps struct {
+	c        serveConfig
+	log      *slog.Logger
+	reg      *prometheus.Registry
+	brokers  []string
+	conn     driver.Conn // ingest's, policy's and sealing's
+	qconn    driver.Conn // the queries' pool, apart so that a heavy one never starves ingest
+	store    *store.Store
+	querier  *query.Querier
+	metrics  *ingest.Metrics
+	producer *kafka.Producer // the collector's
+	// auditor writes bandplane's own audit events (decisions, operator actions, keys,
+	// seals) one at a time: a producer of its own, sized for that (it connects on
+	// first use, so it costs nothing unused).
+	auditor  *kafka.Producer
+	keys     *keys.Cache
+	prices   *priceService
+	auditLog *trail.Log // nil without --audit-key
+	closers  []func() error
+}
+
+func (d *serveDeps) close() {
+	for i := len(d.closers) - 1; i >= 0; i-- {
+		_ = d.closers[i]()
+	}
+}
+
+// latestCheckpoints reads the newest checkpoint of every organization on the
+// checkpoints topic.
+func (d *serveDeps) latestCheckpoints(ctx context.Context) (map[string][]byte, error) {
+	return kafka.ReadLatest(ctx, d.brokers, d.c.stack.checkpointTopic())
+}
+
+// openDeps connects to ClickHouse and Kafka (creating the topics that do not exist)
+// and loads the keys and the price catalog. On error, what it opened is closed.
+func openDeps(ctx context.Context, log *slog.Logger, reg *prometheus.Registry, c serveConfig) (d *serveDeps, err error) {
+	d = &serveDeps{c: c, log: log, reg: reg, brokers: c.stack.brokers()}
+	defer func() {
+		if err != nil {
+			d.close()
+		}
+	}()
 	cat, err := loadCatalog(c.catalog)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	conn, err := c.stack.openDB(ctx)
-	if err != nil {
-		return err
+	if d.conn, err = c.stack.openDB(ctx); err != nil {
+		return nil, err
 	}
-	defer conn.Close()
-	brokers := c.stack.brokers()
+	d.closers = append(d.closers, d.conn.Close)
 	for _, t := range []string{c.stack.topic, c.stack.dlq()} {
-		if err := kafka.EnsureTopic(ctx, brokers, t, c.partitions); err != nil {
-			return err
+		if err := kafka.EnsureTopic(ctx, d.brokers, t, c.partitions); err != nil {
+			return nil, err
 		}
 	}
 	// Ingest notes what it stores whether this process seals or not: a sealer
 	// elsewhere, or one started later, seals it.
 	if err := trail.EnsureTopics(ctx, c.stack.auditTopics(sealerPriorityServe), c.partitions); err != nil {
-		return err
+		return nil, err
 	}
-	metrics := ingest.NewMetrics(reg)
-	st := store.New(conn, c.stack.ch.Database)
-
-	producer, err := kafka.NewProducer(kafka.ProducerConfig{Brokers: brokers, Topic: c.stack.topic})
-	if err != nil {
-		return err
+	d.metrics = ingest.NewMetrics(reg)
+	d.store = store.New(d.conn, c.stack.ch.Database)
+	if d.producer, err = kafka.NewProducer(kafka.ProducerConfig{Brokers: d.brokers, Topic: c.stack.topic}); err != nil {
+		return nil, err
 	}
-	defer producer.Close()
-	// Bandplane's own audit events (decisions, operator actions, keys, seals) are written
-	// one at a time: their own producer, sized for that (the writer connects on first
-	// use, so it costs nothing unused).
-	auditor, err := kafka.NewProducer(kafka.ProducerConfig{Brokers: brokers, Topic: c.stack.topic, BatchSize: kafka.AuditBatchSize})
-	if err != nil {
-		return err
+	d.closers = append(d.closers, d.producer.Close)
+	if d.auditor, err = kafka.NewProducer(kafka.ProducerConfig{Brokers: d.brokers, Topic: c.stack.topic, BatchSize: kafka.AuditBatchSize}); err != nil {
+		return nil, err
 	}
-	defer auditor.Close()
-
-	keyCache, err := keys.NewCache(keys.CacheConfig{Store: keys.NewStore(conn, c.stack.ch.Database, auditor), Refresh: c.keyRefresh, Logger: log})
-	if err != nil {
-		return err
+	d.closers = append(d.closers, d.auditor.Close)
+	if d.keys, err = keys.NewCache(keys.CacheConfig{Store: keys.NewStore(d.conn, c.stack.ch.Database, d.auditor), Refresh: c.keyRefresh, Logger: log}); err != nil {
+		return nil, err
 	}
-	if err := keyCache.Load(ctx); err != nil {
-		return err
+	if err := d.keys.Load(ctx); err != nil {
+		return nil, err
 	}
-
-	prices, err := newPriceService(ctx, conn, c.stack.ch.Database, cat, auditor, log, reg)
-	if err != nil {
-		return err
+	if d.prices, err = newPriceService(ctx, d.conn, c.stack.ch.Database, cat, d.auditor, log, reg); err != nil {
+		return nil, err
 	}
 	// The audit log checks what the policy replica restores from ClickHouse, and
 	// answers /v1/audit/checkpoint and /v1/audit/proof (nil without --audit-key).
-	auditLog, err := c.seal.log(conn, &c.stack)
-	if err != nil {
-		return err
+	if d.auditLog, err = c.seal.log(d.conn, &c.stack); err != nil {
+		return nil, err
 	}
-	latestCheckpoints := func(ctx context.Context) (map[string][]byte, error) {
-		return kafka.ReadLatest(ctx, brokers, c.stack.checkpointTopic())
-	}
-	var sealed replica.Trail
-	if auditLog != nil {
-		sealed = replicaTrail{log: auditLog, topic: c.stack.topic, group: c.group, latest: latestCheckpoints}
-	}
-	pol, err := c.policy.build(ctx, log, reg, conn, c.stack, prices.Live, auditor, keyCache, sealed)
-	if err != nil {
-		return err
-	}
-	// Until the replica has loaded the directory, a decision would be taken on an empty
-	// one (deny everything), and an organization's events could not be checked against
-	// it: both answer 503 until then, and /readyz says so.
-	var policyReady atomic.Bool
-	var registrations ingest.Registrations
-	if pol != nil {
-		registrations = pol.engine.Directory()
-	}
-	collector, err := ingest.NewCollector(ingest.CollectorConfig{Producer: producer, Auth: keyCache,
-		Registrations: registrations, RegistrationsReady: policyReady.Load,
-		MaxBodyBytes: c.maxBody, MaxLines: c.maxLines, MaxConcurrent: c.maxPosts,
-		MaxEventAge: c.maxEventAge, MaxClockSkew: c.maxClockSkew, Logger: log, Metrics: metrics})
-	if err != nil {
-		return err
-	}
-
-	var pipeline *ingest.Pipeline
-	if !c.noConsumer {
-		pipeline, err = ingest.NewPipeline(ctx, ingest.PipelineConfig{
-			Brokers: brokers, Topic: c.stack.topic, DLQTopic: c.stack.dlq(), StoredTopic: c.stack.storedTopic(), GroupID: c.group, Store: st, Catalog: prices.Live,
-			BatchSize: c.batchSize, BatchBytes: c.batchBytes, MaxPendingBytes: c.pendingBytes, BatchAge: c.batchAge,
-			RollupInterval: c.rollupEvery, Logger: log, Metrics: metrics,
-		})
-		if err != nil {
-			return err
-		}
-		defer pipeline.Close()
-	}
-	sealer, closeSealer, err := c.seal.sealer(ctx, &c.stack, conn, c.group, log, reg)
-	if err != nil {
-		return err
-	}
-	defer func() { _ = closeSealer() }()
-
-	mux := http.NewServeMux()
-	mux.Handle("/v1/events", collector)
-	if pol != nil {
-		gated := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			if !policyReady.Load() {
-				w.Header().Set("Retry-After", "1")
-				keys.WriteError(w, http.StatusServiceUnavailable, "unavailable", "the policy directory is still loading from ClickHouse; retry")
-				return
-			}
-			pol.api.ServeHTTP(w, r)
-		})
-		for _, p := range []string{"/v1/decisions/", "/v1/peers", "/v1/policy/", "/v1/agents/"} {
-			mux.Handle(p, gated)
-		}
-	}
-	// The queries have their own connections: a heavy one waits for its pool, never for
-	// ingest's (nor ingest for it).
 	qcfg := c.stack.ch
 	qcfg.MaxOpenConns = c.queryConns
-	qconn, err := chdb.Open(ctx, qcfg)
+	if d.qconn, err = chdb.Open(ctx, qcfg); err != nil {
+		return nil, err
+	}
+	d.closers = append(d.closers, d.qconn.Close)
+	d.querier = query.New(d.qconn, c.stack.ch.Database)
+	return d, nil
+}
+
+// serve builds serve's components over the shared clients and runs them until ctx
+// ends (runComponents).
+func serve(ctx context.Context, log *slog.Logger, reg *prometheus.Registry, c serveConfig) error {
+	d, err := openDeps(ctx, log, reg, c)
 	if err != nil {
 		return err
 	}
-	defer qconn.Close()
-	querier := query.New(qconn, c.stack.ch.Database)
-	hosts := pageHosts(c.allowedHosts, c.listen)
-	var hub *graph.Hub
-	var live *ingest.Live
-	var liveReady atomic.Bool
-	if !c.noLive {
-		// The ingest group's offsets first: what lies after them may not be in
-		// ClickHouse yet (neither in the directory nor in the seed), so the live reader
-		// replays it into the hub before publishing (ingest.Live).
-		start, err := kafka.CommittedOffsets(ctx, brokers, c.stack.topic, c.group)
-		if err != nil {
-			return fmt.Errorf("cannot read the ingest group's offsets for the live reader: %w", err)
-		}
-		liveDir := ingest.NewDirectory()
-		snapshot, err := st.LoadDirectory(ctx)
-		if err != nil {
-			return fmt.Errorf("cannot load the directory for the live reader: %w", err)
-		}
-		liveDir.Load(snapshot)
-		hcfg := c.hub
-		hcfg.Handles, hcfg.Logger, hcfg.Currency = liveDir, log.With("component", "hub"), prices.Live.Current().Currency()
-		hub = graph.NewHub(hcfg)
-		reg.MustRegister(
-			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "bandplane_live_subscriptions", Help: "Open GraphQL subscriptions of this process."},
-				func() float64 { return float64(hub.Subscribers()) }),
-			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "bandplane_live_changes_delivered_total", Help: "Changes handed to subscriptions."},
-				func() float64 { d, _ := hub.Stats(); return float64(d) }),
-			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "bandplane_live_subscriptions_dropped_total", Help: "Subscriptions dropped for falling behind (SLOW_SUBSCRIBER)."},
-				func() float64 { _, d := hub.Stats(); return float64(d) }),
-		)
-		live, err = ingest.NewLive(ingest.LiveConfig{Brokers: brokers, Topic: c.stack.topic, Directory: liveDir,
-			Publish: hub.Publish, Replay: hub.Replay, Start: start, Logger: log})
-		if err != nil {
-			return err
-		}
-		seeded, err := querier.TasksInProgress(ctx, time.Now(), hcfg.StuckAfter, graph.DefaultMaxTracked)
-		if err != nil {
-			return fmt.Errorf("cannot seed the live hub with the tasks in progress: %w", err)
-		}
-		for _, t := range seeded {
-			hub.SeedTask(t.OrgID, t.Task)
-		}
-	}
-	gopts := []graph.Option{graph.WithLogger(log), graph.WithLimits(c.graphql), graph.WithAllowedHosts(hosts...), graph.WithHub(hub),
-		graph.WithPrices(prices.graphPrices(querier))}
-	if pol != nil {
-		gopts = append(gopts, graph.WithOperator(pol.api, prices.Live.Current().Currency()))
-	}
-	mux.Handle("/graphql", graph.NewHandler(querier, keyCache, gopts...))
-	mux.Handle("/", graph.BoardHandler(hosts))
-	prefix, err := c.stack.prefix()
+	defer d.close()
+	pol, err := newPolicyPart(ctx, d)
 	if err != nil {
 		return err
 	}
-	exporter, err := newAuditExporter(qconn, c.stack.ch.Database, prefix, c.seal.keyFile, latestCheckpoints, log)
+	ing, err := newIngestPart(ctx, d, pol)
 	if err != nil {
 		return err
 	}
-	export := auditExportHandler(keyCache, exporter, auditor, log)
-	mux.Handle("/v1/audit/export", export)
-	logHandler := newAuditLogHandler(auditLog, latestCheckpoints, keyCache, log)
-	mux.Handle("/v1/audit/checkpoint", logHandler)
-	mux.Handle("/v1/audit/proof", logHandler)
-	mux.Handle("/v1/audit/rotations", logHandler)
-	metricsHandler := promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg})
-	if c.metricsListen == "" {
-		// The metrics are the whole process's, every organization's: platform keys only.
-		platformOnly := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			if k, _ := keys.FromContext(r.Context()); !k.Platform() {
-				keys.Forbidden(w, k, keys.PlatformOrg)
-				return
-			}
-			metricsHandler.ServeHTTP(w, r)
-		})
-		mux.Handle("/metrics", keys.Require(keyCache, keys.RoleOperator, keys.RoleAdmin)(platformOnly))
+	lv, err := newLivePart(ctx, d)
+	if err != nil {
+		return err
 	}
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
-		fmt.Fprintln(w, "ok")
-	})
-	mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
-		pctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
-		defer cancel()
-		var problems []string
-		if err := conn.Ping(pctx); err != nil {
-			// Open to anyone: the reason goes to the log, not to the caller.
-			log.Warn("readiness: clickhouse does not answer", "err", err)
-			problems = append(problems, "clickhouse: unreachable")
-		}
-		if pipeline != nil && !pipeline.Healthy() {
-			problems = append(problems, "ingest: writes are failing and being retried")
-		}
-		if pol != nil && !policyReady.Load() {
-			problems = append(problems, "policy: the directory is still loading")
-		}
-		if live != nil && !liveReady.Load() {
-			problems = append(problems, "live: the live reader is still catching up to the newest offsets")
-		}
-		if len(problems) > 0 {
-			w.WriteHeader(http.StatusServiceUnavailable)
-			for _, p := range problems {
-				fmt.Fprintln(w, p)
-			}
-			return
-		}
-		fmt.Fprintln(w, "ready")
-	})
-	servers := []*listener{{name: "--listen", addr: c.listen, handler: mux}}
-	if c.metricsListen != "" {
-		m := http.NewServeMux()
-		m.Handle("/metrics", metricsHandler)
-		servers = append(servers, &listener{name: "--metrics-listen", addr: c.metricsListen, handler: m})
+	sealer, err := newSealingPart(ctx, d)
+	if err != nil {
+		return err
 	}
-	for _, s := range servers {
-		if err := s.listen(c.http); err != nil {
-			for _, o := range servers {
-				o.close()
-			}
-			return err
+	// Background jobs: keys re-read (revocations), the price catalog and reprice jobs.
+	jobs := []*component{
+		{name: "keys", stage: stageIngest, run: func(ctx context.Context) error { _ = d.keys.Run(ctx); return nil }},
+		{name: "prices", stage: stageIngest, run: func(ctx context.Context) error { d.prices.Run(ctx); return nil }},
+	}
+	// The order of the parts is the order of /readyz's lines.
+	var parts []*component
+	for _, p := range []*component{ing.component(), pol.component(log), lv.component(log), sealer.component()} {
+		if p != nil {
+			parts = append(parts, p)
 		}
+	}
+	servers, err := newAPI(d, ing, pol, lv, func() []string { return notReady(parts) })
+	if err != nil {
+		return err
 	}
 	log.Info("serving", "addr", servers[0].ln.Addr().String(), "metrics_addr", c.metricsListen, "topic", c.stack.topic, "group", c.group,
-		"clickhouse", c.stack.ch.Addr, "database", c.stack.ch.Database, "catalog_version", prices.Service.CurrentVersion(), "sealing", sealer != nil)
-
-	// Workers stop in order: HTTP intake first, then the pipeline (the consumer flushes
-	// and commits, then the rollup catches up), the policy replica and the sealer (one
-	// last seal of what was ingested), then clients close (deferred above).
-	consumerCtx, stopConsumer := context.WithCancel(context.WithoutCancel(ctx))
-	defer stopConsumer()
-	errc := make(chan error, len(servers))
+		"clickhouse", c.stack.ch.Addr, "database", c.stack.ch.Database, "catalog_version", d.prices.Service.CurrentVersion(), "sealing", sealer != nil)
+	all := append(parts, jobs...)
 	for _, s := range servers {
-		go func() {
-			if err := s.srv.Serve(s.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				errc <- fmt.Errorf("http server on %s (%s): %w", s.addr, s.name, err)
-			}
-		}()
+		all = append(all, s.component())
 	}
-	var workers sync.WaitGroup
-	workers.Go(func() { _ = keyCache.Run(consumerCtx) })
-	workers.Go(func() { prices.Run(consumerCtx) })
-	var pipelineWG sync.WaitGroup
-	if pipeline != nil {
-		pipelineWG.Go(func() { pipeline.Run(consumerCtx) })
-	}
-	if live != nil {
-		positioned := make(chan struct{})
-		workers.Go(func() { _ = live.Run(consumerCtx, positioned) })
-		workers.Go(func() { hub.Run(consumerCtx) })
-		go func() {
-			select {
-			case <-positioned:
-				liveReady.Store(true)
-				log.Info("live reader at the newest offsets", "topic", c.stack.topic)
-			case <-consumerCtx.Done():
-			}
-		}()
-	}
-	// The sealer stops after the consumer's last flush, so its last seal covers it.
-	sealCtx, stopSealer := context.WithCancel(context.WithoutCancel(ctx))
-	defer stopSealer()
-	var sealerWG sync.WaitGroup
-	if sealer != nil {
-		sealerWG.Go(func() { _ = sealer.Run(sealCtx) })
-	}
-	if pol != nil {
-		ready := make(chan struct{})
-		replicaErr := make(chan error, 1)
-		workers.Go(func() { replicaErr <- pol.replica.Run(consumerCtx, ready) })
-		workers.Go(func() { pol.api.Watch(consumerCtx, 2*time.Second) })
-		workers.Go(func() { pol.engine.Limiter().Run(consumerCtx, time.Minute) })
-		workers.Go(func() { pol.engine.Ledger().Run(consumerCtx, 5*time.Second) })
-		workers.Go(func() { pol.api.RunCrossings(consumerCtx) })
-		select {
-		case <-ready:
-			policyReady.Store(true)
-			log.Info("policy directory ready", "policy_revision", pol.api.Revision())
-		case err := <-replicaErr:
-			for _, s := range servers {
-				s.close()
-			}
-			stopConsumer()
-			return fmt.Errorf("cannot start the policy replica: %w", err)
-		}
-	}
-	var runErr error
-	select {
-	case <-ctx.Done():
-		log.Info("shutting down")
-	case runErr = <-errc:
-		log.Error("stopping after error", "err", runErr)
-	}
-	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	for _, s := range servers {
-		_ = s.srv.Shutdown(sctx)
-	}
-	stopConsumer()
-	pipelineWG.Wait()
-	stopSealer()
-	sealerWG.Wait()
-	workers.Wait()
-	log.Info("stopped")
-	return runErr
-}
-
-// listener is one of serve's HTTP servers.
-type listener struct {
-	name, addr string
-	handler    http.Handler
-	ln         net.Listener
-	srv        *http.Server
-}
-
-func (l *listener) listen(lim httpLimits) error {
-	ln, err := net.Listen("tcp", l.addr)
-	if err != nil {
-		return fmt.Errorf("cannot listen on %s (%s): %w", l.addr, l.name, err)
-	}
-	l.ln = ln
-	l.srv = &http.Server{Handler: l.handler, ReadHeaderTimeout: lim.readHeader, ReadTimeout: lim.read,
-		WriteTimeout: lim.write, IdleTimeout: lim.idle, MaxHeaderBytes: 1 << 20}
-	return nil
-}
-
-func (l *listener) close() {
-	if l.ln != nil {
-		_ = l.ln.Close()
-	}
+	return runComponents(ctx, log, all)
 }

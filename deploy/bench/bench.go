@@ -305,11 +305,11 @@ func newPipeline(ctx context.Context, cfg Config, conn driver.Conn, suffix strin
 	// notes for the sealer).
 	p.ingest, err = ingest.NewPipeline(ctx, ingest.PipelineConfig{
 		Brokers: cfg.Brokers, Topic: p.topic, DLQTopic: p.topic + ".dlq", StoredTopic: p.topic + ".stored", GroupID: "bench",
-		Store: store.New(conn, p.db), Catalog: pricing.Default(), BatchSize: cfg.BatchSize, BatchAge: cfg.BatchAge,
-		RollupInterval: cfg.RollupInterval, Logger: cfg.Logger,
+		Store: store.New(conn, p.db), RollupInterval: cfg.RollupInterval,
+		Consumer: ingest.Config{Catalog: pricing.Default(), BatchSize: cfg.BatchSize, BatchAge: cfg.BatchAge, Logger: cfg.Logger},
 	})
 	if err != nil {
-		p.producer.Close()
+		_ = p.producer.Close() // the pipeline's error is the one reported
 		return nil, err
 	}
 	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
@@ -337,7 +337,7 @@ func (p *pipeline) close() {
 	p.cancel()
 	<-p.done
 	_ = p.ingest.Close()
-	p.producer.Close()
+	_ = p.producer.Close()
 	c := &kafkago.Client{Addr: kafkago.TCP(p.cfg.Brokers...), Timeout: 10 * time.Second}
 	_, _ = c.DeleteTopics(context.Background(), &kafkago.DeleteTopicsRequest{Topics: []string{p.topic, p.topic + ".dlq", p.topic + ".stored"}})
 	if !p.cfg.KeepData {

@@ -50,8 +50,9 @@ func runIngest(t testing.TB, brokers []string, topic string, conn driver.Conn, d
 	ctx, cancel := context.WithCancel(context.Background())
 	p, err := ingest.NewPipeline(ctx, ingest.PipelineConfig{
 		Brokers: brokers, Topic: topic, DLQTopic: topic + "_dlq", StoredTopic: StoredTopic(topic), GroupID: group, Store: store.New(conn, db),
-		Catalog: pricing.Default(), BatchSize: 2000, BatchAge: 200 * time.Millisecond, RollupInterval: 200 * time.Millisecond,
-		RetryMin: 50 * time.Millisecond, RetryMax: time.Second, Logger: Logger(),
+		RollupInterval: 200 * time.Millisecond,
+		Consumer: ingest.Config{Catalog: pricing.Default(), BatchSize: 2000, BatchAge: 200 * time.Millisecond,
+			RetryMin: 50 * time.Millisecond, RetryMax: time.Second, Logger: Logger()},
 	})
 	if err != nil {
 		cancel()

@@ -466,7 +466,7 @@ func TestIntegrationCorpusKeys(t *testing.T) {
 	assert.Equal(t, "bob", again.RevokedBy, "already revoked: returned as it is")
 	assert.Empty(t, events.take())
 	_, err = ks.Revoke(ctx, "no-such-key", "bob")
-	assert.ErrorIs(t, err, keys.ErrNotFound)
+	assert.ErrorIs(t, err, schema.ErrNotFound)
 
 	require.NoError(t, cache.Load(ctx))
 	_, ok = cache.Lookup(ctx, orgToken)

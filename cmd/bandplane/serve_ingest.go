@@ -1,0 +1,63 @@
+package main
+
+import (
+	"context"
+	"net/http"
+
+	"github.com/bandplane/bandplane/ingest"
+)
+
+// ingestPart is serve's intake and pipeline: the collector (POST /v1/events, which
+// produces to the events topic) and, unless --no-consumer, the pipeline that stores
+// what the topic holds.
+type ingestPart struct {
+	collector http.Handler
+	pipeline  *ingest.Pipeline // nil with --no-consumer
+}
+
+// newIngestPart builds the collector, which checks an organization's events against
+// the policy directory once it has loaded (pol nil: no policy), and the pipeline.
+func newIngestPart(ctx context.Context, d *serveDeps, pol *policyPart) (*ingestPart, error) {
+	c := d.c
+	var registrations ingest.Registrations
+	if pol != nil {
+		registrations = pol.engine.Directory()
+	}
+	collector, err := ingest.NewCollector(ingest.CollectorConfig{Producer: d.producer, Auth: d.keys,
+		Registrations: registrations, RegistrationsReady: pol.isReady,
+		MaxBodyBytes: c.maxBody, MaxLines: c.maxLines, MaxConcurrent: c.maxPosts,
+		MaxEventAge: c.maxEventAge, MaxClockSkew: c.maxClockSkew, Logger: d.log, Metrics: d.metrics})
+	if err != nil {
+		return nil, err
+	}
+	p := &ingestPart{collector: collector}
+	if c.noConsumer {
+		return p, nil
+	}
+	p.pipeline, err = ingest.NewPipeline(ctx, ingest.PipelineConfig{
+		Brokers: d.brokers, Topic: c.stack.topic, DLQTopic: c.stack.dlq(), StoredTopic: c.stack.storedTopic(), GroupID: c.group, Store: d.store,
+		RollupInterval: c.rollupEvery,
+		Consumer: ingest.Config{Catalog: d.prices.Live, BatchSize: c.batchSize, BatchBytes: c.batchBytes, MaxPendingBytes: c.pendingBytes,
+			BatchAge: c.batchAge, Logger: d.log, Metrics: d.metrics},
+	})
+	if err != nil {
+		return nil, err
+	}
+	d.closers = append(d.closers, p.pipeline.Close)
+	return p, nil
+}
+
+// component runs the pipeline (nil with --no-consumer: the collector is the API's).
+func (p *ingestPart) component() *component {
+	if p.pipeline == nil {
+		return nil
+	}
+	return &component{name: "ingest", stage: stageIngest,
+		run: func(ctx context.Context) error { p.pipeline.Run(ctx); return nil },
+		ready: func() string {
+			if !p.pipeline.Healthy() {
+				return "writes are failing and being retried"
+			}
+			return ""
+		}}
+}
