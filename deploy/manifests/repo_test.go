@@ -10,22 +10,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
-
-// pendingEnv are BANDPLANE_* variables the manifests set for flags that another part of
-// issue 11 adds to cmd/bandplane (serve's --policy-peers and --policy-self, migrate's and
-// serve's --cluster). They are accepted while the program does not read them yet (the
-// test says so in its log), and are then checked like every other name.
-var pendingEnv = map[string]string{
-	"BANDPLANE_POLICY_PEERS":       "--policy-peers",
-	"BANDPLANE_POLICY_SELF":        "--policy-self",
-	"BANDPLANE_CLICKHOUSE_CLUSTER": "--cluster",
-}
-
-// pendingFlags are the flags of pendingEnv, for the same reason.
-var pendingFlags = map[string]bool{"policy-peers": true, "policy-self": true, "cluster": true}
 
 // serveDefaultPartitions is serve's --partitions default: the partitions of the events
 // topic when serve creates it.
@@ -74,24 +60,7 @@ func (p program) envProblem(name string) string {
 	if !strings.HasPrefix(name, "BANDPLANE_") || p.env[name] {
 		return ""
 	}
-	if _, ok := pendingEnv[name]; ok {
-		return ""
-	}
 	return name + " is not a variable cmd/bandplane reads"
-}
-
-// TestPendingNames says which of the pending names cmd/bandplane does not read yet: the
-// manifests accept them until it does (and check them like the others from then on).
-func TestPendingNames(t *testing.T) {
-	prog := readProgram(t, repoRoot(t))
-	for _, name := range sortedKeys(pendingEnv) {
-		if prog.env[name] {
-			t.Logf("%s is read by cmd/bandplane: checked like every other variable", name)
-		} else {
-			t.Logf("%s (%s) is not read by cmd/bandplane yet: accepted as pending (issue 11)", name, pendingEnv[name])
-		}
-		assert.NotEmpty(t, prog.envProblem("BANDPLANE_NO_SUCH_"+strings.TrimPrefix(name, "BANDPLANE_")))
-	}
 }
 
 // flagProblems says which --flags of an argument list bandplane does not define.
@@ -102,7 +71,7 @@ func (p program) flagProblems(args []string) []string {
 			continue
 		}
 		name, _, _ := strings.Cut(strings.TrimLeft(a, "-"), "=")
-		if !p.flags[name] && !pendingFlags[name] {
+		if !p.flags[name] {
 			out = append(out, "flag "+a+" is not a flag cmd/bandplane defines")
 		}
 	}
