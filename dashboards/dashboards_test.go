@@ -148,7 +148,6 @@ func queries(name string, d dashboard.Dashboard) []sqlOf {
 		}
 	}
 	for _, p := range panels(d) {
-		p := p
 		for _, tg := range p.Targets {
 			out = append(out, sqlOf{where: name + ": " + deref(p.Title), sql: tg.(ClickHouseQuery).RawSql, panel: &p})
 		}

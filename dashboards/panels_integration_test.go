@@ -68,10 +68,9 @@ func (w *world) scenarios() []scenario {
 // query is one SQL the plugin runs for a dashboard: a panel's target or a variable's
 // query.
 type query struct {
-	where    string // dashboard: panel or variable
-	sql      string
-	panel    *dashboard.Panel // nil for a variable
-	interval time.Duration
+	where string // dashboard: panel or variable
+	sql   string
+	panel *dashboard.Panel // nil for a variable
 }
 
 func queriesOf(name string, d dashboard.Dashboard) []query {
@@ -781,13 +780,6 @@ func TestIntegrationSealStatusReadsTheLog(t *testing.T) {
 	if assert.Len(t, one.Rows, 1) {
 		assert.Equal(t, rows[late], one.Rows[0])
 	}
-}
-
-func atoi(t *testing.T, s string) int {
-	t.Helper()
-	n, err := strconv.Atoi(s)
-	require.NoError(t, err)
-	return n
 }
 
 func panelSQL(t *testing.T, d dashboard.Dashboard, title string) string {

@@ -85,7 +85,7 @@ func loadWorld(t *testing.T) *world {
 	stop := stacktest.RunIngest(t, topic, rec, db, "ingest")
 	producer, err := kafka.NewProducer(kafka.ProducerConfig{Brokers: stacktest.Brokers(), Topic: topic})
 	require.NoError(t, err)
-	t.Cleanup(func() { producer.Close() })
+	t.Cleanup(func() { _ = producer.Close() })
 
 	// The price catalog as serve seeds it (the cache-savings panels read bandplane.prices);
 	// its price.seeded event is in the trail too.

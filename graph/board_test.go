@@ -236,7 +236,7 @@ func TestBoardOperationsMatchTheSchema(t *testing.T) {
 		m := regexp.MustCompile(`const ` + name + " = `([^`]*)`;").FindStringSubmatch(js)
 		require.NotNil(t, m, "board.js has no %s template literal", name)
 		assert.NotContains(t, m[1], "${", "%s is one literal, without interpolation", name)
-		doc, gerr := gqlparser.LoadQuery(schema, m[1])
+		doc, gerr := gqlparser.LoadQueryWithRules(schema, m[1], nil) // nil: the default rules
 		require.Nil(t, gerr, "%s: %v", name, gerr)
 		require.Len(t, doc.Operations, 1, name)
 		assert.Equal(t, kind, doc.Operations[0].Operation, name)

@@ -396,7 +396,7 @@ func TestWebsocket(t *testing.T) {
 	c := client.New(graph.NewHandler(fq, testKeys))
 	sub := c.WebsocketWithPayload(`{ costs(orgId: "org-a", from: "2025-03-01T00:00:00Z", to: "2025-03-02T00:00:00Z") { rows { events cost currency } } }`,
 		map[string]any{"Authorization": "Bearer tok-a-viewer"})
-	defer sub.Close()
+	defer func() { _ = sub.Close() }()
 	var resp struct {
 		Costs struct {
 			Rows []struct {

@@ -47,7 +47,7 @@ func (s *slowQuerier) Costs(ctx context.Context, q query.CostQuery) (query.CostR
 	case <-s.release:
 		return query.CostReport{}, nil
 	case <-ctx.Done():
-		return query.CostReport{}, fmt.Errorf("cannot query costs of org %q from secretdb.usage_hourly: %w (%v)", q.OrgID, query.ErrTimeout, ctx.Err())
+		return query.CostReport{}, fmt.Errorf("cannot query costs of org %q from secretdb.usage_hourly: %w (%w)", q.OrgID, query.ErrTimeout, ctx.Err())
 	}
 }
 
@@ -302,7 +302,7 @@ func TestWebSocketsPerKey(t *testing.T) {
 		if err != nil {
 			return false
 		}
-		c.Close()
+		_ = c.Close()
 		return true
 	}, 5*time.Second, 50*time.Millisecond, "a closed connection gives its place back")
 }
@@ -314,7 +314,7 @@ func TestSubscriptionArgumentsAreBounded(t *testing.T) {
 	defer cancel()
 	c, err := wsclient.Dial(ctx, "ws"+strings.TrimPrefix(srv.URL, "http"), "tok-a-viewer")
 	require.NoError(t, err)
-	defer c.Close()
+	defer func() { _ = c.Close() }()
 	for _, tc := range []struct{ query, code string }{
 		{`subscription { workStatusChanged(roomId: "` + strings.Repeat("r", 257) + `") { kind } }`, "BAD_USER_INPUT"},
 		{`subscription { attentionRequested(orgId: "org-b") { id } }`, "FORBIDDEN"},

@@ -22,10 +22,9 @@ import (
 // fakeOperator keeps budgets in a real ledger and records what it was asked; agents
 // "a-1" (org-a) and "b-1" (org-b) exist.
 type fakeOperator struct {
-	ledger    *policy.Ledger
-	gotBy     keys.Key
-	suspended map[string]bool
-	fail      error
+	ledger *policy.Ledger
+	gotBy  keys.Key
+	fail   error
 }
 
 var fakeAgents = map[string]policy.Agent{"a-1": {ID: "a-1", Org: "org-a", Handle: "alice/one"}, "b-1": {ID: "b-1", Org: "org-b", Handle: "bob/one"}}

@@ -43,7 +43,7 @@ func TestIntegrationClusterBrokerKilled(t *testing.T) {
 	conn, db := stacktest.Database(t)
 	producer, err := kafka.NewProducer(kafka.ProducerConfig{Brokers: brokers, Topic: topic})
 	require.NoError(t, err)
-	t.Cleanup(func() { producer.Close() })
+	t.Cleanup(func() { _ = producer.Close() })
 	p := &pipeline{t: t, topic: topic, conn: conn, db: db, producer: producer}
 	group := stacktest.Name(t) // its own group, so its own coordinator and no other test's members
 	stacktest.RunClusterIngest(t, topic, conn, db, group)

@@ -120,7 +120,7 @@ func TestIntegrationClusterReplicaKilled(t *testing.T) {
 	conn, db := stacktest.Database(t)
 	producer, err := kafka.NewProducer(kafka.ProducerConfig{Brokers: stacktest.ClusterBrokers(), Topic: topic})
 	require.NoError(t, err)
-	t.Cleanup(func() { producer.Close() })
+	t.Cleanup(func() { _ = producer.Close() })
 	p := &pipeline{t: t, topic: topic, conn: conn, db: db, producer: producer}
 	stacktest.RunClusterIngest(t, topic, conn, db, stacktest.Name(t))
 
@@ -173,13 +173,13 @@ func bandplaneBinary(t *testing.T) string {
 		clusterBin = filepath.Join(dir, "bandplane")
 		out, err := exec.Command("go", "build", "-o", clusterBin, "../cmd/bandplane").CombinedOutput()
 		if err != nil {
-			clusterBinErr = fmt.Errorf("go build: %v\n%s", err, out)
+			clusterBinErr = fmt.Errorf("go build: %w\n%s", err, out)
 		}
 	})
 	if clusterBinErr != nil {
 		t.Fatal(clusterBinErr)
 	}
-	t.Cleanup(func() { os.RemoveAll(filepath.Dir(clusterBin)) })
+	t.Cleanup(func() { _ = os.RemoveAll(filepath.Dir(clusterBin)) })
 	return clusterBin
 }
 
@@ -201,7 +201,7 @@ func startIngest(t *testing.T, bin, topic, db, group string, extra ...string) *s
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	addr := ln.Addr().String()
-	ln.Close()
+	_ = ln.Close() // only its free port was wanted
 	cmd := exec.Command(bin, "serve", "--listen", addr, "--no-policy", "--no-live",
 		"--clickhouse", stacktest.ClickHouseAddr(), "--cluster", stacktest.ClickHouseCluster(), "--clickhouse-db", db,
 		"--kafka", strings.Join(stacktest.ClusterBrokers(), ","), "--topic", topic, "--dlq-topic", topic+"_dlq", "--group", group,
@@ -215,7 +215,7 @@ func startIngest(t *testing.T, bin, topic, db, group string, extra ...string) *s
 		if cmd.ProcessState == nil {
 			_ = cmd.Process.Signal(syscall.SIGTERM)
 			select {
-			case <-sp.done:
+			case <-sp.done: //nolint:errcheck // stopped by SIGTERM: how it exits is not what this cleanup checks
 			case <-time.After(30 * time.Second):
 				_ = cmd.Process.Kill()
 			}
@@ -264,7 +264,7 @@ func httpGet(url string) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	resp.Body.Close()
+	_ = resp.Body.Close() // only the status is wanted
 	return resp.StatusCode, nil
 }
 
@@ -292,7 +292,7 @@ func TestIntegrationClusterIngestScaleOut(t *testing.T) {
 	})
 	producer, err := kafka.NewProducer(kafka.ProducerConfig{Brokers: stacktest.ClusterBrokers(), Topic: topic})
 	require.NoError(t, err)
-	t.Cleanup(func() { producer.Close() })
+	t.Cleanup(func() { _ = producer.Close() })
 	p := &pipeline{t: t, topic: topic, conn: conn, db: db, producer: producer}
 	group := stacktest.Name(t)
 	// Both seal too: the sealers' group gives the stored-events topic to one, and the
@@ -315,7 +315,7 @@ func TestIntegrationClusterIngestScaleOut(t *testing.T) {
 	atKill := p.storedEvents()
 	require.NoError(t, a.cmd.Process.Signal(syscall.SIGKILL))
 	killed := time.Now()
-	<-a.done
+	<-a.done //nolint:errcheck // SIGKILLed: its exit error says only that
 	sum := wait()
 	p.waitSums(expected(sum), 3*time.Minute)
 	t.Logf("one of two ingest processes SIGKILLed with %d of %d events stored; every sum exact %.1f s later, the survivor holding all 8 partitions",

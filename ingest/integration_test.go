@@ -36,7 +36,7 @@ func newPipeline(t *testing.T) *pipeline {
 	var err error
 	p.producer, err = kafka.NewProducer(kafka.ProducerConfig{Brokers: stacktest.Brokers(), Topic: topic})
 	require.NoError(t, err)
-	t.Cleanup(func() { p.producer.Close() })
+	t.Cleanup(func() { _ = p.producer.Close() })
 	return p
 }
 
@@ -221,6 +221,7 @@ func TestIntegrationPoisonRecordsGoToDeadLetters(t *testing.T) {
 		assert.Equal(t, p.topic, topic)
 		got[raw] = stage + ": " + reason
 	}
+	require.NoError(t, rows.Err())
 	for _, pz := range poison {
 		assert.Contains(t, got[pz.value], pz.reason, "dead letter for %s", pz.value)
 	}
@@ -383,7 +384,7 @@ func (p *pipeline) deadLetters() []deadLetterRow {
 func (p *pipeline) readDeadLetterTopic(n int) []kafkago.Message {
 	p.t.Helper()
 	r := kafkago.NewReader(kafkago.ReaderConfig{Brokers: stacktest.Brokers(), Topic: p.topic + "_dlq", Partition: 0, MaxWait: 100 * time.Millisecond})
-	defer r.Close()
+	defer r.Close() //nolint:errcheck // a partition reader commits nothing
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	var out []kafkago.Message
@@ -512,4 +513,5 @@ func TestIntegrationBatchSpanning250DaysLandsWhole(t *testing.T) {
 		require.NoError(t, rows.Scan(&block, &parts))
 		assert.LessOrEqual(t, parts, uint64(100), "insert %d", block)
 	}
+	require.NoError(t, rows.Err())
 }

@@ -191,7 +191,7 @@ func (e *Engine) Decide(ctx context.Context, name string, input any) (Decision, 
 	switch {
 	case err != nil:
 		d.Reasons = []Reason{{Code: CodeEvalError, Message: err.Error()}}
-		return d, nil
+		return d, nil //nolint:nilerr // a policy that fails to evaluate is a decision that allows nothing, its reason the error
 	case len(rs) == 0 || len(rs[0].Expressions) == 0:
 		d.Reasons = []Reason{{Code: CodeUndefined, Message: name + " is undefined for this input"}}
 		return d, nil

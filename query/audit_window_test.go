@@ -395,11 +395,3 @@ func (c *idConn) Query(ctx context.Context, sql string, args ...any) (driver.Row
 		clickhouse.WithSettings(clickhouse.Settings{"log_queries": 1}))
 	return c.Conn.Query(ctx, sql, args...)
 }
-
-func ids(events []Event) []string {
-	out := make([]string, 0, len(events))
-	for _, e := range events {
-		out = append(out, e.ID)
-	}
-	return out
-}

@@ -54,7 +54,7 @@ func queryErr(ctx context.Context, err error, what string) error {
 	deadline, ok := ctx.Deadline()
 	if errors.Is(err, context.DeadlineExceeded) || ok && !time.Now().Before(deadline) ||
 		errors.As(err, &ex) && ex.Code == timeoutExceeded {
-		return fmt.Errorf("%s: %w (%v)", what, ErrTimeout, err)
+		return fmt.Errorf("%s: %w (%w)", what, ErrTimeout, err)
 	}
 	return fmt.Errorf("%s: %w", what, err)
 }

@@ -98,7 +98,7 @@ func readLines(t testing.TB, path string) [][]byte {
 	t.Helper()
 	f, err := os.Open(path)
 	require.NoError(t, err)
-	defer f.Close()
+	defer f.Close() //nolint:errcheck // read only
 	var lines [][]byte
 	sc := bufio.NewScanner(f)
 	sc.Buffer(nil, 1<<20)

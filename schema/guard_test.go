@@ -130,7 +130,7 @@ func TestCheckJSONSyntaxIsEncodingJSONs(t *testing.T) {
 		"\"a\nb\"", "\"\t\"", `{} {}`, `{}x`, `[}`, `{]`, "\xef\xbb\xbf{}", `{"a":1}}`, `]`, `NaN`, `Infinity`,
 		`{"a":[1,2,{"b":}]}`, `"\`,
 	} {
-		var want error = json.Unmarshal([]byte(in), new(json.RawMessage))
+		want := json.Unmarshal([]byte(in), new(json.RawMessage))
 		require.Error(t, want, in)
 		var se *json.SyntaxError
 		require.ErrorAs(t, want, &se, in)

@@ -530,7 +530,7 @@ func (c *auditClient) get(ctx context.Context, path string, q url.Values, max in
 	if err != nil {
 		return nil, fmt.Errorf("cannot reach bandplane serve at %s: %w", c.base, err)
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }()
 	b, err := io.ReadAll(io.LimitReader(resp.Body, max+1))
 	if err != nil {
 		return nil, fmt.Errorf("cannot read the answer of %s: %w", path, err)
@@ -611,8 +611,9 @@ func writeFileAtomic(path string, data []byte, mode os.FileMode) error {
 	if err != nil {
 		return fmt.Errorf("cannot write %s: %w", path, err)
 	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(data); err == nil {
+	defer func() { _ = os.Remove(tmp.Name()) }()
+	_, err = tmp.Write(data)
+	if err == nil {
 		err = tmp.Sync()
 	}
 	if cerr := tmp.Close(); err == nil {
@@ -720,7 +721,7 @@ func runAuditRotate(ctx context.Context, e *env, args []string) error {
 		fmt.Fprintln(e.stderr, msg)
 	}
 	if kerr != nil {
-		return fmt.Errorf("the rotation record is in ClickHouse, not yet on the checkpoints topic %s (%v): run the same audit rotate again once Kafka is reachable; it publishes the same record",
+		return fmt.Errorf("the rotation record is in ClickHouse, not yet on the checkpoints topic %s (%w): run the same audit rotate again once Kafka is reachable; it publishes the same record",
 			t.Checkpoints, kerr)
 	}
 	// The checkpoints topic keeps it outside ClickHouse too, where a reader anchored at
@@ -734,9 +735,9 @@ func runAuditRotate(ctx context.Context, e *env, args []string) error {
 			return err
 		}
 		err = p.ProduceMessages(ctx, msg)
-		p.Close()
+		_ = p.Close()
 		if err != nil {
-			return fmt.Errorf("the rotation record is in ClickHouse, not on the topic %s (%v): run the same audit rotate again; it publishes the same record",
+			return fmt.Errorf("the rotation record is in ClickHouse, not on the topic %s (%w): run the same audit rotate again; it publishes the same record",
 				topic, err)
 		}
 	}

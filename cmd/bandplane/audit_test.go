@@ -41,7 +41,7 @@ func storeNoted(t *testing.T, conn driver.Conn, db, topic string, rows []store.E
 	require.NoError(t, kafka.EnsureTopic(ctx, stacktest.Brokers(), topic+".stored", 1))
 	p, err := kafka.NewProducer(kafka.ProducerConfig{Brokers: stacktest.Brokers(), Topic: topic + ".stored"})
 	require.NoError(t, err)
-	defer p.Close()
+	defer func() { _ = p.Close() }()
 	byOrg := map[string][]tlog.Leaf{}
 	var orgs []string
 	for i := range rows {

@@ -60,8 +60,8 @@ func startCPUProfile(path string) (stop func(), err error) {
 		return nil, fmt.Errorf("cannot create --cpuprofile file: %w", err)
 	}
 	if err := pprof.StartCPUProfile(f); err != nil {
-		f.Close()
+		_ = f.Close()
 		return nil, fmt.Errorf("cannot start the CPU profile: %w", err)
 	}
-	return func() { pprof.StopCPUProfile(); f.Close() }, nil
+	return func() { pprof.StopCPUProfile(); _ = f.Close() }, nil
 }

@@ -79,7 +79,7 @@ func runBenchPolicy(ctx context.Context, e *env, args []string) error {
 		if err != nil {
 			return fmt.Errorf("cannot create the audit producer: %w", err)
 		}
-		defer p.Close()
+		defer func() { _ = p.Close() }()
 		auditor = p
 	}
 
@@ -181,14 +181,14 @@ func driveDecisions(ctx context.Context, h http.Handler, inputs []policy.AddInpu
 	for c := range conns {
 		if conns[c], err = dialBench(ctx, addr); err != nil {
 			for _, bc := range conns[:c] {
-				bc.Close()
+				_ = bc.Close()
 			}
 			return 0, 0, 0, err
 		}
 	}
 	defer func() {
 		for _, bc := range conns {
-			bc.Close()
+			_ = bc.Close()
 		}
 	}()
 
@@ -228,7 +228,7 @@ func driveDecisions(ctx context.Context, h http.Handler, inputs []policy.AddInpu
 	// Warm up (Go and the broker's JIT, connections, batches), and check that the API
 	// answers at all.
 	if _, wf, ferr := run(time.Now().Add(warmup), 0); wf > 0 {
-		return 0, 0, 0, fmt.Errorf("cannot warm up the decision API at %s%s: %d requests failed, first: %v", addr, path, wf, ferr)
+		return 0, 0, 0, fmt.Errorf("cannot warm up the decision API at %s%s: %d requests failed, first: %w", addr, path, wf, ferr)
 	}
 	start := time.Now()
 	ok, failed, _ = run(start.Add(duration), maxRequests)
@@ -265,7 +265,7 @@ func (c *benchConn) post(req []byte) error {
 		return err
 	}
 	_, err = io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
+	_ = resp.Body.Close()
 	if err != nil {
 		c.broken = true
 		return err

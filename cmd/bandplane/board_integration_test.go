@@ -42,7 +42,7 @@ func TestIntegrationBoard(t *testing.T) {
 
 	p, err := kafka.NewProducer(kafka.ProducerConfig{Brokers: stacktest.Brokers(), Topic: s.topic})
 	require.NoError(t, err)
-	t.Cleanup(func() { p.Close() })
+	t.Cleanup(func() { _ = p.Close() })
 	ctx := context.Background()
 	tag := fmt.Sprintf("%d", time.Now().UnixNano())
 	room, taskID := "room-board-"+tag, "task-board-"+tag

@@ -141,7 +141,7 @@ func TestIntegrationBudgetsHoldUnderConcurrency(t *testing.T) {
 	wsURL := "ws" + strings.TrimPrefix(srv.url, "http") + "/graphql"
 	conn, err := wsclient.Dial(ctx, wsURL, manager)
 	require.NoError(t, err)
-	defer conn.Close()
+	defer func() { _ = conn.Close() }()
 	_, crossings, err := conn.Subscribe(ctx, `subscription { budgetExceeded { threshold eventId budget { id scopeId reservedTokens spentTokens } } }`, nil, 16)
 	require.NoError(t, err)
 	time.Sleep(500 * time.Millisecond) // the subscription is registered
@@ -240,7 +240,7 @@ func TestIntegrationBudgetsHoldUnderConcurrency(t *testing.T) {
 	// (Its own connection: the burst's 180 denials would fill a channel nobody reads.)
 	dconn, err := wsclient.Dial(ctx, wsURL, manager)
 	require.NoError(t, err)
-	defer dconn.Close()
+	defer func() { _ = dconn.Close() }()
 	_, denials, err := dconn.Subscribe(ctx, `subscription { policyDenied { decision { agentId reasons { code } } } }`, nil, 64)
 	require.NoError(t, err)
 	time.Sleep(300 * time.Millisecond)

@@ -55,7 +55,7 @@ func produceOwn(ctx context.Context, st *stackFlags, partitions int, events ...s
 	if err != nil {
 		return err
 	}
-	defer p.Close()
+	defer func() { _ = p.Close() }()
 	return p.Produce(ctx, events)
 }
 

@@ -238,8 +238,8 @@ func helpOne(ctx context.Context, p commandPath) (r helpRun) {
 	r.sets = log.sets
 	var ee exitError
 	switch {
-	case err != nil && !(errors.As(err, &ee) && ee.code == 0):
-		r.err = fmt.Errorf("returned %v", err)
+	case err != nil && (!errors.As(err, &ee) || ee.code != 0):
+		r.err = fmt.Errorf("returned %w", err)
 	case stdout.Len() > 0:
 		r.err = fmt.Errorf("wrote %q to stdout", firstLine(stdout.String()))
 	}
@@ -315,9 +315,9 @@ func collect(ctx context.Context, cmds map[string]command, src sourceScan) *refe
 		var failed error
 		worked := false
 		for _, s := range sentinels {
-			os.Setenv(v, s)
+			_ = os.Setenv(v, s)
 			runs := helpWalk(ctx, cmds)
-			os.Unsetenv(v)
+			_ = os.Unsetenv(v)
 			if err := firstErr(runs); err != nil {
 				failed = err
 				continue
@@ -383,7 +383,7 @@ func collect(ctx context.Context, cmds map[string]command, src sourceScan) *refe
 func firstErr(runs []helpRun) error {
 	for _, r := range runs {
 		if r.err != nil {
-			return fmt.Errorf("bandplane %s -h %v", r.path, r.err)
+			return fmt.Errorf("bandplane %s -h %w", r.path, r.err)
 		}
 	}
 	return nil
@@ -419,19 +419,19 @@ func pinEnv() (restore func()) {
 	for _, kv := range os.Environ() {
 		if k, _, _ := strings.Cut(kv, "="); strings.HasPrefix(k, "BANDPLANE_") {
 			keep(k)
-			os.Unsetenv(k)
+			_ = os.Unsetenv(k)
 		}
 	}
 	for _, k := range []string{"USER", "HOME"} {
 		keep(k)
-		os.Setenv(k, "$"+k)
+		_ = os.Setenv(k, "$"+k)
 	}
 	return func() {
 		for k, v := range saved {
 			if v == nil {
-				os.Unsetenv(k)
+				_ = os.Unsetenv(k)
 			} else {
-				os.Setenv(k, *v)
+				_ = os.Setenv(k, *v)
 			}
 		}
 	}

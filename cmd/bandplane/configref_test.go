@@ -87,7 +87,7 @@ func TestConfigReferenceListsEveryVariable(t *testing.T) {
 func TestConfigReferenceHelpTouchesNothing(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
-	defer ln.Close()
+	defer func() { _ = ln.Close() }()
 	var accepted atomic.Int32
 	go func() {
 		for {
@@ -96,7 +96,7 @@ func TestConfigReferenceHelpTouchesNothing(t *testing.T) {
 				return
 			}
 			accepted.Add(1)
-			c.Close()
+			_ = c.Close()
 		}
 	}()
 	src, err := scanSources(repoRoot)

@@ -305,7 +305,7 @@ func isoSubscriptions(t *testing.T, srv *server, sch *isoSchema, subs []isoField
 	dial := func(name, token string) *wsclient.Conn {
 		c, err := wsclient.Dial(ctx, wsURL, token)
 		require.NoError(t, err, "as %s", name)
-		t.Cleanup(func() { c.Close() })
+		t.Cleanup(func() { _ = c.Close() })
 		conns[name] = c
 		return c
 	}

@@ -97,7 +97,7 @@ func (k *keysFlags) open(ctx context.Context, withProducer bool) (*keys.Store, f
 		conn.Close()
 		return nil, nil, err
 	}
-	return keys.NewStore(conn, k.stack.ch.Database, p), func() { p.Close(); conn.Close() }, nil
+	return keys.NewStore(conn, k.stack.ch.Database, p), func() { _ = p.Close(); _ = conn.Close() }, nil
 }
 
 // createdKey is what `keys create` prints: the only place the token ever appears.

@@ -69,7 +69,7 @@ func TestIntegrationLiveWorkStatus(t *testing.T) {
 
 	p, err := kafka.NewProducer(kafka.ProducerConfig{Brokers: stacktest.Brokers(), Topic: s.topic})
 	require.NoError(t, err)
-	t.Cleanup(func() { p.Close() })
+	t.Cleanup(func() { _ = p.Close() })
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	tag := strconv.FormatInt(time.Now().UnixNano(), 36)
@@ -210,7 +210,7 @@ func TestIntegrationLiveReplaysWhatIngestHasNotStored(t *testing.T) {
 	viewer := s.key(t, "replay-viewer", "org-acme", keys.RoleViewer)
 	p, err := kafka.NewProducer(kafka.ProducerConfig{Brokers: stacktest.Brokers(), Topic: s.topic})
 	require.NoError(t, err)
-	t.Cleanup(func() { p.Close() })
+	t.Cleanup(func() { _ = p.Close() })
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	tag := strconv.FormatInt(time.Now().UnixNano(), 36)
@@ -240,7 +240,7 @@ func TestIntegrationLiveReplaysWhatIngestHasNotStored(t *testing.T) {
 	srv := s.serve(t, "--no-consumer", "--stuck-after", "3s")
 	conn, err := wsclient.Dial(ctx, "ws"+strings.TrimPrefix(srv.url, "http")+"/graphql", viewer)
 	require.NoError(t, err)
-	defer conn.Close()
+	defer func() { _ = conn.Close() }()
 	_, changes, err := conn.Subscribe(ctx, workSub, map[string]any{"room": room}, 8)
 	require.NoError(t, err)
 	c := nextChange(t, changes, 20*time.Second).WorkStatusChanged

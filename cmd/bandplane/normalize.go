@@ -98,7 +98,7 @@ func (n *normalizer) file(ctx context.Context, name string, stdin io.Reader) err
 		if err != nil {
 			return err
 		}
-		defer f.Close()
+		defer func() { _ = f.Close() }()
 		r = f
 	}
 	br := bufio.NewReaderSize(r, 1<<20)
@@ -113,7 +113,7 @@ func (n *normalizer) file(ctx context.Context, name string, stdin io.Reader) err
 		if len(line) > 0 || tooLong {
 			n.line(name, lineNo, line, tooLong)
 		}
-		if err == io.EOF {
+		if errors.Is(err, io.EOF) {
 			return nil
 		}
 		if err != nil {
@@ -127,9 +127,9 @@ func (n *normalizer) file(ctx context.Context, name string, stdin io.Reader) err
 // buffer.
 func readLine(br *bufio.Reader, buf *[]byte) (line []byte, tooLong bool, err error) {
 	chunk, err := br.ReadSlice('\n')
-	if err == bufio.ErrBufferFull {
+	if errors.Is(err, bufio.ErrBufferFull) {
 		*buf = append((*buf)[:0], chunk...)
-		for err == bufio.ErrBufferFull {
+		for errors.Is(err, bufio.ErrBufferFull) {
 			chunk, err = br.ReadSlice('\n')
 			if !tooLong {
 				if len(*buf)+len(chunk) > maxLineBytes {
@@ -163,8 +163,8 @@ func (n *normalizer) line(name string, lineNo int, line []byte, tooLong bool) {
 		n.report(name, lineNo, err)
 		return
 	}
-	n.out.Write(b)
-	n.out.WriteByte('\n')
+	_, _ = n.out.Write(b) // a failed write shows at the Flush that ends the run
+	_ = n.out.WriteByte('\n')
 }
 
 func (n *normalizer) report(name string, lineNo int, err error) {

@@ -55,7 +55,7 @@ func (s *stack) serveAt(t *testing.T, addr, policyGroup string, extra ...string)
 		if err != nil {
 			return false
 		}
-		resp.Body.Close()
+		_ = resp.Body.Close()
 		return resp.StatusCode == http.StatusOK
 	}), "bandplane serve on %s is not ready after 90 s:\n%s", addr, log.String())
 	return srv
@@ -239,7 +239,7 @@ func TestIntegrationClusterPolicyShards(t *testing.T) {
 		require.NoError(t, err)
 		var raw bytes.Buffer
 		_, _ = raw.ReadFrom(resp.Body)
-		resp.Body.Close()
+		_ = resp.Body.Close()
 		assert.Equal(t, tc.code, resp.StatusCode, "%s: %s", tc.name, raw.String())
 		assert.Empty(t, resp.Header.Get(shard.OwnerHeader), tc.name)
 		assert.NotContains(t, raw.String(), addrs[owner], "%s: no owner is named", tc.name)
@@ -253,7 +253,7 @@ func TestIntegrationClusterPolicyShards(t *testing.T) {
 			require.NoError(t, err)
 			var mis struct{ Code, Owner, Message string }
 			require.NoError(t, json.NewDecoder(resp.Body).Decode(&mis))
-			resp.Body.Close()
+			_ = resp.Body.Close()
 			require.Equal(t, http.StatusMisdirectedRequest, resp.StatusCode, "%+v", mis)
 			assert.Equal(t, peers[owner], resp.Header.Get(shard.OwnerHeader))
 			assert.Equal(t, "misdirected", mis.Code)
@@ -331,7 +331,7 @@ func TestIntegrationClusterPolicyShards(t *testing.T) {
 	assert.InDelta(t, 0, opensAfter.Sub(opensBefore).Seconds(), 0.5, "room 1 opens at %s before the restart, %s after", opensBefore, opensAfter)
 
 	// 5. Every decision audited exactly once, none of the 421s.
-	solo = s.serveAt(t, freePort(t), s.group+"-policy-solo", "--policy-dir", bundle)
+	_ = s.serveAt(t, freePort(t), s.group+"-policy-solo", "--policy-dir", bundle) // ingests again: the decisions reach ClickHouse
 	require.True(t, stacktest.Eventually(t, 60*time.Second, 300*time.Millisecond, func() bool {
 		return countDecided(t, s, sharded.org) >= uint64(len(got))
 	}), "ingest did not store the decisions")

@@ -68,7 +68,7 @@ func (p *priceFlags) open(ctx context.Context, e *env, withAuditor bool, cfg pri
 			return nil, nil, err
 		}
 		cfg.Auditor = prod
-		closeAll = func() { prod.Close(); conn.Close() }
+		closeAll = func() { _ = prod.Close(); _ = conn.Close() }
 	} else {
 		cfg.ReadOnly = true
 	}

@@ -257,7 +257,7 @@ func TestIntegrationRepriceKilledMidwayIsResumed(t *testing.T) {
 	// The next runner (a serve's, here in-process) resumes it once its heartbeat is stale.
 	auditor, err := kafka.NewProducer(kafka.ProducerConfig{Brokers: stacktest.Brokers(), Topic: s.topic, BatchSize: kafka.AuditBatchSize})
 	require.NoError(t, err)
-	defer auditor.Close()
+	defer func() { _ = auditor.Close() }()
 	runner, err := prices.New(ctx, prices.Config{Conn: s.conn, Database: s.db, Auditor: auditor, Logger: stacktest.Logger(),
 		Poll: 200 * time.Millisecond, Heartbeat: time.Second, StaleAfter: 3 * time.Second, Runner: "next-runner"})
 	require.NoError(t, err)

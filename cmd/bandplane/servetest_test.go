@@ -40,7 +40,7 @@ var (
 func TestMain(m *testing.M) {
 	code := m.Run()
 	if binDir != "" {
-		os.RemoveAll(binDir)
+		_ = os.RemoveAll(binDir)
 	}
 	os.Exit(code)
 }
@@ -58,7 +58,7 @@ func bandplaneBinary(t *testing.T) string {
 		binPath = filepath.Join(dir, "bandplane")
 		cmd := exec.Command("go", "build", "-o", binPath, ".")
 		if out, err := cmd.CombinedOutput(); err != nil {
-			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
+			buildErr = fmt.Errorf("go build: %w\n%s", err, out)
 		}
 	})
 	if buildErr != nil {
@@ -88,7 +88,7 @@ func newStack(t *testing.T) *stack {
 	require.NoError(t, kafka.EnsureTopic(ctx, stacktest.Brokers(), topic+".dlq", 1))
 	p, err := kafka.NewProducer(kafka.ProducerConfig{Brokers: stacktest.Brokers(), Topic: topic, BatchSize: kafka.AuditBatchSize})
 	require.NoError(t, err)
-	t.Cleanup(func() { p.Close() })
+	t.Cleanup(func() { _ = p.Close() })
 	s := &stack{conn: conn, db: db, topic: topic, group: stacktest.Name(t), keys: keys.NewStore(conn, db, p),
 		tokens: map[string]string{}, ids: map[string]string{}, dir: t.TempDir()}
 	return s
@@ -117,7 +117,7 @@ func freePort(t *testing.T) string {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	addr := ln.Addr().String()
-	ln.Close()
+	_ = ln.Close()
 	return addr
 }
 
@@ -138,7 +138,7 @@ func (s *stack) serve(t *testing.T, extra ...string) *server {
 	deadline := time.Now().Add(60 * time.Second)
 	for {
 		if resp, err := http.Get(srv.url + "/readyz"); err == nil {
-			resp.Body.Close()
+			_ = resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
 				return srv
 			}
@@ -167,7 +167,7 @@ func (srv *server) alive() {
 	}
 	resp, err := http.Get(srv.url + "/healthz")
 	require.NoError(srv.t, err, "serve does not answer /healthz")
-	resp.Body.Close()
+	_ = resp.Body.Close()
 	require.Equal(srv.t, http.StatusOK, resp.StatusCode)
 }
 
@@ -205,7 +205,7 @@ func (srv *server) do(method, path, token, contentType string, body []byte) (int
 	}
 	resp, err := http.DefaultClient.Do(req)
 	require.NoError(srv.t, err, "%s %s", method, path)
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }()
 	b, err := io.ReadAll(resp.Body)
 	require.NoError(srv.t, err)
 	return resp.StatusCode, b

@@ -47,7 +47,7 @@ func runSimulate(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	var sink simulate.Sink
-	dest := ""
+	var dest string
 	if *collector != "" {
 		sink = simulate.NewHTTPSink(*collector, *token)
 		dest = *collector + "/v1/events"
@@ -59,7 +59,7 @@ func runSimulate(ctx context.Context, e *env, args []string) error {
 		if err != nil {
 			return err
 		}
-		defer p.Close()
+		defer func() { _ = p.Close() }()
 		sink = ingest.ProducerSink{Producer: p}
 		dest = "kafka " + st.kafka + " topic " + st.topic
 	}

@@ -240,7 +240,7 @@ func Run(ctx context.Context, cfg Config, sink Sink, progress func(Summary)) (Su
 	unbounded := cfg.Events == 0 && cfg.Duration == 0
 	endErr := func(err error) error {
 		if unbounded && errors.Is(err, ctx.Err()) && ctx.Err() != nil {
-			return nil
+			return nil //nolint:nilerr // a run without a bound ends only when its context does: that is its success
 		}
 		return err
 	}
@@ -256,10 +256,7 @@ func Run(ctx context.Context, cfg Config, sink Sink, progress func(Summary)) (Su
 	lastProgress := wallStart
 	lines := make([][]byte, 0, batchMax)
 	evs := make([]decoded, 0, batchMax)
-	for {
-		if cfg.Events > 0 && sum.Events >= cfg.Events {
-			break
-		}
+	for cfg.Events <= 0 || sum.Events < cfg.Events {
 		if err := ctx.Err(); err != nil {
 			return sum, endErr(err)
 		}

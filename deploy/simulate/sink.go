@@ -149,7 +149,7 @@ func (s *HTTPSink) Send(ctx context.Context, lines [][]byte) error {
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return fmt.Errorf("%w (last error: %v)", ctx.Err(), lastErr)
+			return fmt.Errorf("%w (last error: %v)", ctx.Err(), lastErr) //nolint:errorlint // the run ended by its context; the last error is text, so that callers see only ctx's kind
 		case <-t.C:
 		}
 		wait *= 2
@@ -176,7 +176,7 @@ func (s *HTTPSink) post(ctx context.Context, body []byte, n int) (time.Duration,
 	if err != nil {
 		return 0, true, err // connection error
 	}
-	defer resp.Body.Close()
+	defer resp.Body.Close() //nolint:errcheck // the body is read below; closing it loses nothing
 	raw, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 	if err != nil {
 		return 0, true, fmt.Errorf("reading the collector's answer: %w", err)

@@ -71,13 +71,13 @@ func Dial(ctx context.Context, url, token string) (*Conn, error) {
 	ws.SetReadLimit(4 << 20)
 	payload, _ := json.Marshal(map[string]string{"Authorization": "Bearer " + token})
 	if err := wsjson.Write(ctx, ws, frame{Type: "connection_init", Payload: payload}); err != nil {
-		ws.CloseNow()
+		_ = ws.CloseNow()
 		return nil, fmt.Errorf("cannot send connection_init: %w", err)
 	}
 	for {
 		var f frame
 		if err := wsjson.Read(ctx, ws, &f); err != nil {
-			ws.CloseNow()
+			_ = ws.CloseNow()
 			var ce websocket.CloseError
 			if errors.As(err, &ce) {
 				return nil, fmt.Errorf("connection refused at init: %d %s", ce.Code, ce.Reason)
@@ -92,7 +92,7 @@ func Dial(ctx context.Context, url, token string) (*Conn, error) {
 		case "ping":
 			_ = wsjson.Write(ctx, ws, frame{Type: "pong"})
 		case "connection_error", "error":
-			ws.CloseNow()
+			_ = ws.CloseNow()
 			return nil, fmt.Errorf("connection refused at init: %s", f.Payload)
 		}
 	}

@@ -42,7 +42,7 @@ func newEnv(t *testing.T) *env {
 	topic := stacktest.Topic(t, 1)
 	p, err := kafka.NewProducer(kafka.ProducerConfig{Brokers: stacktest.Brokers(), Topic: topic, BatchSize: kafka.AuditBatchSize})
 	require.NoError(t, err)
-	t.Cleanup(func() { p.Close() })
+	t.Cleanup(func() { _ = p.Close() })
 	return &env{t: t, conn: conn, db: db, topic: topic, producer: p}
 }
 
@@ -62,7 +62,7 @@ func (e *env) service(runner string, tune func(*prices.Config)) *prices.Service 
 // audit reads the audit events of the topic until want have arrived.
 func (e *env) audit(want int) []schema.Event {
 	r := kafkago.NewReader(kafkago.ReaderConfig{Brokers: stacktest.Brokers(), Topic: e.topic, Partition: 0, MaxWait: 100 * time.Millisecond})
-	defer r.Close()
+	defer r.Close() //nolint:errcheck // a partition reader commits nothing
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
 	var out []schema.Event

@@ -218,7 +218,7 @@ func (c *Client) post(ctx context.Context, base, name string, body []byte) (poli
 	if err != nil {
 		return policy.Decision{}, 0, "", fmt.Errorf("cannot ask %s: %w", url, err)
 	}
-	defer resp.Body.Close()
+	defer resp.Body.Close() //nolint:errcheck // the body is read below; closing it loses nothing
 	raw, err := io.ReadAll(io.LimitReader(resp.Body, c.cfg.MaxResponseBytes+1))
 	if err != nil {
 		return policy.Decision{}, 0, "", fmt.Errorf("cannot read the answer of %s: %w", url, err)

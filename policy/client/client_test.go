@@ -45,7 +45,7 @@ func misdirect(to string) func(http.ResponseWriter, *http.Request) {
 	return func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set(shard.OwnerHeader, to)
 		w.WriteHeader(http.StatusMisdirectedRequest)
-		fmt.Fprintf(w, `{"code":"misdirected","owner":%q,"message":"ask %s","error":"ask %s"}`, to, to, to)
+		_, _ = fmt.Fprintf(w, `{"code":"misdirected","owner":%q,"message":"ask %s","error":"ask %s"}`, to, to, to)
 	}
 }
 
@@ -54,7 +54,7 @@ func allow(self string) func(http.ResponseWriter, *http.Request) {
 		if self != "" {
 			w.Header().Set(shard.OwnerHeader, self)
 		}
-		fmt.Fprintf(w, `{"decision_id":"d-1","decision":%q,"allow":true,"reasons":[],"policy_revision":"rev"}`, strings.TrimPrefix(r.URL.Path, "/v1/decisions/"))
+		_, _ = fmt.Fprintf(w, `{"decision_id":"d-1","decision":%q,"allow":true,"reasons":[],"policy_revision":"rev"}`, strings.TrimPrefix(r.URL.Path, "/v1/decisions/"))
 	}
 }
 
@@ -136,7 +136,7 @@ func TestHostileReplicas(t *testing.T) {
 		a.handle = func(w http.ResponseWriter, _ *http.Request) {
 			w.Header().Set(shard.OwnerHeader, evil.URL)
 			w.WriteHeader(http.StatusMisdirectedRequest)
-			fmt.Fprintf(w, `{"code":"misdirected","owner":%q}`, b.URL)
+			_, _ = fmt.Fprintf(w, `{"code":"misdirected","owner":%q}`, b.URL)
 		}
 		_, err := newClient(t, a.URL, a.URL, b.URL).Decide(t.Context(), policy.SendMessage, msg)
 		assert.ErrorIs(t, err, client.ErrForeignOwner)
@@ -182,7 +182,7 @@ func TestHostileReplicas(t *testing.T) {
 			a := newFake(t)
 			a.handle = func(w http.ResponseWriter, _ *http.Request) {
 				w.WriteHeader(status)
-				w.Write([]byte(`{"peers":[`))
+				_, _ = w.Write([]byte(`{"peers":[`))
 				chunk := []byte(strings.Repeat(`{"id":"x"},`, 1000))
 				for range 1000 { // 11 MB, never all read
 					if _, err := w.Write(chunk); err != nil {
@@ -213,7 +213,7 @@ func TestHostileReplicas(t *testing.T) {
 		a.handle = func(w http.ResponseWriter, _ *http.Request) {
 			w.Header().Set(shard.OwnerHeader, b.URL)
 			w.WriteHeader(http.StatusMisdirectedRequest)
-			w.Write([]byte("misdirected (TLS)"))
+			_, _ = w.Write([]byte("misdirected (TLS)"))
 		}
 		_, err := newClient(t, a.URL, a.URL, b.URL).Decide(t.Context(), policy.SendMessage, msg)
 		var e *client.Error

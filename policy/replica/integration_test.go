@@ -31,7 +31,7 @@ func TestIntegrationDecisionsFollowTheStreamAndThrottleTheChattyAgent(t *testing
 	stacktest.RunIngest(t, topic, conn, db, "ingest")
 	producer, err := kafka.NewProducer(kafka.ProducerConfig{Brokers: stacktest.Brokers(), Topic: topic})
 	require.NoError(t, err)
-	defer producer.Close()
+	defer producer.Close() //nolint:errcheck // Publish returns once the brokers acknowledge: nothing is left to send
 
 	// 1. Traffic from before the policy process starts: it must reach the directory
 	// through ClickHouse (bootstrap), not by replaying the topic.

@@ -788,7 +788,7 @@ func (r *Replica) Run(ctx context.Context, ready chan<- struct{}) error {
 	if err != nil {
 		return err
 	}
-	defer reader.Close()
+	defer reader.Close() //nolint:errcheck // it commits only through CommitMessages: closing loses nothing
 	var lastCommit time.Time
 	var pending []kafkago.Message
 	for {
@@ -874,8 +874,11 @@ func coordinatorPending(err error) bool {
 func (r *Replica) seekGroup(ctx context.Context, offsets map[int]int64) error {
 	c := &kafkago.Client{Addr: kafkago.TCP(r.cfg.Brokers...), Timeout: 10 * time.Second}
 	md, err := c.Metadata(ctx, &kafkago.MetadataRequest{Topics: []string{r.cfg.Topic}})
-	if err != nil || len(md.Topics) == 0 {
-		return fmt.Errorf("cannot read metadata of topic %s: %v", r.cfg.Topic, err)
+	if err != nil {
+		return fmt.Errorf("cannot read metadata of topic %s: %w", r.cfg.Topic, err)
+	}
+	if len(md.Topics) == 0 {
+		return fmt.Errorf("cannot read metadata of topic %s: the broker returned no topic", r.cfg.Topic)
 	}
 	var commits []kafkago.OffsetCommit
 	for _, p := range md.Topics[0].Partitions {

@@ -259,8 +259,11 @@ type catchUp struct {
 func (r *Replica) newCatchUp(ctx context.Context, from map[int]int64) (*catchUp, error) {
 	c := &kafkago.Client{Addr: kafkago.TCP(r.cfg.Brokers...), Timeout: 10 * time.Second}
 	md, err := c.Metadata(ctx, &kafkago.MetadataRequest{Topics: []string{r.cfg.Topic}})
-	if err != nil || len(md.Topics) == 0 {
-		return nil, fmt.Errorf("cannot read metadata of topic %s: %v", r.cfg.Topic, err)
+	if err != nil {
+		return nil, fmt.Errorf("cannot read metadata of topic %s: %w", r.cfg.Topic, err)
+	}
+	if len(md.Topics) == 0 {
+		return nil, fmt.Errorf("cannot read metadata of topic %s: the broker returned no topic", r.cfg.Topic)
 	}
 	var reqs []kafkago.OffsetRequest
 	for _, p := range md.Topics[0].Partitions {

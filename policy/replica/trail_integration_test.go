@@ -52,7 +52,7 @@ func TestIntegrationReplicaRestoresOnlyWhatTheLogSeals(t *testing.T) {
 	stacktest.RunIngest(t, topic, conn, db, "ingest")
 	producer, err := kafka.NewProducer(kafka.ProducerConfig{Brokers: stacktest.Brokers(), Topic: topic})
 	require.NoError(t, err)
-	defer producer.Close()
+	defer producer.Close() //nolint:errcheck // Publish returns once the brokers acknowledge: nothing is left to send
 	cfg := simulate.DefaultConfig()
 	cfg.Events, cfg.Seed = 1500, 9
 	cfg.Start = time.Now().UTC().Add(-2 * time.Hour).Truncate(time.Second)

@@ -531,7 +531,7 @@ func TestIntegrationVerifyReadsTheClaimedRecordsFromKafka(t *testing.T) {
 	topic := stacktest.Topic(t, 1)
 	p, err := kafka.NewProducer(kafka.ProducerConfig{Brokers: stacktest.Brokers(), Topic: topic})
 	require.NoError(t, err)
-	t.Cleanup(func() { p.Close() })
+	t.Cleanup(func() { _ = p.Close() })
 	now := time.Now().UTC()
 	evs := workload("w", 3, now.Add(-2*time.Hour).Truncate(time.Millisecond)) // offsets 0-4
 	require.NoError(t, p.Produce(ctx, evs))

@@ -11,6 +11,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash"
 	"net/url"
 	"slices"
 	"strconv"
@@ -29,7 +30,7 @@ import (
 // organization's trail, as NDJSON or CSV, that proves itself offline against a
 // checkpoint of the organization's log signed with the audit key — and is the label
 // of its manifest's signature. The package doc covers the log; this covers exports
-// (README, "Compliance export").
+// (README.md here, "Compliance export").
 //
 // # What an export holds
 //
@@ -1132,10 +1133,7 @@ func (e *encoder) preamble() ([]byte, error) {
 
 // indexHash hashes the index records: each object length-prefixed, under a label.
 type indexHash struct {
-	h interface {
-		Write([]byte) (int, error)
-		Sum([]byte) []byte
-	}
+	h hash.Hash
 }
 
 func newIndexHash() *indexHash {

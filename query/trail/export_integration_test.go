@@ -388,6 +388,7 @@ func TestIntegrationExportMatchesEachLeaf(t *testing.T) {
 			require.NoError(t, rows.Scan(&i))
 			out = append(out, i)
 		}
+		require.NoError(t, rows.Err())
 		return out
 	}
 	movedLeaves, deletedLeaves := leafOf("ev-00012"), leafOf("ev-00018")

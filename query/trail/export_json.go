@@ -227,7 +227,7 @@ func (r *jsonReader) unescape(s []byte) string {
 			case u == "2028" || u == "2029":
 				r.buf = utf8.AppendRune(r.buf, rune(0x2020+int(u[3]-'0')))
 			case u[0] == '0' && u[1] == '0' && (u[2] == '0' || u[2] == '1') && isLowerHex(u[3]):
-				b := byte((u[2]-'0')<<4) | unhex(u[3])
+				b := (u[2]-'0')<<4 | unhex(u[3])
 				if b == '\b' || b == '\f' || b == '\n' || b == '\r' || b == '\t' {
 					r.ok = false // written as its short escape
 					return ""

@@ -11,6 +11,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash"
 	"io"
 	"log/slog"
 	"math/bits"
@@ -482,11 +483,7 @@ func (sc *leafScan) blockDigest(b uint64) ([16]byte, bool) {
 // blockHasher hashes the leaf hashes of one block.
 type blockHasher struct {
 	h [sha256.Size]byte
-	d interface {
-		Write([]byte) (int, error)
-		Sum([]byte) []byte
-		Reset()
-	}
+	d hash.Hash
 }
 
 func newBlockHasher() *blockHasher { return &blockHasher{d: sha256.New()} }

@@ -805,7 +805,7 @@ func (v *exportVerifier) openCheckpoint(line int64) {
 	v.rep.Root, v.rep.SignedAt, v.rep.CheckpointKey = base64.StdEncoding.EncodeToString(cp.Root), cp.SignedAt, cp.KeyID
 	for i := range v.header.Cuts {
 		c, ok := v.header.Cuts[i].cut()
-		why := ""
+		var why string
 		switch {
 		case !ok:
 			why = "its times are not RFC 3339 in whole seconds"

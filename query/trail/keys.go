@@ -63,7 +63,7 @@ func writeNew(path string, mode os.FileMode, data []byte) error {
 		return fmt.Errorf("cannot create audit key file %s: %w", path, err)
 	}
 	if _, err := f.Write(data); err != nil {
-		f.Close()
+		_ = f.Close() // the write error is the one reported
 		_ = os.Remove(path)
 		return fmt.Errorf("cannot write audit key file %s: %w", path, err)
 	}

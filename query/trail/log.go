@@ -19,7 +19,9 @@ var ErrNotInLog = errors.New("not in the log")
 
 // ErrLogDamaged is wrapped when what ClickHouse holds does not prove what it should:
 // a proof built from the stored tree fails against its signed checkpoint. Audit verify
-// names the edit.
+// names the edit. The cause beside it stays text (%v, not %w), so that errors.Is finds
+// no other kind in it: a damaged log must not read as ErrNotInLog or as a cancelled
+// context.
 var ErrLogDamaged = errors.New("the stored log does not match its checkpoints")
 
 // Log answers questions about the organizations' logs of one database, checking every
@@ -74,7 +76,7 @@ func (l *Log) RingWith(ctx context.Context, extra [][]byte) (*tlog.KeyRing, erro
 func (l *Log) Rotations(ctx context.Context) ([][]byte, error) {
 	rot, err := l.db.rotations(ctx)
 	if errors.Is(err, errTooManyRotations) {
-		return nil, fmt.Errorf("%w: %v", ErrLogDamaged, err)
+		return nil, fmt.Errorf("%w: %v", ErrLogDamaged, err) //nolint:errorlint // the cause is text: ErrLogDamaged is the one kind callers see
 	}
 	return rot, err
 }
@@ -168,14 +170,14 @@ func (l *Log) Consistency(ctx context.Context, org string, from uint64, to *tlog
 	}
 	pr, err := tlog.ConsistencyProof(ctx, l.db, org, from, to.Size)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrLogDamaged, err)
+		return nil, fmt.Errorf("%w: %v", ErrLogDamaged, err) //nolint:errorlint // the cause is text: ErrLogDamaged is the one kind callers see
 	}
 	rng, err := tlog.LoadRange(ctx, l.db, org, from)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrLogDamaged, err)
+		return nil, fmt.Errorf("%w: %v", ErrLogDamaged, err) //nolint:errorlint // the cause is text: ErrLogDamaged is the one kind callers see
 	}
 	if err := tlog.VerifyConsistency(from, to.Size, pr, tlog.Root(rng), to.Root); err != nil {
-		return nil, fmt.Errorf("%w: the consistency proof of organization %q from %d to %d fails: %v", ErrLogDamaged, org, from, to.Size, err)
+		return nil, fmt.Errorf("%w: the consistency proof of organization %q from %d to %d fails: %v", ErrLogDamaged, org, from, to.Size, err) //nolint:errorlint // the cause is text: ErrLogDamaged is the one kind callers see
 	}
 	return pr, nil
 }
@@ -210,12 +212,12 @@ func (l *Log) Inclusion(ctx context.Context, org string, t time.Time, id string,
 	}
 	prs, err := tlog.InclusionProofs(ctx, l.db, org, idx, cp.Size)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrLogDamaged, err)
+		return nil, fmt.Errorf("%w: %v", ErrLogDamaged, err) //nolint:errorlint // the cause is text: ErrLogDamaged is the one kind callers see
 	}
 	out := make([]LeafProof, len(keep))
 	for i := range keep {
 		if err := tlog.VerifyInclusion(keep[i].Index, cp.Size, keep[i].Hash(), prs[i], cp.Root); err != nil {
-			return nil, fmt.Errorf("%w: the inclusion proof of leaf %d of organization %q fails: %v", ErrLogDamaged, keep[i].Index, org, err)
+			return nil, fmt.Errorf("%w: the inclusion proof of leaf %d of organization %q fails: %v", ErrLogDamaged, keep[i].Index, org, err) //nolint:errorlint // the cause is text: ErrLogDamaged is the one kind callers see
 		}
 		out[i] = LeafProof{Leaf: keep[i], Proof: prs[i]}
 	}
@@ -298,7 +300,7 @@ func (l *Log) Sealed(ctx context.Context, extra [][]byte, rows []store.EventRow)
 			}
 			prs, err := tlog.InclusionProofs(ctx, l.db, org, idx, cp.Size)
 			if err != nil {
-				return nil, fmt.Errorf("%w: %v", ErrLogDamaged, err)
+				return nil, fmt.Errorf("%w: %v", ErrLogDamaged, err) //nolint:errorlint // the cause is text: ErrLogDamaged is the one kind callers see
 			}
 			for j := range matched {
 				out[rowOf[j]] = tlog.VerifyInclusion(matched[j].Index, cp.Size, matched[j].Hash(), prs[j], cp.Root) == nil

@@ -109,7 +109,7 @@ func TestIntegrationSealPipeline(t *testing.T) {
 	topic := stacktest.Topic(t, 4)
 	p, err := kafka.NewProducer(kafka.ProducerConfig{Brokers: stacktest.Brokers(), Topic: topic})
 	require.NoError(t, err)
-	t.Cleanup(func() { p.Close() })
+	t.Cleanup(func() { _ = p.Close() })
 	e := &pipelineEnv{t: t, conn: conn, db: db, topic: topic, group: "ingest-" + topic, p: p}
 	key := testKey(t)
 	ctx := context.Background()

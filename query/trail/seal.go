@@ -321,7 +321,8 @@ type Result struct {
 func (s *Sealer) Run(ctx context.Context) error {
 	t := time.NewTicker(s.cfg.Every)
 	defer t.Stop()
-	s.runOnce(ctx)
+	// runOnce logs a failed run, and the next tick runs again.
+	_ = s.runOnce(ctx)
 	for {
 		select {
 		case <-ctx.Done():
@@ -329,7 +330,7 @@ func (s *Sealer) Run(ctx context.Context) error {
 			defer cancel()
 			return s.runOnce(final)
 		case <-t.C:
-			s.runOnce(ctx)
+			_ = s.runOnce(ctx)
 		}
 	}
 }
@@ -596,7 +597,7 @@ func (s *Sealer) remember(msg []byte, from string) {
 var ErrKeyNotValid = errors.New("the audit key may not sign now")
 
 func (s *Sealer) mayNotSign(err error) error {
-	return fmt.Errorf("%w (key %s: %v): serve signs with the key a rotation hands the log to, from its time on", ErrKeyNotValid, s.signer.KeyID(), err)
+	return fmt.Errorf("%w (key %s: %v): serve signs with the key a rotation hands the log to, from its time on", ErrKeyNotValid, s.signer.KeyID(), err) //nolint:errorlint // the cause is text: ErrKeyNotValid is the one kind callers see
 }
 
 // sign signs org's checkpoint and checks it against ring as every reader will: a

@@ -263,7 +263,7 @@ func TestIntegrationRefusedNotesAreReadAgain(t *testing.T) {
 	s, tp := kafkaSealer(t, conn, db, topic, "ingest-"+topic, key, 0, time.Minute)
 	np, err := kafka.NewProducer(kafka.ProducerConfig{Brokers: stacktest.Brokers(), Topic: tp.Stored})
 	require.NoError(t, err)
-	t.Cleanup(func() { np.Close() })
+	t.Cleanup(func() { _ = np.Close() })
 	now := time.Now().UTC()
 	n := 0
 	storeOne := func(org string) store.EventRow {

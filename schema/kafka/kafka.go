@@ -357,7 +357,7 @@ func awaitTopic(ctx context.Context, brokers []kafkago.Broker, topic string) err
 				unreachable = true
 				return nil, kafkago.UnknownTopicOrPartition // wait for it as for a broker that does not know the topic
 			}
-			defer conn.Close()
+			defer conn.Close() //nolint:errcheck // it only reads metadata
 			_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
 			parts, err := conn.ReadPartitions(topic)
 			if err == nil && len(parts) == 0 {

@@ -70,7 +70,7 @@ func TestIntegrationAnEventOfMaxEventBytesIsAccepted(t *testing.T) {
 
 	p, err := kafka.NewProducer(kafka.ProducerConfig{Brokers: stacktest.Brokers(), Topic: topic})
 	require.NoError(t, err)
-	defer p.Close()
+	defer p.Close() //nolint:errcheck // Publish returns once the brokers acknowledge: nothing is left to send
 	// Random bytes: LZ4 cannot shrink them, the broker sees the batch at full size.
 	v := make([]byte, kafka.MaxEventBytes)
 	_, _ = rand.Read(v)
@@ -85,7 +85,7 @@ func TestIntegrationAnEventOfMaxEventBytesIsAccepted(t *testing.T) {
 	assert.True(t, kafka.IsMessageTooLarge(err), "%v", err)
 
 	r := kafkago.NewReader(kafkago.ReaderConfig{Brokers: stacktest.Brokers(), Topic: topic, Partition: 0, MaxBytes: 8 << 20})
-	defer r.Close()
+	defer r.Close() //nolint:errcheck // a partition reader commits nothing
 	rctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
 	m, err := r.ReadMessage(rctx)

@@ -50,17 +50,17 @@ func ReadLatest(ctx context.Context, brokers []string, topic string) (map[string
 		r := kafkago.NewReader(kafkago.ReaderConfig{Brokers: brokers, Topic: topic, Partition: po.Partition, MinBytes: 1,
 			MaxBytes: ReaderFetchBytes, MaxWait: 100 * time.Millisecond})
 		if err := r.SetOffset(po.FirstOffset); err != nil {
-			r.Close()
+			_ = r.Close()
 			return nil, err
 		}
 		for {
 			if n++; n > MaxLatestRecords {
-				r.Close()
+				_ = r.Close()
 				return nil, fmt.Errorf("topic %s holds more than %d records: is it compacted (cleanup.policy=compact)?", topic, MaxLatestRecords)
 			}
 			m, err := r.FetchMessage(ctx)
 			if err != nil {
-				r.Close()
+				_ = r.Close()
 				return nil, fmt.Errorf("cannot read topic %s partition %d: %w", topic, po.Partition, err)
 			}
 			if m.Value == nil {
@@ -72,7 +72,7 @@ func ReadLatest(ctx context.Context, brokers []string, topic string) (map[string
 				break
 			}
 		}
-		r.Close()
+		_ = r.Close() // a partition reader commits nothing
 	}
 	return out, nil
 }

@@ -30,7 +30,7 @@ func producedTopic(t *testing.T, n int) string {
 	topic := stacktest.Topic(t, 1)
 	p, err := kafka.NewProducer(kafka.ProducerConfig{Brokers: stacktest.Brokers(), Topic: topic})
 	require.NoError(t, err)
-	defer p.Close()
+	defer p.Close() //nolint:errcheck // Publish returns once the brokers acknowledge: nothing is left to send
 	msgs := make([]kafkago.Message, n)
 	for i := range msgs {
 		msgs[i] = kafkago.Message{Key: []byte("k"), Value: valueAt(i)}

@@ -28,7 +28,7 @@ func newStack(t *testing.T) (driver.Conn, string, string, *kafka.Producer) {
 	topic := stacktest.Topic(t, 1)
 	p, err := kafka.NewProducer(kafka.ProducerConfig{Brokers: stacktest.Brokers(), Topic: topic, BatchSize: 1})
 	require.NoError(t, err)
-	t.Cleanup(func() { p.Close() })
+	t.Cleanup(func() { _ = p.Close() })
 	return conn, db, topic, p
 }
 
@@ -36,7 +36,7 @@ func newStack(t *testing.T) (driver.Conn, string, string, *kafka.Producer) {
 func readEvents(t *testing.T, topic string, n int) ([]schema.Event, []string) {
 	t.Helper()
 	r := kafkago.NewReader(kafkago.ReaderConfig{Brokers: stacktest.Brokers(), Topic: topic, Partition: 0, MaxWait: 100 * time.Millisecond})
-	defer r.Close()
+	defer r.Close() //nolint:errcheck // a partition reader commits nothing
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	var evs []schema.Event

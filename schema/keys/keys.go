@@ -175,7 +175,7 @@ func wellFormed(token string) bool {
 		return false
 	}
 	for _, c := range []byte(token[len(TokenPrefix):]) {
-		if !(c >= 'A' && c <= 'Z' || c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
+		if !(c >= 'A' && c <= 'Z' || c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-' || c == '_') { //nolint:staticcheck // reads as the set of bytes a token may hold
 			return false
 		}
 	}

@@ -33,7 +33,7 @@ func Extends(prev, next *Checkpoint, pr [][]byte) error {
 		return nil
 	}
 	if err := VerifyConsistency(prev.Size, next.Size, pr, prev.Root, next.Root); err != nil {
-		return fmt.Errorf("%w: the log of %s at size %d does not extend its checkpoint of size %d: %v", ErrFork, clip(prev.Origin), next.Size, prev.Size, err)
+		return fmt.Errorf("%w: the log of %s at size %d does not extend its checkpoint of size %d: %v", ErrFork, clip(prev.Origin), next.Size, prev.Size, err) //nolint:errorlint // the cause is text: ErrFork is the one kind callers see
 	}
 	return nil
 }
@@ -65,13 +65,12 @@ func WitnessVerifier(vkey string) (note.Verifier, error) {
 // Cosign adds signer's cosignature to a checkpoint (replacing an earlier one of the
 // same signer); the other signatures stay as they are.
 func Cosign(msg []byte, signer note.Signer) ([]byte, error) {
-	n, err := note.Open(msg, note.VerifierList())
+	_, err := note.Open(msg, note.VerifierList())
 	var unverified *note.UnverifiedNoteError
 	if !errors.As(err, &unverified) {
 		return nil, fmt.Errorf("cannot read the checkpoint to cosign: %w", err)
 	}
-	n = unverified.Note
-	return note.Sign(n, signer)
+	return note.Sign(unverified.Note, signer)
 }
 
 // Cosigned says whether the checkpoint carries a valid cosignature of v.

@@ -205,7 +205,7 @@ func load(ctx context.Context, cfg Config, conn driver.Conn, db string, topics t
 	if err != nil {
 		return err
 	}
-	defer p.Close()
+	defer p.Close() //nolint:errcheck // Publish returns once the brokers acknowledge: nothing is left to send
 	now := time.Now().UTC()
 	ingested := now.Add(-time.Minute).Truncate(time.Second)
 	pad := strings.Repeat("x", max(0, cfg.DataBytes-40))

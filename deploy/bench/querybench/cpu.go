@@ -57,7 +57,7 @@ func machineJiffies() (busy, total uint64, ok bool) {
 	if err != nil {
 		return 0, 0, false
 	}
-	defer f.Close()
+	defer f.Close() //nolint:errcheck // read only
 	line, err := bufio.NewReader(f).ReadString('\n')
 	if err != nil {
 		return 0, 0, false

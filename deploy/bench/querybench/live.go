@@ -161,7 +161,7 @@ func (p *livePipeline) measure(ctx context.Context, cfg *Config, url, token stri
 			}
 			_, ch, err := c.Subscribe(dctx, workSubscription, map[string]any{"org": t.Org}, 64)
 			if err != nil {
-				c.Close()
+				_ = c.Close() // the subscribe error is the one reported
 				dialErr.CompareAndSwap(nil, fmt.Errorf("subscriber %d: %w", i, err))
 				return
 			}

@@ -114,7 +114,7 @@ func (c *gqlClient) post(ctx context.Context, q string, vars map[string]any, dat
 		return time.Since(start), fmt.Errorf("cannot post to %s: %w", c.url, err)
 	}
 	raw, err := io.ReadAll(resp.Body)
-	resp.Body.Close()
+	_ = resp.Body.Close() // read to the end already
 	took := time.Since(start)
 	if err != nil {
 		return took, fmt.Errorf("cannot read the answer of %s: %w", c.url, err)

@@ -79,6 +79,7 @@ func TestIntegrationCorpusPricesBudgetsReplica(t *testing.T) {
 		k.Time = int64(sec)
 		eventKeys = append(eventKeys, k)
 	}
+	require.NoError(t, rows.Err())
 	rows.Close()
 	stored, err := st.StoredEvents(ctx, eventKeys)
 	require.NoError(t, err)
@@ -88,7 +89,7 @@ func TestIntegrationCorpusPricesBudgetsReplica(t *testing.T) {
 	auditTopic := stacktest.Topic(t, 1)
 	producer, err := kafka.NewProducer(kafka.ProducerConfig{Brokers: stacktest.Brokers(), Topic: auditTopic, BatchSize: kafka.AuditBatchSize})
 	require.NoError(t, err)
-	defer producer.Close()
+	defer producer.Close() //nolint:errcheck // Publish returns once the brokers acknowledge: nothing is left to send
 	svc, err := prices.New(ctx, prices.Config{Conn: rec, Database: db, Seed: pricing.Default(), Auditor: producer,
 		Logger: stacktest.Logger(), Runner: "corpus"})
 	require.NoError(t, err)

@@ -72,7 +72,7 @@ func (s *server) send(ctx context.Context, params url.Values, contentType string
 	if err != nil {
 		return nil, err
 	}
-	defer resp.Body.Close()
+	defer resp.Body.Close() //nolint:errcheck // the body is read below; closing it loses nothing
 	out, err := io.ReadAll(resp.Body)
 	if err != nil {
 		return nil, err
@@ -194,11 +194,11 @@ type chdbReply struct {
 func (c *chdbEngine) read() (string, error) {
 	line, err := c.out.ReadBytes('\n')
 	if err != nil {
-		return "", fmt.Errorf("chdb engine exited: %v; stderr: %s", err, c.stderr.String())
+		return "", fmt.Errorf("chdb engine exited: %w; stderr: %s", err, c.stderr.String())
 	}
 	var r chdbReply
 	if err := json.Unmarshal(line, &r); err != nil {
-		return "", fmt.Errorf("chdb engine replied %q: %v", line, err)
+		return "", fmt.Errorf("chdb engine replied %q: %w", line, err)
 	}
 	if !r.OK {
 		return "", errors.New(r.Error)
@@ -223,7 +223,7 @@ func (c *chdbEngine) do(ctx context.Context, req map[string]string) (string, err
 		return "", c.dead
 	}
 	if _, err := c.in.Write(append(b, '\n')); err != nil {
-		return "", fmt.Errorf("chdb engine: %v; stderr: %s", err, c.stderr.String())
+		return "", fmt.Errorf("chdb engine: %w; stderr: %s", err, c.stderr.String())
 	}
 	type reply struct {
 		out string
@@ -235,7 +235,9 @@ func (c *chdbEngine) do(ctx context.Context, req map[string]string) (string, err
 	case r := <-done:
 		return r.out, r.err
 	case <-ctx.Done():
-		c.dead = fmt.Errorf("chdb engine killed: a statement outlived its context (%v): %.300s", ctx.Err(), req["sql"])
+		// Text, not wrapped: every later statement fails with this error, and under its own
+		// context it is not a cancellation.
+		c.dead = fmt.Errorf("chdb engine killed: a statement outlived its context (%v): %.300s", ctx.Err(), req["sql"]) //nolint:errorlint // see above
 		_ = c.cmd.Process.Kill()
 		<-done
 		return "", c.dead

@@ -25,7 +25,7 @@ func loadSimulated(t *testing.T, rec *dual.Recorder, events int) simulate.Summar
 	stop := stacktest.RunIngest(t, topic, rec, rec.DB(), "ingest")
 	producer, err := kafka.NewProducer(kafka.ProducerConfig{Brokers: stacktest.Brokers(), Topic: topic})
 	require.NoError(t, err)
-	defer producer.Close()
+	defer producer.Close() //nolint:errcheck // Publish returns once the brokers acknowledge: nothing is left to send
 	cfg := simulate.DefaultConfig()
 	cfg.Events, cfg.Seed = events, 5
 	cfg.Start = time.Now().UTC().Add(-2 * time.Hour).Truncate(time.Second)

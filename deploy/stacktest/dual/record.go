@@ -285,7 +285,7 @@ func (b *batch) Flush() error { return b.r.unsupported("Batch.Flush") }
 func (b *batch) Send() error {
 	b.r.gate.Lock()
 	defer b.r.gate.Unlock()
-	rows := b.Batch.Rows()
+	rows := b.Rows()
 	err := b.Batch.Send()
 	if err != nil && !b.r.committed(b.s.QueryID) {
 		_ = b.staged.Abort()

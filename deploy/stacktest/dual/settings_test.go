@@ -30,7 +30,7 @@ func xmlElems(t *testing.T, file string, path ...string) []string {
 	t.Helper()
 	f, err := os.Open(filepath.Join(stacktest.RepoRoot(), file))
 	require.NoError(t, err)
-	defer f.Close()
+	defer f.Close() //nolint:errcheck // read only
 	dec := xml.NewDecoder(f)
 	var stack, out []string
 	for {
