@@ -97,16 +97,8 @@ func (l logDB) windowLeaves(ctx context.Context, org string, lo, hi time.Time, s
 	if err != nil {
 		return nil, fmt.Errorf("cannot read the leaves of org %q in [%s, %s) from %s.log_leaves: %w", org, fmtSec(lo), fmtSec(hi), l.db, err)
 	}
-	defer rows.Close()
-	var out []IndexedLeaf
-	for rows.Next() {
-		var lf IndexedLeaf
-		if err := scanLeaf(rows, &lf); err != nil {
-			return nil, fmt.Errorf("cannot read a row of %s.log_leaves: %w", l.db, err)
-		}
-		out = append(out, lf)
-	}
-	if err := rows.Err(); err != nil {
+	out, err := readLeaves(rows, l.db)
+	if err != nil {
 		return nil, fmt.Errorf("cannot read the leaves of org %q from %s.log_leaves: %w", org, l.db, err)
 	}
 	return out, nil

@@ -310,6 +310,20 @@ func (l logDB) writeRotation(ctx context.Context, at time.Time, note []byte) err
 
 const leafCols = "org_id, time, time_ms, id, idx, digest, ingested_at, kafka_partition, kafka_offset"
 
+// readLeaves reads every row of a query of leafCols from log_leaves, and closes it.
+func readLeaves(rows driver.Rows, db string) ([]IndexedLeaf, error) {
+	defer rows.Close()
+	var out []IndexedLeaf
+	for rows.Next() {
+		var lf IndexedLeaf
+		if err := scanLeaf(rows, &lf); err != nil {
+			return nil, fmt.Errorf("cannot read a row of %s.log_leaves: %w", db, err)
+		}
+		out = append(out, lf)
+	}
+	return out, rows.Err()
+}
+
 func scanLeaf(rows driver.Rows, lf *IndexedLeaf) error {
 	var sec time.Time
 	var ms uint16
@@ -354,16 +368,7 @@ func (l logDB) leavesOf(ctx context.Context, org string, keys []store.EventKey, 
 	if err != nil {
 		return nil, fmt.Errorf("cannot look up %d leaves of org %q in %s.log_leaves: %w", len(keys), org, l.db, err)
 	}
-	defer rows.Close()
-	var out []IndexedLeaf
-	for rows.Next() {
-		var lf IndexedLeaf
-		if err := scanLeaf(rows, &lf); err != nil {
-			return nil, fmt.Errorf("cannot read a row of %s.log_leaves: %w", l.db, err)
-		}
-		out = append(out, lf)
-	}
-	return out, rows.Err()
+	return readLeaves(rows, l.db)
 }
 
 // checkpointOrgs lists the organizations that have a checkpoint row.
