@@ -212,7 +212,7 @@ func TestIntegrationSealerSignsOnlyWithinItsKeysValidity(t *testing.T) {
 
 	// A rotation effective the second after the newest checkpoint: once the clock has
 	// passed it, the old key signs nothing, the new one takes over the same logs.
-	from := headOf(t, tr.verify(Filter{}), "org-a").SignedAt.Add(time.Second)
+	from := afterEveryHead(tr.verify(Filter{}))
 	rec, err := tlog.Rotation(tlog.DefaultPrefix(tr.db), tr.key, next, from)
 	require.NoError(t, err)
 	require.NoError(t, tr.s.db.writeRotation(ctx, now, rec))
