@@ -257,7 +257,11 @@ func TestIntegrationAuditRetention(t *testing.T) {
 	require.NoError(t, err)
 	t.Setenv("BANDPLANE_AUDIT_KEY", "")
 
-	// A sealed trail of 4 events 30 days old and 4 of today.
+	// A sealed trail of 4 events 30 days old and 4 of today. The old ones sit at noon of
+	// one day, read once here: all four in one partition, the one the test expects,
+	// whatever the time of day it runs at.
+	y, m, d := time.Now().UTC().AddDate(0, 0, -30).Date()
+	oldDay := time.Date(y, m, d, 12, 0, 0, 0, time.UTC)
 	stackArgs := func(t *testing.T) []string {
 		conn, db := stacktest.Database(t)
 		topic := stacktest.Topic(t, 1)
@@ -267,7 +271,7 @@ func TestIntegrationAuditRetention(t *testing.T) {
 		for i := range 8 {
 			at := now.Add(-time.Hour)
 			if i < 4 {
-				at = now.AddDate(0, 0, -30)
+				at = oldDay
 			}
 			rows = append(rows, store.EventRow{ID: fmt.Sprintf("ret-%02d", i), Type: "message.created", Time: at.Add(time.Duration(i) * time.Second).Truncate(time.Millisecond),
 				OrgID: "org-a", ActorID: "agent-1", ActorType: "agent", Source: "band", SchemaVersion: 1,
@@ -311,7 +315,7 @@ func TestIntegrationAuditRetention(t *testing.T) {
 		require.Equal(t, 0, code, stderr)
 		assert.NotContains(t, stderr, `"level":"WARN"`)
 		lastLine(t, stdout, &out)
-		assert.Equal(t, []chdb.Dropped{{Table: "events", Partition: time.Now().UTC().AddDate(0, 0, -30).Format("20060102")}}, out.Dropped)
+		assert.Equal(t, []chdb.Dropped{{Table: "events", Partition: oldDay.Format("20060102")}}, out.Dropped)
 		require.Len(t, out.Cuts, 1)
 		assert.Equal(t, tlog.KeyID(pub), out.Cuts[0].KeyID)
 		assert.NotEmpty(t, out.Cuts[0].Signature)
