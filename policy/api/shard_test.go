@@ -235,8 +235,9 @@ func TestOnlyTheOwnerReportsCrossings(t *testing.T) {
 	b := policy.Budget{Org: "org-acme", Scope: policy.ScopeOrg, Period: policy.PeriodDay, Tokens: 100, Hard: true}
 	b.Normalize()
 	b.ID = policy.BudgetID(b.Org, b.Scope, b.ScopeID, b.Period)
+	now := time.Now() // one reading: the budget's day and the spend's are the same
 	for _, eng := range []*policy.Engine{p.ownerEng, p.otherEng} {
-		eng.Ledger().Set(b, time.Now())
+		eng.Ledger().Set(b, now)
 	}
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
@@ -244,7 +245,7 @@ func TestOnlyTheOwnerReportsCrossings(t *testing.T) {
 	go p.other.RunCrossings(ctx)
 	for _, eng := range []*policy.Engine{p.ownerEng, p.otherEng} {
 		// Usage from the stream reaches every replica.
-		eng.Ledger().Spend(policy.Charge{Org: "org-acme", Tokens: 100}, "", time.Now(), time.Now())
+		eng.Ledger().Spend(policy.Charge{Org: "org-acme", Tokens: 100}, "", now, now)
 	}
 	require.Eventually(t, func() bool { return len(p.ownerAud.eventsOf(schema.TypeBudgetCrossed)) == 2 }, 5*time.Second, 10*time.Millisecond)
 	time.Sleep(100 * time.Millisecond)
