@@ -69,6 +69,26 @@ func (l logDB) indexRows(ctx context.Context, org string, lo, hi uint64) (driver
 	return rows, nil
 }
 
+// indexRow is a row of log_index: a leaf's index, event time in milliseconds and inner
+// digest; ok is false when the stored digest is not one.
+type indexRow struct {
+	idx   uint64
+	ms    int64
+	inner [32]byte
+	ok    bool
+}
+
+// scanIndexRow reads the current row of a query of idx, time_ms, inner from log_index.
+func scanIndexRow(rows driver.Rows, db string) (indexRow, error) {
+	var r indexRow
+	var inner string
+	if err := rows.Scan(&r.idx, &r.ms, &inner); err != nil {
+		return r, fmt.Errorf("cannot read a row of %s.log_index: %w", db, err)
+	}
+	r.inner, r.ok = parseHash(inner)
+	return r, nil
+}
+
 // blockRows streams org's log_index rows of the blocks of blockSize leaves whose
 // numbers blocks holds (sorted), below size, in index order.
 func (l logDB) blockRows(ctx context.Context, org string, blocks []uint64, blockSize, size uint64) (driver.Rows, error) {

@@ -515,14 +515,12 @@ func (x *Exporter) scan(ctx context.Context, cp *tlog.Checkpoint, sel Selection,
 			return nil, err
 		}
 		for rows.Next() {
-			var idx uint64
-			var ms int64
-			var inner string
-			if err := rows.Scan(&idx, &ms, &inner); err != nil {
+			row, err := scanIndexRow(rows, x.cfg.Database)
+			if err != nil {
 				rows.Close()
-				return nil, fmt.Errorf("cannot read a row of %s.log_index: %w", x.cfg.Database, err)
+				return nil, err
 			}
-			in, ok := parseHash(inner)
+			idx, ms, in, ok := row.idx, row.ms, row.inner, row.ok
 			switch {
 			case idx+1 == rng.End():
 				if ms != lastMs || in != lastInner {

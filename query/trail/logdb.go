@@ -94,14 +94,12 @@ func (l logDB) ReadNodes(ctx context.Context, org string, ids []compact.NodeID) 
 			return nil, fmt.Errorf("cannot read %d leaves of org %q from %s.log_index: %w", len(leafIdx), org, l.db, err)
 		}
 		for rows.Next() {
-			var idx uint64
-			var ms int64
-			var inner string
-			if err := rows.Scan(&idx, &ms, &inner); err != nil {
+			row, err := scanIndexRow(rows, l.db)
+			if err != nil {
 				rows.Close()
-				return nil, fmt.Errorf("cannot read a row of %s.log_index: %w", l.db, err)
+				return nil, err
 			}
-			in, ok := parseHash(inner)
+			idx, ms, in, ok := row.idx, row.ms, row.inner, row.ok
 			if !ok {
 				rows.Close()
 				return nil, fmt.Errorf("%w: org %q's leaf %d in %s.log_index holds no valid digest", ErrLogDamaged, org, idx, l.db)

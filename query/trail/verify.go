@@ -597,19 +597,17 @@ func (v *verifier) scanIndex(ctx context.Context, org string, ol *orgLeaves) err
 	broken := false
 	for lo := uint64(0); lo < m && !broken; lo += windowRows {
 		hi := min(m, lo+windowRows)
-		rows, err := v.conn.Query(ctx, "SELECT idx, time_ms, inner FROM "+v.db+".log_index WHERE org_id = ? AND idx >= ? AND idx < ? ORDER BY idx", org, lo, hi)
+		rows, err := logDB{conn: v.conn, db: v.db}.indexRows(ctx, org, lo, hi)
 		if err != nil {
-			return fmt.Errorf("cannot read the index of org %q's log from %s.log_index: %w", org, v.db, err)
+			return err
 		}
 		for rows.Next() {
-			var idx uint64
-			var ms int64
-			var inner string
-			if err := rows.Scan(&idx, &ms, &inner); err != nil {
+			row, err := scanIndexRow(rows, v.db)
+			if err != nil {
 				rows.Close()
-				return fmt.Errorf("cannot read a row of %s.log_index: %w", v.db, err)
+				return err
 			}
-			in, ok := parseHash(inner)
+			idx, ms, in, ok := row.idx, row.ms, row.inner, row.ok
 			switch {
 			case broken:
 				continue
