@@ -154,16 +154,7 @@ func TestIntegrationBoard(t *testing.T) {
 	waiting := text(roomSel + ` li.attention .waiting`)
 	assert.True(t, strings.HasPrefix(waiting, "waiting "), "the request shows its age: %q", waiting)
 
-	png, err := chromedp.Run(bctx, chromedp.FullScreenshot(100))
-	require.NoError(t, err)
-	dir := os.Getenv("BANDPLANE_ARTIFACTS")
-	if dir == "" {
-		dir = t.TempDir()
-	}
-	require.NoError(t, os.MkdirAll(dir, 0o755))
-	shot := filepath.Join(dir, "board-"+tag+".png")
-	require.NoError(t, os.WriteFile(shot, png, 0o644))
-	t.Logf("screenshot of the board: %s", shot)
+	saveScreenshot(t, bctx, "board-"+tag, "the board")
 
 	title, err := chromedp.Run(bctx, chromedp.Title())
 	require.NoError(t, err)
@@ -172,4 +163,20 @@ func TestIntegrationBoard(t *testing.T) {
 	assert.Empty(t, problems, "the browser reported errors")
 	mu.Unlock()
 	srv.alive()
+}
+
+// saveScreenshot keeps a screenshot of the page as name.png in $BANDPLANE_ARTIFACTS (CI
+// keeps it), or in the test's temporary folder, and logs where.
+func saveScreenshot(t *testing.T, bctx context.Context, name, what string) {
+	t.Helper()
+	png, err := chromedp.Run(bctx, chromedp.FullScreenshot(100))
+	require.NoError(t, err)
+	dir := os.Getenv("BANDPLANE_ARTIFACTS")
+	if dir == "" {
+		dir = t.TempDir()
+	}
+	require.NoError(t, os.MkdirAll(dir, 0o755))
+	shot := filepath.Join(dir, name+".png")
+	require.NoError(t, os.WriteFile(shot, png, 0o644))
+	t.Logf("screenshot of %s: %s", what, shot)
 }

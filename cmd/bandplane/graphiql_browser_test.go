@@ -6,9 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -193,16 +191,7 @@ func TestIntegrationGraphiQLOffline(t *testing.T) {
 		chromedp.WaitNotPresent(chromedp.CSS(`.graphiql-dialog`)),
 	))
 
-	png, err := chromedp.Run(bctx, chromedp.FullScreenshot(100))
-	require.NoError(t, err)
-	dir := os.Getenv("BANDPLANE_ARTIFACTS")
-	if dir == "" {
-		dir = t.TempDir()
-	}
-	require.NoError(t, os.MkdirAll(dir, 0o755))
-	shot := filepath.Join(dir, "graphiql-"+tag+".png")
-	require.NoError(t, os.WriteFile(shot, png, 0o644))
-	t.Logf("screenshot of GraphiQL: %s", shot)
+	saveScreenshot(t, bctx, "graphiql-"+tag, "GraphiQL")
 
 	origin, err := url.Parse(srv.url)
 	require.NoError(t, err)
