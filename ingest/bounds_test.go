@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/bandplane/bandplane/ingest"
+	"github.com/bandplane/bandplane/schema/directory"
 	"github.com/bandplane/bandplane/schema/pricing"
 	"github.com/bandplane/bandplane/schema/store"
 )
@@ -41,7 +42,7 @@ func TestConsumerFlushesOnBytes(t *testing.T) {
 }
 
 func TestConsumerByteLimitsAreValidated(t *testing.T) {
-	base := ingest.Config{Reader: newFakeReader(), DeadLetters: &fakeDLQ{}, Storage: &fakeStorage{}, Directory: ingest.NewDirectory(),
+	base := ingest.Config{Reader: newFakeReader(), DeadLetters: &fakeDLQ{}, Storage: &fakeStorage{}, Directory: directory.New(),
 		Catalog: pricing.Default(), BatchSize: 10, BatchAge: time.Second}
 	for _, tc := range []struct {
 		name                string
@@ -141,7 +142,7 @@ func TestConsumerBoundsThePendingBytes(t *testing.T) {
 	r := &bigReader{}
 	st := &fakeStorage{}
 	cfg := ingest.Config{
-		Reader: r, DeadLetters: &fakeDLQ{}, Storage: slowStorage{st, 5 * time.Millisecond}, Directory: ingest.NewDirectory(),
+		Reader: r, DeadLetters: &fakeDLQ{}, Storage: slowStorage{st, 5 * time.Millisecond}, Directory: directory.New(),
 		Catalog: pricing.Default(), Topic: "events", Decoders: 2, BatchSize: 10_000, BatchAge: time.Hour,
 		BatchBytes: 4 * record, MaxPendingBytes: 12 * record, RetryMin: time.Millisecond, RetryMax: time.Millisecond,
 	}

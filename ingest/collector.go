@@ -34,7 +34,7 @@ type MessageProducer interface {
 
 // Registrations says which organization an agent or a person is registered in; the
 // collector reads it to keep an organization's key from writing as another
-// organization's party. *policy.Directory implements it.
+// organization's party. *directory.Directory implements it (its trail view).
 type Registrations interface {
 	OrgOf(id string) (org string, known bool)
 }

@@ -28,6 +28,7 @@ import (
 	kafkago "github.com/segmentio/kafka-go"
 
 	"github.com/bandplane/bandplane/schema"
+	"github.com/bandplane/bandplane/schema/directory"
 	"github.com/bandplane/bandplane/schema/kafka"
 	"github.com/bandplane/bandplane/schema/pricing"
 	"github.com/bandplane/bandplane/schema/store"
@@ -101,7 +102,7 @@ type Config struct {
 	Reader      MessageReader
 	DeadLetters MessageWriter // the dead-letter topic
 	Storage     Storage
-	Directory   *Directory
+	Directory   *directory.Directory
 	Catalog     pricing.Source // read per usage event: a new catalog version prices the next one
 	Topic       string         // the source topic, recorded with dead letters
 	// Notes, when set, gets the notes of every batch once it is stored and before its
@@ -1292,7 +1293,7 @@ const ingestedSkew = 10 * time.Minute
 
 // noDirectory knows no party: Enrich with it attributes an event as ingest does while
 // its party is not in the directory.
-var noDirectory = NewDirectory()
+var noDirectory = directory.New()
 
 // unknownPartyOwner is the owner ingest stores for the event of row e while its party
 // is unknown (Enrich, from the row's actor and subject): the owner of a replay that was

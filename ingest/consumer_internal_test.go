@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/bandplane/bandplane/schema"
+	"github.com/bandplane/bandplane/schema/directory"
 	"github.com/bandplane/bandplane/schema/pricing"
 	"github.com/bandplane/bandplane/schema/store"
 )
@@ -41,7 +42,7 @@ func (s rowsStorage) StoredEvents(_ context.Context, keys []store.EventKey) ([]s
 // party's) or past the end, and checkStored indexed out of range.
 func TestToRowsNotesNoRecheckForADeadLetteredUsageEvent(t *testing.T) {
 	at := time.Date(2026, 11, 2, 10, 0, 0, 0, time.UTC)
-	dir := NewDirectory()
+	dir := directory.New()
 	dir.Load([]store.DirectoryRow{{Kind: "agent", ID: "agent-7", OrgID: "org-9", OwnerID: "owner-1", Model: "gpt-5-mini", Version: 1}})
 	agent := schema.Party{ID: "agent-7", Type: schema.ActorAgent}
 	ev := func(id, typ string, actor schema.Party, org, data string) schema.Event {
@@ -91,7 +92,7 @@ func TestToRowsNotesNoRecheckForADeadLetteredUsageEvent(t *testing.T) {
 // not for one that is dead-lettered.
 func TestToRowsMarksNoPartyLateForADeadLetteredEvent(t *testing.T) {
 	at := time.Date(2026, 11, 2, 10, 0, 0, 0, time.UTC)
-	c, err := New(Config{Reader: nop{}, DeadLetters: nop{}, Storage: nop{}, Directory: NewDirectory(), Catalog: pricing.Default(),
+	c, err := New(Config{Reader: nop{}, DeadLetters: nop{}, Storage: nop{}, Directory: directory.New(), Catalog: pricing.Default(),
 		BatchSize: 10, BatchAge: time.Second})
 	require.NoError(t, err)
 	p := newPending(10)
@@ -176,7 +177,7 @@ func TestByteBudget(t *testing.T) {
 func TestParkedEventOfAnotherProcesssRegistrationIsAttributed(t *testing.T) {
 	at := time.Date(2026, 11, 2, 10, 0, 0, 0, time.UTC)
 	reloads := 0
-	c, err := New(Config{Reader: nop{}, DeadLetters: nop{}, Storage: nop{}, Directory: NewDirectory(), Catalog: pricing.Default(),
+	c, err := New(Config{Reader: nop{}, DeadLetters: nop{}, Storage: nop{}, Directory: directory.New(), Catalog: pricing.Default(),
 		BatchSize: 10, BatchAge: time.Second, ReloadDirectory: func(context.Context) ([]store.DirectoryRow, error) {
 			reloads++
 			return []store.DirectoryRow{{Kind: "agent", ID: "agent-elsewhere", OrgID: "org-1", OwnerID: "owner-1", Version: 1}}, nil

@@ -21,6 +21,7 @@ import (
 
 	"github.com/bandplane/bandplane/ingest"
 	"github.com/bandplane/bandplane/schema"
+	"github.com/bandplane/bandplane/schema/directory"
 	"github.com/bandplane/bandplane/schema/kafka"
 	"github.com/bandplane/bandplane/schema/pricing"
 	"github.com/bandplane/bandplane/schema/store"
@@ -197,7 +198,7 @@ func startConsumer(t *testing.T, batchSize int, age time.Duration, storage *fake
 func startWith(t *testing.T, storage ingest.Storage, mod func(*ingest.Config)) *harness {
 	h := &harness{reader: newFakeReader(), storage: storage, dlq: &fakeDLQ{}, metrics: ingest.NewMetrics(nil), done: make(chan struct{}), offset: map[int]int64{}}
 	cfg := ingest.Config{
-		Reader: h.reader, DeadLetters: h.dlq, Storage: storage, Directory: ingest.NewDirectory(), Catalog: pricing.Default(),
+		Reader: h.reader, DeadLetters: h.dlq, Storage: storage, Directory: directory.New(), Catalog: pricing.Default(),
 		Topic: "events", BatchSize: 100, BatchAge: time.Hour, RetryMin: time.Millisecond, RetryMax: 5 * time.Millisecond, Metrics: h.metrics,
 	}
 	mod(&cfg)
@@ -473,7 +474,7 @@ func checkShutdowns(t *testing.T, rng *rand.Rand, mod func(*ingest.Config)) {
 		r := &streamReader{committed: map[int]int64{}}
 		st := &fakeStorage{}
 		cfg := ingest.Config{
-			Reader: r, DeadLetters: &fakeDLQ{}, Storage: st, Directory: ingest.NewDirectory(), Catalog: pricing.Default(),
+			Reader: r, DeadLetters: &fakeDLQ{}, Storage: st, Directory: directory.New(), Catalog: pricing.Default(),
 			Topic: "events", Decoders: 4, BatchSize: 1 + rng.IntN(40), BatchAge: time.Millisecond,
 			RetryMin: time.Millisecond, RetryMax: time.Millisecond,
 		}

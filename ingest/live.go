@@ -10,6 +10,7 @@ import (
 	kafkago "github.com/segmentio/kafka-go"
 
 	"github.com/bandplane/bandplane/schema"
+	"github.com/bandplane/bandplane/schema/directory"
 	"github.com/bandplane/bandplane/schema/kafka"
 )
 
@@ -31,7 +32,7 @@ type Live struct {
 type LiveConfig struct {
 	Brokers   []string
 	Topic     string
-	Directory *Directory
+	Directory *directory.Directory
 	// Publish receives each event, its organization resolved when the directory can.
 	// It is called from one goroutine per partition and must not block for long.
 	Publish func(ev *schema.Event)
@@ -205,16 +206,4 @@ func (l *Live) handle(m kafkago.Message, replay bool) {
 		return
 	}
 	l.cfg.Publish(&ev)
-}
-
-// Handle names a party of org for live payloads: its handle and whether it is a
-// person. An id of another organization is unknown here.
-func (d *Directory) Handle(org, id string) (handle string, person, ok bool) {
-	if a, found := d.Agent(id); found && a.OrgID == org {
-		return a.Handle, false, true
-	}
-	if p, found := d.Person(id); found && p.OrgID == org {
-		return p.Handle, true, true
-	}
-	return "", false, false
 }

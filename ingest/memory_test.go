@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/bandplane/bandplane/schema"
+	"github.com/bandplane/bandplane/schema/directory"
 	"github.com/bandplane/bandplane/schema/pricing"
 	"github.com/bandplane/bandplane/schema/store"
 )
@@ -51,7 +52,7 @@ func TestExpiring(t *testing.T) {
 // price: each is remembered as late and as unpriced, and forgotten after its horizon.
 func TestConsumerMemoryStaysBoundedUnderChurn(t *testing.T) {
 	const agents, batch = 100_000, 1000
-	c, err := New(Config{Reader: nop{}, DeadLetters: nop{}, Storage: nop{}, Directory: NewDirectory(), Catalog: pricing.Default(),
+	c, err := New(Config{Reader: nop{}, DeadLetters: nop{}, Storage: nop{}, Directory: directory.New(), Catalog: pricing.Default(),
 		BatchSize: batch, BatchAge: time.Second, LateHorizon: time.Hour, UnpricedHorizon: 4 * time.Hour})
 	require.NoError(t, err)
 	clock := time.Date(2026, 11, 2, 0, 0, 0, 0, time.UTC)

@@ -9,6 +9,7 @@ import (
 
 	kafkago "github.com/segmentio/kafka-go"
 
+	"github.com/bandplane/bandplane/schema/directory"
 	"github.com/bandplane/bandplane/schema/kafka"
 	"github.com/bandplane/bandplane/schema/store"
 	"github.com/bandplane/bandplane/schema/tlog"
@@ -27,8 +28,10 @@ type PipelineConfig struct {
 	RollupInterval time.Duration
 	// Consumer is the consumer's configuration: its catalog, batching, retries,
 	// horizons, logger and metrics (the rollup uses the same catalog, logger and
-	// metrics). The pipeline sets what it wires itself: the reader, the dead-letter and
-	// notes writers, the storage, the directory and the state read at start.
+	// metrics). Its Directory is the process's directory, loaded from ClickHouse's
+	// snapshot, when it shares one (nil: the pipeline loads one of its own). The pipeline
+	// sets what it wires itself: the reader, the dead-letter and notes writers, the
+	// storage and the state read at start.
 	Consumer Config
 }
 
@@ -67,12 +70,15 @@ func NewPipeline(ctx context.Context, cfg PipelineConfig) (*Pipeline, error) {
 	}
 	cfg.Consumer = c
 	st := cfg.Store
-	dir := NewDirectory()
-	rows, err := st.LoadDirectory(ctx)
-	if err != nil {
-		return nil, err
+	dir := c.Directory
+	if dir == nil {
+		dir = directory.New()
+		rows, err := st.LoadDirectory(ctx)
+		if err != nil {
+			return nil, err
+		}
+		dir.Load(rows)
 	}
-	dir.Load(rows)
 	now := time.Now()
 	late, err := st.UnattributedParties(ctx, now.Add(-c.LateHorizon))
 	if err != nil {

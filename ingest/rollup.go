@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/bandplane/bandplane/schema/directory"
 	"github.com/bandplane/bandplane/schema/pricing"
 	"github.com/bandplane/bandplane/schema/store"
 )
@@ -18,7 +19,7 @@ import (
 // unpriced usage of agents whose registration arrived after their usage.
 type Rollup struct {
 	store    *store.Store
-	dir      *Directory
+	dir      *directory.Directory
 	catalog  pricing.Source
 	interval time.Duration
 	log      *slog.Logger
@@ -35,7 +36,7 @@ type Rollup struct {
 type AgentKey struct{ OrgID, AgentID string }
 
 // NewRollup returns a Rollup that reprices with the catalog cat gives at each tick.
-func NewRollup(st *store.Store, dir *Directory, cat pricing.Source, interval time.Duration, log *slog.Logger, m *Metrics) *Rollup {
+func NewRollup(st *store.Store, dir *directory.Directory, cat pricing.Source, interval time.Duration, log *slog.Logger, m *Metrics) *Rollup {
 	if interval <= 0 {
 		interval = 2 * time.Second
 	}
@@ -194,7 +195,7 @@ type RepriceResult struct {
 // the old ones, and rebuilds the rollup hours they fall in. Running it twice changes
 // nothing the second time. Ingest uses it for the usage of late registrations; reprice
 // jobs use RepriceRange, which never leaves an hour half rewritten.
-func Reprice(ctx context.Context, st *store.Store, dir *Directory, src pricing.Source, f store.UsageFilter) (RepriceResult, error) {
+func Reprice(ctx context.Context, st *store.Store, dir *directory.Directory, src pricing.Source, f store.UsageFilter) (RepriceResult, error) {
 	cat := src.Current()
 	res := RepriceResult{CatalogVersion: cat.Version()}
 	hours := map[store.HourKey]bool{}
@@ -264,7 +265,7 @@ func Reprice(ctx context.Context, st *store.Store, dir *Directory, src pricing.S
 // alike. A row priced by a newer catalog version than cat's (ingest priced it after a
 // later price change) is left as it is: a reprice never takes a row back to older
 // prices. Running it twice changes nothing the second time.
-func RepriceRange(ctx context.Context, st *store.Store, dir *Directory, cat *pricing.Catalog, org, agent string, from, to time.Time) (RepriceResult, error) {
+func RepriceRange(ctx context.Context, st *store.Store, dir *directory.Directory, cat *pricing.Catalog, org, agent string, from, to time.Time) (RepriceResult, error) {
 	res := RepriceResult{CatalogVersion: cat.Version()}
 	catNum, catNumbered := catalogNumber(cat.Version())
 	var hours []store.HourKey
@@ -345,7 +346,7 @@ func RepriceRange(ctx context.Context, st *store.Store, dir *Directory, cat *pri
 // and takes that entry's model (it keeps org "", part of its key, so that a replay
 // still collapses with it). A row of any other organization that names the same agent
 // id is that organization's, not the registered agent's: it keeps model unknown.
-func registeredModel(dir *Directory, r store.UsageRow) (string, bool) {
+func registeredModel(dir *directory.Directory, r store.UsageRow) (string, bool) {
 	if r.Model != Unknown && r.Model != "" {
 		return "", false
 	}

@@ -5,11 +5,12 @@ import (
 
 	"github.com/stretchr/testify/assert"
 
+	"github.com/bandplane/bandplane/schema/directory"
 	"github.com/bandplane/bandplane/schema/store"
 )
 
 func TestRegisteredModelIsTheAgentsOfTheRowsOrganization(t *testing.T) {
-	dir := NewDirectory()
+	dir := directory.New()
 	dir.Load([]store.DirectoryRow{
 		{Kind: "agent", ID: "a1", OrgID: "org-a", Model: "gpt-5-mini", Version: 1},
 		{Kind: "agent", ID: "a2", OrgID: "org-a", Version: 1}, // registered without a model

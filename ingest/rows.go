@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/bandplane/bandplane/schema"
+	"github.com/bandplane/bandplane/schema/directory"
 	"github.com/bandplane/bandplane/schema/pricing"
 	"github.com/bandplane/bandplane/schema/store"
 )
@@ -14,7 +15,7 @@ const Unknown = "unknown"
 
 // Enrich fills the organization from dir when the event has none, and returns the
 // accountable person: an agent's owner, or the person who acted.
-func Enrich(ev *schema.Event, dir *Directory) (owner string) {
+func Enrich(ev *schema.Event, dir *directory.Directory) (owner string) {
 	p := party(ev)
 	switch p.Type {
 	case schema.ActorAgent:
@@ -35,7 +36,7 @@ func Enrich(ev *schema.Event, dir *Directory) (owner string) {
 
 // UsageRow builds the priced usage fact of a usage.reported event. The model is the
 // event's, else the agent's registered one, else Unknown (then the row is unpriced).
-func UsageRow(ev *schema.Event, owner string, dir *Directory, cat *pricing.Catalog) (store.UsageRow, error) {
+func UsageRow(ev *schema.Event, owner string, dir *directory.Directory, cat *pricing.Catalog) (store.UsageRow, error) {
 	var u schema.UsageData
 	if err := schema.DecodeData(ev.Data, &u); err != nil {
 		return store.UsageRow{}, fmt.Errorf("cannot decode usage: %w", err)
@@ -96,7 +97,7 @@ func EventRow(ev *schema.Event, owner string, partition int32, offset int64) sto
 // Rows is what ingest stores for one event, without Kafka coordinates: directory events
 // update dir first, then the event is enriched and priced. The benchmark builds its raw
 // rows with it.
-func Rows(ev *schema.Event, dir *Directory, cat *pricing.Catalog) (store.EventRow, *store.UsageRow, error) {
+func Rows(ev *schema.Event, dir *directory.Directory, cat *pricing.Catalog) (store.EventRow, *store.UsageRow, error) {
 	if schema.IsDirectoryType(ev.Type) {
 		if _, err := dir.Apply(ev); err != nil {
 			return store.EventRow{}, nil, err

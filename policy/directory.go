@@ -103,7 +103,8 @@ func LoadDirectoryFile(path string) (Snapshot, error) {
 }
 
 // Directory is the replica of agents, people, contacts, pending requests and room
-// membership that the policies read. The Go maps are the source of truth; every
+// membership that the policies read. Its agents and people are projected from the
+// process's directory (schema/directory) by the policy replica. The Go maps are the source of truth; every
 // mutation patches the OPA store at the changed paths in one write transaction, so the
 // next decision sees it. Safe for concurrent decisions and mutations: mutations are
 // serialized, and a decision reads one consistent store snapshot.

@@ -19,6 +19,7 @@ import (
 	"github.com/bandplane/bandplane/policy/api"
 	"github.com/bandplane/bandplane/policy/replica"
 	"github.com/bandplane/bandplane/policy/shard"
+	"github.com/bandplane/bandplane/schema/directory"
 	"github.com/bandplane/bandplane/schema/kafka"
 	"github.com/bandplane/bandplane/schema/keys"
 	"github.com/bandplane/bandplane/schema/pricing"
@@ -132,7 +133,8 @@ type policyServer struct {
 
 // build returns the policy side of serve, or nil with --no-policy.
 func (p *policyFlags) build(ctx context.Context, log *slog.Logger, reg prometheus.Registerer, conn driver.Conn,
-	st stackFlags, cat pricing.Source, auditor *kafka.Producer, auth keys.Authenticator, trail replica.Trail) (*policyServer, error) {
+	st stackFlags, cat pricing.Source, auditor *kafka.Producer, auth keys.Authenticator, trail replica.Trail,
+	registrations *directory.Directory) (*policyServer, error) {
 	if p.disabled {
 		return nil, nil
 	}
@@ -172,7 +174,7 @@ func (p *policyFlags) build(ctx context.Context, log *slog.Logger, reg prometheu
 	if err != nil {
 		return nil, fmt.Errorf("cannot use --policy-dir %q: %w", p.dir, err)
 	}
-	r, err := replica.New(replica.Config{Directory: dir, Ledger: eng.Ledger(), Catalog: cat, Conn: conn,
+	r, err := replica.New(replica.Config{Directory: dir, Registrations: registrations, Ledger: eng.Ledger(), Catalog: cat, Conn: conn,
 		Database: st.ch.Database, Brokers: st.brokers(), Topic: st.topic, GroupID: p.group, Logger: log,
 		Limiter: eng.Limiter(), Owns: shards.Owns, RestoreWindow: window, Started: started, Trail: trail})
 	if err != nil {

@@ -17,6 +17,7 @@ import (
 	"github.com/bandplane/bandplane/query"
 	"github.com/bandplane/bandplane/query/trail"
 	"github.com/bandplane/bandplane/schema/chdb"
+	"github.com/bandplane/bandplane/schema/directory"
 	"github.com/bandplane/bandplane/schema/kafka"
 	"github.com/bandplane/bandplane/schema/keys"
 	"github.com/bandplane/bandplane/schema/store"
@@ -165,6 +166,9 @@ type serveDeps struct {
 	conn     driver.Conn // ingest's, policy's and sealing's
 	qconn    driver.Conn // the queries' pool, apart so that a heavy one never starves ingest
 	store    *store.Store
+	// dir is the process's one directory of agents and people: the pipeline, the live
+	// reader and the policy replica apply the registrations they read to it.
+	dir      *directory.Directory
 	querier  *query.Querier
 	metrics  *ingest.Metrics
 	producer *kafka.Producer // the collector's
@@ -219,6 +223,12 @@ func openDeps(ctx context.Context, log *slog.Logger, reg *prometheus.Registry, c
 	}
 	d.metrics = ingest.NewMetrics(reg)
 	d.store = store.New(d.conn, c.stack.ch.Database)
+	d.dir = directory.New()
+	snapshot, err := d.store.LoadDirectory(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("cannot load the directory: %w", err)
+	}
+	d.dir.Load(snapshot)
 	if d.producer, err = kafka.NewProducer(kafka.ProducerConfig{Brokers: d.brokers, Topic: c.stack.topic}); err != nil {
 		return nil, err
 	}

@@ -15,13 +15,14 @@ type ingestPart struct {
 	pipeline  *ingest.Pipeline // nil with --no-consumer
 }
 
-// newIngestPart builds the collector, which checks an organization's events against
-// the policy directory once it has loaded (pol nil: no policy), and the pipeline.
+// newIngestPart builds the collector and the pipeline. With policy, the collector
+// checks an organization's events against the trail's view of the process's directory
+// once the policy replica has replayed the trail into it (pol nil: no check).
 func newIngestPart(ctx context.Context, d *serveDeps, pol *policyPart) (*ingestPart, error) {
 	c := d.c
 	var registrations ingest.Registrations
 	if pol != nil {
-		registrations = pol.engine.Directory()
+		registrations = d.dir
 	}
 	collector, err := ingest.NewCollector(ingest.CollectorConfig{Producer: d.producer, Auth: d.keys,
 		Registrations: registrations, RegistrationsReady: pol.isReady,
@@ -37,7 +38,7 @@ func newIngestPart(ctx context.Context, d *serveDeps, pol *policyPart) (*ingestP
 	p.pipeline, err = ingest.NewPipeline(ctx, ingest.PipelineConfig{
 		Brokers: d.brokers, Topic: c.stack.topic, DLQTopic: c.stack.dlq(), StoredTopic: c.stack.storedTopic(), GroupID: c.group, Store: d.store,
 		RollupInterval: c.rollupEvery,
-		Consumer: ingest.Config{Catalog: d.prices.Live, BatchSize: c.batchSize, BatchBytes: c.batchBytes, MaxPendingBytes: c.pendingBytes,
+		Consumer: ingest.Config{Directory: d.dir, Catalog: d.prices.Live, BatchSize: c.batchSize, BatchBytes: c.batchBytes, MaxPendingBytes: c.pendingBytes,
 			BatchAge: c.batchAge, Logger: d.log, Metrics: d.metrics},
 	})
 	if err != nil {

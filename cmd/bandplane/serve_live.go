@@ -37,12 +37,9 @@ func newLivePart(ctx context.Context, d *serveDeps) (*livePart, error) {
 	if err != nil {
 		return nil, fmt.Errorf("cannot read the ingest group's offsets for the live reader: %w", err)
 	}
-	dir := ingest.NewDirectory()
-	snapshot, err := d.store.LoadDirectory(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("cannot load the directory for the live reader: %w", err)
-	}
-	dir.Load(snapshot)
+	// The process's directory: what the live reader reads ahead of the pipeline names
+	// the pipeline's events too.
+	dir := d.dir
 	hcfg := c.hub
 	hcfg.Handles, hcfg.Logger, hcfg.Currency = dir, d.log.With("component", "hub"), d.prices.Live.Current().Currency()
 	hub := graph.NewHub(hcfg)

@@ -30,7 +30,7 @@ func newPolicyPart(ctx context.Context, d *serveDeps) (*policyPart, error) {
 	if d.auditLog != nil {
 		sealed = replicaTrail{log: d.auditLog, topic: d.c.stack.topic, group: d.c.group, latest: d.latestCheckpoints}
 	}
-	ps, err := d.c.policy.build(ctx, d.log, d.reg, d.conn, d.c.stack, d.prices.Live, d.auditor, d.keys, sealed)
+	ps, err := d.c.policy.build(ctx, d.log, d.reg, d.conn, d.c.stack, d.prices.Live, d.auditor, d.keys, sealed, d.dir)
 	if err != nil || ps == nil {
 		return nil, err
 	}

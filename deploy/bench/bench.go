@@ -25,6 +25,7 @@ import (
 	"github.com/bandplane/bandplane/ingest"
 	"github.com/bandplane/bandplane/schema"
 	"github.com/bandplane/bandplane/schema/chdb"
+	"github.com/bandplane/bandplane/schema/directory"
 	"github.com/bandplane/bandplane/schema/kafka"
 	"github.com/bandplane/bandplane/schema/pricing"
 	"github.com/bandplane/bandplane/schema/store"
@@ -228,7 +229,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 func rowBatches(events []schema.Event, size int) ([]*store.Batch, int, error) {
 	var out []*store.Batch
 	cat := pricing.Default()
-	dir := ingest.NewDirectory()
+	dir := directory.New()
 	usage := 0
 	for i := 0; i < len(events); i += size {
 		b := &store.Batch{}

@@ -40,7 +40,7 @@ import (
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/bandplane/bandplane/ingest"
+	"github.com/bandplane/bandplane/schema/directory"
 	"github.com/bandplane/bandplane/schema/pricing"
 	"github.com/bandplane/bandplane/schema/store"
 )
@@ -364,8 +364,8 @@ func (s *Service) finalVersion() uint64 { return 1<<63 | s.nextVersion() }
 
 // directory loads the agents' registered models (a job prices usage of model
 // "unknown" with them, as ingest's reprice of late registrations does).
-func (s *Service) directory(ctx context.Context) (*ingest.Directory, error) {
-	dir := ingest.NewDirectory()
+func (s *Service) directory(ctx context.Context) (*directory.Directory, error) {
+	dir := directory.New()
 	rows, err := s.st.LoadDirectory(ctx)
 	if err != nil {
 		return nil, err

@@ -32,6 +32,7 @@ import (
 
 	"github.com/bandplane/bandplane/policy"
 	"github.com/bandplane/bandplane/schema"
+	"github.com/bandplane/bandplane/schema/directory"
 	"github.com/bandplane/bandplane/schema/kafka"
 	"github.com/bandplane/bandplane/schema/pricing"
 	"github.com/bandplane/bandplane/schema/store"
@@ -39,16 +40,22 @@ import (
 
 // Config configures a Replica.
 type Config struct {
+	// Directory is the policies' directory, which the replica keeps: relations,
+	// rooms, contacts and suspensions, and the agents and people Registrations holds.
 	Directory *policy.Directory
-	Ledger    *policy.Ledger
-	Catalog   pricing.Source
-	Conn      driver.Conn
-	Database  string
-	Brokers   []string
-	Topic     string
-	GroupID   string // one group per policy process: every replica needs every partition
-	Logger    *slog.Logger
-	Now       func() time.Time
+	// Registrations is the process's directory of agents and people (schema/directory),
+	// which the pipeline and the live reader apply registrations to as well; nil: one
+	// of the replica's own.
+	Registrations *directory.Directory
+	Ledger        *policy.Ledger
+	Catalog       pricing.Source
+	Conn          driver.Conn
+	Database      string
+	Brokers       []string
+	Topic         string
+	GroupID       string // one group per policy process: every replica needs every partition
+	Logger        *slog.Logger
+	Now           func() time.Time
 
 	// Limiter, when set, is rebuilt at start from the allowed send_message decisions
 	// of the trail (ClickHouse, then the topic up to its end at start) made in the last
@@ -146,6 +153,9 @@ func New(cfg Config) (*Replica, error) {
 	if cfg.Owns == nil {
 		cfg.Owns = func(string) bool { return true }
 	}
+	if cfg.Registrations == nil {
+		cfg.Registrations = directory.New()
+	}
 	return &Replica{cfg: cfg, log: cfg.Logger.With("component", "policy-replica"), requests: map[string][2]string{},
 		orphans: map[string][]usage{}, orphanOrgs: map[string]int{}}, nil
 }
@@ -155,25 +165,17 @@ func New(cfg Config) (*Replica, error) {
 func (r *Replica) Apply(ctx context.Context, ev *schema.Event) error {
 	d := r.cfg.Directory
 	switch ev.Type {
-	case schema.TypeUserRegistered:
-		var u schema.UserData
-		if err := unmarshal(ev, &u); err != nil {
+	case schema.TypeUserRegistered, schema.TypeAgentRegistered, schema.TypeAgentUpdated:
+		row, err := r.cfg.Registrations.Apply(ev)
+		if err != nil {
 			return err
 		}
-		return d.UpsertPerson(ctx, policy.Person{ID: subjectID(ev), Handle: policy.NormalizeHandle(first(u.Handle, subjectHandle(ev))), Org: ev.OrgID})
-	case schema.TypeAgentRegistered, schema.TypeAgentUpdated:
-		var a schema.AgentData
-		if err := unmarshal(ev, &a); err != nil {
+		if err := r.project(ctx, row.ID); err != nil {
 			return err
 		}
-		if err := d.UpsertAgent(ctx, policy.Agent{
-			ID: subjectID(ev), Handle: policy.NormalizeHandle(a.Handle), Owner: a.OwnerID, Org: ev.OrgID, Model: a.Model,
-			RegistryAccess: a.PersonalRegistryAccess, SharedWithOrg: a.SharedWithOrg, Global: a.Global,
-			Listed: a.Listed, Suspended: a.Suspended,
-		}); err != nil {
-			return err
+		if row.Kind == directory.KindAgent {
+			r.adopt(row.ID)
 		}
-		r.adopt(subjectID(ev))
 		return nil
 	case schema.TypeContactAdded:
 		if other := subjectID(ev); ev.Actor.ID != "" && other != "" {
@@ -438,18 +440,30 @@ func unmarshal(ev *schema.Event, v any) error {
 	return nil
 }
 
+// project puts the newest registration of an agent or a person the process's directory
+// holds into the policies' directory. Another reader of the process (the pipeline, the
+// live reader) may have applied a newer one already: the policies see it now rather
+// than when the replica reaches it.
+func (r *Replica) project(ctx context.Context, id string) error {
+	row, ok := r.cfg.Registrations.Registered(id)
+	if !ok {
+		return nil
+	}
+	if row.Kind == directory.KindUser {
+		return r.cfg.Directory.UpsertPerson(ctx, policy.Person{ID: row.ID, Handle: policy.NormalizeHandle(row.Handle), Org: row.OrgID})
+	}
+	return r.cfg.Directory.UpsertAgent(ctx, policy.Agent{
+		ID: row.ID, Handle: policy.NormalizeHandle(row.Handle), Owner: row.OwnerID, Org: row.OrgID, Model: row.Model,
+		RegistryAccess: row.PersonalRegistryAccess, SharedWithOrg: row.SharedWithOrg, Global: row.Global,
+		Listed: row.Listed, Suspended: row.Suspended,
+	})
+}
+
 func subjectID(ev *schema.Event) string {
 	if ev.Subject == nil {
 		return ""
 	}
 	return ev.Subject.ID
-}
-
-func subjectHandle(ev *schema.Event) string {
-	if ev.Subject == nil {
-		return ""
-	}
-	return ev.Subject.Handle
 }
 
 func first(vs ...string) string {

@@ -11,7 +11,9 @@ import (
 	"github.com/bandplane/bandplane/policy"
 	"github.com/bandplane/bandplane/policy/replica"
 	"github.com/bandplane/bandplane/schema"
+	"github.com/bandplane/bandplane/schema/directory"
 	"github.com/bandplane/bandplane/schema/pricing"
+	"github.com/bandplane/bandplane/schema/store"
 )
 
 // apply decodes each line as ingest would and applies it.
@@ -64,6 +66,37 @@ func TestApplyBuildsTheDirectoryFromEvents(t *testing.T) {
 	snap = dir.Snapshot()
 	assert.Equal(t, []string{"a-arch"}, snap.Rooms["room-1"])
 	assert.Empty(t, snap.Contacts)
+}
+
+// The process's directory is shared with the pipeline and the live reader, each at its
+// own position in the stream. The policies see the newest registration any of them
+// read, and an older one read after it changes nothing.
+func TestRegistrationsComeFromTheProcesssDirectory(t *testing.T) {
+	shared := directory.New()
+	dir := policy.NewDirectory()
+	r, err := replica.New(replica.Config{Directory: dir, Registrations: shared, Ledger: policy.NewLedger(0), Catalog: pricing.Default()})
+	require.NoError(t, err)
+	updated := `{"id":"a1u","type":"agent.updated","time":"2026-11-02T11:00:00Z","org_id":"acme","actor":{"id":"u-alice","type":"user"},"subject":{"id":"a-arch","type":"agent"},"source":"t","data":{"handle":"alice/architect","owner_id":"u-alice","model":"claude-opus-4","global":true,"personal_registry_access":true,"listed":true}}`
+	ev, err := schema.Decode([]byte(updated))
+	require.NoError(t, err)
+	_, err = shared.Apply(&ev) // the pipeline read the update first
+	require.NoError(t, err)
+
+	apply(t, r, alice, architect) // the replica reads the registration
+	a, ok := dir.Agent("a-arch")
+	require.True(t, ok)
+	assert.Equal(t, "claude-opus-4", a.Model)
+	assert.True(t, a.Global)
+	people := dir.Snapshot().People
+	require.Len(t, people, 1)
+	assert.Equal(t, "alice", people[0].Handle)
+
+	// A forged row of ClickHouse's directory table reaches enrichment only.
+	shared.Load([]store.DirectoryRow{{Kind: directory.KindAgent, ID: "a-arch", OrgID: "evil", Version: ^uint64(0)}})
+	apply(t, r, architect)
+	a, _ = dir.Agent("a-arch")
+	assert.Equal(t, "acme", a.Org)
+	assert.Equal(t, "claude-opus-4", a.Model)
 }
 
 func TestRejectedRequestIsCleared(t *testing.T) {

@@ -16,6 +16,7 @@ import (
 	"github.com/bandplane/bandplane/deploy/stacktest"
 	"github.com/bandplane/bandplane/ingest"
 	"github.com/bandplane/bandplane/schema"
+	"github.com/bandplane/bandplane/schema/directory"
 	"github.com/bandplane/bandplane/schema/kafka"
 	"github.com/bandplane/bandplane/schema/pricing"
 	"github.com/bandplane/bandplane/schema/store"
@@ -182,7 +183,7 @@ func TestIntegrationSealPipeline(t *testing.T) {
 		"input_per_mtok":"7.00","output_per_mtok":"30.00","cache_read_per_mtok":"0.70","cache_write_per_mtok":"8.00","effective":"2026-02-05"}]}`))
 	require.NoError(t, err)
 	st := store.New(conn, db)
-	dir := ingest.NewDirectory()
+	dir := directory.New()
 	dirRows, err := st.LoadDirectory(ctx)
 	require.NoError(t, err)
 	dir.Load(dirRows)

@@ -17,6 +17,7 @@ import (
 	"github.com/bandplane/bandplane/graph/wsclient"
 	"github.com/bandplane/bandplane/ingest"
 	"github.com/bandplane/bandplane/schema"
+	"github.com/bandplane/bandplane/schema/directory"
 	"github.com/bandplane/bandplane/schema/kafka"
 	"github.com/bandplane/bandplane/schema/store"
 )
@@ -46,7 +47,7 @@ type livePipeline struct {
 }
 
 func newLive(ctx context.Context, cfg *Config, conn driver.Conn, db string) (*livePipeline, error) {
-	dir := ingest.NewDirectory()
+	dir := directory.New()
 	snapshot, err := store.New(conn, db).LoadDirectory(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("cannot load the directory for the live reader: %w", err)

@@ -15,6 +15,7 @@ import (
 	"github.com/bandplane/bandplane/ingest"
 	"github.com/bandplane/bandplane/schema"
 	"github.com/bandplane/bandplane/schema/chdb"
+	"github.com/bandplane/bandplane/schema/directory"
 	"github.com/bandplane/bandplane/schema/pricing"
 	"github.com/bandplane/bandplane/schema/store"
 )
@@ -148,7 +149,7 @@ func generate(ctx context.Context, cfg *Config, n int) (*base, error) {
 	// are replaced below anyway).
 	sc.Start = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	cat := pricing.Default()
-	dir := ingest.NewDirectory()
+	dir := directory.New()
 	b := &base{events: make([]store.EventRow, 0, n), usage: make([]*store.UsageRow, 0, n), dir: make([]*store.DirectoryRow, 0, n)}
 	last := time.Now()
 	_, err := simulate.Run(ctx, sc, simulate.SinkFunc(func(ctx context.Context, lines [][]byte) error {

@@ -17,6 +17,7 @@ import (
 	"github.com/bandplane/bandplane/policy/api"
 	"github.com/bandplane/bandplane/policy/replica"
 	"github.com/bandplane/bandplane/schema"
+	"github.com/bandplane/bandplane/schema/directory"
 	"github.com/bandplane/bandplane/schema/kafka"
 	"github.com/bandplane/bandplane/schema/keys"
 	"github.com/bandplane/bandplane/schema/pricing"
@@ -108,7 +109,7 @@ func TestIntegrationCorpusPricesBudgetsReplica(t *testing.T) {
 	require.NotEmpty(t, jobs)
 
 	// Ingest's own reprice of the usage of an agent whose model it learns late.
-	res, err := ingest.Reprice(ctx, st, ingest.NewDirectory(), svc.Live(), store.UsageFilter{From: from, To: now.Add(time.Hour), UnpricedOnly: true})
+	res, err := ingest.Reprice(ctx, st, directory.New(), svc.Live(), store.UsageFilter{From: from, To: now.Add(time.Hour), UnpricedOnly: true})
 	require.NoError(t, err)
 	assert.NotZero(t, res.Scanned, "the unknown model's usage is scanned")
 
