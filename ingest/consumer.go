@@ -173,6 +173,10 @@ type Config struct {
 	// rollup worker uses it.
 	AfterFlush func(hours []store.HourKey, repriceAgents []AgentKey)
 
+	// Now is the consumer's clock (nil: time.Now): the write time it stamps on each
+	// insert attempt, and the horizons of what it remembers.
+	Now func() time.Time
+
 	Logger  *slog.Logger
 	Metrics *Metrics
 }
@@ -269,7 +273,10 @@ func New(cfg Config) (*Consumer, error) {
 	if cfg.Metrics == nil {
 		cfg.Metrics = NewMetrics(nil)
 	}
-	c := &Consumer{cfg: cfg, log: cfg.Logger.With("component", "ingest"), m: cfg.Metrics, now: time.Now,
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	c := &Consumer{cfg: cfg, log: cfg.Logger.With("component", "ingest"), m: cfg.Metrics, now: cfg.Now,
 		unpriced: newExpiring(cfg.UnpricedHorizon), late: newExpiring(cfg.LateHorizon)}
 	for id, at := range cfg.LateParties {
 		c.late.mark(id, at)
@@ -440,6 +447,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		select {
 		case flushes <- p:
 			p = newPending(c.cfg.BatchSize)
+			c.m.Batching.Set(0)
 		case <-stopping:
 		}
 	}
@@ -646,6 +654,7 @@ func (c *Consumer) add(p *pending, r record) {
 	m, ev, err := r.msg, r.ev, r.err
 	rec := int32(len(p.msgs))
 	p.msgs = append(p.msgs, m)
+	c.m.Batching.Set(float64(len(p.msgs)))
 	p.bytes += recordBytes(&m)
 	if prev, ok := p.last[m.Partition]; !ok || m.Offset > prev.Offset {
 		p.last[m.Partition] = m

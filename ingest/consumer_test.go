@@ -405,8 +405,8 @@ func TestConsumerGracefulStopFlushesAndCommits(t *testing.T) {
 	h := startConsumer(t, 1000, time.Hour, st)
 	h.send(0, eventLine("e1", "message.created", "u1", "user", "org-1", `{"content":"hi"}`))
 	h.send(0, eventLine("e2", "message.created", "u1", "user", "org-1", `{"content":"hi"}`))
-	require.Eventually(t, func() bool { return len(h.reader.msgs) == 0 }, time.Second, time.Millisecond)
-	time.Sleep(20 * time.Millisecond) // let the consumer take them into its batch
+	require.Eventually(t, func() bool { return gaugeValue(t, h.metrics.Batching) == 2 }, 5*time.Second, time.Millisecond,
+		"the consumer takes both into its batch")
 	h.stop()
 	assert.Equal(t, int64(2), h.reader.commit(0))
 	assert.Len(t, st.events(), 2)
@@ -484,6 +484,15 @@ func checkShutdowns(t *testing.T, rng *rand.Rand, mod func(*ingest.Config)) {
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan struct{})
 		go func() { defer close(done); _ = c.Run(ctx) }()
+		if run%2 == 0 {
+			// Half the runs stop after a commit, so that what is checked below is
+			// never vacuous; the others stop at any point, the start included.
+			require.Eventually(t, func() bool {
+				r.mu.Lock()
+				defer r.mu.Unlock()
+				return len(r.committed) > 0
+			}, time.Minute, 100*time.Microsecond)
+		}
 		time.Sleep(time.Duration(rng.IntN(5000)) * time.Microsecond)
 		cancel()
 		<-done
@@ -506,21 +515,22 @@ func checkShutdowns(t *testing.T, rng *rand.Rand, mod func(*ingest.Config)) {
 			}
 		}
 	}
-	// Idle, nearly every run commits; on a machine busy with other tests (make test runs
-	// packages in parallel) half as many or fewer do, which still proves the point.
 	t.Logf("%d partitions committed something in %d runs", committedRuns, runs)
-	assert.Greater(t, committedRuns, runs/4, "many runs should have committed something, or the test proves nothing")
+	assert.GreaterOrEqual(t, committedRuns, runs/2, "every other run commits before it stops")
 }
 
 func TestConsumerSetsIngestedAtWhenTheInsertIsAttempted(t *testing.T) {
 	var mu sync.Mutex
+	clock := time.Date(2026, 11, 2, 10, 0, 0, 0, time.UTC)
+	now := func() time.Time { mu.Lock(); defer mu.Unlock(); return clock }
 	var attempts []time.Time
 	refusals := 3
 	st := &fakeStorage{}
 	st.refuse = func(b *store.Batch) error {
 		mu.Lock()
 		defer mu.Unlock()
-		attempts = append(attempts, time.Now())
+		attempts = append(attempts, clock)
+		clock = clock.Add(time.Minute) // each retry is a minute later
 		if refusals > 0 {
 			refusals--
 			return &clickhouse.Exception{Code: 210, Message: "Connection reset by peer"} // transient
@@ -528,9 +538,8 @@ func TestConsumerSetsIngestedAtWhenTheInsertIsAttempted(t *testing.T) {
 		return nil
 	}
 	h := startWith(t, st, func(c *ingest.Config) {
-		c.BatchSize, c.RetryMin, c.RetryMax = 1, 40*time.Millisecond, 40*time.Millisecond
+		c.BatchSize, c.RetryMin, c.RetryMax, c.Now = 1, time.Millisecond, time.Millisecond, now
 	})
-	built := time.Now()
 	h.send(0, eventLine("e1", "message.created", "u1", "user", "org-1", `{"content":"hi"}`))
 	require.Eventually(t, func() bool { return h.reader.commit(0) == 1 }, 5*time.Second, time.Millisecond)
 	ev := st.events()
@@ -538,8 +547,7 @@ func TestConsumerSetsIngestedAtWhenTheInsertIsAttempted(t *testing.T) {
 	mu.Lock()
 	defer mu.Unlock()
 	require.Len(t, attempts, 4)
-	assert.False(t, ev[0].IngestedAt.Before(attempts[3].Add(-5*time.Millisecond)), "ingested_at %s is the last attempt's (%s)", ev[0].IngestedAt, attempts[3])
-	assert.Greater(t, ev[0].IngestedAt.Sub(built), 100*time.Millisecond, "three retries of 40 ms passed since the row was built")
+	assert.Equal(t, attempts[3], ev[0].IngestedAt, "ingested_at is the last attempt's, three retries after the first")
 }
 
 // refuseRoom refuses, for good, every batch holding an event of room "poison-room", as
@@ -682,20 +690,27 @@ func TestConsumerDeadLetterRefusedByClickHouse(t *testing.T) {
 // record ClickHouse refused are told apart exactly as if they were flushed one after
 // the other.
 func TestConsumerChecksABatchWhileTheOneBeforeIsWritten(t *testing.T) {
-	// slowFirst makes the first insert of the batch holding id take 200 ms, with the
-	// storage unlocked meanwhile (a lookup then does not see it yet), and refuses for
-	// good any batch holding an event whose data is {"content":"refused"}. It returns
-	// whether the second batch's lookup started before the first write had ended.
-	slowFirst := func(st *fakeStorage, id string) func() bool {
+	// slowFirst holds the first insert of the batch holding id, with the storage
+	// unlocked meanwhile (a lookup then does not see it yet), until the second batch's
+	// lookup starts or hold passes, and refuses for good any batch holding an event
+	// whose data is {"content":"refused"}. It returns whether the second batch's lookup
+	// started while the first write was held. A lookup that may start during the write
+	// is waited for (hold is long, and ends when it starts); one that must not is given
+	// hold to show itself.
+	slowFirst := func(st *fakeStorage, id string, hold time.Duration) func() bool {
 		var mu sync.Mutex
-		var firstDone time.Time
-		var lookups []time.Time
-		slept := false
+		lookups := 0
+		second := make(chan struct{})
+		held, during := false, false
 		st.refuse = func(b *store.Batch) error {
-			if len(b.Events) > 0 && b.Events[0].ID == id && !slept {
-				slept = true
+			if len(b.Events) > 0 && b.Events[0].ID == id && !held {
+				held = true
 				st.mu.Unlock()
-				time.Sleep(200 * time.Millisecond)
+				select {
+				case <-second:
+					during = true
+				case <-time.After(hold):
+				}
 				st.mu.Lock()
 			}
 			for _, e := range b.Events {
@@ -703,24 +718,20 @@ func TestConsumerChecksABatchWhileTheOneBeforeIsWritten(t *testing.T) {
 					return &clickhouse.Exception{Code: 6, Message: "Cannot parse"}
 				}
 			}
-			mu.Lock()
-			if firstDone.IsZero() {
-				firstDone = time.Now()
-			}
-			mu.Unlock()
 			return nil
 		}
 		st.refuseLookup = func([]store.EventKey) error {
 			mu.Lock()
-			lookups = append(lookups, time.Now())
-			mu.Unlock()
+			defer mu.Unlock()
+			if lookups++; lookups == 2 {
+				close(second)
+			}
 			return nil
 		}
 		return func() bool {
-			mu.Lock()
-			defer mu.Unlock()
-			require.GreaterOrEqual(t, len(lookups), 2)
-			return lookups[1].Before(firstDone)
+			st.mu.Lock()
+			defer st.mu.Unlock()
+			return during
 		}
 	}
 	stored := func(st *fakeStorage) []string {
@@ -733,7 +744,7 @@ func TestConsumerChecksABatchWhileTheOneBeforeIsWritten(t *testing.T) {
 
 	t.Run("without a shared key the lookup runs during the write", func(t *testing.T) {
 		st := &fakeStorage{}
-		during := slowFirst(st, "a1")
+		during := slowFirst(st, "a1", time.Minute)
 		h := startWith(t, st, func(c *ingest.Config) { c.BatchSize = 2 })
 		for _, id := range []string{"a1", "b1", "a2", "b2"} {
 			h.send(0, eventLine(id, "message.created", "u1", "user", "org-1", `{}`))
@@ -745,7 +756,7 @@ func TestConsumerChecksABatchWhileTheOneBeforeIsWritten(t *testing.T) {
 
 	t.Run("a replay and a reused id of the batch being written", func(t *testing.T) {
 		st := &fakeStorage{}
-		during := slowFirst(st, "a1")
+		during := slowFirst(st, "a1", 200*time.Millisecond)
 		h := startWith(t, st, func(c *ingest.Config) { c.BatchSize = 2 })
 		first := eventLine("a1", "message.created", "u1", "user", "org-1", `{"content":"first"}`)
 		h.send(0, first)
@@ -764,7 +775,7 @@ func TestConsumerChecksABatchWhileTheOneBeforeIsWritten(t *testing.T) {
 
 	t.Run("the twin of a record ClickHouse refused is stored", func(t *testing.T) {
 		st := &fakeStorage{}
-		during := slowFirst(st, "a1")
+		during := slowFirst(st, "a1", 200*time.Millisecond)
 		h := startWith(t, st, func(c *ingest.Config) { c.BatchSize = 2 })
 		h.send(0, eventLine("a1", "message.created", "u1", "user", "org-1", `{"content":"refused"}`))
 		h.send(0, eventLine("b1", "message.created", "u1", "user", "org-1", `{}`))
@@ -899,6 +910,13 @@ func counterValue(t *testing.T, c prometheus.Metric) float64 {
 	var m dto.Metric
 	require.NoError(t, c.Write(&m))
 	return m.GetCounter().GetValue()
+}
+
+func gaugeValue(t *testing.T, g prometheus.Metric) float64 {
+	t.Helper()
+	var m dto.Metric
+	require.NoError(t, g.Write(&m))
+	return m.GetGauge().GetValue()
 }
 
 func mustUsage(t *testing.T, data string) (u schema.UsageData) {

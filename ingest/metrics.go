@@ -30,6 +30,7 @@ type Metrics struct {
 	Dropped              prometheus.Counter
 	Forgotten            *prometheus.CounterVec // set: late | unpriced
 	Remembered           *prometheus.GaugeVec   // set: late | unpriced
+	Batching             prometheus.Gauge
 }
 
 // NewMetrics creates and registers the metrics; reg may be nil (tests).
@@ -83,12 +84,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Entries of the consumer's memory dropped after their horizon, by set (late: parties with unattributed events; unpriced: agents with unpriced usage)."}, []string{"set"}),
 		Remembered: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "bandplane_ingest_remembered",
 			Help: "Entries in the consumer's memory, by set (late, unpriced), as of its last sweep."}, []string{"set"}),
+		Batching: prometheus.NewGauge(prometheus.GaugeOpts{Name: "bandplane_ingest_batching_records",
+			Help: "Records in the batch being built, not yet handed to the writer (a graceful stop flushes them)."}),
 	}
 	if reg != nil {
 		reg.MustRegister(m.Records, m.DeadLetters, m.Batches, m.BatchRows, m.FlushSeconds, m.StoreErrors, m.DLQErrors, m.NoteErrors,
 			m.FetchErrors, m.CommitErrors, m.Unpriced, m.Unattributed, m.Lag, m.RollupErrors, m.Repriced,
 			m.CollectorLines, m.CollectorErrors, m.InsertRejections, m.IDReused, m.LookupErrors, m.DeadLettersTruncated, m.Dropped,
-			m.Forgotten, m.Remembered)
+			m.Forgotten, m.Remembered, m.Batching)
 	}
 	return m
 }
