@@ -4,6 +4,10 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/99designs/gqlgen/graphql"
+	"github.com/vektah/gqlparser/v2/ast"
+	"github.com/vektah/gqlparser/v2/gqlerror"
+
 	"github.com/bandplane/bandplane/schema"
 	"github.com/bandplane/bandplane/schema/keys"
 )
@@ -76,4 +80,54 @@ func (r *Resolver) authorizeKey(ctx context.Context, orgID *string, roles []keys
 	}
 	k, _, err := r.authorize(ctx, orgID, roles)
 	return k, err
+}
+
+// keyedIntrospection answers introspection (__schema, __type) to a request with a valid
+// API key only, like every other field: the schema tells an attacker what to ask for.
+// __typename stays open: clients add it to every selection.
+type keyedIntrospection struct{ auth keys.Authenticator }
+
+func (keyedIntrospection) ExtensionName() string                   { return "KeyedIntrospection" }
+func (keyedIntrospection) Validate(graphql.ExecutableSchema) error { return nil }
+
+func (k keyedIntrospection) MutateOperationContext(ctx context.Context, oc *graphql.OperationContext) *gqlerror.Error {
+	token := keys.TokenFrom(ctx)
+	if token != "" {
+		if _, ok := k.auth.Lookup(ctx, token); ok {
+			oc.DisableIntrospection = false
+			return nil
+		}
+	}
+	oc.DisableIntrospection = true
+	if oc.Operation != nil && introspects(oc.Operation.SelectionSet, oc.Doc, map[string]bool{}) {
+		return &gqlerror.Error{Message: "introspection needs an API key: send Authorization: Bearer <key>",
+			Extensions: map[string]any{"code": "UNAUTHENTICATED"}}
+	}
+	return nil
+}
+
+// introspects says whether a selection set asks for __schema or __type, through
+// fragments too (each named fragment is looked at once).
+func introspects(set ast.SelectionSet, doc *ast.QueryDocument, seen map[string]bool) bool {
+	for _, sel := range set {
+		switch s := sel.(type) {
+		case *ast.Field:
+			if s.Name == "__schema" || s.Name == "__type" || introspects(s.SelectionSet, doc, seen) {
+				return true
+			}
+		case *ast.InlineFragment:
+			if introspects(s.SelectionSet, doc, seen) {
+				return true
+			}
+		case *ast.FragmentSpread:
+			if seen[s.Name] || doc == nil {
+				continue
+			}
+			seen[s.Name] = true
+			if f := doc.Fragments.ForName(s.Name); f != nil && introspects(f.SelectionSet, doc, seen) {
+				return true
+			}
+		}
+	}
+	return false
 }

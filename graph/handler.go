@@ -40,9 +40,15 @@ type Limits struct {
 	// (limit), a costs field once per row it may return (query.DefaultCostLimit);
 	// aliases add up.
 	MaxComplexity int
-	// MaxWebSockets bounds the open WebSocket connections (default 256); an upgrade
-	// over it is answered 503.
+	// MaxWebSockets bounds the authenticated WebSocket connections (default 256); a
+	// connection over it is closed at init (code 4503).
 	MaxWebSockets int
+	// MaxPendingWebSockets bounds the WebSocket upgrades waiting for their
+	// connection_init (default 1024), and MaxPendingWebSocketsPerAddress those of one
+	// remote address (an IPv4 address or an IPv6 /64; default 16); an upgrade over
+	// either is answered 503. A pending upgrade holds no slot of MaxWebSockets.
+	MaxPendingWebSockets           int
+	MaxPendingWebSocketsPerAddress int
 	// InitTimeout is how long a WebSocket may take to send its init message (default
 	// 10 s).
 	InitTimeout time.Duration
@@ -77,6 +83,12 @@ func (l *Limits) defaults() {
 	if l.MaxWebSockets <= 0 {
 		l.MaxWebSockets = 256
 	}
+	if l.MaxPendingWebSockets <= 0 {
+		l.MaxPendingWebSockets = 1024
+	}
+	if l.MaxPendingWebSocketsPerAddress <= 0 {
+		l.MaxPendingWebSocketsPerAddress = 16
+	}
 	if l.InitTimeout <= 0 {
 		l.InitTimeout = 10 * time.Second
 	}
@@ -107,34 +119,6 @@ type config struct {
 	operator Operator
 	currency string
 	prices   Prices
-}
-
-// keyCounter counts the WebSocket connections of each key.
-type keyCounter struct {
-	mu  sync.Mutex
-	max int
-	n   map[string]int
-}
-
-// take counts one more connection of key, if it may have one, and returns the func
-// (safe to call more than once) that counts it out.
-func (c *keyCounter) take(key string) (func(), bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.n[key] >= c.max {
-		return nil, false
-	}
-	c.n[key]++
-	var once sync.Once
-	return func() {
-		once.Do(func() {
-			c.mu.Lock()
-			defer c.mu.Unlock()
-			if c.n[key]--; c.n[key] <= 0 {
-				delete(c.n, key)
-			}
-		})
-	}, true
 }
 
 type releaseKey struct{}
@@ -229,7 +213,8 @@ func NewHandler(q Querier, auth keys.Authenticator, opts ...Option) http.Handler
 	}
 	es := generated.NewExecutableSchema(gc)
 	srv := handler.New(es)
-	perKey := &keyCounter{max: cfg.limits.MaxWebSocketsPerKey, n: map[string]int{}}
+	slots := newCounter(cfg.limits.MaxWebSocketsPerKey, cfg.limits.MaxWebSockets)
+	pending := newCounter(cfg.limits.MaxPendingWebSocketsPerAddress, cfg.limits.MaxPendingWebSockets)
 	// handler.New registers no transport; the WebSocket one is built on coder/websocket.
 	srv.AddTransport(transport.Websocket{
 		Implementation: transport.CoderWebsocketImplementation{
@@ -238,6 +223,7 @@ func NewHandler(q Querier, auth keys.Authenticator, opts ...Option) http.Handler
 		KeepAlivePingInterval: 10 * time.Second,
 		InitTimeout:           cfg.limits.InitTimeout,
 		InitFunc: func(ctx context.Context, p transport.InitPayload) (context.Context, *transport.InitPayload, error) {
+			initArrived(ctx)
 			token, err := keys.ParseBearer(p.Authorization())
 			if err != nil {
 				return ctx, nil, err
@@ -253,12 +239,13 @@ func NewHandler(q Querier, auth keys.Authenticator, opts ...Option) http.Handler
 				const msg = "unauthenticated: send a valid API key as the init payload's Authorization"
 				return transport.WithWebsocketCloseCode(transport.AppendCloseReason(ctx, msg), 4401), nil, errors.New(msg)
 			}
-			release, ok := perKey.take(k.ID)
-			if !ok {
-				msg := fmt.Sprintf("too many WebSocket connections for this key (%d, --graphql-max-websockets-per-key)", perKey.max)
-				return transport.WithWebsocketCloseCode(transport.AppendCloseReason(ctx, msg), 4429), nil, errors.New(msg)
+			release, code, msg := admitInit(k.ID, slots, cfg.limits)
+			if release == nil {
+				return transport.WithWebsocketCloseCode(transport.AppendCloseReason(ctx, msg), code), nil, errors.New(msg)
 			}
-			return context.WithValue(keys.WithToken(ctx, token), releaseKey{}, release), &p, nil
+			// The acknowledgement carries no payload: echoing the init payload would
+			// send the token back.
+			return context.WithValue(keys.WithToken(ctx, token), releaseKey{}, release), nil, nil
 		},
 		CloseFunc: func(ctx context.Context, _ int) {
 			if release, ok := ctx.Value(releaseKey{}).(func()); ok {
@@ -272,10 +259,10 @@ func NewHandler(q Querier, auth keys.Authenticator, opts ...Option) http.Handler
 	srv.SetQueryCache(lru.New[*ast.QueryDocument](1000))
 	srv.SetParserTokenLimit(cfg.limits.MaxTokens)
 	srv.Use(extension.FixedComplexityLimit(cfg.limits.MaxComplexity))
-	srv.Use(extension.Introspection{})
+	srv.Use(keyedIntrospection{auth: auth})
 	srv.Use(extension.AutomaticPersistedQuery{Cache: lru.New[string](100)})
 	srv.AroundOperations(operationDeadline(cfg.limits))
-	api := keys.Token(limit(srv, cfg.limits))
+	api := keys.Token(limit(srv, pending, cfg.limits))
 	ui := graphiql.New()
 	page, assets := AllowHosts(cfg.hosts, ui.Page()), AllowHosts(cfg.hosts, ui.Assets())
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -389,27 +376,17 @@ func usesDefer(set ast.SelectionSet, seen map[string]bool, doc *ast.QueryDocumen
 	return false
 }
 
-// limit applies the body limit to POST requests and the connection cap to WebSocket
-// upgrades, whose connections it frees of the server's read and write deadlines (a
-// hijacked connection keeps them, which would end every subscription after
-// --write-timeout).
-func limit(next http.Handler, l Limits) http.Handler {
-	sockets := make(chan struct{}, l.MaxWebSockets)
+// limit applies the body limit to POST requests and WebSocket admission to upgrades
+// (admitUpgrade).
+func limit(next http.Handler, pending *counter, l Limits) http.Handler {
+	upgrades := admitUpgrade(next, pending, l)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if strings.EqualFold(r.Header.Get("Upgrade"), "websocket") {
-			select {
-			case sockets <- struct{}{}:
-				defer func() { <-sockets }()
-			default:
-				w.Header().Set("Retry-After", "5")
-				keys.WriteError(w, http.StatusServiceUnavailable, "unavailable",
-					fmt.Sprintf("too many open WebSocket connections (%d, --graphql-max-websockets)", l.MaxWebSockets))
+		if upgrade, ws := upgradeTokens(r.Header); upgrade {
+			if !ws {
+				keys.WriteError(w, http.StatusBadRequest, "bad_request", "the Upgrade header names no websocket: /graphql upgrades to WebSocket only")
 				return
 			}
-			rc := http.NewResponseController(w)
-			_ = rc.SetReadDeadline(time.Time{})
-			_ = rc.SetWriteDeadline(time.Time{})
-			next.ServeHTTP(w, r)
+			upgrades.ServeHTTP(w, r)
 			return
 		}
 		if r.Method == http.MethodPost {

@@ -31,8 +31,9 @@ import (
 // and every other address goes to a proxy that is not there), so a script or style
 // still loaded from a CDN fails the page. It runs a query without a key and sees
 // UNAUTHENTICATED, types a viewer key into the Headers tab, runs the query again and
-// sees the organization's agent; no request leaves the server's origin and the browser
-// reports no script error or CSP violation.
+// sees the organization's agent, and finds the key in none of the browser's storage;
+// no request leaves the server's origin and the browser reports no script error or CSP
+// violation.
 func TestIntegrationGraphiQLOffline(t *testing.T) {
 	s := newStack(t)
 	chromium, err := exec.LookPath("chromium")
@@ -176,6 +177,13 @@ func TestIntegrationGraphiQLOffline(t *testing.T) {
 	}
 	require.NoError(t, json.Unmarshal([]byte(answer), &got), answer)
 	assert.Contains(t, got.Data.Agents, struct{ Handle string }{handle})
+
+	// The key typed into the Headers tab is in none of the browser's storage.
+	stored, err := chromedp.Run(bctx, chromedp.Evaluate[string](
+		`JSON.stringify([Object.entries(localStorage), Object.entries(sessionStorage), document.cookie])`))
+	require.NoError(t, err)
+	assert.NotContains(t, stored, viewer, "the API key is kept out of the browser's storage")
+	assert.NotContains(t, stored, "Authorization")
 
 	// A dialog writes a <style> element when it opens (its scroll lock): the response's
 	// nonce must admit it, or the browser reports a CSP violation.

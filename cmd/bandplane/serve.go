@@ -88,7 +88,9 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	fs.Int64Var(&c.graphql.MaxBodyBytes, "graphql-max-body", 1<<20, "largest /graphql POST body in bytes (larger: 413)")
 	fs.IntVar(&c.graphql.MaxTokens, "graphql-max-tokens", 10_000, "most tokens the GraphQL parser reads of one query")
 	fs.IntVar(&c.graphql.MaxComplexity, "graphql-max-complexity", 50_000, "most one GraphQL operation may ask for: a field counts once, an auditEvents page once per event of its limit (aliases add up)")
-	fs.IntVar(&c.graphql.MaxWebSockets, "graphql-max-websockets", 256, "most open GraphQL WebSocket connections (more: 503)")
+	fs.IntVar(&c.graphql.MaxWebSockets, "graphql-max-websockets", 256, "most authenticated GraphQL WebSocket connections (more: closed at init, code 4503)")
+	fs.IntVar(&c.graphql.MaxPendingWebSockets, "graphql-max-pending-websockets", 1024, "most GraphQL WebSocket upgrades waiting for their connection_init (more: 503); they hold no slot of --graphql-max-websockets")
+	fs.IntVar(&c.graphql.MaxPendingWebSocketsPerAddress, "graphql-max-pending-websockets-per-address", 16, "most GraphQL WebSocket upgrades of one remote address (IPv4, or IPv6 /64) waiting for their connection_init (more: 503)")
 	fs.IntVar(&c.graphql.MaxWebSocketsPerKey, "graphql-max-websockets-per-key", 32, "most open GraphQL WebSocket connections of one API key (more: refused at init)")
 	fs.DurationVar(&c.graphql.InitTimeout, "graphql-init-timeout", 10*time.Second, "how long a GraphQL WebSocket may take to send its init message")
 	fs.DurationVar(&c.graphql.QueryTimeout, "graphql-query-timeout", 10*time.Second, "longest one GraphQL query may run (ClickHouse stops it too; longer: code TIMEOUT)")
@@ -144,6 +146,9 @@ func (c *serveConfig) validateGraphQL() error {
 		{"--graphql-max-concurrent-per-key", c.graphql.MaxConcurrentPerKey > 0},
 		{"--graphql-max-aliases", c.graphql.MaxAliases > 0},
 		{"--graphql-max-websockets-per-key", c.graphql.MaxWebSocketsPerKey > 0},
+		{"--graphql-max-websockets", c.graphql.MaxWebSockets > 0},
+		{"--graphql-max-pending-websockets", c.graphql.MaxPendingWebSockets > 0},
+		{"--graphql-max-pending-websockets-per-address", c.graphql.MaxPendingWebSocketsPerAddress > 0},
 		{"--graphql-clickhouse-conns", c.queryConns > 0},
 		{"--stuck-after", c.hub.StuckAfter > 0},
 		{"--graphql-subscriber-buffer", c.hub.Buffer > 0},

@@ -19,9 +19,10 @@ window.__webpack_nonce__ = document.currentScript.nonce;
     React.createElement(GraphiQL, {
       fetcher: fetcher,
       isHeadersEditorEnabled: true,
-      // A person pastes the key once per browser: the headers stay in this origin's
-      // localStorage (emptying the Headers tab forgets the key).
-      shouldPersistHeaders: true,
+      // The headers hold the API key: they are never written to the browser's
+      // storage, where any script of this origin, or the next user of the browser,
+      // would read it. A person pastes the key once per page.
+      shouldPersistHeaders: false,
       plugins: [],
       inputValueDeprecation: true,
     }),
