@@ -26,6 +26,7 @@ import (
 	"github.com/bandplane/bandplane/graph/model"
 	"github.com/bandplane/bandplane/query"
 	"github.com/bandplane/bandplane/schema/keys"
+	"github.com/bandplane/bandplane/schema/share"
 )
 
 // Limits bound what one client can make the API do. Zero fields take the defaults.
@@ -60,10 +61,17 @@ type Limits struct {
 	// 4), counted per field (aliases and parallel fields each take one); a field over it
 	// answers code TOO_MANY_REQUESTS at once, without waiting.
 	MaxConcurrentPerKey int
+	// MaxConcurrentPerOrg bounds those of one organization's keys together (default
+	// 16), and MaxConcurrent those of the whole server (default 64), of which tenants
+	// hold at most three quarters: the platform's keys keep the rest.
+	MaxConcurrentPerOrg int
+	MaxConcurrent       int
 	// MaxWebSocketsPerKey bounds the WebSocket connections one API key holds open
-	// (default 32), so that one key cannot take every connection of MaxWebSockets; a
-	// connection over it is refused at init.
+	// (default 32), and MaxWebSocketsPerOrg those of one organization's keys (default
+	// 128), so that no key or tenant takes every connection of MaxWebSockets; a
+	// connection over either is refused at init (code 4429).
 	MaxWebSocketsPerKey int
+	MaxWebSocketsPerOrg int
 	// MaxAliases bounds the aliased fields of one operation (default 100), counted
 	// through fragments as often as they are spread; more is refused before anything
 	// runs (code BAD_USER_INPUT).
@@ -98,11 +106,20 @@ func (l *Limits) defaults() {
 	if l.MaxConcurrentPerKey <= 0 {
 		l.MaxConcurrentPerKey = 4
 	}
+	if l.MaxConcurrentPerOrg <= 0 {
+		l.MaxConcurrentPerOrg = 16
+	}
+	if l.MaxConcurrent <= 0 {
+		l.MaxConcurrent = 64
+	}
 	if l.MaxAliases <= 0 {
 		l.MaxAliases = 100
 	}
 	if l.MaxWebSocketsPerKey <= 0 {
 		l.MaxWebSocketsPerKey = 32
+	}
+	if l.MaxWebSocketsPerOrg <= 0 {
+		l.MaxWebSocketsPerOrg = 128
 	}
 }
 
@@ -163,7 +180,7 @@ func NewHandler(q Querier, auth keys.Authenticator, opts ...Option) http.Handler
 	}
 	cfg.limits.defaults()
 	gc := generated.Config{Resolvers: &Resolver{q: q, auth: auth, log: cfg.log.With("component", "graph"),
-		timeout: cfg.limits.QueryTimeout, slots: newKeySlots(cfg.limits.MaxConcurrentPerKey), hub: cfg.hub,
+		timeout: cfg.limits.QueryTimeout, slots: newReadSlots(cfg.limits), hub: cfg.hub,
 		operator: cfg.operator, currency: cfg.currency, prices: cfg.prices}}
 	// A field's cost is what it can return: an audit page costs its selection once per
 	// event it may hold, so limit: 10000 counts 10,000 times and aliases cannot multiply
@@ -213,8 +230,9 @@ func NewHandler(q Querier, auth keys.Authenticator, opts ...Option) http.Handler
 	}
 	es := generated.NewExecutableSchema(gc)
 	srv := handler.New(es)
-	slots := newCounter(cfg.limits.MaxWebSocketsPerKey, cfg.limits.MaxWebSockets)
-	pending := newCounter(cfg.limits.MaxPendingWebSocketsPerAddress, cfg.limits.MaxPendingWebSockets)
+	sockets := share.New(share.Limits{Total: cfg.limits.MaxWebSockets, PerGroup: cfg.limits.MaxWebSocketsPerOrg,
+		PerClient: cfg.limits.MaxWebSocketsPerKey}, "")
+	pending := share.New(share.Limits{Total: cfg.limits.MaxPendingWebSockets, PerGroup: cfg.limits.MaxPendingWebSocketsPerAddress}, "")
 	// handler.New registers no transport; the WebSocket one is built on coder/websocket.
 	srv.AddTransport(transport.Websocket{
 		Implementation: transport.CoderWebsocketImplementation{
@@ -239,7 +257,7 @@ func NewHandler(q Querier, auth keys.Authenticator, opts ...Option) http.Handler
 				const msg = "unauthenticated: send a valid API key as the init payload's Authorization"
 				return transport.WithWebsocketCloseCode(transport.AppendCloseReason(ctx, msg), 4401), nil, errors.New(msg)
 			}
-			release, code, msg := admitInit(k.ID, slots, cfg.limits)
+			release, code, msg := admitInit(k, sockets, cfg.limits)
 			if release == nil {
 				return transport.WithWebsocketCloseCode(transport.AppendCloseReason(ctx, msg), code), nil, errors.New(msg)
 			}
@@ -378,7 +396,7 @@ func usesDefer(set ast.SelectionSet, seen map[string]bool, doc *ast.QueryDocumen
 
 // limit applies the body limit to POST requests and WebSocket admission to upgrades
 // (admitUpgrade).
-func limit(next http.Handler, pending *counter, l Limits) http.Handler {
+func limit(next http.Handler, pending *share.Pool, l Limits) http.Handler {
 	upgrades := admitUpgrade(next, pending, l)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if upgrade, ws := upgradeTokens(r.Header); upgrade {

@@ -48,7 +48,7 @@ type Resolver struct {
 	auth    keys.Authenticator
 	log     *slog.Logger
 	timeout time.Duration // Limits.QueryTimeout, for its error message
-	slots   *keySlots
+	slots   readSlots
 	hub     *Hub // nil: subscriptions answer UNAVAILABLE
 
 	operator Operator // nil: budgets and operator mutations answer UNAVAILABLE

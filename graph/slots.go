@@ -2,37 +2,42 @@ package graph
 
 import (
 	"fmt"
+
 	"github.com/bandplane/bandplane/schema"
-	"sync"
+	"github.com/bandplane/bandplane/schema/keys"
+	"github.com/bandplane/bandplane/schema/share"
 )
 
-// keySlots counts the ClickHouse reads each API key runs at once. An entry exists only
-// while its key runs one, so the map is bounded by what runs, not by the keys seen.
-type keySlots struct {
-	mu      sync.Mutex
-	max     int
-	running map[string]int // key id -> reads running
+// readSlots is the pool of ClickHouse reads GraphQL fields run at once: one key holds
+// at most Limits.MaxConcurrentPerKey, one organization's keys Limits.MaxConcurrentPerOrg,
+// and tenants together all but a quarter of Limits.MaxConcurrent, which the platform's
+// keys keep. A field over its share fails at once (TOO_MANY_REQUESTS) rather than wait.
+type readSlots struct {
+	pool *share.Pool
 }
 
-func newKeySlots(max int) *keySlots { return &keySlots{max: max, running: map[string]int{}} }
+func newReadSlots(l Limits) readSlots {
+	return readSlots{pool: share.New(share.Limits{Total: l.MaxConcurrent, PerGroup: l.MaxConcurrentPerOrg,
+		PerClient: l.MaxConcurrentPerKey, Reserved: l.MaxConcurrent / 4}, keys.PlatformOrg)}
+}
 
-// acquire takes a slot of key id, or fails at once with schema.ErrTooMany; release gives it back.
-func (s *keySlots) acquire(id string) (release func(), err error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.running[id] >= s.max {
-		return nil, fmt.Errorf("key %s already runs %d queries at once (--graphql-max-concurrent-per-key); retry when one has finished: %w",
-			id, s.max, schema.ErrTooMany)
+// acquire takes a slot for key k, or fails at once with schema.ErrTooMany; release
+// gives it back.
+func (s readSlots) acquire(k keys.Key) (release func(), err error) {
+	release, refused := s.pool.Take(k.Org, k.ID)
+	if refused == nil {
+		return release, nil
 	}
-	s.running[id]++
-	var once sync.Once
-	return func() {
-		once.Do(func() {
-			s.mu.Lock()
-			defer s.mu.Unlock()
-			if s.running[id]--; s.running[id] <= 0 {
-				delete(s.running, id)
-			}
-		})
-	}, nil
+	lim := s.pool.Limits()
+	switch refused.Bound {
+	case share.BoundClient:
+		return nil, fmt.Errorf("key %s already runs %d queries at once (--graphql-max-concurrent-per-key); retry when one has finished: %w",
+			k.ID, lim.PerClient, schema.ErrTooMany)
+	case share.BoundGroup:
+		return nil, fmt.Errorf("organization %s already runs %d queries at once (--graphql-max-concurrent-per-org); retry when one has finished: %w",
+			k.Org, lim.PerGroup, schema.ErrTooMany)
+	default:
+		return nil, fmt.Errorf("the server already runs %d GraphQL queries of organizations at once (--graphql-max-concurrent); retry when one has finished: %w",
+			refused.Limit, schema.ErrTooMany)
+	}
 }

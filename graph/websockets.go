@@ -7,57 +7,19 @@ import (
 	"net/http"
 	"net/netip"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/bandplane/bandplane/schema/keys"
+	"github.com/bandplane/bandplane/schema/share"
 )
 
-// WebSocket admission. A connection holds a slot of the server's MaxWebSockets, and
-// one of its key's MaxWebSocketsPerKey, only once its connection_init carried a valid
-// key: an upgrade that never sends one takes nothing a viewer needs. Until then it
-// holds a pending place of its remote address (MaxPendingWebSocketsPerAddress) and of
-// the server (MaxPendingWebSockets), for at most InitTimeout: one address cannot hold
-// more than its share of the upgrades in flight, however many it opens.
-
-// counter counts what each key (an API key's id, a remote address) holds, up to perKey
-// each and total in all.
-type counter struct {
-	mu            sync.Mutex
-	perKey, total int
-	n             map[string]int
-	sum           int
-}
-
-func newCounter(perKey, total int) *counter {
-	return &counter{perKey: perKey, total: total, n: map[string]int{}}
-}
-
-// take counts one more for key if both bounds allow it and returns the func (safe to
-// call more than once) that counts it out; byKey says which bound refused.
-func (c *counter) take(key string) (release func(), ok, byKey bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.n[key] >= c.perKey {
-		return nil, false, true
-	}
-	if c.sum >= c.total {
-		return nil, false, false
-	}
-	c.n[key]++
-	c.sum++
-	var once sync.Once
-	return func() {
-		once.Do(func() {
-			c.mu.Lock()
-			defer c.mu.Unlock()
-			c.sum--
-			if c.n[key]--; c.n[key] <= 0 {
-				delete(c.n, key)
-			}
-		})
-	}, true, false
-}
+// WebSocket admission, in two pools (schema/share). A connection holds a slot of the
+// server's MaxWebSockets, of its organization's MaxWebSocketsPerOrg and of its key's
+// MaxWebSocketsPerKey only once its connection_init carried a valid key: an upgrade
+// that never sends one takes nothing a viewer needs. Until then it holds a pending
+// place of its remote address (MaxPendingWebSocketsPerAddress) and of the server
+// (MaxPendingWebSockets), for at most InitTimeout: one address cannot hold more than
+// its share of the upgrades in flight, however many it opens.
 
 // upgradeTokens says whether the request asks for a protocol upgrade, and whether
 // websocket is among the protocols it names. Upgrade is a comma-separated list
@@ -106,13 +68,13 @@ type pendingKey struct{}
 // bound with 503, and otherwise serves it holding a pending place until its
 // connection_init is answered (admitInit) or the connection ends. An Upgrade header
 // that names no websocket is refused (400): the WebSocket transport would take it.
-func admitUpgrade(next http.Handler, pending *counter, l Limits) http.Handler {
+func admitUpgrade(next http.Handler, pending *share.Pool, l Limits) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		release, ok, byAddr := pending.take(remoteKey(r))
-		if !ok {
+		release, refused := pending.Take(remoteKey(r), "")
+		if refused != nil {
 			w.Header().Set("Retry-After", "5")
 			msg := fmt.Sprintf("too many WebSocket upgrades waiting for their connection_init (%d, --graphql-max-pending-websockets)", l.MaxPendingWebSockets)
-			if byAddr {
+			if refused.Bound == share.BoundGroup {
 				msg = fmt.Sprintf("too many WebSocket upgrades from this address waiting for their connection_init (%d, --graphql-max-pending-websockets-per-address)",
 					l.MaxPendingWebSocketsPerAddress)
 			}
@@ -137,16 +99,17 @@ func initArrived(ctx context.Context) {
 	}
 }
 
-// admitInit takes the slots of an authenticated connection: its key's and the
-// server's. It returns the func that gives them back, or the close code and reason of
-// a refusal.
-func admitInit(keyID string, slots *counter, l Limits) (release func(), code int, reason string) {
-	release, ok, byKey := slots.take(keyID)
+// admitInit takes the slot of an authenticated connection. It returns the func that
+// gives it back, or the close code and reason of a refusal.
+func admitInit(k keys.Key, slots *share.Pool, l Limits) (release func(), code int, reason string) {
+	release, refused := slots.Take(k.Org, k.ID)
 	switch {
-	case ok:
+	case refused == nil:
 		return release, 0, ""
-	case byKey:
+	case refused.Bound == share.BoundClient:
 		return nil, 4429, fmt.Sprintf("too many WebSocket connections for this key (%d, --graphql-max-websockets-per-key)", l.MaxWebSocketsPerKey)
+	case refused.Bound == share.BoundGroup:
+		return nil, 4429, fmt.Sprintf("too many WebSocket connections for this organization (%d, --graphql-max-websockets-per-org)", l.MaxWebSocketsPerOrg)
 	default:
 		return nil, 4503, fmt.Sprintf("too many open WebSocket connections (%d, --graphql-max-websockets)", l.MaxWebSockets)
 	}

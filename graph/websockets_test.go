@@ -190,3 +190,19 @@ func TestIntrospectionNeedsAKey(t *testing.T) {
 	_, errs := post(t, h, gqlBody(`{ __typename }`), nil)
 	assert.Empty(t, errs, "__typename needs no key")
 }
+
+func TestWebSocketsPerOrg(t *testing.T) {
+	srv := httptest.NewServer(graph.NewHandler(&fakeQuerier{}, testKeys, graph.WithLimits(graph.Limits{MaxWebSocketsPerOrg: 1})))
+	defer srv.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	first, err := wsclient.Dial(ctx, wsURL(srv), "tok-a-viewer")
+	require.NoError(t, err)
+	defer func() { _ = first.Close() }()
+	_, err = wsclient.Dial(ctx, wsURL(srv), "tok-a-compliance")
+	require.Error(t, err, "another key of the same organization")
+	assert.Contains(t, err.Error(), "--graphql-max-websockets-per-org")
+	other, err := wsclient.Dial(ctx, wsURL(srv), "tok-b-compliance")
+	require.NoError(t, err, "another organization has its own share")
+	require.NoError(t, other.Close())
+}
