@@ -16,6 +16,7 @@ import (
 	"github.com/bandplane/bandplane/schema"
 	"github.com/bandplane/bandplane/schema/kafka"
 	"github.com/bandplane/bandplane/schema/keys"
+	"github.com/bandplane/bandplane/schema/share"
 )
 
 // Producer puts canonical events on the events topic. Produce blocks until every
@@ -83,8 +84,14 @@ const (
 	DefaultMaxBodyBytes  = 16 << 20
 	DefaultMaxLines      = 100_000
 	DefaultMaxConcurrent = 8
-	DefaultMaxEventAge   = 400 * 24 * time.Hour // the events retention (bandplane retention --events)
-	DefaultMaxClockSkew  = time.Hour
+	// Uploads: bodies being read. One key reads at most 2 at once, one
+	// organization's keys 4, all tenants 12 of 16 (the platform's keys, the routing
+	// core's, keep 4).
+	DefaultMaxUploads       = 16
+	DefaultMaxUploadsPerOrg = 4
+	DefaultMaxUploadsPerKey = 2
+	DefaultMaxEventAge      = 400 * 24 * time.Hour // the events retention (bandplane retention --events)
+	DefaultMaxClockSkew     = time.Hour
 )
 
 // CollectorConfig configures the HTTP collector.
@@ -100,9 +107,16 @@ type CollectorConfig struct {
 	RegistrationsReady func() bool
 	MaxBodyBytes       int64 // default DefaultMaxBodyBytes; larger bodies are answered 413
 	MaxLines           int   // events per request (default DefaultMaxLines); more: 413
-	// MaxConcurrent bounds the requests read and decoded at once (default
-	// DefaultMaxConcurrent); others wait for a slot. With the body and line limits it
-	// bounds the collector's memory whatever clients send.
+	// MaxUploads bounds the request bodies being read at once (default
+	// DefaultMaxUploads), MaxUploadsPerOrg and MaxUploadsPerKey those of one
+	// organization's keys and of one key; a quarter of MaxUploads is the platform's
+	// keys' only. A request over its share is answered 429 at once: a body that
+	// trickles in holds its own key's place, never another tenant's. With the body limit
+	// they bound the memory of what is being read.
+	MaxUploads, MaxUploadsPerOrg, MaxUploadsPerKey int
+	// MaxConcurrent bounds the bodies, read whole, decoded and produced at once (default
+	// DefaultMaxConcurrent); others wait for a slot, which none holds while a client
+	// sends.
 	MaxConcurrent int
 	// MaxEventBytes bounds one encoded event (default kafka.MaxEventBytes): a larger
 	// line is a line error, never a request-wide 503.
@@ -131,6 +145,14 @@ func (c *CollectorConfig) Validate() error {
 	}
 	if c.MaxConcurrent < 0 {
 		errs = append(errs, fmt.Errorf("collector: --max-concurrent-posts must be > 0, got %d", c.MaxConcurrent))
+	}
+	for _, f := range []struct {
+		flag string
+		v    int
+	}{{"--max-uploads", c.MaxUploads}, {"--max-uploads-per-org", c.MaxUploadsPerOrg}, {"--max-uploads-per-key", c.MaxUploadsPerKey}} {
+		if f.v < 0 {
+			errs = append(errs, fmt.Errorf("collector: %s must be > 0, got %d", f.flag, f.v))
+		}
 	}
 	if c.MaxEventBytes < 0 || c.MaxEventBytes > kafka.MaxEventBytes {
 		errs = append(errs, fmt.Errorf("collector: the event size limit must be between 1 and %d (Kafka's message limit), got %d", kafka.MaxEventBytes, c.MaxEventBytes))
@@ -161,6 +183,7 @@ type Collector struct {
 	log     *slog.Logger
 	handler http.Handler
 	slots   chan struct{} // MaxConcurrent
+	uploads *share.Pool   // MaxUploads
 }
 
 func NewCollector(cfg CollectorConfig) (*Collector, error) {
@@ -179,6 +202,15 @@ func NewCollector(cfg CollectorConfig) (*Collector, error) {
 	if cfg.MaxConcurrent == 0 {
 		cfg.MaxConcurrent = DefaultMaxConcurrent
 	}
+	if cfg.MaxUploads == 0 {
+		cfg.MaxUploads = DefaultMaxUploads
+	}
+	if cfg.MaxUploadsPerOrg == 0 {
+		cfg.MaxUploadsPerOrg = DefaultMaxUploadsPerOrg
+	}
+	if cfg.MaxUploadsPerKey == 0 {
+		cfg.MaxUploadsPerKey = DefaultMaxUploadsPerKey
+	}
 	if cfg.MaxEventAge == 0 {
 		cfg.MaxEventAge = DefaultMaxEventAge
 	}
@@ -194,7 +226,9 @@ func NewCollector(cfg CollectorConfig) (*Collector, error) {
 	if cfg.Metrics == nil {
 		cfg.Metrics = NewMetrics(nil)
 	}
-	c := &Collector{cfg: cfg, log: cfg.Logger.With("component", "collector"), slots: make(chan struct{}, cfg.MaxConcurrent)}
+	c := &Collector{cfg: cfg, log: cfg.Logger.With("component", "collector"), slots: make(chan struct{}, cfg.MaxConcurrent),
+		uploads: share.New(share.Limits{Total: cfg.MaxUploads, PerGroup: cfg.MaxUploadsPerOrg, PerClient: cfg.MaxUploadsPerKey,
+			Reserved: cfg.MaxUploads / 4}, keys.PlatformOrg)}
 	c.handler = keys.Require(cfg.Auth, keys.RoleIngest)(http.HandlerFunc(c.collect))
 	return c, nil
 }
@@ -227,13 +261,14 @@ func (c *Collector) collect(w http.ResponseWriter, r *http.Request) {
 			Error: "the directory is still loading, and an organization's events are checked against it; retry"})
 		return
 	}
-	select {
-	case c.slots <- struct{}{}:
-		defer func() { <-c.slots }()
-	case <-r.Context().Done():
-		return // the client gave up waiting
+	release, refused := c.uploads.Take(key.Org, key.ID)
+	if refused != nil {
+		w.Header().Set("Retry-After", "1")
+		keys.WriteJSON(w, http.StatusTooManyRequests, CollectorResponse{Code: "too_many_requests", Error: c.uploadRefusal(key, refused)})
+		return
 	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, c.cfg.MaxBodyBytes))
+	release()
 	if err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
@@ -243,6 +278,12 @@ func (c *Collector) collect(w http.ResponseWriter, r *http.Request) {
 		}
 		keys.WriteJSON(w, http.StatusBadRequest, CollectorResponse{Code: "bad_request", Error: "cannot read request body: " + err.Error()})
 		return
+	}
+	select {
+	case c.slots <- struct{}{}:
+		defer func() { <-c.slots }()
+	case <-r.Context().Done():
+		return // the client gave up waiting
 	}
 	now := c.cfg.Now()
 	var msgs []kafkago.Message
@@ -296,6 +337,18 @@ func (c *Collector) collect(w http.ResponseWriter, r *http.Request) {
 		resp.Code, resp.Error = "rejected", fmt.Sprintf("all %d lines were refused; the reasons are in errors (the first %d)", rejected, maxListedRejects)
 	}
 	keys.WriteJSON(w, status, resp)
+}
+
+// uploadRefusal says which share of the uploads refused key's request.
+func (c *Collector) uploadRefusal(key keys.Key, r *share.Refusal) string {
+	switch r.Bound {
+	case share.BoundClient:
+		return fmt.Sprintf("key %s is already sending %d request bodies (--max-uploads-per-key); send one after the other, or retry", key.ID, r.Limit)
+	case share.BoundGroup:
+		return fmt.Sprintf("organization %s is already sending %d request bodies (--max-uploads-per-org); retry", key.Org, r.Limit)
+	default:
+		return fmt.Sprintf("the collector is reading %d request bodies of organizations, the most it reads at once (--max-uploads); retry", r.Limit)
+	}
 }
 
 // line decodes one line, holds it to the key's rights and the accepted time window,

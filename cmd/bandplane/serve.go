@@ -42,6 +42,7 @@ type serveConfig struct {
 	maxBody       int64
 	maxLines      int
 	maxPosts      int
+	maxUploads    [3]int // in all, per organization, per key
 	maxEventAge   time.Duration
 	maxClockSkew  time.Duration
 	keyRefresh    time.Duration
@@ -77,7 +78,10 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	fs.DurationVar(&c.rollupEvery, "rollup-interval", 10*time.Second, "how often touched hours of the cost rollup are rebuilt (each rebuild re-reads those hours with FINAL)")
 	fs.Int64Var(&c.maxBody, "max-body", ingest.DefaultMaxBodyBytes, "largest accepted POST /v1/events body in bytes (larger: 413)")
 	fs.IntVar(&c.maxLines, "max-lines", ingest.DefaultMaxLines, "most events in one POST /v1/events (more: 413)")
-	fs.IntVar(&c.maxPosts, "max-concurrent-posts", ingest.DefaultMaxConcurrent, "POST /v1/events requests read and decoded at once; others wait (bounds the collector's memory)")
+	fs.IntVar(&c.maxPosts, "max-concurrent-posts", ingest.DefaultMaxConcurrent, "POST /v1/events bodies, read whole, decoded and produced at once; others wait")
+	fs.IntVar(&c.maxUploads[0], "max-uploads", ingest.DefaultMaxUploads, "POST /v1/events bodies being read at once; organizations' keys hold at most three quarters, the platform's keys keep the rest (more: 429)")
+	fs.IntVar(&c.maxUploads[1], "max-uploads-per-org", ingest.DefaultMaxUploadsPerOrg, "POST /v1/events bodies one organization's keys send at once (more: 429)")
+	fs.IntVar(&c.maxUploads[2], "max-uploads-per-key", ingest.DefaultMaxUploadsPerKey, "POST /v1/events bodies one API key sends at once (more: 429)")
 	fs.DurationVar(&c.maxEventAge, "max-event-age", ingest.DefaultMaxEventAge, "the collector refuses events older than this (default: the events retention, 400 days)")
 	fs.DurationVar(&c.maxClockSkew, "max-clock-skew", ingest.DefaultMaxClockSkew, "the collector refuses events this far ahead of its clock")
 	fs.DurationVar(&c.keyRefresh, "key-refresh", 5*time.Second, "how often API keys are re-read from ClickHouse (a revocation takes effect within it)")
@@ -92,10 +96,13 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	fs.IntVar(&c.graphql.MaxPendingWebSockets, "graphql-max-pending-websockets", 1024, "most GraphQL WebSocket upgrades waiting for their connection_init (more: 503); they hold no slot of --graphql-max-websockets")
 	fs.IntVar(&c.graphql.MaxPendingWebSocketsPerAddress, "graphql-max-pending-websockets-per-address", 16, "most GraphQL WebSocket upgrades of one remote address (IPv4, or IPv6 /64) waiting for their connection_init (more: 503)")
 	fs.IntVar(&c.graphql.MaxWebSocketsPerKey, "graphql-max-websockets-per-key", 32, "most open GraphQL WebSocket connections of one API key (more: refused at init)")
+	fs.IntVar(&c.graphql.MaxWebSocketsPerOrg, "graphql-max-websockets-per-org", 128, "most open GraphQL WebSocket connections of one organization's keys (more: refused at init)")
 	fs.DurationVar(&c.graphql.InitTimeout, "graphql-init-timeout", 10*time.Second, "how long a GraphQL WebSocket may take to send its init message")
 	fs.DurationVar(&c.graphql.QueryTimeout, "graphql-query-timeout", 10*time.Second, "longest one GraphQL query may run (ClickHouse stops it too; longer: code TIMEOUT)")
 	fs.IntVar(&c.graphql.MaxAliases, "graphql-max-aliases", 100, "most aliased fields in one GraphQL operation, through fragments (more: refused, BAD_USER_INPUT)")
 	fs.IntVar(&c.graphql.MaxConcurrentPerKey, "graphql-max-concurrent-per-key", 4, "most ClickHouse reads one API key runs at once through GraphQL, aliases counted (more: code TOO_MANY_REQUESTS)")
+	fs.IntVar(&c.graphql.MaxConcurrentPerOrg, "graphql-max-concurrent-per-org", 16, "most ClickHouse reads one organization's keys run at once through GraphQL (more: code TOO_MANY_REQUESTS)")
+	fs.IntVar(&c.graphql.MaxConcurrent, "graphql-max-concurrent", 64, "most ClickHouse reads GraphQL runs at once; organizations' keys hold at most three quarters, the platform's keys keep the rest (more: code TOO_MANY_REQUESTS)")
 	fs.StringVar(&c.allowedHosts, "allowed-hosts", envOr("BANDPLANE_ALLOWED_HOSTS", ""), "comma-separated host names the browser pages (GraphiQL at GET /graphql) answer to, against DNS rebinding (default: localhost, 127.0.0.1, ::1 and --listen's host); env BANDPLANE_ALLOWED_HOSTS")
 	fs.DurationVar(&c.hub.StuckAfter, "stuck-after", 15*time.Minute, "a task in progress with no activity from its assignee for this long is stuck (workStatus, the live board)")
 	fs.IntVar(&c.hub.Buffer, "graphql-subscriber-buffer", graph.DefaultSubscriberBuffer, "changes one subscription may fall behind by before it is told (SLOW_SUBSCRIBER) and dropped")
@@ -147,6 +154,9 @@ func (c *serveConfig) validateGraphQL() error {
 		{"--graphql-max-aliases", c.graphql.MaxAliases > 0},
 		{"--graphql-max-websockets-per-key", c.graphql.MaxWebSocketsPerKey > 0},
 		{"--graphql-max-websockets", c.graphql.MaxWebSockets > 0},
+		{"--graphql-max-websockets-per-org", c.graphql.MaxWebSocketsPerOrg > 0},
+		{"--graphql-max-concurrent-per-org", c.graphql.MaxConcurrentPerOrg > 0},
+		{"--graphql-max-concurrent", c.graphql.MaxConcurrent > 0},
 		{"--graphql-max-pending-websockets", c.graphql.MaxPendingWebSockets > 0},
 		{"--graphql-max-pending-websockets-per-address", c.graphql.MaxPendingWebSocketsPerAddress > 0},
 		{"--graphql-clickhouse-conns", c.queryConns > 0},
@@ -164,13 +174,13 @@ func (c *serveConfig) validateGraphQL() error {
 // serveDeps are the clients and services serve's components share; close releases
 // them, after every component has stopped.
 type serveDeps struct {
-	c        serveConfig
-	log      *slog.Logger
-	reg      *prometheus.Registry
-	brokers  []string
-	conn     driver.Conn // ingest's, policy's and sealing's
-	qconn    driver.Conn // the queries' pool, apart so that a heavy one never starves ingest
-	store    *store.Store
+	c       serveConfig
+	log     *slog.Logger
+	reg     *prometheus.Registry
+	brokers []string
+	conn    driver.Conn // ingest's, policy's and sealing's
+	qconn   driver.Conn // the queries' pool, apart so that a heavy one never starves ingest
+	store   *store.Store
 	// dir is the process's one directory of agents and people: the pipeline, the live
 	// reader and the policy replica apply the registrations they read to it.
 	dir      *directory.Directory
