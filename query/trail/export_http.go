@@ -10,21 +10,25 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/bandplane/bandplane/schema"
 	"github.com/bandplane/bandplane/schema/keys"
+	"github.com/bandplane/bandplane/schema/share"
 )
 
 // The compliance export's HTTP side: GET /v1/audit/export streams a selection of one
 // organization's trail pinned to a signed checkpoint of its log (Exporter), with the
 // proofs to check it offline; `bandplane audit export` drives it.
 
-// MaxConcurrentExports bounds the exports one ExportHandler runs at once: each holds a
-// ClickHouse connection of the query pool while it reads. One API key runs one at a
-// time, so that one organization's slow reader cannot hold every slot.
-const MaxConcurrentExports = 4
+// The exports one ExportHandler runs at once: each holds a ClickHouse connection of the
+// query pool while it reads. One API key runs one at a time and one organization's keys
+// two, and one of the four is the platform's keys' only, so that no tenant's slow
+// reader holds what the others, or the platform's own exports, need.
+const (
+	MaxConcurrentExports       = 4
+	MaxConcurrentExportsPerOrg = 2
+)
 
 // exportWriteWindow is how long the handler gives each MiB of an export to reach the
 // client (serve's --write-timeout would cut a long export).
@@ -42,14 +46,15 @@ type ExportRecorder interface {
 	Produce(ctx context.Context, events []schema.Event) error
 }
 
+func newExportSlots() *share.Pool {
+	return share.New(share.Limits{Total: MaxConcurrentExports, PerGroup: MaxConcurrentExportsPerOrg, PerClient: 1, Reserved: 1}, keys.PlatformOrg)
+}
+
 type exportHandler struct {
 	x        *Exporter      // nil: no audit key, every request is 503
 	recorder ExportRecorder // records each export (nil: not recorded; tests of refusals)
 	log      *slog.Logger
-	slots    chan struct{}
-
-	mu      sync.Mutex
-	running map[string]bool // key id -> an export of it is running
+	slots    *share.Pool
 }
 
 // TypeAuditExported is the audit event of one export request: who took which part of
@@ -81,7 +86,7 @@ func ExportHandler(auth keys.Authenticator, x *Exporter, recorder ExportRecorder
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	h := &exportHandler{x: x, recorder: recorder, log: log.With("component", "audit_export"), slots: make(chan struct{}, MaxConcurrentExports)}
+	h := &exportHandler{x: x, recorder: recorder, log: log.With("component", "audit_export"), slots: newExportSlots()}
 	return keys.Require(auth, keys.RoleCompliance, keys.RoleAdmin)(h)
 }
 
@@ -117,33 +122,20 @@ func (h *exportHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		keys.Forbidden(w, k, org)
 		return
 	}
-	h.mu.Lock()
-	if h.running == nil {
-		h.running = map[string]bool{}
-	}
-	busy := h.running[k.ID]
-	if !busy {
-		h.running[k.ID] = true
-	}
-	h.mu.Unlock()
-	if busy {
+	release, refused := h.slots.Take(k.Org, k.ID)
+	if refused != nil {
 		w.Header().Set("Retry-After", "10")
-		keys.WriteError(w, http.StatusTooManyRequests, "too_many_requests", "an export of this key is running already: one at a time per key; retry when it ends")
+		msg := fmt.Sprintf("%d exports of organizations are running, the most this server runs at once; retry later", refused.Limit)
+		switch refused.Bound {
+		case share.BoundClient:
+			msg = "an export of this key is running already: one at a time per key; retry when it ends"
+		case share.BoundGroup:
+			msg = fmt.Sprintf("%d exports of organization %s are running, the most one organization runs at once; retry when one ends", refused.Limit, k.Org)
+		}
+		keys.WriteError(w, http.StatusTooManyRequests, "too_many_requests", msg)
 		return
 	}
-	defer func() {
-		h.mu.Lock()
-		delete(h.running, k.ID)
-		h.mu.Unlock()
-	}()
-	select {
-	case h.slots <- struct{}{}:
-		defer func() { <-h.slots }()
-	default:
-		w.Header().Set("Retry-After", "10")
-		keys.WriteError(w, http.StatusTooManyRequests, "too_many_requests", fmt.Sprintf("%d exports are running, the most this server runs at once; retry later", MaxConcurrentExports))
-		return
-	}
+	defer release()
 	ctx := r.Context()
 	rc := http.NewResponseController(w)
 	_ = rc.SetWriteDeadline(time.Now().Add(exportWriteWindow)) // not every writer has one

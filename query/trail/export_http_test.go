@@ -24,7 +24,10 @@ func (a tokens) Lookup(_ context.Context, token string) (keys.Key, bool) {
 	return k, ok
 }
 
-var exportAuth = tokens{"compliance-a": {ID: "k1", Org: "org-a", Role: keys.RoleCompliance}}
+var exportAuth = tokens{
+	"compliance-a": {ID: "k1", Org: "org-a", Role: keys.RoleCompliance},
+	"platform":     {ID: "k-platform", Org: keys.PlatformOrg, Role: keys.RoleAdmin},
+}
 
 // unusedConn is a connection nothing may use: the requests below are refused before
 // the export reads the trail.
@@ -41,8 +44,8 @@ func askExport(t *testing.T, h http.Handler, method, token, query string) (int, 
 	return rec.Code, body, rec.Header()
 }
 
-// Every export slot taken, or an export of the same key running, is 429 with
-// Retry-After.
+// An export over its key's, its organization's or the tenants' share is 429 with
+// Retry-After, naming the share; the platform's keys keep a place of their own.
 func TestExportHandlerBusy(t *testing.T) {
 	keyFile := filepath.Join(t.TempDir(), "audit.key")
 	require.NoError(t, GenerateKey(keyFile))
@@ -50,19 +53,36 @@ func TestExportHandlerBusy(t *testing.T) {
 	require.NoError(t, err)
 	x, err := NewExporter(ExportConfig{Conn: unusedConn{}, Database: "db", Key: key})
 	require.NoError(t, err)
-	h := &exportHandler{x: x, log: slog.New(slog.DiscardHandler), slots: make(chan struct{}, MaxConcurrentExports)}
-	for range MaxConcurrentExports {
-		h.slots <- struct{}{} // every slot taken by a running export
+	ask := func(h *exportHandler, token string) (int, keys.ErrorBody, http.Header) {
+		return askExport(t, keys.Require(exportAuth, keys.RoleCompliance, keys.RoleAdmin)(h), "GET", token, "from=2026-03-01&to=2026-03-02&org=org-a")
 	}
-	status, body, hdr := askExport(t, keys.Require(exportAuth, keys.RoleCompliance, keys.RoleAdmin)(h), "GET", "compliance-a", "from=2026-03-01&to=2026-03-02")
-	assert.Equal(t, http.StatusTooManyRequests, status)
-	assert.Equal(t, "too_many_requests", body.Code)
-	assert.Equal(t, "10", hdr.Get("Retry-After"))
+	busy := func(h *exportHandler, token, want string) {
+		t.Helper()
+		status, body, hdr := ask(h, token)
+		assert.Equal(t, http.StatusTooManyRequests, status)
+		assert.Equal(t, "too_many_requests", body.Code)
+		assert.Equal(t, "10", hdr.Get("Retry-After"))
+		assert.Contains(t, body.Error, want)
+	}
 
-	// One export at a time per key, whatever slots are free.
-	h = &exportHandler{x: x, log: slog.New(slog.DiscardHandler), slots: make(chan struct{}, MaxConcurrentExports),
-		running: map[string]bool{exportAuth["compliance-a"].ID: true}}
-	status, body, _ = askExport(t, keys.Require(exportAuth, keys.RoleCompliance, keys.RoleAdmin)(h), "GET", "compliance-a", "from=2026-03-01&to=2026-03-02")
-	assert.Equal(t, http.StatusTooManyRequests, status)
-	assert.Contains(t, body.Error, "one at a time per key")
+	h := &exportHandler{x: x, log: slog.New(slog.DiscardHandler), slots: newExportSlots()}
+	_, refused := h.slots.Take("org-a", "k1") // an export of the key is running
+	require.Nil(t, refused)
+	busy(h, "compliance-a", "one at a time per key")
+
+	h = &exportHandler{x: x, log: slog.New(slog.DiscardHandler), slots: newExportSlots()}
+	for _, k := range []string{"k2", "k3"} { // two of the organization's other keys
+		_, refused := h.slots.Take("org-a", k)
+		require.Nil(t, refused)
+	}
+	busy(h, "compliance-a", "2 exports of organization org-a are running")
+
+	h = &exportHandler{x: x, log: slog.New(slog.DiscardHandler), slots: newExportSlots()}
+	for _, org := range []string{"org-b", "org-c", "org-d"} { // tenants hold 3 of 4
+		_, refused := h.slots.Take(org, org+"-key")
+		require.Nil(t, refused)
+	}
+	busy(h, "compliance-a", "3 exports of organizations are running")
+	_, refused = h.slots.Take(keys.PlatformOrg, "k-platform")
+	assert.Nil(t, refused, "the fourth is the platform's")
 }
