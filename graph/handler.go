@@ -72,6 +72,11 @@ type Limits struct {
 	// connection over either is refused at init (code 4429).
 	MaxWebSocketsPerKey int
 	MaxWebSocketsPerOrg int
+	// MaxResponseBytes bounds what the reads of one query or mutation may bring into the
+	// process, in bytes (default 16 MiB): ClickHouse refuses a result over what is left
+	// before sending it (query.WithResponseBudget), and the field answers code
+	// RESPONSE_TOO_LARGE.
+	MaxResponseBytes int64
 	// MaxAliases bounds the aliased fields of one operation (default 100), counted
 	// through fragments as often as they are spread; more is refused before anything
 	// runs (code BAD_USER_INPUT).
@@ -114,6 +119,9 @@ func (l *Limits) defaults() {
 	}
 	if l.MaxAliases <= 0 {
 		l.MaxAliases = 100
+	}
+	if l.MaxResponseBytes <= 0 {
+		l.MaxResponseBytes = 16 << 20
 	}
 	if l.MaxWebSocketsPerKey <= 0 {
 		l.MaxWebSocketsPerKey = 32
@@ -180,7 +188,7 @@ func NewHandler(q Querier, auth keys.Authenticator, opts ...Option) http.Handler
 	}
 	cfg.limits.defaults()
 	gc := generated.Config{Resolvers: &Resolver{q: q, auth: auth, log: cfg.log.With("component", "graph"),
-		timeout: cfg.limits.QueryTimeout, slots: newReadSlots(cfg.limits), hub: cfg.hub,
+		timeout: cfg.limits.QueryTimeout, slots: newReadSlots(cfg.limits), maxResponse: cfg.limits.MaxResponseBytes, hub: cfg.hub,
 		operator: cfg.operator, currency: cfg.currency, prices: cfg.prices}}
 	// A field's cost is what it can return: an audit page costs its selection once per
 	// event it may hold, so limit: 10000 counts 10,000 times and aliases cannot multiply
@@ -298,7 +306,8 @@ func NewHandler(q Querier, auth keys.Authenticator, opts ...Option) http.Handler
 }
 
 // operationDeadline gives each query and mutation its deadline (Limits.QueryTimeout),
-// which clickhouse-go passes on to ClickHouse, and refuses @defer (a deferred part
+// which clickhouse-go passes on to ClickHouse, and its byte budget
+// (Limits.MaxResponseBytes), and refuses @defer (a deferred part
 // would resolve after the operation's deadline is released). Subscriptions, which live
 // as long as their connection, are bounded by the connection cap instead.
 func operationDeadline(l Limits) graphql.OperationMiddleware {
@@ -321,7 +330,7 @@ func operationDeadline(l Limits) graphql.OperationMiddleware {
 				Message: "@defer is not supported", Extensions: map[string]any{"code": "BAD_USER_INPUT"},
 			}}})
 		}
-		ctx, cancel := context.WithTimeout(ctx, l.QueryTimeout)
+		ctx, cancel := context.WithTimeout(query.WithResponseBudget(ctx, l.MaxResponseBytes), l.QueryTimeout)
 		var once sync.Once
 		h := next(ctx)
 		return func(ctx context.Context) *graphql.Response {

@@ -358,3 +358,20 @@ func TestSubscriptionArgumentsAreBounded(t *testing.T) {
 		require.Equal(t, tc.code, m.Errors[0].Code(), tc.query)
 	}
 }
+
+// budgetQuerier refuses every audit page as over the response's budget, as ClickHouse
+// does with max_result_bytes (query's integration test runs the real refusal).
+type budgetQuerier struct{ fakeQuerier }
+
+func (b *budgetQuerier) AuditEvents(_ context.Context, q query.AuditQuery) (query.AuditPage, error) {
+	return query.AuditPage{}, fmt.Errorf("cannot query audit events of org %q from db.events: %w", q.OrgID, query.ErrResponseTooLarge)
+}
+
+func TestResponseOverItsBudget(t *testing.T) {
+	h := newHandler(&budgetQuerier{}, graph.WithLimits(graph.Limits{MaxResponseBytes: 1 << 20}))
+	_, errs := post(t, h, gqlBody(`{ auditEvents(orgId: "org-a", limit: 10000) { events { id data } } }`), bearerOf("tok-a-compliance"))
+	require.Len(t, errs, 1)
+	assert.Equal(t, "RESPONSE_TOO_LARGE", errs[0].Extensions["code"])
+	assert.Contains(t, errs[0].Message, "larger than 1048576 bytes, the most one response may carry (--graphql-max-response-bytes)")
+	assert.NotContains(t, errs[0].Message, "db.events", "the database is not named")
+}

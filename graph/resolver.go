@@ -49,7 +49,9 @@ type Resolver struct {
 	log     *slog.Logger
 	timeout time.Duration // Limits.QueryTimeout, for its error message
 	slots   readSlots
-	hub     *Hub // nil: subscriptions answer UNAVAILABLE
+	// maxResponse is Limits.MaxResponseBytes, named in the refusal.
+	maxResponse int64
+	hub         *Hub // nil: subscriptions answer UNAVAILABLE
 
 	operator Operator // nil: budgets and operator mutations answer UNAVAILABLE
 	currency string   // the billing currency of budgets
@@ -74,6 +76,11 @@ func (r *Resolver) fail(ctx context.Context, err error) error {
 		// The client went away (a disconnect, a WebSocket "complete"): nothing to report.
 		r.log.DebugContext(ctx, "field cancelled by the client", "field", graphql.GetFieldContext(ctx).Field.Name)
 		return &gqlerror.Error{Message: "cancelled", Path: graphql.GetPath(ctx), Extensions: map[string]any{"code": "CANCELLED"}}
+	case query.IsResponseTooLarge(err):
+		r.log.InfoContext(ctx, "response over its byte budget", "field", graphql.GetFieldContext(ctx).Field.Name, "err", err)
+		return &gqlerror.Error{Message: fmt.Sprintf("the answer is larger than %d bytes, the most one response may carry (--graphql-max-response-bytes): "+
+			"ask for fewer rows (limit) or leave out large fields (data)", r.maxResponse),
+			Path: graphql.GetPath(ctx), Extensions: map[string]any{"code": "RESPONSE_TOO_LARGE"}}
 	case errors.Is(err, query.ErrTimeout):
 		// The error names the database; the client gets the limit instead.
 		r.log.WarnContext(ctx, "query timed out", "field", graphql.GetFieldContext(ctx).Field.Name, "err", err)

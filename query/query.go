@@ -34,7 +34,9 @@ type Querier struct {
 }
 
 // New returns a Querier reading tables as db.table.
-func New(conn driver.Conn, db string) *Querier { return &Querier{conn: conn, db: db, now: time.Now} }
+func New(conn driver.Conn, db string) *Querier {
+	return &Querier{conn: budgetConn{conn}, db: db, now: time.Now}
+}
 
 // ErrTimeout matches (errors.Is) a query that did not finish before its context's
 // deadline. clickhouse-go passes the deadline on: it sends max_execution_time (the time
@@ -55,6 +57,9 @@ func queryErr(ctx context.Context, err error, what string) error {
 	if errors.Is(err, context.DeadlineExceeded) || ok && !time.Now().Before(deadline) ||
 		errors.As(err, &ex) && ex.Code == timeoutExceeded {
 		return fmt.Errorf("%s: %w (%w)", what, ErrTimeout, err)
+	}
+	if IsResponseTooLarge(err) {
+		return fmt.Errorf("%s: %w (%w)", what, ErrResponseTooLarge, err)
 	}
 	return fmt.Errorf("%s: %w", what, err)
 }

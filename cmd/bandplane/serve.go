@@ -99,6 +99,7 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	fs.IntVar(&c.graphql.MaxWebSocketsPerOrg, "graphql-max-websockets-per-org", 128, "most open GraphQL WebSocket connections of one organization's keys (more: refused at init)")
 	fs.DurationVar(&c.graphql.InitTimeout, "graphql-init-timeout", 10*time.Second, "how long a GraphQL WebSocket may take to send its init message")
 	fs.DurationVar(&c.graphql.QueryTimeout, "graphql-query-timeout", 10*time.Second, "longest one GraphQL query may run (ClickHouse stops it too; longer: code TIMEOUT)")
+	fs.Int64Var(&c.graphql.MaxResponseBytes, "graphql-max-response-bytes", 16<<20, "most bytes the ClickHouse reads of one GraphQL query may return, in all; ClickHouse refuses a result over what is left before sending it (more: code RESPONSE_TOO_LARGE)")
 	fs.IntVar(&c.graphql.MaxAliases, "graphql-max-aliases", 100, "most aliased fields in one GraphQL operation, through fragments (more: refused, BAD_USER_INPUT)")
 	fs.IntVar(&c.graphql.MaxConcurrentPerKey, "graphql-max-concurrent-per-key", 4, "most ClickHouse reads one API key runs at once through GraphQL, aliases counted (more: code TOO_MANY_REQUESTS)")
 	fs.IntVar(&c.graphql.MaxConcurrentPerOrg, "graphql-max-concurrent-per-org", 16, "most ClickHouse reads one organization's keys run at once through GraphQL (more: code TOO_MANY_REQUESTS)")
@@ -152,6 +153,7 @@ func (c *serveConfig) validateGraphQL() error {
 		{"--graphql-query-timeout", c.graphql.QueryTimeout > 0},
 		{"--graphql-max-concurrent-per-key", c.graphql.MaxConcurrentPerKey > 0},
 		{"--graphql-max-aliases", c.graphql.MaxAliases > 0},
+		{"--graphql-max-response-bytes", c.graphql.MaxResponseBytes > 0},
 		{"--graphql-max-websockets-per-key", c.graphql.MaxWebSocketsPerKey > 0},
 		{"--graphql-max-websockets", c.graphql.MaxWebSockets > 0},
 		{"--graphql-max-websockets-per-org", c.graphql.MaxWebSocketsPerOrg > 0},
