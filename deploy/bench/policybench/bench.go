@@ -227,36 +227,12 @@ func (s *Setup) Measure(ctx context.Context, n int) (Result, error) {
 // execution id; its usage report settles it once the clock has stopped.
 func (s *Setup) reserving(ctx context.Context, n int) (ReservingResult, error) {
 	var res ReservingResult
-	dir := s.Engine.Directory()
-	ledger := policy.NewLedger(0)
-	e, err := policy.New(ctx, policy.Config{Directory: dir, Ledger: ledger})
+	e, pairs, budgets, err := s.sendEngine(ctx, true)
 	if err != nil {
-		return res, fmt.Errorf("cannot build the reserving engine: %w", err)
+		return res, err
 	}
-	now := time.Now()
-	set := func(org string, scope policy.BudgetScope, id string) {
-		b := policy.Budget{Org: org, Scope: scope, ScopeID: id, Period: policy.PeriodDay, Tokens: policy.MaxBudget, CostMicros: policy.MaxBudget, Hard: true, UpdatedAt: now}
-		b.Normalize()
-		if _, dup := ledger.Budget(b.ID); !dup && ledger.Set(b, now) {
-			res.Budgets++
-		}
-	}
-	for _, a := range s.Snapshot.Agents {
-		set(a.Org, policy.ScopeAgent, a.ID)
-		set(a.Org, policy.ScopeOwner, a.Owner)
-		set(a.Org, policy.ScopeOrg, a.Org)
-	}
-	var pairs []policy.MessageInput
-	for _, room := range s.rooms {
-		for _, m := range s.Snapshot.Rooms[room] {
-			if a, ok := dir.Agent(m); ok && !a.IsSuspended() {
-				pairs = append(pairs, policy.MessageInput{Agent: m, Room: room, Tokens: 500, CostMicros: 1000})
-			}
-		}
-	}
-	if len(pairs) == 0 {
-		return res, fmt.Errorf("cannot measure send_message_reserving: no agent is in a room")
-	}
+	res.Budgets = budgets
+	dir, ledger, now := s.Engine.Directory(), e.Ledger(), time.Now()
 	lat := make([]time.Duration, n)
 	for i := range n {
 		in := pairs[i%len(pairs)]
@@ -289,6 +265,45 @@ func (s *Setup) reserving(ctx context.Context, n int) (ReservingResult, error) {
 	}
 	res.Ledger = latency(lat)
 	return res, nil
+}
+
+// sendEngine is a fresh engine on the setup's directory (so the rates of decisions
+// measured before do not count) and the (agent, room) memberships its send_message
+// inputs go round, each with an estimate. With budgets, every agent, owner and
+// organization has a hard day budget no input reaches.
+func (s *Setup) sendEngine(ctx context.Context, withBudgets bool) (e *policy.Engine, pairs []policy.MessageInput, budgets int, err error) {
+	dir := s.Engine.Directory()
+	ledger := policy.NewLedger(0)
+	if e, err = policy.New(ctx, policy.Config{Directory: dir, Ledger: ledger}); err != nil {
+		return nil, nil, 0, fmt.Errorf("cannot build the send_message engine: %w", err)
+	}
+	if withBudgets {
+		now := time.Now()
+		for _, a := range s.Snapshot.Agents {
+			for _, sc := range []struct {
+				scope policy.BudgetScope
+				id    string
+			}{{policy.ScopeAgent, a.ID}, {policy.ScopeOwner, a.Owner}, {policy.ScopeOrg, a.Org}} {
+				b := policy.Budget{Org: a.Org, Scope: sc.scope, ScopeID: sc.id, Period: policy.PeriodDay, Tokens: policy.MaxBudget,
+					CostMicros: policy.MaxBudget, Hard: true, UpdatedAt: now}
+				b.Normalize()
+				if _, dup := ledger.Budget(b.ID); !dup && ledger.Set(b, now) {
+					budgets++
+				}
+			}
+		}
+	}
+	for _, room := range s.rooms {
+		for _, m := range s.Snapshot.Rooms[room] {
+			if a, ok := dir.Agent(m); ok && !a.IsSuspended() {
+				pairs = append(pairs, policy.MessageInput{Agent: m, Room: room, Tokens: 500, CostMicros: 1000})
+			}
+		}
+	}
+	if len(pairs) == 0 {
+		return nil, nil, 0, fmt.Errorf("cannot measure send_message: no agent is in a room")
+	}
+	return e, pairs, budgets, nil
 }
 
 // latency summarizes one decision's latencies; per_s is decisions per second of
