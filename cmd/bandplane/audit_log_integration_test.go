@@ -122,7 +122,7 @@ func TestIntegrationAuditLog(t *testing.T) {
 	require.NoError(t, err)
 	code, body := srv.do(http.MethodGet, "/v1/audit/checkpoint", platform, "", nil)
 	require.Equal(t, http.StatusOK, code, "%s", body)
-	var list []checkpointEntry
+	var list []trail.CheckpointEntry
 	require.NoError(t, json.Unmarshal(body, &list))
 	var orgs []string
 	for _, e := range list {
@@ -136,7 +136,7 @@ func TestIntegrationAuditLog(t *testing.T) {
 	q := url.Values{"event": {ev.ID}, "time": {ev.Time.Format(time.RFC3339Nano)}}
 	code, body = srv.do(http.MethodGet, "/v1/audit/proof?"+q.Encode(), compliance, "", nil)
 	require.Equal(t, http.StatusOK, code, "%s", body)
-	var incl proofAnswer
+	var incl trail.ProofAnswer
 	require.NoError(t, json.Unmarshal(body, &incl))
 	cp, err := ring.Open([]byte(incl.Checkpoint))
 	require.NoError(t, err)
@@ -313,10 +313,10 @@ func TestIntegrationAuditLog(t *testing.T) {
 	// The rotation records, for a reader anchored at one key; hostile requests refused.
 	code, body = srv.do(http.MethodGet, "/v1/audit/rotations", compliance, "", nil)
 	require.Equal(t, http.StatusOK, code, "%s", body)
-	var rots rotationsAnswer
+	var rots trail.RotationsAnswer
 	require.NoError(t, json.Unmarshal(body, &rots))
 	require.Len(t, rots.Rotations, 1)
-	assert.Equal(t, rotationEntry{OldKeyID: oldID, NewKeyID: nextID, From: from, Record: record}, rots.Rotations[0])
+	assert.Equal(t, trail.RotationEntry{OldKeyID: oldID, NewKeyID: nextID, From: from, Record: record}, rots.Rotations[0])
 	for _, tc := range []struct {
 		method, path, token string
 		code                int

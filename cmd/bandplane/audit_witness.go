@@ -23,6 +23,7 @@ import (
 
 	"golang.org/x/mod/sumdb/note"
 
+	"github.com/bandplane/bandplane/query/trail"
 	"github.com/bandplane/bandplane/schema/tlog"
 )
 
@@ -120,7 +121,7 @@ func runAuditWitness(ctx context.Context, e *env, args []string) error {
 		return fmt.Errorf("--org: given %d times, more than %d (without --org every organization the key may see is witnessed)", len(orgs), maxWitnessOrgs)
 	}
 	for _, org := range orgs {
-		if err := checkOrgParam(org, true); err != nil {
+		if err := trail.CheckOrgParam(org, true); err != nil {
 			return fmt.Errorf("--%w", err)
 		}
 	}
@@ -238,7 +239,7 @@ func (c *auditClient) rotations(ctx context.Context) ([][]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	var ans rotationsAnswer
+	var ans trail.RotationsAnswer
 	if err := json.Unmarshal(b, &ans); err != nil {
 		return nil, fmt.Errorf("cannot read the rotation records: %w", err)
 	}
@@ -294,7 +295,7 @@ func (w *witness) pass(ctx context.Context, c *auditClient, orgs []string, given
 		add(w.check(ctx, c, ring, b, "", false))
 		return rep, nil
 	}
-	var list []checkpointEntry
+	var list []trail.CheckpointEntry
 	if err := json.Unmarshal(b, &list); err != nil {
 		return rep, fmt.Errorf("cannot read the list of checkpoints: %w", err)
 	}
@@ -406,7 +407,7 @@ func (w *witness) check(ctx context.Context, c *auditClient, ring *tlog.KeyRing,
 				o.Status, o.Reason = "error", "no consistency proof: "+err.Error()
 				return o
 			}
-			var ans proofAnswer
+			var ans trail.ProofAnswer
 			if err := json.Unmarshal(b, &ans); err != nil {
 				o.Status, o.Reason = "refused", "the consistency proof cannot be read: "+err.Error()
 				return o

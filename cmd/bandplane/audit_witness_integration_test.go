@@ -48,21 +48,21 @@ func TestIntegrationAuditWitnessPerOrganization(t *testing.T) {
 		}
 		isoPost(t, srv, ingestKey, evs)
 	}
-	listing := func() map[string]checkpointEntry {
+	listing := func() map[string]trail.CheckpointEntry {
 		t.Helper()
 		code, body := srv.do(http.MethodGet, "/v1/audit/checkpoint", platform, "", nil)
 		require.Equal(t, http.StatusOK, code, "%s", body)
-		var list []checkpointEntry
+		var list []trail.CheckpointEntry
 		require.NoError(t, json.Unmarshal(body, &list))
-		out := map[string]checkpointEntry{}
+		out := map[string]trail.CheckpointEntry{}
 		for _, e := range list {
 			out[e.Org] = e
 		}
 		return out
 	}
-	sizeAtLeast := func(org string, n uint64) checkpointEntry {
+	sizeAtLeast := func(org string, n uint64) trail.CheckpointEntry {
 		t.Helper()
-		var e checkpointEntry
+		var e trail.CheckpointEntry
 		require.True(t, stacktest.Eventually(t, 60*time.Second, 200*time.Millisecond, func() bool {
 			e = listing()[org]
 			return e.Error == "" && e.Size >= n
@@ -129,7 +129,7 @@ func TestIntegrationAuditWitnessPerOrganization(t *testing.T) {
 	// org-bravo's newest checkpoint row deleted from ClickHouse, while the topic keeps it:
 	// its entry says it was rolled back, the others are listed as they are.
 	require.NoError(t, s.conn.Exec(t.Context(), "ALTER TABLE "+s.db+".checkpoints DELETE WHERE org_id = 'org-bravo' AND size >= "+strconv.FormatUint(bravo2.Size, 10)))
-	var e checkpointEntry
+	var e trail.CheckpointEntry
 	require.True(t, stacktest.Eventually(t, 30*time.Second, 200*time.Millisecond, func() bool {
 		e = listing()["org-bravo"]
 		return e.Error != ""

@@ -108,9 +108,9 @@ func (f *fakeServe) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	switch r.URL.Path {
 	case "/v1/audit/rotations":
-		ans := rotationsAnswer{Rotations: []rotationEntry{}}
+		ans := trail.RotationsAnswer{Rotations: []trail.RotationEntry{}}
 		for _, n := range f.rotations {
-			ans.Rotations = append(ans.Rotations, rotationEntry{Record: string(n)})
+			ans.Rotations = append(ans.Rotations, trail.RotationEntry{Record: string(n)})
 		}
 		keys.WriteJSON(w, http.StatusOK, ans)
 	case "/v1/audit/checkpoint":
@@ -131,7 +131,7 @@ func (f *fakeServe) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			_, _ = w.Write(l.note)
 			return
 		}
-		out := []checkpointEntry{}
+		out := []trail.CheckpointEntry{}
 		for _, org := range slices.Sorted(func(yield func(string) bool) {
 			for o := range f.logs {
 				if !yield(o) {
@@ -142,9 +142,9 @@ func (f *fakeServe) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			switch {
 			case f.hidden[org]:
 			case f.errs[org] != "":
-				out = append(out, checkpointEntry{Org: org, Error: f.errs[org]})
+				out = append(out, trail.CheckpointEntry{Org: org, Error: f.errs[org]})
 			default:
-				out = append(out, checkpointEntry{Org: org, Checkpoint: string(f.logs[org].note)})
+				out = append(out, trail.CheckpointEntry{Org: org, Checkpoint: string(f.logs[org].note)})
 			}
 		}
 		keys.WriteJSON(w, http.StatusOK, out)
@@ -162,7 +162,7 @@ func (f *fakeServe) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		pr, err := l.tree.ConsistencyProof(from, to)
 		require.NoError(f.t, err)
-		keys.WriteJSON(w, http.StatusOK, proofAnswer{Org: q.Get("org"), Checkpoint: string(l.note), From: &from, To: &to, Proof: b64s(pr)})
+		keys.WriteJSON(w, http.StatusOK, trail.ProofAnswer{Org: q.Get("org"), Checkpoint: string(l.note), From: &from, To: &to, Proof: trail.EncodeProof(pr)})
 	default:
 		keys.WriteError(w, http.StatusNotFound, "not_found", r.URL.Path)
 	}

@@ -48,7 +48,7 @@ func newAPI(d *serveDeps, ing *ingestPart, pol *policyPart, lv *livePart, notRea
 		return nil, err
 	}
 	mux.Handle("/v1/audit/export", trail.ExportHandler(d.keys, exporter, d.auditor, log))
-	logHandler := newAuditLogHandler(d.auditLog, d.latestCheckpoints, d.keys, log)
+	logHandler := trail.LogHandler(d.auditLog, d.latestCheckpoints, d.keys, log)
 	mux.Handle("/v1/audit/checkpoint", logHandler)
 	mux.Handle("/v1/audit/proof", logHandler)
 	mux.Handle("/v1/audit/rotations", logHandler)

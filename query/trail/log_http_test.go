@@ -1,4 +1,4 @@
-package main
+package trail
 
 import (
 	"context"
@@ -12,28 +12,29 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/bandplane/bandplane/query/trail"
 	"github.com/bandplane/bandplane/schema/tlog"
 )
 
+const logTestPrefix = "bandplane/log-http-test"
+
 // The choice between ClickHouse's newest checkpoint and the topic's: the topic's when it
 // verifies and is no smaller, a rollback when it is larger, ClickHouse's otherwise.
-func TestAuditCombineNewest(t *testing.T) {
+func TestCombineNewest(t *testing.T) {
 	_, key, err := ed25519.GenerateKey(rand.Reader)
 	require.NoError(t, err)
 	_, other, err := ed25519.GenerateKey(rand.Reader)
 	require.NoError(t, err)
-	ring, err := tlog.NewKeyRing(fakePrefix, []ed25519.PublicKey{key.Public().(ed25519.PublicKey)}, nil)
+	ring, err := tlog.NewKeyRing(logTestPrefix, []ed25519.PublicKey{key.Public().(ed25519.PublicKey)}, nil)
 	require.NoError(t, err)
 	sign := func(k ed25519.PrivateKey, org string, size uint64) tlog.Checkpoint {
-		s, err := tlog.NewSigner(fakePrefix, k)
+		s, err := tlog.NewSigner(logTestPrefix, k)
 		require.NoError(t, err)
 		c, err := s.Sign(org, size, make([]byte, 32))
 		require.NoError(t, err)
 		return c
 	}
 	stored := sign(key, "org-a", 5)
-	noneErr := fmt.Errorf("%w: organization %q has no checkpoint signed with the audit key", trail.ErrNotInLog, "org-a")
+	noneErr := fmt.Errorf("%w: organization %q has no checkpoint signed with the audit key", ErrNotInLog, "org-a")
 
 	c, err := combineNewest(ring, "org-a", stored, nil, nil)
 	require.NoError(t, err)
@@ -46,7 +47,7 @@ func TestAuditCombineNewest(t *testing.T) {
 
 	larger := sign(key, "org-a", 9)
 	_, err = combineNewest(ring, "org-a", stored, nil, map[string][]byte{"org-a": larger.Note})
-	assert.ErrorIs(t, err, trail.ErrLogDamaged)
+	assert.ErrorIs(t, err, ErrLogDamaged)
 	assert.ErrorContains(t, err, "rolled back")
 
 	c, err = combineNewest(ring, "org-a", tlog.Checkpoint{}, noneErr, map[string][]byte{"org-a": larger.Note})
@@ -62,20 +63,20 @@ func TestAuditCombineNewest(t *testing.T) {
 		require.NoError(t, err, name)
 		assert.Equal(t, stored.Note, c.Note, "%s: ClickHouse's", name)
 		_, err = combineNewest(ring, "org-a", tlog.Checkpoint{}, noneErr, map[string][]byte{"org-a": note})
-		assert.ErrorIs(t, err, trail.ErrNotInLog, name)
+		assert.ErrorIs(t, err, ErrNotInLog, name)
 	}
 
 	assert.True(t, isOrgKey("org-a"))
 	assert.True(t, isOrgKey(""))
-	assert.False(t, isOrgKey(trail.CoverageKey))
-	assert.False(t, isOrgKey(trail.RotationKeyPrefix+"abc"))
+	assert.False(t, isOrgKey(CoverageKey))
+	assert.False(t, isOrgKey(RotationKeyPrefix+"abc"))
 	assert.Equal(t, [][]byte{[]byte("r1"), []byte("r2")},
-		trail.TopicRotations(map[string][]byte{trail.RotationKeyPrefix + "b": []byte("r2"), trail.RotationKeyPrefix + "a": []byte("r1"), "org-a": []byte("c"), trail.CoverageKey: []byte("cov")}))
+		TopicRotations(map[string][]byte{RotationKeyPrefix + "b": []byte("r2"), RotationKeyPrefix + "a": []byte("r1"), "org-a": []byte("c"), CoverageKey: []byte("cov")}))
 }
 
 // The topic is read once per refresh interval, a failed read included (with Kafka down
 // every request would wait for it again); a request's own cancellation is not kept.
-func TestAuditTopicCache(t *testing.T) {
+func TestTopicCache(t *testing.T) {
 	reads := 0
 	fail := errors.New("kafka down")
 	var answer error
