@@ -108,14 +108,15 @@ func (r *Recorder) Steps() []*Step {
 
 var repoRoot = stacktest.RepoRoot()
 
-// caller is the first frame outside this package: the call in bandplane's code.
+// caller is the first frame outside this package and outside the connection
+// wrappers (PassThrough): the call in bandplane's code.
 func caller() string {
 	pcs := make([]uintptr, 8)
 	n := runtime.Callers(3, pcs)
 	frames := runtime.CallersFrames(pcs[:n])
 	for {
 		f, more := frames.Next()
-		if !strings.Contains(f.File, "/deploy/stacktest/dual/") {
+		if !strings.Contains(f.File, "/deploy/stacktest/dual/") && !passesThrough(f.File) {
 			if rel, err := filepath.Rel(repoRoot, f.File); err == nil {
 				return fmt.Sprintf("%s:%d", rel, f.Line)
 			}
