@@ -1,23 +1,27 @@
 package dashboards
 
 import (
+	"fmt"
+	"time"
+
+	"github.com/bandplane/bandplane/schema/work"
 	"github.com/grafana/grafana-foundation-sdk/go/dashboard"
 )
 
-// Task statuses as query/work.go reads them: trimmed, lower case, spaces as
-// underscores; in progress is the only status that can be stuck, finished ones are final.
-const (
-	taskStatus     = `lower(replaceAll(replaceRegexpAll(status, '^\\s+|\\s+\\z', ''), ' ', '_'))`
-	inProgressList = `('in_progress', 'inprogress', 'working', 'active', 'started', 'doing')`
-	finishedList   = `('done', 'completed', 'complete', 'closed', 'cancelled', 'canceled', 'resolved')`
+// Task statuses by schema/work's rules: in progress is the only status that can be
+// stuck, finished ones are final.
+var (
+	taskStatus     = work.StatusKeySQL
+	inProgressList = work.SQLList(work.InProgressStatuses)
+	finishedList   = work.SQLList(work.FinishedStatuses)
 )
 
-// stuckAfter is query.DefaultStuckAfter: a task in progress with no activity (its own
-// update, or any event of its assignee in its room) for this long is stuck.
-const stuckAfter = 15 * 60
+// stuckAfter is work.DefaultStuckAfter in seconds: a task in progress with no activity
+// (its own update, or any event of its assignee in its room) for this long is stuck.
+const stuckAfter = int(work.DefaultStuckAfter / time.Second)
 
-// attentionWindow is query.AttentionWindow: an older unanswered request is not shown.
-const attentionWindow = "INTERVAL 30 DAY"
+// attentionWindow is work.AttentionWindow: an older unanswered request is not shown.
+var attentionWindow = fmt.Sprintf("INTERVAL %d DAY", work.AttentionWindow/(24*time.Hour))
 
 // tasksWhere selects the latest state of the tasks of the selection (tasks FINAL: the
 // newest event of each task wins; deleted ones are left out).
@@ -86,7 +90,7 @@ var (
 	ORDER BY idle DESC, room, task
 	LIMIT 200`)
 
-	// Requests for a human's attention still open now (query/work.go, AttentionOpen):
+	// Requests for a human's attention still open now (schema/work, Attention.Open):
 	// open until the person it addresses (its first mention the directory knows as a
 	// person; any person when none) posts a message in the room after it, or a task of the
 	// room assigned to the agent that asked is updated after it (room_activity: a party's

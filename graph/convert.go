@@ -8,6 +8,7 @@ import (
 
 	"github.com/bandplane/bandplane/graph/model"
 	"github.com/bandplane/bandplane/query"
+	"github.com/bandplane/bandplane/schema/work"
 )
 
 // names are the handles and names of the parties and rooms of one answer.
@@ -88,7 +89,7 @@ func optString(s string) *string {
 	return &s
 }
 
-func taskModel(t query.Task, n *names) model.Task {
+func taskModel(t work.Task, n *names) model.Task {
 	m := model.Task{ID: t.ID, RoomID: t.RoomID, Title: t.Title, Status: t.Status, AssigneeID: t.AssigneeID,
 		CreatedAt: optTime(t.CreatedAt), UpdatedAt: t.UpdatedAt, LastActivity: t.LastActivity, Stuck: t.Stuck}
 	if t.Stuck {
@@ -98,7 +99,7 @@ func taskModel(t query.Task, n *names) model.Task {
 	return m
 }
 
-func attentionModel(a query.Attention, n *names, now time.Time) model.AttentionRequest {
+func attentionModel(a work.Attention, n *names, now time.Time) model.AttentionRequest {
 	m := model.AttentionRequest{ID: a.ID, RoomID: a.RoomID, AskedBy: a.AskerID, Question: a.Question, Since: a.Since,
 		AgeSeconds: int64(max(now.Sub(a.Since), 0) / time.Second), AddressedTo: optString(a.AddressedTo)}
 	n.party(a.AskerID, &m.AskedByHandle, &m.AskedByName)

@@ -18,7 +18,7 @@ import (
 	"github.com/bandplane/bandplane/policy"
 	"github.com/bandplane/bandplane/query"
 	"github.com/bandplane/bandplane/schema"
-	"github.com/bandplane/bandplane/schema/store"
+	"github.com/bandplane/bandplane/schema/work"
 )
 
 // The hub fans the live events of one serve process (its "live" Kafka reader, see
@@ -54,7 +54,7 @@ type Handles interface {
 // HubConfig configures a Hub. Zero fields take the defaults.
 type HubConfig struct {
 	Buffer                 int
-	StuckAfter             time.Duration // default query.DefaultStuckAfter
+	StuckAfter             time.Duration // default work.DefaultStuckAfter
 	MaxTracked             int           // per organization, tasks and requests each
 	MaxSubscriptionsPerKey int
 	Tick                   time.Duration // how often stuck tasks are looked for; default 1 s
@@ -87,8 +87,8 @@ type orgState struct {
 	// seen is the time of the latest task event applied per task, finished tasks
 	// included: an older or replayed event is ignored (Kafka delivers at least once).
 	seen      map[string]taskSeen
-	attention map[string][]*query.Attention // room → open requests, oldest first
-	asked     map[string]bool               // ids of the open requests
+	attention map[string][]*work.Attention // room → open requests, oldest first
+	asked     map[string]bool              // ids of the open requests
 }
 
 type taskSeen struct {
@@ -98,7 +98,7 @@ type taskSeen struct {
 
 type tracked struct {
 	org  string
-	task query.Task
+	task work.Task
 }
 
 // NewHub returns a hub; Run starts its stuck timer.
@@ -107,7 +107,7 @@ func NewHub(cfg HubConfig) *Hub {
 		cfg.Buffer = DefaultSubscriberBuffer
 	}
 	if cfg.StuckAfter <= 0 {
-		cfg.StuckAfter = query.DefaultStuckAfter
+		cfg.StuckAfter = work.DefaultStuckAfter
 	}
 	if cfg.MaxTracked <= 0 {
 		cfg.MaxTracked = DefaultMaxTracked
@@ -139,7 +139,7 @@ func (h *Hub) org(id string) *orgState {
 	o := h.orgs[id]
 	if o == nil {
 		o = &orgState{tasks: map[string]*tracked{}, byActor: map[[2]string][]*tracked{}, seen: map[string]taskSeen{},
-			attention: map[string][]*query.Attention{}, asked: map[string]bool{}}
+			attention: map[string][]*work.Attention{}, asked: map[string]bool{}}
 		h.orgs[id] = o
 	}
 	return o
@@ -147,7 +147,7 @@ func (h *Hub) org(id string) *orgState {
 
 // SeedTask makes the hub follow a task in progress that ingest stored before the hub
 // started (serve seeds it from ClickHouse), so that it becomes stuck on time.
-func (h *Hub) SeedTask(org string, t query.Task) {
+func (h *Hub) SeedTask(org string, t work.Task) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	o := h.org(org)
@@ -244,7 +244,7 @@ func (h *Hub) checkKeys() {
 	}
 }
 
-// sweepLocked forgets the requests for attention older than query.AttentionWindow
+// sweepLocked forgets the requests for attention older than work.AttentionWindow
 // (workStatus no longer shows them either) and what it knows of finished tasks not
 // seen for a day.
 func (h *Hub) sweepLocked(now time.Time) {
@@ -253,7 +253,7 @@ func (h *Hub) sweepLocked(now time.Time) {
 		for room, list := range o.attention {
 			kept := list[:0]
 			for _, a := range list {
-				if now.Sub(a.Since) < query.AttentionWindow {
+				if now.Sub(a.Since) < work.AttentionWindow {
 					kept = append(kept, a)
 				} else {
 					delete(o.asked, a.ID)
@@ -276,11 +276,11 @@ func (h *Hub) sweepLocked(now time.Time) {
 	}
 }
 
-func (h *Hub) trackLocked(org string, o *orgState, t query.Task) {
+func (h *Hub) trackLocked(org string, o *orgState, t work.Task) {
 	if old, ok := o.tasks[t.ID]; ok {
 		h.untrackLocked(o, old)
 	}
-	if !query.InProgress(t.Status) || len(o.tasks) >= h.cfg.MaxTracked {
+	if !work.InProgress(t.Status) || len(o.tasks) >= h.cfg.MaxTracked {
 		return
 	}
 	tr := &tracked{org: org, task: t}
@@ -328,11 +328,9 @@ func (h *Hub) apply(ev *schema.Event, quiet bool) {
 	now := h.cfg.Now().UTC()
 	evID := ev.ID
 	// Activity of an assignee keeps its tasks in the room from being stuck.
-	if ev.RoomID != "" && ev.Actor.ID != "" {
+	if ev.RoomID != "" && ev.Actor.ID != "" && work.Active(string(ev.Actor.Type)) {
 		for _, tr := range o.byActor[[2]string{ev.RoomID, ev.Actor.ID}] {
-			if ev.Time.After(tr.task.LastActivity) {
-				tr.task.LastActivity = ev.Time
-			}
+			tr.task.Touch(ev.Time)
 			was := tr.task.Stuck
 			tr.task.SetStuck(now, h.cfg.StuckAfter)
 			if !tr.task.Stuck {
@@ -346,45 +344,34 @@ func (h *Hub) apply(ev *schema.Event, quiet bool) {
 	}
 	switch ev.Type {
 	case schema.TypeTaskCreated, schema.TypeTaskUpdated, schema.TypeTaskDeleted:
-		var d schema.TaskData
-		if schema.DecodeData(ev.Data, &d) != nil || d.TaskID == "" || len(d.TaskID) > schema.MaxIDBytes {
+		t, ok := work.TaskOf(ev.Type, ev.Time, ev.RoomID, ev.Data)
+		if !ok {
 			return
 		}
-		if s, ok := o.seen[d.TaskID]; ok && (ev.Time.Before(s.time) || ev.Time.Equal(s.time) && ev.ID == s.id) {
+		if s, ok := o.seen[t.ID]; ok && (ev.Time.Before(s.time) || ev.Time.Equal(s.time) && ev.ID == s.id) {
 			return // older than what was applied, or the same event again
 		}
 		if len(o.seen) < 4*h.cfg.MaxTracked {
-			o.seen[d.TaskID] = taskSeen{time: ev.Time, id: ev.ID}
+			o.seen[t.ID] = taskSeen{time: ev.Time, id: ev.ID}
 		}
-		t := query.Task{ID: d.TaskID, RoomID: ev.RoomID, Title: store.Cut(d.Title, store.MaxTitle), Status: store.Cut(d.Status, 64), AssigneeID: d.Assignee,
-			UpdatedAt: ev.Time, LastActivity: ev.Time}
-		if ev.Type == schema.TypeTaskCreated {
-			t.CreatedAt = ev.Time
-		}
-		if ev.Type == schema.TypeTaskDeleted {
+		if t.Deleted {
 			t.Status = "deleted"
 		}
 		t.SetStuck(now, h.cfg.StuckAfter)
 		h.trackLocked(org, o, t)
 		publish(&change{work: &model.WorkStatusChange{Kind: model.WorkChangeKindTask, RoomID: ev.RoomID,
 			Time: ev.Time, EventID: &evID, Task: h.taskModel(org, t)}})
-		// A task update of the agent that asked closes its requests in the room.
-		if d.Assignee != "" {
-			h.closeLocked(org, o, ev, func(a *query.Attention) bool { return a.AskerID == d.Assignee }, publish)
-		}
+		h.closeLocked(org, o, ev, func(a *work.Attention) bool { return a.Resumes(t.AssigneeID, ev.Time) }, publish)
 	case schema.TypeAttention:
-		var d schema.MessageData
-		if schema.DecodeData(ev.Data, &d) != nil || ev.RoomID == "" || o.asked[ev.ID] {
+		if o.asked[ev.ID] {
 			return
 		}
-		a := &query.Attention{ID: ev.ID, RoomID: ev.RoomID, AskerID: ev.Actor.ID, AskerHandle: ev.Actor.Handle,
-			Question: store.Cut(d.Content, store.MaxQuestion), Since: ev.Time}
-		for _, m := range d.Mentions {
-			if _, person, ok := h.handle(org, m.ID); ok && person {
-				a.AddressedTo = m.ID
-				break
-			}
+		asked, ok := work.AttentionOf(ev.ID, ev.RoomID, ev.Actor.ID, ev.Actor.Handle, ev.Time, ev.Data)
+		if !ok {
+			return
 		}
+		a := &asked
+		a.Address(func(id string) bool { _, person, ok := h.handle(org, id); return ok && person })
 		if len(o.asked) < h.cfg.MaxTracked {
 			o.attention[ev.RoomID] = append(o.attention[ev.RoomID], a)
 			o.asked[ev.ID] = true
@@ -394,7 +381,7 @@ func (h *Hub) apply(ev *schema.Event, quiet bool) {
 			RoomID: ev.RoomID, Time: ev.Time, EventID: &evID, Attention: m}})
 	case schema.TypeMessageCreated:
 		if ev.Actor.Type == schema.ActorUser {
-			h.closeLocked(org, o, ev, func(a *query.Attention) bool { return a.AddressedTo == ev.Actor.ID || a.AddressedTo == "" }, publish)
+			h.closeLocked(org, o, ev, func(a *work.Attention) bool { return a.Answers(ev.Actor.ID, ev.Time) }, publish)
 		}
 		if ev.Actor.Type == schema.ActorAgent && ev.RoomID != "" {
 			id := ev.Actor.ID
@@ -445,13 +432,13 @@ func (h *Hub) apply(ev *schema.Event, quiet bool) {
 	}
 }
 
-// closeLocked closes the room's open requests asked before ev that match.
-func (h *Hub) closeLocked(org string, o *orgState, ev *schema.Event, match func(*query.Attention) bool, publish func(*change)) {
+// closeLocked closes the room's open requests that ev closes (match).
+func (h *Hub) closeLocked(org string, o *orgState, ev *schema.Event, match func(*work.Attention) bool, publish func(*change)) {
 	list := o.attention[ev.RoomID]
 	kept := list[:0]
 	now := h.cfg.Now().UTC()
 	for _, a := range list {
-		if ev.Time.After(a.Since) && match(a) {
+		if match(a) {
 			evID := ev.ID
 			delete(o.asked, a.ID)
 			publish(&change{work: &model.WorkStatusChange{Kind: model.WorkChangeKindAttentionClosed, RoomID: ev.RoomID,
@@ -474,7 +461,7 @@ func (h *Hub) handle(org, id string) (string, bool, bool) {
 	return h.cfg.Handles.Handle(org, id)
 }
 
-func (h *Hub) taskModel(org string, t query.Task) *model.Task {
+func (h *Hub) taskModel(org string, t work.Task) *model.Task {
 	m := taskModel(t, nil)
 	if handle, _, ok := h.handle(org, t.AssigneeID); ok {
 		m.AssigneeHandle = &handle
@@ -482,7 +469,7 @@ func (h *Hub) taskModel(org string, t query.Task) *model.Task {
 	return &m
 }
 
-func (h *Hub) attentionModel(org string, a *query.Attention, now time.Time) *model.AttentionRequest {
+func (h *Hub) attentionModel(org string, a *work.Attention, now time.Time) *model.AttentionRequest {
 	m := attentionModel(*a, nil, now)
 	if handle, _, ok := h.handle(org, a.AskerID); ok {
 		m.AskedByHandle = &handle

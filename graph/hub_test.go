@@ -14,9 +14,8 @@ import (
 
 	"github.com/bandplane/bandplane/graph/model"
 	"github.com/bandplane/bandplane/policy"
-	"github.com/bandplane/bandplane/query"
 	"github.com/bandplane/bandplane/schema"
-	"github.com/bandplane/bandplane/schema/store"
+	"github.com/bandplane/bandplane/schema/work"
 )
 
 type fakeHandles map[string]string // id → handle; ids starting with "u" are people
@@ -221,8 +220,8 @@ func TestHubIgnoresWhatItCannotRead(t *testing.T) {
 	quiet(t, ch)
 }
 
-func taskOf(id, room, assignee, status string, last time.Time) query.Task {
-	return query.Task{ID: id, RoomID: room, AssigneeID: assignee, Status: status, UpdatedAt: last, LastActivity: last}
+func taskOf(id, room, assignee, status string, last time.Time) work.Task {
+	return work.Task{ID: id, RoomID: room, AssigneeID: assignee, Status: status, UpdatedAt: last, LastActivity: last}
 }
 
 func TestHubIsReplaySafeAndQuietOnReplay(t *testing.T) {
@@ -260,7 +259,7 @@ func TestHubIsReplaySafeAndQuietOnReplay(t *testing.T) {
 	// A huge question is kept cut.
 	big := liveEvent("big", schema.TypeAttention, clk.now(), "org-a", "r1", "a1", schema.ActorAgent, schema.MessageData{Content: strings.Repeat("x", 900_000)})
 	h.Publish(big)
-	require.Len(t, next(t, work).work.Attention.Question, store.MaxQuestion)
+	require.Len(t, next(t, work).work.Attention.Question, 1000, "work.MaxQuestion")
 }
 
 func TestHubBudgetsArePerOrganization(t *testing.T) {

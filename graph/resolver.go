@@ -21,6 +21,7 @@ import (
 	"github.com/bandplane/bandplane/query"
 	"github.com/bandplane/bandplane/schema"
 	"github.com/bandplane/bandplane/schema/keys"
+	"github.com/bandplane/bandplane/schema/work"
 )
 
 // Querier is what the resolvers read. *query.Querier implements it; tests use a fake.
@@ -135,7 +136,7 @@ func outcomeOf(o *model.DecisionOutcome) string {
 // stuckAfter is the hub's stuck time, so queries and live changes agree.
 func (r *Resolver) stuckAfter() time.Duration {
 	if r.hub == nil {
-		return query.DefaultStuckAfter
+		return work.DefaultStuckAfter
 	}
 	return r.hub.StuckAfter()
 }

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"slices"
 	"time"
+
+	"github.com/bandplane/bandplane/schema/work"
 )
 
 // Directory listings: the agents and rooms of an organization.
@@ -297,20 +299,20 @@ func (qr *Querier) Rooms(ctx context.Context, q RoomQuery) ([]Room, error) {
 	out := make([]Room, 0, len(ids))
 	for start := 0; start < len(ids); start += MaxWorkRooms {
 		chunk := ids[start:min(start+MaxWorkRooms, len(ids))]
-		work, _, err := qr.roomWork(ctx, wq, chunk)
+		byRoom, _, err := qr.roomWork(ctx, wq, chunk)
 		if err != nil {
 			return nil, err
 		}
 		for _, id := range chunk {
 			r := info[id]
 			r.ID = id
-			w := work[id]
+			w := byRoom[id]
 			r.LastActivity = last[id]
 			if w.LastActivity.After(r.LastActivity) {
 				r.LastActivity = w.LastActivity
 			}
 			for _, t := range w.Tasks {
-				if !Finished(t.Status) {
+				if !work.Finished(t.Status) {
 					r.OpenTasks++
 				}
 				if t.Stuck {

@@ -5,12 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2/ext"
 
 	"github.com/bandplane/bandplane/schema/chdb"
+	"github.com/bandplane/bandplane/schema/work"
 	"github.com/shopspring/decimal"
 )
 
@@ -20,69 +20,13 @@ import (
 // except today's message counts of the rooms asked about (one day of one
 // organization, by the events table's primary key).
 
-// Work status defaults and bounds.
+// Work status bounds. The rules and windows are schema/work's.
 const (
-	DefaultStuckAfter = 15 * time.Minute
 	// MaxWorkRooms bounds the rooms of one workStatus answer (Truncated beyond).
 	MaxWorkRooms = 200
-	// AttentionWindow is how far back requests for attention are read: an older one
-	// unanswered is not shown as waiting.
-	AttentionWindow = 30 * 24 * time.Hour
-	// ActiveWindow is how recent an agent's activity in a room must be to list it as
-	// active there, and a done task's update to still show it.
-	ActiveWindow = 24 * time.Hour
 	// maxWorkRows bounds each table read of one answer.
 	maxWorkRows = 20000
 )
-
-// InProgress says whether a task status means someone is working on it (the only
-// status that can be stuck).
-func InProgress(status string) bool {
-	switch strings.ToLower(strings.ReplaceAll(strings.TrimSpace(status), " ", "_")) {
-	case "in_progress", "inprogress", "working", "active", "started", "doing":
-		return true
-	}
-	return false
-}
-
-// Finished says whether a task status is final.
-func Finished(status string) bool {
-	switch strings.ToLower(strings.TrimSpace(status)) {
-	case "done", "completed", "complete", "closed", "cancelled", "canceled", "resolved":
-		return true
-	}
-	return false
-}
-
-// Task is a task as its latest event left it.
-type Task struct {
-	ID, RoomID, Title, Status, AssigneeID string
-	CreatedAt                             time.Time // zero when unknown
-	UpdatedAt                             time.Time
-	// LastActivity is the later of UpdatedAt and the assignee's latest event in the room.
-	LastActivity time.Time
-	Stuck        bool
-	StuckSince   time.Time // LastActivity + the stuck time, when Stuck
-}
-
-// SetStuck decides the stuck flag as of now: in progress, and no activity for after.
-func (t *Task) SetStuck(now time.Time, after time.Duration) {
-	t.Stuck, t.StuckSince = false, time.Time{}
-	if InProgress(t.Status) && !now.Before(t.LastActivity.Add(after)) {
-		t.Stuck, t.StuckSince = true, t.LastActivity.Add(after)
-	}
-}
-
-// Attention is an open request for a human's attention.
-type Attention struct {
-	ID, RoomID, AskerID, AskerHandle string
-	// AddressedTo is the first person the request mentions ("" when it names nobody the
-	// directory knows as a person).
-	AddressedTo string
-	Mentions    []string
-	Question    string
-	Since       time.Time
-}
 
 // ActiveAgent is an agent active in a room within ActiveWindow.
 type ActiveAgent struct {
@@ -98,8 +42,8 @@ type ActiveAgent struct {
 // RoomWork is the work status of one room.
 type RoomWork struct {
 	RoomID       string
-	Tasks        []Task
-	Attention    []Attention
+	Tasks        []work.Task
+	Attention    []work.Attention
 	Agents       []ActiveAgent
 	LastActivity time.Time
 }
@@ -108,7 +52,7 @@ type RoomWork struct {
 type WorkQuery struct {
 	OrgID, RoomID string
 	Now           time.Time     // zero: the Querier's clock (time.Now)
-	StuckAfter    time.Duration // zero: DefaultStuckAfter
+	StuckAfter    time.Duration // zero: work.DefaultStuckAfter
 }
 
 // WorkStatus is the answer to a WorkQuery.
@@ -132,7 +76,7 @@ func (q *WorkQuery) normalize(now time.Time) error {
 	}
 	q.Now = q.Now.UTC()
 	if q.StuckAfter == 0 {
-		q.StuckAfter = DefaultStuckAfter
+		q.StuckAfter = work.DefaultStuckAfter
 	}
 	return errors.Join(errs...)
 }
@@ -156,13 +100,13 @@ func (s workSQL) attentionRooms() string {
 }
 
 func (s workSQL) openTaskRooms() string {
-	return "SELECT DISTINCT room_id FROM " + s.db + ".tasks FINAL WHERE org_id = ? AND deleted = 0 AND room_id != '' AND NOT has(?, lower(status)) LIMIT ?"
+	return "SELECT DISTINCT room_id FROM " + s.db + ".tasks FINAL WHERE org_id = ? AND deleted = 0 AND room_id != '' AND NOT has(?, " + work.StatusKeySQL + ") LIMIT ?"
 }
 
 func (s workSQL) tasks() string {
 	return "SELECT task_id, room_id, title, status, assignee_id, created_at, updated_at, updated_ms" +
 		" FROM " + s.db + ".tasks FINAL WHERE org_id = ? AND room_id IN (SELECT id FROM " + idsTable + ")" +
-		" AND deleted = 0 AND (NOT has(?, lower(status)) OR updated_at >= ?) ORDER BY updated_at DESC, task_id LIMIT ?"
+		" AND deleted = 0 AND (NOT has(?, " + work.StatusKeySQL + ") OR updated_at >= ?) ORDER BY updated_at DESC, task_id LIMIT ?"
 }
 
 // activity reads every actor's latest event, message and task update in the rooms,
@@ -193,9 +137,6 @@ func (s workSQL) costToday() string {
 		" GROUP BY room_id, agent_id, currency HAVING total_events > 0"
 }
 
-// finishedStatuses are the lower-case statuses Finished accepts, for SQL.
-var finishedStatuses = []string{"done", "completed", "complete", "closed", "cancelled", "canceled", "resolved"}
-
 // WorkStatus reads the work status of q.RoomID, or of the organization's rooms with
 // work (at most MaxWorkRooms, latest activity first, then rooms with open tasks).
 func (qr *Querier) WorkStatus(ctx context.Context, q WorkQuery) (WorkStatus, error) {
@@ -212,13 +153,13 @@ func (qr *Querier) WorkStatus(ctx context.Context, q WorkQuery) (WorkStatus, err
 			return WorkStatus{}, err
 		}
 	}
-	work, cut, err := qr.roomWork(ctx, q, rooms)
+	byRoom, cut, err := qr.roomWork(ctx, q, rooms)
 	if err != nil {
 		return WorkStatus{}, err
 	}
 	out.Truncated = out.Truncated || cut
 	for _, id := range rooms {
-		w := work[id]
+		w := byRoom[id]
 		if q.RoomID == "" && len(w.Tasks)+len(w.Attention)+len(w.Agents) == 0 {
 			continue
 		}
@@ -232,7 +173,7 @@ func (qr *Querier) WorkStatus(ctx context.Context, q WorkQuery) (WorkStatus, err
 
 // roomsWithWork lists the rooms with activity in the window (latest first), then
 // those with unfinished tasks, then those with requests for attention in
-// AttentionWindow, at most MaxWorkRooms (truncated beyond).
+// work.AttentionWindow, at most MaxWorkRooms (truncated beyond).
 func (qr *Querier) roomsWithWork(ctx context.Context, q WorkQuery) ([]string, map[string]time.Time, bool, error) {
 	s := workSQL{qr.db}
 	last := map[string]time.Time{}
@@ -247,9 +188,9 @@ func (qr *Querier) roomsWithWork(ctx context.Context, q WorkQuery) ([]string, ma
 		args      []any
 		timed     bool
 	}{
-		{s.activeRooms(), "the active rooms", []any{q.OrgID, q.Now.Add(-ActiveWindow), MaxWorkRooms + 1}, true},
-		{s.openTaskRooms(), "the rooms with open tasks", []any{q.OrgID, finishedStatuses, MaxWorkRooms + 1}, false},
-		{s.attentionRooms(), "the rooms with requests for attention", []any{q.OrgID, q.Now.Add(-AttentionWindow), MaxWorkRooms + 1}, true},
+		{s.activeRooms(), "the active rooms", []any{q.OrgID, q.Now.Add(-work.ActiveWindow), MaxWorkRooms + 1}, true},
+		{s.openTaskRooms(), "the rooms with open tasks", []any{q.OrgID, work.FinishedStatuses, MaxWorkRooms + 1}, false},
+		{s.attentionRooms(), "the rooms with requests for attention", []any{q.OrgID, q.Now.Add(-work.AttentionWindow), MaxWorkRooms + 1}, true},
 	} {
 		rows, err := qr.conn.Query(ctx, r.sql, r.args...)
 		if err != nil {
@@ -292,12 +233,12 @@ func (qr *Querier) roomsWithWork(ctx context.Context, q WorkQuery) ([]string, ma
 // says a table read held more than maxWorkRows rows (the newest are kept).
 func (qr *Querier) roomWork(ctx context.Context, q WorkQuery, rooms []string) (map[string]*RoomWork, bool, error) {
 	s := workSQL{qr.db}
-	work := make(map[string]*RoomWork, len(rooms))
+	byRoom := make(map[string]*RoomWork, len(rooms))
 	for _, id := range rooms {
-		work[id] = &RoomWork{RoomID: id, Tasks: []Task{}, Attention: []Attention{}, Agents: []ActiveAgent{}}
+		byRoom[id] = &RoomWork{RoomID: id, Tasks: []work.Task{}, Attention: []work.Attention{}, Agents: []ActiveAgent{}}
 	}
 	if len(rooms) == 0 {
-		return work, false, nil
+		return byRoom, false, nil
 	}
 	ictx, err := withIDs(ctx, uniqueIDs(rooms))
 	if err != nil {
@@ -351,7 +292,7 @@ func (qr *Querier) roomWork(ctx context.Context, q WorkQuery, rooms []string) (m
 		return nil, false, queryErr(ctx, err, what("read room activity"))
 	}
 
-	rows, err = qr.conn.Query(ictx, s.tasks(), q.OrgID, finishedStatuses, q.Now.Add(-ActiveWindow), maxWorkRows+1)
+	rows, err = qr.conn.Query(ictx, s.tasks(), q.OrgID, work.FinishedStatuses, q.Now.Add(-work.ActiveWindow), maxWorkRows+1)
 	if err != nil {
 		return nil, false, queryErr(ctx, err, what("read tasks"))
 	}
@@ -360,7 +301,7 @@ func (qr *Querier) roomWork(ctx context.Context, q WorkQuery, rooms []string) (m
 			truncated = true
 			break
 		}
-		var t Task
+		var t work.Task
 		var ms uint16
 		if err := rows.Scan(&t.ID, &t.RoomID, &t.Title, &t.Status, &t.AssigneeID, &t.CreatedAt, &t.UpdatedAt, &ms); err != nil {
 			rows.Close()
@@ -377,7 +318,7 @@ func (qr *Querier) roomWork(ctx context.Context, q WorkQuery, rooms []string) (m
 			t.LastActivity = a.any
 		}
 		t.SetStuck(q.Now, q.StuckAfter)
-		if w := work[t.RoomID]; w != nil {
+		if w := byRoom[t.RoomID]; w != nil {
 			w.Tasks = append(w.Tasks, t)
 		}
 	}
@@ -386,8 +327,8 @@ func (qr *Querier) roomWork(ctx context.Context, q WorkQuery, rooms []string) (m
 		return nil, false, queryErr(ctx, err, what("read tasks"))
 	}
 
-	since := q.Now.Add(-AttentionWindow)
-	var asks []Attention
+	since := q.Now.Add(-work.AttentionWindow)
+	var asks []work.Attention
 	rows, err = qr.conn.Query(ictx, s.attention(), q.OrgID, since, maxWorkRows+1)
 	if err != nil {
 		return nil, false, queryErr(ctx, err, what("read attention requests"))
@@ -397,7 +338,7 @@ func (qr *Querier) roomWork(ctx context.Context, q WorkQuery, rooms []string) (m
 			truncated = true
 			break
 		}
-		var a Attention
+		var a work.Attention
 		var ms uint16
 		if err := rows.Scan(&a.ID, &a.RoomID, &a.AskerID, &a.AskerHandle, &a.Mentions, &a.Question, &a.Since, &ms); err != nil {
 			rows.Close()
@@ -425,12 +366,7 @@ func (qr *Querier) roomWork(ctx context.Context, q WorkQuery, rooms []string) (m
 		}
 	}
 	for _, a := range asks {
-		for _, m := range a.Mentions {
-			if people[m] == "user" {
-				a.AddressedTo = m
-				break
-			}
-		}
+		a.Address(func(id string) bool { return people[id] == "user" })
 		var replied time.Time
 		if a.AddressedTo != "" {
 			if x := acts[[2]string{a.RoomID, a.AddressedTo}]; x != nil {
@@ -443,29 +379,29 @@ func (qr *Querier) roomWork(ctx context.Context, q WorkQuery, rooms []string) (m
 		if x := acts[[2]string{a.RoomID, a.AskerID}]; x != nil {
 			askerTask = x.task
 		}
-		if !AttentionOpen(a.Since, replied, askerTask) {
+		if !a.Open(replied, askerTask) {
 			continue
 		}
-		work[a.RoomID].Attention = append(work[a.RoomID].Attention, a)
+		byRoom[a.RoomID].Attention = append(byRoom[a.RoomID].Attention, a)
 	}
 
 	today := q.Now.Truncate(24 * time.Hour)
 	for k, a := range acts {
-		w := work[k[0]]
+		w := byRoom[k[0]]
 		if w == nil {
 			continue
 		}
 		if a.any.After(w.LastActivity) {
 			w.LastActivity = a.any
 		}
-		if a.actorType != "agent" || a.any.Before(q.Now.Add(-ActiveWindow)) {
+		if a.actorType != "agent" || a.any.Before(q.Now.Add(-work.ActiveWindow)) {
 			continue
 		}
 		w.Agents = append(w.Agents, ActiveAgent{AgentID: k[1], Handle: a.handle, LastActivity: a.any, LastMessageAt: a.msg,
 			LastMessage: a.text, CostToday: decimal.Zero})
 	}
 	agentIdx := map[[2]string]*ActiveAgent{}
-	for _, w := range work {
+	for _, w := range byRoom {
 		slices.SortFunc(w.Agents, func(x, y ActiveAgent) int { return y.LastActivity.Compare(x.LastActivity) })
 		for i := range w.Agents {
 			agentIdx[[2]string{w.RoomID, w.Agents[i].AgentID}] = &w.Agents[i]
@@ -514,16 +450,7 @@ func (qr *Querier) roomWork(ctx context.Context, q WorkQuery, rooms []string) (m
 			return nil, false, queryErr(ctx, err, what("sum today's cost"))
 		}
 	}
-	return work, truncated, nil
-}
-
-// AttentionOpen applies the closing rule of a request for attention asked at since
-// (graph/README.md, "Work status"): it is open until the person it addresses posts a
-// message in the room after it (any person, when it addresses nobody), or a task of
-// the room assigned to the agent that asked is updated after it. replied is the
-// latest such message, askerTaskUpdate the latest such update (zero: none).
-func AttentionOpen(since, replied, askerTaskUpdate time.Time) bool {
-	return !replied.After(since) && !askerTaskUpdate.After(since)
+	return byRoom, truncated, nil
 }
 
 // kinds returns the directory kind ("agent" or "user") of each id of orgID it knows.
@@ -551,11 +478,8 @@ func withMs(t time.Time, ms uint16) time.Time {
 // OrgTask is a task of an organization.
 type OrgTask struct {
 	OrgID string
-	Task  Task
+	Task  work.Task
 }
-
-// inProgressStatuses are the lower-case statuses InProgress accepts, for SQL.
-var inProgressStatuses = []string{"in_progress", "inprogress", "in progress", "working", "active", "started", "doing"}
 
 // SeedWindow is how recently a task in progress must have been updated for the live
 // hub to follow it from the start (an older one has long been stuck).
@@ -563,7 +487,7 @@ const SeedWindow = 7 * 24 * time.Hour
 
 func (s workSQL) inProgress() string {
 	return "SELECT org_id, task_id, room_id, title, status, assignee_id, created_at, updated_at, updated_ms FROM " + s.db + ".tasks FINAL" +
-		" WHERE deleted = 0 AND has(?, lower(status)) AND updated_at >= ? ORDER BY updated_at DESC LIMIT ?"
+		" WHERE deleted = 0 AND has(?, " + work.StatusKeySQL + ") AND updated_at >= ? ORDER BY updated_at DESC LIMIT ?"
 }
 
 func (s workSQL) assigneeActivity() string {
@@ -582,7 +506,7 @@ const partiesTable = "_bandplane_parties"
 // with it.
 func (qr *Querier) TasksInProgress(ctx context.Context, now time.Time, stuckAfter time.Duration, limit int) ([]OrgTask, error) {
 	s := workSQL{qr.db}
-	rows, err := qr.conn.Query(ctx, s.inProgress(), inProgressStatuses, now.Add(-SeedWindow).UTC(), limit)
+	rows, err := qr.conn.Query(ctx, s.inProgress(), work.InProgressStatuses, now.Add(-SeedWindow).UTC(), limit)
 	if err != nil {
 		return nil, queryErr(ctx, err, "cannot list the tasks in progress in "+qr.db+".tasks")
 	}

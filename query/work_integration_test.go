@@ -14,6 +14,7 @@ import (
 	"github.com/bandplane/bandplane/query"
 	"github.com/bandplane/bandplane/schema"
 	"github.com/bandplane/bandplane/schema/store"
+	"github.com/bandplane/bandplane/schema/work"
 )
 
 // workEvents builds event rows the way ingest stores them; BatchInsert derives the
@@ -85,7 +86,7 @@ func TestIntegrationWorkStatus(t *testing.T) {
 		require.Len(t, ws.Rooms, 1)
 		r := ws.Rooms[0]
 		require.Equal(t, "r1", r.RoomID)
-		byID := map[string]query.Task{}
+		byID := map[string]work.Task{}
 		for _, tk := range r.Tasks {
 			byID[tk.ID] = tk
 		}
@@ -149,10 +150,10 @@ func TestIntegrationWorkStatus(t *testing.T) {
 	require.Empty(t, names, "org-a's room title is not org-b's")
 
 	// The hub's seed: every organization's tasks in progress.
-	seeded, err := q.TasksInProgress(ctx, now, query.DefaultStuckAfter, 100)
+	seeded, err := q.TasksInProgress(ctx, now, work.DefaultStuckAfter, 100)
 	require.NoError(t, err)
 	require.Len(t, seeded, 3)
-	seeded, err = q.TasksInProgress(ctx, now.Add(query.SeedWindow), query.DefaultStuckAfter, 100)
+	seeded, err = q.TasksInProgress(ctx, now.Add(query.SeedWindow), work.DefaultStuckAfter, 100)
 	require.NoError(t, err)
 	require.Empty(t, seeded, "tasks not updated within the seed window are not followed")
 
@@ -201,33 +202,6 @@ func TestIntegrationWorkStatus(t *testing.T) {
 func withoutMs(r query.Room) query.Room {
 	r.LastActivity = r.LastActivity.Truncate(time.Second)
 	return r
-}
-
-func TestAttentionOpen(t *testing.T) {
-	asked := time.Date(2026, 1, 1, 10, 0, 0, 0, time.UTC)
-	require.True(t, query.AttentionOpen(asked, time.Time{}, time.Time{}))
-	require.True(t, query.AttentionOpen(asked, asked, asked), "a reply at the same millisecond does not answer it")
-	require.False(t, query.AttentionOpen(asked, asked.Add(time.Millisecond), time.Time{}))
-	require.False(t, query.AttentionOpen(asked, time.Time{}, asked.Add(time.Second)))
-}
-
-func TestTaskStuck(t *testing.T) {
-	now := time.Date(2026, 1, 1, 10, 0, 0, 0, time.UTC)
-	tk := query.Task{Status: "in_progress", LastActivity: now.Add(-15 * time.Minute)}
-	tk.SetStuck(now, 15*time.Minute)
-	require.True(t, tk.Stuck)
-	require.Equal(t, now, tk.StuckSince)
-	tk.LastActivity = now.Add(-14 * time.Minute)
-	tk.SetStuck(now, 15*time.Minute)
-	require.False(t, tk.Stuck)
-	for _, s := range []string{"open", "blocked", "done", ""} {
-		tk := query.Task{Status: s, LastActivity: now.Add(-time.Hour)}
-		tk.SetStuck(now, time.Minute)
-		require.False(t, tk.Stuck, s)
-	}
-	for _, s := range []string{"in_progress", "In Progress", "working"} {
-		require.True(t, query.InProgress(s), s)
-	}
 }
 
 func TestWorkQueryRefusesHostileInput(t *testing.T) {

@@ -4,24 +4,19 @@ import (
 	"context"
 	"encoding/json"
 	"time"
-	"unicode/utf8"
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
 	"github.com/bandplane/bandplane/schema"
+	"github.com/bandplane/bandplane/schema/work"
 )
 
 // Work status tables (schema/chdb/migrations/003_work.sql): tasks, room_activity,
 // attention, tool_calls and rooms. Their rows are derived from the event rows of a
-// batch alone (WorkOf), each with the event's time in milliseconds as its version, so
-// that the latest event wins whatever order rows arrive in and a replay rewrites an
-// equal row: they are as replay-safe as the trail itself.
-
-// MaxActivityText is how much of a message room_activity keeps, in characters.
-const MaxActivityText = 200
-
-// MaxMentions bounds the mentions an attention row keeps.
-const MaxMentions = 16
+// batch alone (WorkOf, by the rules of schema/work), each with the event's time in
+// milliseconds as its version, so that the latest event wins whatever order rows
+// arrive in and a replay rewrites an equal row: they are as replay-safe as the trail
+// itself.
 
 // TaskRow is the state of a task after one task event.
 type TaskRow struct {
@@ -81,13 +76,6 @@ func (w *Work) empty() bool {
 	return len(w.Tasks)+len(w.Activity)+len(w.Attention)+len(w.ToolCalls)+len(w.Rooms) == 0
 }
 
-// MaxTitle bounds a task's or a room's title as kept, in characters; MaxQuestion a
-// request for attention's text.
-const (
-	MaxTitle    = 500
-	MaxQuestion = 1000
-)
-
 // version orders the rows of one key: the event's time in milliseconds, then its
 // Kafka offset (modulo 10^6: the events of one room share a partition).
 func version(t time.Time, offset int64) uint64 {
@@ -118,7 +106,7 @@ func WorkOf(events []EventRow) Work {
 			continue
 		}
 		v := version(e.Time, e.Offset)
-		if e.RoomID != "" && e.ActorID != "" && (e.ActorType == "agent" || e.ActorType == "user") {
+		if e.RoomID != "" && e.ActorID != "" && work.Active(e.ActorType) {
 			keep(ActivityRow{OrgID: e.OrgID, RoomID: e.RoomID, ActorID: e.ActorID, Kind: "event", ActorType: e.ActorType,
 				ActorHandle: e.ActorHandle, Time: e.Time, Type: e.Type, EventID: e.ID, Version: v})
 		}
@@ -131,27 +119,15 @@ func WorkOf(events []EventRow) Work {
 					ActorHandle: e.ActorHandle, Time: e.Time, Type: e.Type, Text: e.Data, EventID: e.ID, Version: v})
 			}
 		case schema.TypeAttention:
-			var d schema.MessageData
-			if json.Unmarshal([]byte(e.Data), &d) == nil && e.RoomID != "" {
-				var mentions []string
-				for _, m := range d.Mentions {
-					if m.ID != "" && len(mentions) < MaxMentions {
-						mentions = append(mentions, m.ID)
-					}
-				}
-				w.Attention = append(w.Attention, AttentionRow{OrgID: e.OrgID, RoomID: e.RoomID, EventID: e.ID, Time: e.Time,
-					AskerID: e.ActorID, AskerHandle: e.ActorHandle, Mentions: mentions, Question: Cut(d.Content, MaxQuestion), Version: v})
+			if a, ok := work.AttentionOf(e.ID, e.RoomID, e.ActorID, e.ActorHandle, e.Time, []byte(e.Data)); ok {
+				w.Attention = append(w.Attention, AttentionRow{OrgID: e.OrgID, RoomID: a.RoomID, EventID: a.ID, Time: a.Since,
+					AskerID: a.AskerID, AskerHandle: a.AskerHandle, Mentions: a.Mentions, Question: a.Question, Version: v})
 			}
 		case schema.TypeTaskCreated, schema.TypeTaskUpdated, schema.TypeTaskDeleted:
-			var d schema.TaskData
-			if json.Unmarshal([]byte(e.Data), &d) == nil && d.TaskID != "" {
-				r := TaskRow{OrgID: e.OrgID, TaskID: d.TaskID, RoomID: e.RoomID, Title: Cut(d.Title, MaxTitle), Status: Cut(d.Status, 64),
-					AssigneeID: d.Assignee, ActorID: e.ActorID, UpdatedAt: e.Time, Deleted: e.Type == schema.TypeTaskDeleted,
+			if t, ok := work.TaskOf(e.Type, e.Time, e.RoomID, []byte(e.Data)); ok {
+				r := TaskRow{OrgID: e.OrgID, TaskID: t.ID, RoomID: t.RoomID, Title: t.Title, Status: t.Status,
+					AssigneeID: t.AssigneeID, ActorID: e.ActorID, CreatedAt: t.CreatedAt, UpdatedAt: t.UpdatedAt, Deleted: t.Deleted,
 					EventID: e.ID, Version: v}
-				r.CreatedAt = insertedAt(d.Extra)
-				if r.CreatedAt.IsZero() && e.Type == schema.TypeTaskCreated {
-					r.CreatedAt = e.Time
-				}
 				w.Tasks = append(w.Tasks, r)
 				if r.AssigneeID != "" && e.RoomID != "" {
 					keep(ActivityRow{OrgID: e.OrgID, RoomID: e.RoomID, ActorID: r.AssigneeID, Kind: "task", ActorType: "agent",
@@ -177,7 +153,7 @@ func WorkOf(events []EventRow) Work {
 		case schema.TypeRoomAdded:
 			var d schema.RoomData
 			if json.Unmarshal([]byte(e.Data), &d) == nil && e.RoomID != "" && d.Title != "" {
-				w.Rooms = append(w.Rooms, RoomRow{OrgID: e.OrgID, RoomID: e.RoomID, Kind: "title", Title: Cut(d.Title, MaxTitle), Time: e.Time, EventID: e.ID, Version: v})
+				w.Rooms = append(w.Rooms, RoomRow{OrgID: e.OrgID, RoomID: e.RoomID, Kind: "title", Title: work.Cut(d.Title, work.MaxTitle), Time: e.Time, EventID: e.ID, Version: v})
 			}
 		case schema.TypeRoomDeleted:
 			if e.RoomID != "" {
@@ -191,40 +167,10 @@ func WorkOf(events []EventRow) Work {
 			if json.Unmarshal([]byte(a.Text), &d) != nil {
 				d.Content = ""
 			}
-			a.Text = Cut(d.Content, MaxActivityText)
+			a.Text = work.Cut(d.Content, work.MaxActivityText)
 		}
 	}
 	return w
-}
-
-// insertedAt reads the platform's inserted_at of a task from its payload's extra
-// fields; zero when absent or unreadable.
-func insertedAt(extra json.RawMessage) time.Time {
-	if len(extra) == 0 {
-		return time.Time{}
-	}
-	var x struct {
-		InsertedAt string `json:"inserted_at"`
-	}
-	if json.Unmarshal(extra, &x) != nil || x.InsertedAt == "" {
-		return time.Time{}
-	}
-	for _, layout := range []string{time.RFC3339Nano, "2006-01-02T15:04:05.999999999"} {
-		if t, err := time.Parse(layout, x.InsertedAt); err == nil && t.Year() >= 1970 && t.Year() < 2106 {
-			return t.UTC()
-		}
-	}
-	return time.Time{}
-}
-
-// Cut returns the first n characters of s (the work tables' and the live hub's bound
-// on titles, questions and message text).
-func Cut(s string, n int) string {
-	if utf8.RuneCountInString(s) <= n {
-		return s
-	}
-	r := []rune(s)
-	return string(r[:n])
 }
 
 // insertWork writes the work-status rows derived from the batch's events.
@@ -262,7 +208,7 @@ func (s *Store) insertWork(ctx context.Context, w Work) error {
 	if err := s.send(ctx, "tool_calls", "org_id, agent_id, call_id, kind, room_id, tool_name, time, time_ms, is_error, event_id, version",
 		len(w.ToolCalls), func(i int) uint32 { return MonthPartition(w.ToolCalls[i].Time) }, func(b driver.Batch, i int) error {
 			r := &w.ToolCalls[i]
-			return b.Append(r.OrgID, r.AgentID, r.CallID, r.Kind, r.RoomID, Cut(r.ToolName, 256), r.Time, ms(r.Time), b2u(r.IsError), r.EventID, r.Version)
+			return b.Append(r.OrgID, r.AgentID, r.CallID, r.Kind, r.RoomID, work.Cut(r.ToolName, 256), r.Time, ms(r.Time), b2u(r.IsError), r.EventID, r.Version)
 		}); err != nil {
 		return err
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/bandplane/bandplane/schema"
 	"github.com/bandplane/bandplane/schema/store"
+	"github.com/bandplane/bandplane/schema/work"
 )
 
 func workRow(id, typ string, at time.Time, room, actor, actorType string, data any) store.EventRow {
@@ -88,5 +89,5 @@ func TestWorkOf(t *testing.T) {
 
 	// A long message is cut to MaxActivityText characters, not bytes.
 	w = store.WorkOf(events[:1])
-	require.Equal(t, store.MaxActivityText, len([]rune(w.Activity[1].Text)))
+	require.Equal(t, work.MaxActivityText, len([]rune(w.Activity[1].Text)))
 }

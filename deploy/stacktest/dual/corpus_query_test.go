@@ -19,6 +19,7 @@ import (
 	"github.com/bandplane/bandplane/query"
 	"github.com/bandplane/bandplane/schema"
 	"github.com/bandplane/bandplane/schema/store"
+	"github.com/bandplane/bandplane/schema/work"
 )
 
 // Every read of query/ (costs with each grouping and range shape, totals and unpriced
@@ -679,10 +680,10 @@ func (c *corpusQuery) work() {
 	i := slices.IndexFunc(ws.Rooms, func(r query.RoomWork) bool { return r.RoomID == c.room })
 	require.GreaterOrEqual(t, i, 0, "the agent's room has work")
 	r := ws.Rooms[i]
-	j := slices.IndexFunc(r.Tasks, func(tk query.Task) bool { return tk.ID == corpusTask })
+	j := slices.IndexFunc(r.Tasks, func(tk work.Task) bool { return tk.ID == corpusTask })
 	require.GreaterOrEqual(t, j, 0)
 	assert.True(t, r.Tasks[j].Stuck, "%+v", r.Tasks[j])
-	k := slices.IndexFunc(r.Attention, func(a query.Attention) bool { return a.ID == corpusAsk })
+	k := slices.IndexFunc(r.Attention, func(a work.Attention) bool { return a.ID == corpusAsk })
 	require.GreaterOrEqual(t, k, 0, "%+v", r.Attention)
 	assert.Equal(t, c.user, r.Attention[k].AddressedTo, "waits for the owner, the first person it mentions")
 	l := slices.IndexFunc(r.Agents, func(a query.ActiveAgent) bool { return a.AgentID == c.agent.ID })
@@ -700,7 +701,7 @@ func (c *corpusQuery) work() {
 		require.NoError(t, err)
 	}
 
-	tasks, err := c.q.TasksInProgress(ctx, c.now, query.DefaultStuckAfter, 100)
+	tasks, err := c.q.TasksInProgress(ctx, c.now, work.DefaultStuckAfter, 100)
 	require.NoError(t, err)
 	m := slices.IndexFunc(tasks, func(o query.OrgTask) bool { return o.OrgID == c.org && o.Task.ID == corpusTask })
 	require.GreaterOrEqual(t, m, 0)
