@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -70,7 +71,12 @@ type Cache struct {
 	dropped   int       // read errors not logged since
 
 	badDigest map[string]bool // keys with a malformed digest, warned about once (flights run one at a time)
+	revoked   map[string]bool // ids Forget dropped: never held again in this process
 }
+
+// maxForgotten bounds what Forget remembers; past it, a read that started before a
+// revocation was stored may hold the key until the next read.
+const maxForgotten = 100_000
 
 // flight is one read of the store that every caller arriving meanwhile waits for.
 type flight struct {
@@ -109,7 +115,7 @@ func NewCache(cfg CacheConfig) (*Cache, error) {
 	if cfg.now == nil {
 		cfg.now = time.Now
 	}
-	c := &Cache{cfg: cfg, src: cfg.source, log: cfg.Logger.With("component", "keys"), badDigest: map[string]bool{}}
+	c := &Cache{cfg: cfg, src: cfg.source, log: cfg.Logger.With("component", "keys"), badDigest: map[string]bool{}, revoked: map[string]bool{}}
 	if c.src == nil {
 		c.src = cfg.Store
 	}
@@ -173,6 +179,46 @@ func (c *Cache) Lookup(ctx context.Context, token string) (Key, bool) {
 	return k, ok
 }
 
+// Held returns the active key whose token this is from the keys the cache holds,
+// never reading the store: what a check repeated for every open subscription uses.
+func (c *Cache) Held(token string) (Key, bool) {
+	if !wellFormed(token) {
+		return Key{}, false
+	}
+	k, ok := (*c.keys.Load())[digest(token)]
+	return k, ok
+}
+
+// Forget drops key id at once, ahead of the next read of the store (serve calls it for
+// each key.revoked event). A revocation is final, so a read that started before it was
+// stored does not bring the key back either.
+func (c *Cache) Forget(id string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.revoked) < maxForgotten {
+		c.revoked[id] = true
+	}
+	c.dropRevokedLocked(*c.keys.Load())
+}
+
+// dropRevokedLocked holds keys without those Forget dropped (keys itself is not
+// changed: Lookup may be reading it).
+func (c *Cache) dropRevokedLocked(keys map[[32]byte]Key) {
+	var kept map[[32]byte]Key
+	for d, k := range keys {
+		if c.revoked[k.ID] {
+			if kept == nil {
+				kept = maps.Clone(keys)
+			}
+			delete(kept, d)
+		}
+	}
+	if kept == nil {
+		kept = keys
+	}
+	c.keys.Store(&kept)
+}
+
 // untilEarly is how long until an early refresh may start (0: now, or one is in
 // flight to join); refresh decides again.
 func (c *Cache) untilEarly() time.Duration {
@@ -213,8 +259,9 @@ func (c *Cache) fly(ctx context.Context, f *flight) {
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.LoadTimeout)
 	defer cancel()
 	recs, err := c.src.load(ctx)
+	var keys map[[32]byte]Key
 	if err == nil {
-		keys := make(map[[32]byte]Key, len(recs))
+		keys = make(map[[32]byte]Key, len(recs))
 		for _, r := range recs {
 			if !r.Active() {
 				continue
@@ -229,9 +276,11 @@ func (c *Cache) fly(ctx context.Context, f *flight) {
 			}
 			keys[d] = r.Key
 		}
-		c.keys.Store(&keys)
 	}
 	c.mu.Lock()
+	if err == nil {
+		c.dropRevokedLocked(keys)
+	}
 	c.flight = nil
 	f.err = err
 	c.noteLocked(err, f.quiet)
