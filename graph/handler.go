@@ -178,10 +178,11 @@ func WithLimits(l Limits) Option { return func(c *config) { c.limits = l } }
 
 // NewHandler serves the GraphQL API over POST, GET and WebSocket (graphql-ws and
 // graphql-transport-ws, on coder/websocket). Every field checks the request's API key
-// with auth (*keys.Cache in production). *query.Querier is the production Querier.
+// with auth (*keys.Cache in production); open subscriptions are checked again with
+// what auth holds (keys.Holder). *query.Querier is the production Querier.
 // A browser opening it gets GraphiQL, whose files it serves below graphiql.AssetsPath:
 // mount it there too.
-func NewHandler(q Querier, auth keys.Authenticator, opts ...Option) http.Handler {
+func NewHandler(q Querier, auth keys.Holder, opts ...Option) http.Handler {
 	cfg := config{log: slog.New(slog.DiscardHandler), hosts: DefaultAllowedHosts}
 	for _, o := range opts {
 		o(&cfg)

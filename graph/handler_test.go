@@ -82,6 +82,8 @@ func (f fakeKeys) Lookup(_ context.Context, token string) (keys.Key, bool) {
 	return k, ok
 }
 
+func (f fakeKeys) Held(token string) (keys.Key, bool) { return f.Lookup(context.Background(), token) }
+
 var testKeys = fakeKeys{
 	"tok-admin":        {ID: "k-admin", Org: keys.PlatformOrg, Role: keys.RoleAdmin},
 	"tok-a-compliance": {ID: "k-a-comp", Org: "org-a", Role: keys.RoleCompliance},

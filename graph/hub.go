@@ -18,6 +18,7 @@ import (
 	"github.com/bandplane/bandplane/policy"
 	"github.com/bandplane/bandplane/query"
 	"github.com/bandplane/bandplane/schema"
+	"github.com/bandplane/bandplane/schema/keys"
 	"github.com/bandplane/bandplane/schema/work"
 )
 
@@ -38,9 +39,6 @@ const (
 	DefaultMaxTracked = 10_000
 	// DefaultMaxSubscriptionsPerKey bounds one API key's open subscriptions.
 	DefaultMaxSubscriptionsPerKey = 100
-	// keyCheckEvery is how often the keys of open subscriptions are looked up again: a
-	// revoked key's subscriptions end within it.
-	keyCheckEvery = 10 * time.Second
 )
 
 // Handles names the parties of live events from serve's directory (no ClickHouse
@@ -61,8 +59,11 @@ type HubConfig struct {
 	Handles                Handles
 	// Currency is the billing currency of budgets (budgetExceeded).
 	Currency string
-	Logger   *slog.Logger
-	Now      func() time.Time
+	// Forget is told the id of each key a key.revoked event of bandplane's revokes
+	// (serve: the key cache's Forget), after the hub ended that key's subscriptions.
+	Forget func(keyID string)
+	Logger *slog.Logger
+	Now    func() time.Time
 }
 
 // Hub is safe for concurrent use.
@@ -158,22 +159,18 @@ func (h *Hub) SeedTask(org string, t work.Task) {
 	h.trackLocked(org, o, t)
 }
 
-// Run looks for tasks becoming stuck, and for subscriptions whose key was revoked,
-// until ctx ends.
+// Run looks for tasks becoming stuck, and for subscriptions whose key no longer
+// allows them, every Tick until ctx ends.
 func (h *Hub) Run(ctx context.Context) {
 	t := time.NewTicker(h.cfg.Tick)
 	defer t.Stop()
-	lastKeyCheck := time.Now()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 			h.checkStuck()
-			if time.Since(lastKeyCheck) >= keyCheckEvery {
-				lastKeyCheck = time.Now()
-				h.checkKeys()
-			}
+			h.checkKeys()
 		}
 	}
 }
@@ -220,7 +217,8 @@ func (h *Hub) due(t time.Time) {
 }
 
 // checkKeys ends the subscriptions whose key no longer allows them (revoked, or
-// changed): the key is looked up outside the hub's lock.
+// changed). The check (sub.valid) reads only what the process holds, outside the
+// hub's lock: every open subscription is checked every tick.
 func (h *Hub) checkKeys() {
 	h.mu.Lock()
 	var all []*sub
@@ -235,12 +233,39 @@ func (h *Hub) checkKeys() {
 			continue
 		}
 		h.mu.Lock()
-		if !s.closed {
-			addSubscriptionError(s.ctx, &gqlerror.Error{Message: "the API key of this subscription was revoked or no longer allows it",
-				Extensions: map[string]any{"code": "UNAUTHENTICATED"}})
-			h.removeLocked(s.org, s)
-		}
+		h.endLocked(s)
 		h.mu.Unlock()
+	}
+}
+
+// endLocked ends a subscription whose key no longer allows it.
+func (h *Hub) endLocked(s *sub) {
+	if s.closed {
+		return
+	}
+	addSubscriptionError(s.ctx, &gqlerror.Error{Message: "the API key of this subscription was revoked or no longer allows it",
+		Extensions: map[string]any{"code": "UNAUTHENTICATED"}})
+	h.removeLocked(s.org, s)
+}
+
+// revoke ends every subscription of key id at once: a key.revoked event of bandplane's
+// (keys.Source; nobody else may write that source) says it was revoked.
+func (h *Hub) revoke(ev *schema.Event) {
+	var d keys.EventData
+	if ev.Source != keys.Source || schema.DecodeData(ev.Data, &d) != nil || d.KeyID == "" {
+		return
+	}
+	h.mu.Lock()
+	for _, m := range h.subs {
+		for s := range m {
+			if s.key == d.KeyID {
+				h.endLocked(s)
+			}
+		}
+	}
+	h.mu.Unlock()
+	if h.cfg.Forget != nil {
+		h.cfg.Forget(d.KeyID)
 	}
 }
 
@@ -313,6 +338,10 @@ func (h *Hub) Publish(ev *schema.Event) { h.apply(ev, false) }
 func (h *Hub) Replay(ev *schema.Event) { h.apply(ev, true) }
 
 func (h *Hub) apply(ev *schema.Event, quiet bool) {
+	if ev.Type == schema.TypeKeyRevoked {
+		h.revoke(ev) // a platform key's revocation has no organization
+		return
+	}
 	if ev.OrgID == "" {
 		return
 	}

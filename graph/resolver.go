@@ -46,7 +46,7 @@ var _ Querier = (*query.Querier)(nil)
 // Resolver is gqlgen's root resolver.
 type Resolver struct {
 	q       Querier
-	auth    keys.Authenticator
+	auth    keys.Holder
 	log     *slog.Logger
 	timeout time.Duration // Limits.QueryTimeout, for its error message
 	slots   readSlots
@@ -155,9 +155,12 @@ func (r *Resolver) subscribe(ctx context.Context, orgID, roomID *string, roles [
 		return nil, &gqlerror.Error{Message: "live updates are not running in this process", Path: graphql.GetPath(ctx),
 			Extensions: map[string]any{"code": "UNAVAILABLE"}}
 	}
+	// Checked again every hub tick from the keys the process holds (no store read):
+	// a key revoked elsewhere ends its subscriptions within a refresh of the cache,
+	// one whose key.revoked event the live reader sees at once (Hub.apply).
 	token := keys.TokenFrom(ctx)
 	valid := func() bool {
-		k, ok := r.auth.Lookup(context.WithoutCancel(ctx), token)
+		k, ok := r.auth.Held(token)
 		return ok && k.Has(roles...) && k.MayActOn(org)
 	}
 	ch, err := r.hub.subscribe(ctx, k.ID, org, deref(roomID), kind, valid)

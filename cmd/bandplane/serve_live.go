@@ -42,6 +42,9 @@ func newLivePart(ctx context.Context, d *serveDeps) (*livePart, error) {
 	dir := d.dir
 	hcfg := c.hub
 	hcfg.Handles, hcfg.Logger, hcfg.Currency = dir, d.log.With("component", "hub"), d.prices.Live.Current().Currency()
+	// A key.revoked event read live drops the key from this process at once, not at
+	// the cache's next read of the store.
+	hcfg.Forget = d.keys.Forget
 	hub := graph.NewHub(hcfg)
 	d.reg.MustRegister(
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "bandplane_live_subscriptions", Help: "Open GraphQL subscriptions of this process."},
