@@ -17,7 +17,6 @@ import (
 	"github.com/99designs/gqlgen/graphql/handler/extension"
 	"github.com/99designs/gqlgen/graphql/handler/lru"
 	"github.com/99designs/gqlgen/graphql/handler/transport"
-	"github.com/coder/websocket"
 	"github.com/vektah/gqlparser/v2/ast"
 	"github.com/vektah/gqlparser/v2/gqlerror"
 
@@ -72,6 +71,12 @@ type Limits struct {
 	// connection over either is refused at init (code 4429).
 	MaxWebSocketsPerKey int
 	MaxWebSocketsPerOrg int
+	// MaxOperationsPerWebSocket bounds the operations one connection runs at once
+	// (default 100); one over it is answered with code TOO_MANY_REQUESTS.
+	MaxOperationsPerWebSocket int
+	// WebSocketWriteTimeout is how long a write to a WebSocket may wait for its peer to
+	// read (default 10 s); past it the connection is closed, and only it.
+	WebSocketWriteTimeout time.Duration
 	// MaxResponseBytes bounds what the reads of one query or mutation may bring into the
 	// process, in bytes (default 16 MiB): ClickHouse refuses a result over what is left
 	// before sending it (query.WithResponseBudget), and the field answers code
@@ -104,6 +109,12 @@ func (l *Limits) defaults() {
 	}
 	if l.InitTimeout <= 0 {
 		l.InitTimeout = 10 * time.Second
+	}
+	if l.MaxOperationsPerWebSocket <= 0 {
+		l.MaxOperationsPerWebSocket = 100
+	}
+	if l.WebSocketWriteTimeout <= 0 {
+		l.WebSocketWriteTimeout = 10 * time.Second
 	}
 	if l.QueryTimeout <= 0 {
 		l.QueryTimeout = 10 * time.Second
@@ -145,8 +156,6 @@ type config struct {
 	currency string
 	prices   Prices
 }
-
-type releaseKey struct{}
 
 // WithHub serves the subscriptions from hub (without one they answer UNAVAILABLE).
 func WithHub(h *Hub) Option { return func(c *config) { c.hub = h } }
@@ -242,44 +251,10 @@ func NewHandler(q Querier, auth keys.Holder, opts ...Option) http.Handler {
 	sockets := share.New(share.Limits{Total: cfg.limits.MaxWebSockets, PerGroup: cfg.limits.MaxWebSocketsPerOrg,
 		PerClient: cfg.limits.MaxWebSocketsPerKey}, "")
 	pending := share.New(share.Limits{Total: cfg.limits.MaxPendingWebSockets, PerGroup: cfg.limits.MaxPendingWebSocketsPerAddress}, "")
-	// handler.New registers no transport; the WebSocket one is built on coder/websocket.
-	srv.AddTransport(transport.Websocket{
-		Implementation: transport.CoderWebsocketImplementation{
-			AcceptOptions: websocket.AcceptOptions{OriginPatterns: cfg.origins},
-		},
-		KeepAlivePingInterval: 10 * time.Second,
-		InitTimeout:           cfg.limits.InitTimeout,
-		InitFunc: func(ctx context.Context, p transport.InitPayload) (context.Context, *transport.InitPayload, error) {
-			initArrived(ctx)
-			token, err := keys.ParseBearer(p.Authorization())
-			if err != nil {
-				return ctx, nil, err
-			}
-			if token == "" {
-				token = keys.TokenFrom(ctx) // the upgrade request's header
-			}
-			// A connection needs a key that exists; what it may read is decided per field.
-			// graphql-transport-ws has no error message at init: the close frame says why
-			// (its reason is at most 123 bytes).
-			k, ok := auth.Lookup(ctx, token)
-			if token == "" || !ok {
-				const msg = "unauthenticated: send a valid API key as the init payload's Authorization"
-				return transport.WithWebsocketCloseCode(transport.AppendCloseReason(ctx, msg), 4401), nil, errors.New(msg)
-			}
-			release, code, msg := admitInit(k, sockets, cfg.limits)
-			if release == nil {
-				return transport.WithWebsocketCloseCode(transport.AppendCloseReason(ctx, msg), code), nil, errors.New(msg)
-			}
-			// The acknowledgement carries no payload: echoing the init payload would
-			// send the token back.
-			return context.WithValue(keys.WithToken(ctx, token), releaseKey{}, release), nil, nil
-		},
-		CloseFunc: func(ctx context.Context, _ int) {
-			if release, ok := ctx.Value(releaseKey{}).(func()); ok {
-				release()
-			}
-		},
-	})
+	// handler.New registers no transport; the WebSocket one is bandplane's
+	// (wstransport.go), on coder/websocket.
+	srv.AddTransport(&wsTransport{auth: auth, sockets: sockets, limits: cfg.limits, origins: cfg.origins, log: cfg.log.With("component", "graph"),
+		hub: cfg.hub})
 	srv.AddTransport(transport.Options{})
 	srv.AddTransport(transport.GET{})
 	srv.AddTransport(transport.POST{})

@@ -11,7 +11,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/99designs/gqlgen/graphql/handler/transport"
 	"github.com/vektah/gqlparser/v2/gqlerror"
 
 	"github.com/bandplane/bandplane/graph/model"
@@ -79,6 +78,7 @@ type Hub struct {
 	swept   time.Time // when old state was last forgotten
 
 	delivered, dropped atomic.Int64
+	rendered           atomic.Int64 // changes rendered by the WebSocket transport's render groups
 }
 
 // orgState is what the hub follows of one organization.
@@ -135,6 +135,10 @@ func (h *Hub) StuckAfter() time.Duration { return h.cfg.StuckAfter }
 // Stats returns the changes delivered to subscribers and the subscribers dropped for
 // falling behind, since start.
 func (h *Hub) Stats() (delivered, dropped int64) { return h.delivered.Load(), h.dropped.Load() }
+
+// Renders is how many times a change was rendered for the WebSocket transport: once
+// per render group it went to, however many subscribers each has.
+func (h *Hub) Renders() int64 { return h.rendered.Load() }
 
 func (h *Hub) org(id string) *orgState {
 	o := h.orgs[id]
@@ -243,7 +247,7 @@ func (h *Hub) endLocked(s *sub) {
 	if s.closed {
 		return
 	}
-	addSubscriptionError(s.ctx, &gqlerror.Error{Message: "the API key of this subscription was revoked or no longer allows it",
+	endSubscription(s.ctx, &gqlerror.Error{Message: "the API key of this subscription was revoked or no longer allows it",
 		Extensions: map[string]any{"code": "UNAUTHENTICATED"}})
 	h.removeLocked(s.org, s)
 }
@@ -577,20 +581,12 @@ func (h *Hub) publishLocked(org string, c *change) {
 		default:
 			h.dropped.Add(1)
 			h.log.Warn("dropping a subscriber that falls behind", "key", s.key, "org", org, "buffer", h.cfg.Buffer)
-			addSubscriptionError(s.ctx, &gqlerror.Error{
+			endSubscription(s.ctx, &gqlerror.Error{
 				Message:    fmt.Sprintf("this subscription fell %d changes behind and was dropped; subscribe again and refetch", h.cfg.Buffer),
 				Extensions: map[string]any{"code": "SLOW_SUBSCRIBER"}})
 			h.removeLocked(org, s)
 		}
 	}
-}
-
-// addSubscriptionError makes the WebSocket transport end the subscription with err
-// (an "error" message) instead of "complete". The transport panics on a context of
-// another origin (only its own carries the error slot); there is nothing to tell then.
-func addSubscriptionError(ctx context.Context, err *gqlerror.Error) {
-	defer func() { _ = recover() }()
-	transport.AddSubscriptionError(ctx, err)
 }
 
 func (h *Hub) removeLocked(org string, s *sub) {
@@ -647,9 +643,15 @@ func (h *Hub) Subscribers() int {
 }
 
 // forward turns a hub channel into the typed channel a subscription field returns;
-// it ends when in closes (dropped) or ctx ends (the client left), whichever first.
+// it ends when in closes (dropped) or ctx ends (the client left), whichever first. A
+// nil in is a subscription its transport delivers itself (liveSlot): the field's
+// channel is closed at once.
 func forward[T any](ctx context.Context, in <-chan *change, pick func(*change) T) <-chan T {
 	out := make(chan T)
+	if in == nil {
+		close(out)
+		return out
+	}
 	go func() {
 		defer close(out)
 		for c := range in {

@@ -141,8 +141,11 @@ func (r *Resolver) stuckAfter() time.Duration {
 	return r.hub.StuckAfter()
 }
 
-// subscribe authorizes a subscription field and registers it with the hub. It takes
-// no query slot: a subscription reads nothing from ClickHouse.
+// subscribe authorizes a subscription field. A client's subscription is registered
+// with the hub and handed to the WebSocket transport, which delivers it (it returns a
+// nil channel then); a render group's own execution reads the changes its group feeds
+// it (wstransport.go). It takes no query slot: a subscription reads nothing from
+// ClickHouse.
 func (r *Resolver) subscribe(ctx context.Context, orgID, roomID *string, roles []keys.Role, kind subKind) (<-chan *change, error) {
 	k, org, err := r.authorize(ctx, orgID, roles)
 	if err != nil {
@@ -158,6 +161,14 @@ func (r *Resolver) subscribe(ctx context.Context, orgID, roomID *string, roles [
 	// Checked again every hub tick from the keys the process holds (no store read):
 	// a key revoked elsewhere ends its subscriptions within a refresh of the cache,
 	// one whose key.revoked event the live reader sees at once (Hub.apply).
+	if feed, ok := ctx.Value(renderKey{}).(chan *change); ok {
+		return feed, nil
+	}
+	slot, ok := ctx.Value(liveKey{}).(*liveSlot)
+	if !ok {
+		return nil, &gqlerror.Error{Message: "subscriptions are served over WebSocket (graphql-transport-ws)", Path: graphql.GetPath(ctx),
+			Extensions: map[string]any{"code": "BAD_REQUEST"}}
+	}
 	token := keys.TokenFrom(ctx)
 	valid := func() bool {
 		k, ok := r.auth.Held(token)
@@ -167,5 +178,6 @@ func (r *Resolver) subscribe(ctx context.Context, orgID, roomID *string, roles [
 	if err != nil {
 		return nil, r.fail(ctx, err)
 	}
-	return ch, nil
+	slot.in, slot.group = ch, groupKey{org: org, role: k.Role}
+	return nil, nil
 }

@@ -98,6 +98,8 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	fs.IntVar(&c.graphql.MaxWebSocketsPerKey, "graphql-max-websockets-per-key", 32, "most open GraphQL WebSocket connections of one API key (more: refused at init)")
 	fs.IntVar(&c.graphql.MaxWebSocketsPerOrg, "graphql-max-websockets-per-org", 128, "most open GraphQL WebSocket connections of one organization's keys (more: refused at init)")
 	fs.DurationVar(&c.graphql.InitTimeout, "graphql-init-timeout", 10*time.Second, "how long a GraphQL WebSocket may take to send its init message")
+	fs.IntVar(&c.graphql.MaxOperationsPerWebSocket, "graphql-max-operations-per-websocket", 100, "most operations one GraphQL WebSocket connection runs at once (more: code TOO_MANY_REQUESTS)")
+	fs.DurationVar(&c.graphql.WebSocketWriteTimeout, "graphql-websocket-write-timeout", 10*time.Second, "how long a write to a GraphQL WebSocket may wait for its peer to read; past it that connection is closed")
 	fs.DurationVar(&c.graphql.QueryTimeout, "graphql-query-timeout", 10*time.Second, "longest one GraphQL query may run (ClickHouse stops it too; longer: code TIMEOUT)")
 	fs.Int64Var(&c.graphql.MaxResponseBytes, "graphql-max-response-bytes", 16<<20, "most bytes the ClickHouse reads of one GraphQL query may return, in all; ClickHouse refuses a result over what is left before sending it (more: code RESPONSE_TOO_LARGE)")
 	fs.IntVar(&c.graphql.MaxAliases, "graphql-max-aliases", 100, "most aliased fields in one GraphQL operation, through fragments (more: refused, BAD_USER_INPUT)")
@@ -161,6 +163,8 @@ func (c *serveConfig) validateGraphQL() error {
 		{"--graphql-max-concurrent", c.graphql.MaxConcurrent > 0},
 		{"--graphql-max-pending-websockets", c.graphql.MaxPendingWebSockets > 0},
 		{"--graphql-max-pending-websockets-per-address", c.graphql.MaxPendingWebSocketsPerAddress > 0},
+		{"--graphql-max-operations-per-websocket", c.graphql.MaxOperationsPerWebSocket > 0},
+		{"--graphql-websocket-write-timeout", c.graphql.WebSocketWriteTimeout > 0},
 		{"--graphql-clickhouse-conns", c.queryConns > 0},
 		{"--stuck-after", c.hub.StuckAfter > 0},
 		{"--graphql-subscriber-buffer", c.hub.Buffer > 0},

@@ -53,6 +53,9 @@ func newLivePart(ctx context.Context, d *serveDeps) (*livePart, error) {
 			func() float64 { d, _ := hub.Stats(); return float64(d) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "bandplane_live_subscriptions_dropped_total", Help: "Subscriptions dropped for falling behind (SLOW_SUBSCRIBER)."},
 			func() float64 { _, d := hub.Stats(); return float64(d) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "bandplane_live_renders_total",
+			Help: "Changes rendered for WebSocket subscribers: once per render group (same selection, variables, organization and role), however many subscribers it has."},
+			func() float64 { return float64(hub.Renders()) }),
 	)
 	live, err := ingest.NewLive(ingest.LiveConfig{Brokers: d.brokers, Topic: c.stack.topic, Directory: dir,
 		Publish: hub.Publish, Replay: hub.Replay, Start: start, Logger: d.log})

@@ -1,0 +1,610 @@
+package graph
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/99designs/gqlgen/graphql"
+	"github.com/99designs/gqlgen/graphql/errcode"
+	"github.com/coder/websocket"
+	"github.com/vektah/gqlparser/v2/gqlerror"
+
+	"github.com/bandplane/bandplane/schema/keys"
+	"github.com/bandplane/bandplane/schema/share"
+)
+
+// GraphQL over WebSocket: graphql-transport-ws, and graphql-ws (the older
+// subscriptions-transport-ws protocol, also taken when a client names none), on
+// coder/websocket. Queries and mutations sent over a connection run through gqlgen as
+// over HTTP. A subscription to the live hub is delivered differently, because one
+// change may go to thousands of subscribers:
+//
+//   - gqlgen renders a change once per render group: the subscriptions of one
+//     selection set and variables, of one organization and role (renderGroup). Every
+//     subscriber of the group is sent the same bytes.
+//   - Each subscriber's frames are built in a buffer of its own, reused from change to
+//     change, and written by its own goroutine, so one that reads slowly delays nobody
+//     else. The hub's buffer of 256 changes (--graphql-subscriber-buffer) is its queue:
+//     past it the subscription ends with SLOW_SUBSCRIBER; a write the peer does not
+//     take within WebSocketWriteTimeout closes the connection.
+
+// The subprotocols, in the order the server prefers them.
+const (
+	protoTransportWS = "graphql-transport-ws"
+	protoGraphQLWS   = "graphql-ws"
+)
+
+// wsReadLimit bounds one message a client sends, in bytes.
+const wsReadLimit = 1 << 20
+
+// keepAliveEvery is how often graphql-ws connections get a "ka" message, which its
+// clients expect.
+const keepAliveEvery = 10 * time.Second
+
+// Close codes: graphql-transport-ws's, and bandplane's own in the 4000s for refused
+// connections (admitInit).
+const (
+	closeBadMessage   = 4400
+	closeUnauthorized = 4401
+	closeInitTimeout  = 4408
+	closeDuplicateID  = 4409
+	closeTooManyInits = 4429
+)
+
+// wsTransport is the gqlgen transport of WebSocket upgrades.
+type wsTransport struct {
+	auth    keys.Holder
+	sockets *share.Pool // the authenticated connections' slots (admitInit)
+	limits  Limits
+	origins []string
+	log     *slog.Logger
+	groups  renderGroups
+	hub     *Hub // counts the renders (nil: no live updates)
+}
+
+var _ graphql.Transport = (*wsTransport)(nil)
+
+func (t *wsTransport) Supports(r *http.Request) bool {
+	upgrade, _ := upgradeTokens(r.Header)
+	return upgrade
+}
+
+func (t *wsTransport) Do(w http.ResponseWriter, r *http.Request, exec graphql.GraphExecutor) {
+	ws, err := websocket.Accept(w, r, &websocket.AcceptOptions{Subprotocols: []string{protoTransportWS, protoGraphQLWS},
+		OriginPatterns: t.origins})
+	if err != nil {
+		return // Accept answered the request
+	}
+	ws.SetReadLimit(wsReadLimit)
+	c := &wsConn{t: t, ws: ws, exec: exec, legacy: ws.Subprotocol() != protoTransportWS, headers: r.Header,
+		ops: map[string]context.CancelFunc{}}
+	c.serve(r.Context())
+}
+
+// frame is a message of either protocol.
+type frame struct {
+	ID      string          `json:"id,omitempty"`
+	Type    string          `json:"type"`
+	Payload json.RawMessage `json:"payload,omitempty"`
+}
+
+// wsConn is one connection.
+type wsConn struct {
+	t       *wsTransport
+	ws      *websocket.Conn
+	exec    graphql.GraphExecutor
+	legacy  bool // graphql-ws
+	headers http.Header
+
+	// wmu orders the connection's writes; writing is when the write in progress
+	// started (Unix ns, 0: none), for the watchdog.
+	wmu     sync.Mutex
+	writing atomic.Int64
+	closing atomic.Bool // a close handshake has started: the socket is its
+
+	mu  sync.Mutex
+	ops map[string]context.CancelFunc // running operations by id
+	wg  sync.WaitGroup
+}
+
+func (c *wsConn) serve(ctx context.Context) {
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	defer func() {
+		cancel()
+		c.wg.Wait()
+		close(done)
+		if !c.closing.Load() {
+			_ = c.ws.CloseNow()
+		}
+	}()
+	frames := make(chan frame)
+	go c.read(done, frames)
+	ctx, release, ok := c.init(ctx, frames)
+	if !ok {
+		return
+	}
+	defer release()
+	go c.watch(ctx)
+	for {
+		f, ok := <-frames
+		if !ok {
+			return // the peer closed, or the connection failed
+		}
+		if !c.handle(ctx, f) {
+			return
+		}
+	}
+}
+
+// read hands on the client's messages until the connection closes or done; a
+// message that is not a JSON frame arrives as a frame without a type. Its reads take
+// no context: a cancelled one would close the socket under a close handshake in
+// progress, whose code the client must see.
+func (c *wsConn) read(done <-chan struct{}, out chan<- frame) {
+	defer close(out)
+	for {
+		typ, data, err := c.ws.Read(context.Background())
+		if err != nil {
+			return
+		}
+		var f frame
+		if typ != websocket.MessageText || json.Unmarshal(data, &f) != nil {
+			f = frame{}
+		}
+		select {
+		case out <- f:
+		case <-done:
+			return
+		}
+	}
+}
+
+// init waits for connection_init (InitTimeout), authenticates its key and takes the
+// connection's slot; it returns the connection's context (with the token) and what
+// gives the slot back.
+func (c *wsConn) init(ctx context.Context, frames <-chan frame) (context.Context, func(), bool) {
+	timer := time.NewTimer(c.t.limits.InitTimeout)
+	defer timer.Stop()
+	var f frame
+	select {
+	case m, ok := <-frames:
+		if !ok {
+			return nil, nil, false
+		}
+		f = m
+	case <-timer.C:
+		c.close(closeInitTimeout, "connection initialisation timeout")
+		return nil, nil, false
+	}
+	initArrived(ctx)
+	if f.Type != "connection_init" {
+		c.refuse(closeBadMessage, "the first message must be connection_init")
+		return nil, nil, false
+	}
+	var payload map[string]any
+	if len(f.Payload) > 0 && string(f.Payload) != "null" && json.Unmarshal(f.Payload, &payload) != nil {
+		c.refuse(closeBadMessage, "the connection_init payload is not a JSON object")
+		return nil, nil, false
+	}
+	auth, _ := payload["Authorization"].(string)
+	if auth == "" {
+		auth, _ = payload["authorization"].(string)
+	}
+	token, err := keys.ParseBearer(auth)
+	if err != nil {
+		c.refuse(closeUnauthorized, err.Error())
+		return nil, nil, false
+	}
+	if token == "" {
+		token = keys.TokenFrom(ctx) // the upgrade request's header
+	}
+	// A connection needs a key that exists; what it may read is decided per field.
+	// graphql-transport-ws has no error message at init: the close frame says why (its
+	// reason is at most 123 bytes).
+	k, ok := c.t.auth.Lookup(ctx, token)
+	if token == "" || !ok {
+		c.refuse(closeUnauthorized, "unauthenticated: send a valid API key as the init payload's Authorization")
+		return nil, nil, false
+	}
+	release, code, msg := admitInit(k, c.t.sockets, c.t.limits)
+	if release == nil {
+		c.refuse(code, msg)
+		return nil, nil, false
+	}
+	// The acknowledgement carries no payload: echoing the init payload would send the
+	// token back.
+	c.send(frame{Type: "connection_ack"})
+	if c.legacy {
+		c.send(frame{Type: "ka"})
+	}
+	return keys.WithToken(ctx, token), release, true
+}
+
+// handle acts on one message after the init; false ends the connection.
+func (c *wsConn) handle(ctx context.Context, f frame) bool {
+	switch {
+	case f.Type == "connection_init":
+		c.close(closeTooManyInits, "too many initialisation requests")
+		return false
+	case f.Type == "ping" && !c.legacy:
+		c.send(frame{Type: "pong"})
+	case f.Type == "pong" && !c.legacy:
+	case f.Type == "subscribe" && !c.legacy, f.Type == "start" && c.legacy:
+		return c.start(ctx, f)
+	case f.Type == "complete" && !c.legacy, f.Type == "stop" && c.legacy:
+		c.mu.Lock()
+		if cancel := c.ops[f.ID]; cancel != nil {
+			cancel()
+		}
+		c.mu.Unlock()
+	case f.Type == "connection_terminate" && c.legacy:
+		c.close(int(websocket.StatusNormalClosure), "terminated")
+		return false
+	default:
+		c.refuse(closeBadMessage, "invalid message")
+		return false
+	}
+	return true
+}
+
+// start runs operation f.ID.
+func (c *wsConn) start(ctx context.Context, f frame) bool {
+	if f.ID == "" || len(f.ID) > 256 {
+		c.refuse(closeBadMessage, "an operation needs an id of 1 to 256 bytes")
+		return false
+	}
+	c.mu.Lock()
+	_, dup := c.ops[f.ID]
+	running := len(c.ops)
+	c.mu.Unlock()
+	if dup {
+		c.close(closeDuplicateID, "subscriber for "+clipReason(f.ID)+" already exists")
+		return false
+	}
+	if running >= c.t.limits.MaxOperationsPerWebSocket {
+		c.sendErrors(f.ID, gqlerror.List{{Message: fmt.Sprintf("this connection runs %d operations, the most it may (--graphql-max-operations-per-websocket)", running),
+			Extensions: map[string]any{"code": "TOO_MANY_REQUESTS"}}})
+		return true
+	}
+	params := &graphql.RawParams{}
+	if len(f.Payload) == 0 || json.Unmarshal(f.Payload, params) != nil {
+		c.sendErrors(f.ID, gqlerror.List{{Message: "the operation's payload is not a JSON object with a query"}})
+		return true
+	}
+	params.Headers = c.headers
+	params.ReadTime = graphql.TraceTiming{Start: graphql.Now(), End: graphql.Now()}
+	rc, errs := c.exec.CreateOperationContext(ctx, params)
+	if errs != nil {
+		resp := c.exec.DispatchError(graphql.WithOperationContext(ctx, rc), errs)
+		if errcode.GetErrorKind(errs) == errcode.KindProtocol {
+			c.sendErrors(f.ID, resp.Errors)
+		} else {
+			c.next(f.ID, resp)
+			c.send(frame{ID: f.ID, Type: "complete"})
+		}
+		return true
+	}
+	octx, cancel := context.WithCancel(graphql.WithOperationContext(ctx, rc))
+	c.mu.Lock()
+	c.ops[f.ID] = cancel
+	c.mu.Unlock()
+	c.wg.Go(func() {
+		defer func() {
+			cancel()
+			c.mu.Lock()
+			delete(c.ops, f.ID)
+			c.mu.Unlock()
+		}()
+		c.run(octx, f.ID, rc)
+	})
+	return true
+}
+
+// run executes one operation and tells the client how it ended.
+func (c *wsConn) run(ctx context.Context, id string, rc *graphql.OperationContext) {
+	slot := &liveSlot{}
+	ctx = context.WithValue(ctx, liveKey{}, slot)
+	var ended gqlerror.List
+	defer func() {
+		if r := recover(); r != nil {
+			err := rc.Recover(ctx, r)
+			var gerr *gqlerror.Error
+			if !errors.As(err, &gerr) {
+				gerr = &gqlerror.Error{Message: "internal error"}
+			}
+			ended = gqlerror.List{gerr}
+		}
+		switch {
+		case ctx.Err() != nil && len(ended) == 0:
+			// The client completed it, or the connection ended: nothing to tell.
+		case len(ended) > 0:
+			c.sendErrors(id, ended)
+		default:
+			c.send(frame{ID: id, Type: "complete"})
+		}
+	}()
+	responses, rctx := c.exec.DispatchOperation(ctx, rc)
+	if in := slot.in; in != nil {
+		ended = c.deliver(rctx, id, rc, slot)
+		return
+	}
+	for {
+		resp := responses(rctx)
+		if resp == nil {
+			return
+		}
+		c.next(id, resp)
+	}
+}
+
+// deliver sends a hub subscription's changes, rendered by its group, until it ends;
+// it returns why the hub ended it (nil: the client or the connection did).
+func (c *wsConn) deliver(ctx context.Context, id string, rc *graphql.OperationContext, slot *liveSlot) gqlerror.List {
+	g, err := c.t.groups.join(ctx, c.exec, rc, slot.group, c.t.hub)
+	if err != nil {
+		return gqlerror.List{{Message: err.Error(), Extensions: map[string]any{"code": "UNAVAILABLE"}}}
+	}
+	defer c.t.groups.leave(g)
+	quoted, _ := json.Marshal(id)
+	kind := "next"
+	if c.legacy {
+		kind = "data"
+	}
+	prefix := append(append([]byte(`{"id":`), quoted...), `,"type":"`+kind+`","payload":`...)
+	buf := make([]byte, 0, 1024) // this subscriber's frames, reused
+	for {
+		select {
+		case ch, ok := <-slot.in:
+			if !ok {
+				if r := slot.reason.Load(); r != nil {
+					return gqlerror.List{r}
+				}
+				return nil
+			}
+			payload, err := g.render(ch)
+			if err != nil {
+				return gqlerror.List{{Message: err.Error(), Extensions: map[string]any{"code": "UNAVAILABLE"}}}
+			}
+			buf = append(append(append(buf[:0], prefix...), payload...), '}')
+			if c.write(buf) != nil {
+				return nil
+			}
+		case <-ctx.Done():
+			return nil
+		}
+	}
+}
+
+// next sends one response of an operation gqlgen runs itself.
+func (c *wsConn) next(id string, resp *graphql.Response) {
+	b, err := json.Marshal(resp)
+	if err != nil {
+		b, _ = json.Marshal(graphql.Response{Errors: gqlerror.List{{Message: "cannot encode the response: " + err.Error()}}})
+	}
+	t := "next"
+	if c.legacy {
+		t = "data"
+	}
+	c.send(frame{ID: id, Type: t, Payload: b})
+}
+
+func (c *wsConn) sendErrors(id string, errs gqlerror.List) {
+	b, _ := json.Marshal(errs)
+	c.send(frame{ID: id, Type: "error", Payload: b})
+}
+
+func (c *wsConn) send(f frame) {
+	b, _ := json.Marshal(f)
+	_ = c.write(b)
+}
+
+// write writes one message. It takes no context: coder/websocket watches one with a
+// timer per write, and the watchdog bounds writes instead (WebSocketWriteTimeout).
+func (c *wsConn) write(b []byte) error {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	c.writing.Store(time.Now().UnixNano())
+	err := c.ws.Write(context.Background(), websocket.MessageText, b)
+	c.writing.Store(0)
+	return err
+}
+
+// watch closes the connection when a write waits longer than WebSocketWriteTimeout
+// (the peer stopped reading), and keeps graphql-ws connections alive.
+func (c *wsConn) watch(ctx context.Context) {
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	lastKA := time.Now()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-tick.C:
+			if at := c.writing.Load(); at != 0 && now.Sub(time.Unix(0, at)) > c.t.limits.WebSocketWriteTimeout {
+				c.t.log.Warn("closing a WebSocket whose peer takes no writes", "timeout", c.t.limits.WebSocketWriteTimeout)
+				_ = c.ws.CloseNow()
+				return
+			}
+			if c.legacy && now.Sub(lastKA) >= keepAliveEvery {
+				lastKA = now
+				go c.send(frame{Type: "ka"}) // a write of its own: the check above must go on
+			}
+		}
+	}
+}
+
+// refuse ends the connection with code and reason; graphql-ws clients read a
+// connection_error message first.
+func (c *wsConn) refuse(code int, reason string) {
+	if c.legacy {
+		b, _ := json.Marshal(map[string]string{"message": reason})
+		c.send(frame{Type: "connection_error", Payload: b})
+	}
+	c.close(code, reason)
+}
+
+// close starts the close handshake in the background: coder/websocket waits up to 5 s
+// for the peer's answer, which a hostile peer never sends.
+func (c *wsConn) close(code int, reason string) {
+	if c.closing.Swap(true) {
+		return
+	}
+	go func() { _ = c.ws.Close(websocket.StatusCode(code), clipReason(reason)) }()
+}
+
+// clipReason fits a close reason into the 123 bytes a close frame holds.
+func clipReason(s string) string {
+	if len(s) <= 123 {
+		return s
+	}
+	return s[:120] + "..."
+}
+
+type liveKey struct{}
+
+// liveSlot is where a subscription field resolved over WebSocket hands its hub
+// subscription to the transport (Resolver.subscribe).
+type liveSlot struct {
+	in     <-chan *change
+	group  groupKey
+	reason atomic.Pointer[gqlerror.Error] // why the hub ended it, set before in closes
+}
+
+// groupKey is what makes subscriptions render alike: the organization and the key's
+// role (fields may answer by role) beside the operation.
+type groupKey struct {
+	org  string
+	role keys.Role
+}
+
+// renderKey is the feed of a render group's own execution of the operation.
+type renderKey struct{}
+
+// endSubscription records why the hub ended a subscription, for its transport to
+// tell the client.
+func endSubscription(ctx context.Context, err *gqlerror.Error) {
+	if s, ok := ctx.Value(liveKey{}).(*liveSlot); ok {
+		s.reason.Store(err)
+	}
+}
+
+// renderCacheSize is how many recent changes a render group keeps rendered: its
+// subscribers read the same changes, some a little behind the others.
+const renderCacheSize = 64
+
+// renderGroup renders the changes of its subscriptions with one execution of their
+// operation, fed by the group.
+type renderGroup struct {
+	name    string
+	members int // under renderGroups.mu
+	hub     *Hub
+
+	mu        sync.Mutex
+	feed      chan *change
+	responses graphql.ResponseHandler
+	ctx       context.Context
+	cancel    context.CancelFunc
+	cache     [renderCacheSize]struct {
+		c *change
+		b []byte
+	}
+	next int
+	dead error // the group's execution ended: every render fails with it
+}
+
+type renderGroups struct {
+	mu     sync.Mutex
+	groups map[string]*renderGroup
+}
+
+// join adds a subscriber to the group of its operation and key, starting the group's
+// own execution of the operation when it is the first.
+func (gs *renderGroups) join(ctx context.Context, exec graphql.GraphExecutor, rc *graphql.OperationContext, k groupKey, hub *Hub) (*renderGroup, error) {
+	vars, err := json.Marshal(rc.Variables) // map keys sorted: one text per value
+	if err != nil {
+		return nil, fmt.Errorf("cannot render this subscription: %w", err)
+	}
+	sum := sha256.New()
+	for _, part := range []string{k.org, string(k.role), rc.OperationName, rc.RawQuery, string(vars)} {
+		fmt.Fprintf(sum, "%d:%s", len(part), part)
+	}
+	name := hex.EncodeToString(sum.Sum(nil))
+	gs.mu.Lock()
+	defer gs.mu.Unlock()
+	if g := gs.groups[name]; g != nil {
+		g.members++
+		return g, nil
+	}
+	// The group outlives the subscriber that started it: its context keeps the
+	// subscriber's values (the operation, the key) but not its end.
+	gctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	g := &renderGroup{name: name, members: 1, feed: make(chan *change, 1), cancel: cancel, hub: hub}
+	g.responses, g.ctx = exec.DispatchOperation(context.WithValue(gctx, renderKey{}, g.feed), rc)
+	if g.ctx == nil { // an operation middleware answered without running it
+		g.ctx = gctx
+	}
+	if gs.groups == nil {
+		gs.groups = map[string]*renderGroup{}
+	}
+	gs.groups[name] = g
+	return g, nil
+}
+
+func (gs *renderGroups) leave(g *renderGroup) {
+	gs.mu.Lock()
+	defer gs.mu.Unlock()
+	if g.members--; g.members == 0 {
+		delete(gs.groups, g.name)
+		g.cancel()
+	}
+}
+
+// render returns the payload of change c for the group's subscribers, rendering it
+// the first time one asks.
+func (g *renderGroup) render(c *change) ([]byte, error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.dead != nil {
+		return nil, g.dead
+	}
+	for i := range g.cache {
+		if g.cache[i].c == c {
+			return g.cache[i].b, nil
+		}
+	}
+	select {
+	case g.feed <- c:
+	case <-g.ctx.Done():
+		g.dead = errors.New("the subscription's renderer has stopped")
+		return nil, g.dead
+	}
+	resp := g.responses(g.ctx)
+	if resp == nil {
+		// Its field failed (the key that started it was revoked meanwhile): the change
+		// it did not take would block the next render.
+		g.dead = errors.New("the subscription's renderer has stopped; subscribe again")
+		g.cancel()
+		return nil, g.dead
+	}
+	b, err := json.Marshal(resp)
+	if err != nil {
+		return nil, fmt.Errorf("cannot encode a change: %w", err)
+	}
+	g.hub.rendered.Add(1)
+	g.cache[g.next] = struct {
+		c *change
+		b []byte
+	}{c, b}
+	g.next = (g.next + 1) % renderCacheSize
+	return b, nil
+}
