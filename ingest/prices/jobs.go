@@ -164,8 +164,11 @@ func (s *Service) checkRequest(by, org, agent string, from, to time.Time) (time.
 // MaxRepriceRange, not before MinRepriceFrom nor more than a day ahead) recomputed with
 // the newest catalog version when the job starts, by a runner of a `bandplane serve`.
 // by needs role admin, and may reprice its own organization (a platform key: any, or
-// all). An organization has at most one unfinished reprice job at a time (a job of
-// every organization counts for each): another request is schema.ErrConflict naming it.
+// all). The job waits in the queue while a job that could reprice the same rows runs
+// (one of its organization, or of every organization). Each organization, each
+// requester and the queue as a whole hold at most their share of the queued and
+// running jobs (Config.MaxJobsPerOrg, MaxJobsPerKey, MaxJobs; the platform keeps one
+// organization's share): a request over one is schema.ErrTooMany naming the bound.
 func (s *Service) StartReprice(ctx context.Context, by keys.Key, org string, from, to time.Time) (Job, error) {
 	switch {
 	case !by.Has(keys.RoleAdmin):
@@ -184,7 +187,8 @@ func (s *Service) Enqueue(ctx context.Context, by, org, agent string, from, to t
 	return s.request(ctx, by, org, agent, from, to, false)
 }
 
-// request records a new reprice job, queued, or (claim) running in this process.
+// request records a new reprice job, queued, or (claim) running in this process; a job
+// to run at once is schema.ErrConflict while one of overlapping scope runs.
 func (s *Service) request(ctx context.Context, by, org, agent string, from, to time.Time, claim bool) (Job, error) {
 	from, to, err := s.checkRequest(by, org, agent, from, to)
 	if err != nil {
@@ -192,11 +196,9 @@ func (s *Service) request(ctx context.Context, by, org, agent string, from, to t
 	}
 	s.jobsMu.Lock()
 	defer s.jobsMu.Unlock()
-	if other, err := s.unfinished(ctx, org, ""); err != nil {
+	rows, err := s.queue(ctx)
+	if err != nil {
 		return Job{}, err
-	} else if other != nil {
-		return Job{}, fmt.Errorf("%w: reprice job %s of organization %q is %s (requested by %s at %s): wait for it to finish, or cancel it",
-			schema.ErrConflict, other.ID, other.Org, other.State, other.RequestedBy, other.RequestedAt.Format(time.RFC3339))
 	}
 	now := s.stamp()
 	j := Job{ID: schema.NewID(), Org: org, Kind: KindReprice, Agent: agent, From: from, To: to, State: JobQueued,
@@ -204,40 +206,47 @@ func (s *Service) request(ctx context.Context, by, org, agent string, from, to t
 	if claim {
 		j.State, j.Runner, j.StartedAt, j.HeartbeatAt = JobRunning, s.cfg.Runner, now, now
 	}
+	if err := s.admit(rows, j, false, claim, now); err != nil {
+		return Job{}, err
+	}
 	if err := s.audit(ctx, event(TypeJobQueued, org, by, j.ID, now, JobEventData{Job: j})); err != nil {
 		return Job{}, err
 	}
 	if err := s.st.InsertJob(ctx, j.row(s.nextVersion())); err != nil {
 		return Job{}, err
 	}
-	// Another process may have queued one for the same organization meanwhile: the
-	// older request stays, the newer is cancelled.
-	if other, err := s.unfinished(ctx, org, j.ID); err == nil && other != nil &&
-		(other.RequestedAt.Before(j.RequestedAt) || other.RequestedAt.Equal(j.RequestedAt) && other.ID < j.ID) {
-		j.State, j.FinishedAt, j.Error = JobCancelled, now, "superseded by job "+other.ID+", requested at the same time"
-		_ = s.audit(ctx, event(TypeJobFinished, org, Source, j.ID, now, JobEventData{Job: j}))
-		_ = s.st.InsertJob(ctx, j.row(s.finalVersion()))
-		return Job{}, fmt.Errorf("%w: reprice job %s of organization %q was requested at the same time", schema.ErrConflict, other.ID, other.Org)
+	// Another process may have asked meanwhile: the older requests keep their places,
+	// and a job to run at once gives way to one of overlapping scope started meanwhile.
+	if rows, err := s.queue(ctx); err == nil {
+		if err := s.admit(rows, j, true, claim, now); err != nil {
+			j.State, j.FinishedAt, j.Error = JobCancelled, now, "refused once recorded, another request having come first: "+err.Error()
+			_ = s.audit(ctx, event(TypeJobFinished, org, Source, j.ID, now, JobEventData{Job: j}))
+			_ = s.st.InsertJob(ctx, j.row(s.finalVersion()))
+			return Job{}, err
+		}
 	}
 	s.log.Info("reprice job queued", "job_id", j.ID, "org_id", org, "from", from, "to", to, "by", by)
 	return j, nil
 }
 
-// unfinished is the oldest unfinished reprice job whose organization overlaps org's,
-// other than except.
-func (s *Service) unfinished(ctx context.Context, org, except string) (*Job, error) {
-	rows, err := s.st.Jobs(ctx, store.JobFilter{Kind: KindReprice, States: []string{string(JobQueued), string(JobRunning)}})
-	if err != nil {
-		return nil, err
+// admit says whether job j may be among the unfinished jobs rows (recorded: j is one
+// of them already): a share of the queue refuses it (schema.ErrTooMany), or, to run at
+// once (claim), a live running job could reprice the same rows (schema.ErrConflict
+// naming it).
+func (s *Service) admit(rows []store.JobRow, j Job, recorded, claim bool, now time.Time) error {
+	lim := s.cfg.queueLimits()
+	jr := j.row(0)
+	if refused := queueRefusal(lim, ahead(rows, jr, recorded), jr); refused != nil {
+		return refusalErr(lim, j, refused)
 	}
-	var found *Job
-	for _, r := range rows { // newest first: the last match is the oldest
-		if r.ID != except && scopesOverlap(r.OrgID, org) {
-			j := jobOf(r)
-			found = &j
-		}
+	if !claim {
+		return nil
 	}
-	return found, nil
+	if r := overlapping(rows, j.Org, j.ID, now, s.cfg.StaleAfter); r != nil {
+		return fmt.Errorf("%w: reprice job %s of organization %q is %s (requested by %s at %s): wait for it to finish, or cancel it",
+			schema.ErrConflict, r.ID, r.OrgID, r.State, r.RequestedBy, r.RequestedAt.Format(time.RFC3339))
+	}
+	return nil
 }
 
 // Jobs lists the jobs of org, newest request first (limit 0: DefaultJobLimit, at most

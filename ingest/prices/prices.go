@@ -65,6 +65,14 @@ type Config struct {
 	Heartbeat  time.Duration // how often a running job says it is alive (default 5 s)
 	StaleAfter time.Duration // a running job silent this long is resumed by another runner (default 30 s)
 	Retry      time.Duration // first back-off of a failed day of a job, doubled up to a minute, 8 tries (default 1 s)
+	// MaxJobs bounds the reprice jobs queued or running at once (default
+	// DefaultMaxJobs), MaxJobsPerOrg those of one organization (default
+	// DefaultMaxJobsPerOrg; a job counts for the organization it reprices, '*' for a job
+	// of every organization) and MaxJobsPerKey those one requester asked for (the API
+	// key, or the CLI's --by; default DefaultMaxJobsPerKey). MaxJobsPerOrg of MaxJobs are
+	// the platform's only, so that tenants filling the queue never keep the platform's
+	// jobs out. A request over its share is refused at once (schema.ErrTooMany).
+	MaxJobs, MaxJobsPerOrg, MaxJobsPerKey int
 	// Runner names this process in the jobs it runs (default host:pid:random).
 	Runner string
 	// OnProgress, when set, is called with a job's state after each day it finishes and
@@ -92,6 +100,8 @@ func (c *Config) defaults() {
 	if c.Retry <= 0 {
 		c.Retry = time.Second
 	}
+	lim := c.queueLimits()
+	c.MaxJobs, c.MaxJobsPerOrg, c.MaxJobsPerKey = lim.Total, lim.PerGroup, lim.PerClient
 	if c.Now == nil {
 		c.Now = time.Now
 	}
@@ -115,6 +125,13 @@ func (c Config) Validate() error {
 	if c.Heartbeat > 0 && c.StaleAfter > 0 && c.StaleAfter < 2*c.Heartbeat {
 		errs = append(errs, fmt.Errorf("prices: the stale limit (%s) must be at least twice the heartbeat (%s)", c.StaleAfter, c.Heartbeat))
 	}
+	if c.MaxJobs < 0 || c.MaxJobsPerOrg < 0 || c.MaxJobsPerKey < 0 {
+		errs = append(errs, fmt.Errorf("prices: the job bounds must not be negative (MaxJobs %d, MaxJobsPerOrg %d, MaxJobsPerKey %d)",
+			c.MaxJobs, c.MaxJobsPerOrg, c.MaxJobsPerKey))
+	} else if lim := c.queueLimits(); lim.Total < 2*lim.PerGroup {
+		errs = append(errs, fmt.Errorf("prices: MaxJobs (%d) must be at least twice MaxJobsPerOrg (%d): the platform keeps one organization's share of the queue",
+			lim.Total, lim.PerGroup))
+	}
 	return errors.Join(errs...)
 }
 
@@ -134,6 +151,10 @@ type Service struct {
 	state   [2]uint64                   // PricesState when rows were read
 
 	jobsMu sync.Mutex // serializes job requests in this process
+
+	claimMu   sync.Mutex           // guards the fields below
+	lastClaim map[string]time.Time // when this runner last claimed a job of each organization with unfinished jobs
+	queueWarn time.Time            // when a queue read last warned of rows left out
 
 	verMu   sync.Mutex
 	lastVer uint64
@@ -170,7 +191,8 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 		return nil, err
 	}
 	cfg.defaults()
-	s := &Service{cfg: cfg, st: store.New(cfg.Conn, cfg.Database), log: cfg.Logger.With("component", "prices"), m: newMetrics(cfg.Registerer)}
+	s := &Service{cfg: cfg, st: store.New(cfg.Conn, cfg.Database), log: cfg.Logger.With("component", "prices"), m: newMetrics(cfg.Registerer),
+		lastClaim: map[string]time.Time{}}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err := s.reload(ctx, true); err != nil {
@@ -287,10 +309,11 @@ func (s *Service) seed(ctx context.Context) error {
 	return nil
 }
 
-// Run keeps the live catalog current and runs reprice jobs (one at a time: the oldest
-// queued one, or a running one whose runner has gone silent) until ctx ends. A job
-// running when ctx ends is put back in the queue at its last checkpoint, for the next
-// runner. Errors are logged; Run returns when ctx ends and its job has stopped.
+// Run keeps the live catalog current and runs reprice jobs until ctx ends: one at a
+// time, queued or abandoned by a silent runner, taken in turn across organizations
+// (claimOrder), never one that could reprice the rows of a job running elsewhere. A
+// job running when ctx ends is put back in the queue at its last checkpoint, for the
+// next runner. Errors are logged; Run returns when ctx ends and its job has stopped.
 func (s *Service) Run(ctx context.Context) error {
 	refresh := time.NewTicker(s.cfg.Refresh)
 	defer refresh.Stop()

@@ -3,6 +3,7 @@ package prices
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +14,7 @@ import (
 	"github.com/bandplane/bandplane/schema"
 	"github.com/bandplane/bandplane/schema/keys"
 	"github.com/bandplane/bandplane/schema/pricing"
+	"github.com/bandplane/bandplane/schema/share"
 	"github.com/bandplane/bandplane/schema/store"
 )
 
@@ -244,4 +246,147 @@ func TestJobEventsAreValid(t *testing.T) {
 	assert.Equal(t, "model", fe.Field)
 	assert.Equal(t, "abc", truncate("abcdef", 3))
 	assert.Equal(t, "a", truncate("aé", 2), "never inside a UTF-8 sequence")
+}
+
+func queued(id, org, by string, at time.Time) store.JobRow {
+	return store.JobRow{ID: id, OrgID: org, Kind: KindReprice, From: now.Add(-48 * time.Hour), To: now.Add(-24 * time.Hour),
+		State: string(JobQueued), RequestedBy: by, RequestedAt: at}
+}
+
+// Each requester, organization and the queue as a whole hold their share of the
+// unfinished jobs; the platform keeps one organization's share; a refusal names its
+// bound and is a client's error.
+func TestQueueShares(t *testing.T) {
+	lim := Config{}.queueLimits()
+	assert.Equal(t, DefaultMaxJobs, lim.Total)
+	assert.Equal(t, DefaultMaxJobsPerOrg, lim.PerGroup)
+	assert.Equal(t, DefaultMaxJobsPerKey, lim.PerClient)
+	assert.Equal(t, DefaultMaxJobsPerOrg, lim.Reserved, "the platform keeps one organization's share")
+
+	rows := []store.JobRow{queued("a1", "org-a", "ka1", now.Add(-3*time.Second))}
+	r := queueRefusal(lim, rows, queued("a2", "org-a", "ka1", now))
+	require.NotNil(t, r, "one job per key")
+	assert.Equal(t, share.BoundClient, r.Bound)
+	err := refusalErr(lim, Job{Org: "org-a", RequestedBy: "ka1"}, r)
+	assert.ErrorIs(t, err, schema.ErrTooMany)
+	assert.ErrorContains(t, err, "requester ka1 already has 1 reprice job queued or running; at most 1 (MaxJobsPerKey)")
+
+	rows = append(rows, queued("a2", "org-a", "ka2", now.Add(-2*time.Second)))
+	assert.Nil(t, queueRefusal(lim, rows[:1], queued("a2", "org-a", "ka2", now)), "another key of the organization")
+	r = queueRefusal(lim, rows, queued("a3", "org-a", "ka3", now))
+	require.NotNil(t, r, "two jobs per organization")
+	assert.Equal(t, share.BoundGroup, r.Bound)
+	err = refusalErr(lim, Job{Org: "org-a", RequestedBy: "ka3"}, r)
+	assert.ErrorIs(t, err, schema.ErrTooMany)
+	assert.False(t, errors.Is(err, schema.ErrConflict))
+	assert.ErrorContains(t, err, "organization org-a already has 2 reprice jobs queued or running; at most 2 (MaxJobsPerOrg)")
+	assert.Nil(t, queueRefusal(lim, rows, queued("b1", "org-b", "kb1", now)), "another tenant still asks")
+	assert.Nil(t, queueRefusal(lim, rows, queued("p1", keys.PlatformOrg, "kp", now)), "and the platform")
+	r = queueRefusal(lim, append(rows, queued("p1", keys.PlatformOrg, "kp1", now), queued("p2", keys.PlatformOrg, "kp2", now)),
+		queued("p3", keys.PlatformOrg, "kp3", now))
+	require.NotNil(t, r)
+	assert.ErrorContains(t, refusalErr(lim, Job{Org: keys.PlatformOrg}, r), "the platform (jobs of every organization) already has 2")
+
+	// Tenants fill what the platform does not keep; the platform still asks.
+	small := Config{MaxJobs: 4}.queueLimits()
+	full := []store.JobRow{queued("a1", "org-a", "ka1", now), queued("a2", "org-a", "ka2", now), queued("b1", "org-b", "kb1", now)}
+	r = queueRefusal(small, full, queued("c1", "org-c", "kc1", now))
+	require.NotNil(t, r)
+	assert.Equal(t, share.BoundTotal, r.Bound)
+	assert.ErrorContains(t, refusalErr(small, Job{Org: "org-c"}, r), "2 reprice jobs of organizations are queued or running, the most the queue holds (MaxJobs 4, of which 2 are the platform's)")
+	assert.Nil(t, queueRefusal(small, full, queued("p1", keys.PlatformOrg, "kp", now)))
+
+	// Two requests racing for one place: once both are recorded, each process sees the
+	// older holding it.
+	older, newer := queued("x1", "org-a", "ka1", now), queued("x2", "org-a", "ka1", now.Add(time.Second))
+	both := []store.JobRow{newer, older}
+	assert.Nil(t, queueRefusal(lim, ahead(both, older, true), older))
+	assert.NotNil(t, queueRefusal(lim, ahead(both, newer, true), newer))
+	assert.NotNil(t, queueRefusal(lim, ahead([]store.JobRow{newer}, older, false), older), "before it is recorded, every job is ahead")
+
+	for _, c := range []Config{{MaxJobs: -1}, {MaxJobsPerKey: -1}, {MaxJobs: 3}, {MaxJobsPerOrg: 20}} {
+		assert.Error(t, c.Validate(), "%+v", c)
+	}
+}
+
+// A row a request could not have written is neither run nor counted: what running one
+// costs is bounded by MaxRepriceRange whatever else the row says.
+func TestRowProblem(t *testing.T) {
+	good := queued("0f1e-2d", "org-a", "ka1", now)
+	assert.Empty(t, rowProblem(good))
+	assert.Empty(t, rowProblem(queued("0f1e-2d", keys.PlatformOrg, "ka1", now)))
+	for name, tc := range map[string]func(*store.JobRow){
+		"id":             func(r *store.JobRow) { r.ID = "x'; DROP" },
+		"empty org":      func(r *store.JobRow) { r.OrgID = "" },
+		"org with *":     func(r *store.JobRow) { r.OrgID = "a*" },
+		"agent":          func(r *store.JobRow) { r.AgentID = "a\nb" },
+		"long agent":     func(r *store.JobRow) { r.AgentID = strings.Repeat("a", schema.MaxIDBytes+1) },
+		"requester":      func(r *store.JobRow) { r.RequestedBy = "" },
+		"epoch":          func(r *store.JobRow) { r.From, r.To = time.Time{}, time.Date(2106, 1, 1, 0, 0, 0, 0, time.UTC) },
+		"long range":     func(r *store.JobRow) { r.From = r.To.Add(-MaxRepriceRange - time.Second) },
+		"before 2000":    func(r *store.JobRow) { r.From, r.To = MinRepriceFrom.Add(-time.Hour), MinRepriceFrom.Add(time.Hour) },
+		"empty range":    func(r *store.JobRow) { r.To = r.From },
+		"backwards":      func(r *store.JobRow) { r.From, r.To = r.To, r.From },
+		"long requester": func(r *store.JobRow) { r.RequestedBy = strings.Repeat("k", 10_000) },
+	} {
+		r := good
+		tc(&r)
+		assert.NotEmpty(t, rowProblem(r), name)
+	}
+}
+
+// Organizations take turns, the platform's jobs among them, whatever the order of
+// requests; a job overlapping a live running one is not offered, and the platform's
+// stops the order until the running jobs end.
+func TestClaimOrder(t *testing.T) {
+	const stale = 30 * time.Second
+	at := func(s int) time.Time { return now.Add(time.Duration(s-100) * time.Second) }
+	rows := []store.JobRow{
+		queued("a1", "org-a", "ka1", at(1)), queued("a2", "org-a", "ka2", at(2)),
+		queued("b1", "org-b", "kb1", at(3)), queued("b2", "org-b", "kb2", at(4)),
+		queued("p1", keys.PlatformOrg, "kp", at(5)),
+	}
+	// Run each claimed job to its end, as one runner does, the clock still.
+	last := map[string]time.Time{}
+	var got []string
+	for left := rows; len(left) > 0; {
+		order := claimOrder(left, now, stale, last)
+		require.NotEmpty(t, order)
+		next := order[0]
+		got = append(got, next.ID)
+		last[next.OrgID] = now
+		left = slices.DeleteFunc(slices.Clone(left), func(r store.JobRow) bool { return r.ID == next.ID })
+	}
+	assert.Equal(t, []string{"a1", "b1", "p1", "a2", "b2"}, got, "not a1 a2 b1 b2 p1, the order of requests")
+
+	// Equal turns: the platform first.
+	order := claimOrder([]store.JobRow{queued("b1", "org-b", "kb", at(1)), queued("p1", keys.PlatformOrg, "kp", at(2))}, now, stale,
+		map[string]time.Time{"org-b": now, keys.PlatformOrg: now})
+	assert.Equal(t, "p1", order[0].ID)
+
+	running := func(id, org string, hb time.Time) store.JobRow {
+		r := queued(id, org, "k-"+id, at(0))
+		r.State, r.Runner, r.HeartbeatAt = string(JobRunning), "elsewhere", hb
+		return r
+	}
+	ids := func(rs []store.JobRow) []string {
+		out := []string{}
+		for _, r := range rs {
+			out = append(out, r.ID)
+		}
+		return out
+	}
+	// org-a's job runs elsewhere: org-a waits, org-b does not.
+	busy := []store.JobRow{running("a0", "org-a", now.Add(-time.Second)), queued("a1", "org-a", "ka1", at(1)), queued("b1", "org-b", "kb1", at(2))}
+	assert.Equal(t, []string{"b1"}, ids(claimOrder(busy, now, stale, nil)))
+	// The platform's turn comes while it runs: nothing after it is offered.
+	assert.Equal(t, []string{"b1"}, ids(claimOrder(append(busy, queued("p1", keys.PlatformOrg, "kp", at(3))), now, stale, nil)))
+	assert.Empty(t, ids(claimOrder(append(busy, queued("p1", keys.PlatformOrg, "kp", at(0))), now, stale, nil)),
+		"the platform's job waits for the running job, and holds the others back")
+	// A silent runner's job is offered again (resumed); a heartbeat from the future keeps
+	// nothing alive.
+	assert.Equal(t, []string{"a0", "b1"}, ids(claimOrder([]store.JobRow{running("a0", "org-a", now.Add(-stale)), busy[1], busy[2]}, now, stale, nil)))
+	assert.Equal(t, []string{"p0"}, ids(claimOrder([]store.JobRow{running("p0", keys.PlatformOrg, now.Add(24*time.Hour))}, now, stale, nil)))
+	// A running platform job blocks everyone.
+	assert.Empty(t, ids(claimOrder([]store.JobRow{running("p0", keys.PlatformOrg, now), busy[1], busy[2]}, now, stale, nil)))
 }

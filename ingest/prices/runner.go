@@ -30,21 +30,20 @@ func (s *Service) RunNow(ctx context.Context, by, org, agent string, from, to ti
 	return s.execute(ctx, j)
 }
 
-// claim takes the oldest job to run: a queued one, or a running one whose heartbeat is
-// older than StaleAfter (its runner died). Two runners may claim one job at once; each
-// checkpoint re-reads the job and the one that no longer owns it stops, so a job runs
-// at least once, and the work of a day is idempotent.
+// claim takes the next job to run (claimOrder): a queued one, or a running one whose
+// heartbeat is older than StaleAfter (its runner died). Two runners may claim one job
+// at once; each checkpoint re-reads the job and the one that no longer owns it stops,
+// so a job runs at least once, and the work of a day is idempotent. Two runners may
+// also claim two jobs of overlapping scope at once: each re-reads the queue after its
+// claim, and one that sees the other's backs off (both may, and try again at the next
+// poll), so that two such jobs never run together.
 func (s *Service) claim(ctx context.Context) (Job, bool, error) {
-	rows, err := s.st.Jobs(ctx, store.JobFilter{Kind: KindReprice, States: []string{string(JobQueued), string(JobRunning)}})
+	rows, err := s.queue(ctx)
 	if err != nil {
 		return Job{}, false, err
 	}
-	slices.Reverse(rows) // oldest request first
 	now := s.stamp()
-	for _, r := range rows {
-		if r.State == string(JobRunning) && now.Sub(r.HeartbeatAt) < s.cfg.StaleAfter {
-			continue
-		}
+	for _, r := range claimOrder(rows, now, s.cfg.StaleAfter, s.lastClaims()) {
 		j := jobOf(r)
 		resumed := j.State == JobRunning || !j.Cursor.IsZero()
 		if j.State == JobRunning {
@@ -58,13 +57,25 @@ func (s *Service) claim(ctx context.Context) (Job, bool, error) {
 		if err := s.st.InsertJob(ctx, j.row(s.nextVersion())); err != nil {
 			return Job{}, false, err
 		}
-		got, err := s.st.Jobs(ctx, store.JobFilter{ID: j.ID})
+		after, err := s.queue(ctx)
 		if err != nil {
 			return Job{}, false, err
 		}
-		if len(got) == 0 || got[0].Runner != s.cfg.Runner || got[0].State != string(JobRunning) {
+		i := slices.IndexFunc(after, func(a store.JobRow) bool { return a.ID == j.ID })
+		if i < 0 || after[i].Runner != s.cfg.Runner || after[i].State != string(JobRunning) {
 			continue // another runner took it, or it was cancelled
 		}
+		if o := overlapping(after, j.Org, j.ID, now, s.cfg.StaleAfter); o != nil {
+			back := jobOf(r)
+			back.State, back.Runner = JobQueued, ""
+			if err := s.st.InsertJob(ctx, back.row(s.nextVersion())); err != nil {
+				return Job{}, false, err
+			}
+			s.log.Info("a reprice job of overlapping scope started elsewhere at the same time; this one waits", "job_id", j.ID,
+				"other_job_id", o.ID, "other_runner", o.Runner)
+			continue
+		}
+		s.claimedBy(j.Org, now, after)
 		if err := s.audit(ctx, event(TypeJobStarted, j.Org, s.cfg.Runner, j.ID, now, JobEventData{Job: j, Resumed: resumed})); err != nil {
 			s.requeue(&runState{job: j})
 			return Job{}, false, err
