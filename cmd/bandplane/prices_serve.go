@@ -32,9 +32,10 @@ type priceService struct {
 
 // newPriceService loads the newest catalog version from ClickHouse; seed (the built-in
 // catalog or --catalog) is stored as version 1 when the prices table is empty, and is
-// otherwise not used.
-func newPriceService(ctx context.Context, conn driver.Conn, db string, seed *pricing.Catalog, auditor *kafka.Producer, log *slog.Logger, reg prometheus.Registerer) (*priceService, error) {
-	cfg := prices.Config{Conn: conn, Database: db, Seed: seed, Logger: log, Registerer: reg}
+// otherwise not used. jobs holds the reprice queue's bounds (MaxJobs…).
+func newPriceService(ctx context.Context, conn driver.Conn, db string, seed *pricing.Catalog, jobs prices.Config, auditor *kafka.Producer, log *slog.Logger, reg prometheus.Registerer) (*priceService, error) {
+	cfg := prices.Config{Conn: conn, Database: db, Seed: seed, Logger: log, Registerer: reg,
+		MaxJobs: jobs.MaxJobs, MaxJobsPerOrg: jobs.MaxJobsPerOrg, MaxJobsPerKey: jobs.MaxJobsPerKey}
 	if auditor != nil { // a nil *Producer in the interface would not be nil
 		cfg.Auditor = auditor
 	}

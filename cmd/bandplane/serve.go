@@ -14,6 +14,7 @@ import (
 
 	"github.com/bandplane/bandplane/graph"
 	"github.com/bandplane/bandplane/ingest"
+	"github.com/bandplane/bandplane/ingest/prices"
 	"github.com/bandplane/bandplane/query"
 	"github.com/bandplane/bandplane/query/trail"
 	"github.com/bandplane/bandplane/schema/chdb"
@@ -43,6 +44,7 @@ type serveConfig struct {
 	maxLines      int
 	maxPosts      int
 	maxUploads    [3]int // in all, per organization, per key
+	repriceJobs   [3]int // queued or running: in all, per organization, per requester
 	maxEventAge   time.Duration
 	maxClockSkew  time.Duration
 	keyRefresh    time.Duration
@@ -82,6 +84,9 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	fs.IntVar(&c.maxUploads[0], "max-uploads", ingest.DefaultMaxUploads, "POST /v1/events bodies being read at once; organizations' keys hold at most three quarters, the platform's keys keep the rest (more: 429)")
 	fs.IntVar(&c.maxUploads[1], "max-uploads-per-org", ingest.DefaultMaxUploadsPerOrg, "POST /v1/events bodies one organization's keys send at once (more: 429)")
 	fs.IntVar(&c.maxUploads[2], "max-uploads-per-key", ingest.DefaultMaxUploadsPerKey, "POST /v1/events bodies one API key sends at once (more: 429)")
+	fs.IntVar(&c.repriceJobs[0], "max-reprice-jobs", prices.DefaultMaxJobs, "reprice jobs queued or running at once; one organization's share of them stays for the platform's (more: TOO_MANY_REQUESTS)")
+	fs.IntVar(&c.repriceJobs[1], "max-reprice-jobs-per-org", prices.DefaultMaxJobsPerOrg, "reprice jobs of one organization queued or running at once (more: TOO_MANY_REQUESTS)")
+	fs.IntVar(&c.repriceJobs[2], "max-reprice-jobs-per-key", prices.DefaultMaxJobsPerKey, "reprice jobs one API key has queued or running at once (more: TOO_MANY_REQUESTS)")
 	fs.DurationVar(&c.maxEventAge, "max-event-age", ingest.DefaultMaxEventAge, "the collector refuses events older than this (default: the events retention, 400 days)")
 	fs.DurationVar(&c.maxClockSkew, "max-clock-skew", ingest.DefaultMaxClockSkew, "the collector refuses events this far ahead of its clock")
 	fs.DurationVar(&c.keyRefresh, "key-refresh", 5*time.Second, "how often API keys are re-read from ClickHouse (a revocation takes effect within it)")
@@ -166,6 +171,9 @@ func (c *serveConfig) validateGraphQL() error {
 		{"--graphql-max-operations-per-websocket", c.graphql.MaxOperationsPerWebSocket > 0},
 		{"--graphql-websocket-write-timeout", c.graphql.WebSocketWriteTimeout > 0},
 		{"--graphql-clickhouse-conns", c.queryConns > 0},
+		{"--max-reprice-jobs", c.repriceJobs[0] > 0},
+		{"--max-reprice-jobs-per-org", c.repriceJobs[1] > 0},
+		{"--max-reprice-jobs-per-key", c.repriceJobs[2] > 0},
 		{"--stuck-after", c.hub.StuckAfter > 0},
 		{"--graphql-subscriber-buffer", c.hub.Buffer > 0},
 		{"--graphql-max-subscriptions-per-key", c.hub.MaxSubscriptionsPerKey > 0},
@@ -264,7 +272,8 @@ func openDeps(ctx context.Context, log *slog.Logger, reg *prometheus.Registry, c
 	if err := d.keys.Load(ctx); err != nil {
 		return nil, err
 	}
-	if d.prices, err = newPriceService(ctx, d.conn, c.stack.ch.Database, cat, d.auditor, log, reg); err != nil {
+	jobs := prices.Config{MaxJobs: c.repriceJobs[0], MaxJobsPerOrg: c.repriceJobs[1], MaxJobsPerKey: c.repriceJobs[2]}
+	if d.prices, err = newPriceService(ctx, d.conn, c.stack.ch.Database, cat, jobs, d.auditor, log, reg); err != nil {
 		return nil, err
 	}
 	// The audit log checks what the policy replica restores from ClickHouse, and
