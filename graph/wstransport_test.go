@@ -91,10 +91,10 @@ func TestLiveRendersEachChangeOncePerGroup(t *testing.T) {
 	for range 3 {
 		shared = append(shared, subscribeLive(t, ctx, srv, "tok-a-view-1", nil, 4)...)
 	}
-	shared = append(shared, subscribeLive(t, ctx, srv, "tok-a-view-2", nil, 4)...) // another key, same role
+	shared = append(shared, subscribeLive(t, ctx, srv, "tok-a-view-2", nil, 4)...)      // another key, same role
 	room := subscribeLive(t, ctx, srv, "tok-a-view-1", map[string]any{"room": "r2"}, 2) // other variables
-	comp := subscribeLive(t, ctx, srv, "tok-a-comp", nil, 2)                             // another role
-	other := subscribeLive(t, ctx, srv, "tok-b-view", nil, 2)                            // another organization
+	comp := subscribeLive(t, ctx, srv, "tok-a-comp", nil, 2)                            // another role
+	other := subscribeLive(t, ctx, srv, "tok-b-view", nil, 2)                           // another organization
 	require.Eventually(t, func() bool { return h.Subscribers() == 22 }, 10*time.Second, 5*time.Millisecond)
 
 	const changes = 10
@@ -288,7 +288,7 @@ func TestLiveProtocolRefusals(t *testing.T) {
 		send  []any
 		code  websocket.StatusCode
 	}{
-		"no init in time":        {code: 4408},
+		"no init in time":         {code: 4408},
 		"a subscribe before init": {send: []any{sub("1")}, code: 4400},
 		"an unknown key":          {token: "tok-nope", code: 4401},
 		"a second init":           {token: "tok-a-view-1", send: []any{map[string]any{"type": "connection_init"}}, code: 4429},

@@ -27,8 +27,8 @@ type isoMutation struct {
 	// ownData: the answer carries the tenant's own ids (false: it carries nothing of
 	// any tenant, e.g. a job id the test could not know).
 	ownData bool
-	// retry: the mutation may be refused for a while for a reason of its own (one
-	// unfinished reprice job per organization): retried for up to 30 s.
+	// retry: the mutation may be refused for a while for a reason of its own (the
+	// reprice queue's share of a key or an organization): retried for up to 30 s.
 	retry bool
 }
 
@@ -203,7 +203,7 @@ func isoMutationChecks(t *testing.T, srv *server, muts []isoField, a, b *isoTena
 		if m.platform {
 			first = aKeys[keys.RoleAdmin]
 		}
-		ans := isoAsk(t, srv, first, m.foreign(a, b))
+		ans := ask(m, f.Name, first, m.foreign(a, b))
 		refused := m.platform && ans.hasCode(f.Name, "FORBIDDEN") || ans.hasCode(f.Name, "BAD_USER_INPUT")
 		if f.Name == "reprice" {
 			// reprice names no object: it re-prices the key's own organization only.
