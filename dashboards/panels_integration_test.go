@@ -393,7 +393,7 @@ func sortedKeys[V any](m map[string]V) []string {
 func TestIntegrationAlertRulesRun(t *testing.T) {
 	w := loadWorld(t)
 	ctx := context.Background()
-	now := time.Now().UTC()
+	now := w.now // the rules' ranges end where the queries' now() is pinned
 	// What must fire: rule → the value of the label column → at least this value.
 	fires := map[string]map[string]map[string]float64{
 		"bandplane-budget-80":        {"budget_id": {}},

@@ -122,27 +122,46 @@ func (r *bigReader) CommitMessages(_ context.Context, msgs ...kafkago.Message) e
 	return nil
 }
 
-// slowStorage takes delay for every insert, like a ClickHouse that is the bottleneck.
+// slowStorage is a ClickHouse that is the bottleneck: an insert waits until the fetch
+// loop has run ahead of the commits by more than ahead bytes, then takes delay.
 type slowStorage struct {
 	*fakeStorage
+	r     *bigReader
+	ahead int
 	delay time.Duration
 }
 
 func (s slowStorage) BatchInsert(ctx context.Context, b *store.Batch) error {
+	for !s.r.ranAhead(s.ahead) {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		time.Sleep(time.Millisecond)
+	}
 	time.Sleep(s.delay)
 	return s.fakeStorage.BatchInsert(ctx, b)
+}
+
+// ranAhead says whether the records fetched and not committed have held more than n
+// bytes at a fetch.
+func (r *bigReader) ranAhead(n int) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.maxOutstanding > n
 }
 
 // TestConsumerBoundsThePendingBytes: with a slow ClickHouse and large records, the
 // records fetched and not yet committed never hold more than MaxPendingBytes, although
 // the record counts (BatchSize 10,000, the channels of thousands) would let the fetch
-// loop run far ahead.
+// loop run far ahead. The first insert is held until the fetch loop has used more than
+// half the budget (nothing is released before an insert returns), so the budget is
+// shown to be used, whatever the scheduling.
 func TestConsumerBoundsThePendingBytes(t *testing.T) {
 	const record = 16<<10 + 200
 	r := &bigReader{}
 	st := &fakeStorage{}
 	cfg := ingest.Config{
-		Reader: r, DeadLetters: &fakeDLQ{}, Storage: slowStorage{st, 5 * time.Millisecond}, Directory: directory.New(),
+		Reader: r, DeadLetters: &fakeDLQ{}, Storage: slowStorage{st, r, 6 * record, 5 * time.Millisecond}, Directory: directory.New(),
 		Catalog: pricing.Default(), Topic: "events", Decoders: 2, BatchSize: 10_000, BatchAge: time.Hour,
 		BatchBytes: 4 * record, MaxPendingBytes: 12 * record, RetryMin: time.Millisecond, RetryMax: time.Millisecond,
 	}

@@ -13,6 +13,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	kafkago "github.com/segmentio/kafka-go"
@@ -398,21 +399,25 @@ func TestCollectorBoundsWhatOneRequestCosts(t *testing.T) {
 	assert.Len(t, resp.Errors, 1000)
 }
 
+// TestCollectorLimitsConcurrentRequests runs in a synctest bubble: synctest.Wait returns
+// once every request is blocked, in the producer or waiting for a slot, so the count in
+// the producer is final when it is read.
 func TestCollectorLimitsConcurrentRequests(t *testing.T) {
-	block := make(chan struct{})
-	prod := &blockingProducer{release: block}
-	c, err := ingest.NewCollector(ingest.CollectorConfig{Producer: prod, Auth: collectorKeys, Now: func() time.Time { return now }, MaxConcurrent: 2})
-	require.NoError(t, err)
-	var wg sync.WaitGroup
-	for range 3 {
-		wg.Go(func() { post(t, c, "s3cret", canonical(fmt.Sprint(time.Now().UnixNano()), "", "a")) })
-	}
-	require.Eventually(t, func() bool { return prod.inFlight.Load() == 2 }, 5*time.Second, 10*time.Millisecond)
-	time.Sleep(100 * time.Millisecond)
-	assert.Equal(t, int64(2), prod.inFlight.Load(), "the third request waits for a slot")
-	close(block)
-	wg.Wait()
-	assert.Equal(t, int64(3), prod.done.Load())
+	synctest.Test(t, func(t *testing.T) {
+		block := make(chan struct{})
+		prod := &blockingProducer{release: block}
+		c, err := ingest.NewCollector(ingest.CollectorConfig{Producer: prod, Auth: collectorKeys, Now: func() time.Time { return now }, MaxConcurrent: 2})
+		require.NoError(t, err)
+		var wg sync.WaitGroup
+		for i := range 3 {
+			wg.Go(func() { post(t, c, "s3cret", canonical(fmt.Sprint("e", i), "", "a")) })
+		}
+		synctest.Wait()
+		assert.Equal(t, int64(2), prod.inFlight.Load(), "the third request waits for a slot")
+		close(block)
+		wg.Wait()
+		assert.Equal(t, int64(3), prod.done.Load())
+	})
 }
 
 // blockingProducer holds every produce until release is closed.

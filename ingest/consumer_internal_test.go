@@ -3,6 +3,7 @@ package ingest
 import (
 	"context"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	kafkago "github.com/segmentio/kafka-go"
@@ -109,66 +110,53 @@ func TestToRowsMarksNoPartyLateForADeadLetteredEvent(t *testing.T) {
 	assert.True(t, c.late.has("agent-x", at), "stored without an organization: remembered")
 }
 
+// TestByteBudget runs in a synctest bubble: synctest.Wait returns once the goroutine
+// acquiring is blocked (or done), so an acquire that has not returned by then waits.
 func TestByteBudget(t *testing.T) {
-	b := newByteBudget(100)
-	ctx := context.Background()
-	require.True(t, b.acquire(ctx, 60))
-	require.True(t, b.acquire(ctx, 40))
-	assert.Equal(t, 100, b.held())
+	synctest.Test(t, func(t *testing.T) {
+		b := newByteBudget(100)
+		ctx := context.Background()
+		require.True(t, b.acquire(ctx, 60))
+		require.True(t, b.acquire(ctx, 40))
+		assert.Equal(t, 100, b.held())
 
-	// Full: the next acquire waits for a release.
-	got := make(chan bool)
-	go func() { got <- b.acquire(ctx, 30) }()
-	select {
-	case <-got:
-		t.Fatal("acquired past the limit")
-	case <-time.After(20 * time.Millisecond):
-	}
-	b.release(20) // 80 held: 30 does not fit yet
-	select {
-	case <-got:
-		t.Fatal("acquired past the limit after a partial release")
-	case <-time.After(20 * time.Millisecond):
-	}
-	b.release(60)
-	select {
-	case ok := <-got:
-		assert.True(t, ok)
-	case <-time.After(time.Second):
-		t.Fatal("not woken by the release")
-	}
-	assert.Equal(t, 50, b.held())
+		got := make(chan bool, 1)
+		waiting := func(msg string) {
+			t.Helper()
+			synctest.Wait()
+			select {
+			case <-got:
+				t.Fatal(msg)
+			default:
+			}
+		}
 
-	// A stop ends the wait.
-	cctx, cancel := context.WithCancel(ctx)
-	go func() { got <- b.acquire(cctx, 80) }()
-	time.Sleep(10 * time.Millisecond)
-	cancel()
-	select {
-	case ok := <-got:
-		assert.False(t, ok)
-	case <-time.After(time.Second):
-		t.Fatal("not woken by the stop")
-	}
-	assert.Equal(t, 50, b.held(), "a cancelled acquire takes nothing")
+		// Full: the next acquire waits for a release.
+		go func() { got <- b.acquire(ctx, 30) }()
+		waiting("acquired past the limit")
+		b.release(20) // 80 held: 30 does not fit yet
+		waiting("acquired past the limit after a partial release")
+		b.release(60)
+		assert.True(t, <-got, "woken by the release")
+		assert.Equal(t, 50, b.held())
 
-	// More than the whole limit: only once nothing is held, and then at once.
-	go func() { got <- b.acquire(ctx, 500) }()
-	select {
-	case <-got:
-		t.Fatal("an oversized acquire must wait for the others")
-	case <-time.After(20 * time.Millisecond):
-	}
-	b.release(50)
-	select {
-	case ok := <-got:
-		assert.True(t, ok)
-	case <-time.After(time.Second):
-		t.Fatal("an oversized record waits forever")
-	}
-	assert.Equal(t, 500, b.held())
-	b.release(500)
-	assert.Zero(t, b.held())
+		// A stop ends the wait.
+		cctx, cancel := context.WithCancel(ctx)
+		go func() { got <- b.acquire(cctx, 80) }()
+		waiting("acquired past the limit before the stop")
+		cancel()
+		assert.False(t, <-got, "woken by the stop")
+		assert.Equal(t, 50, b.held(), "a cancelled acquire takes nothing")
+
+		// More than the whole limit: only once nothing is held, and then at once.
+		go func() { got <- b.acquire(ctx, 500) }()
+		waiting("an oversized acquire must wait for the others")
+		b.release(50)
+		assert.True(t, <-got, "an oversized record is let through once nothing is held")
+		assert.Equal(t, 500, b.held())
+		b.release(500)
+		assert.Zero(t, b.held())
+	})
 }
 
 // With several ingest processes, a registration consumed by another process reaches

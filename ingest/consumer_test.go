@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 	"unicode/utf8"
 
@@ -695,8 +696,9 @@ func TestConsumerChecksABatchWhileTheOneBeforeIsWritten(t *testing.T) {
 	// lookup starts or hold passes, and refuses for good any batch holding an event
 	// whose data is {"content":"refused"}. It returns whether the second batch's lookup
 	// started while the first write was held. A lookup that may start during the write
-	// is waited for (hold is long, and ends when it starts); one that must not is given
-	// hold to show itself.
+	// is waited for (hold is long, and ends when it starts). The subtests where it must
+	// not start run in a synctest bubble, whose clock ends hold only once every goroutine
+	// is blocked: a lookup that could start during the write has started by then.
 	slowFirst := func(st *fakeStorage, id string, hold time.Duration) func() bool {
 		var mu sync.Mutex
 		lookups := 0
@@ -755,39 +757,43 @@ func TestConsumerChecksABatchWhileTheOneBeforeIsWritten(t *testing.T) {
 	})
 
 	t.Run("a replay and a reused id of the batch being written", func(t *testing.T) {
-		st := &fakeStorage{}
-		during := slowFirst(st, "a1", 200*time.Millisecond)
-		h := startWith(t, st, func(c *ingest.Config) { c.BatchSize = 2 })
-		first := eventLine("a1", "message.created", "u1", "user", "org-1", `{"content":"first"}`)
-		h.send(0, first)
-		h.send(0, eventLine("b1", "message.created", "u1", "user", "org-1", `{"content":"other"}`))
-		h.send(0, first) // a replay of a1
-		h.send(0, eventLine("a1", "message.created", "u1", "user", "org-1", `{"content":"forged"}`))
-		require.Eventually(t, func() bool { return h.reader.commit(0) == 4 }, 5*time.Second, time.Millisecond)
-		assert.False(t, during(), "the second batch waited for the first to be written")
-		assert.ElementsMatch(t, []string{`a1:{"content":"first"}`, `b1:{"content":"other"}`}, stored(st))
-		all := st.all()
-		require.Len(t, all.DeadLetters, 1)
-		assert.True(t, strings.HasPrefix(all.DeadLetters[0].Reason, ingest.ReasonIDReused), all.DeadLetters[0].Reason)
-		assert.Equal(t, int64(3), all.DeadLetters[0].Offset)
-		assert.Equal(t, float64(1), counterValue(t, h.metrics.Records.WithLabelValues("replayed")))
+		synctest.Test(t, func(t *testing.T) {
+			st := &fakeStorage{}
+			during := slowFirst(st, "a1", 200*time.Millisecond)
+			h := startWith(t, st, func(c *ingest.Config) { c.BatchSize = 2 })
+			first := eventLine("a1", "message.created", "u1", "user", "org-1", `{"content":"first"}`)
+			h.send(0, first)
+			h.send(0, eventLine("b1", "message.created", "u1", "user", "org-1", `{"content":"other"}`))
+			h.send(0, first) // a replay of a1
+			h.send(0, eventLine("a1", "message.created", "u1", "user", "org-1", `{"content":"forged"}`))
+			require.Eventually(t, func() bool { return h.reader.commit(0) == 4 }, 5*time.Second, time.Millisecond)
+			assert.False(t, during(), "the second batch waited for the first to be written")
+			assert.ElementsMatch(t, []string{`a1:{"content":"first"}`, `b1:{"content":"other"}`}, stored(st))
+			all := st.all()
+			require.Len(t, all.DeadLetters, 1)
+			assert.True(t, strings.HasPrefix(all.DeadLetters[0].Reason, ingest.ReasonIDReused), all.DeadLetters[0].Reason)
+			assert.Equal(t, int64(3), all.DeadLetters[0].Offset)
+			assert.Equal(t, float64(1), counterValue(t, h.metrics.Records.WithLabelValues("replayed")))
+		})
 	})
 
 	t.Run("the twin of a record ClickHouse refused is stored", func(t *testing.T) {
-		st := &fakeStorage{}
-		during := slowFirst(st, "a1", 200*time.Millisecond)
-		h := startWith(t, st, func(c *ingest.Config) { c.BatchSize = 2 })
-		h.send(0, eventLine("a1", "message.created", "u1", "user", "org-1", `{"content":"refused"}`))
-		h.send(0, eventLine("b1", "message.created", "u1", "user", "org-1", `{}`))
-		h.send(0, eventLine("a1", "message.created", "u1", "user", "org-1", `{"content":"valid"}`))
-		h.send(0, eventLine("c1", "message.created", "u1", "user", "org-1", `{}`))
-		require.Eventually(t, func() bool { return h.reader.commit(0) == 4 }, 5*time.Second, time.Millisecond)
-		assert.ElementsMatch(t, []string{`a1:{"content":"valid"}`, `b1:{}`, `c1:{}`}, stored(st),
-			"nothing of a1 is stored when the second batch is checked, so its other content is not a reused id")
-		all := st.all()
-		require.Len(t, all.DeadLetters, 1)
-		assert.Equal(t, int64(0), all.DeadLetters[0].Offset, "only the refused record is dead-lettered")
-		assert.False(t, during(), "the second batch waited for the first to be written")
+		synctest.Test(t, func(t *testing.T) {
+			st := &fakeStorage{}
+			during := slowFirst(st, "a1", 200*time.Millisecond)
+			h := startWith(t, st, func(c *ingest.Config) { c.BatchSize = 2 })
+			h.send(0, eventLine("a1", "message.created", "u1", "user", "org-1", `{"content":"refused"}`))
+			h.send(0, eventLine("b1", "message.created", "u1", "user", "org-1", `{}`))
+			h.send(0, eventLine("a1", "message.created", "u1", "user", "org-1", `{"content":"valid"}`))
+			h.send(0, eventLine("c1", "message.created", "u1", "user", "org-1", `{}`))
+			require.Eventually(t, func() bool { return h.reader.commit(0) == 4 }, 5*time.Second, time.Millisecond)
+			assert.ElementsMatch(t, []string{`a1:{"content":"valid"}`, `b1:{}`, `c1:{}`}, stored(st),
+				"nothing of a1 is stored when the second batch is checked, so its other content is not a reused id")
+			all := st.all()
+			require.Len(t, all.DeadLetters, 1)
+			assert.Equal(t, int64(0), all.DeadLetters[0].Offset, "only the refused record is dead-lettered")
+			assert.False(t, during(), "the second batch waited for the first to be written")
+		})
 	})
 }
 

@@ -40,8 +40,10 @@ func newPipeline(t *testing.T) *pipeline {
 	return p
 }
 
-func (p *pipeline) start(group string) {
-	stacktest.RunIngest(p.t, p.topic, p.conn, p.db, group)
+// start runs the consumer; the returned function stops it gracefully: the consumer
+// flushes and commits, then the rollup rebuilds every hour marked until then.
+func (p *pipeline) start(group string) (stop func()) {
+	return stacktest.RunIngest(p.t, p.topic, p.conn, p.db, group)
 }
 
 // simulate produces a seeded workload to the topic and returns the simulator's summary.
@@ -161,7 +163,7 @@ func (p *pipeline) waitLag(group string, timeout time.Duration) {
 
 func TestIntegrationPipelineReconcilesAndReplayIsIdempotent(t *testing.T) {
 	p := newPipeline(t)
-	p.start("ingest")
+	stop := p.start("ingest")
 	sum := p.simulate(5000, 7)
 	require.Greater(t, sum.UsageEvents, 50, "the workload should report usage")
 	require.Greater(t, sum.CostMicros, int64(0))
@@ -172,19 +174,22 @@ func TestIntegrationPipelineReconcilesAndReplayIsIdempotent(t *testing.T) {
 	again := p.simulate(5000, 7)
 	require.Equal(t, sum.CostMicros, again.CostMicros)
 	// Offsets are committed only after a batch is in ClickHouse, so lag 0 means the
-	// replayed copies have been written.
+	// replayed copies have been written; stopping the pipeline then has the rollup
+	// rebuild every hour they touched before it returns.
 	p.waitLag("ingest", 60*time.Second)
-	time.Sleep(time.Second) // let the rollup rebuild the replayed hours
+	stop()
 	assert.Greater(t, p.rawCount("usage"), uint64(0))
 	if !assert.Equal(t, want, p.sums(), "replaying the same events changed a sum") {
 		rows, err := p.conn.Query(context.Background(), "SELECT id, type, groupArray(org_id), groupArray(toString(time)), any(actor_id), any(subject_id) FROM "+p.db+".events FINAL GROUP BY id, type HAVING count() > 1 LIMIT 20")
 		require.NoError(t, err)
+		defer rows.Close()
 		for rows.Next() {
 			var id, typ, actor, subject string
 			var orgs, times []string
 			require.NoError(t, rows.Scan(&id, &typ, &orgs, &times, &actor, &subject))
 			t.Logf("doubled: %s %s orgs=%v times=%v actor=%s subject=%s", id, typ, orgs, times, actor, subject)
 		}
+		require.NoError(t, rows.Err())
 	}
 }
 
@@ -229,7 +234,7 @@ func TestIntegrationPoisonRecordsGoToDeadLetters(t *testing.T) {
 
 func TestIntegrationLateRegistrationIsRepricedAndReplaysStillCountOnce(t *testing.T) {
 	p := newPipeline(t)
-	p.start("ingest")
+	stop := p.start("ingest")
 	ctx := context.Background()
 	usage := eventLine("late-u1", "usage.reported", "agent-late", "agent", "", usageData)
 	msg := eventLine("late-m1", "message.created", "agent-late", "agent", "", `{"content":"hello"}`)
@@ -261,10 +266,11 @@ func TestIntegrationLateRegistrationIsRepricedAndReplaysStillCountOnce(t *testin
 	assert.Equal(t, "gpt-5-mini", model)
 	assert.Equal(t, want, cost.Shift(6).IntPart())
 
-	// Replaying the early events (now attributable) must not add rows to any sum.
+	// Replaying the early events (now attributable) must not add rows to any sum. Lag 0:
+	// the replayed copies are stored; the stop: the rollup has rebuilt their hours.
 	produce(usage, msg)
 	p.waitLag("ingest", 30*time.Second)
-	time.Sleep(500 * time.Millisecond)
+	stop()
 	s := p.sums()
 	assert.Equal(t, uint64(3), s.Events, "two events and the registration, each once")
 	assert.Equal(t, uint64(1000), s.Input)
@@ -471,7 +477,11 @@ func TestIntegrationReusedIDNeverReplacesTheOriginal(t *testing.T) {
 	assert.Contains(t, dls[0].Reason, "evt-1")
 	assert.Contains(t, dls[0].Raw, "a forgery")
 
-	time.Sleep(1100 * time.Millisecond) // a rewrite would show a later ingested_at
+	// Once the clock is a second past the original's ingested_at (DateTime: seconds), a
+	// rewrite would show a later one.
+	require.True(t, stacktest.Eventually(t, 3*time.Second, 10*time.Millisecond, func() bool {
+		return !time.Now().Before(ingested.Add(time.Second))
+	}))
 	p.produceLines(orig)
 	p.waitLag("ingest", 30*time.Second)
 	assert.Len(t, p.deadLetters(), 1, "a replay is not a reuse")

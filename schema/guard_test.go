@@ -6,7 +6,6 @@ import (
 	"errors"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -167,15 +166,13 @@ func TestDecodeDepth(t *testing.T) {
 	}
 	for _, depth := range []int{65, 1000, 3_000_000} {
 		line := deepLine(depth)
-		start := time.Now()
 		_, err := Decode(line)
-		took := time.Since(start)
 		var fe *FieldError
 		require.True(t, errors.As(err, &fe), "depth %d: want a *FieldError, got %v", depth, err)
 		assert.Equal(t, "data.extra"+strings.Repeat("[0]", 62), fe.Field, "depth %d", depth)
+		// The scan stops at level 65, whatever follows (BenchmarkDecodeTooDeep: a 6 MB
+		// line costs what its first 211 bytes do).
 		assert.Equal(t, "nested deeper than 64 levels (at offset 210)", fe.Reason, "depth %d", depth)
-		// The scan stops at level 65: a 6 MB line costs what its first 211 bytes do.
-		assert.Less(t, took, 50*time.Millisecond, "depth %d took %v", depth, took)
 	}
 	// 3,000,000 levels unclosed, as a frame: refused at once as well.
 	line := append([]byte(`{"topic":"chat_room:r","event":"message_created","payload":`), bytes.Repeat([]byte(`{"a":`), 3_000_000)...)

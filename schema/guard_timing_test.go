@@ -67,3 +67,19 @@ func BenchmarkCheckJSONKeys(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkDecodeTooDeep is the refusal of a line nested past 64 levels: the scan stops
+// at level 65, so 3,000,000 levels (a 6 MB line) cost what 65 do.
+func BenchmarkDecodeTooDeep(b *testing.B) {
+	for _, depth := range []int{65, 3_000_000} {
+		line := deepLine(depth)
+		b.Run(fmt.Sprint(depth), func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := Decode(line); err == nil {
+					b.Fatal("accepted")
+				}
+			}
+		})
+	}
+}

@@ -195,10 +195,12 @@ func TestIntegrationAdversarialCollector(t *testing.T) {
 		defer rows.Close()
 		for rows.Next() {
 			var id string
-			_ = rows.Scan(&id)
+			if rows.Scan(&id) != nil {
+				return false
+			}
 			got = append(got, id)
 		}
-		return len(got) >= len(want)
+		return rows.Err() == nil && len(got) >= len(want)
 	})
 	require.True(t, ok, "the trail has %d of the %d accepted events", len(got), len(want))
 	assert.Equal(t, want, got, "the audit trail holds exactly what was accepted")
@@ -311,19 +313,16 @@ func TestIntegrationAdversarialDecisionsAndKeys(t *testing.T) {
 		code, _ = srv.do(http.MethodGet, "/metrics", operator, "", nil)
 		assert.Equal(t, http.StatusOK, code)
 	})
-	t.Run("a revoked key stops working within 10 s", func(t *testing.T) {
+	// How soon is for the key cache's tests to bound, on a clock of their own (schema/keys).
+	t.Run("a revoked key stops working at the next key refresh", func(t *testing.T) {
 		_, err := s.keys.Revoke(context.Background(), s.ids["acme-viewer"], "test")
 		require.NoError(t, err)
 		revokedAt := time.Now()
 		var code int
-		for time.Since(revokedAt) < 10*time.Second {
+		assert.True(t, stacktest.Eventually(t, 30*time.Second, 100*time.Millisecond, func() bool {
 			code, _ = srv.do(http.MethodGet, "/metrics", viewer, "", nil)
-			if code == http.StatusUnauthorized {
-				break
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
-		assert.Equal(t, http.StatusUnauthorized, code, "still accepted %s after revocation", time.Since(revokedAt))
+			return code == http.StatusUnauthorized
+		}), "still accepted after revocation: %d", code)
 		t.Logf("revocation took effect after %s", time.Since(revokedAt).Round(time.Millisecond))
 	})
 	srv.alive()
@@ -355,10 +354,16 @@ func TestIntegrationSuspensionSurvives(t *testing.T) {
 	require.Equal(t, http.StatusOK, code, "%s", b)
 	assert.Equal(t, false, send(srv)["allow"])
 
-	// The platform re-sends the agent with suspended: false.
-	code, a = srv.post(platform, agent("agent.updated", "upd", -time.Second))
+	// The platform re-sends the agent with suspended: false, then registers a-marker.
+	// Both are keyed by the organization (no room): one partition, which the replica
+	// applies in order, so once it knows a-marker it has applied the update.
+	marker := `{"id":"marker","type":"agent.registered","time":"` + at(-time.Second) + `","org_id":"org-acme","actor":{"id":"u-alice","type":"user"},"subject":{"id":"a-marker","type":"agent"},"source":"adv","data":{"handle":"alice/marker","owner_id":"u-alice","personal_registry_access":true,"listed":true}}`
+	code, a = srv.post(platform, agent("agent.updated", "upd", -time.Second), marker)
 	require.Equal(t, http.StatusOK, code, "%+v", a)
-	time.Sleep(2 * time.Second) // the replica has applied it by now
+	require.True(t, stacktest.Eventually(t, 30*time.Second, 100*time.Millisecond, func() bool {
+		_, b := srv.do(http.MethodPost, "/v1/decisions/send_message", router, "application/json", []byte(`{"agent":"a-marker","room":"room-1"}`))
+		return strings.Contains(string(b), `"reasons"`) && !strings.Contains(string(b), "unknown_agent")
+	}), "the replica never applied a-marker's registration")
 	d := send(srv)
 	assert.Equal(t, false, d["allow"], "a platform update must not lift the operator's suspension: %v", d)
 	assert.Contains(t, fmt.Sprint(d["reasons"]), "suspended")

@@ -228,16 +228,18 @@ func TestWitnessFollowsARotation(t *testing.T) {
 	require.Equal(t, 0, r.code, r.stderr)
 	assert.Equal(t, "first", r.of("org-alpha").Status)
 
-	from := time.Now().Add(1500 * time.Millisecond).Truncate(time.Second).Add(time.Second)
+	last := f.grow("org-alpha", 5, oldKey) // before the hand-over: the old key
+	// The hand-over is the second after the old key's last checkpoint (timestamps are
+	// whole seconds); the new key signs once the clock has reached it.
+	from := last.SignedAt.Add(time.Second)
 	record, err := tlog.Rotation(fakePrefix, oldKey, newKey, from)
 	require.NoError(t, err)
-	f.grow("org-alpha", 5, oldKey) // before the hand-over: the old key
 	f.rotations = [][]byte{record}
 	r = runFakeWitness(t, srv, state, oldPub)
 	require.Equal(t, 0, r.code, r.stderr)
 	assert.Equal(t, "extended", r.of("org-alpha").Status, r.of("org-alpha").Reason)
 
-	time.Sleep(time.Until(from.Add(100 * time.Millisecond)))
+	require.Eventually(t, func() bool { return !time.Now().Before(from) }, 5*time.Second, 10*time.Millisecond, "the clock never reached the hand-over")
 	c := f.grow("org-alpha", 5, newKey)
 
 	// Without the record the new key is no key of the ring.
@@ -426,10 +428,11 @@ func TestWitnessEveryKeepsWatching(t *testing.T) {
 	f.sign("org-bravo", 2, f.logs["org-bravo"].tree.HashAt(2), key)
 	f.mu.Unlock()
 	f.grow("org-alpha", 3, key)
+	// A pass prints its report, then its refusals: both are waited for.
 	require.Eventually(t, func() bool {
-		return strings.Contains(stdout.String(), `"org":"org-alpha","size":7,"from":4,"status":"extended"`)
-	}, 10*time.Second, 10*time.Millisecond, "stdout: %s", stdout.String())
-	assert.Contains(t, stderr.String(), `REFUSED the checkpoint of organization "org-bravo"`)
+		return strings.Contains(stdout.String(), `"org":"org-alpha","size":7,"from":4,"status":"extended"`) &&
+			strings.Contains(stderr.String(), `REFUSED the checkpoint of organization "org-bravo"`)
+	}, 10*time.Second, 10*time.Millisecond, "stdout: %s\nstderr: %s", stdout.String(), stderr.String())
 	select {
 	case err := <-done:
 		t.Fatalf("the witness stopped: %v", err)

@@ -80,6 +80,7 @@ func TestIntegrationBudgetsHoldUnderConcurrency(t *testing.T) {
 	operator := s.key(t, "budget-operator", tn.org, keys.RoleOperator)
 	viewer := s.key(t, "budget-viewer", tn.org, keys.RoleViewer)
 	other := s.key(t, "other-manager", "org-other-"+tn.tag, keys.RoleManager)
+	metrics := s.key(t, "budget-metrics", keys.PlatformOrg, keys.RoleOperator)
 	srv := s.serve(t, "--policy-dir", budgetBundle(t, tn.org))
 
 	isoPost(t, srv, platform, tn.seed(t, time.Now().UTC().Add(-10*time.Minute)))
@@ -144,7 +145,7 @@ func TestIntegrationBudgetsHoldUnderConcurrency(t *testing.T) {
 	defer func() { _ = conn.Close() }()
 	_, crossings, err := conn.Subscribe(ctx, `subscription { budgetExceeded { threshold eventId budget { id scopeId reservedTokens spentTokens } } }`, nil, 16)
 	require.NoError(t, err)
-	time.Sleep(500 * time.Millisecond) // the subscription is registered
+	waitSubscribed(t, srv, metrics, 1)
 
 	type granted struct{ agent, exec string }
 	var mu sync.Mutex
@@ -229,11 +230,25 @@ func TestIntegrationBudgetsHoldUnderConcurrency(t *testing.T) {
 		}
 	}
 	assert.ElementsMatch(t, []int{80, 100}, thresholds)
+	// None since: a budget set now below what the writer spent is crossed at once, on the
+	// same ledger, recorded by the same loop under the same Kafka key (the organization)
+	// as the first budget's crossings, so its crossings come after any the usage caused.
+	ans = isoAsk(t, srv, manager, `mutation { setBudget(budget: {scope: AGENT, scopeId: "`+tn.writer.ID+`", period: DAY, tokens: 1, mode: SOFT}) { id } }`)
+	require.Empty(t, ans.Errors, "%s", ans.raw)
+	var marker struct{ SetBudget struct{ ID string } }
+	require.NoError(t, json.Unmarshal(ans.Data, &marker))
 	select {
 	case m := <-crossings:
-		t.Errorf("a third crossing: %s", m.Data)
-	case <-time.After(time.Second):
+		var x struct {
+			BudgetExceeded struct{ Budget struct{ ID string } }
+		}
+		require.NoError(t, json.Unmarshal(m.Data, &x), "%s", m.Data)
+		require.Equal(t, marker.SetBudget.ID, x.BudgetExceeded.Budget.ID, "a third crossing: %s", m.Data)
+	case <-time.After(30 * time.Second):
+		t.Fatal("the writer's budget set below its spend was never crossed")
 	}
+	ans = isoAsk(t, srv, manager, `mutation { deleteBudget(id: "`+marker.SetBudget.ID+`") { id } }`)
+	require.Empty(t, ans.Errors, "%s", ans.raw)
 	isoWaitStored(t, s, crossedIDs) // the budget.crossed audit events are in the trail
 
 	// Operator actions: a suspension denies at once and shows live; a resume lifts it.
@@ -243,7 +258,7 @@ func TestIntegrationBudgetsHoldUnderConcurrency(t *testing.T) {
 	defer func() { _ = dconn.Close() }()
 	_, denials, err := dconn.Subscribe(ctx, `subscription { policyDenied { decision { agentId reasons { code } } } }`, nil, 64)
 	require.NoError(t, err)
-	time.Sleep(300 * time.Millisecond)
+	waitSubscribed(t, srv, metrics, 2) // budgetExceeded's and this one
 	for _, r := range []string{viewer, manager} {
 		a := isoAsk(t, srv, r, `mutation { suspendAgent(agentId: "`+tn.coder.ID+`") { suspended } }`)
 		require.NotEmpty(t, a.Errors)

@@ -9,7 +9,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -88,14 +87,14 @@ func TestConfigReferenceHelpTouchesNothing(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	defer func() { _ = ln.Close() }()
-	var accepted atomic.Int32
+	accepted := make(chan string, 1024) // the remote address of each connection, in order
 	go func() {
 		for {
 			c, err := ln.Accept()
 			if err != nil {
 				return
 			}
-			accepted.Add(1)
+			accepted <- c.RemoteAddr().String()
 			_ = c.Close()
 		}
 	}()
@@ -113,8 +112,28 @@ func TestConfigReferenceHelpTouchesNothing(t *testing.T) {
 			assert.True(t, s.helped, "bandplane %s: flag set %q", r.path, s.name)
 		}
 	}
-	time.Sleep(50 * time.Millisecond) // a connection made late still shows
-	assert.Zero(t, accepted.Load(), "bandplane … -h connected to %s", ln.Addr())
+	// A marker connection, made after the walk: the listener hands out connections in
+	// the order they were made, so every connection a command made before it returns
+	// has been accepted once the marker has. (A goroutine a command left behind could
+	// still dial later; the walk's context is cancelled, which stops those that honour
+	// it, and nothing can wait for the others.)
+	marker, err := net.Dial("tcp", ln.Addr().String())
+	require.NoError(t, err)
+	defer func() { _ = marker.Close() }()
+	var others []string
+	for done := false; !done; {
+		select {
+		case remote := <-accepted:
+			if remote == marker.LocalAddr().String() {
+				done = true
+			} else {
+				others = append(others, remote)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("the marker connection was never accepted")
+		}
+	}
+	assert.Empty(t, others, "bandplane … -h connected to %s", ln.Addr())
 	for _, p := range []string{"serve", "normalize", "keys create", "audit export", "bench query", "policy eval", "budgets delete", "prices list"} {
 		assert.True(t, paths[p], "%s not walked", p)
 	}

@@ -269,7 +269,7 @@ func TestIntegrationTenantIsolationFromSchema(t *testing.T) {
 
 	// (c) Subscriptions.
 	if len(subs) > 0 {
-		isoSubscriptions(t, srv, sch, subs, a, b, aKeys, bAdmin, platform, router, documented, exercised, problem)
+		isoSubscriptions(t, srv, sch, subs, a, b, aKeys, bAdmin, platform, router, platformAdmin, documented, exercised, problem)
 	}
 	t.Logf("subscriptions checked after %s", time.Since(began).Round(time.Millisecond))
 
@@ -294,9 +294,10 @@ func TestIntegrationTenantIsolationFromSchema(t *testing.T) {
 	srv.alive()
 }
 
-// isoSubscriptions is part (c): roles, aiming at B, then live events of both.
+// isoSubscriptions is part (c): roles, aiming at B, then live events of both. metrics is
+// a platform key that reads /metrics.
 func isoSubscriptions(t *testing.T, srv *server, sch *isoSchema, subs []isoField, a, b *isoTenant,
-	aKeys map[keys.Role]string, bAdmin, platform, router string, documented map[string][]string, exercised map[string][]string, problem func(string, ...any)) {
+	aKeys map[keys.Role]string, bAdmin, platform, router, metrics string, documented map[string][]string, exercised map[string][]string, problem func(string, ...any)) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -389,7 +390,21 @@ func isoSubscriptions(t *testing.T, srv *server, sch *isoSchema, subs []isoField
 		}
 		live = append(live, &isoSub{name: f.Name + " as B's admin", ch: subscribe("bravo-admin", sch.document(f, vs[0], "")), own: b, field: f.Name})
 	}
-	time.Sleep(300 * time.Millisecond) // the subscribe frames are read before the events
+	// The subscribe frames are read before the events: the hub holds every subscription
+	// of live that has no answer (a refused one is answered at once, an accepted one
+	// stays quiet).
+	quiet := 0
+	held := stacktest.Eventually(t, 30*time.Second, 20*time.Millisecond, func() bool {
+		quiet = 0
+		for _, s := range live {
+			s.drain()
+			if len(s.msgs) == 0 {
+				quiet++
+			}
+		}
+		return liveSubscriptions(t, srv, metrics) == quiet
+	})
+	require.True(t, held, "the hub holds %d subscriptions; %d of %d are unanswered", liveSubscriptions(t, srv, metrics), quiet, len(live))
 
 	// Live events: B's first, then A's (with A's that reuse B's ids).
 	now := time.Now().UTC()

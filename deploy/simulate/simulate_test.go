@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/bandplane/bandplane/schema"
@@ -306,66 +307,78 @@ func TestSinkErrorStopsRun(t *testing.T) {
 	assert.Equal(t, 200, s.Events, "only accepted batches count")
 }
 
+// TestRateAndDuration runs in a synctest bubble: Run paces itself with time.Now and
+// timers, which there are the bubble's clock, moving on only while every goroutine in
+// it waits. The pace is measured exactly, whatever the machine's speed.
 func TestRateAndDuration(t *testing.T) {
-	// 60 events at 300/s: batches of 30, the second one due after 100 ms.
-	cfg := testConfig(60)
-	cfg.Rate = 300
-	sink := &memSink{}
-	began := time.Now()
-	s, err := Run(context.Background(), cfg, sink, nil)
-	require.NoError(t, err)
-	assert.Equal(t, 60, s.Events)
-	assert.Equal(t, 2, sink.batches)
-	assert.GreaterOrEqual(t, time.Since(began), 90*time.Millisecond)
+	synctest.Test(t, func(t *testing.T) {
+		// 60 events at 300/s: batches of 30, the second one due after 100 ms.
+		cfg := testConfig(60)
+		cfg.Rate = 300
+		sink := &memSink{}
+		began := time.Now()
+		s, err := Run(context.Background(), cfg, sink, nil)
+		require.NoError(t, err)
+		assert.Equal(t, 60, s.Events)
+		assert.Equal(t, 2, sink.batches)
+		assert.Equal(t, 100*time.Millisecond, time.Since(began))
 
-	// Until Duration.
-	cfg = testConfig(0)
-	cfg.Rate, cfg.Duration = 1000, 250*time.Millisecond
-	var progress []Summary
-	began = time.Now()
-	s, err = Run(context.Background(), cfg, &memSink{}, func(s Summary) { progress = append(progress, s) })
-	require.NoError(t, err)
-	el := time.Since(began)
-	assert.GreaterOrEqual(t, el, 240*time.Millisecond)
-	assert.Less(t, el, 2*time.Second)
-	assert.Greater(t, s.Events, 100)
-	assert.LessOrEqual(t, s.Events, 350)
+		// Until Duration: batches of 100 due at 0, 100 and 200 ms; the next one's time is
+		// past the end.
+		cfg = testConfig(0)
+		cfg.Rate, cfg.Duration = 1000, 250*time.Millisecond
+		began = time.Now()
+		s, err = Run(context.Background(), cfg, &memSink{}, nil)
+		require.NoError(t, err)
+		assert.Equal(t, 250*time.Millisecond, time.Since(began))
+		assert.Equal(t, 300, s.Events)
 
-	// Neither Events nor Duration: until cancelled, which is a normal end.
-	cfg = testConfig(0)
-	cfg.Rate = 2000
-	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Millisecond)
-	defer cancel()
-	s, err = Run(ctx, cfg, &memSink{}, nil)
-	require.NoError(t, err)
-	assert.Positive(t, s.Events)
+		// Neither Events nor Duration: until cancelled, which is a normal end.
+		cfg = testConfig(0)
+		cfg.Rate = 2000
+		ctx, cancel := context.WithTimeout(context.Background(), 150*time.Millisecond)
+		defer cancel()
+		s, err = Run(ctx, cfg, &memSink{}, nil)
+		require.NoError(t, err)
+		assert.Equal(t, 400, s.Events, "batches of 200 at 0 and 100 ms")
 
-	// With an event count, cancellation is an error.
-	cfg = testConfig(100000)
-	cfg.Rate = 1000
-	ctx, cancel2 := context.WithTimeout(context.Background(), 100*time.Millisecond)
-	defer cancel2()
-	_, err = Run(ctx, cfg, &memSink{}, nil)
-	require.ErrorIs(t, err, context.DeadlineExceeded)
+		// With an event count, cancellation is an error.
+		cfg = testConfig(100000)
+		cfg.Rate = 1000
+		ctx, cancel2 := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		defer cancel2()
+		_, err = Run(ctx, cfg, &memSink{}, nil)
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+	})
 }
 
+// TestProgressCallback runs in a synctest bubble (TestRateAndDuration says why): batches
+// of 40 are due every 100 ms up to the end at 1.3 s, and the one at 1 s is the first a
+// second after the start.
 func TestProgressCallback(t *testing.T) {
-	cfg := testConfig(0)
-	cfg.Rate, cfg.Duration = 400, 1300*time.Millisecond
-	var got []Summary
-	s, err := Run(context.Background(), cfg, &memSink{}, func(s Summary) { got = append(got, s) })
-	require.NoError(t, err)
-	require.NotEmpty(t, got)
-	assert.LessOrEqual(t, got[0].Events, s.Events)
-	// a copy: later counting does not change it
-	before := got[0].ByType[schema.TypeMessageCreated]
-	assert.LessOrEqual(t, before, s.ByType[schema.TypeMessageCreated])
+	synctest.Test(t, func(t *testing.T) {
+		cfg := testConfig(0)
+		cfg.Rate, cfg.Duration = 400, 1300*time.Millisecond
+		var got []Summary
+		s, err := Run(context.Background(), cfg, &memSink{}, func(s Summary) { got = append(got, s) })
+		require.NoError(t, err)
+		require.Len(t, got, 1)
+		assert.Equal(t, 440, got[0].Events)
+		assert.Equal(t, 560, s.Events)
+		// a copy: later counting does not change it
+		before := got[0].ByType[schema.TypeMessageCreated]
+		assert.LessOrEqual(t, before, s.ByType[schema.TypeMessageCreated])
+	})
 }
 
+// TestZeroStartIsNow runs in a synctest bubble, whose clock stands still while Run
+// works: the start is the clock's reading, to the second.
 func TestZeroStartIsNow(t *testing.T) {
-	cfg := testConfig(50)
-	cfg.Start = time.Time{}
-	s, _ := run(t, cfg)
-	assert.WithinDuration(t, time.Now(), s.Start, 5*time.Second)
-	assert.True(t, strings.HasSuffix(s.Start.Format(time.RFC3339Nano), "Z"))
+	synctest.Test(t, func(t *testing.T) {
+		cfg := testConfig(50)
+		cfg.Start = time.Time{}
+		s, _ := run(t, cfg)
+		assert.Equal(t, time.Now().UTC().Truncate(time.Second), s.Start)
+		assert.True(t, strings.HasSuffix(s.Start.Format(time.RFC3339Nano), "Z"))
+	})
 }

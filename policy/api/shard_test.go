@@ -242,12 +242,20 @@ func TestOnlyTheOwnerReportsCrossings(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	go p.owner.RunCrossings(ctx)
-	go p.other.RunCrossings(ctx)
+	otherCtx, stopOther := context.WithCancel(t.Context())
+	defer stopOther()
+	otherDone := make(chan struct{})
+	go func() { defer close(otherDone); p.other.RunCrossings(otherCtx) }()
 	for _, eng := range []*policy.Engine{p.ownerEng, p.otherEng} {
-		// Usage from the stream reaches every replica.
+		// Usage from the stream reaches every replica; each ledger queues its crossings
+		// (80 % and 100 %) before Spend returns.
 		eng.Ledger().Spend(policy.Charge{Org: "org-acme", Tokens: 100}, "", now, now)
 	}
 	require.Eventually(t, func() bool { return len(p.ownerAud.eventsOf(schema.TypeBudgetCrossed)) == 2 }, 5*time.Second, 10*time.Millisecond)
-	time.Sleep(100 * time.Millisecond)
+	// The other replica's loop has taken both crossings once its queue is empty, and has
+	// handled them once it returns: it stops only between crossings.
+	require.Eventually(t, func() bool { return len(p.otherEng.Ledger().Crossings()) == 0 }, 5*time.Second, time.Millisecond)
+	stopOther()
+	<-otherDone
 	assert.Empty(t, p.otherAud.eventsOf(schema.TypeBudgetCrossed), "the other replica leaves them to the owner")
 }

@@ -12,7 +12,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/bandplane/bandplane/deploy/stacktest"
 	"github.com/bandplane/bandplane/schema/chdb"
 	"github.com/bandplane/bandplane/schema/tlog"
 )
@@ -107,9 +106,11 @@ func TestIntegrationSealRetention(t *testing.T) {
 	tr.store(rows("old", 6, orgs3, now.AddDate(0, 0, -30), now.Add(-time.Minute)))
 	tr.store(rows("new", 6, orgs3, now.Add(-time.Hour), now.Add(-time.Minute)))
 	tr.seal()
-	waitPastSecond(t)
 
-	res, err := chdb.ApplyRetention(ctx, conn, chdb.Config{Database: db}, chdb.Retention{Events: 10 * 24 * time.Hour}, time.Now(), chdb.RetentionOptions{Sign: CutSigner(key, db, tlog.DefaultPrefix(db))})
+	// The run's clock is the second after the newest checkpoint: checkpoints and cuts
+	// carry whole seconds, and a cut must be recorded after the checkpoints it follows.
+	res, err := chdb.ApplyRetention(ctx, conn, chdb.Config{Database: db}, chdb.Retention{Events: 10 * 24 * time.Hour}, afterEveryHead(tr.verify(Filter{})),
+		chdb.RetentionOptions{Sign: CutSigner(key, db, tlog.DefaultPrefix(db))})
 	require.NoError(t, err)
 	require.NotEmpty(t, res.Dropped)
 	require.Len(t, res.Cuts, 1)
@@ -205,7 +206,6 @@ func TestIntegrationSealRetentionWholeDay(t *testing.T) {
 	tr.store(rows("new", 3, []string{"org-a"}, now.Add(-time.Hour), now.Add(-time.Minute)))
 	tr.seal()
 	sealedAt := headOf(t, tr.verify(Filter{}), "org-a").SignedAt
-	waitPastSecond(t)
 	sign := CutSigner(key, db, tlog.DefaultPrefix(db))
 	mutate(t, conn, db, "events", "DELETE WHERE toDate(time) = '"+day.Format(time.DateOnly)+"'")
 	want := []string{"missing old-00000", "missing old-00001", "missing old-00002"}
@@ -219,7 +219,9 @@ func TestIntegrationSealRetentionWholeDay(t *testing.T) {
 	check("no cut", "no retention cut covers its time")
 
 	before := day.AddDate(0, 0, 1)
-	at := time.Now().UTC().Truncate(time.Second)
+	// Checkpoints and cuts carry whole seconds: the cuts below are recorded from the
+	// second after the seal.
+	at := sealedAt.Add(time.Second)
 	// A genuine cut, altered to cover the day: its signature no longer matches.
 	genuine := chdb.Cut{Table: "events", Before: day, At: at.Add(time.Second), Partitions: 1}
 	sign(&genuine)
@@ -260,12 +262,4 @@ func TestIntegrationSealRetentionWholeDay(t *testing.T) {
 	require.NoError(t, err)
 	assert.Zero(t, rep.ExpiredEvents)
 	assert.NotEmpty(t, rep.Problems)
-}
-
-// waitPastSecond waits until the clock has left the current second: checkpoints and
-// cuts carry whole seconds, and a cut must be recorded after the checkpoint it follows.
-func waitPastSecond(t *testing.T) {
-	t.Helper()
-	start := time.Now().Unix()
-	require.True(t, stacktest.Eventually(t, 3*time.Second, 10*time.Millisecond, func() bool { return time.Now().Unix() > start }))
 }

@@ -473,8 +473,9 @@ func TestIntegrationExportExpiredGaps(t *testing.T) {
 	tr.store(rows("old", 6, []string{"org-a"}, now.AddDate(0, 0, -30), now.Add(-time.Minute)))
 	tr.store(rows("new", 6, []string{"org-a"}, now.Add(-time.Hour), now.Add(-time.Minute)))
 	tr.seal()
-	waitPastSecond(t)
-	res, err := chdb.ApplyRetention(ctx, tr.conn, chdb.Config{Database: tr.db}, chdb.Retention{Events: 10 * 24 * time.Hour}, time.Now(),
+	// The run's clock is the second after the newest checkpoint: checkpoints and cuts
+	// carry whole seconds, and a cut must be recorded after the checkpoints it follows.
+	res, err := chdb.ApplyRetention(ctx, tr.conn, chdb.Config{Database: tr.db}, chdb.Retention{Events: 10 * 24 * time.Hour}, afterEveryHead(tr.verify(Filter{})),
 		chdb.RetentionOptions{Sign: CutSigner(tr.key, tr.db, tlog.DefaultPrefix(tr.db))})
 	require.NoError(t, err)
 	require.Len(t, res.Cuts, 1)

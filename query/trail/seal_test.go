@@ -116,8 +116,8 @@ func TestIntegrationSealIgnoresRowsWithoutNotes(t *testing.T) {
 	assert.Empty(t, rep.Problems)
 	assert.Equal(t, 2, rep.UnsealedEvents)
 	// With a margin shorter than their age behind the newest checkpoint they are
-	// unexpected: the next checkpoint is signed after them.
-	time.Sleep(1100 * time.Millisecond) // the timestamp is in whole seconds
+	// unexpected: the next checkpoint is signed in a second after theirs.
+	untilPast(t, now.Truncate(time.Second).Add(time.Second))
 	tr.store(rows("later", 1, []string{"org-b"}, now, now))
 	tr.seal()
 	rep = tr.verify(Filter{Margin: time.Nanosecond})

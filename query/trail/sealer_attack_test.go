@@ -184,7 +184,9 @@ func TestIntegrationStaleSealerAppendsNothingTwice(t *testing.T) {
 	assert.Empty(t, tr.verify(Filter{Checkpoints: tr.topic.externals()}).Problems)
 }
 
-// untilPast waits for the clock to pass t (key validity is in whole seconds).
+// untilPast waits for the wall clock to pass at. The signer stamps checkpoints with it,
+// in whole seconds, and key validity is in whole seconds too: a test that needs a
+// later second waits for it rather than sleeps.
 func untilPast(t *testing.T, at time.Time) {
 	t.Helper()
 	require.True(t, stacktest.Eventually(t, 5*time.Second, 20*time.Millisecond, func() bool { return time.Now().After(at) }))

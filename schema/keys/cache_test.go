@@ -9,6 +9,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/assert"
@@ -212,65 +213,71 @@ func TestCacheEarlyRefreshRateLimited(t *testing.T) {
 }
 
 // Concurrent unknown tokens share one read (single flight), and a caller that gives up
-// does not fail the read for the others.
+// does not fail the read for the others. The test runs in a synctest bubble:
+// synctest.Wait returns once every caller is blocked, so each has joined the read in
+// progress before it ends.
 func TestCacheEarlyRefreshSingleFlight(t *testing.T) {
-	src := &fakeSource{}
-	clock := &fakeClock{t: time.Unix(1_800_000_000, 0)}
-	c := newTestCache(t, src, clock, nil)
-	require.NoError(t, c.Load(context.Background()))
-	clock.advance(time.Minute)
+	synctest.Test(t, func(t *testing.T) {
+		src := &fakeSource{}
+		clock := &fakeClock{t: time.Unix(1_800_000_000, 0)}
+		c := newTestCache(t, src, clock, nil)
+		require.NoError(t, c.Load(context.Background()))
+		clock.advance(time.Minute)
 
-	gate := make(chan struct{})
-	src.mu.Lock()
-	src.gate = gate
-	src.mu.Unlock()
-	tok := src.add("k-new", "acme", RoleIngest)
+		gate := make(chan struct{})
+		src.mu.Lock()
+		src.gate = gate
+		src.mu.Unlock()
+		tok := src.add("k-new", "acme", RoleIngest)
 
-	// The first caller gives up while the read is blocked.
-	short, cancel := context.WithCancel(context.Background())
-	gaveUp := make(chan bool)
-	go func() { _, ok := c.Lookup(short, tok); gaveUp <- ok }()
-	require.Eventually(t, func() bool { return src.loads.Load() == 2 }, 2*time.Second, time.Millisecond)
-	cancel()
-	select {
-	case ok := <-gaveUp:
-		assert.False(t, ok)
-	case <-time.After(2 * time.Second):
-		t.Fatal("Lookup did not return when its context ended")
-	}
+		// The first caller gives up while the read is blocked.
+		short, cancel := context.WithCancel(context.Background())
+		gaveUp := make(chan bool)
+		go func() { _, ok := c.Lookup(short, tok); gaveUp <- ok }()
+		synctest.Wait()
+		require.EqualValues(t, 2, src.loads.Load())
+		cancel()
+		assert.False(t, <-gaveUp, "Lookup returns when its context ends")
 
-	const n = 50
-	var wg sync.WaitGroup
-	var found atomic.Int32
-	for range n {
-		wg.Go(func() {
-			if _, ok := c.Lookup(context.Background(), tok); ok {
-				found.Add(1)
-			}
-		})
-	}
-	time.Sleep(50 * time.Millisecond) // let them all join the read in progress
-	close(gate)
-	wg.Wait()
-	assert.EqualValues(t, n, found.Load(), "every waiter sees the key the shared read found")
-	assert.EqualValues(t, 2, src.loads.Load(), "one read for all")
+		const n = 50
+		var wg sync.WaitGroup
+		var found atomic.Int32
+		for range n {
+			wg.Go(func() {
+				if _, ok := c.Lookup(context.Background(), tok); ok {
+					found.Add(1)
+				}
+			})
+		}
+		synctest.Wait() // all of them wait for the read in progress
+		close(gate)
+		wg.Wait()
+		assert.EqualValues(t, n, found.Load(), "every waiter sees the key the shared read found")
+		assert.EqualValues(t, 2, src.loads.Load(), "one read for all")
+	})
 }
 
-// While the store hangs, an unknown token waits earlyWait at most.
+// While the store hangs, an unknown token waits earlyWait, no longer. The test runs in
+// a synctest bubble: the cache's own clock (time.Now, time.After, context deadlines) is
+// the bubble's, which moves on only when every goroutine in it is blocked, so the wait
+// is measured exactly.
 func TestCacheEarlyRefreshWaitBounded(t *testing.T) {
-	src := &fakeSource{}
-	c := newTestCache(t, src, nil, nil)
-	require.NoError(t, c.Load(context.Background()))
-	gate := make(chan struct{})
-	defer close(gate)
-	src.mu.Lock()
-	src.gate = gate
-	src.mu.Unlock()
-	time.Sleep(time.Second) // MinInterval since the load
-	start := time.Now()
-	_, ok := c.Lookup(context.Background(), newToken())
-	assert.False(t, ok)
-	assert.InDelta(t, earlyWait.Seconds(), time.Since(start).Seconds(), 0.5)
+	synctest.Test(t, func(t *testing.T) {
+		src := &fakeSource{}
+		c := newTestCache(t, src, nil, nil)
+		require.NoError(t, c.Load(context.Background()))
+		gate := make(chan struct{})
+		defer close(gate)
+		src.mu.Lock()
+		src.gate = gate
+		src.mu.Unlock()
+		time.Sleep(time.Second) // MinInterval since the load
+		start := time.Now()
+		_, ok := c.Lookup(context.Background(), newToken())
+		assert.False(t, ok)
+		assert.Equal(t, earlyWait, time.Since(start))
+		assert.EqualValues(t, 2, src.loads.Load(), "the early read started and still hangs")
+	})
 }
 
 // A failed read keeps the keys read before; a revocation is seen at the next read.
@@ -315,30 +322,29 @@ func TestCacheLoadFails(t *testing.T) {
 	assert.Empty(t, logs.String(), "the first load's error is its caller's to report")
 }
 
-// Run reads the store every Refresh: a revocation takes effect within it.
+// Run reads the store every Refresh: a revocation takes effect within it. The test runs
+// in a synctest bubble, whose clock moves on only when every goroutine in it is blocked:
+// the time taken is the cache's waits alone, whatever the machine's speed.
 func TestCacheRunRefreshes(t *testing.T) {
-	src := &fakeSource{}
-	tok := src.add("k1", "acme", RoleViewer)
-	c, err := NewCache(CacheConfig{source: src, Refresh: 20 * time.Millisecond})
-	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	require.NoError(t, c.Load(ctx))
-	done := make(chan error)
-	go func() { done <- c.Run(ctx) }()
+	synctest.Test(t, func(t *testing.T) {
+		src := &fakeSource{}
+		tok := src.add("k1", "acme", RoleViewer)
+		c, err := NewCache(CacheConfig{source: src, Refresh: 20 * time.Millisecond})
+		require.NoError(t, err)
+		ctx, cancel := context.WithCancel(context.Background())
+		require.NoError(t, c.Load(ctx))
+		done := make(chan error)
+		go func() { done <- c.Run(ctx) }()
 
-	_, ok := c.Lookup(ctx, tok)
-	require.True(t, ok)
-	src.revoke("k1")
-	start := time.Now()
-	require.Eventually(t, func() bool { _, ok := c.Lookup(ctx, tok); return !ok }, 3*time.Second, 5*time.Millisecond)
-	// A refresh (20 ms) plus the one Lookup of the now unknown token, which waits for
-	// the next early read allowed (MinInterval, 1 s).
-	assert.Less(t, time.Since(start), 2*time.Second)
-	cancel()
-	select {
-	case err := <-done:
-		assert.NoError(t, err)
-	case <-time.After(2 * time.Second):
-		t.Fatal("Run did not stop")
-	}
+		_, ok := c.Lookup(ctx, tok)
+		require.True(t, ok)
+		src.revoke("k1")
+		start := time.Now()
+		require.Eventually(t, func() bool { _, ok := c.Lookup(ctx, tok); return !ok }, 3*time.Second, 5*time.Millisecond)
+		// A refresh (Refresh, 20 ms) plus the one Lookup of the now unknown token, which
+		// waits for the next early read allowed (MinInterval, 1 s, after that refresh).
+		assert.LessOrEqual(t, time.Since(start), c.cfg.Refresh+c.cfg.MinInterval)
+		cancel()
+		assert.NoError(t, <-done, "Run stops with its context")
+	})
 }

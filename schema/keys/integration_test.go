@@ -89,13 +89,12 @@ func TestIntegrationKeyLifecycle(t *testing.T) {
 	platform, ptok, err := store.Create(ctx, keys.PlatformOrg, keys.RoleRouter, "", "ops@host")
 	require.NoError(t, err)
 
-	// Created while the cache runs: works within about a second (early refresh).
-	start := time.Now()
+	// Created while the cache runs: works at the next early refresh (the cache tests
+	// bound how soon, on a clock of their own).
 	require.True(t, stacktest.Eventually(t, 3*time.Second, 20*time.Millisecond, func() bool {
 		_, ok := cache.Lookup(ctx, tok)
 		return ok
 	}))
-	assert.Less(t, time.Since(start), 2*time.Second)
 	got, ok := cache.Lookup(ctx, tok)
 	require.True(t, ok)
 	assert.Equal(t, k, got)
@@ -123,17 +122,15 @@ func TestIntegrationKeyLifecycle(t *testing.T) {
 	assert.NotContains(t, string(b), sha(tok))
 	assert.NotContains(t, string(b), ptok)
 
-	// Revoke: refused within the refresh.
+	// Revoke: refused at the next refresh.
 	revoked, err := store.Revoke(ctx, k.ID, "sec@host")
 	require.NoError(t, err)
 	assert.False(t, revoked.Active())
 	assert.Equal(t, "sec@host", revoked.RevokedBy)
-	start = time.Now()
 	require.True(t, stacktest.Eventually(t, 5*time.Second, 20*time.Millisecond, func() bool {
 		_, ok := cache.Lookup(ctx, tok)
 		return !ok
 	}))
-	assert.Less(t, time.Since(start), 2*time.Second, "refresh is 300 ms")
 	_, ok = cache.Lookup(ctx, ptok)
 	assert.True(t, ok, "the other key still works")
 

@@ -75,9 +75,8 @@ func TestEffectiveTimeSelection(t *testing.T) {
 	assert.False(t, ok)
 
 	// A model whose only price takes effect later is unpriced now, not priced early.
-	future := time.Now().Add(48 * time.Hour).UTC().Format(time.RFC3339)
 	c, err = Parse([]byte(`{"version":"v","currency":"USD","models":[
-		{"model":"soon","input_per_mtok":"1","output_per_mtok":"1","effective":"` + future + `"}]}`))
+		{"model":"soon","input_per_mtok":"1","output_per_mtok":"1","effective":"2100-01-01T00:00:00Z"}]}`))
 	require.NoError(t, err)
 	_, ok = c.Cost("soon", u)
 	assert.False(t, ok, "no price is in effect yet")
@@ -154,10 +153,8 @@ func TestParsePrice(t *testing.T) {
 		"3\x00":                   "is not a decimal",
 		"99999999999999999999999": "is above the cap",
 	} {
-		start := time.Now()
 		_, err := ParsePrice(s)
 		assert.ErrorContains(t, err, want, "%q", s)
-		assert.Less(t, time.Since(start), 100*time.Millisecond, "%q is refused at once", s)
 	}
 	assert.Equal(t, "3", FormatPrice(3_000_000_000))
 	assert.Equal(t, "0.075", FormatPrice(75_000_000))

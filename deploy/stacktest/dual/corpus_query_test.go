@@ -78,7 +78,8 @@ type corpusQuery struct {
 	now         time.Time   // the scenario's clock: after every event of org
 	ingestedAt  time.Time   // of the rows inserted directly
 
-	decided, denied, throttled int // policy decisions of the agent inserted
+	decided, denied, throttled int       // policy decisions of the agent inserted
+	decidedAt                  time.Time // the clock they were inserted by: each is minutes before it
 }
 
 const (
@@ -123,8 +124,9 @@ func newCorpusQuery(ctx context.Context, t *testing.T, rec *dual.Recorder, db st
 		Scan(&first, &last, &ingested))
 	c.first, c.last, c.day0 = first.UTC(), last.UTC(), first.UTC().Truncate(24*time.Hour)
 	c.now = c.last.Add(30 * time.Minute)
-	// A first audit page reads the rows ingested up to two seconds ago.
-	time.Sleep(time.Until(ingested.Add(3 * time.Second)))
+	// A first audit page reads the rows ingested up to two seconds ago (ingested_at holds
+	// whole seconds): the clock must be three past the newest.
+	require.Eventually(t, func() bool { return !time.Now().Before(ingested.Add(3 * time.Second)) }, 10*time.Second, 10*time.Millisecond)
 	c.ingestedAt = time.Now().UTC().Add(-time.Minute).Truncate(time.Second)
 
 	rep, err := c.q.Costs(ctx, query.CostQuery{OrgID: c.org, From: c.first, To: c.last.Add(time.Second), GroupBy: []string{query.DimRoom},
@@ -205,6 +207,7 @@ func (c *corpusQuery) insertExtras() {
 
 	// Policy decisions about the agent within the last hour, and operator actions.
 	now := time.Now().UTC().Truncate(time.Millisecond)
+	c.decidedAt = now
 	decision := func(id string, ago time.Duration, name string, allow bool, code string) store.EventRow {
 		d := api.DecidedData{Decision: name, Allow: allow, PolicyRevision: "corpus-rev", InputDigest: "00",
 			Input: json.RawMessage(`{"agent_id":"` + c.agent.ID + `"}`)}
@@ -545,7 +548,7 @@ func (c *corpusQuery) decisions() {
 		assert.Equal(t, int64(1500), d.RetryAfterMs)
 	}
 	allowed, err := c.q.PolicyDecisions(ctx, query.DecisionQuery{OrgID: c.org, Outcome: "allowed",
-		From: time.Now().Add(-time.Hour), To: time.Now()})
+		From: c.decidedAt.Add(-time.Hour), To: c.decidedAt})
 	require.NoError(t, err)
 	require.Len(t, allowed.Decisions, 2)
 
