@@ -41,7 +41,8 @@ func TestIntegrationBenchQuery(t *testing.T) {
 	res := decodeLine(t, out.Bytes())
 
 	want := []string{"events", "load_seconds", "cost_p50_ms", "cost_p99_ms", "cost_sql_p50_ms", "cost_sql_p99_ms", "overhead_ratio",
-		"audit_p99_ms", "audit_sql_p99_ms", "subscribers", "subscriber_p50_ms", "subscriber_p99_ms", "subscriber_dropped"}
+		"audit_p99_ms", "audit_sql_p99_ms", "subscribers", "subscriber_p50_ms", "subscriber_p99_ms", "subscriber_dropped",
+		"server_cpu_cores", "subscriber_cpu_cores", "machine_cpu_cores"}
 	var got []string
 	for k := range res {
 		got = append(got, k)
@@ -67,6 +68,14 @@ func TestIntegrationBenchQuery(t *testing.T) {
 	assert.Positive(t, res["subscriber_p50_ms"])
 	assert.Equal(t, 8.0, res["subscribers"])
 	assert.Zero(t, res["subscriber_dropped"], errOut.String())
+	// The server's CPU is its own: the subscribers ran in another process (this test
+	// binary again), whose figure may round to 0 at 8 subscribers.
+	assert.Positive(t, res["server_cpu_cores"])
+	assert.GreaterOrEqual(t, res["subscriber_cpu_cores"], 0.0)
+	assert.Contains(t, errOut.String(), "live: subscriber process: 8 subscribed in ")
+	for _, hop := range []string{"produce -> subscriber", "producer call", "produce -> hub", "hub -> subscriber"} {
+		assert.Regexp(t, regexp.QuoteMeta(hop)+` +p50 +[0-9.]+ ms  p99 +[0-9.]+ ms`, errOut.String())
+	}
 	// Every cost row and audit event of the simulated world has a name from its directory.
 	m := regexp.MustCompile(`\((\d+) rows, (\d+) named\)`).FindStringSubmatch(errOut.String())
 	require.Len(t, m, 3, errOut.String())

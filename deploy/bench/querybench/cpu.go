@@ -2,6 +2,7 @@ package querybench
 
 import (
 	"bufio"
+	"bytes"
 	"os"
 	"runtime"
 	"strconv"
@@ -11,23 +12,35 @@ import (
 )
 
 // CPUUse is how busy the machine was during a phase, in cores (averaged): this process
-// (server and load generator alike) and the whole machine (ClickHouse, Kafka and
-// whatever else runs there; 0 when /proc/stat cannot be read). On a shared 2-core
-// machine the difference says how much of the noise is somebody else's.
+// (the server, and during the reads their client too; during the live phase the live
+// reader, hub and producer with it), the subscribers' process (live phase only) and
+// the whole machine (ClickHouse, Kafka and whatever else runs there; 0 when /proc/stat
+// cannot be read). On a shared 2-core machine the difference says how much of the
+// noise is somebody else's.
 type CPUUse struct {
-	Self, Machine float64
+	Self, Subscribers, Machine float64
 }
 
-// cpuSample is the CPU time used so far by this process and by the machine.
+// cpuSample is the CPU time used so far by this process, by another one (pid, when
+// not 0) and by the machine.
 type cpuSample struct {
 	at           time.Time
 	self         time.Duration
+	pid          int
+	other        time.Duration
+	otherKnown   bool
 	busy, total  uint64 // /proc/stat jiffies of all CPUs
 	machineKnown bool
 }
 
-func sampleCPU() cpuSample {
-	s := cpuSample{at: time.Now()}
+func sampleCPU() cpuSample { return sampleCPUWith(0) }
+
+// sampleCPUWith samples process pid's CPU time too.
+func sampleCPUWith(pid int) cpuSample {
+	s := cpuSample{at: time.Now(), pid: pid}
+	if pid != 0 {
+		s.other, s.otherKnown = processCPU(pid)
+	}
 	var ru syscall.Rusage
 	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) == nil {
 		s.self = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
@@ -38,12 +51,15 @@ func sampleCPU() cpuSample {
 
 // since is the use between s and now.
 func (s cpuSample) since() CPUUse {
-	now := sampleCPU()
+	now := sampleCPUWith(s.pid)
 	wall := now.at.Sub(s.at).Seconds()
 	if wall <= 0 {
 		return CPUUse{}
 	}
 	u := CPUUse{Self: round((now.self-s.self).Seconds()/wall, 2)}
+	if s.otherKnown && now.otherKnown {
+		u.Subscribers = round((now.other-s.other).Seconds()/wall, 2)
+	}
 	if s.machineKnown && now.machineKnown && now.total > s.total {
 		u.Machine = round(float64(now.busy-s.busy)/float64(now.total-s.total)*float64(runtime.NumCPU()), 2)
 	}
@@ -75,4 +91,37 @@ func machineJiffies() (busy, total uint64, ok bool) {
 	user, nice, system, idle, iowait, irq, softirq, steal := v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]
 	busy = user + nice + system + irq + softirq
 	return busy, busy + idle + iowait + steal, true
+}
+
+// clockTicks is the unit of /proc/<pid>/stat's times (USER_HZ, 100 on every Linux
+// architecture Go runs on).
+const clockTicks = 100
+
+// processCPU reads the user and system time of process pid from /proc/<pid>/stat.
+func processCPU(pid int) (time.Duration, bool) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, false
+	}
+	return parseProcStat(b)
+}
+
+// parseProcStat reads utime and stime (fields 14 and 15) of a /proc/<pid>/stat line.
+// The command name (field 2) is in parentheses and may hold spaces and parentheses
+// itself: the fields are counted from the last ')'.
+func parseProcStat(b []byte) (time.Duration, bool) {
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0, false
+	}
+	f := strings.Fields(string(b[i+1:])) // f[0] is field 3, the state
+	if len(f) < 13 {
+		return 0, false
+	}
+	utime, err1 := strconv.ParseUint(f[11], 10, 64)
+	stime, err2 := strconv.ParseUint(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		return 0, false
+	}
+	return time.Duration(utime+stime) * time.Second / clockTicks, true
 }

@@ -5,7 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"strconv"
+	"math"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -14,7 +14,6 @@ import (
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
 	"github.com/bandplane/bandplane/graph"
-	"github.com/bandplane/bandplane/graph/wsclient"
 	"github.com/bandplane/bandplane/ingest"
 	"github.com/bandplane/bandplane/schema"
 	"github.com/bandplane/bandplane/schema/directory"
@@ -41,9 +40,6 @@ type livePipeline struct {
 	// produced[seq] is when change seq was handed to the producer, reached[seq] when
 	// the live reader handed it to the hub (Unix ns).
 	produced, reached []atomic.Int64
-	// closing is set when the benchmark closes the connections: errors after it are
-	// its own doing.
-	closing atomic.Bool
 }
 
 func newLive(ctx context.Context, cfg *Config, conn driver.Conn, db string) (*livePipeline, error) {
@@ -82,18 +78,59 @@ func changeOf(ev *schema.Event) (seq int, produced int64, ok bool) {
 	return parseTitle(d.Title)
 }
 
-func parseTitle(title string) (seq int, produced int64, ok bool) {
-	rest, found := strings.CutPrefix(title, titlePrefix)
-	if !found {
+// parseTitle reads a benchmark change's title: titlePrefix, the sequence number, a
+// space and the produce time. It takes the bytes of a message as well as a decoded
+// string, without allocating.
+func parseTitle[T string | []byte](title T) (seq int, produced int64, ok bool) {
+	if len(title) < len(titlePrefix) || string(title[:len(titlePrefix)]) != titlePrefix {
 		return 0, 0, false
 	}
-	a, b, found := strings.Cut(rest, " ")
-	if !found {
+	rest := title[len(titlePrefix):]
+	s, n := leadingInt(rest)
+	if n == 0 || n == len(rest) || rest[n] != ' ' {
 		return 0, 0, false
 	}
-	s, err1 := strconv.Atoi(a)
-	p, err2 := strconv.ParseInt(b, 10, 64)
-	return s, p, err1 == nil && err2 == nil && s >= 0
+	rest = rest[n+1:]
+	p, m := leadingInt(rest)
+	if m == 0 || m != len(rest) {
+		return 0, 0, false
+	}
+	return int(s), p, true
+}
+
+// leadingInt parses the decimal digits s starts with, returning how many it read (0
+// when there are none or they overflow an int64).
+func leadingInt[T string | []byte](s T) (v int64, n int) {
+	for n < len(s) && s[n] >= '0' && s[n] <= '9' {
+		d := int64(s[n] - '0')
+		if v > (math.MaxInt64-d)/10 {
+			return 0, 0
+		}
+		v = v*10 + d
+		n++
+	}
+	return v, n
+}
+
+// titleKey starts the title of a benchmark change in a message's data.
+var titleKey = []byte(`"title":"` + titlePrefix)
+
+// titleOf reads the sequence number and produce time from a message's data. It looks
+// for the title in the JSON rather than decoding it: the subscribers' process reads
+// as many messages as the server writes, on the same two cores, so its side is kept
+// lean (as bench policy's load generator), and gqlgen writes the title as is (digits
+// and spaces need no escaping).
+func titleOf(data []byte) (seq int, produced int64, ok bool) {
+	i := bytes.Index(data, titleKey)
+	if i < 0 {
+		return 0, 0, false
+	}
+	rest := data[i+len(titleKey)-len(titlePrefix):]
+	end := bytes.IndexByte(rest, '"')
+	if end < 0 {
+		return 0, 0, false
+	}
+	return parseTitle(rest[:end])
 }
 
 // LiveStats explain the subscriber figures.
@@ -103,26 +140,30 @@ type LiveStats struct {
 	Total       Dist // produce → each subscriber
 	Produce     Dist // the producer's call (until Kafka acknowledged)
 	Kafka       Dist // produce → the live reader hands it to the hub
-	FanOut      Dist // the hub → each subscriber (gqlgen, WebSocket, client)
+	FanOut      Dist // the hub → each subscriber (gqlgen, WebSocket, the subscribers' process)
 	Slow        int  // subscriptions ended with SLOW_SUBSCRIBER
 	Broken      int  // ended otherwise (connection errors)
 	Missing     int  // subscribers that missed at least one change
 	Dropped     int
-	Connect     time.Duration // dialling and subscribing every subscriber
-	CPU         CPUUse        // while the changes were produced and received
+	Connect     time.Duration // starting the subscribers' process, dialling and subscribing every subscriber
+	// CPU while the changes were produced and received: Self is this process (the
+	// server, the live reader, the hub, the producer), Subscribers the subscribers'.
+	CPU CPUUse
 }
 
-// subscriber is one WebSocket connection with one workStatusChanged subscription.
-type subscriber struct {
-	conn     *wsclient.Conn
-	ch       <-chan wsclient.Message
-	got      []bool
-	received atomic.Int64
-	lat      []float64 // produce → receive, ms
-	fan      []float64 // hub → receive, ms
-	code     string    // the error code that ended it, if any (read after the reader ends)
-	ended    atomic.Bool
-}
+const (
+	// subscriberDials is how many connections the subscribers' process dials at once;
+	// the bench server lets twice that many upgrades of one address wait for their
+	// init.
+	subscriberDials = 64
+	// subscriberBuffer is each subscription's channel in wsclient: the subscriber's
+	// reader takes each message at once, the hub's buffer is the one that matters.
+	subscriberBuffer = 16
+)
+
+// serverFiles is what the benchmark's process opens besides its WebSockets:
+// ClickHouse and Kafka connections, the listener, pipes.
+const serverFiles = 512
 
 func (p *livePipeline) measure(ctx context.Context, cfg *Config, url, token string, producer *kafka.Producer, t Target) (LiveStats, error) {
 	st := LiveStats{Subscribers: cfg.Subscribers}
@@ -141,43 +182,21 @@ func (p *livePipeline) measure(ctx context.Context, cfg *Config, url, token stri
 		return st, ctx.Err()
 	}
 
-	wsURL := "ws" + strings.TrimPrefix(url, "http")
-	cfg.Progress("live: connecting %d WebSocket subscribers to workStatusChanged of org %s", cfg.Subscribers, t.Org)
-	connectStart := time.Now()
-	subs := make([]*subscriber, cfg.Subscribers)
 	n := len(p.reached)
-	var dialErr atomic.Value
-	sem := make(chan struct{}, 32)
-	var dials sync.WaitGroup
-	for i := range subs {
-		sem <- struct{}{}
-		dials.Go(func() {
-			defer func() { <-sem }()
-			dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-			defer cancel()
-			c, err := wsclient.Dial(dctx, wsURL, token)
-			if err != nil {
-				dialErr.CompareAndSwap(nil, fmt.Errorf("subscriber %d: %w", i, err))
-				return
-			}
-			_, ch, err := c.Subscribe(dctx, workSubscription, map[string]any{"org": t.Org}, 64)
-			if err != nil {
-				_ = c.Close() // the subscribe error is the one reported
-				dialErr.CompareAndSwap(nil, fmt.Errorf("subscriber %d: %w", i, err))
-				return
-			}
-			subs[i] = &subscriber{conn: c, ch: ch, got: make([]bool, n), lat: make([]float64, 0, n), fan: make([]float64, 0, n)}
-		})
+	count := min(int(cfg.Rate*cfg.LiveDuration.Seconds()), n)
+	tally := newTally(cfg.Subscribers, count, p.produced, p.reached)
+	cfg.Progress("live: starting a process of %d WebSocket subscribers to workStatusChanged of org %s", cfg.Subscribers, t.Org)
+	connectStart := time.Now()
+	spec := SubscriberSpec{URL: "ws" + strings.TrimPrefix(url, "http"), Token: token, Org: t.Org,
+		Subscribers: cfg.Subscribers, Dials: subscriberDials, Buffer: subscriberBuffer, CPUProfile: cfg.SubscriberCPUProfile}
+	child, err := startSubscribers(ctx, cfg, spec, tally)
+	if err != nil {
+		return st, err
 	}
-	dials.Wait()
-	defer func() {
-		for _, s := range subs {
-			if s != nil {
-				_ = s.conn.Close()
-			}
-		}
-	}()
-	if err, _ := dialErr.Load().(error); err != nil {
+	defer child.kill()
+	// Dialling takes under a millisecond a subscriber on the 2-core machine: ten times
+	// that and a minute leave room for a busy one.
+	if err := child.waitReady(ctx, time.Minute+time.Duration(cfg.Subscribers)*10*time.Millisecond); err != nil {
 		return st, err
 	}
 	// Subscribe returns once the request is written; the hub registers it a moment
@@ -191,15 +210,9 @@ func (p *livePipeline) measure(ctx context.Context, cfg *Config, url, token stri
 	}
 	st.Connect = time.Since(connectStart)
 
-	var readers sync.WaitGroup
-	for _, s := range subs {
-		readers.Go(func() { s.read(p) })
-	}
-
-	count := min(int(cfg.Rate*cfg.LiveDuration.Seconds()), n)
-	cfg.Progress("live: %d subscribers connected in %s; producing %d task changes at %g/s to %s",
-		cfg.Subscribers, st.Connect.Round(time.Millisecond), count, cfg.Rate, cfg.Topic)
-	cpu := sampleCPU()
+	cfg.Progress("live: %d subscribers connected in %s (the subscriber process's pid %d); producing %d task changes at %g/s to %s",
+		cfg.Subscribers, st.Connect.Round(time.Millisecond), child.pid(), count, cfg.Rate, cfg.Topic)
+	cpu := sampleCPUWith(child.pid())
 	produceMs, err := p.produceChanges(ctx, producer, t, count, cfg.Rate)
 	if err != nil {
 		return st, err
@@ -207,106 +220,28 @@ func (p *livePipeline) measure(ctx context.Context, cfg *Config, url, token stri
 	st.Produced = len(produceMs)
 	// Wait for every subscriber to have every change, or the grace period.
 	graceEnd := time.Now().Add(cfg.Grace)
-	for time.Now().Before(graceEnd) && !allReceived(subs, st.Produced) {
+	for time.Now().Before(graceEnd) && tally.settled.Load() < int64(cfg.Subscribers) && !child.exited() {
 		time.Sleep(20 * time.Millisecond)
 	}
 	st.CPU = cpu.since()
-	p.closing.Store(true)
-	for _, s := range subs {
-		_ = s.conn.Close()
+	closing := time.Now()
+	tally.closing.Store(closing.UnixNano())
+	if err := child.stop(); err != nil {
+		return st, err
 	}
-	readers.Wait()
+	cfg.Progress("live: the subscriber process closed its connections and ended in %s", time.Since(closing).Round(time.Millisecond))
 
-	var all, fan []float64
-	for _, s := range subs {
-		all, fan = append(all, s.lat...), append(fan, s.fan...)
-		switch {
-		case s.code == "SLOW_SUBSCRIBER":
-			st.Slow++
-		case s.code != "":
-			st.Broken++
-		}
-		missed := false
-		for seq := range st.Produced {
-			if !s.got[seq] {
-				missed = true
-				break
-			}
-		}
-		if missed {
-			st.Missing++
-		}
-		if s.code != "" || missed {
-			st.Dropped++
-		}
-	}
+	tally.stats(&st, st.Produced)
 	var kafkaMs []float64
 	for seq := range st.Produced {
 		if at := p.reached[seq].Load(); at != 0 {
 			kafkaMs = append(kafkaMs, ms(time.Duration(at-p.produced[seq].Load())))
 		}
 	}
-	st.Total, st.FanOut, st.Kafka, st.Produce = distOf(all), distOf(fan), distOf(kafkaMs), distOf(produceMs)
+	st.Kafka, st.Produce = distOf(kafkaMs), distOf(produceMs)
 	delivered, dropped := p.hub.Stats()
-	cfg.Progress("live: %d changes, hub delivered %d and dropped %d subscribers; %d messages received", st.Produced, delivered, dropped, len(all))
+	cfg.Progress("live: %d changes, hub delivered %d and dropped %d subscribers; %d messages received", st.Produced, delivered, dropped, len(tally.total))
 	return st, nil
-}
-
-// read receives s's messages until the subscription ends.
-func (s *subscriber) read(p *livePipeline) {
-	for m := range s.ch {
-		now := time.Now().UnixNano()
-		if m.Err != nil || len(m.Errors) > 0 {
-			if !p.closing.Load() && s.code == "" {
-				s.code = "BROKEN"
-				if len(m.Errors) > 0 && m.Errors[0].Code() != "" {
-					s.code = m.Errors[0].Code()
-				}
-				s.ended.Store(true)
-			}
-			continue
-		}
-		seq, produced, ok := titleOf(m.Data)
-		if !ok || seq >= len(s.got) || s.got[seq] {
-			continue
-		}
-		s.got[seq] = true
-		s.received.Add(1)
-		s.lat = append(s.lat, ms(time.Duration(now-produced)))
-		if at := p.reached[seq].Load(); at != 0 {
-			s.fan = append(s.fan, ms(time.Duration(now-at)))
-		}
-	}
-}
-
-// titleKey starts the title of a benchmark change in a message's data.
-var titleKey = []byte(`"title":"` + titlePrefix)
-
-// titleOf reads the sequence number and produce time from a message's data. It looks
-// for the title in the JSON rather than decoding it: the subscribers share the two
-// cores with the server they measure, so their side is kept lean (as bench policy's
-// load generator), and gqlgen writes the title as is (digits and spaces need no
-// escaping).
-func titleOf(data []byte) (seq int, produced int64, ok bool) {
-	i := bytes.Index(data, titleKey)
-	if i < 0 {
-		return 0, 0, false
-	}
-	rest := data[i+len(titleKey)-len(titlePrefix):]
-	end := bytes.IndexByte(rest, '"')
-	if end < 0 {
-		return 0, 0, false
-	}
-	return parseTitle(string(rest[:end]))
-}
-
-func allReceived(subs []*subscriber, n int) bool {
-	for _, s := range subs {
-		if !s.ended.Load() && int(s.received.Load()) < n {
-			return false
-		}
-	}
-	return true
 }
 
 // produceChanges hands count task.updated events to the producer at rate, one at a

@@ -2,8 +2,10 @@
 // bench query`): 30-day cost attribution and a filtered audit page through the GraphQL
 // handler serve runs, each against the same read through query.Querier alone, and the
 // latency of live work-status changes from the Kafka producer to each of many
-// WebSocket subscribers. Its events are loaded once into a database of its own, from
-// the simulator, and reused by later runs.
+// WebSocket subscribers. The subscribers run in a process of their own
+// (RunSubscribers, which the benchmark starts and reads records from), so that the
+// server's CPU is measured on its own. Its events are loaded once into a database of
+// its own, from the simulator, and reused by later runs.
 //
 // It may import any folder but cmd/ (deploy/layers).
 package querybench
@@ -55,6 +57,13 @@ type Config struct {
 	// before the missing ones count as dropped.
 	Grace time.Duration
 
+	// SubscriberCommand runs the subscribers' process (RunSubscribers): the command
+	// and its arguments. bandplane runs its own binary's hidden command.
+	SubscriberCommand []string
+	// SubscriberCPUProfile is where the subscribers' process writes its CPU profile;
+	// "" for none.
+	SubscriberCPUProfile string
+
 	Logger   *slog.Logger
 	Progress func(format string, args ...any)
 }
@@ -81,6 +90,7 @@ func (c *Config) Validate() error {
 	check(c.Partitions >= 1, "--partitions must be >= 1, got %d", c.Partitions)
 	check(len(c.Brokers) > 0, "no kafka brokers (--kafka)")
 	check(c.Topic != "", "no live topic (--topic)")
+	check(len(c.SubscriberCommand) > 0, "no command to run the subscribers with (Config.SubscriberCommand)")
 	if err := c.ClickHouse.Validate(); err != nil {
 		errs = append(errs, err)
 	}
@@ -88,7 +98,8 @@ func (c *Config) Validate() error {
 }
 
 // Result is the JSON line of `bandplane bench query`. Latencies are in milliseconds,
-// measured in process, one request at a time:
+// measured by the benchmark's own clients on the same machine, reads one request at a
+// time:
 //   - cost_*: costs(groupBy: [AGENT, MODEL]) over the data's 30 days, with names,
 //     through the GraphQL handler over loopback HTTP (key lookup, gqlgen, the three
 //     rollup reads, the names lookup, JSON); cost_sql_*: (*query.Querier).Costs alone,
@@ -98,23 +109,30 @@ func (c *Config) Validate() error {
 //   - audit_*: auditEvents(types: ["message.created"], roomId: the busiest room,
 //     limit: 100), newest first, against (*query.Querier).AuditEvents;
 //   - subscriber_*: from just before a task.updated is handed to the Kafka producer to
-//     its workStatusChanged message read by each subscriber; subscriber_dropped counts
-//     the subscribers that were dropped (SLOW_SUBSCRIBER, a broken connection) or
-//     missed a change.
+//     its workStatusChanged message read by each subscriber, the subscribers running
+//     in a process of their own; subscriber_dropped counts the subscribers that were
+//     dropped (SLOW_SUBSCRIBER, a broken connection) or missed a change;
+//   - *_cpu_cores: the cores busy while the changes were produced and received:
+//     server_cpu_cores this process (the GraphQL server, the live reader, the hub,
+//     the producer), subscriber_cpu_cores the subscribers' process, machine_cpu_cores
+//     the whole machine (ClickHouse, Kafka and anything else too; 0 when unknown).
 type Result struct {
-	Events            int     `json:"events"`
-	LoadSeconds       float64 `json:"load_seconds"` // of this run; 0 when the events were reused
-	CostP50Ms         float64 `json:"cost_p50_ms"`
-	CostP99Ms         float64 `json:"cost_p99_ms"`
-	CostSQLP50Ms      float64 `json:"cost_sql_p50_ms"`
-	CostSQLP99Ms      float64 `json:"cost_sql_p99_ms"`
-	OverheadRatio     float64 `json:"overhead_ratio"`
-	AuditP99Ms        float64 `json:"audit_p99_ms"`
-	AuditSQLP99Ms     float64 `json:"audit_sql_p99_ms"`
-	Subscribers       int     `json:"subscribers"`
-	SubscriberP50Ms   float64 `json:"subscriber_p50_ms"`
-	SubscriberP99Ms   float64 `json:"subscriber_p99_ms"`
-	SubscriberDropped int     `json:"subscriber_dropped"`
+	Events             int     `json:"events"`
+	LoadSeconds        float64 `json:"load_seconds"` // of this run; 0 when the events were reused
+	CostP50Ms          float64 `json:"cost_p50_ms"`
+	CostP99Ms          float64 `json:"cost_p99_ms"`
+	CostSQLP50Ms       float64 `json:"cost_sql_p50_ms"`
+	CostSQLP99Ms       float64 `json:"cost_sql_p99_ms"`
+	OverheadRatio      float64 `json:"overhead_ratio"`
+	AuditP99Ms         float64 `json:"audit_p99_ms"`
+	AuditSQLP99Ms      float64 `json:"audit_sql_p99_ms"`
+	Subscribers        int     `json:"subscribers"`
+	SubscriberP50Ms    float64 `json:"subscriber_p50_ms"`
+	SubscriberP99Ms    float64 `json:"subscriber_p99_ms"`
+	SubscriberDropped  int     `json:"subscriber_dropped"`
+	ServerCPUCores     float64 `json:"server_cpu_cores"`
+	SubscriberCPUCores float64 `json:"subscriber_cpu_cores"`
+	MachineCPUCores    float64 `json:"machine_cpu_cores"`
 }
 
 // Report is the Result with what explains it, for the human summary.
@@ -142,6 +160,11 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 		cfg.Progress = func(string, ...any) {}
 	}
 	var rep Report
+	// Before the load, which may take many minutes: the subscribers' process checks its
+	// own limit likewise.
+	if err := raiseFileLimit(cfg.Subscribers+serverFiles, "the benchmark's process (the server's end of every WebSocket)"); err != nil {
+		return rep, err
+	}
 	loadStart := time.Now()
 	conn, err := chdb.Open(ctx, cfg.ClickHouse)
 	if err != nil {
@@ -217,11 +240,15 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 	if err != nil {
 		return rep, err
 	}
-	// serve's limits, but for the connection caps, which 1,000 subscribers of one key
-	// pass (--graphql-max-websockets, --graphql-max-websockets-per-key; the hub's
-	// --graphql-max-subscriptions-per-key likewise).
+	// serve's limits, but for the WebSocket caps, which the subscribers of one key pass
+	// (--graphql-max-websockets, -per-org and -per-key; the hub's
+	// --graphql-max-subscriptions-per-key likewise), and the upgrades one address may
+	// have waiting for their init, which the subscribers' dials at once pass
+	// (--graphql-max-pending-websockets-per-address).
+	sockets := cfg.Subscribers + 16
 	handler := graph.NewHandler(querier, cache, graph.WithLogger(cfg.Logger),
-		graph.WithLimits(graph.Limits{MaxWebSockets: cfg.Subscribers + 16, MaxWebSocketsPerKey: cfg.Subscribers + 16}), graph.WithHub(live.hub))
+		graph.WithLimits(graph.Limits{MaxWebSockets: sockets, MaxWebSocketsPerOrg: sockets, MaxWebSocketsPerKey: sockets,
+			MaxPendingWebSocketsPerAddress: 2 * subscriberDials}), graph.WithHub(live.hub))
 	srv, url, err := serveLoopback(logQueries(handler))
 	if err != nil {
 		return rep, err
@@ -251,6 +278,7 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 	rep.Subscribers = rep.Live.Subscribers
 	rep.SubscriberP50Ms, rep.SubscriberP99Ms = rep.Live.Total.P50, rep.Live.Total.P99
 	rep.SubscriberDropped = rep.Live.Dropped
+	rep.ServerCPUCores, rep.SubscriberCPUCores, rep.MachineCPUCores = rep.Live.CPU.Self, rep.Live.CPU.Subscribers, rep.Live.CPU.Machine
 	rep.MeasureWall = time.Since(measureStart)
 	return rep, nil
 }

@@ -64,3 +64,18 @@ func TestDistOf(t *testing.T) {
 	assert.Equal(t, float64(100), v[0], "the input is not sorted in place")
 	assert.Equal(t, Dist{}, distOf(nil))
 }
+
+func TestParseTitleBytes(t *testing.T) {
+	seq, ns, ok := parseTitle([]byte(titlePrefix + "17 1764600000123456789"))
+	require.True(t, ok)
+	assert.Equal(t, 17, seq)
+	assert.Equal(t, int64(1764600000123456789), ns)
+	for _, bad := range []string{titlePrefix + "17 ", titlePrefix + " 17 5", titlePrefix + "1 2 3", titlePrefix + "1 99999999999999999999", titlePrefix + "+1 5"} {
+		_, _, ok := parseTitle([]byte(bad))
+		assert.False(t, ok, bad)
+		_, _, ok = parseTitle(bad)
+		assert.False(t, ok, bad)
+	}
+	data := []byte(`{"task":{"title":"` + titlePrefix + `3 1764600000123456789"}}`)
+	assert.Zero(t, testing.AllocsPerRun(100, func() { _, _, _ = titleOf(data) }), "titleOf allocates nothing")
+}
