@@ -53,7 +53,7 @@ func exportHandlerForTest(t *testing.T, withKey bool) http.Handler {
 	x, err := newAuditExporter(noConn{}, "db", "", keyFile, nil, nil)
 	require.NoError(t, err)
 	require.Equal(t, withKey, x != nil)
-	return trail.ExportHandler(exportAuth, x, nil, nil)
+	return trail.ExportHandler(exportAuth, x, nil, nil, trail.ExportLimits{})
 }
 
 func exportAsk(t *testing.T, h http.Handler, method, token, query string) (int, keys.ErrorBody, http.Header) {

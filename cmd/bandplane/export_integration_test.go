@@ -391,7 +391,7 @@ func TestIntegrationExport(t *testing.T) {
 		return kafka.ReadLatest(ctx, stacktest.Brokers(), s.topic+".checkpoints")
 	}, nil)
 	require.NoError(t, err)
-	status, eb, _ := exportAsk(t, trail.ExportHandler(fakeAuth{"c": {ID: "c", Org: "org-alpha", Role: keys.RoleCompliance}}, onTopic, nil, nil), http.MethodGet, "c", exportQuery)
+	status, eb, _ := exportAsk(t, trail.ExportHandler(fakeAuth{"c": {ID: "c", Org: "org-alpha", Role: keys.RoleCompliance}}, onTopic, nil, nil, trail.ExportLimits{}), http.MethodGet, "c", exportQuery)
 	assert.Equal(t, http.StatusConflict, status, "%+v", eb)
 	assert.Contains(t, eb.Error, `for org "org-alpha"`)
 	assert.Contains(t, eb.Error, fmt.Sprintf("ClickHouse's newest checkpoint has only %d: ClickHouse's log was rolled back", kept))

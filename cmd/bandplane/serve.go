@@ -45,6 +45,7 @@ type serveConfig struct {
 	maxPosts      int
 	maxUploads    [3]int // in all, per organization, per key
 	repriceJobs   [3]int // queued or running: in all, per organization, per requester
+	exports       trail.ExportLimits
 	maxEventAge   time.Duration
 	maxClockSkew  time.Duration
 	keyRefresh    time.Duration
@@ -84,6 +85,9 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	fs.IntVar(&c.maxUploads[0], "max-uploads", ingest.DefaultMaxUploads, "POST /v1/events bodies being read at once; organizations' keys hold at most three quarters, the platform's keys keep the rest (more: 429)")
 	fs.IntVar(&c.maxUploads[1], "max-uploads-per-org", ingest.DefaultMaxUploadsPerOrg, "POST /v1/events bodies one organization's keys send at once (more: 429)")
 	fs.IntVar(&c.maxUploads[2], "max-uploads-per-key", ingest.DefaultMaxUploadsPerKey, "POST /v1/events bodies one API key sends at once (more: 429)")
+	fs.IntVar(&c.exports.Total, "max-exports", trail.MaxConcurrentExports, "audit exports running at once; one of them is the platform's keys' only (more: 429)")
+	fs.IntVar(&c.exports.PerOrg, "max-exports-per-org", trail.MaxConcurrentExportsPerOrg, "audit exports one organization's keys run at once (more: 429)")
+	fs.IntVar(&c.exports.PerKey, "max-exports-per-key", trail.MaxConcurrentExportsPerKey, "audit exports one API key runs at once (more: 429)")
 	fs.IntVar(&c.repriceJobs[0], "max-reprice-jobs", prices.DefaultMaxJobs, "reprice jobs queued or running at once; one organization's share of them stays for the platform's (more: TOO_MANY_REQUESTS)")
 	fs.IntVar(&c.repriceJobs[1], "max-reprice-jobs-per-org", prices.DefaultMaxJobsPerOrg, "reprice jobs of one organization queued or running at once (more: TOO_MANY_REQUESTS)")
 	fs.IntVar(&c.repriceJobs[2], "max-reprice-jobs-per-key", prices.DefaultMaxJobsPerKey, "reprice jobs one API key has queued or running at once (more: TOO_MANY_REQUESTS)")
@@ -171,6 +175,9 @@ func (c *serveConfig) validateGraphQL() error {
 		{"--graphql-max-operations-per-websocket", c.graphql.MaxOperationsPerWebSocket > 0},
 		{"--graphql-websocket-write-timeout", c.graphql.WebSocketWriteTimeout > 0},
 		{"--graphql-clickhouse-conns", c.queryConns > 0},
+		{"--max-exports", c.exports.Total > 0},
+		{"--max-exports-per-org", c.exports.PerOrg > 0},
+		{"--max-exports-per-key", c.exports.PerKey > 0},
 		{"--max-reprice-jobs", c.repriceJobs[0] > 0},
 		{"--max-reprice-jobs-per-org", c.repriceJobs[1] > 0},
 		{"--max-reprice-jobs-per-key", c.repriceJobs[2] > 0},

@@ -47,7 +47,7 @@ func newAPI(d *serveDeps, ing *ingestPart, pol *policyPart, lv *livePart, notRea
 	if err != nil {
 		return nil, err
 	}
-	mux.Handle("/v1/audit/export", trail.ExportHandler(d.keys, exporter, d.auditor, log))
+	mux.Handle("/v1/audit/export", trail.ExportHandler(d.keys, exporter, d.auditor, log, d.c.exports))
 	logHandler := trail.LogHandler(d.auditLog, d.latestCheckpoints, d.keys, log)
 	mux.Handle("/v1/audit/checkpoint", logHandler)
 	mux.Handle("/v1/audit/proof", logHandler)

@@ -21,13 +21,15 @@ import (
 // organization's trail pinned to a signed checkpoint of its log (Exporter), with the
 // proofs to check it offline; `bandplane audit export` drives it.
 
-// The exports one ExportHandler runs at once: each holds a ClickHouse connection of the
-// query pool while it reads. One API key runs one at a time and one organization's keys
-// two, and one of the four is the platform's keys' only, so that no tenant's slow
-// reader holds what the others, or the platform's own exports, need.
+// The exports one ExportHandler runs at once by default (ExportLimits): each holds a
+// ClickHouse connection of the query pool while it reads. One API key runs one at a
+// time and one organization's keys two, and one of the four is the platform's keys'
+// only, so that no tenant's slow reader holds what the others, or the platform's own
+// exports, need.
 const (
 	MaxConcurrentExports       = 4
 	MaxConcurrentExportsPerOrg = 2
+	MaxConcurrentExportsPerKey = 1
 )
 
 // exportWriteWindow is how long the handler gives each MiB of an export to reach the
@@ -46,8 +48,26 @@ type ExportRecorder interface {
 	Produce(ctx context.Context, events []schema.Event) error
 }
 
-func newExportSlots() *share.Pool {
-	return share.New(share.Limits{Total: MaxConcurrentExports, PerGroup: MaxConcurrentExportsPerOrg, PerClient: 1, Reserved: 1}, keys.PlatformOrg)
+// ExportLimits bound the exports running at once: in all (serve's --max-exports),
+// of one organization's keys (--max-exports-per-org) and of one key
+// (--max-exports-per-key). Zero fields take the defaults; one place of Total (of two
+// or more) is the platform's keys' only.
+type ExportLimits struct {
+	Total, PerOrg, PerKey int
+}
+
+func newExportSlots(l ExportLimits) *share.Pool {
+	if l.Total <= 0 {
+		l.Total = MaxConcurrentExports
+	}
+	if l.PerOrg <= 0 {
+		l.PerOrg = MaxConcurrentExportsPerOrg
+	}
+	if l.PerKey <= 0 {
+		l.PerKey = MaxConcurrentExportsPerKey
+	}
+	// One place is the platform's, unless there is only one.
+	return share.New(share.Limits{Total: l.Total, PerGroup: l.PerOrg, PerClient: l.PerKey, Reserved: min(1, l.Total-1)}, keys.PlatformOrg)
 }
 
 type exportHandler struct {
@@ -82,11 +102,11 @@ type exportedData struct {
 // without an exporter (serve has no --audit-key) it answers 503. Each export is recorded as an
 // audit.exported event through recorder before a byte of it is sent; one that cannot
 // be recorded is refused (503).
-func ExportHandler(auth keys.Authenticator, x *Exporter, recorder ExportRecorder, log *slog.Logger) http.Handler {
+func ExportHandler(auth keys.Authenticator, x *Exporter, recorder ExportRecorder, log *slog.Logger, limits ExportLimits) http.Handler {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	h := &exportHandler{x: x, recorder: recorder, log: log.With("component", "audit_export"), slots: newExportSlots()}
+	h := &exportHandler{x: x, recorder: recorder, log: log.With("component", "audit_export"), slots: newExportSlots(limits)}
 	return keys.Require(auth, keys.RoleCompliance, keys.RoleAdmin)(h)
 }
 
@@ -125,12 +145,12 @@ func (h *exportHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	release, refused := h.slots.Take(k.Org, k.ID)
 	if refused != nil {
 		w.Header().Set("Retry-After", "10")
-		msg := fmt.Sprintf("%d exports of organizations are running, the most this server runs at once; retry later", refused.Limit)
+		msg := fmt.Sprintf("%d exports of organizations are running, the most this server runs at once (--max-exports); retry later", refused.Limit)
 		switch refused.Bound {
 		case share.BoundClient:
-			msg = "an export of this key is running already: one at a time per key; retry when it ends"
+			msg = fmt.Sprintf("%d exports of this key are running, the most one key runs at once (--max-exports-per-key); retry when one ends", refused.Limit)
 		case share.BoundGroup:
-			msg = fmt.Sprintf("%d exports of organization %s are running, the most one organization runs at once; retry when one ends", refused.Limit, k.Org)
+			msg = fmt.Sprintf("%d exports of organization %s are running, the most one organization runs at once (--max-exports-per-org); retry when one ends", refused.Limit, k.Org)
 		}
 		keys.WriteError(w, http.StatusTooManyRequests, "too_many_requests", msg)
 		return

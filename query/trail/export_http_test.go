@@ -65,24 +65,32 @@ func TestExportHandlerBusy(t *testing.T) {
 		assert.Contains(t, body.Error, want)
 	}
 
-	h := &exportHandler{x: x, log: slog.New(slog.DiscardHandler), slots: newExportSlots()}
+	h := &exportHandler{x: x, log: slog.New(slog.DiscardHandler), slots: newExportSlots(ExportLimits{})}
 	_, refused := h.slots.Take("org-a", "k1") // an export of the key is running
 	require.Nil(t, refused)
-	busy(h, "compliance-a", "one at a time per key")
+	busy(h, "compliance-a", "1 exports of this key are running, the most one key runs at once (--max-exports-per-key)")
 
-	h = &exportHandler{x: x, log: slog.New(slog.DiscardHandler), slots: newExportSlots()}
+	h = &exportHandler{x: x, log: slog.New(slog.DiscardHandler), slots: newExportSlots(ExportLimits{})}
 	for _, k := range []string{"k2", "k3"} { // two of the organization's other keys
 		_, refused := h.slots.Take("org-a", k)
 		require.Nil(t, refused)
 	}
-	busy(h, "compliance-a", "2 exports of organization org-a are running")
+	busy(h, "compliance-a", "2 exports of organization org-a are running, the most one organization runs at once (--max-exports-per-org)")
 
-	h = &exportHandler{x: x, log: slog.New(slog.DiscardHandler), slots: newExportSlots()}
+	h = &exportHandler{x: x, log: slog.New(slog.DiscardHandler), slots: newExportSlots(ExportLimits{})}
 	for _, org := range []string{"org-b", "org-c", "org-d"} { // tenants hold 3 of 4
 		_, refused := h.slots.Take(org, org+"-key")
 		require.Nil(t, refused)
 	}
-	busy(h, "compliance-a", "3 exports of organizations are running")
+	busy(h, "compliance-a", "3 exports of organizations are running, the most this server runs at once (--max-exports)")
+
+	// The bounds are serve's flags.
+	h = &exportHandler{x: x, log: slog.New(slog.DiscardHandler), slots: newExportSlots(ExportLimits{Total: 8, PerOrg: 3, PerKey: 2})}
+	for _, k := range []string{"k2", "k2", "k3"} {
+		_, refused := h.slots.Take("org-a", k)
+		require.Nil(t, refused)
+	}
+	busy(h, "compliance-a", "3 exports of organization org-a are running")
 	_, refused = h.slots.Take(keys.PlatformOrg, "k-platform")
 	assert.Nil(t, refused, "the fourth is the platform's")
 }
