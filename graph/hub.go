@@ -521,6 +521,9 @@ type change struct {
 	attention *model.AttentionRequest
 	denial    *model.PolicyDenial
 	budget    *model.BudgetCrossing
+	// renders holds the change as each render group of the WebSocket transport
+	// rendered it (*renderGroup → []byte).
+	renders sync.Map
 }
 
 func (c *change) room() string {

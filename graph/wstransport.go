@@ -121,11 +121,13 @@ func (c *wsConn) serve(ctx context.Context) {
 	done := make(chan struct{})
 	defer func() {
 		cancel()
-		c.wg.Wait()
-		close(done)
+		// Closed before waiting for the operations: one may be stuck writing to a peer
+		// that reads nothing (a close handshake in progress closes it within 5 s).
 		if !c.closing.Load() {
 			_ = c.ws.CloseNow()
 		}
+		c.wg.Wait()
+		close(done)
 	}()
 	frames := make(chan frame)
 	go c.read(done, frames)
@@ -498,10 +500,6 @@ func endSubscription(ctx context.Context, err *gqlerror.Error) {
 	}
 }
 
-// renderCacheSize is how many recent changes a render group keeps rendered: its
-// subscribers read the same changes, some a little behind the others.
-const renderCacheSize = 64
-
 // renderGroup renders the changes of its subscriptions with one execution of their
 // operation, fed by the group.
 type renderGroup struct {
@@ -514,12 +512,7 @@ type renderGroup struct {
 	responses graphql.ResponseHandler
 	ctx       context.Context
 	cancel    context.CancelFunc
-	cache     [renderCacheSize]struct {
-		c *change
-		b []byte
-	}
-	next int
-	dead error // the group's execution ended: every render fails with it
+	dead      error // the group's execution ended: every render fails with it
 }
 
 type renderGroups struct {
@@ -570,17 +563,19 @@ func (gs *renderGroups) leave(g *renderGroup) {
 }
 
 // render returns the payload of change c for the group's subscribers, rendering it
-// the first time one asks.
+// the first time one asks. The bytes are kept on the change: they live as long as a
+// subscriber's queue holds it, however far behind the others that one is.
 func (g *renderGroup) render(c *change) ([]byte, error) {
+	if b, ok := c.renders.Load(g); ok {
+		return b.([]byte), nil
+	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	if b, ok := c.renders.Load(g); ok {
+		return b.([]byte), nil
+	}
 	if g.dead != nil {
 		return nil, g.dead
-	}
-	for i := range g.cache {
-		if g.cache[i].c == c {
-			return g.cache[i].b, nil
-		}
 	}
 	select {
 	case g.feed <- c:
@@ -601,10 +596,6 @@ func (g *renderGroup) render(c *change) ([]byte, error) {
 		return nil, fmt.Errorf("cannot encode a change: %w", err)
 	}
 	g.hub.rendered.Add(1)
-	g.cache[g.next] = struct {
-		c *change
-		b []byte
-	}{c, b}
-	g.next = (g.next + 1) % renderCacheSize
+	c.renders.Store(g, b)
 	return b, nil
 }
