@@ -11,8 +11,8 @@ import (
 )
 
 func init() {
-	registerGroup("bench", "measure the stack: `bench ingest`, `bench policy`, `bench query`, `bench audit` (see -h)", "usage: bandplane bench ingest|policy|query|audit [flags]\n",
-		map[string]runFunc{"ingest": runBenchIngest, "policy": runBenchPolicy, "query": runBenchQuery, "audit": runBenchAudit})
+	registerGroup("bench", "measure the stack: `bench ingest`, `bench policy`, `bench query`, `bench audit`, `bench load` (see -h)", "usage: bandplane bench ingest|policy|query|audit|load [flags]\n",
+		map[string]runFunc{"ingest": runBenchIngest, "policy": runBenchPolicy, "query": runBenchQuery, "audit": runBenchAudit, "load": runBenchLoad})
 }
 
 func runBenchIngest(ctx context.Context, e *env, args []string) error {
