@@ -59,7 +59,7 @@ type HubConfig struct {
 	// Currency is the billing currency of budgets (budgetExceeded).
 	Currency string
 	// Forget is told the id of each key a key.revoked event of bandplane's revokes
-	// (serve: the key cache's Forget), after the hub ended that key's subscriptions.
+	// (serve: the key cache's Forget), before the hub ends that key's subscriptions.
 	Forget func(keyID string)
 	Logger *slog.Logger
 	Now    func() time.Time
@@ -259,6 +259,10 @@ func (h *Hub) revoke(ev *schema.Event) {
 	if ev.Source != keys.Source || schema.DecodeData(ev.Data, &d) != nil || d.KeyID == "" {
 		return
 	}
+	// Forgotten first: a subscription opened in between would pass the key check.
+	if h.cfg.Forget != nil {
+		h.cfg.Forget(d.KeyID)
+	}
 	h.mu.Lock()
 	for _, m := range h.subs {
 		for s := range m {
@@ -268,9 +272,6 @@ func (h *Hub) revoke(ev *schema.Event) {
 		}
 	}
 	h.mu.Unlock()
-	if h.cfg.Forget != nil {
-		h.cfg.Forget(d.KeyID)
-	}
 }
 
 // sweepLocked forgets the requests for attention older than work.AttentionWindow
@@ -657,7 +658,17 @@ func forward[T any](ctx context.Context, in <-chan *change, pick func(*change) T
 	}
 	go func() {
 		defer close(out)
-		for c := range in {
+		for {
+			var c *change
+			select {
+			case x, ok := <-in:
+				if !ok {
+					return
+				}
+				c = x
+			case <-ctx.Done():
+				return // in may never close (a render group's feed)
+			}
 			select {
 			case out <- pick(c):
 			case <-ctx.Done():

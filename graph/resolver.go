@@ -147,6 +147,11 @@ func (r *Resolver) stuckAfter() time.Duration {
 // it (wstransport.go). It takes no query slot: a subscription reads nothing from
 // ClickHouse.
 func (r *Resolver) subscribe(ctx context.Context, orgID, roomID *string, roles []keys.Role, kind subKind) (<-chan *change, error) {
+	// A render group's execution: each of its members was authorized on its own.
+	if feed, ok := ctx.Value(renderKey{}).(*renderFeed); ok {
+		feed.taken.Store(true)
+		return feed.ch, nil
+	}
 	k, org, err := r.authorize(ctx, orgID, roles)
 	if err != nil {
 		return nil, r.fail(ctx, err)
@@ -158,17 +163,14 @@ func (r *Resolver) subscribe(ctx context.Context, orgID, roomID *string, roles [
 		return nil, &gqlerror.Error{Message: "live updates are not running in this process", Path: graphql.GetPath(ctx),
 			Extensions: map[string]any{"code": "UNAVAILABLE"}}
 	}
-	// Checked again every hub tick from the keys the process holds (no store read):
-	// a key revoked elsewhere ends its subscriptions within a refresh of the cache,
-	// one whose key.revoked event the live reader sees at once (Hub.apply).
-	if feed, ok := ctx.Value(renderKey{}).(chan *change); ok {
-		return feed, nil
-	}
 	slot, ok := ctx.Value(liveKey{}).(*liveSlot)
 	if !ok {
 		return nil, &gqlerror.Error{Message: "subscriptions are served over WebSocket (graphql-transport-ws)", Path: graphql.GetPath(ctx),
 			Extensions: map[string]any{"code": "BAD_REQUEST"}}
 	}
+	// Checked again every hub tick from the keys the process holds (no store read):
+	// a key revoked elsewhere ends its subscriptions within a refresh of the cache,
+	// one whose key.revoked event the live reader sees at once (Hub.apply).
 	token := keys.TokenFrom(ctx)
 	valid := func() bool {
 		k, ok := r.auth.Held(token)

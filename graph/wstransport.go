@@ -9,9 +9,11 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/99designs/gqlgen/graphql"
 	"github.com/99designs/gqlgen/graphql/errcode"
@@ -85,7 +87,7 @@ func (t *wsTransport) Do(w http.ResponseWriter, r *http.Request, exec graphql.Gr
 		return // Accept answered the request
 	}
 	ws.SetReadLimit(wsReadLimit)
-	c := &wsConn{t: t, ws: ws, exec: exec, legacy: ws.Subprotocol() != protoTransportWS, headers: r.Header,
+	c := &wsConn{t: t, ws: ws, exec: exec, legacy: !strings.EqualFold(ws.Subprotocol(), protoTransportWS), headers: r.Header,
 		ops: map[string]context.CancelFunc{}}
 	c.serve(r.Context())
 }
@@ -119,6 +121,7 @@ type wsConn struct {
 func (c *wsConn) serve(ctx context.Context) {
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
+	var release func() // the connection's slot, once its init is admitted
 	defer func() {
 		cancel()
 		// Closed before waiting for the operations: one may be stuck writing to a peer
@@ -128,14 +131,16 @@ func (c *wsConn) serve(ctx context.Context) {
 		}
 		c.wg.Wait()
 		close(done)
+		if release != nil {
+			release() // the slot is the connection's until its operations have ended
+		}
 	}()
 	frames := make(chan frame)
 	go c.read(done, frames)
-	ctx, release, ok := c.init(ctx, frames)
-	if !ok {
+	ctx, release = c.init(ctx, frames)
+	if release == nil {
 		return
 	}
-	defer release()
 	go c.watch(ctx)
 	for {
 		f, ok := <-frames
@@ -173,30 +178,41 @@ func (c *wsConn) read(done <-chan struct{}, out chan<- frame) {
 
 // init waits for connection_init (InitTimeout), authenticates its key and takes the
 // connection's slot; it returns the connection's context (with the token) and what
-// gives the slot back.
-func (c *wsConn) init(ctx context.Context, frames <-chan frame) (context.Context, func(), bool) {
+// gives the slot back (nil: refused, the connection is closing). A ping before it is
+// answered (graphql-transport-ws allows one at any time).
+func (c *wsConn) init(ctx context.Context, frames <-chan frame) (context.Context, func()) {
 	timer := time.NewTimer(c.t.limits.InitTimeout)
 	defer timer.Stop()
 	var f frame
-	select {
-	case m, ok := <-frames:
-		if !ok {
-			return nil, nil, false
+	for {
+		select {
+		case m, ok := <-frames:
+			if !ok {
+				return nil, nil
+			}
+			f = m
+		case <-timer.C:
+			c.refuse(closeInitTimeout, "connection initialisation timeout")
+			return nil, nil
 		}
-		f = m
-	case <-timer.C:
-		c.close(closeInitTimeout, "connection initialisation timeout")
-		return nil, nil, false
+		if f.Type != "ping" || c.legacy {
+			break
+		}
+		c.send(frame{Type: "pong"})
 	}
 	initArrived(ctx)
-	if f.Type != "connection_init" {
+	switch {
+	case f.Type == "subscribe" && !c.legacy:
+		c.refuse(closeUnauthorized, "unauthorized: connection_init first")
+		return nil, nil
+	case f.Type != "connection_init":
 		c.refuse(closeBadMessage, "the first message must be connection_init")
-		return nil, nil, false
+		return nil, nil
 	}
 	var payload map[string]any
 	if len(f.Payload) > 0 && string(f.Payload) != "null" && json.Unmarshal(f.Payload, &payload) != nil {
 		c.refuse(closeBadMessage, "the connection_init payload is not a JSON object")
-		return nil, nil, false
+		return nil, nil
 	}
 	auth, _ := payload["Authorization"].(string)
 	if auth == "" {
@@ -205,7 +221,7 @@ func (c *wsConn) init(ctx context.Context, frames <-chan frame) (context.Context
 	token, err := keys.ParseBearer(auth)
 	if err != nil {
 		c.refuse(closeUnauthorized, err.Error())
-		return nil, nil, false
+		return nil, nil
 	}
 	if token == "" {
 		token = keys.TokenFrom(ctx) // the upgrade request's header
@@ -216,12 +232,12 @@ func (c *wsConn) init(ctx context.Context, frames <-chan frame) (context.Context
 	k, ok := c.t.auth.Lookup(ctx, token)
 	if token == "" || !ok {
 		c.refuse(closeUnauthorized, "unauthenticated: send a valid API key as the init payload's Authorization")
-		return nil, nil, false
+		return nil, nil
 	}
 	release, code, msg := admitInit(k, c.t.sockets, c.t.limits)
 	if release == nil {
 		c.refuse(code, msg)
-		return nil, nil, false
+		return nil, nil
 	}
 	// The acknowledgement carries no payload: echoing the init payload would send the
 	// token back.
@@ -229,14 +245,14 @@ func (c *wsConn) init(ctx context.Context, frames <-chan frame) (context.Context
 	if c.legacy {
 		c.send(frame{Type: "ka"})
 	}
-	return keys.WithToken(ctx, token), release, true
+	return keys.WithToken(ctx, token), release
 }
 
 // handle acts on one message after the init; false ends the connection.
 func (c *wsConn) handle(ctx context.Context, f frame) bool {
 	switch {
 	case f.Type == "connection_init":
-		c.close(closeTooManyInits, "too many initialisation requests")
+		c.refuse(closeTooManyInits, "too many initialisation requests")
 		return false
 	case f.Type == "ping" && !c.legacy:
 		c.send(frame{Type: "pong"})
@@ -270,7 +286,7 @@ func (c *wsConn) start(ctx context.Context, f frame) bool {
 	running := len(c.ops)
 	c.mu.Unlock()
 	if dup {
-		c.close(closeDuplicateID, "subscriber for "+clipReason(f.ID)+" already exists")
+		c.refuse(closeDuplicateID, "subscriber for "+f.ID+" already exists")
 		return false
 	}
 	if running >= c.t.limits.MaxOperationsPerWebSocket {
@@ -301,12 +317,7 @@ func (c *wsConn) start(ctx context.Context, f frame) bool {
 	c.ops[f.ID] = cancel
 	c.mu.Unlock()
 	c.wg.Go(func() {
-		defer func() {
-			cancel()
-			c.mu.Lock()
-			delete(c.ops, f.ID)
-			c.mu.Unlock()
-		}()
+		defer cancel()
 		c.run(octx, f.ID, rc)
 	})
 	return true
@@ -326,6 +337,11 @@ func (c *wsConn) run(ctx context.Context, id string, rc *graphql.OperationContex
 			}
 			ended = gqlerror.List{gerr}
 		}
+		// The id is free again before the client hears the operation ended: it may
+		// reuse it at once.
+		c.mu.Lock()
+		delete(c.ops, id)
+		c.mu.Unlock()
 		switch {
 		case ctx.Err() != nil && len(ended) == 0:
 			// The client completed it, or the connection ended: nothing to tell.
@@ -373,7 +389,7 @@ func (c *wsConn) deliver(ctx context.Context, id string, rc *graphql.OperationCo
 				}
 				return nil
 			}
-			payload, err := g.render(ch)
+			payload, err := g.render(ctx, ch)
 			if err != nil {
 				return gqlerror.List{{Message: err.Error(), Extensions: map[string]any{"code": "UNAVAILABLE"}}}
 			}
@@ -469,7 +485,11 @@ func clipReason(s string) string {
 	if len(s) <= 123 {
 		return s
 	}
-	return s[:120] + "..."
+	s = s[:120]
+	for !utf8.ValidString(s) { // not in the middle of a character
+		s = s[:len(s)-1]
+	}
+	return s + "..."
 }
 
 type liveKey struct{}
@@ -489,8 +509,16 @@ type groupKey struct {
 	role keys.Role
 }
 
-// renderKey is the feed of a render group's own execution of the operation.
+// renderKey holds a render group's feed (*renderFeed) in the context of the group's
+// own execution of the operation.
 type renderKey struct{}
+
+// renderFeed is what a render group feeds its execution; taken says the subscription
+// field took it (an execution refused before its field ran never reads it).
+type renderFeed struct {
+	ch    chan *change
+	taken atomic.Bool
+}
 
 // endSubscription records why the hub ended a subscription, for its transport to
 // tell the client.
@@ -503,12 +531,14 @@ func endSubscription(ctx context.Context, err *gqlerror.Error) {
 // renderGroup renders the changes of its subscriptions with one execution of their
 // operation, fed by the group.
 type renderGroup struct {
+	gs      *renderGroups
 	name    string
-	members int // under renderGroups.mu
+	members int           // under renderGroups.mu
+	ready   chan struct{} // closed once the execution is started (or failed: dead)
 	hub     *Hub
 
 	mu        sync.Mutex
-	feed      chan *change
+	feed      *renderFeed
 	responses graphql.ResponseHandler
 	ctx       context.Context
 	cancel    context.CancelFunc
@@ -521,7 +551,8 @@ type renderGroups struct {
 }
 
 // join adds a subscriber to the group of its operation and key, starting the group's
-// own execution of the operation when it is the first.
+// own execution of the operation when it is the first. The execution starts outside
+// the groups' lock: joiners of other groups never wait for it.
 func (gs *renderGroups) join(ctx context.Context, exec graphql.GraphExecutor, rc *graphql.OperationContext, k groupKey, hub *Hub) (*renderGroup, error) {
 	vars, err := json.Marshal(rc.Variables) // map keys sorted: one text per value
 	if err != nil {
@@ -533,23 +564,51 @@ func (gs *renderGroups) join(ctx context.Context, exec graphql.GraphExecutor, rc
 	}
 	name := hex.EncodeToString(sum.Sum(nil))
 	gs.mu.Lock()
-	defer gs.mu.Unlock()
-	if g := gs.groups[name]; g != nil {
+	g := gs.groups[name]
+	if g != nil {
 		g.members++
+		gs.mu.Unlock()
+		select {
+		case <-g.ready:
+		case <-ctx.Done():
+			gs.leave(g)
+			return nil, ctx.Err()
+		}
+		g.mu.Lock()
+		dead := g.dead
+		g.mu.Unlock()
+		if dead != nil {
+			gs.leave(g)
+			return nil, dead
+		}
 		return g, nil
 	}
-	// The group outlives the subscriber that started it: its context keeps the
-	// subscriber's values (the operation, the key) but not its end.
-	gctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	g := &renderGroup{name: name, members: 1, feed: make(chan *change, 1), cancel: cancel, hub: hub}
-	g.responses, g.ctx = exec.DispatchOperation(context.WithValue(gctx, renderKey{}, g.feed), rc)
-	if g.ctx == nil { // an operation middleware answered without running it
-		g.ctx = gctx
-	}
+	g = &renderGroup{gs: gs, name: name, members: 1, ready: make(chan struct{}), hub: hub, feed: &renderFeed{ch: make(chan *change, 1)}}
 	if gs.groups == nil {
 		gs.groups = map[string]*renderGroup{}
 	}
 	gs.groups[name] = g
+	gs.mu.Unlock()
+
+	// The group outlives the subscriber that started it: its context keeps the
+	// subscriber's values (the operation, the key) but not its end.
+	gctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	responses, rctx := exec.DispatchOperation(context.WithValue(gctx, renderKey{}, g.feed), rc)
+	if rctx == nil { // an operation middleware answered without running it
+		rctx = gctx
+	}
+	g.mu.Lock()
+	g.responses, g.ctx, g.cancel = responses, rctx, cancel
+	if !g.feed.taken.Load() {
+		g.dead = errors.New("the subscription cannot be rendered; subscribe again")
+	}
+	dead := g.dead
+	g.mu.Unlock()
+	close(g.ready)
+	if dead != nil {
+		gs.leave(g)
+		return nil, dead
+	}
 	return g, nil
 }
 
@@ -557,15 +616,29 @@ func (gs *renderGroups) leave(g *renderGroup) {
 	gs.mu.Lock()
 	defer gs.mu.Unlock()
 	if g.members--; g.members == 0 {
+		if gs.groups[g.name] == g {
+			delete(gs.groups, g.name)
+		}
+		if g.cancel != nil {
+			g.cancel()
+		}
+	}
+}
+
+// retire takes a dead group out of the groups, so that new subscribers start another.
+func (gs *renderGroups) retire(g *renderGroup) {
+	gs.mu.Lock()
+	defer gs.mu.Unlock()
+	if gs.groups[g.name] == g {
 		delete(gs.groups, g.name)
-		g.cancel()
 	}
 }
 
 // render returns the payload of change c for the group's subscribers, rendering it
-// the first time one asks. The bytes are kept on the change: they live as long as a
-// subscriber's queue holds it, however far behind the others that one is.
-func (g *renderGroup) render(c *change) ([]byte, error) {
+// the first time one asks (ctx is the asking subscriber's). The bytes are kept on the
+// change: they live as long as a subscriber's queue holds it, however far behind the
+// others that one is.
+func (g *renderGroup) render(ctx context.Context, c *change) ([]byte, error) {
 	if b, ok := c.renders.Load(g); ok {
 		return b.([]byte), nil
 	}
@@ -578,18 +651,15 @@ func (g *renderGroup) render(c *change) ([]byte, error) {
 		return nil, g.dead
 	}
 	select {
-	case g.feed <- c:
+	case g.feed.ch <- c:
 	case <-g.ctx.Done():
-		g.dead = errors.New("the subscription's renderer has stopped")
-		return nil, g.dead
+		return nil, g.die(errors.New("the subscription's renderer has stopped; subscribe again"))
+	case <-ctx.Done():
+		return nil, ctx.Err()
 	}
 	resp := g.responses(g.ctx)
 	if resp == nil {
-		// Its field failed (the key that started it was revoked meanwhile): the change
-		// it did not take would block the next render.
-		g.dead = errors.New("the subscription's renderer has stopped; subscribe again")
-		g.cancel()
-		return nil, g.dead
+		return nil, g.die(errors.New("the subscription's renderer has stopped; subscribe again"))
 	}
 	b, err := json.Marshal(resp)
 	if err != nil {
@@ -598,4 +668,12 @@ func (g *renderGroup) render(c *change) ([]byte, error) {
 	g.hub.rendered.Add(1)
 	c.renders.Store(g, b)
 	return b, nil
+}
+
+// die marks the group dead (under g.mu): its members end, new subscribers start anew.
+func (g *renderGroup) die(err error) error {
+	g.dead = err
+	g.cancel()
+	g.gs.retire(g)
+	return err
 }

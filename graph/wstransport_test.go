@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http/httptest"
 	"strings"
+	"runtime"
 	"testing"
 	"time"
 
@@ -289,7 +290,8 @@ func TestLiveProtocolRefusals(t *testing.T) {
 		code  websocket.StatusCode
 	}{
 		"no init in time":         {code: 4408},
-		"a subscribe before init": {send: []any{sub("1")}, code: 4400},
+		"a subscribe before init": {send: []any{sub("1")}, code: 4401},
+		"a ping, then no init":    {send: []any{map[string]any{"type": "ping"}}, code: 4408},
 		"an unknown key":          {token: "tok-nope", code: 4401},
 		"a second init":           {token: "tok-a-view-1", send: []any{map[string]any{"type": "connection_init"}}, code: 4429},
 		"a duplicate id":          {token: "tok-a-view-1", send: []any{sub("1"), sub("1")}, code: 4409},
@@ -323,4 +325,38 @@ func TestLiveProtocolRefusals(t *testing.T) {
 	assert.Contains(t, string(m["payload"]), "nope")
 	require.NoError(t, wsjson.Write(ctx, conn, map[string]any{"type": "ping"}))
 	assert.Equal(t, `"pong"`, string(readFrame(t, ctx, conn)["type"]))
+}
+
+// Subscribing and completing again and again leaves nothing behind: every render group
+// ends with its last subscriber, and an id is free again once its operation is over.
+func TestLiveChurnLeavesNothingBehind(t *testing.T) {
+	srv, h := liveServer(t, graph.HubConfig{}, graph.Limits{})
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	c := raw(t, ctx, srv, "graphql-transport-ws", "tok-a-view-1")
+	readFrame(t, ctx, c)
+	// Warm up: the first connection's goroutines are counted in the baseline.
+	require.NoError(t, wsjson.Write(ctx, c, map[string]any{"id": "w", "type": "subscribe", "payload": map[string]any{"query": liveWork}}))
+	require.Eventually(t, func() bool { return h.Subscribers() == 1 }, 10*time.Second, time.Millisecond)
+	require.NoError(t, wsjson.Write(ctx, c, map[string]any{"id": "w", "type": "complete"}))
+	require.Eventually(t, func() bool { return h.Subscribers() == 0 }, 10*time.Second, time.Millisecond)
+	base := runtime.NumGoroutine()
+
+	for i := range 200 {
+		// Each cycle its own variables: a render group of its own.
+		vars := map[string]any{"room": fmt.Sprintf("r%d", i)}
+		require.NoError(t, wsjson.Write(ctx, c, map[string]any{"id": "s", "type": "subscribe", "payload": map[string]any{"query": liveWork, "variables": vars}}))
+		require.Eventually(t, func() bool { return h.Subscribers() == 1 }, 10*time.Second, time.Millisecond)
+		h.Publish(taskEvent(t, i, "org-a", fmt.Sprintf("r%d", i), "churn"))
+		m := readFrame(t, ctx, c)
+		require.Equal(t, `"next"`, string(m["type"]), "%s", m["payload"])
+		require.NoError(t, wsjson.Write(ctx, c, map[string]any{"id": "s", "type": "complete"}))
+		require.Eventually(t, func() bool { return h.Subscribers() == 0 }, 10*time.Second, time.Millisecond)
+		// A query reusing one id right after it completed.
+		require.NoError(t, wsjson.Write(ctx, c, map[string]any{"id": "q", "type": "subscribe", "payload": map[string]any{"query": "{ __typename }"}}))
+		assert.Equal(t, `"next"`, string(readFrame(t, ctx, c)["type"]))
+		assert.Equal(t, `"complete"`, string(readFrame(t, ctx, c)["type"]))
+	}
+	require.Eventually(t, func() bool { return runtime.NumGoroutine() <= base+5 }, 10*time.Second, 10*time.Millisecond,
+		"goroutines: %d at the start, %d after 200 subscriptions came and went", base, runtime.NumGoroutine())
 }
