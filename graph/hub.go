@@ -89,7 +89,9 @@ type orgState struct {
 	// included: an older or replayed event is ignored (Kafka delivers at least once).
 	seen      map[string]taskSeen
 	attention map[string][]*work.Attention // room → open requests, oldest first
-	asked     map[string]bool              // ids of the open requests
+	// asked holds the requests seen, open or answered, by id (when asked): one
+	// delivered again after its answer opens nothing (Kafka delivers at least once).
+	asked map[string]time.Time
 }
 
 type taskSeen struct {
@@ -144,7 +146,7 @@ func (h *Hub) org(id string) *orgState {
 	o := h.orgs[id]
 	if o == nil {
 		o = &orgState{tasks: map[string]*tracked{}, byActor: map[[2]string][]*tracked{}, seen: map[string]taskSeen{},
-			attention: map[string][]*work.Attention{}, asked: map[string]bool{}}
+			attention: map[string][]*work.Attention{}, asked: map[string]time.Time{}}
 		h.orgs[id] = o
 	}
 	return o
@@ -285,14 +287,17 @@ func (h *Hub) sweepLocked(now time.Time) {
 			for _, a := range list {
 				if now.Sub(a.Since) < work.AttentionWindow {
 					kept = append(kept, a)
-				} else {
-					delete(o.asked, a.ID)
 				}
 			}
 			if len(kept) == 0 {
 				delete(o.attention, room)
 			} else {
 				o.attention[room] = kept
+			}
+		}
+		for ask, since := range o.asked {
+			if now.Sub(since) >= work.AttentionWindow {
+				delete(o.asked, ask)
 			}
 		}
 		for task, s := range o.seen {
@@ -397,7 +402,7 @@ func (h *Hub) apply(ev *schema.Event, quiet bool) {
 			Time: ev.Time, EventID: &evID, Task: h.taskModel(org, t)}})
 		h.closeLocked(org, o, ev, func(a *work.Attention) bool { return a.Resumes(t.AssigneeID, ev.Time) }, publish)
 	case schema.TypeAttention:
-		if o.asked[ev.ID] {
+		if _, seen := o.asked[ev.ID]; seen {
 			return
 		}
 		asked, ok := work.AttentionOf(ev.ID, ev.RoomID, ev.Actor.ID, ev.Actor.Handle, ev.Time, ev.Data)
@@ -406,9 +411,9 @@ func (h *Hub) apply(ev *schema.Event, quiet bool) {
 		}
 		a := &asked
 		a.Address(func(id string) bool { _, person, ok := h.handle(org, id); return ok && person })
-		if len(o.asked) < h.cfg.MaxTracked {
+		if len(o.asked) < 4*h.cfg.MaxTracked {
 			o.attention[ev.RoomID] = append(o.attention[ev.RoomID], a)
-			o.asked[ev.ID] = true
+			o.asked[ev.ID] = ev.Time
 		}
 		m := h.attentionModel(org, a, now)
 		publish(&change{attention: m, work: &model.WorkStatusChange{Kind: model.WorkChangeKindAttentionOpened,
@@ -474,7 +479,6 @@ func (h *Hub) closeLocked(org string, o *orgState, ev *schema.Event, match func(
 	for _, a := range list {
 		if match(a) {
 			evID := ev.ID
-			delete(o.asked, a.ID)
 			publish(&change{work: &model.WorkStatusChange{Kind: model.WorkChangeKindAttentionClosed, RoomID: ev.RoomID,
 				Time: ev.Time, EventID: &evID, Attention: h.attentionModel(org, a, now)}})
 			continue
