@@ -37,7 +37,7 @@ func (r *Resolver) begin(ctx context.Context, orgID *string, roles []keys.Role) 
 	if err != nil {
 		return "", nil, err
 	}
-	done, err := r.slots.acquire(k)
+	done, err := r.slots.acquire(ctx, k)
 	return org, done, err
 }
 

@@ -82,6 +82,14 @@ type Limits struct {
 	// before sending it (query.WithResponseBudget), and the field answers code
 	// RESPONSE_TOO_LARGE.
 	MaxResponseBytes int64
+	// MaxReadBytesPerOrg bounds the bytes one organization's keys read from ClickHouse
+	// a second, in bursts of up to MaxResponseBytes (default 4 MiB): past it their
+	// fields wait for the share to refill, or fail (TOO_MANY_REQUESTS) at their
+	// deadline (readSlots).
+	MaxReadBytesPerOrg int64
+	// now and sleep are the read rate's clock (tests); nil: the wall clock.
+	now   func() time.Time
+	sleep func(ctx context.Context, d time.Duration) error
 	// MaxAliases bounds the aliased fields of one operation (default 100), counted
 	// through fragments as often as they are spread; more is refused before anything
 	// runs (code BAD_USER_INPUT).
@@ -109,6 +117,24 @@ func (l *Limits) defaults() {
 	}
 	if l.InitTimeout <= 0 {
 		l.InitTimeout = 10 * time.Second
+	}
+	if l.MaxReadBytesPerOrg <= 0 {
+		l.MaxReadBytesPerOrg = 4 << 20
+	}
+	if l.now == nil {
+		l.now = time.Now
+	}
+	if l.sleep == nil {
+		l.sleep = func(ctx context.Context, d time.Duration) error {
+			t := time.NewTimer(d)
+			defer t.Stop()
+			select {
+			case <-t.C:
+				return nil
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
 	}
 	if l.MaxOperationsPerWebSocket <= 0 {
 		l.MaxOperationsPerWebSocket = 100
@@ -197,8 +223,9 @@ func NewHandler(q Querier, auth keys.Holder, opts ...Option) http.Handler {
 		o(&cfg)
 	}
 	cfg.limits.defaults()
+	slots := newReadSlots(cfg.limits)
 	gc := generated.Config{Resolvers: &Resolver{q: q, auth: auth, log: cfg.log.With("component", "graph"),
-		timeout: cfg.limits.QueryTimeout, slots: newReadSlots(cfg.limits), maxResponse: cfg.limits.MaxResponseBytes, hub: cfg.hub,
+		timeout: cfg.limits.QueryTimeout, slots: slots, maxResponse: cfg.limits.MaxResponseBytes, hub: cfg.hub,
 		operator: cfg.operator, currency: cfg.currency, prices: cfg.prices}}
 	// A field's cost is what it can return: an audit page costs its selection once per
 	// event it may hold, so limit: 10000 counts 10,000 times and aliases cannot multiply
@@ -263,7 +290,11 @@ func NewHandler(q Querier, auth keys.Holder, opts ...Option) http.Handler {
 	srv.Use(extension.FixedComplexityLimit(cfg.limits.MaxComplexity))
 	srv.Use(keyedIntrospection{auth: auth})
 	srv.Use(extension.AutomaticPersistedQuery{Cache: lru.New[string](100)})
-	srv.AroundOperations(operationDeadline(cfg.limits))
+	srv.AroundOperations(operationDeadline(cfg.limits, func(ctx context.Context, bytes int64) {
+		if k, ok := auth.Held(keys.TokenFrom(ctx)); ok {
+			slots.charge(k, bytes)
+		}
+	}))
 	api := keys.Token(limit(srv, pending, cfg.limits))
 	ui := graphiql.New()
 	page, assets := AllowHosts(cfg.hosts, ui.Page()), AllowHosts(cfg.hosts, ui.Assets())
@@ -286,7 +317,7 @@ func NewHandler(q Querier, auth keys.Holder, opts ...Option) http.Handler {
 // (Limits.MaxResponseBytes), and refuses @defer (a deferred part
 // would resolve after the operation's deadline is released). Subscriptions, which live
 // as long as their connection, are bounded by the connection cap instead.
-func operationDeadline(l Limits) graphql.OperationMiddleware {
+func operationDeadline(l Limits, charge func(ctx context.Context, bytes int64)) graphql.OperationMiddleware {
 	return func(ctx context.Context, next graphql.OperationHandler) graphql.ResponseHandler {
 		op := graphql.GetOperationContext(ctx).Operation
 		if op == nil {
@@ -306,12 +337,16 @@ func operationDeadline(l Limits) graphql.OperationMiddleware {
 				Message: "@defer is not supported", Extensions: map[string]any{"code": "BAD_USER_INPUT"},
 			}}})
 		}
-		ctx, cancel := context.WithTimeout(query.WithResponseBudget(ctx, l.MaxResponseBytes), l.QueryTimeout)
+		bctx := query.WithResponseBudget(ctx, l.MaxResponseBytes)
+		budget := query.BudgetOf(bctx)
+		ctx, cancel := context.WithTimeout(bctx, l.QueryTimeout)
 		var once sync.Once
 		h := next(ctx)
-		return func(ctx context.Context) *graphql.Response {
-			defer once.Do(cancel) // a query or mutation has one response
-			return h(ctx)
+		return func(rctx context.Context) *graphql.Response {
+			// A query or mutation has one response; what its reads returned is then
+			// known, and counted against the reader's organization.
+			defer once.Do(func() { cancel(); charge(ctx, budget.Used()) })
+			return h(rctx)
 		}
 	}
 }

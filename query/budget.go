@@ -49,6 +49,12 @@ func WithResponseBudget(ctx context.Context, bytes int64) context.Context {
 // Limit is the budget's size in bytes.
 func (b *ResponseBudget) Limit() int64 { return b.limit }
 
+// Used is what the reads made with the budget returned so far, in bytes.
+func (b *ResponseBudget) Used() int64 { return b.limit - b.left.Load() }
+
+// BudgetOf returns the response budget of ctx, nil without one.
+func BudgetOf(ctx context.Context) *ResponseBudget { return budgetOf(ctx) }
+
 // budgetOf returns ctx's budget, nil without one.
 func budgetOf(ctx context.Context) *ResponseBudget {
 	b, _ := ctx.Value(budgetKey{}).(*ResponseBudget)

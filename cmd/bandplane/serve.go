@@ -111,6 +111,7 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	fs.DurationVar(&c.graphql.WebSocketWriteTimeout, "graphql-websocket-write-timeout", 10*time.Second, "how long a write to a GraphQL WebSocket may wait for its peer to read; past it that connection is closed")
 	fs.DurationVar(&c.graphql.QueryTimeout, "graphql-query-timeout", 10*time.Second, "longest one GraphQL query may run (ClickHouse stops it too; longer: code TIMEOUT)")
 	fs.Int64Var(&c.graphql.MaxResponseBytes, "graphql-max-response-bytes", 16<<20, "most bytes the ClickHouse reads of one GraphQL query may return, in all; ClickHouse refuses a result over what is left before sending it (more: code RESPONSE_TOO_LARGE)")
+	fs.Int64Var(&c.graphql.MaxReadBytesPerOrg, "graphql-max-read-bytes-per-org", 4<<20, "most bytes one organization's keys read from ClickHouse through GraphQL a second, in bursts of up to --graphql-max-response-bytes (more: a field waits for the share to refill, or fails with code TOO_MANY_REQUESTS at its deadline)")
 	fs.IntVar(&c.graphql.MaxAliases, "graphql-max-aliases", 100, "most aliased fields in one GraphQL operation, through fragments (more: refused, BAD_USER_INPUT)")
 	fs.IntVar(&c.graphql.MaxConcurrentPerKey, "graphql-max-concurrent-per-key", 4, "most ClickHouse reads one API key runs at once through GraphQL, aliases counted (more: code TOO_MANY_REQUESTS)")
 	fs.IntVar(&c.graphql.MaxConcurrentPerOrg, "graphql-max-concurrent-per-org", 16, "most ClickHouse reads one organization's keys run at once through GraphQL (more: code TOO_MANY_REQUESTS)")
@@ -120,7 +121,7 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	fs.IntVar(&c.hub.Buffer, "graphql-subscriber-buffer", graph.DefaultSubscriberBuffer, "changes one subscription may fall behind by before it is told (SLOW_SUBSCRIBER) and dropped")
 	fs.IntVar(&c.hub.MaxSubscriptionsPerKey, "graphql-max-subscriptions-per-key", graph.DefaultMaxSubscriptionsPerKey, "most subscriptions one API key holds open (more: code TOO_MANY_REQUESTS)")
 	fs.BoolVar(&c.noLive, "no-live", false, "do not run the live reader: GraphQL subscriptions answer UNAVAILABLE")
-	fs.IntVar(&c.queryConns, "graphql-clickhouse-conns", 4, "ClickHouse connections of the GraphQL queries, a pool apart from ingest's so that heavy queries never starve it")
+	fs.IntVar(&c.queryConns, "graphql-clickhouse-conns", 8, "ClickHouse connections of the GraphQL queries, a pool apart from ingest's so that heavy queries never starve it; more than --graphql-max-concurrent-per-key, so that one key cannot hold them all")
 	fs.BoolVar(&c.noConsumer, "no-consumer", false, "run the collector only (no ingest consumer)")
 	c.policy.register(fs)
 	c.seal.register(fs)
@@ -165,6 +166,7 @@ func (c *serveConfig) validateGraphQL() error {
 		{"--graphql-max-concurrent-per-key", c.graphql.MaxConcurrentPerKey > 0},
 		{"--graphql-max-aliases", c.graphql.MaxAliases > 0},
 		{"--graphql-max-response-bytes", c.graphql.MaxResponseBytes > 0},
+		{"--graphql-max-read-bytes-per-org", c.graphql.MaxReadBytesPerOrg > 0},
 		{"--graphql-max-websockets-per-key", c.graphql.MaxWebSocketsPerKey > 0},
 		{"--graphql-max-websockets", c.graphql.MaxWebSockets > 0},
 		{"--graphql-max-websockets-per-org", c.graphql.MaxWebSocketsPerOrg > 0},
