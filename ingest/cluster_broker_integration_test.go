@@ -150,14 +150,14 @@ func TestIntegrationClusterBrokerKilled(t *testing.T) {
 	var deadLetters uint64
 	require.NoError(t, conn.QueryRow(ctx, "SELECT count() FROM "+db+".dead_letters").Scan(&deadLetters))
 	assert.Zero(t, deadLetters, "a redelivered event is a replay, never a dead letter")
-	// The daily rollup is rebuilt from the hourly one: its totals too.
+	// The day rows of the cost rollup are rebuilt from the hourly one: their totals too.
 	var dailyEvents uint64
 	var dailyCost decimal.Decimal
 	ok := stacktest.Eventually(t, 30*time.Second, 250*time.Millisecond, func() bool {
-		require.NoError(t, conn.QueryRow(ctx, "SELECT sum(events), sum(cost) FROM "+db+".usage_daily FINAL").Scan(&dailyEvents, &dailyCost))
+		require.NoError(t, conn.QueryRow(ctx, "SELECT sum(events), sum(cost) FROM "+db+".usage_rollup FINAL WHERE grain = 'day'").Scan(&dailyEvents, &dailyCost))
 		return dailyEvents == uint64(sum.UsageEvents) && dailyCost.Shift(6).IntPart() == sum.CostMicros
 	})
-	assert.True(t, ok, "usage_daily: %d events, cost %s; want %d events, cost %d micros", dailyEvents, dailyCost, sum.UsageEvents, sum.CostMicros)
+	assert.True(t, ok, "usage_rollup days: %d events, cost %s; want %d events, cost %d micros", dailyEvents, dailyCost, sum.UsageEvents, sum.CostMicros)
 
 	// The restarted broker caught up: every replica of the topic in sync again.
 	stacktest.WaitInSync(t, topic, 60*time.Second)

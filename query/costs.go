@@ -22,8 +22,9 @@ const (
 	DimDay   = "day"
 )
 
-// costDims maps a dimension to its expression over usage_hourly. The rollup's grain is
-// the hour, so a day is the start of the day its hours fall in (UTC, the column's zone).
+// costDims maps a dimension to its expression over a cost read's rows (latestRollup:
+// the bucket is read as hour). A day is the start of the day its hours fall in (UTC,
+// the column's zone), and a day row's bucket is its day's start.
 var costDims = map[string]string{
 	DimOwner: "owner_id",
 	DimAgent: "agent_id",
@@ -41,8 +42,8 @@ const (
 
 // CostQuery asks for token usage and cost of one organization, summed over
 // [From, To) and grouped by the dimensions in GroupBy (none: one row per currency).
-// The rollup is hourly, so the range is widened to whole hours: From is rounded down
-// and To up to the hour.
+// The rollup's finest grain is the hour, so the range is widened to whole hours: From
+// is rounded down and To up to the hour.
 type CostQuery struct {
 	OrgID    string
 	From, To time.Time
@@ -162,48 +163,64 @@ func ceilHour(t time.Time) time.Time {
 	return t
 }
 
-// readCols are the columns a cost read takes from either rollup (usage_daily's day
-// read as hour, so that costDims apply to both).
+// readCols are the columns a cost read takes from usage_rollup, after the bucket (read
+// as hour, so that costDims apply to hours and days alike).
 const readCols = "owner_id, agent_id, room_id, model, currency, events, unpriced_events, input_tokens, output_tokens," +
 	" cache_read_tokens, cache_write_tokens, reasoning_tokens, unpriced_input_tokens, unpriced_output_tokens," +
 	" unpriced_cache_read_tokens, unpriced_cache_write_tokens, unpriced_reasoning_tokens, cost"
 
-// from is the FROM clause of a cost read, with its arguments: the organization, the
-// filter and extra (conditions on key columns, before FINAL), over [From, To) widened
-// to whole hours. By the hour (hourly, or a range without a whole day) it reads
-// usage_hourly; otherwise the whole days from usage_daily and only the hours at either
-// edge from usage_hourly, so that a month merges some 14 times fewer rows.
-func (s costsSQL) from(hourly bool, extra func(*where)) (string, []any) {
-	from, to := s.q.From.UTC().Truncate(time.Hour), ceilHour(s.q.To)
+// latestRollup is a subquery (alias rollup) over usage_rollup: each group's newest row
+// among those w selects, with bucket read as hour and then cols. Every reprice or
+// replay rewrites a group with a higher version, so its newest row is its current one,
+// whether or not a merge has collapsed the older ones yet. w must select by key columns
+// only (org_id, grain, bucket and the dimensions), which every version of a group
+// shares: a condition on a value would pick among the versions instead.
+//
+// A read of one organization sorts what it selects (ORDER BY version DESC LIMIT 1 BY
+// the key): its cost grows with those rows, and the parts of the table read in
+// parallel. FINAL (bulk) merges every selected part in key order in one stream, with
+// buffers per part, but holds no more than a block of rows at a time: for a read over
+// every organization, whose rows would not fit a sort.
+func latestRollup(db, cols string, w *where, bulk bool) string {
+	if bulk {
+		return "(SELECT bucket AS hour, " + cols + " FROM " + db + ".usage_rollup FINAL WHERE " + w.String() + ") AS rollup"
+	}
+	return "(SELECT bucket AS hour, " + cols + " FROM " + db + ".usage_rollup WHERE " + w.String() +
+		" ORDER BY version DESC LIMIT 1 BY grain, bucket, owner_id, agent_id, room_id, model) AS rollup"
+}
+
+// rollupRange adds to w the rows of usage_rollup that [from, to) (whole hours) covers:
+// the hours of the range, by the hour (hourly, or a range without a whole day);
+// otherwise the whole days and only the hours at either edge, so that a month reads
+// some 14 times fewer rows.
+func rollupRange(w *where, from, to time.Time, hourly bool) {
 	firstDay, lastDay := from.Truncate(24*time.Hour), to.Truncate(24*time.Hour)
 	if firstDay.Before(from) {
 		firstDay = firstDay.Add(24 * time.Hour)
 	}
-	scope := func(w *where) *where {
-		w.add("org_id = ?", s.q.OrgID)
-		s.q.Filter.add(w)
-		if extra != nil {
-			extra(w)
-		}
-		return w
-	}
 	if hourly || !firstDay.Before(lastDay) {
-		w := scope(&where{})
-		w.add("hour >= ?", from)
-		w.add("hour < ?", to)
-		return s.db + ".usage_hourly FINAL WHERE " + w.String(), w.args
+		w.add("grain = 'hour' AND bucket >= ? AND bucket < ?", from, to)
+		return
 	}
-	h := scope(&where{})
-	h.add("((hour >= ? AND hour < ?) OR (hour >= ? AND hour < ?))", from, firstDay, lastDay, to)
-	d := scope(&where{})
-	d.add("day >= ?", firstDay)
-	d.add("day < ?", lastDay)
-	return "(SELECT hour, " + readCols + " FROM " + s.db + ".usage_hourly FINAL WHERE " + h.String() +
-			" UNION ALL SELECT day AS hour, " + readCols + " FROM " + s.db + ".usage_daily FINAL WHERE " + d.String() + ") AS rollup",
-		append(h.args, d.args...)
+	w.add("((grain = 'day' AND bucket >= ? AND bucket < ?) OR (grain = 'hour' AND ((bucket >= ? AND bucket < ?) OR (bucket >= ? AND bucket < ?))))",
+		firstDay, lastDay, from, firstDay, lastDay, to)
 }
 
-// byHour says whether the read groups by the hour (only usage_hourly has it).
+// from is the FROM clause of a cost read, with its arguments: the organization, the
+// filter and extra (conditions on key columns), over [From, To) widened to whole
+// hours, from usage_rollup (rollupRange, latestRollup).
+func (s costsSQL) from(hourly bool, extra func(*where)) (string, []any) {
+	w := &where{}
+	w.add("org_id = ?", s.q.OrgID)
+	s.q.Filter.add(w)
+	if extra != nil {
+		extra(w)
+	}
+	rollupRange(w, s.q.From.UTC().Truncate(time.Hour), ceilHour(s.q.To), hourly)
+	return latestRollup(s.db, readCols, w, false), w.args
+}
+
+// byHour says whether the read groups by the hour (only the hour rows have it).
 func (s costsSQL) byHour() bool { return slices.Contains(s.q.GroupBy, DimHour) }
 
 // sums are the aggregates every cost read selects, after its keys (costRow scans them).
@@ -271,18 +288,17 @@ func (s costsSQL) toSQL() (string, []any) {
 	b.WriteString(" FROM " + src)
 	b.WriteString(" GROUP BY " + strings.Join(append(keys, "currency"), ", "))
 	// A rebuild overwrites a group that lost all its events with zeros; those are
-	// dropped after the sum. A condition on events evaluated before FINAL picks the
-	// latest version (PREWHERE: 18.16 does not move WHERE there under FINAL, but
-	// explicit PREWHERE and some releases' optimizer do) would let an older non-zero
-	// version through; HAVING on the sum is correct everywhere.
+	// dropped after the sum. A condition on events inside the subquery, before each
+	// group's newest row is picked, would let an older non-zero version through;
+	// HAVING on the sum is correct everywhere.
 	b.WriteString(" HAVING total_events > 0")
 	b.WriteString(" ORDER BY " + strings.Join(order, ", "))
 	fmt.Fprintf(&b, " LIMIT %d", limit+1) // one more tells Truncated
 	return b.String(), args
 }
 
-// Costs sums usage of q.OrgID from the hourly rollup: the groups, their totals and
-// the unpriced usage by model.
+// Costs sums usage of q.OrgID from the rollup (usage_rollup): the groups, their totals
+// and the unpriced usage by model.
 func (qr *Querier) Costs(ctx context.Context, q CostQuery) (CostReport, error) {
 	if err := q.Validate(); err != nil {
 		return CostReport{}, err
@@ -376,7 +392,7 @@ func sumBy(rows []CostRow, group func(*CostRow) (string, CostRow)) []CostRow {
 func (qr *Querier) costRows(ctx context.Context, q CostQuery, sql string, args []any, dims []string, currency bool) ([]CostRow, error) {
 	rows, err := qr.conn.Query(ctx, sql, args...)
 	if err != nil {
-		return nil, queryErr(ctx, err, fmt.Sprintf("cannot query costs of org %q from %s.usage_hourly", q.OrgID, qr.db))
+		return nil, queryErr(ctx, err, fmt.Sprintf("cannot query costs of org %q from %s.usage_rollup", q.OrgID, qr.db))
 	}
 	defer rows.Close()
 	out := []CostRow{}
@@ -406,7 +422,7 @@ func (qr *Querier) costRows(ctx context.Context, q CostQuery, sql string, args [
 		dest = append(dest, &r.Events, &r.UnpricedEvents, &t.Input, &t.Output, &t.CacheRead, &t.CacheWrite, &t.Reasoning,
 			&u.Input, &u.Output, &u.CacheRead, &u.CacheWrite, &u.Reasoning, &r.Cost)
 		if err := rows.Scan(dest...); err != nil {
-			return nil, fmt.Errorf("cannot read costs of org %q from %s.usage_hourly: %w", q.OrgID, qr.db, err)
+			return nil, fmt.Errorf("cannot read costs of org %q from %s.usage_rollup: %w", q.OrgID, qr.db, err)
 		}
 		if !r.Hour.IsZero() {
 			r.Hour = r.Hour.UTC()
@@ -417,7 +433,7 @@ func (qr *Querier) costRows(ctx context.Context, q CostQuery, sql string, args [
 		out = append(out, r)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, queryErr(ctx, err, fmt.Sprintf("cannot read costs of org %q from %s.usage_hourly", q.OrgID, qr.db))
+		return nil, queryErr(ctx, err, fmt.Sprintf("cannot read costs of org %q from %s.usage_rollup", q.OrgID, qr.db))
 	}
 	return out, nil
 }

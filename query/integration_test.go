@@ -21,7 +21,7 @@ func TestIntegrationCostsAndAudit(t *testing.T) {
 	defer cancel()
 	// Keep every insert in its own part, so a replay is still a separate row when the
 	// queries run and only FINAL can collapse it.
-	for _, table := range []string{"events", "usage", "usage_hourly"} {
+	for _, table := range []string{"events", "usage", "usage_hourly", "usage_rollup"} {
 		require.NoError(t, conn.Exec(ctx, "SYSTEM STOP MERGES "+db+"."+table))
 	}
 	st := store.New(conn, db)
@@ -183,13 +183,14 @@ func TestIntegrationCostsAndAudit(t *testing.T) {
 	require.Equal(t, hourly.Tokens, viaDays.Rows[0].Tokens)
 	require.Equal(t, hourly.Cost.StringFixed(6), viaDays.Rows[0].Cost.StringFixed(6), "the repriced group is zero in the days too")
 	var dailyRows uint64
-	require.NoError(t, conn.QueryRow(ctx, "SELECT count() FROM "+db+".usage_daily FINAL WHERE org_id = 'org-a' AND events > 0").Scan(&dailyRows))
+	require.NoError(t, conn.QueryRow(ctx, "SELECT count() FROM "+db+".usage_rollup FINAL WHERE grain = 'day' AND org_id = 'org-a' AND events > 0").Scan(&dailyRows))
 	require.NotZero(t, dailyRows)
 	stale, err := st.StaleDays(ctx, base.Add(-48*time.Hour))
 	require.NoError(t, err)
 	require.Empty(t, stale, "every day was rebuilt after its hours")
-	// A stop between the hours and the days (here: the days lost): found, and rebuilt.
-	stacktest.Truncate(t, conn, db, "usage_daily")
+	// A stop between the hours and the days (here: usage_rollup lost, days and hours):
+	// found, and rebuilt with the hours.
+	stacktest.Truncate(t, conn, db, "usage_rollup")
 	stale, err = st.StaleDays(ctx, base.Add(-48*time.Hour))
 	require.NoError(t, err)
 	require.Equal(t, []store.DayKey{{OrgID: "org-a", Day: base.Truncate(24 * time.Hour)}, {OrgID: "org-a", Day: base.Truncate(24 * time.Hour).Add(24 * time.Hour)},

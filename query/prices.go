@@ -32,10 +32,10 @@ type UnpricedModel struct {
 
 // UnpricedModels lists the models with unpriced usage of org in [from, to) (widened
 // to whole hours, at most MaxUnpricedRange), most unpriced events first, at most limit
-// (0: DefaultUnpricedLimit); truncated says there were more. It reads the rollups like
-// Costs: whole days from usage_daily, the edges from usage_hourly, and for the days a
-// model was first and last seen their hours. org PlatformOrg reads every organization
-// (unattributed usage included).
+// (0: DefaultUnpricedLimit); truncated says there were more. It reads usage_rollup like
+// Costs: whole days and the edge hours, and for the days a model was first and last
+// seen their hours. org PlatformOrg reads every organization (unattributed usage
+// included).
 func (qr *Querier) UnpricedModels(ctx context.Context, org string, from, to time.Time, limit int) ([]UnpricedModel, bool, error) {
 	errs := checkOrg(nil, org)
 	if from.IsZero() {
@@ -59,7 +59,7 @@ func (qr *Querier) UnpricedModels(ctx context.Context, org string, from, to time
 	sql, args := u.modelsSQL(limit)
 	rows, err := qr.conn.Query(ctx, sql, args...)
 	if err != nil {
-		return nil, false, queryErr(ctx, err, fmt.Sprintf("cannot query unpriced models of org %q from %s.usage_hourly", org, qr.db))
+		return nil, false, queryErr(ctx, err, fmt.Sprintf("cannot query unpriced models of org %q from %s.usage_rollup", org, qr.db))
 	}
 	out := []UnpricedModel{}
 	for rows.Next() {
@@ -93,7 +93,7 @@ type unpricedSQL struct {
 	from, to time.Time
 }
 
-// days is the range of whole days read from usage_daily (empty when none).
+// days is the range of whole days read as day rows (empty when none): rollupRange's.
 func (u unpricedSQL) days() (time.Time, time.Time) {
 	first, last := u.from.Truncate(24*time.Hour), u.to.Truncate(24*time.Hour)
 	if first.Before(u.from) {
@@ -113,37 +113,21 @@ const unpricedCols = "model, unpriced_events, unpriced_input_tokens, unpriced_ou
 	" unpriced_cache_write_tokens, unpriced_reasoning_tokens"
 
 // modelsSQL sums the unpriced usage per model. The condition on unpriced_events is
-// applied after FINAL (in the outer query): before it, an older version of a row could
-// pass where the newest would not.
+// applied to each group's newest row (in the outer query): before it, an older version
+// of a row could pass where the newest would not.
 func (u unpricedSQL) modelsSQL(limit int) (string, []any) {
-	firstDay, lastDay := u.days()
-	var src string
-	var args []any
-	if !firstDay.Before(lastDay) {
-		w := u.scope(&where{})
-		w.add("hour >= ?", u.from)
-		w.add("hour < ?", u.to)
-		src, args = "SELECT hour, "+unpricedCols+" FROM "+u.db+".usage_hourly FINAL WHERE "+w.String(), w.args
-	} else {
-		h := u.scope(&where{})
-		h.add("((hour >= ? AND hour < ?) OR (hour >= ? AND hour < ?))", u.from, firstDay, lastDay, u.to)
-		d := u.scope(&where{})
-		d.add("day >= ?", firstDay)
-		d.add("day < ?", lastDay)
-		src = "SELECT hour, " + unpricedCols + " FROM " + u.db + ".usage_hourly FINAL WHERE " + h.String() +
-			" UNION ALL SELECT day AS hour, " + unpricedCols + " FROM " + u.db + ".usage_daily FINAL WHERE " + d.String()
-		args = append(h.args, d.args...)
-	}
+	w := u.scope(&where{})
+	rollupRange(w, u.from, u.to, false)
 	return "SELECT model, sum(unpriced_events) AS total_unpriced, sum(unpriced_input_tokens) AS total_u_input," +
 		" sum(unpriced_output_tokens) AS total_u_output, sum(unpriced_cache_read_tokens) AS total_u_cache_read," +
 		" sum(unpriced_cache_write_tokens) AS total_u_cache_write, sum(unpriced_reasoning_tokens) AS total_u_reasoning," +
 		" min(hour) AS first_bucket, max(hour) AS last_bucket" +
-		" FROM (" + src + ") AS unpriced WHERE unpriced_events > 0" +
-		" GROUP BY model ORDER BY total_unpriced DESC, model LIMIT " + fmt.Sprint(limit+1), args
+		" FROM " + latestRollup(u.db, unpricedCols, w, u.org == PlatformOrg) + " WHERE unpriced_events > 0" +
+		" GROUP BY model ORDER BY total_unpriced DESC, model LIMIT " + fmt.Sprint(limit+1), w.args
 }
 
-// refineSeen turns first and last seen days (from usage_daily) into the hours they
-// are, reading usage_hourly for those days only.
+// refineSeen turns first and last seen days (from day rows) into the hours they are,
+// reading the hour rows of those days only.
 func (qr *Querier) refineSeen(ctx context.Context, u unpricedSQL, models []UnpricedModel) error {
 	firstDay, lastDay := u.days()
 	inDays := func(t time.Time) bool { return !t.Before(firstDay) && t.Before(lastDay) }
@@ -166,15 +150,15 @@ func (qr *Querier) refineSeen(ctx context.Context, u unpricedSQL, models []Unpri
 	w.add("has(?, model)", names)
 	var ors []string
 	for d := range dayRanges {
-		ors = append(ors, "(hour >= ? AND hour < ?)")
+		ors = append(ors, "(bucket >= ? AND bucket < ?)")
 		w.args = append(w.args, d, d.Add(24*time.Hour))
 	}
-	w.conds = append(w.conds, "("+strings.Join(ors, " OR ")+")")
-	sql := "SELECT model, min(hour) AS first_hour, max(hour) AS last_hour FROM (SELECT model, hour, unpriced_events FROM " +
-		qr.db + ".usage_hourly FINAL WHERE " + w.String() + ") AS h WHERE unpriced_events > 0 GROUP BY model"
+	w.conds = append(w.conds, "grain = 'hour' AND ("+strings.Join(ors, " OR ")+")")
+	sql := "SELECT model, min(hour) AS first_hour, max(hour) AS last_hour FROM " +
+		latestRollup(qr.db, "model, unpriced_events", w, u.org == PlatformOrg) + " WHERE unpriced_events > 0 GROUP BY model"
 	rows, err := qr.conn.Query(ctx, sql, w.args...)
 	if err != nil {
-		return queryErr(ctx, err, fmt.Sprintf("cannot query the unpriced hours of org %q from %s.usage_hourly", u.org, qr.db))
+		return queryErr(ctx, err, fmt.Sprintf("cannot query the unpriced hours of org %q from %s.usage_rollup", u.org, qr.db))
 	}
 	defer rows.Close()
 	at := map[string]int{}

@@ -17,8 +17,8 @@ import (
 	"github.com/bandplane/bandplane/schema/store"
 )
 
-// UnpricedModels reads the rollups (whole days from usage_daily, the edges and the
-// first and last days' hours from usage_hourly), per organization or for the platform.
+// UnpricedModels reads usage_rollup (whole days as day rows, the edges and the first
+// and last days' hours as hour rows), per organization or for the platform.
 func TestIntegrationUnpricedModels(t *testing.T) {
 	conn, db := stacktest.Database(t)
 	ctx := context.Background()

@@ -1,9 +1,10 @@
 // Package query owns bandplane's tenant-scoped reads from ClickHouse: cost attribution
-// from the hourly rollup, the compliance audit trail (events, decisions, contact
-// requests) and work status from the tables ingest keeps. Every query is scoped to one
-// organization and counts a replayed or repriced event once: sums and state read their
-// replacing tables with FINAL, the audit pages collapse replays with LIMIT 1 BY on the
-// replacing key instead (FINAL over a month costs seconds). SQL is built by plain query
+// from the cost rollup (usage_rollup: days and edge hours), the compliance audit trail
+// (events, decisions, contact requests) and work status from the tables ingest keeps.
+// Every query is scoped to one organization and counts a replayed or repriced event
+// once: the cost reads and the audit pages take each key's newest row with LIMIT 1 BY
+// on the replacing key (FINAL over a month costs seconds), the small state tables are
+// read with FINAL. SQL is built by plain query
 // structs that are tested without a database; everything here runs on ClickHouse 18.16
 // and current releases.
 //

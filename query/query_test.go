@@ -24,7 +24,15 @@ func TestCostsSQL(t *testing.T) {
 		" sum(unpriced_input_tokens) AS total_u_input, sum(unpriced_output_tokens) AS total_u_output," +
 		" sum(unpriced_cache_read_tokens) AS total_u_cache_read, sum(unpriced_cache_write_tokens) AS total_u_cache_write," +
 		" sum(unpriced_reasoning_tokens) AS total_u_reasoning, sum(cost) AS total_cost"
-	const from = " FROM db1.usage_hourly FINAL WHERE org_id = ? AND hour >= ? AND hour < ?"
+	const cols = "owner_id, agent_id, room_id, model, currency, events, unpriced_events, input_tokens, output_tokens," +
+		" cache_read_tokens, cache_write_tokens, reasoning_tokens, unpriced_input_tokens, unpriced_output_tokens," +
+		" unpriced_cache_read_tokens, unpriced_cache_write_tokens, unpriced_reasoning_tokens, cost"
+	// Each group's newest row, without FINAL.
+	latest := func(cond string) string {
+		return " FROM (SELECT bucket AS hour, " + cols + " FROM db1.usage_rollup WHERE " + cond +
+			" ORDER BY version DESC LIMIT 1 BY grain, bucket, owner_id, agent_id, room_id, model) AS rollup"
+	}
+	from := latest("org_id = ? AND grain = 'hour' AND bucket >= ? AND bucket < ?")
 	f := func(name string, q CostQuery, wantSQL string, wantArgs []any) {
 		t.Helper()
 		t.Run(name, func(t *testing.T) {
@@ -59,21 +67,17 @@ func TestCostsSQL(t *testing.T) {
 		"SELECT "+aggs+from+" GROUP BY currency HAVING total_events > 0 ORDER BY total_cost DESC, currency LIMIT 1001",
 		[]any{"o1", t0, t1})
 	f("filtered", CostQuery{OrgID: "o1", From: t0, To: t1, Filter: CostFilter{AgentIDs: []string{"a1", "a2"}, Models: []string{"m"}}},
-		"SELECT "+aggs+" FROM db1.usage_hourly FINAL WHERE org_id = ? AND has(?, agent_id) AND has(?, model) AND hour >= ? AND hour < ?"+
+		"SELECT "+aggs+latest("org_id = ? AND has(?, agent_id) AND has(?, model) AND grain = 'hour' AND bucket >= ? AND bucket < ?")+
 			" GROUP BY currency HAVING total_events > 0 ORDER BY total_cost DESC, currency LIMIT 1001",
 		[]any{"o1", []string{"a1", "a2"}, []string{"m"}, t0, t1})
-	// Three days: the whole days from the daily rollup, the edge hours from the hourly.
+	// Three days: the whole days as day rows, the edge hours as hour rows, in one scan.
 	day := func(d int) time.Time { return time.Date(2025, 3, d, 0, 0, 0, 0, time.UTC) }
-	const cols = "owner_id, agent_id, room_id, model, currency, events, unpriced_events, input_tokens, output_tokens," +
-		" cache_read_tokens, cache_write_tokens, reasoning_tokens, unpriced_input_tokens, unpriced_output_tokens," +
-		" unpriced_cache_read_tokens, unpriced_cache_write_tokens, unpriced_reasoning_tokens, cost"
-	f("whole days from the daily rollup", CostQuery{OrgID: "o1", From: t0, To: t1.Add(48 * time.Hour), GroupBy: []string{"day"}},
-		"SELECT toStartOfDay(hour), "+aggs+" FROM (SELECT hour, "+cols+" FROM db1.usage_hourly FINAL WHERE org_id = ?"+
-			" AND ((hour >= ? AND hour < ?) OR (hour >= ? AND hour < ?))"+
-			" UNION ALL SELECT day AS hour, "+cols+" FROM db1.usage_daily FINAL WHERE org_id = ? AND day >= ? AND day < ?) AS rollup"+
+	f("whole days from the day rows", CostQuery{OrgID: "o1", From: t0, To: t1.Add(48 * time.Hour), GroupBy: []string{"day"}},
+		"SELECT toStartOfDay(hour), "+aggs+latest("org_id = ? AND ((grain = 'day' AND bucket >= ? AND bucket < ?)"+
+			" OR (grain = 'hour' AND ((bucket >= ? AND bucket < ?) OR (bucket >= ? AND bucket < ?))))")+
 			" GROUP BY toStartOfDay(hour), currency HAVING total_events > 0 ORDER BY toStartOfDay(hour), total_cost DESC, currency LIMIT 1001",
-		[]any{"o1", t0, day(2), day(4), t1.Add(48 * time.Hour), "o1", day(2), day(4)})
-	f("by hour: the hourly rollup only", CostQuery{OrgID: "o1", From: t0, To: t1.Add(48 * time.Hour), GroupBy: []string{"hour"}},
+		[]any{"o1", day(2), day(4), t0, day(2), day(4), t1.Add(48 * time.Hour)})
+	f("by hour: the hour rows only", CostQuery{OrgID: "o1", From: t0, To: t1.Add(48 * time.Hour), GroupBy: []string{"hour"}},
 		"SELECT hour, "+aggs+from+" GROUP BY hour, currency HAVING total_events > 0 ORDER BY hour, total_cost DESC, currency LIMIT 1001",
 		[]any{"o1", t0, t1.Add(48 * time.Hour)})
 }

@@ -126,7 +126,7 @@ func (qr *Querier) UsageSeries(ctx context.Context, q SeriesQuery) ([]Series, er
 		sql, args := s.top()
 		rows, err := qr.conn.Query(ctx, sql, args...)
 		if err != nil {
-			return nil, queryErr(ctx, err, fmt.Sprintf("cannot rank the usage of org %q in %s.usage_hourly", q.OrgID, qr.db))
+			return nil, queryErr(ctx, err, fmt.Sprintf("cannot rank the usage of org %q in %s.usage_rollup", q.OrgID, qr.db))
 		}
 		for rows.Next() {
 			var k string
@@ -149,7 +149,7 @@ func (qr *Querier) UsageSeries(ctx context.Context, q SeriesQuery) ([]Series, er
 	sql, args := s.points(keys)
 	rows, err := qr.conn.Query(ctx, sql, args...)
 	if err != nil {
-		return nil, queryErr(ctx, err, fmt.Sprintf("cannot read the usage series of org %q in %s.usage_hourly", q.OrgID, qr.db))
+		return nil, queryErr(ctx, err, fmt.Sprintf("cannot read the usage series of org %q in %s.usage_rollup", q.OrgID, qr.db))
 	}
 	defer rows.Close()
 	type sk struct{ key, currency string }

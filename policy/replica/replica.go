@@ -734,9 +734,13 @@ func (r *Replica) bootstrapSpend(ctx context.Context, offsets map[int]int64) err
 		}
 	}
 	if recent.After(month) {
+		// The day rows of usage_rollup over every organization: FINAL, which merges the
+		// parts in key order a block at a time, where a sort of each group's newest row
+		// (what one organization's reads do) would hold all of them at once.
 		q := `SELECT org_id, owner_id, agent_id, room_id,
-			sum(input_tokens + output_tokens + cache_read_tokens + cache_write_tokens), sum(cost), max(day)
-			FROM ` + r.cfg.Database + `.usage_daily FINAL WHERE day >= ? AND day < ? GROUP BY org_id, owner_id, agent_id, room_id`
+			sum(input_tokens + output_tokens + cache_read_tokens + cache_write_tokens), sum(cost), max(bucket)
+			FROM ` + r.cfg.Database + `.usage_rollup FINAL WHERE grain = 'day' AND bucket >= ? AND bucket < ?
+			GROUP BY org_id, owner_id, agent_id, room_id`
 		if err := r.sumSpend(ctx, q, []any{month, recent}, now); err != nil {
 			return err
 		}

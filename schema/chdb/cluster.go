@@ -35,6 +35,7 @@ var shardKeys = map[string]string{
 	"usage":             "org_id, event_id",
 	"usage_hourly":      "org_id, agent_id",
 	"usage_daily":       "org_id, agent_id",
+	"usage_rollup":      "org_id, agent_id",
 	"dead_letters":      "topic, partition, offset",
 	"directory":         "id",
 	"api_keys":          "id",

@@ -16,7 +16,7 @@ import (
 // older than the limit). Zero keeps data forever.
 type Retention struct {
 	Events      time.Duration // events and usage (daily partitions)
-	Rollup      time.Duration // usage_hourly (monthly)
+	Rollup      time.Duration // usage_hourly, usage_rollup and usage_daily (monthly)
 	DeadLetters time.Duration // dead_letters (monthly)
 }
 
@@ -97,6 +97,7 @@ func ApplyRetention(ctx context.Context, conn driver.Conn, cfg Config, r Retenti
 		{"events", false, r.Events},
 		{"usage", false, r.Events},
 		{"usage_hourly", true, r.Rollup},
+		{"usage_rollup", true, r.Rollup},
 		{"usage_daily", true, r.Rollup},
 		{"dead_letters", true, r.DeadLetters},
 		// Work status kept from the trail: requests for attention and tool calls go

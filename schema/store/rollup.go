@@ -1,6 +1,7 @@
 package store
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"slices"
@@ -24,11 +25,11 @@ type rollupKey struct {
 }
 
 // RefreshRollup rebuilds the hourly rollup of the given hours from usage FINAL, so a
-// replayed or repriced event is counted once, then the daily rollup of their days from
-// the hourly one (RefreshDays). Groups that no longer exist in an hour (a
+// replayed or repriced event is counted once, then their days in usage_rollup from the
+// hourly one, with the hours (RefreshDays). Groups that no longer exist in an hour (a
 // reprice moved a row from model "unknown" to a real model) are overwritten with zeros.
 // It reads one query per organization and day of dirty hours, and writes one insert per
-// organization.
+// organization into usage_hourly and one per organization and day into usage_rollup.
 func (s *Store) RefreshRollup(ctx context.Context, keys []HourKey) error {
 	byOrg := map[string][]time.Time{}
 	for _, k := range keys {
@@ -53,9 +54,9 @@ func (s *Store) RefreshRollup(ctx context.Context, keys []HourKey) error {
 const rollupCols = "hour, org_id, owner_id, agent_id, room_id, model, events, unpriced_events, input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, reasoning_tokens," +
 	" unpriced_input_tokens, unpriced_output_tokens, unpriced_cache_read_tokens, unpriced_cache_write_tokens, unpriced_reasoning_tokens, cost, currency, version"
 
-// dailyCols are usage_daily's: rollupCols with day for hour.
-const dailyCols = "day, org_id, owner_id, agent_id, room_id, model, events, unpriced_events, input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, reasoning_tokens," +
-	" unpriced_input_tokens, unpriced_output_tokens, unpriced_cache_read_tokens, unpriced_cache_write_tokens, unpriced_reasoning_tokens, cost, currency, version"
+// rollupTableCols are usage_rollup's: rollupCols with grain and bucket for hour.
+const rollupTableCols = "grain, bucket, org_id, owner_id, agent_id, room_id, model, events, unpriced_events, input_tokens, output_tokens, cache_read_tokens, cache_write_tokens," +
+	" reasoning_tokens, unpriced_input_tokens, unpriced_output_tokens, unpriced_cache_read_tokens, unpriced_cache_write_tokens, unpriced_reasoning_tokens, cost, currency, version"
 
 type rollupRow struct {
 	key                                  rollupKey
@@ -64,6 +65,10 @@ type rollupRow struct {
 	uin, uout, ucr, ucw, ur uint64
 	cost                    decimal.Decimal
 	currency                string
+	// Of a row of usage_rollup: grainHour or grainDay (key.hour is then the day), and
+	// the version it is written with. A row read from usage_hourly has its version.
+	grain   string
+	version uint64
 }
 
 // refreshOrg rebuilds the given hours of one organization (sorted), reading one day
@@ -110,11 +115,11 @@ type writtenHours struct {
 	rows    []rollupRow
 }
 
-// RefreshDays rebuilds the daily rollup of the given days of one organization from
-// usage_hourly FINAL, after the hours (refreshOrg). A day's version is the time just
-// before it is read, so of two processes rebuilding one day the later read, which
-// sees every hour written before it, wins; a crash between the hours and the days is
-// found by StaleDays.
+// RefreshDays rebuilds the days of one organization in usage_rollup from usage_hourly
+// FINAL, after the hours (refreshOrg). A day's version is the time just before it is
+// read, so of two processes rebuilding one day the later read, which sees every hour
+// written before it, wins; a crash between the hours and the days is found by
+// StaleDays.
 func (s *Store) RefreshDays(ctx context.Context, org string, days []time.Time) error {
 	return s.refreshDays(ctx, org, days, nil)
 }
@@ -125,23 +130,33 @@ func (s *Store) RefreshDays(ctx context.Context, org string, days []time.Time) e
 // from it would miss them for good (its version would be newer than theirs, so
 // StaleDays would not list it). An hour read back with a newer version than written's
 // (another process rebuilt it since) is taken as read.
+//
+// Each day is one insert into usage_rollup: its day rows and the hours they were built
+// from wherever usage_rollup does not hold them yet (rollupDay). A day's rows are one
+// partition, so the insert makes one part and a read sees the day with its hours or
+// neither.
 func (s *Store) refreshDays(ctx context.Context, org string, days []time.Time, written *writtenHours) error {
 	slices.SortFunc(days, time.Time.Compare)
 	days = slices.CompactFunc(days, time.Time.Equal)
 	for _, day := range days {
 		version := uint64(time.Now().UnixNano())
-		rows, err := s.rebuildDay(ctx, org, day, written)
+		hours, err := s.dayHours(ctx, org, day)
 		if err != nil {
 			return err
 		}
-		if err := s.sendDaily(ctx, org, rows, version); err != nil {
+		hours = withWritten(day, hours, written)
+		held, err := s.heldDay(ctx, org, day)
+		if err != nil {
+			return err
+		}
+		if err := s.sendRollupRows(ctx, org, rollupDay(day, version, hours, held)); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-// DayKey names one day of one organization in the daily rollup.
+// DayKey names one day of one organization in the rollup.
 type DayKey struct {
 	OrgID string
 	Day   time.Time
@@ -172,7 +187,9 @@ func (s *Store) StaleDays(ctx context.Context, since time.Time) ([]DayKey, error
 	if err != nil {
 		return nil, err
 	}
-	daily, err := latest("SELECT org_id, day, max(version) FROM " + s.db + ".usage_daily WHERE day >= ? GROUP BY org_id, day")
+	// The day rows only: an hour row copied from usage_hourly carries the hour's
+	// version, which says nothing of whether the day was rebuilt after it.
+	daily, err := latest("SELECT org_id, bucket, max(version) FROM " + s.db + ".usage_rollup WHERE grain = 'day' AND bucket >= ? GROUP BY org_id, bucket")
 	if err != nil {
 		return nil, err
 	}
@@ -201,10 +218,9 @@ func (r *rollupRow) add(o *rollupRow) {
 	}
 }
 
-// rebuildDay computes the daily rollup rows of one day from usage_hourly FINAL (the
-// hours of written from it instead, unless read back newer: refreshDays), and zero
-// rows for the day's groups that no longer exist.
-func (s *Store) rebuildDay(ctx context.Context, org string, day time.Time, written *writtenHours) ([]rollupRow, error) {
+// dayHours reads the hours of one day of org from usage_hourly FINAL, each row with its
+// version.
+func (s *Store) dayHours(ctx context.Context, org string, day time.Time) ([]rollupRow, error) {
 	rows, err := s.conn.Query(ctx, `SELECT hour, owner_id, agent_id, room_id, model, events, unpriced_events, input_tokens, output_tokens,
 		cache_read_tokens, cache_write_tokens, reasoning_tokens, unpriced_input_tokens, unpriced_output_tokens,
 		unpriced_cache_read_tokens, unpriced_cache_write_tokens, unpriced_reasoning_tokens, cost, currency, version
@@ -212,85 +228,166 @@ func (s *Store) rebuildDay(ctx context.Context, org string, day time.Time, writt
 	if err != nil {
 		return nil, fmt.Errorf("cannot read %s.usage_hourly of org %q for %s: %w", s.db, org, day.Format(time.DateOnly), err)
 	}
-	var hourRows []rollupRow
-	newest := map[time.Time]uint64{} // the newest version read of each hour
+	defer rows.Close()
+	var out []rollupRow
 	for rows.Next() {
 		var r rollupRow
-		var v uint64
 		if err := rows.Scan(&r.key.hour, &r.key.owner, &r.key.agent, &r.key.room, &r.key.model, &r.events, &r.unpriced, &r.in, &r.out,
-			&r.cr, &r.cw, &r.r, &r.uin, &r.uout, &r.ucr, &r.ucw, &r.ur, &r.cost, &r.currency, &v); err != nil {
-			rows.Close()
+			&r.cr, &r.cw, &r.r, &r.uin, &r.uout, &r.ucr, &r.ucw, &r.ur, &r.cost, &r.currency, &r.version); err != nil {
 			return nil, fmt.Errorf("cannot read %s.usage_hourly of org %q: %w", s.db, org, err)
 		}
 		r.key.hour = r.key.hour.UTC()
-		newest[r.key.hour] = max(newest[r.key.hour], v)
-		hourRows = append(hourRows, r)
+		out = append(out, r)
 	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	hourRows = withWritten(day, hourRows, newest, written)
-	groups := map[rollupKey]*rollupRow{}
-	for _, r := range hourRows {
-		r.key.hour = day
-		if g := groups[r.key]; g != nil {
-			g.add(&r)
-		} else {
-			if r.events == 0 {
-				r.currency = "" // a zeroed group's row says nothing of the currency
-			}
-			groups[r.key] = &r
-		}
-	}
-	old, err := s.conn.Query(ctx, `SELECT owner_id, agent_id, room_id, model FROM `+s.db+`.usage_daily FINAL
-		WHERE org_id = ? AND day = ? AND events > 0`, org, day)
-	if err != nil {
-		return nil, fmt.Errorf("cannot read %s.usage_daily of org %q: %w", s.db, org, err)
-	}
-	for old.Next() {
-		k := rollupKey{hour: day}
-		if err := old.Scan(&k.owner, &k.agent, &k.room, &k.model); err != nil {
-			old.Close()
-			return nil, err
-		}
-		if groups[k] == nil {
-			groups[k] = &rollupRow{key: k, cost: decimal.Zero} // gone from the day: overwritten with zeros
-		}
-	}
-	old.Close()
-	if err := old.Err(); err != nil {
-		return nil, err
-	}
-	out := make([]rollupRow, 0, len(groups))
-	for _, r := range groups {
-		out = append(out, *r)
-	}
-	return out, nil
+	return out, rows.Err()
 }
 
-// withWritten replaces, in read (the hour rows of day read back, newest the highest
-// version read of each hour), every hour written holds with written's rows of it,
-// unless a newer version of the hour was read (another process rebuilt it since).
-func withWritten(day time.Time, read []rollupRow, newest map[time.Time]uint64, written *writtenHours) []rollupRow {
+// held is what usage_rollup holds of one day of one organization, each group's row of
+// the highest version: the groups with events (of the day, and of each hour), and the
+// highest version of each hour.
+type held struct {
+	day   map[rollupKey]bool // key.hour is the day
+	hours map[rollupKey]bool
+	hour  map[time.Time]uint64
+}
+
+// heldDay reads what usage_rollup holds of one day of org. The condition on events is
+// applied to each group's newest row, after LIMIT 1 BY: before it, an older row of a
+// group that was zeroed since would pass.
+func (s *Store) heldDay(ctx context.Context, org string, day time.Time) (held, error) {
+	h := held{day: map[rollupKey]bool{}, hours: map[rollupKey]bool{}, hour: map[time.Time]uint64{}}
+	rows, err := s.conn.Query(ctx, `SELECT toString(grain), bucket, owner_id, agent_id, room_id, model, events, version
+		FROM `+s.db+`.usage_rollup WHERE org_id = ? AND bucket >= ? AND bucket < ?
+		ORDER BY version DESC LIMIT 1 BY grain, bucket, owner_id, agent_id, room_id, model`, org, day, day.Add(24*time.Hour))
+	if err != nil {
+		return h, fmt.Errorf("cannot read %s.usage_rollup of org %q for %s: %w", s.db, org, day.Format(time.DateOnly), err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var grain string
+		var k rollupKey
+		var events, v uint64
+		if err := rows.Scan(&grain, &k.hour, &k.owner, &k.agent, &k.room, &k.model, &events, &v); err != nil {
+			return h, fmt.Errorf("cannot read %s.usage_rollup of org %q: %w", s.db, org, err)
+		}
+		k.hour = k.hour.UTC()
+		switch grain {
+		case grainDay:
+			if events > 0 {
+				h.day[k] = true
+			}
+		case grainHour:
+			if events > 0 {
+				h.hours[k] = true
+			}
+			h.hour[k.hour] = max(h.hour[k.hour], v)
+		}
+	}
+	return h, rows.Err()
+}
+
+// The grains of usage_rollup.
+const (
+	grainHour = "hour"
+	grainDay  = "day"
+)
+
+// rollupDay is what one insert into usage_rollup writes for day, from hours (the day's
+// hour rows, each with its version) and what usage_rollup holds of the day:
+//   - the day rows, at version: the hours summed per group, and zeros for every group
+//     the day holds with events that the hours no longer have;
+//   - every hour of hours newer than usage_rollup's copy of it (a rebuild it has not
+//     seen: written by this process, or by one that stopped before its day), with
+//     zeros at the hour's version for the groups the copy holds with events and the
+//     hour no longer has. An hour usage_rollup holds at its version already is left
+//     out, so a refresh writes only the hours rebuilt since.
+func rollupDay(day time.Time, version uint64, hours []rollupRow, h held) []rollupRow {
+	groups := map[rollupKey]*rollupRow{}
+	var order []rollupKey
+	newest := map[time.Time]uint64{}
+	has := map[rollupKey]bool{}
+	for _, r := range hours {
+		newest[r.key.hour] = max(newest[r.key.hour], r.version)
+		has[r.key] = true
+		k := r.key
+		k.hour = day
+		if g := groups[k]; g != nil {
+			g.add(&r)
+			continue
+		}
+		g := r
+		g.key, g.grain, g.version = k, grainDay, version
+		if g.events == 0 {
+			g.currency = "" // a zeroed group's row says nothing of the currency
+		}
+		groups[k] = &g
+		order = append(order, k)
+	}
+	out := make([]rollupRow, 0, len(groups)+len(hours))
+	for _, k := range order {
+		out = append(out, *groups[k])
+	}
+	for _, k := range sortedKeys(h.day) {
+		if groups[k] == nil {
+			out = append(out, rollupRow{key: k, grain: grainDay, version: version, cost: decimal.Zero}) // gone from the day
+		}
+	}
+	for _, r := range hours {
+		if newest[r.key.hour] > h.hour[r.key.hour] {
+			r.grain = grainHour
+			out = append(out, r)
+		}
+	}
+	for _, k := range sortedKeys(h.hours) {
+		if v := newest[k.hour]; v > h.hour[k.hour] && !has[k] {
+			out = append(out, rollupRow{key: k, grain: grainHour, version: v, cost: decimal.Zero}) // gone from the hour
+		}
+	}
+	return out
+}
+
+// sortedKeys are the keys of m in a fixed order (an insert's rows come out the same
+// from the same rollup).
+func sortedKeys(m map[rollupKey]bool) []rollupKey {
+	out := make([]rollupKey, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	slices.SortFunc(out, func(a, b rollupKey) int {
+		return cmp.Or(a.hour.Compare(b.hour), strings.Compare(a.owner, b.owner), strings.Compare(a.agent, b.agent),
+			strings.Compare(a.room, b.room), strings.Compare(a.model, b.model))
+	})
+	return out
+}
+
+// withWritten replaces, in read (the hour rows of day read back), every hour written
+// holds with written's rows of it, at written's version, unless a newer version of the
+// hour was read (another process rebuilt it since).
+func withWritten(day time.Time, read []rollupRow, written *writtenHours) []rollupRow {
 	if written == nil {
 		return read
+	}
+	newest := map[time.Time]uint64{}
+	for _, r := range read {
+		newest[r.key.hour] = max(newest[r.key.hour], r.version)
 	}
 	ours := func(h time.Time) bool { return written.hours[h] && newest[h] <= written.version }
 	out := slices.DeleteFunc(read, func(r rollupRow) bool { return ours(r.key.hour) })
 	for _, r := range written.rows {
 		if r.key.hour.Truncate(24*time.Hour).Equal(day) && ours(r.key.hour) {
+			r.version = written.version
 			out = append(out, r)
 		}
 	}
 	return out
 }
 
-func (s *Store) sendDaily(ctx context.Context, org string, rows []rollupRow, version uint64) error {
-	return s.send(ctx, "usage_daily", dailyCols, len(rows), func(i int) uint32 { return MonthPartition(rows[i].key.hour) }, func(b driver.Batch, i int) error {
+// sendRollupRows writes rows (each with its grain and version) into usage_rollup.
+func (s *Store) sendRollupRows(ctx context.Context, org string, rows []rollupRow) error {
+	return s.send(ctx, "usage_rollup", rollupTableCols, len(rows), func(i int) uint32 { return MonthPartition(rows[i].key.hour) }, func(b driver.Batch, i int) error {
 		r := &rows[i]
-		return b.Append(r.key.hour, org, r.key.owner, r.key.agent, r.key.room, r.key.model,
-			r.events, r.unpriced, r.in, r.out, r.cr, r.cw, r.r, r.uin, r.uout, r.ucr, r.ucw, r.ur, r.cost, r.currency, version)
+		return b.Append(r.grain, r.key.hour, org, r.key.owner, r.key.agent, r.key.room, r.key.model,
+			r.events, r.unpriced, r.in, r.out, r.cr, r.cw, r.r, r.uin, r.uout, r.ucr, r.ucw, r.ur, r.cost, r.currency, r.version)
 	})
 }
 
