@@ -5,8 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http/httptest"
-	"strings"
 	"runtime"
+	"strings"
 	"testing"
 	"time"
 
