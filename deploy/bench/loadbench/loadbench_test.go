@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/bandplane/bandplane/deploy/bench/cpustat"
 	"github.com/bandplane/bandplane/schema/chdb"
 )
 
@@ -263,11 +264,11 @@ func TestChangeLogCountsMissingDeliveries(t *testing.T) {
 
 func TestParseProcStat(t *testing.T) {
 	line := []byte("4242 (bandplane (x) y) S 1 2 3 4 5 6 7 8 9 10 250 50 0 0 20 0 12 0 100 0 0")
-	d, ok := parseProcStat(line)
+	d, ok := cpustat.ParseProcStat(line)
 	require.True(t, ok)
 	assert.Equal(t, 3*time.Second, d, "utime 250 + stime 50 ticks")
 	for _, bad := range []string{"", "4242 bandplane S 1", "4242 (x) S 1 2", "4242 (x) S 1 2 3 4 5 6 7 8 9 10 a b"} {
-		_, ok := parseProcStat([]byte(bad))
+		_, ok := cpustat.ParseProcStat([]byte(bad))
 		assert.False(t, ok, "%q", bad)
 	}
 }

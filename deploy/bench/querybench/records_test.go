@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/bandplane/bandplane/deploy/bench/cpustat"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -130,15 +131,15 @@ func TestReadRecordsRefusesBrokenStreams(t *testing.T) {
 func TestParseProcStat(t *testing.T) {
 	// A command name with spaces and a parenthesis; utime 250 and stime 50 ticks.
 	line := []byte("4242 (bandplane (x) y) S 1 4242 4242 0 -1 4194560 1234 0 0 0 250 50 0 0 20 0 12 0 99 1000 200 18446744073709551615\n")
-	d, ok := parseProcStat(line)
+	d, ok := cpustat.ParseProcStat(line)
 	require.True(t, ok)
 	assert.Equal(t, 3*time.Second, d)
 	for _, bad := range []string{"", "4242 bandplane S 1", "4242 (bandplane) S 1 2 3", "4242 (b) S 1 4242 4242 0 -1 4194560 1234 0 0 0 x 50 0"} {
-		_, ok := parseProcStat([]byte(bad))
+		_, ok := cpustat.ParseProcStat([]byte(bad))
 		assert.False(t, ok, bad)
 	}
 	// This process's own line reads.
-	_, ok = processCPU(os.Getpid())
+	_, ok = cpustat.ProcessCPU(os.Getpid())
 	assert.True(t, ok)
 }
 
