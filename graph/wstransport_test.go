@@ -202,11 +202,16 @@ func closeCode(t *testing.T, ctx context.Context, c *websocket.Conn) websocket.S
 }
 
 func TestLiveProtocol(t *testing.T) {
-	srv, h := liveServer(t, graph.HubConfig{}, graph.Limits{MaxOperationsPerWebSocket: 2})
+	// A server for each part: a connection another part closes leaves its hub a moment
+	// later, and each part counts its hub's subscriptions.
+	fresh := func(t *testing.T) (*httptest.Server, *graph.Hub) {
+		return liveServer(t, graph.HubConfig{}, graph.Limits{MaxOperationsPerWebSocket: 2})
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 
 	t.Run("ping, a query, a subscription completed by the client", func(t *testing.T) {
+		srv, h := fresh(t)
 		c := raw(t, ctx, srv, "graphql-transport-ws", "tok-a-view-1")
 		assert.Equal(t, `"connection_ack"`, string(readFrame(t, ctx, c)["type"]))
 		require.NoError(t, wsjson.Write(ctx, c, map[string]any{"type": "ping"}))
@@ -217,20 +222,19 @@ func TestLiveProtocol(t *testing.T) {
 		assert.JSONEq(t, `{"data":{"__typename":"Query"}}`, string(m["payload"]))
 		assert.Equal(t, `"complete"`, string(readFrame(t, ctx, c)["type"]))
 
-		before := h.Subscribers()
 		require.NoError(t, wsjson.Write(ctx, c, map[string]any{"id": "s", "type": "subscribe", "payload": map[string]any{"query": liveWork}}))
-		require.Eventually(t, func() bool { return h.Subscribers() == before+1 }, 10*time.Second, 5*time.Millisecond)
+		require.Eventually(t, func() bool { return h.Subscribers() == 1 }, 10*time.Second, 5*time.Millisecond)
 		require.NoError(t, wsjson.Write(ctx, c, map[string]any{"id": "s", "type": "complete"}))
-		require.Eventually(t, func() bool { return h.Subscribers() == before }, 10*time.Second, 5*time.Millisecond, "complete ends it in the hub")
+		require.Eventually(t, func() bool { return h.Subscribers() == 0 }, 10*time.Second, 5*time.Millisecond, "complete ends it in the hub")
 	})
 	t.Run("operations past the connection's bound are refused", func(t *testing.T) {
+		srv, h := fresh(t)
 		c := raw(t, ctx, srv, "graphql-transport-ws", "tok-a-view-1")
 		readFrame(t, ctx, c)
-		before := h.Subscribers()
 		for _, id := range []string{"1", "2"} {
 			require.NoError(t, wsjson.Write(ctx, c, map[string]any{"id": id, "type": "subscribe", "payload": map[string]any{"query": liveWork}}))
 		}
-		require.Eventually(t, func() bool { return h.Subscribers() == before+2 }, 10*time.Second, 5*time.Millisecond)
+		require.Eventually(t, func() bool { return h.Subscribers() == 2 }, 10*time.Second, 5*time.Millisecond)
 		require.NoError(t, wsjson.Write(ctx, c, map[string]any{"id": "3", "type": "subscribe", "payload": map[string]any{"query": liveWork}}))
 		m := readFrame(t, ctx, c)
 		assert.Equal(t, `"error"`, string(m["type"]))
@@ -239,20 +243,21 @@ func TestLiveProtocol(t *testing.T) {
 		assert.Contains(t, string(m["payload"]), "--graphql-max-operations-per-websocket")
 	})
 	t.Run("graphql-ws: start, data, stop, keep-alive", func(t *testing.T) {
+		srv, h := fresh(t)
 		c := raw(t, ctx, srv, "graphql-ws", "tok-a-view-1")
 		assert.Equal(t, `"connection_ack"`, string(readFrame(t, ctx, c)["type"]))
 		assert.Equal(t, `"ka"`, string(readFrame(t, ctx, c)["type"]))
-		before := h.Subscribers()
 		require.NoError(t, wsjson.Write(ctx, c, map[string]any{"id": "1", "type": "start", "payload": map[string]any{"query": liveWork}}))
-		require.Eventually(t, func() bool { return h.Subscribers() == before+1 }, 10*time.Second, 5*time.Millisecond)
+		require.Eventually(t, func() bool { return h.Subscribers() == 1 }, 10*time.Second, 5*time.Millisecond)
 		h.Publish(taskEvent(t, 1, "org-a", "r1", "legacy"))
 		m := readFrame(t, ctx, c)
 		assert.Equal(t, `"data"`, string(m["type"]))
 		assert.Contains(t, string(m["payload"]), `"title":"legacy"`)
 		require.NoError(t, wsjson.Write(ctx, c, map[string]any{"id": "1", "type": "stop"}))
-		require.Eventually(t, func() bool { return h.Subscribers() == before }, 10*time.Second, 5*time.Millisecond)
+		require.Eventually(t, func() bool { return h.Subscribers() == 0 }, 10*time.Second, 5*time.Millisecond)
 	})
 	t.Run("a subscription the key may not open", func(t *testing.T) {
+		srv, _ := fresh(t)
 		c := raw(t, ctx, srv, "graphql-transport-ws", "tok-a-view-1")
 		readFrame(t, ctx, c)
 		require.NoError(t, wsjson.Write(ctx, c, map[string]any{"id": "d", "type": "subscribe",
@@ -270,6 +275,7 @@ func TestLiveProtocol(t *testing.T) {
 		assert.Equal(t, `"pong"`, string(readFrame(t, ctx, c)["type"]), "the connection stays")
 	})
 	t.Run("a subscription over HTTP is refused", func(t *testing.T) {
+		_, h := fresh(t)
 		_, errs := post(t, graph.NewHandler(&fakeQuerier{}, liveKeys, graph.WithHub(h)), gqlBody(liveWork), bearerOf("tok-a-view-1"))
 		require.NotEmpty(t, errs)
 	})
