@@ -2,6 +2,8 @@ package query_test
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -18,31 +20,41 @@ import (
 // tables and the SQL of WorkStatus. graph's
 // TestHubWorkCases runs the same cases through the live hub.
 func TestIntegrationWorkCases(t *testing.T) {
+	conn, db := stacktest.Database(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
-	// A database per case: directory ids are global (one agent, one row), and every
-	// case's directory holds the same parties.
-	for _, c := range worktest.Cases {
-		t.Run(c.Name, func(t *testing.T) {
-			conn, db := stacktest.Database(t)
-			st := store.New(conn, db)
-			var batch store.Batch
-			for _, p := range worktest.Directory {
-				kind := "agent"
-				if p.Person {
-					kind = "user"
-				}
-				batch.Directory = append(batch.Directory, store.DirectoryRow{Kind: kind, ID: p.ID, OrgID: "org-a", Handle: p.Handle, Name: p.Handle, Version: 1})
+	// One database for every case, each in an organization of its own with party ids
+	// of its own (directory ids are global: one agent, one row).
+	var batch store.Batch
+	cases := make([]worktest.Case, len(worktest.Cases))
+	for i, c := range worktest.Cases {
+		org := fmt.Sprintf("org-case-%02d", i)
+		scoped, dir := c.Scoped(fmt.Sprintf("c%02d-", i))
+		cases[i] = scoped
+		for _, p := range dir {
+			kind := "agent"
+			if p.Person {
+				kind = "user"
 			}
-			for n, e := range c.Events {
-				ev := e.Canonical("org-a")
-				batch.Events = append(batch.Events, store.EventRow{ID: ev.ID, Type: ev.Type, Time: ev.Time, OrgID: ev.OrgID, RoomID: ev.RoomID,
-					ActorID: ev.Actor.ID, ActorType: string(ev.Actor.Type), Data: string(ev.Data), SchemaVersion: 1, IngestedAt: ev.Time,
-					Offset: int64(n)})
-			}
-			require.NoError(t, st.BatchInsert(ctx, &batch))
+			batch.Directory = append(batch.Directory, store.DirectoryRow{Kind: kind, ID: p.ID, OrgID: org, Handle: p.Handle, Name: p.Handle, Version: 1})
+		}
+		for n, e := range scoped.Events {
+			ev := e.Canonical(org)
+			batch.Events = append(batch.Events, store.EventRow{ID: ev.ID, Type: ev.Type, Time: ev.Time, OrgID: ev.OrgID, RoomID: ev.RoomID,
+				ActorID: ev.Actor.ID, ActorType: string(ev.Actor.Type), Data: string(ev.Data), SchemaVersion: 1, IngestedAt: ev.Time,
+				Offset: int64(n)})
+		}
+	}
+	// Event ids repeat across cases: each case's are its own.
+	for i := range batch.Events {
+		batch.Events[i].ID = batch.Events[i].OrgID + "/" + batch.Events[i].ID
+	}
+	require.NoError(t, store.New(conn, db).BatchInsert(ctx, &batch))
+	q := query.New(conn, db)
 
-			ws, err := query.New(conn, db).WorkStatus(ctx, query.WorkQuery{OrgID: "org-a", Now: worktest.Start.Add(c.Now), StuckAfter: worktest.StuckAfter})
+	for i, c := range cases {
+		t.Run(c.Name, func(t *testing.T) {
+			ws, err := q.WorkStatus(ctx, query.WorkQuery{OrgID: fmt.Sprintf("org-case-%02d", i), Now: worktest.Start.Add(c.Now), StuckAfter: worktest.StuckAfter})
 			require.NoError(t, err)
 			got := worktest.Want{}
 			for _, r := range ws.Rooms {
@@ -59,7 +71,7 @@ func TestIntegrationWorkCases(t *testing.T) {
 					if got.Open == nil {
 						got.Open = map[string]string{}
 					}
-					got.Open[a.ID] = a.AddressedTo
+					got.Open[strings.TrimPrefix(a.ID, fmt.Sprintf("org-case-%02d/", i))] = a.AddressedTo
 				}
 			}
 			require.Equal(t, c.Want, got)

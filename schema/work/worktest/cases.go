@@ -8,6 +8,7 @@ package worktest
 
 import (
 	"encoding/json"
+	"strings"
 	"time"
 
 	"github.com/bandplane/bandplane/schema"
@@ -50,7 +51,7 @@ type Event struct {
 // ActorType is the event's actor's type by the directory.
 func (e Event) ActorType() schema.ActorType {
 	for _, p := range Directory {
-		if p.ID == e.Actor && p.Person {
+		if p.Person && strings.HasSuffix(e.Actor, p.ID) { // a Scoped id ends with the case's
 			return schema.ActorUser
 		}
 	}
@@ -65,6 +66,49 @@ func (e Event) Canonical(org string) *schema.Event {
 	}
 	return &schema.Event{ID: e.ID, Type: e.Type, Time: Start.Add(e.At), OrgID: org, RoomID: e.Room,
 		Actor: schema.Party{ID: e.Actor, Type: e.ActorType()}, Source: "worktest", SchemaVersion: 1, Data: b}
+}
+
+// Scoped is the case with every party id (actors, mentions, assignees, whom a request
+// addresses) prefixed, and the directory to go with it: the directory's ids are global,
+// so cases that share one store need ids of their own.
+func (c Case) Scoped(prefix string) (Case, []Party) {
+	id := func(s string) string {
+		if s == "" {
+			return ""
+		}
+		return prefix + s
+	}
+	out := Case{Name: c.Name, Now: c.Now}
+	for _, e := range c.Events {
+		e.Actor = id(e.Actor)
+		switch d := e.Data.(type) {
+		case schema.TaskData:
+			d.Assignee = id(d.Assignee)
+			e.Data = d
+		case schema.MessageData:
+			ms := make([]schema.Mention, len(d.Mentions))
+			for i, m := range d.Mentions {
+				m.ID = id(m.ID)
+				ms[i] = m
+			}
+			d.Mentions = ms
+			e.Data = d
+		}
+		out.Events = append(out.Events, e)
+	}
+	out.Want.InProgress = c.Want.InProgress
+	if c.Want.Open != nil {
+		out.Want.Open = map[string]string{}
+		for k, v := range c.Want.Open {
+			out.Want.Open[k] = id(v)
+		}
+	}
+	var dir []Party
+	for _, p := range Directory {
+		p.ID = id(p.ID)
+		dir = append(dir, p)
+	}
+	return out, dir
 }
 
 // Want is the work status a case ends in, as of its Now.
