@@ -94,23 +94,9 @@ func postGraphQL(ctx context.Context, c *http.Client, url, token, query string, 
 	if err != nil {
 		return err
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url+"/graphql", bytes.NewReader(body))
+	raw, err := post(ctx, c, url+"/graphql", token, body)
 	if err != nil {
 		return err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Authorization", "Bearer "+token)
-	resp, err := c.Do(req)
-	if err != nil {
-		return transportRefusal(err)
-	}
-	defer resp.Body.Close() //nolint:errcheck // read to the end below
-	raw, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return transportRefusal(err)
-	}
-	if resp.StatusCode != http.StatusOK {
-		return &refusal{reason: "HTTP " + strconv.Itoa(resp.StatusCode), detail: fmt.Sprintf("%s: %.300s", resp.Status, raw)}
 	}
 	var a graphQLAnswer
 	if err := json.Unmarshal(raw, &a); err != nil {
@@ -131,23 +117,30 @@ func postGraphQL(ctx context.Context, c *http.Client, url, token, query string, 
 
 // postDecision asks peer_visible; anything but 200 is a refusal.
 func postDecision(ctx context.Context, c *http.Client, url, token string, body []byte) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/decisions/"+policy.PeerVisible, bytes.NewReader(body))
+	_, err := post(ctx, c, url+"/v1/decisions/"+policy.PeerVisible, token, body)
+	return err
+}
+
+// post sends a JSON body with token and returns the answer's body; a failed request or
+// anything but 200 is a refusal.
+func post(ctx context.Context, c *http.Client, url, token string, body []byte) ([]byte, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
 	if err != nil {
-		return err
+		return nil, err
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Authorization", "Bearer "+token)
 	resp, err := c.Do(req)
 	if err != nil {
-		return transportRefusal(err)
+		return nil, transportRefusal(err)
 	}
 	defer resp.Body.Close() //nolint:errcheck // read to the end below
 	raw, err := io.ReadAll(resp.Body)
 	if err != nil {
-		return transportRefusal(err)
+		return nil, transportRefusal(err)
 	}
 	if resp.StatusCode != http.StatusOK {
-		return &refusal{reason: "HTTP " + strconv.Itoa(resp.StatusCode), detail: fmt.Sprintf("%s: %.300s", resp.Status, raw)}
+		return nil, &refusal{reason: "HTTP " + strconv.Itoa(resp.StatusCode), detail: fmt.Sprintf("%s: %.300s", resp.Status, raw)}
 	}
-	return nil
+	return raw, nil
 }
