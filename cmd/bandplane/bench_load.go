@@ -72,7 +72,8 @@ func benchLoadConfig(e *env, args []string) (cfg loadbench.Config, cpuprofile st
 	fs.DurationVar(&cfg.ClickHouse.ReadTimeout, "clickhouse-timeout", def.ReadTimeout, "ClickHouse read timeout, the benchmark's and serve's")
 	fs.StringVar(&cfg.ClickHouse.Cluster, "cluster", envOr("BANDPLANE_CLICKHOUSE_CLUSTER", ""), "ClickHouse cluster to make the run's database on, and serve's --cluster; empty: one server (env BANDPLANE_CLICKHOUSE_CLUSTER)")
 	fs.IntVar(&cfg.ClickHouse.InsertQuorum, "insert-quorum", 2, "with --cluster: serve's --insert-quorum")
-	fs.DurationVar(&cfg.Duration, "duration", 20*time.Second, "how long each phase (alone, then under attack) is measured")
+	fs.DurationVar(&cfg.Duration, "duration", 30*time.Second, "how long each phase (alone, then under attack) is measured, over all its rounds")
+	fs.IntVar(&cfg.Rounds, "rounds", 3, "rounds of alone then under attack, each measuring --duration over --rounds: what the machine does besides falls on both phases alike")
 	fs.DurationVar(&cfg.Warmup, "warmup", 3*time.Second, "how long each phase's load runs, unmeasured, once its subscribers are connected")
 	fs.IntVar(&cfg.Subscribers, "subscribers", 100, "WebSocket subscribers to workStatusChanged of the legitimate tenant (25 to a viewer key)")
 	hostile := fs.String("hostile", "all", "hostile clients of the attack phase: all, none (the attack phase measures the machine's noise), or a comma-separated list of "+
@@ -106,9 +107,9 @@ func benchLoadConfig(e *env, args []string) (cfg loadbench.Config, cpuprofile st
 // anything was refused.
 func writeLoadSummary(w io.Writer, r loadbench.Report) {
 	p := func(format string, a ...any) { fmt.Fprintf(w, format+"\n", a...) }
-	p("bench load: %s alone, then %s beside %s; %d subscribers; set up in %s (%d events of org-a, %d messages of %d KiB of org-h, hostile pages of %d)",
+	p("bench load: %s alone, then %s beside %s, in %d alternating rounds; %d subscribers; set up in %s (%d events of org-a, %d messages of %d KiB of org-h, hostile pages of %d)",
 		time.Duration(r.DurationS*float64(time.Second)), time.Duration(r.DurationS*float64(time.Second)), hostileList(r.Hostile.Kinds),
-		r.Subscribers, r.Setup.Round(time.Second), r.Seeded.EventsA, r.Seeded.LargeEvents, r.Seeded.LargeBytes>>10, r.Seeded.AuditLimit)
+		r.Rounds, r.Subscribers, r.Setup.Round(time.Second), r.Seeded.EventsA, r.Seeded.LargeEvents, r.Seeded.LargeBytes>>10, r.Seeded.AuditLimit)
 	p("  %-20s %28s   %28s   %s", "figure", "alone p50 / p99 ms (n)", "attack p50 / p99 ms (n)", "p99 ratio")
 	for _, k := range loadbench.Kinds {
 		f, ok := r.Legit[k]

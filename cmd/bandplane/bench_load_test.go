@@ -25,7 +25,8 @@ func TestBenchLoadFlagDefaults(t *testing.T) {
 	t.Setenv("BANDPLANE_CLICKHOUSE", "")
 	cfg, _, err := loadFlags(t)
 	require.NoError(t, err)
-	assert.Equal(t, 20*time.Second, cfg.Duration)
+	assert.Equal(t, 30*time.Second, cfg.Duration)
+	assert.Equal(t, 3, cfg.Rounds)
 	assert.Equal(t, 100, cfg.Subscribers)
 	assert.Equal(t, loadbench.HostileKinds, cfg.Hostile)
 	assert.Equal(t, 1, cfg.AuditLoops)
@@ -58,6 +59,8 @@ func TestBenchLoadRefusesHostileFlags(t *testing.T) {
 		"negative warmup":     {[]string{"--warmup=-1s"}, "--warmup must be"},
 		"no subscribers":      {[]string{"--subscribers", "0"}, "--subscribers must be"},
 		"too many":            {[]string{"--subscribers", "99999999"}, "--subscribers must be"},
+		"no rounds":           {[]string{"--rounds", "0"}, "--rounds must be"},
+		"rounds too short":    {[]string{"--duration", "5s", "--rounds", "10"}, "less than 1s a round"},
 		"audit loops":         {[]string{"--hostile-audit-loops", "-3"}, "--hostile-audit-loops must be"},
 		"unknown hostile":     {[]string{"--hostile", "slowloris"}, `unknown hostile client "slowloris"`},
 		"empty hostile":       {[]string{"--hostile", ""}, "unknown hostile client"},

@@ -87,11 +87,13 @@ type phaseResult struct {
 	changes int
 }
 
-// phase runs one phase: the hostile clients (none alone), then the legitimate ones,
-// the subscribers connecting, the warm-up, and the measured window.
-func (b *bench) phase(ctx context.Context, name string, hostile []string) (res phaseResult, err error) {
-	p := newPhase(name)
+// phase runs one round of a phase, its samples going to p: the hostile clients (none
+// alone), then the legitimate ones, the subscribers connecting, the warm-up, and the
+// measured window (Config.Duration over Config.Rounds).
+func (b *bench) phase(ctx context.Context, p *phase, r int, hostile []string) (res phaseResult, err error) {
 	res.samples = p
+	name := fmt.Sprintf("%s %d/%d", p.name, r+1, b.cfg.Rounds)
+	window := b.cfg.Duration / time.Duration(b.cfg.Rounds)
 	hostilePID := 0
 	if len(hostile) > 0 {
 		h, err := startHostileProcess(b.cfg, b.st, hostile)
@@ -121,14 +123,14 @@ func (b *bench) phase(ctx context.Context, name string, hostile []string) (res p
 	defer stopLegit()
 	subs := b.connect(ctx, p)
 	defer func() { res.ends = subs.close() }()
-	b.cfg.Progress("%s: %d of %d subscribers connected; %s warm-up, then %s measured", name, subs.n(), b.cfg.Subscribers, b.cfg.Warmup, b.cfg.Duration)
+	b.cfg.Progress("%s: %d of %d subscribers connected; %s warm-up, then %s measured", name, subs.n(), b.cfg.Subscribers, b.cfg.Warmup, window)
 	if err := sleep(ctx, b.cfg.Warmup); err != nil {
 		return res, err
 	}
 	cpu := sampleCPU(b.st.pid(), hostilePID)
 	b.measuring.Store(p)
 	first := b.changes.len()
-	err = b.produceChanges(ctx, p, b.cfg.Duration)
+	err = b.produceChanges(ctx, p, window)
 	b.measuring.Store(nil)
 	res.cpu = cpu.cores()
 	last := b.changes.len()
@@ -141,13 +143,38 @@ func (b *bench) phase(ctx context.Context, name string, hostile []string) (res p
 	if missing := b.changes.missing(first, last, subs.n()); missing > 0 {
 		p.kinds[KindDelivery].refuse("not delivered", fmt.Sprintf("%d subscriber deliveries of %d changes not read %s after the phase", missing, last-first, deliveryGrace), missing)
 	}
-	b.st.saveMetrics(ctx, name)
+	b.st.saveMetrics(ctx, fmt.Sprintf("%s-%d", p.name, r+1))
 	if !b.st.alive() {
 		return res, fmt.Errorf("serve exited during the %s phase (%s); its output:\n%s", name, b.st.exitStatus(), b.st.logTail(4000))
 	}
 	b.cfg.Progress("%s: done (cores: serve %.2f, the legitimate clients %.2f, the hostile ones %.2f, the machine %.2f)",
 		name, res.cpu.server, res.cpu.self, res.cpu.hostile, res.cpu.machine)
 	return res, nil
+}
+
+// combine sums the rounds of one phase: counts add up, CPU figures are the rounds'
+// mean (each round measures a window of the same length).
+func combine(rounds []phaseResult) phaseResult {
+	out := phaseResult{ends: map[string]int{}}
+	if len(rounds) == 0 {
+		return out
+	}
+	n := float64(len(rounds))
+	for _, r := range rounds {
+		out.samples = r.samples
+		out.cpu.server += r.cpu.server / n
+		out.cpu.hostile += r.cpu.hostile / n
+		out.cpu.self += r.cpu.self / n
+		out.cpu.machine += r.cpu.machine / n
+		out.hostile = out.hostile.add(r.hostile)
+		for reason, k := range r.ends {
+			out.ends[reason] += k
+		}
+		out.changes += r.changes
+	}
+	out.hostile.KeylessPerS = round(out.hostile.KeylessPerS/n, 1)
+	out.cpu = cpuUse{server: round(out.cpu.server, 2), hostile: round(out.cpu.hostile, 2), self: round(out.cpu.self, 2), machine: round(out.cpu.machine, 2)}
+	return out
 }
 
 // loop is one paced legitimate figure.

@@ -73,7 +73,8 @@ type Config struct {
 	ClickHouse chdb.Config // Database is ignored: the run makes bench_load_<stamp>
 	Brokers    []string
 
-	Duration    time.Duration // each phase's measured window (--duration)
+	Duration    time.Duration // each phase's measured window, over all its rounds (--duration)
+	Rounds      int           // alone and attack phases, alternating, of Duration/Rounds each (--rounds)
 	Warmup      time.Duration // unmeasured load before it (--warmup)
 	Subscribers int           // WebSocket subscribers (--subscribers)
 	Hostile     []string      // the hostile clients of the attack phase (--hostile)
@@ -90,6 +91,7 @@ const (
 	maxDuration    = time.Hour
 	maxWarmup      = 10 * time.Minute
 	maxSubscribers = 1000
+	maxRounds      = 20
 	// maxAuditLoops is serve's default --graphql-max-concurrent-per-key twice over:
 	// more loops than that are refused at once by the server and measure nothing new.
 	maxAuditLoops = 8
@@ -110,6 +112,8 @@ func (c *Config) Validate() error {
 		}
 	}
 	check(c.Duration >= minDuration && c.Duration <= maxDuration, "--duration must be %s to %s, got %s", minDuration, maxDuration, c.Duration)
+	check(c.Rounds >= 1 && c.Rounds <= maxRounds, "--rounds must be 1 to %d, got %d", maxRounds, c.Rounds)
+	check(c.Rounds < 1 || c.Duration/time.Duration(max(c.Rounds, 1)) >= minDuration, "--duration %s over --rounds %d leaves less than %s a round", c.Duration, c.Rounds, minDuration)
 	check(c.Warmup >= 0 && c.Warmup <= maxWarmup, "--warmup must be 0 to %s, got %s", maxWarmup, c.Warmup)
 	check(c.Subscribers >= 1 && c.Subscribers <= maxSubscribers, "--subscribers must be 1 to %d, got %d", maxSubscribers, c.Subscribers)
 	check(c.AuditLoops >= 1 && c.AuditLoops <= maxAuditLoops, "--hostile-audit-loops must be 1 to %d, got %d", maxAuditLoops, c.AuditLoops)
@@ -206,30 +210,40 @@ func Run(ctx context.Context, cfg Config) (rep Report, err error) {
 
 	b := newBench(&cfg, st)
 	defer b.close()
-	alone, err := b.phase(ctx, phaseAlone, nil)
-	if err != nil {
-		return rep, err
+	// The phases alternate, round after round, so that what the machine does besides
+	// (ClickHouse's merges, Kafka's flushes, another process) falls on both alike.
+	alone, attack := newPhase(phaseAlone), newPhase(phaseAttack)
+	var rounds [2][]phaseResult
+	for r := range cfg.Rounds {
+		for i, p := range []*phase{alone, attack} {
+			var hostile []string
+			if p == attack {
+				hostile = cfg.Hostile
+			}
+			res, err := b.phase(ctx, p, r, hostile)
+			if err != nil {
+				return rep, err
+			}
+			rounds[i] = append(rounds[i], res)
+		}
 	}
-	attack, err := b.phase(ctx, phaseAttack, cfg.Hostile)
-	if err != nil {
-		return rep, err
-	}
-	rep.Result = buildResult(alone.samples, attack.samples)
-	rep.DurationS, rep.Subscribers = cfg.Duration.Seconds(), cfg.Subscribers
-	rep.ServerCPUCores = CPU{Alone: alone.cpu.server, Attack: attack.cpu.server}
-	rep.BenchCPUCores = CPU{Alone: alone.cpu.self, Attack: attack.cpu.self}
-	rep.HostileCPUCores = attack.cpu.hostile
-	rep.MachineCPUCores = CPU{Alone: alone.cpu.machine, Attack: attack.cpu.machine}
-	rep.Hostile = attack.hostile
+	aloneRes, attackRes := combine(rounds[0]), combine(rounds[1])
+	rep.Result = buildResult(alone, attack)
+	rep.DurationS, rep.Subscribers, rep.Rounds = cfg.Duration.Seconds(), cfg.Subscribers, cfg.Rounds
+	rep.ServerCPUCores = CPU{Alone: aloneRes.cpu.server, Attack: attackRes.cpu.server}
+	rep.BenchCPUCores = CPU{Alone: aloneRes.cpu.self, Attack: attackRes.cpu.self}
+	rep.HostileCPUCores = attackRes.cpu.hostile
+	rep.MachineCPUCores = CPU{Alone: aloneRes.cpu.machine, Attack: attackRes.cpu.machine}
+	rep.Hostile = attackRes.hostile
 	rep.Hostile.Kinds = append([]string{}, cfg.Hostile...)
-	rep.Refusals = append(refusalsOf(alone.samples), refusalsOf(attack.samples)...)
+	rep.Refusals = append(refusalsOf(alone), refusalsOf(attack)...)
 	rep.SubscriberEnds = map[string]int{}
-	for _, p := range []phaseResult{alone, attack} {
+	for _, p := range []phaseResult{aloneRes, attackRes} {
 		for reason, n := range p.ends {
 			rep.SubscriberEnds[p.samples.name+": "+reason] += n
 		}
 	}
-	rep.Changes = map[string]int{phaseAlone: alone.changes, phaseAttack: attack.changes}
+	rep.Changes = map[string]int{phaseAlone: aloneRes.changes, phaseAttack: attackRes.changes}
 	return rep, nil
 }
 

@@ -145,7 +145,7 @@ func TestRatioRefusesZeroBaseline(t *testing.T) {
 
 func validConfig() Config {
 	return Config{ServeCommand: []string{"/bin/bandplane", "serve"}, HostileCommand: []string{"/bin/bandplane", "bench-load-hostile"}, ClickHouse: chdb.DefaultConfig(), Brokers: []string{"127.0.0.1:19092"},
-		Duration: 10 * time.Second, Warmup: time.Second, Subscribers: 100, Hostile: HostileKinds, AuditLoops: 1}
+		Duration: 10 * time.Second, Warmup: time.Second, Subscribers: 100, Hostile: HostileKinds, AuditLoops: 1, Rounds: 2}
 }
 
 func TestValidateRefusesHostileValues(t *testing.T) {
@@ -165,6 +165,9 @@ func TestValidateRefusesHostileValues(t *testing.T) {
 		"negative subscribers":    {func(c *Config) { c.Subscribers = -100 }, "--subscribers must be"},
 		"a million subscribers":   {func(c *Config) { c.Subscribers = 1_000_000 }, "--subscribers must be"},
 		"no audit loop":           {func(c *Config) { c.AuditLoops = 0 }, "--hostile-audit-loops must be"},
+		"no rounds":               {func(c *Config) { c.Rounds = 0 }, "--rounds must be"},
+		"a thousand rounds":       {func(c *Config) { c.Rounds = 1000 }, "--rounds must be"},
+		"rounds under a second":   {func(c *Config) { c.Duration, c.Rounds = 3*time.Second, 4 }, "less than 1s a round"},
 		"many audit loops":        {func(c *Config) { c.AuditLoops = 1 << 30 }, "--hostile-audit-loops must be"},
 		"no brokers":              {func(c *Config) { c.Brokers = nil }, "no kafka brokers"},
 		"no serve command":        {func(c *Config) { c.ServeCommand = nil }, "no command to run serve"},

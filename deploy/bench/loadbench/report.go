@@ -162,6 +162,7 @@ type CPU struct {
 //     else too; 0 when unknown).
 type Result struct {
 	DurationS         float64           `json:"duration_s"`
+	Rounds            int               `json:"rounds"`
 	Subscribers       int               `json:"subscribers"`
 	Legit             map[string]Figure `json:"legit"`
 	WorstRatio        float64           `json:"worst_ratio"`
@@ -194,6 +195,22 @@ type HostileStats struct {
 	KeylessSent   int64   `json:"keyless_sent"`
 	KeylessPerS   float64 `json:"keyless_per_s"`
 	KeylessErrors int64   `json:"keyless_errors"` // transport errors (the connection is dialled again)
+}
+
+// add sums two rounds' counts; KeylessPerS adds up too, for the caller to average.
+func (h HostileStats) add(o HostileStats) HostileStats {
+	h.IdleUpgrades += o.IdleUpgrades
+	h.IdleRefused += o.IdleRefused
+	h.IdleClosed += o.IdleClosed
+	h.TrickleHeld += o.TrickleHeld
+	h.TrickleRefuse += o.TrickleRefuse
+	h.AuditPages += o.AuditPages
+	h.AuditRefused += o.AuditRefused
+	h.AuditMiB += o.AuditMiB
+	h.KeylessSent += o.KeylessSent
+	h.KeylessPerS += o.KeylessPerS
+	h.KeylessErrors += o.KeylessErrors
+	return h
 }
 
 // legitRefusals sums the refused requests of every figure in both phases.
