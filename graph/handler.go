@@ -283,8 +283,7 @@ func NewHandler(q Querier, auth keys.Holder, opts ...Option) http.Handler {
 	srv.AddTransport(&wsTransport{auth: auth, sockets: sockets, limits: cfg.limits, origins: cfg.origins, log: cfg.log.With("component", "graph"),
 		hub: cfg.hub})
 	srv.AddTransport(transport.Options{})
-	srv.AddTransport(transport.GET{})
-	srv.AddTransport(transport.POST{})
+	srv.AddTransport(httpTransport{})
 	srv.SetQueryCache(lru.New[*ast.QueryDocument](1000))
 	srv.SetParserTokenLimit(cfg.limits.MaxTokens)
 	srv.Use(extension.FixedComplexityLimit(cfg.limits.MaxComplexity))

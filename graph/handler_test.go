@@ -18,6 +18,7 @@ import (
 	"github.com/99designs/gqlgen/client"
 	"github.com/google/go-cmp/cmp"
 	"github.com/shopspring/decimal"
+	"github.com/stretchr/testify/assert"
 
 	"github.com/bandplane/bandplane/graph"
 	"github.com/bandplane/bandplane/query"
@@ -391,6 +392,51 @@ func TestGET(t *testing.T) {
 	if want := `{"data":{"auditEvents":{"events":[{"id":"e1"}]}}}`; rec.Code != http.StatusOK || rec.Body.String() != want {
 		t.Errorf("GET: %d %s, want 200 %s", rec.Code, rec.Body, want)
 	}
+}
+
+// GET runs queries only; a malformed body or query string is refused with what was
+// wrong, and the body is not echoed back.
+func TestHTTPTransportRefusesWhatItCannotRun(t *testing.T) {
+	h := newHandler(&fakeQuerier{})
+	for name, tc := range map[string]struct {
+		method, target, body string
+		status               int
+		want                 string
+	}{
+		"GET mutation": {"GET", "/graphql?query=" + url.QueryEscape(`mutation { deleteBudget(orgId: "org-a", id: "x") { id } }`), "",
+			http.StatusMethodNotAllowed, "a GET request may run a query only, not a mutation"},
+		"GET variables not an object": {"GET", "/graphql?query=" + url.QueryEscape(`{ agents { id } }`) + "&variables=%5B1%5D", "",
+			http.StatusBadRequest, "the query string's variables are not a JSON object"},
+		"GET bad escape": {"GET", "/graphql?query=%zz", "", http.StatusBadRequest, "the query string is malformed"},
+		"POST not JSON":  {"POST", "/graphql", "secret-token-in-body{", http.StatusBadRequest, "the request body is not a JSON object"},
+		"POST two values": {"POST", "/graphql", `{"query":"{ agents { id } }"} {"query":"{ agents { id } }"}`,
+			http.StatusBadRequest, "more than one JSON value"},
+		"POST variables array": {"POST", "/graphql", `{"query":"{ agents { id } }","variables":[1]}`,
+			http.StatusBadRequest, "the request body is not a JSON object"},
+		"POST parse error": {"POST", "/graphql", `{"query":"{ agents { id "}`, http.StatusUnprocessableEntity, "Expected Name"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			req := httptest.NewRequest(tc.method, tc.target, strings.NewReader(tc.body))
+			if tc.method == "POST" {
+				req.Header.Set("Content-Type", "application/json")
+			}
+			rec := httptest.NewRecorder()
+			h.ServeHTTP(rec, req)
+			assert.Equal(t, tc.status, rec.Code, rec.Body.String())
+			assert.Contains(t, rec.Body.String(), tc.want)
+			assert.NotContains(t, rec.Body.String(), "secret-token-in-body")
+			assert.True(t, json.Valid(rec.Body.Bytes()), "JSON: %s", rec.Body)
+			assert.Equal(t, "nosniff", rec.Header().Get("X-Content-Type-Options"))
+		})
+	}
+	// graphql-response+json answers a request it cannot parse with 400.
+	req := httptest.NewRequest("POST", "/graphql", strings.NewReader(`{"query":"{ agents { id "}`))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/graphql-response+json")
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	assert.Equal(t, http.StatusBadRequest, rec.Code)
+	assert.Equal(t, "application/graphql-response+json", rec.Header().Get("Content-Type"))
 }
 
 func TestWebsocket(t *testing.T) {

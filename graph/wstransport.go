@@ -373,12 +373,7 @@ func (c *wsConn) deliver(ctx context.Context, id string, rc *graphql.OperationCo
 		return gqlerror.List{{Message: err.Error(), Extensions: map[string]any{"code": "UNAVAILABLE"}}}
 	}
 	defer c.t.groups.leave(g)
-	quoted, _ := json.Marshal(id)
-	kind := "next"
-	if c.legacy {
-		kind = "data"
-	}
-	prefix := append(append([]byte(`{"id":`), quoted...), `,"type":"`+kind+`","payload":`...)
+	prefix := c.nextPrefix(id)
 	buf := make([]byte, 0, 1024) // this subscriber's frames, reused
 	for {
 		select {
@@ -403,17 +398,25 @@ func (c *wsConn) deliver(ctx context.Context, id string, rc *graphql.OperationCo
 	}
 }
 
+// nextPrefix is the start of a frame carrying a response of operation id, up to its
+// payload: the payload (appendResponse) and a closing brace complete it. frame and
+// encoding/json are not used for these, which would walk the response's bytes again.
+func (c *wsConn) nextPrefix(id string) []byte {
+	quoted, _ := json.Marshal(id)
+	kind := "next"
+	if c.legacy {
+		kind = "data"
+	}
+	return append(append([]byte(`{"id":`), quoted...), `,"type":"`+kind+`","payload":`...)
+}
+
 // next sends one response of an operation gqlgen runs itself.
 func (c *wsConn) next(id string, resp *graphql.Response) {
-	b, err := json.Marshal(resp)
+	b, err := appendResponse(c.nextPrefix(id), resp)
 	if err != nil {
-		b, _ = json.Marshal(graphql.Response{Errors: gqlerror.List{{Message: "cannot encode the response: " + err.Error()}}})
+		b, _ = appendResponse(c.nextPrefix(id), &graphql.Response{Errors: gqlerror.List{{Message: "cannot encode the response: " + err.Error()}}})
 	}
-	t := "next"
-	if c.legacy {
-		t = "data"
-	}
-	c.send(frame{ID: id, Type: t, Payload: b})
+	_ = c.write(append(b, '}'))
 }
 
 func (c *wsConn) sendErrors(id string, errs gqlerror.List) {
@@ -661,7 +664,7 @@ func (g *renderGroup) render(ctx context.Context, c *change) ([]byte, error) {
 	if resp == nil {
 		return nil, g.die(errors.New("the subscription's renderer has stopped; subscribe again"))
 	}
-	b, err := json.Marshal(resp)
+	b, err := appendResponse(nil, resp)
 	if err != nil {
 		return nil, fmt.Errorf("cannot encode a change: %w", err)
 	}
