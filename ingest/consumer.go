@@ -28,6 +28,7 @@ import (
 	kafkago "github.com/segmentio/kafka-go"
 
 	"github.com/bandplane/bandplane/schema"
+	"github.com/bandplane/bandplane/schema/cause"
 	"github.com/bandplane/bandplane/schema/directory"
 	"github.com/bandplane/bandplane/schema/kafka"
 	"github.com/bandplane/bandplane/schema/pricing"
@@ -173,6 +174,12 @@ type Config struct {
 	// rollup worker uses it.
 	AfterFlush func(hours []store.HourKey, repriceAgents []AgentKey)
 
+	// Causes keeps events' cause links across restarts and late triggers
+	// (store.Store): the tracker is warmed from it at start, and the stored rows a
+	// late trigger resolves are rewritten through it. Nil: links are derived from what
+	// this process sees, and a late trigger resolves only the events it saw.
+	Causes Causes
+
 	// Now is the consumer's clock (nil: time.Now): the write time it stamps on each
 	// insert attempt, and the horizons of what it remembers.
 	Now func() time.Time
@@ -233,6 +240,7 @@ type Consumer struct {
 	unpriced *expiring
 	late     *expiring
 	reloaded time.Time          // the directory's last reload for parked events (main loop only)
+	tracker  *cause.Tracker     // the events' cause links (main loop only)
 	stored   prometheus.Counter // m.Records{result="stored"}, looked up once
 }
 
@@ -277,7 +285,7 @@ func New(cfg Config) (*Consumer, error) {
 		cfg.Now = time.Now
 	}
 	c := &Consumer{cfg: cfg, log: cfg.Logger.With("component", "ingest"), m: cfg.Metrics, now: cfg.Now,
-		unpriced: newExpiring(cfg.UnpricedHorizon), late: newExpiring(cfg.LateHorizon)}
+		unpriced: newExpiring(cfg.UnpricedHorizon), late: newExpiring(cfg.LateHorizon), tracker: NewTracker(cfg.Directory)}
 	for id, at := range cfg.LateParties {
 		c.late.mark(id, at)
 	}
@@ -304,6 +312,7 @@ type pending struct {
 	usageRec []int32
 	dirRec   []int32
 	dlRec    []int32
+	causeRec []int32
 	dlq      []kafkago.Message       // the dead-letter messages, parallel to batch.DeadLetters
 	last     map[int]kafkago.Message // highest message per partition, for the commit
 	replays  int                     // records whose event was stored already, same content
@@ -317,7 +326,11 @@ type pending struct {
 	repriceAgents []AgentKey
 	parked        []parked
 	recheck       []int // indexes into batch.Events of late-attributed events
-	first         time.Time
+	// resolved are the events whose pending link a trigger of this batch resolved:
+	// their stored rows are rewritten once the batch is stored (relink), and so are
+	// the rows of this batch's own events among them.
+	resolved []cause.Resolution
+	first    time.Time
 }
 
 type parked struct {
@@ -372,6 +385,9 @@ func (p *pending) overlaps(q *pending) bool {
 // (or its dead letter) is in ClickHouse, and so is every record fetched before it from
 // its partition.
 func (c *Consumer) Run(ctx context.Context) error {
+	if !c.warm(ctx) {
+		return nil
+	}
 	fetched := make(chan record, c.cfg.BatchSize)
 	// Every record fetched holds its bytes of the budget until the batch holding it is
 	// done with (stored and committed, or given up).
@@ -688,6 +704,60 @@ func (c *Consumer) add(p *pending, r record) {
 	c.toRows(p, &ev, rec, now)
 }
 
+// warm gives the cause tracker what ingest stored within its horizon (WarmTracker)
+// and stores the links it resolves. ClickHouse down is retried until ctx ends (false:
+// stopped); a read it refuses for good is logged, and links are derived from what
+// this process sees.
+func (c *Consumer) warm(ctx context.Context) bool {
+	if c.cfg.Causes == nil {
+		return true
+	}
+	var messages int
+	var res []cause.Resolution
+	err := c.retry(ctx, "read the stored cause links", c.m.StoreErrors, store.Permanent, func() error {
+		var err error
+		messages, res, err = WarmTracker(ctx, c.tracker, c.cfg.Causes, c.now())
+		return err
+	})
+	if errors.Is(err, errStopped) {
+		return false
+	}
+	if err != nil {
+		c.log.Error("cannot read the stored cause links; the triggers of executions started before this process are not inferred", "err", err)
+		return true
+	}
+	c.log.Info("cause links warmed", "messages", messages, "resolved", len(res))
+	if len(res) == 0 {
+		return true
+	}
+	hours, ok := c.relink(ctx, res)
+	if ok && c.cfg.AfterFlush != nil {
+		c.cfg.AfterFlush(hours, nil)
+	}
+	return ok
+}
+
+// relink stores the links a late trigger resolved (relink), retried like a batch's
+// insert. A rewrite ClickHouse refuses for good is logged and given up: those events
+// keep their pending link. It returns false only if it was given up (shutdown).
+func (c *Consumer) relink(ctx context.Context, res []cause.Resolution) ([]store.HourKey, bool) {
+	var hours []store.HourKey
+	err := c.retry(ctx, "store the links a late trigger resolved", c.m.StoreErrors, store.Permanent, func() error {
+		var err error
+		hours, err = relink(ctx, c.cfg.Causes, res, c.now())
+		return err
+	})
+	if errors.Is(err, errStopped) {
+		return nil, false
+	}
+	if err != nil {
+		c.log.Error("cannot store the links a late trigger resolved; those events keep their pending link", "err", err, "events", len(res))
+		return nil, true
+	}
+	c.m.Links.WithLabelValues("resolved").Add(float64(len(res)))
+	return hours, true
+}
+
 // sweep forgets the parties and agents whose horizon has passed, and keeps the gauges
 // of what is remembered current.
 func (c *Consumer) sweep(now time.Time) {
@@ -771,6 +841,7 @@ func (c *Consumer) reloadForParked(p *pending, now time.Time) {
 func (c *Consumer) toRows(p *pending, ev *schema.Event, rec int32, now time.Time) {
 	envelopeOrg := ev.OrgID
 	owner := Enrich(ev, c.cfg.Directory)
+	var usage *store.UsageRow
 	if ev.Type == schema.TypeUsageReported {
 		// First: a record dead-lettered here has no rows, so nothing below may be noted
 		// of it (an index into the events it will not be among, a party marked late).
@@ -779,13 +850,25 @@ func (c *Consumer) toRows(p *pending, ev *schema.Event, rec int32, now time.Time
 			c.deadLetter(p, rec, "validate", err.Error())
 			return
 		}
+		usage = &u
 		if u.Model == Unknown {
 			c.unpriced.mark(u.AgentID, now)
 		}
 		if !u.Priced {
 			c.m.Unpriced.Inc()
 		}
-		p.batch.Usage = append(p.batch.Usage, u)
+	}
+	if l, res, ok := c.tracker.Observe(ev, nil); ok {
+		c.m.Links.WithLabelValues(l.Source()).Inc()
+		if usage != nil {
+			usage.Chain = ChainOf(l)
+		}
+		p.batch.Causes = append(p.batch.Causes, causeRow(ev, l))
+		p.causeRec = append(p.causeRec, rec)
+		p.resolved = append(p.resolved, res...)
+	}
+	if usage != nil {
+		p.batch.Usage = append(p.batch.Usage, *usage)
 		p.usageRec = append(p.usageRec, rec)
 	}
 	pid := party(ev).ID
@@ -919,6 +1002,14 @@ func (c *Consumer) store(ctx context.Context, p *pending) bool {
 	if len(failed) > 0 && !c.storeRefused(ctx, p, failed) {
 		return false
 	}
+	hours := usageHours(p.batch.Usage)
+	if len(p.resolved) > 0 && c.cfg.Causes != nil {
+		relinked, ok := c.relink(ctx, p.resolved)
+		if !ok {
+			return false
+		}
+		hours = append(hours, relinked...)
+	}
 	if !c.note(ctx, p, failed) {
 		return false
 	}
@@ -952,8 +1043,8 @@ func (c *Consumer) store(ctx context.Context, p *pending) bool {
 	c.log.Debug("batch flushed", "records", len(p.msgs), "events", len(p.batch.Events), "dead_letters", deadLetters,
 		"replays", p.replays, "usage", len(p.batch.Usage), "age_ms", time.Since(p.first).Milliseconds(), "flush_ms", flushed.Milliseconds(),
 		"lookup_ms", p.lookup.Milliseconds(), "insert_ms", insertDur.Milliseconds())
-	if c.cfg.AfterFlush != nil && (len(p.batch.Usage) > 0 || len(p.repriceAgents) > 0) {
-		c.cfg.AfterFlush(usageHours(p.batch.Usage), p.repriceAgents)
+	if c.cfg.AfterFlush != nil && (len(hours) > 0 || len(p.repriceAgents) > 0) {
+		c.cfg.AfterFlush(hours, p.repriceAgents)
 	}
 	return true
 }
@@ -1012,6 +1103,10 @@ func (c *Consumer) checkStored(ctx context.Context, p *pending) bool {
 		for i, rec := range p.usageRec {
 			usageOf[rec] = i
 		}
+		causeOf := make(map[int32]int, len(p.causeRec))
+		for i, rec := range p.causeRec {
+			causeOf[rec] = i
+		}
 		for _, i := range p.recheck {
 			k := store.KeyOf(&ev[i])
 			k.OrgID = ""
@@ -1028,6 +1123,9 @@ func (c *Consumer) checkStored(ctx context.Context, p *pending) bool {
 			ev[i].OrgID, ev[i].OwnerID = "", unknownPartyOwner(&ev[i])
 			if u, ok := usageOf[p.evRec[i]]; ok {
 				p.batch.Usage[u].OrgID, p.batch.Usage[u].OwnerID = "", stored[rows[0]].OwnerID
+			}
+			if c, ok := causeOf[p.evRec[i]]; ok { // its cause row collapses with the stored one
+				p.batch.Causes[c].OrgID = ""
 			}
 		}
 	}
@@ -1087,6 +1185,7 @@ func (c *Consumer) checkStored(ctx context.Context, p *pending) bool {
 		gone := func(_ int, rec int32) bool { return reject[rec] != "" }
 		p.batch.Usage, p.usageRec = compact(p.batch.Usage, p.usageRec, gone)
 		p.batch.Directory, p.dirRec = compact(p.batch.Directory, p.dirRec, gone)
+		p.batch.Causes, p.causeRec = compact(p.batch.Causes, p.causeRec, gone)
 		recs := make([]int32, 0, len(reject))
 		for rec := range reject {
 			recs = append(recs, rec)
@@ -1349,7 +1448,7 @@ func (c *Consumer) insert(ctx context.Context, p *pending) ([]refused, bool) {
 		if s != all {
 			b = p.slice(s[0], s[1])
 		}
-		if len(b.Events)+len(b.Usage)+len(b.Directory)+len(b.DeadLetters) == 0 {
+		if len(b.Events)+len(b.Usage)+len(b.Directory)+len(b.DeadLetters)+len(b.Causes) == 0 {
 			continue
 		}
 		splittable := s[1]-s[0] > 1
@@ -1410,6 +1509,9 @@ func (c *Consumer) stamp(b *store.Batch) {
 	for i := range b.Usage {
 		b.Usage[i].Version = v
 	}
+	for i := range b.Causes {
+		b.Causes[i].Version = v
+	}
 }
 
 // slice is the part of the batch made of records [lo, hi).
@@ -1434,6 +1536,11 @@ func (p *pending) slice(lo, hi int32) *store.Batch {
 	for i, rec := range p.dlRec {
 		if in(rec) {
 			b.DeadLetters = append(b.DeadLetters, p.batch.DeadLetters[i])
+		}
+	}
+	for i, rec := range p.causeRec {
+		if in(rec) {
+			b.Causes = append(b.Causes, p.batch.Causes[i])
 		}
 	}
 	return b

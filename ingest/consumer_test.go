@@ -105,6 +105,7 @@ func cloneBatch(b *store.Batch) store.Batch {
 	c := store.Batch{
 		Events: append([]store.EventRow(nil), b.Events...), Usage: append([]store.UsageRow(nil), b.Usage...),
 		DeadLetters: append([]store.DeadLetter(nil), b.DeadLetters...), Directory: append([]store.DirectoryRow(nil), b.Directory...),
+		Causes: append([]store.CauseRow(nil), b.Causes...),
 	}
 	if !b.IngestedAt.IsZero() {
 		for i := range c.Events {
@@ -151,6 +152,7 @@ func (s *fakeStorage) all() store.Batch {
 		out.Usage = append(out.Usage, b.Usage...)
 		out.DeadLetters = append(out.DeadLetters, b.DeadLetters...)
 		out.Directory = append(out.Directory, b.Directory...)
+		out.Causes = append(out.Causes, b.Causes...)
 	}
 	return out
 }

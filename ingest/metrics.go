@@ -31,6 +31,7 @@ type Metrics struct {
 	Forgotten            *prometheus.CounterVec // set: late | unpriced
 	Remembered           *prometheus.GaugeVec   // set: late | unpriced
 	Batching             prometheus.Gauge
+	Links                *prometheus.CounterVec // link: explicit | inferred | pending | resolved
 }
 
 // NewMetrics creates and registers the metrics; reg may be nil (tests).
@@ -86,12 +87,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Entries in the consumer's memory, by set (late, unpriced), as of its last sweep."}, []string{"set"}),
 		Batching: prometheus.NewGauge(prometheus.GaugeOpts{Name: "bandplane_ingest_batching_records",
 			Help: "Records in the batch being built, not yet handed to the writer (a graceful stop flushes them)."}),
+		Links: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "bandplane_ingest_cause_links_total",
+			Help: "Events given a cause link, by how it was made (explicit, inferred, pending on a trigger not seen yet); resolved counts the pending links a late trigger resolved."}, []string{"link"}),
 	}
 	if reg != nil {
 		reg.MustRegister(m.Records, m.DeadLetters, m.Batches, m.BatchRows, m.FlushSeconds, m.StoreErrors, m.DLQErrors, m.NoteErrors,
 			m.FetchErrors, m.CommitErrors, m.Unpriced, m.Unattributed, m.Lag, m.RollupErrors, m.Repriced,
 			m.CollectorLines, m.CollectorErrors, m.InsertRejections, m.IDReused, m.LookupErrors, m.DeadLettersTruncated, m.Dropped,
-			m.Forgotten, m.Remembered, m.Batching)
+			m.Forgotten, m.Remembered, m.Batching, m.Links)
 	}
 	return m
 }

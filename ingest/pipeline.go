@@ -111,6 +111,7 @@ func NewPipeline(ctx context.Context, cfg PipelineConfig) (*Pipeline, error) {
 	c.Reader, c.DeadLetters, c.Storage, c.Directory, c.Topic = p.reader, p.dlq, st, dir, cfg.Topic
 	c.DeadLetterMaxBytes = kafka.MaxMessageBytes
 	c.LateParties, c.Unattributed, c.ReloadDirectory, c.UnpricedAgents = late, st.UnattributedParties, st.LoadDirectory, unpriced
+	c.Causes = st
 	c.AfterFlush = p.rollup.Mark
 	p.consumer, err = New(c)
 	if err != nil {

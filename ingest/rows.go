@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/bandplane/bandplane/schema"
+	"github.com/bandplane/bandplane/schema/cause"
 	"github.com/bandplane/bandplane/schema/directory"
 	"github.com/bandplane/bandplane/schema/pricing"
 	"github.com/bandplane/bandplane/schema/store"
@@ -95,9 +96,9 @@ func EventRow(ev *schema.Event, owner string, partition int32, offset int64) sto
 }
 
 // Rows is what ingest stores for one event, without Kafka coordinates: directory events
-// update dir first, then the event is enriched and priced. The benchmark builds its raw
-// rows with it.
-func Rows(ev *schema.Event, dir *directory.Directory, cat *pricing.Catalog) (store.EventRow, *store.UsageRow, error) {
+// update dir first, then the event is enriched and priced, and its usage linked to its
+// cause by tr (nil: unlinked). The benchmarks build their raw rows with it.
+func Rows(ev *schema.Event, dir *directory.Directory, cat *pricing.Catalog, tr *cause.Tracker) (store.EventRow, *store.UsageRow, error) {
 	if schema.IsDirectoryType(ev.Type) {
 		if _, err := dir.Apply(ev); err != nil {
 			return store.EventRow{}, nil, err
@@ -111,6 +112,11 @@ func Rows(ev *schema.Event, dir *directory.Directory, cat *pricing.Catalog) (sto
 			return store.EventRow{}, nil, err
 		}
 		u = &row
+	}
+	if tr != nil {
+		if l, _, ok := tr.Observe(ev, nil); ok && u != nil {
+			u.Chain = ChainOf(l)
+		}
 	}
 	return EventRow(ev, owner, 0, 0), u, nil
 }

@@ -235,7 +235,7 @@ func rowBatches(events []schema.Event, size int) ([]*store.Batch, int, error) {
 		b := &store.Batch{}
 		for j := i; j < min(i+size, len(events)); j++ {
 			ev := events[j] // Rows enriches its argument; keep the workload as produced
-			r, u, err := ingest.Rows(&ev, dir, cat)
+			r, u, err := ingest.Rows(&ev, dir, cat, nil)
 			if err != nil {
 				return nil, 0, err
 			}

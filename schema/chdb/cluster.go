@@ -33,6 +33,7 @@ var shardKeys = map[string]string{
 	"schema_migrations": "version",
 	"events":            "org_id, id",
 	"usage":             "org_id, event_id",
+	"causes":            "org_id, event_id",
 	"usage_hourly":      "org_id, agent_id",
 	"usage_daily":       "org_id, agent_id",
 	"usage_rollup":      "org_id, agent_id",

@@ -96,6 +96,7 @@ func ApplyRetention(ctx context.Context, conn driver.Conn, cfg Config, r Retenti
 	tables := []partitioning{
 		{"events", false, r.Events},
 		{"usage", false, r.Events},
+		{"causes", false, r.Events},
 		{"usage_hourly", true, r.Rollup},
 		{"usage_rollup", true, r.Rollup},
 		{"usage_daily", true, r.Rollup},

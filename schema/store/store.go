@@ -44,6 +44,17 @@ type UsageRow struct {
 	Priced                                       bool
 	CatalogVersion                               string
 	Version                                      uint64
+	Chain                                        Chain // who set it going (schema/cause)
+}
+
+// Chain is a usage fact's or a cause row's link (schema/cause.Link as stored): the
+// trigger, the initiator with its organization and accountable person, the depth and
+// how the link was made.
+type Chain struct {
+	TriggerID, TriggerEventID                                string
+	InitiatorID, InitiatorType, InitiatorOrg, InitiatorOwner string
+	Depth                                                    uint16
+	Link                                                     string // explicit | inferred | pending; "" stored before chains were
 }
 
 // DeadLetter is a record that could not be decoded, validated or stored.
@@ -79,6 +90,7 @@ type Batch struct {
 	Usage       []UsageRow
 	DeadLetters []DeadLetter
 	Directory   []DirectoryRow
+	Causes      []CauseRow
 }
 
 // Store writes to one database.
@@ -110,6 +122,9 @@ func (s *Store) BatchInsert(ctx context.Context, b *Batch) error {
 		return err
 	}
 	if err := s.insertWork(ctx, WorkOf(b.Events)); err != nil {
+		return err
+	}
+	if err := s.InsertCauses(ctx, b.Causes); err != nil {
 		return err
 	}
 	return s.insertDeadLetters(ctx, b.DeadLetters)
@@ -228,7 +243,8 @@ func (s *Store) insertEventBlock(ctx context.Context, rows []EventRow, written t
 
 func strs(n int) []string { return make([]string, n) }
 
-const usageCols = "event_id, time, time_ms, org_id, owner_id, agent_id, room_id, execution_id, model, input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, reasoning_tokens, cost, currency, priced, catalog_version, version"
+const usageCols = "event_id, time, time_ms, org_id, owner_id, agent_id, room_id, execution_id, model, input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, reasoning_tokens, cost, currency, priced, catalog_version, version, " +
+	"initiator_id, initiator_type, initiator_org, initiator_owner, trigger_id, chain_depth, link"
 
 // InsertUsage writes usage facts (ingest, and reprice with higher versions).
 func (s *Store) InsertUsage(ctx context.Context, rows []UsageRow) error {
@@ -236,7 +252,8 @@ func (s *Store) InsertUsage(ctx context.Context, rows []UsageRow) error {
 		r := &rows[i]
 		return b.Append(r.EventID, r.Time, ms(r.Time), r.OrgID, r.OwnerID, r.AgentID, r.RoomID, r.ExecutionID, r.Model,
 			r.InputTokens, r.OutputTokens, r.CacheReadTokens, r.CacheWriteTokens, r.Reasoning,
-			micros(r.CostMicros), r.Currency, b2u(r.Priced), r.CatalogVersion, r.Version)
+			micros(r.CostMicros), r.Currency, b2u(r.Priced), r.CatalogVersion, r.Version,
+			r.Chain.InitiatorID, r.Chain.InitiatorType, r.Chain.InitiatorOrg, r.Chain.InitiatorOwner, r.Chain.TriggerID, r.Chain.Depth, r.Chain.Link)
 	})
 }
 

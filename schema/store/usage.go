@@ -78,7 +78,8 @@ func (s *Store) ScanUsage(ctx context.Context, f UsageFilter, chunk int, fn func
 // usageReadCols are the columns scanUsage reads, in its order.
 const usageReadCols = `event_id, time, time_ms, org_id, owner_id, agent_id, room_id, execution_id, model,
 		input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, reasoning_tokens,
-		cost, currency, priced, catalog_version, version`
+		cost, currency, priced, catalog_version, version,
+		initiator_id, initiator_type, initiator_org, initiator_owner, trigger_id, chain_depth, link`
 
 func scanUsage(rows driver.Rows) (UsageRow, error) {
 	var r UsageRow
@@ -87,7 +88,8 @@ func scanUsage(rows driver.Rows) (UsageRow, error) {
 	var priced uint8
 	if err := rows.Scan(&r.EventID, &r.Time, &tms, &r.OrgID, &r.OwnerID, &r.AgentID, &r.RoomID, &r.ExecutionID, &r.Model,
 		&r.InputTokens, &r.OutputTokens, &r.CacheReadTokens, &r.CacheWriteTokens, &r.Reasoning,
-		&cost, &r.Currency, &priced, &r.CatalogVersion, &r.Version); err != nil {
+		&cost, &r.Currency, &priced, &r.CatalogVersion, &r.Version,
+		&r.Chain.InitiatorID, &r.Chain.InitiatorType, &r.Chain.InitiatorOrg, &r.Chain.InitiatorOwner, &r.Chain.TriggerID, &r.Chain.Depth, &r.Chain.Link); err != nil {
 		return r, err
 	}
 	r.Time = r.Time.UTC().Add(time.Duration(tms) * time.Millisecond)

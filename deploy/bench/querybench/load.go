@@ -150,6 +150,7 @@ func generate(ctx context.Context, cfg *Config, n int) (*base, error) {
 	sc.Start = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	cat := pricing.Default()
 	dir := directory.New()
+	links := ingest.NewTracker(dir) // usage linked to its cause, as ingest does
 	b := &base{events: make([]store.EventRow, 0, n), usage: make([]*store.UsageRow, 0, n), dir: make([]*store.DirectoryRow, 0, n)}
 	last := time.Now()
 	_, err := simulate.Run(ctx, sc, simulate.SinkFunc(func(ctx context.Context, lines [][]byte) error {
@@ -167,7 +168,7 @@ func generate(ctx context.Context, cfg *Config, n int) (*base, error) {
 				}
 				dr = &r
 			}
-			r, u, err := ingest.Rows(ev, dir, cat)
+			r, u, err := ingest.Rows(ev, dir, cat, links)
 			if err != nil {
 				return err
 			}

@@ -1,0 +1,159 @@
+package ingest
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/bandplane/bandplane/schema"
+	"github.com/bandplane/bandplane/schema/cause"
+	"github.com/bandplane/bandplane/schema/directory"
+	"github.com/bandplane/bandplane/schema/store"
+)
+
+// Causes is what the consumer needs of ClickHouse to keep events' links across
+// restarts and late triggers (schema/store).
+type Causes interface {
+	RecentCauses(ctx context.Context, since time.Time, limit int) ([]store.CauseRow, error)
+	CausesOfEvents(ctx context.Context, ids []string, from, to time.Time) ([]store.CauseRow, error)
+	UsageOfEvents(ctx context.Context, ids []string, from, to time.Time) ([]store.UsageRow, error)
+	InsertUsage(ctx context.Context, rows []store.UsageRow) error
+	InsertCauses(ctx context.Context, rows []store.CauseRow) error
+}
+
+// NewTracker is the cause tracker of ingest: the directory tells each party's
+// organization and accountable person.
+func NewTracker(dir *directory.Directory) *cause.Tracker {
+	return cause.New(func(p schema.Party) (string, string) {
+		switch p.Type {
+		case schema.ActorAgent:
+			if a, ok := dir.Agent(p.ID); ok {
+				return a.OrgID, a.OwnerID
+			}
+		case schema.ActorUser:
+			if pp, ok := dir.Person(p.ID); ok {
+				return pp.OrgID, p.ID
+			}
+			return "", p.ID
+		}
+		return "", ""
+	}, 0, 0)
+}
+
+// WarmTracker gives t what ingest stored within the horizon before now: the events
+// still pending on an explicit trigger, then the messages, so that a restarted
+// consumer infers the triggers of the executions they started and resolves the
+// pending links whose trigger was stored before it stopped. It returns the messages
+// read and those resolutions (relink stores them).
+func WarmTracker(ctx context.Context, t *cause.Tracker, c Causes, now time.Time) (int, []cause.Resolution, error) {
+	rows, err := c.RecentCauses(ctx, now.Add(-cause.DefaultHorizon), cause.DefaultMaxMessages)
+	if err != nil {
+		return 0, nil, err
+	}
+	for i := range rows {
+		if r := &rows[i]; r.Chain.Link == cause.SourcePending {
+			t.Await(r.EventID, r.Chain.TriggerID, r.ExecutionID, r.Time)
+		}
+	}
+	var res []cause.Resolution
+	messages := 0
+	for i := range rows {
+		if r := &rows[i]; r.MessageID != "" {
+			messages++
+			res = append(res, t.Remember(cause.Message{Room: r.RoomID, EventID: r.EventID, MessageID: r.MessageID, Time: r.Time, Mentions: r.Mentions, Link: linkOf(r.Chain)})...)
+		}
+	}
+	return messages, res, nil
+}
+
+// ChainOf is a link as stored.
+func ChainOf(l cause.Link) store.Chain {
+	return store.Chain{TriggerID: l.Trigger, TriggerEventID: l.TriggerEvent, InitiatorID: l.Initiator.ID,
+		InitiatorType: string(l.Initiator.Type), InitiatorOrg: l.InitiatorOrg, InitiatorOwner: l.InitiatorOwner,
+		Depth: uint16(min(l.Depth, 1<<16-1)), Link: l.Source()}
+}
+
+func linkOf(c store.Chain) cause.Link {
+	return cause.Link{Trigger: c.TriggerID, TriggerEvent: c.TriggerEventID,
+		Initiator:    schema.Party{ID: c.InitiatorID, Type: schema.ActorType(c.InitiatorType)},
+		InitiatorOrg: c.InitiatorOrg, InitiatorOwner: c.InitiatorOwner, Depth: int(c.Depth),
+		Explicit: c.Link == cause.SourceExplicit || c.Link == cause.SourcePending, Pending: c.Link == cause.SourcePending}
+}
+
+// causeRow is the stored link of an event.
+func causeRow(ev *schema.Event, l cause.Link) store.CauseRow {
+	r := store.CauseRow{EventID: ev.ID, Time: ev.Time, Type: ev.Type, OrgID: ev.OrgID, RoomID: ev.RoomID,
+		ActorID: ev.Actor.ID, ExecutionID: ev.ExecutionID, Chain: ChainOf(l)}
+	if ev.Type == schema.TypeMessageCreated || ev.Type == schema.TypeMessageUpdated {
+		var d schema.MessageData
+		if schema.DecodeData(ev.Data, &d) == nil {
+			r.MessageID = d.MessageID
+			if r.MessageID == "" {
+				r.MessageID = ev.ID
+			}
+			for _, m := range d.Mentions {
+				if m.ID != "" && m.ID != ev.Actor.ID && !slices.Contains(r.Mentions, m.ID) {
+					r.Mentions = append(r.Mentions, m.ID)
+				}
+			}
+		}
+	}
+	return r
+}
+
+// relink rewrites the stored usage and cause rows of events whose pending link a late
+// trigger resolved, at higher versions, and returns the hours of usage it rewrote.
+// The resolutions of events in the same batch were applied before it was stored.
+func relink(ctx context.Context, c Causes, res []cause.Resolution, now time.Time) ([]store.HourKey, error) {
+	if len(res) == 0 {
+		return nil, nil
+	}
+	by := make(map[string]cause.Link, len(res))
+	ids := make([]string, 0, len(res))
+	from, to := res[0].Time, res[0].Time
+	for _, r := range res {
+		by[r.EventID] = r.Link
+		ids = append(ids, r.EventID)
+		from, to = minTime(from, r.Time), maxTime(to, r.Time)
+	}
+	from, to = from.Add(-time.Second), to.Add(time.Second)
+	v := uint64(now.UnixNano())
+	causes, err := c.CausesOfEvents(ctx, ids, from, to)
+	if err != nil {
+		return nil, fmt.Errorf("cannot relink %d events a late trigger resolved: %w", len(res), err)
+	}
+	for i := range causes {
+		causes[i].Chain = ChainOf(by[causes[i].EventID])
+		causes[i].Version = max(v, causes[i].Version+1)
+	}
+	if err := c.InsertCauses(ctx, causes); err != nil {
+		return nil, fmt.Errorf("cannot relink %d events a late trigger resolved: %w", len(causes), err)
+	}
+	usage, err := c.UsageOfEvents(ctx, ids, from, to)
+	if err != nil {
+		return nil, fmt.Errorf("cannot relink %d events a late trigger resolved: %w", len(res), err)
+	}
+	for i := range usage {
+		usage[i].Chain = ChainOf(by[usage[i].EventID])
+		usage[i].Version = max(v, usage[i].Version+1)
+	}
+	if err := c.InsertUsage(ctx, usage); err != nil {
+		return nil, fmt.Errorf("cannot relink %d usage rows a late trigger resolved: %w", len(usage), err)
+	}
+	return usageHours(usage), nil
+}
+
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
+}

@@ -1,0 +1,440 @@
+// Package cause derives who set each agent event going. On the platform an agent acts
+// only when a message mentions it, so every agent execution has a trigger, the message
+// that started it, and a chain of such messages leads back to an initiator: the person
+// (or the system outside chat) at its root. Each message, tool call and usage event of
+// an agent gets a Link: its trigger, its initiator, the chain's depth, and whether the
+// platform sent every link of the chain or some were inferred.
+//
+// The rules, in the order they apply to an agent's event:
+//
+//  1. An explicit trigger wins: data.trigger.message_id (canonical events) or
+//     metadata.trigger_message_id (the platform's frames) names the message, by the
+//     platform's id or the event's. A trigger from outside chat is data.trigger.source
+//     or metadata.trigger_source ("schedule", "webhook:github"): that system is the
+//     initiator.
+//  2. An execution_id seen before keeps the link its first event got.
+//  3. Otherwise the trigger is inferred: the latest message in the room that mentions
+//     the agent, seen before this event and within the horizon.
+//  4. With none of these the agent acted on its own: it is its own initiator.
+//
+// A person's message is a root (depth 0, its author the initiator). A link's depth is
+// its trigger's depth plus one. An explicit trigger not seen yet makes a pending link
+// (the initiator unknown), resolved when the message arrives (Observe reports the events it resolves). Inference is
+// exact when an agent's events of one execution come before the next message that
+// mentions it; two mentions of one agent close together, with the first execution
+// still running, credit its later events to the second. Platforms make that exact by
+// sending the trigger (rule 1) or an execution_id on every event (rule 2).
+//
+// A Tracker holds the state in memory; ingest feeds it each room's events in Kafka
+// order (a room is one partition's), and warms it at start from the links it stored
+// (Remember, Await). It is not safe for concurrent use.
+//
+// It imports the standard library and schema/ packages only: schema/ is the basement
+// every other folder builds on (deploy/layers).
+package cause
+
+import (
+	"encoding/json"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/bandplane/bandplane/schema"
+)
+
+// Link is how one event came to be.
+type Link struct {
+	// Trigger is the platform's id of the message that started the execution (its
+	// event id when it has none); TriggerEvent is that message's event id. Both are
+	// empty at a root.
+	Trigger, TriggerEvent string
+	// Initiator is the root of the chain: a person, an agent that acted on its own, or
+	// a system outside chat (Type schema.ActorSystem, ID its source). InitiatorOrg and
+	// InitiatorOwner are its organization and accountable person (for an agent its
+	// owner; for a person, that person).
+	Initiator                    schema.Party
+	InitiatorOrg, InitiatorOwner string
+	// Depth is 0 for the root's own events, 1 for an execution the root's message
+	// started, and so on.
+	Depth int
+	// Explicit says that the platform sent every link from the root to here.
+	Explicit bool
+	// Pending says that the explicit trigger has not been seen yet: the initiator is
+	// unknown until it is (Tracker.Observe reports the events it resolves).
+	Pending bool
+}
+
+// Source of a link, as stored and as GraphQL shows it.
+const (
+	SourceExplicit = "explicit"
+	SourceInferred = "inferred"
+	SourcePending  = "pending"
+)
+
+// Source is how the link was made.
+func (l Link) Source() string {
+	switch {
+	case l.Pending:
+		return SourcePending
+	case l.Explicit:
+		return SourceExplicit
+	}
+	return SourceInferred
+}
+
+// Who returns the organization and accountable person of a party, from the directory.
+type Who func(p schema.Party) (org, owner string)
+
+// Resolution is an event whose pending link a late trigger resolved.
+type Resolution struct {
+	EventID string
+	Time    time.Time // the event's
+	Link    Link
+}
+
+// Defaults of a Tracker.
+const (
+	// DefaultHorizon is how long a mention may trigger an execution, and how long a
+	// message's link is kept for the explicit triggers that name it.
+	DefaultHorizon = time.Hour
+	// DefaultMaxMessages bounds the messages remembered (their links, for explicit
+	// triggers and for the mentions they hold); the oldest go first.
+	DefaultMaxMessages = 1_000_000
+	// maxPendingPerTrigger bounds the events one unknown trigger holds pending.
+	maxPendingPerTrigger = 10_000
+)
+
+// Tracker derives links from the events of rooms in order.
+type Tracker struct {
+	who         Who
+	horizon     time.Duration
+	maxMessages int
+
+	rooms      map[string]*room
+	messages   map[string]remembered // by the platform's message id and by event id
+	order      []messageKey          // the messages in the order they came, for the cap and the sweep
+	executions map[string]remembered // execution id → the link of its first event
+	pending    map[string][]waiting  // an unknown trigger → the events waiting for it
+	pendingAt  map[string]time.Time
+	swept      time.Time // the last sweep of the maps (event time)
+}
+
+type messageKey struct {
+	ids [2]string
+	at  time.Time
+}
+
+type waiting struct {
+	id string
+	at time.Time
+}
+
+type remembered struct {
+	link           Link
+	at             time.Time
+	msgID, eventID string // a message's two ids
+}
+
+type room struct {
+	mentioned map[string]mention // agent id → the latest message that mentioned it
+}
+
+type mention struct {
+	msgID, eventID string
+	at             time.Time
+	link           Link // the mentioning message's own link
+}
+
+// New makes a Tracker; horizon and maxMessages of 0 take the defaults.
+func New(who Who, horizon time.Duration, maxMessages int) *Tracker {
+	if horizon <= 0 {
+		horizon = DefaultHorizon
+	}
+	if maxMessages <= 0 {
+		maxMessages = DefaultMaxMessages
+	}
+	if who == nil {
+		who = func(schema.Party) (string, string) { return "", "" }
+	}
+	return &Tracker{who: who, horizon: horizon, maxMessages: maxMessages, rooms: map[string]*room{},
+		messages: map[string]remembered{}, executions: map[string]remembered{}, pending: map[string][]waiting{},
+		pendingAt: map[string]time.Time{}}
+}
+
+// Linked says whether events of this type by this kind of actor get a link: the
+// messages and room events of agents and people, and agents' usage.
+func Linked(ev *schema.Event) bool {
+	switch ev.Actor.Type {
+	case schema.ActorAgent:
+	case schema.ActorUser:
+		return isMessage(ev.Type)
+	default:
+		return false
+	}
+	return isMessage(ev.Type) || ev.Type == schema.TypeUsageReported || strings.HasPrefix(ev.Type, "event.")
+}
+
+func isMessage(t string) bool {
+	return t == schema.TypeMessageCreated || t == schema.TypeMessageUpdated
+}
+
+// fields is what a link needs of an event's data, whatever its type.
+type fields struct {
+	MessageID string           `json:"message_id"`
+	Mentions  []schema.Mention `json:"mentions"`
+	Trigger   *struct {
+		MessageID string `json:"message_id"`
+		Source    string `json:"source"`
+	} `json:"trigger"`
+	Extra *struct {
+		Metadata *struct {
+			TriggerMessageID string `json:"trigger_message_id"`
+			TriggerSource    string `json:"trigger_source"`
+		} `json:"metadata"`
+	} `json:"extra"`
+}
+
+// Explicit is the explicit trigger of an event's data: a message id or a source.
+func explicit(f *fields) (msg, source string) {
+	if f.Trigger != nil {
+		msg, source = f.Trigger.MessageID, f.Trigger.Source
+	}
+	if msg == "" && source == "" && f.Extra != nil && f.Extra.Metadata != nil {
+		msg, source = f.Extra.Metadata.TriggerMessageID, f.Extra.Metadata.TriggerSource
+	}
+	return msg, source
+}
+
+// Observe returns the link of ev (ok false for an event that gets none, see Linked)
+// and the pending events this one resolves, when it is the late trigger they named.
+// mentioned resolves a mention without an id (the platform sometimes sends only a
+// handle) to an agent id; nil: such mentions are ignored.
+func (t *Tracker) Observe(ev *schema.Event, mentioned func(handle string) string) (Link, []Resolution, bool) {
+	if !Linked(ev) {
+		return Link{}, nil, false
+	}
+	var f fields
+	if len(ev.Data) > 0 {
+		_ = json.Unmarshal(ev.Data, &f) // data that is no object has no link fields
+	}
+	t.sweep(ev.Time)
+	var l Link
+	if ev.Actor.Type == schema.ActorUser {
+		org, owner := t.who(ev.Actor)
+		l = Link{Initiator: ev.Actor, InitiatorOrg: org, InitiatorOwner: owner, Explicit: true}
+	} else {
+		l = t.agentLink(ev, &f)
+	}
+	var resolved []Resolution
+	if isMessage(ev.Type) {
+		resolved = t.remember(ev, &f, l, mentioned)
+	}
+	return l, resolved, true
+}
+
+func (t *Tracker) agentLink(ev *schema.Event, f *fields) Link {
+	if ev.ExecutionID != "" {
+		if r, ok := t.executions[ev.ExecutionID]; ok {
+			if r.link.Pending { // its events wait for the trigger its first one named
+				t.await(r.link.Trigger, ev.ID, ev.Time)
+			}
+			return r.link
+		}
+	}
+	var l Link
+	msg, source := explicit(f)
+	switch {
+	case msg != "":
+		if r, ok := t.messages[msg]; ok {
+			l = child(r.link, r.msgID, true)
+			l.TriggerEvent = r.eventID
+		} else {
+			l = Link{Trigger: msg, Explicit: true, Pending: true, Depth: 1}
+			t.await(msg, ev.ID, ev.Time)
+		}
+	case source != "":
+		org, _ := t.who(ev.Actor)
+		l = Link{Initiator: schema.Party{ID: source, Type: schema.ActorSystem}, InitiatorOrg: org, Depth: 1, Explicit: true}
+	default:
+		if rm, ok := t.rooms[ev.RoomID]; ok {
+			if m, ok := rm.mentioned[ev.Actor.ID]; ok && !ev.Time.Before(m.at) && ev.Time.Sub(m.at) <= t.horizon {
+				l = child(m.link, m.msgID, false)
+				l.TriggerEvent = m.eventID
+				break
+			}
+		}
+		org, owner := t.who(ev.Actor)
+		l = Link{Initiator: ev.Actor, InitiatorOrg: org, InitiatorOwner: owner}
+	}
+	if ev.ExecutionID != "" {
+		t.executions[ev.ExecutionID] = remembered{link: l, at: ev.Time}
+	}
+	return l
+}
+
+// child is the link of an execution that a message of link parent started.
+func child(parent Link, trigger string, explicit bool) Link {
+	return Link{Trigger: trigger, Initiator: parent.Initiator, InitiatorOrg: parent.InitiatorOrg,
+		InitiatorOwner: parent.InitiatorOwner, Depth: parent.Depth + 1, Explicit: parent.Explicit && explicit,
+		Pending: parent.Pending}
+}
+
+// remember records a message: its link, for explicit triggers that name it, and its
+// mentions, for inference. It returns the pending events it resolves.
+func (t *Tracker) remember(ev *schema.Event, f *fields, l Link, mentioned func(string) string) []Resolution {
+	msgID := f.MessageID
+	if msgID == "" {
+		msgID = ev.ID
+	}
+	var agents []string
+	if ev.Type == schema.TypeMessageCreated {
+		for _, m := range f.Mentions {
+			id := m.ID
+			if id == "" && mentioned != nil && m.Handle != "" {
+				id = mentioned(m.Handle)
+			}
+			if id != "" && id != ev.Actor.ID {
+				agents = append(agents, id)
+			}
+		}
+	}
+	return t.Remember(Message{Room: ev.RoomID, EventID: ev.ID, MessageID: msgID, Time: ev.Time, Mentions: agents, Link: l})
+}
+
+// Message is a message as the Tracker keeps it: what Warm is given of the messages
+// ingest stored before it started.
+type Message struct {
+	Room, EventID, MessageID string
+	Time                     time.Time
+	Mentions                 []string // the ids of the agents it mentions
+	Link                     Link
+}
+
+// Remember records a message (Observe does for the messages it sees; ingest does at
+// start for those it stored within the horizon, oldest first) and returns the pending
+// events it resolves.
+func (t *Tracker) Remember(m Message) []Resolution {
+	if m.MessageID == "" {
+		m.MessageID = m.EventID
+	}
+	r := remembered{link: m.Link, at: m.Time, msgID: m.MessageID, eventID: m.EventID}
+	t.messages[m.MessageID], t.messages[m.EventID] = r, r
+	t.order = append(t.order, messageKey{ids: [2]string{m.MessageID, m.EventID}, at: m.Time})
+	for len(t.order) > t.maxMessages {
+		t.forget(t.order[0])
+		t.order = t.order[1:]
+	}
+	if len(m.Mentions) > 0 {
+		rm := t.rooms[m.Room]
+		if rm == nil {
+			rm = &room{mentioned: map[string]mention{}}
+			t.rooms[m.Room] = rm
+		}
+		for _, id := range m.Mentions {
+			if old, ok := rm.mentioned[id]; !ok || !m.Time.Before(old.at) {
+				rm.mentioned[id] = mention{msgID: m.MessageID, eventID: m.EventID, at: m.Time, link: m.Link}
+			}
+		}
+	}
+	var out []Resolution
+	for _, name := range [2]string{m.MessageID, m.EventID} {
+		events, ok := t.pending[name]
+		if !ok {
+			continue
+		}
+		delete(t.pending, name)
+		delete(t.pendingAt, name)
+		resolved := child(m.Link, m.MessageID, true)
+		resolved.TriggerEvent = m.EventID
+		for _, e := range events {
+			out = append(out, Resolution{EventID: e.id, Time: e.at, Link: resolved})
+		}
+		for id, e := range t.executions {
+			if e.link.Pending && e.link.Trigger == name {
+				t.executions[id] = remembered{link: resolved, at: e.at}
+			}
+		}
+	}
+	return out
+}
+
+// Await records a stored event whose explicit trigger has not been seen (ingest does
+// at start for the pending links it stored within the horizon, before it remembers
+// the messages), so that the trigger resolves it when it comes.
+func (t *Tracker) Await(eventID, trigger, executionID string, at time.Time) {
+	if !slices.ContainsFunc(t.pending[trigger], func(x waiting) bool { return x.id == eventID }) {
+		t.await(trigger, eventID, at)
+	}
+	if executionID != "" {
+		if _, ok := t.executions[executionID]; !ok {
+			t.executions[executionID] = remembered{link: Link{Trigger: trigger, Explicit: true, Pending: true, Depth: 1}, at: at}
+		}
+	}
+}
+
+// await holds an event pending on an unknown trigger (at most maxPendingPerTrigger
+// per trigger: a trigger that never comes cannot hold unbounded memory).
+func (t *Tracker) await(trigger, eventID string, at time.Time) {
+	if w := t.pending[trigger]; len(w) < maxPendingPerTrigger {
+		t.pending[trigger] = append(w, waiting{id: eventID, at: at})
+		t.pendingAt[trigger] = maxTime(t.pendingAt[trigger], at)
+	}
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
+}
+
+func (t *Tracker) forget(k messageKey) {
+	for _, id := range k.ids {
+		if r, ok := t.messages[id]; ok && r.at.Equal(k.at) {
+			delete(t.messages, id)
+		}
+	}
+}
+
+// sweep forgets what is older than twice the horizon before now (event time: a
+// room's events come in order, other rooms' may lag, so it keeps a horizon of slack).
+// The maps are swept once per eighth of the horizon, so that an event costs the
+// sweep nothing in between.
+func (t *Tracker) sweep(now time.Time) {
+	cut := now.Add(-2 * t.horizon)
+	for len(t.order) > 0 && t.order[0].at.Before(cut) {
+		t.forget(t.order[0])
+		t.order = t.order[1:]
+	}
+	if now.Sub(t.swept) < t.horizon/8 && len(t.executions) <= t.maxMessages {
+		return
+	}
+	t.swept = now
+	for id, e := range t.executions {
+		if e.at.Before(cut) || len(t.executions) > t.maxMessages {
+			delete(t.executions, id)
+		}
+	}
+	for name, at := range t.pendingAt {
+		if at.Before(cut) {
+			delete(t.pending, name)
+			delete(t.pendingAt, name)
+		}
+	}
+	for id, rm := range t.rooms {
+		for a, m := range rm.mentioned {
+			if m.at.Before(cut) {
+				delete(rm.mentioned, a)
+			}
+		}
+		if len(rm.mentioned) == 0 {
+			delete(t.rooms, id)
+		}
+	}
+}
+
+// Remembered is the count of messages, executions, rooms and pending triggers held,
+// for the gauges.
+func (t *Tracker) Remembered() (messages, executions, rooms, pending int) {
+	return len(t.order), len(t.executions), len(t.rooms), len(t.pending)
+}

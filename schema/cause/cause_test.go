@@ -1,0 +1,245 @@
+package cause
+
+import (
+	"encoding/json"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/bandplane/bandplane/schema"
+)
+
+var t0 = time.Date(2026, 3, 1, 10, 0, 0, 0, time.UTC)
+
+func who(p schema.Party) (string, string) {
+	switch p.ID {
+	case "alice":
+		return "org-a", "alice"
+	case "coder", "reviewer":
+		return "org-a", "alice"
+	case "partner-bot":
+		return "org-b", "bob"
+	}
+	return "", ""
+}
+
+type world struct {
+	t  *testing.T
+	tr *Tracker
+	n  int
+}
+
+func newWorld(t *testing.T) *world { return &world{t: t, tr: New(who, 0, 0)} }
+
+func (w *world) ev(actor schema.Party, typ string, at time.Duration, data any) *schema.Event {
+	w.n++
+	b, err := json.Marshal(data)
+	require.NoError(w.t, err)
+	return &schema.Event{ID: fmt.Sprintf("e%d", w.n), Type: typ, Time: t0.Add(at), RoomID: "room-1", Actor: actor, Data: b}
+}
+
+func (w *world) observe(ev *schema.Event) (Link, []Resolution) {
+	l, res, ok := w.tr.Observe(ev, func(h string) string {
+		if h == "coder-handle" {
+			return "coder"
+		}
+		return ""
+	})
+	require.True(w.t, ok, "%s by %s gets a link", ev.Type, ev.Actor.ID)
+	return l, res
+}
+
+var (
+	alice    = schema.Party{ID: "alice", Type: schema.ActorUser}
+	coder    = schema.Party{ID: "coder", Type: schema.ActorAgent}
+	reviewer = schema.Party{ID: "reviewer", Type: schema.ActorAgent}
+	partner  = schema.Party{ID: "partner-bot", Type: schema.ActorAgent}
+)
+
+func msg(id string, mentions ...string) map[string]any {
+	var ms []map[string]string
+	for _, m := range mentions {
+		ms = append(ms, map[string]string{"id": m})
+	}
+	return map[string]any{"message_id": id, "content": "hi", "mentions": ms}
+}
+
+func usage() map[string]any { return map[string]any{"input_tokens": 10, "output_tokens": 1} }
+
+func TestInferredChainAcrossAgentsAndOwners(t *testing.T) {
+	w := newWorld(t)
+	root, _ := w.observe(w.ev(alice, schema.TypeMessageCreated, 0, msg("m1", "coder")))
+	assert.Equal(t, Link{Initiator: alice, InitiatorOrg: "org-a", InitiatorOwner: "alice", Explicit: true}, root)
+
+	tool, _ := w.observe(w.ev(coder, schema.TypeToolCall, time.Second, map[string]any{"tool_name": "search"}))
+	reply, _ := w.observe(w.ev(coder, schema.TypeMessageCreated, 2*time.Second, msg("m2", "reviewer", "alice")))
+	use, _ := w.observe(w.ev(coder, schema.TypeUsageReported, 3*time.Second, usage()))
+	want := Link{Trigger: "m1", TriggerEvent: "e1", Initiator: alice, InitiatorOrg: "org-a", InitiatorOwner: "alice", Depth: 1}
+	for _, l := range []Link{tool, reply, use} {
+		assert.Equal(t, want, l)
+		assert.Equal(t, SourceInferred, l.Source())
+	}
+	rev, _ := w.observe(w.ev(reviewer, schema.TypeUsageReported, 4*time.Second, usage()))
+	assert.Equal(t, Link{Trigger: "m2", TriggerEvent: "e3", Initiator: alice, InitiatorOrg: "org-a", InitiatorOwner: "alice", Depth: 2}, rev)
+
+	// Across owners: the reviewer hands to another organization's agent, which is
+	// still alice's spend.
+	w.observe(w.ev(reviewer, schema.TypeMessageCreated, 5*time.Second, msg("m3", "partner-bot")))
+	p, _ := w.observe(w.ev(partner, schema.TypeUsageReported, 6*time.Second, usage()))
+	assert.Equal(t, alice, p.Initiator)
+	assert.Equal(t, "org-a", p.InitiatorOrg)
+	assert.Equal(t, 3, p.Depth)
+}
+
+func TestExplicitTriggerWinsAndStaysExplicit(t *testing.T) {
+	w := newWorld(t)
+	w.observe(w.ev(alice, schema.TypeMessageCreated, 0, msg("m1", "coder")))
+	w.observe(w.ev(alice, schema.TypeMessageCreated, time.Second, msg("m9", "coder"))) // a later mention
+	l, _ := w.observe(w.ev(coder, schema.TypeUsageReported, 2*time.Second,
+		map[string]any{"input_tokens": 1, "output_tokens": 1, "extra": map[string]any{"metadata": map[string]any{"trigger_message_id": "m1"}}}))
+	assert.Equal(t, "m1", l.Trigger, "the explicit trigger, not the latest mention")
+	assert.Equal(t, "e1", l.TriggerEvent)
+	assert.True(t, l.Explicit)
+	assert.Equal(t, SourceExplicit, l.Source())
+
+	// Named by event id too, in the canonical field.
+	l, _ = w.observe(w.ev(coder, schema.TypeToolCall, 3*time.Second, map[string]any{"tool_name": "x", "trigger": map[string]any{"message_id": "e2"}}))
+	assert.Equal(t, "m9", l.Trigger)
+	assert.Equal(t, "e2", l.TriggerEvent)
+	assert.True(t, l.Explicit)
+}
+
+func TestLateTriggerIsPendingThenResolved(t *testing.T) {
+	w := newWorld(t)
+	early := w.ev(coder, schema.TypeUsageReported, time.Second, map[string]any{"input_tokens": 1, "output_tokens": 1, "trigger": map[string]any{"message_id": "m-late"}})
+	early.ExecutionID = "x1"
+	l, _ := w.observe(early)
+	assert.True(t, l.Pending)
+	assert.Equal(t, SourcePending, l.Source())
+	assert.Equal(t, schema.Party{}, l.Initiator, "no initiator until the trigger is seen")
+
+	_, res := w.observe(w.ev(alice, schema.TypeMessageCreated, 0, msg("m-late", "coder")))
+	want := Link{Trigger: "m-late", TriggerEvent: "e2", Initiator: alice, InitiatorOrg: "org-a", InitiatorOwner: "alice", Depth: 1, Explicit: true}
+	assert.Equal(t, []Resolution{{EventID: early.ID, Time: early.Time, Link: want}}, res)
+
+	// The execution's later events get the resolved link.
+	later := w.ev(coder, schema.TypeToolCall, 2*time.Second, map[string]any{"tool_name": "x"})
+	later.ExecutionID = "x1"
+	l, _ = w.observe(later)
+	assert.Equal(t, want, l)
+}
+
+func TestSourcesAndRoots(t *testing.T) {
+	w := newWorld(t)
+	l, _ := w.observe(w.ev(coder, schema.TypeUsageReported, 0, map[string]any{"input_tokens": 1, "output_tokens": 1,
+		"extra": map[string]any{"metadata": map[string]any{"trigger_source": "schedule"}}}))
+	assert.Equal(t, Link{Initiator: schema.Party{ID: "schedule", Type: schema.ActorSystem}, InitiatorOrg: "org-a", Depth: 1, Explicit: true}, l)
+
+	// Nobody mentioned it: it acted on its own.
+	l, _ = w.observe(w.ev(reviewer, schema.TypeUsageReported, time.Second, usage()))
+	assert.Equal(t, Link{Initiator: reviewer, InitiatorOrg: "org-a", InitiatorOwner: "alice"}, l)
+
+	// A mention past the horizon starts nothing.
+	w.observe(w.ev(alice, schema.TypeMessageCreated, 2*time.Second, msg("m1", "coder")))
+	l, _ = w.observe(w.ev(coder, schema.TypeUsageReported, 2*time.Second+DefaultHorizon+time.Second, usage()))
+	assert.Equal(t, coder, l.Initiator)
+	assert.Equal(t, 0, l.Depth)
+}
+
+func TestExecutionKeepsItsFirstLink(t *testing.T) {
+	w := newWorld(t)
+	w.observe(w.ev(alice, schema.TypeMessageCreated, 0, msg("m1", "coder")))
+	first := w.ev(coder, schema.TypeToolCall, time.Second, map[string]any{"tool_name": "x"})
+	first.ExecutionID = "x1"
+	w.observe(first)
+	w.observe(w.ev(reviewer, schema.TypeMessageCreated, 2*time.Second, msg("m2", "coder"))) // mentions it again meanwhile
+	use := w.ev(coder, schema.TypeUsageReported, 3*time.Second, usage())
+	use.ExecutionID = "x1"
+	l, _ := w.observe(use)
+	assert.Equal(t, "m1", l.Trigger, "the execution's first trigger")
+	// Without an execution id the latest mention wins: the inference's known limit.
+	l, _ = w.observe(w.ev(coder, schema.TypeUsageReported, 4*time.Second, usage()))
+	assert.Equal(t, "m2", l.Trigger)
+}
+
+func TestHandleOnlyMentionsAndSelfMentions(t *testing.T) {
+	w := newWorld(t)
+	w.observe(w.ev(alice, schema.TypeMessageCreated, 0, map[string]any{"message_id": "m1", "mentions": []map[string]string{{"handle": "coder-handle"}}}))
+	l, _ := w.observe(w.ev(coder, schema.TypeUsageReported, time.Second, usage()))
+	assert.Equal(t, "m1", l.Trigger)
+	// An agent mentioning itself starts nothing of its own.
+	w.observe(w.ev(reviewer, schema.TypeMessageCreated, 2*time.Second, msg("m2", "reviewer")))
+	l, _ = w.observe(w.ev(reviewer, schema.TypeUsageReported, 3*time.Second, usage()))
+	assert.Equal(t, reviewer, l.Initiator)
+}
+
+func TestOnlyRoomEventsAndUsageAreLinked(t *testing.T) {
+	tr := New(who, 0, 0)
+	for _, ev := range []schema.Event{
+		{Type: schema.TypeAgentRegistered, Actor: alice},
+		{Type: schema.TypeUsageReported, Actor: alice},
+		{Type: schema.TypeMessageCreated, Actor: schema.Party{ID: "sys", Type: schema.ActorSystem}},
+		{Type: "policy.decided", Actor: coder},
+	} {
+		_, _, ok := tr.Observe(&ev, nil)
+		assert.False(t, ok, "%s by %s", ev.Type, ev.Actor.Type)
+	}
+}
+
+// Whatever data a client sent, Observe answers and keeps its bounds.
+func TestHostileData(t *testing.T) {
+	tr := New(who, time.Minute, 100)
+	for i, data := range []string{`not json`, `[1,2]`, `{"mentions":"x"}`, `{"trigger":7}`, `{"extra":{"metadata":[]}}`, `null`, ``} {
+		ev := schema.Event{ID: fmt.Sprint("h", i), Type: schema.TypeMessageCreated, Time: t0, RoomID: "r", Actor: coder, Data: json.RawMessage(data)}
+		_, _, ok := tr.Observe(&ev, nil)
+		assert.True(t, ok)
+	}
+	// Many messages: the oldest are forgotten at the cap.
+	for i := range 1000 {
+		ev := schema.Event{ID: fmt.Sprint("m", i), Type: schema.TypeMessageCreated, Time: t0.Add(time.Duration(i) * time.Millisecond), RoomID: "r", Actor: alice,
+			Data: json.RawMessage(fmt.Sprintf(`{"message_id":"p%d","mentions":[{"id":"coder"}]}`, i))}
+		tr.Observe(&ev, nil)
+	}
+	msgs, _, _, _ := tr.Remembered()
+	assert.LessOrEqual(t, msgs, 100)
+	// Unknown triggers hold at most maxPendingPerTrigger events each, and go at the
+	// horizon.
+	for i := range maxPendingPerTrigger + 10 {
+		ev := schema.Event{ID: fmt.Sprint("u", i), Type: schema.TypeUsageReported, Time: t0, Actor: coder, Data: json.RawMessage(`{"trigger":{"message_id":"never"}}`)}
+		tr.Observe(&ev, nil)
+	}
+	assert.Len(t, tr.pending["never"], maxPendingPerTrigger)
+	late := schema.Event{ID: "late", Type: schema.TypeUsageReported, Time: t0.Add(10 * time.Minute), Actor: coder, Data: json.RawMessage(`{}`)}
+	tr.Observe(&late, nil)
+	_, _, rooms, pending := tr.Remembered()
+	assert.Equal(t, 0, pending)
+	assert.Equal(t, 0, rooms)
+}
+
+func TestPendingExecutionHoldsItsLaterEventsAndWarmsFromStore(t *testing.T) {
+	w := newWorld(t)
+	first := w.ev(coder, schema.TypeUsageReported, time.Second, map[string]any{"input_tokens": 1, "output_tokens": 1, "trigger": map[string]any{"message_id": "m-late"}})
+	first.ExecutionID = "x1"
+	w.observe(first)
+	second := w.ev(coder, schema.TypeToolCall, 2*time.Second, map[string]any{"tool_name": "x"})
+	second.ExecutionID = "x1"
+	l, _ := w.observe(second)
+	assert.True(t, l.Pending, "a later event of a pending execution waits for the same trigger")
+
+	// A restarted tracker learns the stored pending links (Await), then the message.
+	tr := New(who, 0, 0)
+	tr.Await(first.ID, "m-late", "x1", first.Time)
+	tr.Await(second.ID, "m-late", "x1", second.Time)
+	tr.Await(second.ID, "m-late", "x1", second.Time) // read twice: held once
+	res := tr.Remember(Message{Room: "room-1", EventID: "e9", MessageID: "m-late", Time: t0,
+		Link: Link{Initiator: alice, InitiatorOrg: "org-a", InitiatorOwner: "alice", Explicit: true}})
+	require.Len(t, res, 2)
+	for _, r := range res {
+		assert.Equal(t, alice, r.Link.Initiator)
+		assert.Equal(t, 1, r.Link.Depth)
+		assert.Equal(t, SourceExplicit, r.Link.Source())
+	}
+}

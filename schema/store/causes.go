@@ -1,0 +1,101 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+)
+
+// CauseRow is one row of causes (migration 009): an event's link.
+type CauseRow struct {
+	EventID              string
+	Time                 time.Time
+	Type, OrgID, RoomID  string
+	ActorID, ExecutionID string
+	MessageID            string   // a message's platform id
+	Mentions             []string // the agents a message mentions
+	Chain                Chain
+	Version              uint64
+}
+
+const causeCols = "event_id, time, time_ms, type, org_id, room_id, actor_id, execution_id, message_id, mentions, " +
+	"trigger_id, trigger_event_id, initiator_id, initiator_type, initiator_org, initiator_owner, depth, link, version"
+
+// InsertCauses writes events' links (ingest, and a late trigger's rewrite at a higher
+// version).
+func (s *Store) InsertCauses(ctx context.Context, rows []CauseRow) error {
+	return s.send(ctx, "causes", causeCols, len(rows), func(i int) uint32 { return DayPartition(rows[i].Time) }, func(b driver.Batch, i int) error {
+		r := &rows[i]
+		mentions := r.Mentions
+		if mentions == nil {
+			mentions = []string{}
+		}
+		c := &r.Chain
+		return b.Append(r.EventID, r.Time, ms(r.Time), r.Type, r.OrgID, r.RoomID, r.ActorID, r.ExecutionID, r.MessageID, mentions,
+			c.TriggerID, c.TriggerEventID, c.InitiatorID, c.InitiatorType, c.InitiatorOrg, c.InitiatorOwner, c.Depth, c.Link, r.Version)
+	})
+}
+
+// RecentCauses reads the links of the messages stored since the given time, and of
+// the events still pending on a trigger, oldest first: what the consumer's tracker
+// knew before it started. It reads FINAL, so that a row a late trigger rewrote is read
+// once, as rewritten.
+func (s *Store) RecentCauses(ctx context.Context, since time.Time, limit int) ([]CauseRow, error) {
+	return s.causes(ctx, "SELECT "+causeCols+" FROM "+s.db+".causes FINAL WHERE time >= ? AND (message_id != '' OR link = 'pending') ORDER BY time, time_ms, event_id LIMIT ?",
+		since.UTC(), uint64(max(limit, 0)))
+}
+
+func (s *Store) causes(ctx context.Context, q string, args ...any) ([]CauseRow, error) {
+	rows, err := s.conn.Query(ctx, q, args...)
+	if err != nil {
+		return nil, fmt.Errorf("cannot read %s.causes: %w", s.db, err)
+	}
+	defer rows.Close()
+	var out []CauseRow
+	for rows.Next() {
+		var r CauseRow
+		var tms uint16
+		c := &r.Chain
+		if err := rows.Scan(&r.EventID, &r.Time, &tms, &r.Type, &r.OrgID, &r.RoomID, &r.ActorID, &r.ExecutionID, &r.MessageID, &r.Mentions,
+			&c.TriggerID, &c.TriggerEventID, &c.InitiatorID, &c.InitiatorType, &c.InitiatorOrg, &c.InitiatorOwner, &c.Depth, &c.Link, &r.Version); err != nil {
+			return nil, fmt.Errorf("cannot read %s.causes: %w", s.db, err)
+		}
+		r.Time = r.Time.UTC().Add(time.Duration(tms) * time.Millisecond)
+		out = append(out, r)
+	}
+	return out, rows.Err()
+}
+
+// CausesOfEvents reads the current cause rows of the given events (a late trigger's
+// rewrite), within [from, to) of their times.
+func (s *Store) CausesOfEvents(ctx context.Context, ids []string, from, to time.Time) ([]CauseRow, error) {
+	if len(ids) == 0 {
+		return nil, nil
+	}
+	return s.causes(ctx, "SELECT "+causeCols+" FROM "+s.db+".causes FINAL WHERE time >= ? AND time < ? AND has(?, event_id)", from.UTC(), to.UTC(), ids)
+}
+
+// UsageOfEvents reads the current usage facts of the given events (a late trigger's
+// rewrite), within [from, to) of their times.
+func (s *Store) UsageOfEvents(ctx context.Context, ids []string, from, to time.Time) ([]UsageRow, error) {
+	if len(ids) == 0 {
+		return nil, nil
+	}
+	rows, err := s.conn.Query(ctx, "SELECT "+usageReadCols+" FROM "+s.db+".usage FINAL WHERE time >= ? AND time < ? AND has(?, event_id)",
+		from.UTC(), to.UTC(), ids)
+	if err != nil {
+		return nil, fmt.Errorf("cannot read the usage of %d events from %s.usage: %w", len(ids), s.db, err)
+	}
+	defer rows.Close()
+	var out []UsageRow
+	for rows.Next() {
+		r, err := scanUsage(rows)
+		if err != nil {
+			return nil, fmt.Errorf("cannot read %s.usage: %w", s.db, err)
+		}
+		out = append(out, r)
+	}
+	return out, rows.Err()
+}
