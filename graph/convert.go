@@ -158,6 +158,14 @@ func costRow(r query.CostRow, groupBy []string, n *names) model.CostRow {
 			out.Hour = &r.Hour
 		case query.DimDay:
 			out.Day = &r.Day
+		case query.DimInitiator:
+			out.InitiatorID = &r.InitiatorID
+			n.party(r.InitiatorID, &out.InitiatorHandle, &out.InitiatorName)
+		case query.DimInitiatorOwner:
+			out.InitiatorOwnerID = &r.InitiatorOwnerID
+		case query.DimChainDepth:
+			d := int(r.ChainDepth)
+			out.ChainDepth = &d
 		}
 	}
 	return out
@@ -173,5 +181,37 @@ func auditEvent(e query.Event, n *names) model.AuditEvent {
 	}
 	n.party(e.ActorID, nil, &m.ActorName)
 	m.RoomName = n.room(e.RoomID)
+	return m
+}
+
+// links are the GraphQL values of a link's source (schema/cause).
+var links = map[string]model.CauseLink{"explicit": model.CauseLinkExplicit, "inferred": model.CauseLinkInferred, "pending": model.CauseLinkPending}
+
+func delegation(d query.Delegation, n *names) *model.Delegation {
+	out := &model.Delegation{InitiatorID: d.InitiatorID, InitiatorType: d.InitiatorType, InitiatorOwnerID: optString(d.InitiatorOwner),
+		Hops: make([]model.DelegationHop, len(d.Hops)), Triggered: make([]model.DelegationHop, len(d.Triggered)), Truncated: d.Truncated}
+	n.party(d.InitiatorID, &out.InitiatorHandle, &out.InitiatorName)
+	for i, h := range d.Hops {
+		out.Hops[i] = hop(h, n)
+	}
+	for i, h := range d.Triggered {
+		out.Triggered[i] = hop(h, n)
+	}
+	return out
+}
+
+func hop(h query.Hop, n *names) model.DelegationHop {
+	m := model.DelegationHop{Depth: h.Depth, TriggerMessageID: optString(h.TriggerID), TriggerEventID: optString(h.TriggerEventID),
+		SenderID: optString(h.SenderID), AgentID: optString(h.AgentID), ExecutionID: optString(h.ExecutionID), Link: links[h.Link],
+		Time: h.Time, Events: int64(h.Events), Currency: optString(h.Currency), Outside: h.Outside}
+	if m.Link == "" {
+		m.Link = model.CauseLinkInferred
+	}
+	if h.Events > 0 {
+		c := money(h.Cost)
+		m.Cost = &c
+	}
+	n.party(h.SenderID, &m.SenderHandle, &m.SenderName)
+	n.party(h.AgentID, &m.AgentHandle, &m.AgentName)
 	return m
 }

@@ -16,6 +16,17 @@ func (f *fakeQuerier) UsageSeries(_ context.Context, q query.SeriesQuery) ([]que
 	return []query.Series{}, f.err
 }
 
+func (f *fakeQuerier) Delegation(_ context.Context, q query.DelegationQuery) (query.Delegation, error) {
+	if err := q.Validate(); err != nil {
+		return query.Delegation{}, err
+	}
+	return query.Delegation{Hops: []query.Hop{}, Triggered: []query.Hop{}}, f.err
+}
+
+func (f *fakeQuerier) CrossOwnerSpend(_ context.Context, q query.CrossOwnerQuery) (query.CrossOwnerSpend, error) {
+	return query.CrossOwnerSpend{CausedByOthers: []query.CostRow{}, CausedForOthers: []query.CostRow{}}, f.err
+}
+
 func (f *fakeQuerier) ChattyAgents(_ context.Context, q query.ChattyQuery) ([]query.ChattyAgent, error) {
 	return []query.ChattyAgent{}, f.err
 }

@@ -30,6 +30,8 @@ import (
 type Querier interface {
 	Costs(ctx context.Context, q query.CostQuery) (query.CostReport, error)
 	UsageSeries(ctx context.Context, q query.SeriesQuery) ([]query.Series, error)
+	Delegation(ctx context.Context, q query.DelegationQuery) (query.Delegation, error)
+	CrossOwnerSpend(ctx context.Context, q query.CrossOwnerQuery) (query.CrossOwnerSpend, error)
 	ChattyAgents(ctx context.Context, q query.ChattyQuery) ([]query.ChattyAgent, error)
 	Names(ctx context.Context, orgID string, ids []string) (map[string]query.Party, error)
 	RoomNames(ctx context.Context, orgID string, ids []string) (map[string]string, error)
@@ -105,6 +107,10 @@ var dimensions = map[model.CostDimension]string{
 	model.CostDimensionModel: query.DimModel,
 	model.CostDimensionHour:  query.DimHour,
 	model.CostDimensionDay:   query.DimDay,
+
+	model.CostDimensionInitiator:      query.DimInitiator,
+	model.CostDimensionInitiatorOwner: query.DimInitiatorOwner,
+	model.CostDimensionChainDepth:     query.DimChainDepth,
 }
 
 func deref[T any](p *T) T {
@@ -119,7 +125,8 @@ func costFilter(f *model.CostFilter) query.CostFilter {
 	if f == nil {
 		return query.CostFilter{}
 	}
-	return query.CostFilter{OwnerIDs: f.OwnerIds, AgentIDs: f.AgentIds, RoomIDs: f.RoomIds, Models: f.Models}
+	return query.CostFilter{OwnerIDs: f.OwnerIds, AgentIDs: f.AgentIds, RoomIDs: f.RoomIds, Models: f.Models,
+		InitiatorIDs: f.InitiatorIds, InitiatorOwnerIDs: f.InitiatorOwnerIds, ChainDepths: f.ChainDepths}
 }
 
 func outcomeOf(o *model.DecisionOutcome) string {

@@ -7,6 +7,8 @@ package graph
 
 import (
 	"context"
+	"errors"
+	"slices"
 	"strings"
 	"time"
 
@@ -95,7 +97,7 @@ func (r *queryResolver) Costs(ctx context.Context, orgID *string, from time.Time
 	}
 	var ids, rooms []string
 	for _, row := range rep.Rows {
-		ids, rooms = append(ids, row.OwnerID, row.AgentID), append(rooms, row.RoomID)
+		ids, rooms = append(ids, row.OwnerID, row.AgentID, row.InitiatorID), append(rooms, row.RoomID)
 	}
 	n, err := r.lookupNames(ctx, org, ids, rooms)
 	if err != nil {
@@ -146,7 +148,7 @@ func (r *queryResolver) UsageSeries(ctx context.Context, orgID *string, from tim
 	}
 	var n names
 	switch q.Split {
-	case query.DimOwner, query.DimAgent:
+	case query.DimOwner, query.DimAgent, query.DimInitiator, query.DimInitiatorOwner:
 		n, err = r.lookupNames(ctx, org, keys, nil)
 	case query.DimRoom:
 		n, err = r.lookupNames(ctx, org, nil, keys)
@@ -161,7 +163,7 @@ func (r *queryResolver) UsageSeries(ctx context.Context, orgID *string, from tim
 			m.Key = &series[i].Key
 			if q.Split == query.DimRoom {
 				m.Name = n.room(s.Key)
-			} else if q.Split != query.DimModel {
+			} else if q.Split != query.DimModel && q.Split != query.DimChainDepth {
 				n.party(s.Key, &m.Name, nil)
 			}
 		}
@@ -170,6 +172,63 @@ func (r *queryResolver) UsageSeries(ctx context.Context, orgID *string, from tim
 				Tokens: tokens(p.Tokens), Cost: money(p.Cost)}
 		}
 		out[i] = m
+	}
+	return out, nil
+}
+
+// Delegation is the resolver for the delegation field.
+func (r *queryResolver) Delegation(ctx context.Context, orgID *string, executionID *string, messageID *string, from *time.Time, to *time.Time) (*model.Delegation, error) {
+	org, done, err := r.begin(ctx, orgID, readers)
+	if err != nil {
+		return nil, r.fail(ctx, err)
+	}
+	defer done()
+	d, err := r.q.Delegation(ctx, query.DelegationQuery{OrgID: org, ExecutionID: deref(executionID), MessageID: deref(messageID),
+		From: deref(from), To: deref(to)})
+	if errors.Is(err, schema.ErrNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, r.fail(ctx, err)
+	}
+	ids := []string{d.InitiatorID}
+	for _, h := range append(slices.Clone(d.Hops), d.Triggered...) {
+		ids = append(ids, h.SenderID, h.AgentID)
+	}
+	n, err := r.lookupNames(ctx, org, ids, nil)
+	if err != nil {
+		return nil, r.fail(ctx, err)
+	}
+	return delegation(d, &n), nil
+}
+
+// CrossOwnerSpend is the resolver for the crossOwnerSpend field.
+func (r *queryResolver) CrossOwnerSpend(ctx context.Context, orgID *string, from time.Time, to time.Time, ownerID *string, limit *int) (*model.CrossOwnerSpend, error) {
+	org, done, err := r.begin(ctx, orgID, readers)
+	if err != nil {
+		return nil, r.fail(ctx, err)
+	}
+	defer done()
+	c, err := r.q.CrossOwnerSpend(ctx, query.CrossOwnerQuery{OrgID: org, From: from, To: to, OwnerID: deref(ownerID), Limit: deref(limit)})
+	if err != nil {
+		return nil, r.fail(ctx, err)
+	}
+	var ids []string
+	for _, row := range append(slices.Clone(c.CausedByOthers), c.CausedForOthers...) {
+		ids = append(ids, row.OwnerID, row.InitiatorOwnerID)
+	}
+	n, err := r.lookupNames(ctx, org, ids, nil)
+	if err != nil {
+		return nil, r.fail(ctx, err)
+	}
+	dims := []string{query.DimOwner, query.DimInitiatorOwner}
+	out := &model.CrossOwnerSpend{CausedByOthers: make([]model.CostRow, len(c.CausedByOthers)),
+		CausedForOthers: make([]model.CostRow, len(c.CausedForOthers)), Truncated: c.Truncated}
+	for i, row := range c.CausedByOthers {
+		out.CausedByOthers[i] = costRow(row, dims, &n)
+	}
+	for i, row := range c.CausedForOthers {
+		out.CausedForOthers[i] = costRow(row, dims, &n)
 	}
 	return out, nil
 }

@@ -84,7 +84,7 @@ func linkOf(c store.Chain) cause.Link {
 // causeRow is the stored link of an event.
 func causeRow(ev *schema.Event, l cause.Link) store.CauseRow {
 	r := store.CauseRow{EventID: ev.ID, Time: ev.Time, Type: ev.Type, OrgID: ev.OrgID, RoomID: ev.RoomID,
-		ActorID: ev.Actor.ID, ExecutionID: ev.ExecutionID, Chain: ChainOf(l)}
+		ActorID: ev.Actor.ID, ActorType: string(ev.Actor.Type), ExecutionID: ev.ExecutionID, Chain: ChainOf(l)}
 	if ev.Type == schema.TypeMessageCreated || ev.Type == schema.TypeMessageUpdated {
 		var d schema.MessageData
 		if schema.DecodeData(ev.Data, &d) == nil {

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/shopspring/decimal"
+
+	"github.com/bandplane/bandplane/schema/store"
 )
 
 // Cost dimensions a CostQuery can group by.
@@ -20,6 +22,12 @@ const (
 	DimModel = "model"
 	DimHour  = "hour"
 	DimDay   = "day"
+	// Who set the spend going (schema/cause): the person or system at the root of the
+	// delegation chain, its accountable person (for an agent acting on its own, the
+	// agent's owner), and the chain's depth (0: the initiator's own spend).
+	DimInitiator      = "initiator"
+	DimInitiatorOwner = "initiator_owner"
+	DimChainDepth     = "chain_depth"
 )
 
 // costDims maps a dimension to its expression over a cost read's rows (latestRollup:
@@ -32,7 +40,14 @@ var costDims = map[string]string{
 	DimModel: "model",
 	DimHour:  "hour",
 	DimDay:   "toStartOfDay(hour)",
+
+	DimInitiator:      "initiator_id",
+	DimInitiatorOwner: "initiator_owner",
+	DimChainDepth:     "chain_depth",
 }
+
+// dimNames lists the dimensions for errors.
+const dimNames = "owner, agent, room, model, hour, day, initiator, initiator_owner, chain_depth"
 
 // Cost limits: an attribution table is for people, not for export.
 const (
@@ -47,16 +62,25 @@ const (
 type CostQuery struct {
 	OrgID    string
 	From, To time.Time
-	GroupBy  []string // subset of owner, agent, room, model, hour, day
+	GroupBy  []string // subset of the Dim* dimensions
 	Filter   CostFilter
 	Limit    int // 0: DefaultCostLimit
 }
 
-// CostFilter keeps usage of any of the given owners, agents, rooms and models (an
-// empty list: any).
+// CostFilter keeps usage of any of the given owners, agents, rooms, models, initiators,
+// initiators' owners and chain depths (an empty list: any).
 type CostFilter struct {
 	OwnerIDs, AgentIDs, RoomIDs, Models []string
+	InitiatorIDs, InitiatorOwnerIDs     []string
+	ChainDepths                         []int
+	// CrossOwner keeps only the usage of agents whose owner is not the initiator's
+	// accountable person: spend one owner's requests caused on another owner's agents
+	// (a system initiator, which has no accountable person, is not another owner).
+	CrossOwner bool
 }
+
+// MaxChainDepth is the deepest chain a filter may ask for (the column is a UInt16).
+const MaxChainDepth = 1<<16 - 1
 
 // MaxFilterValues bounds each list of a CostFilter.
 const MaxFilterValues = 100
@@ -66,7 +90,8 @@ func (f CostFilter) validate() []error {
 	for _, l := range []struct {
 		field string
 		vals  []string
-	}{{"filter.owner_ids", f.OwnerIDs}, {"filter.agent_ids", f.AgentIDs}, {"filter.room_ids", f.RoomIDs}, {"filter.models", f.Models}} {
+	}{{"filter.owner_ids", f.OwnerIDs}, {"filter.agent_ids", f.AgentIDs}, {"filter.room_ids", f.RoomIDs}, {"filter.models", f.Models},
+		{"filter.initiator_ids", f.InitiatorIDs}, {"filter.initiator_owner_ids", f.InitiatorOwnerIDs}} {
 		if len(l.vals) > MaxFilterValues {
 			errs = append(errs, fieldErr(l.field, "%d values; at most %d", len(l.vals), MaxFilterValues))
 			continue
@@ -74,6 +99,15 @@ func (f CostFilter) validate() []error {
 		for i, v := range l.vals {
 			if v == "" || len(v) > 256 {
 				errs = append(errs, fieldErr(l.field, "value %d must be 1 to 256 bytes, got %d", i, len(v)))
+			}
+		}
+	}
+	if len(f.ChainDepths) > MaxFilterValues {
+		errs = append(errs, fieldErr("filter.chain_depths", "%d values; at most %d", len(f.ChainDepths), MaxFilterValues))
+	} else {
+		for i, d := range f.ChainDepths {
+			if d < 0 || d > MaxChainDepth {
+				errs = append(errs, fieldErr("filter.chain_depths", "value %d must be 0 to %d, got %d", i, MaxChainDepth, d))
 			}
 		}
 	}
@@ -85,10 +119,21 @@ func (f CostFilter) add(w *where) {
 	for _, l := range []struct {
 		col  string
 		vals []string
-	}{{"owner_id", f.OwnerIDs}, {"agent_id", f.AgentIDs}, {"room_id", f.RoomIDs}, {"model", f.Models}} {
+	}{{"owner_id", f.OwnerIDs}, {"agent_id", f.AgentIDs}, {"room_id", f.RoomIDs}, {"model", f.Models},
+		{"initiator_id", f.InitiatorIDs}, {"initiator_owner", f.InitiatorOwnerIDs}} {
 		if len(l.vals) > 0 {
 			w.add("has(?, "+l.col+")", l.vals)
 		}
+	}
+	if f.CrossOwner {
+		w.add("owner_id != initiator_owner AND initiator_owner != ''")
+	}
+	if len(f.ChainDepths) > 0 {
+		depths := make([]uint16, len(f.ChainDepths))
+		for i, d := range f.ChainDepths {
+			depths[i] = uint16(d) // validated
+		}
+		w.add("has(?, chain_depth)", depths)
 	}
 }
 
@@ -108,7 +153,7 @@ func (q CostQuery) Validate() error {
 	for _, d := range q.GroupBy {
 		switch {
 		case costDims[d] == "":
-			errs = append(errs, fieldErr("group_by", "unknown dimension %q (want one of owner, agent, room, model, hour, day)", d))
+			errs = append(errs, fieldErr("group_by", "unknown dimension %q (want one of %s)", d, dimNames))
 		case seen[d]:
 			errs = append(errs, fieldErr("group_by", "dimension %q given twice", d))
 		}
@@ -125,6 +170,8 @@ func (q CostQuery) Validate() error {
 // always a key, since amounts in different currencies cannot be added.
 type CostRow struct {
 	OwnerID, AgentID, RoomID, Model string
+	InitiatorID, InitiatorOwnerID   string
+	ChainDepth                      uint16
 	Hour, Day                       time.Time // UTC
 	Events, UnpricedEvents          uint64
 	Tokens                          Tokens          // of every event
@@ -165,7 +212,7 @@ func ceilHour(t time.Time) time.Time {
 
 // readCols are the columns a cost read takes from usage_rollup, after the bucket (read
 // as hour, so that costDims apply to hours and days alike).
-const readCols = "owner_id, agent_id, room_id, model, currency, events, unpriced_events, input_tokens, output_tokens," +
+const readCols = store.RollupGroup + ", currency, events, unpriced_events, input_tokens, output_tokens," +
 	" cache_read_tokens, cache_write_tokens, reasoning_tokens, unpriced_input_tokens, unpriced_output_tokens," +
 	" unpriced_cache_read_tokens, unpriced_cache_write_tokens, unpriced_reasoning_tokens, cost"
 
@@ -186,7 +233,7 @@ func latestRollup(db, cols string, w *where, bulk bool) string {
 		return "(SELECT bucket AS hour, " + cols + " FROM " + db + ".usage_rollup FINAL WHERE " + w.String() + ") AS rollup"
 	}
 	return "(SELECT bucket AS hour, " + cols + " FROM " + db + ".usage_rollup WHERE " + w.String() +
-		" ORDER BY version DESC LIMIT 1 BY grain, bucket, owner_id, agent_id, room_id, model) AS rollup"
+		" ORDER BY version DESC LIMIT 1 BY grain, bucket, " + store.RollupGroup + ") AS rollup"
 }
 
 // rollupRange adds to w the rows of usage_rollup that [from, to) (whole hours) covers:
@@ -413,6 +460,12 @@ func (qr *Querier) costRows(ctx context.Context, q CostQuery, sql string, args [
 				dest = append(dest, &r.Hour)
 			case DimDay:
 				dest = append(dest, &r.Day)
+			case DimInitiator:
+				dest = append(dest, &r.InitiatorID)
+			case DimInitiatorOwner:
+				dest = append(dest, &r.InitiatorOwnerID)
+			case DimChainDepth:
+				dest = append(dest, &r.ChainDepth)
 			}
 		}
 		if currency {

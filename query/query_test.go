@@ -24,13 +24,14 @@ func TestCostsSQL(t *testing.T) {
 		" sum(unpriced_input_tokens) AS total_u_input, sum(unpriced_output_tokens) AS total_u_output," +
 		" sum(unpriced_cache_read_tokens) AS total_u_cache_read, sum(unpriced_cache_write_tokens) AS total_u_cache_write," +
 		" sum(unpriced_reasoning_tokens) AS total_u_reasoning, sum(cost) AS total_cost"
-	const cols = "owner_id, agent_id, room_id, model, currency, events, unpriced_events, input_tokens, output_tokens," +
+	const group = "owner_id, agent_id, room_id, model, initiator_id, initiator_type, initiator_owner, chain_depth"
+	const cols = group + ", currency, events, unpriced_events, input_tokens, output_tokens," +
 		" cache_read_tokens, cache_write_tokens, reasoning_tokens, unpriced_input_tokens, unpriced_output_tokens," +
 		" unpriced_cache_read_tokens, unpriced_cache_write_tokens, unpriced_reasoning_tokens, cost"
 	// Each group's newest row, without FINAL.
 	latest := func(cond string) string {
 		return " FROM (SELECT bucket AS hour, " + cols + " FROM db1.usage_rollup WHERE " + cond +
-			" ORDER BY version DESC LIMIT 1 BY grain, bucket, owner_id, agent_id, room_id, model) AS rollup"
+			" ORDER BY version DESC LIMIT 1 BY grain, bucket, " + group + ") AS rollup"
 	}
 	from := latest("org_id = ? AND grain = 'hour' AND bucket >= ? AND bucket < ?")
 	f := func(name string, q CostQuery, wantSQL string, wantArgs []any) {
@@ -126,10 +127,20 @@ func TestCostQueryValidate(t *testing.T) {
 	f(CostQuery{OrgID: "o", From: t1, To: t0}, "to: must be after from (from 2025-03-02T10:00:00Z, to 2025-03-01T10:00:00Z)")
 	f(CostQuery{OrgID: "o", From: t0, To: t0}, "to: must be after from (from 2025-03-01T10:00:00Z, to 2025-03-01T10:00:00Z)")
 	f(CostQuery{OrgID: "o", From: t0, To: t1, GroupBy: []string{"foo"}},
-		`group_by: unknown dimension "foo" (want one of owner, agent, room, model, hour, day)`)
+		`group_by: unknown dimension "foo" (want one of owner, agent, room, model, hour, day, initiator, initiator_owner, chain_depth)`)
 	f(CostQuery{OrgID: "o", From: t0, To: t1, GroupBy: []string{"agent", "agent"}}, `group_by: dimension "agent" given twice`)
 	f(CostQuery{OrgID: "o", From: t0, To: t1, Limit: -1}, "limit: must be between 1 and 10000, got -1")
 	f(CostQuery{OrgID: "o", From: t0, To: t1, Limit: MaxCostLimit + 1}, "limit: must be between 1 and 10000, got 10001")
+
+	// Who set the spend going.
+	f(CostQuery{OrgID: "o", From: t0, To: t1, GroupBy: []string{"initiator", "initiator_owner", "chain_depth"},
+		Filter: CostFilter{InitiatorIDs: []string{"alice"}, InitiatorOwnerIDs: []string{"alice"}, ChainDepths: []int{0, 1, MaxChainDepth}}})
+	f(CostQuery{OrgID: "o", From: t0, To: t1, Filter: CostFilter{ChainDepths: []int{-1, MaxChainDepth + 1}}},
+		"filter.chain_depths: value 0 must be 0 to 65535, got -1", "filter.chain_depths: value 1 must be 0 to 65535, got 65536")
+	f(CostQuery{OrgID: "o", From: t0, To: t1, Filter: CostFilter{ChainDepths: make([]int, MaxFilterValues+1)}},
+		"filter.chain_depths: 101 values; at most 100")
+	f(CostQuery{OrgID: "o", From: t0, To: t1, Filter: CostFilter{InitiatorIDs: []string{""}, InitiatorOwnerIDs: []string{strings.Repeat("x", 257)}}},
+		"filter.initiator_ids: value 0 must be 1 to 256 bytes, got 0", "filter.initiator_owner_ids: value 0 must be 1 to 256 bytes, got 257")
 }
 
 func TestAuditSQL(t *testing.T) {

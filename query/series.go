@@ -22,8 +22,8 @@ const (
 )
 
 // SeriesQuery asks for usage of OrgID over [From, To) (widened to whole buckets) in
-// buckets of Interval (DimHour or DimDay), split by Split (owner, agent, room, model
-// or "": one series).
+// buckets of Interval (DimHour or DimDay), split by Split (a dimension other than
+// hour and day, or "": one series).
 type SeriesQuery struct {
 	OrgID    string
 	From, To time.Time
@@ -63,9 +63,9 @@ func (q SeriesQuery) Validate() error {
 		errs = append(errs, fieldErr("interval", "must be hour or day, got %q", q.Interval))
 	}
 	switch q.Split {
-	case "", DimOwner, DimAgent, DimRoom, DimModel:
+	case "", DimOwner, DimAgent, DimRoom, DimModel, DimInitiator, DimInitiatorOwner, DimChainDepth:
 	default:
-		errs = append(errs, fieldErr("split", "must be owner, agent, room or model, got %q", q.Split))
+		errs = append(errs, fieldErr("split", "must be owner, agent, room, model, initiator, initiator_owner or chain_depth, got %q", q.Split))
 	}
 	if q.From.IsZero() || q.To.IsZero() || !q.To.After(q.From) {
 		errs = append(errs, fieldErr("to", "from and to are required, to after from"))
@@ -89,7 +89,7 @@ func (s seriesSQL) costs() costsSQL {
 // top ranks the split dimension's values by cost, then events.
 func (s seriesSQL) top() (string, []any) {
 	src, args := s.costs().from(false, nil)
-	col := costDims[s.q.Split]
+	col := seriesKey(s.q.Split)
 	return "SELECT " + col + " AS k, sum(cost) AS total_cost, sum(events) AS total_events FROM " + src +
 		" GROUP BY k HAVING total_events > 0 ORDER BY total_cost DESC, total_events DESC, k LIMIT ?", append(args, s.limit())
 }
@@ -106,13 +106,22 @@ func (s seriesSQL) points(keys []string) (string, []any) {
 	key := "''"
 	var extra func(*where)
 	if s.q.Split != "" {
-		key = costDims[s.q.Split]
+		key = seriesKey(s.q.Split)
 		extra = func(w *where) { w.add("has(?, "+key+")", keys) }
 	}
 	src, args := s.costs().from(s.q.Interval == DimHour, extra)
 	b := costDims[s.q.Interval]
 	return "SELECT " + key + " AS k, " + b + " AS bucket, currency, " + sums + " FROM " + src +
 		" GROUP BY k, bucket, currency HAVING total_events > 0 ORDER BY k, currency, bucket", args
+}
+
+// seriesKey is a split dimension's expression as a series key: text, whatever the
+// column's type.
+func seriesKey(dim string) string {
+	if dim == DimChainDepth {
+		return "toString(chain_depth)"
+	}
+	return costDims[dim]
 }
 
 // UsageSeries returns the series of q, each with every bucket of the range.

@@ -199,24 +199,29 @@ type ComplexityRoot struct {
 	}
 
 	CostRow struct {
-		AgentHandle    func(childComplexity int) int
-		AgentID        func(childComplexity int) int
-		AgentName      func(childComplexity int) int
-		Cost           func(childComplexity int) int
-		Currency       func(childComplexity int) int
-		Day            func(childComplexity int) int
-		Events         func(childComplexity int) int
-		Hour           func(childComplexity int) int
-		Model          func(childComplexity int) int
-		OwnerHandle    func(childComplexity int) int
-		OwnerID        func(childComplexity int) int
-		OwnerName      func(childComplexity int) int
-		PricedEvents   func(childComplexity int) int
-		RoomID         func(childComplexity int) int
-		RoomName       func(childComplexity int) int
-		Tokens         func(childComplexity int) int
-		UnpricedEvents func(childComplexity int) int
-		UnpricedTokens func(childComplexity int) int
+		AgentHandle      func(childComplexity int) int
+		AgentID          func(childComplexity int) int
+		AgentName        func(childComplexity int) int
+		ChainDepth       func(childComplexity int) int
+		Cost             func(childComplexity int) int
+		Currency         func(childComplexity int) int
+		Day              func(childComplexity int) int
+		Events           func(childComplexity int) int
+		Hour             func(childComplexity int) int
+		InitiatorHandle  func(childComplexity int) int
+		InitiatorID      func(childComplexity int) int
+		InitiatorName    func(childComplexity int) int
+		InitiatorOwnerID func(childComplexity int) int
+		Model            func(childComplexity int) int
+		OwnerHandle      func(childComplexity int) int
+		OwnerID          func(childComplexity int) int
+		OwnerName        func(childComplexity int) int
+		PricedEvents     func(childComplexity int) int
+		RoomID           func(childComplexity int) int
+		RoomName         func(childComplexity int) int
+		Tokens           func(childComplexity int) int
+		UnpricedEvents   func(childComplexity int) int
+		UnpricedTokens   func(childComplexity int) int
 	}
 
 	CostTotal struct {
@@ -229,9 +234,45 @@ type ComplexityRoot struct {
 		UnpricedTokens func(childComplexity int) int
 	}
 
+	CrossOwnerSpend struct {
+		CausedByOthers  func(childComplexity int) int
+		CausedForOthers func(childComplexity int) int
+		Truncated       func(childComplexity int) int
+	}
+
 	DecisionReason struct {
 		Code    func(childComplexity int) int
 		Message func(childComplexity int) int
+	}
+
+	Delegation struct {
+		Hops             func(childComplexity int) int
+		InitiatorHandle  func(childComplexity int) int
+		InitiatorID      func(childComplexity int) int
+		InitiatorName    func(childComplexity int) int
+		InitiatorOwnerID func(childComplexity int) int
+		InitiatorType    func(childComplexity int) int
+		Triggered        func(childComplexity int) int
+		Truncated        func(childComplexity int) int
+	}
+
+	DelegationHop struct {
+		AgentHandle      func(childComplexity int) int
+		AgentID          func(childComplexity int) int
+		AgentName        func(childComplexity int) int
+		Cost             func(childComplexity int) int
+		Currency         func(childComplexity int) int
+		Depth            func(childComplexity int) int
+		Events           func(childComplexity int) int
+		ExecutionID      func(childComplexity int) int
+		Link             func(childComplexity int) int
+		Outside          func(childComplexity int) int
+		SenderHandle     func(childComplexity int) int
+		SenderID         func(childComplexity int) int
+		SenderName       func(childComplexity int) int
+		Time             func(childComplexity int) int
+		TriggerEventID   func(childComplexity int) int
+		TriggerMessageID func(childComplexity int) int
 	}
 
 	Job struct {
@@ -305,6 +346,8 @@ type ComplexityRoot struct {
 		ChattyAgents    func(childComplexity int, orgID *string, from *time.Time, to *time.Time, limit *int) int
 		ContactRequests func(childComplexity int, orgID *string, from *time.Time, to *time.Time, status *string, agentID *string, limit *int) int
 		Costs           func(childComplexity int, orgID *string, from time.Time, to time.Time, groupBy []model.CostDimension, filter *model.CostFilter, limit *int) int
+		CrossOwnerSpend func(childComplexity int, orgID *string, from time.Time, to time.Time, ownerID *string, limit *int) int
+		Delegation      func(childComplexity int, orgID *string, executionID *string, messageID *string, from *time.Time, to *time.Time) int
 		Jobs            func(childComplexity int, orgID *string, limit *int) int
 		PolicyDecisions func(childComplexity int, orgID *string, from *time.Time, to *time.Time, decision *string, outcome *model.DecisionOutcome, agentID *string, limit *int, before *string) int
 		Prices          func(childComplexity int, orgID *string) int
@@ -442,6 +485,8 @@ type MutationResolver interface {
 type QueryResolver interface {
 	Costs(ctx context.Context, orgID *string, from time.Time, to time.Time, groupBy []model.CostDimension, filter *model.CostFilter, limit *int) (*model.CostReport, error)
 	UsageSeries(ctx context.Context, orgID *string, from time.Time, to time.Time, interval model.SeriesInterval, split *model.CostDimension, filter *model.CostFilter, limit *int) ([]model.UsageSeries, error)
+	Delegation(ctx context.Context, orgID *string, executionID *string, messageID *string, from *time.Time, to *time.Time) (*model.Delegation, error)
+	CrossOwnerSpend(ctx context.Context, orgID *string, from time.Time, to time.Time, ownerID *string, limit *int) (*model.CrossOwnerSpend, error)
 	ChattyAgents(ctx context.Context, orgID *string, from *time.Time, to *time.Time, limit *int) ([]model.ChattyAgent, error)
 	AuditEvents(ctx context.Context, orgID *string, from *time.Time, to *time.Time, roomID *string, actorID *string, subjectID *string, types []string, outcome *model.DecisionOutcome, limit *int, before *string) (*model.AuditPage, error)
 	ContactRequests(ctx context.Context, orgID *string, from *time.Time, to *time.Time, status *string, agentID *string, limit *int) (*model.ContactRequestPage, error)
@@ -1242,6 +1287,12 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.CostRow.AgentName(childComplexity), true
+	case "CostRow.chainDepth":
+		if e.ComplexityRoot.CostRow.ChainDepth == nil {
+			break
+		}
+
+		return e.ComplexityRoot.CostRow.ChainDepth(childComplexity), true
 	case "CostRow.cost":
 		if e.ComplexityRoot.CostRow.Cost == nil {
 			break
@@ -1272,6 +1323,30 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.CostRow.Hour(childComplexity), true
+	case "CostRow.initiatorHandle":
+		if e.ComplexityRoot.CostRow.InitiatorHandle == nil {
+			break
+		}
+
+		return e.ComplexityRoot.CostRow.InitiatorHandle(childComplexity), true
+	case "CostRow.initiatorId":
+		if e.ComplexityRoot.CostRow.InitiatorID == nil {
+			break
+		}
+
+		return e.ComplexityRoot.CostRow.InitiatorID(childComplexity), true
+	case "CostRow.initiatorName":
+		if e.ComplexityRoot.CostRow.InitiatorName == nil {
+			break
+		}
+
+		return e.ComplexityRoot.CostRow.InitiatorName(childComplexity), true
+	case "CostRow.initiatorOwnerId":
+		if e.ComplexityRoot.CostRow.InitiatorOwnerID == nil {
+			break
+		}
+
+		return e.ComplexityRoot.CostRow.InitiatorOwnerID(childComplexity), true
 	case "CostRow.model":
 		if e.ComplexityRoot.CostRow.Model == nil {
 			break
@@ -1376,6 +1451,25 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 
 		return e.ComplexityRoot.CostTotal.UnpricedTokens(childComplexity), true
 
+	case "CrossOwnerSpend.causedByOthers":
+		if e.ComplexityRoot.CrossOwnerSpend.CausedByOthers == nil {
+			break
+		}
+
+		return e.ComplexityRoot.CrossOwnerSpend.CausedByOthers(childComplexity), true
+	case "CrossOwnerSpend.causedForOthers":
+		if e.ComplexityRoot.CrossOwnerSpend.CausedForOthers == nil {
+			break
+		}
+
+		return e.ComplexityRoot.CrossOwnerSpend.CausedForOthers(childComplexity), true
+	case "CrossOwnerSpend.truncated":
+		if e.ComplexityRoot.CrossOwnerSpend.Truncated == nil {
+			break
+		}
+
+		return e.ComplexityRoot.CrossOwnerSpend.Truncated(childComplexity), true
+
 	case "DecisionReason.code":
 		if e.ComplexityRoot.DecisionReason.Code == nil {
 			break
@@ -1388,6 +1482,152 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.DecisionReason.Message(childComplexity), true
+
+	case "Delegation.hops":
+		if e.ComplexityRoot.Delegation.Hops == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Delegation.Hops(childComplexity), true
+	case "Delegation.initiatorHandle":
+		if e.ComplexityRoot.Delegation.InitiatorHandle == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Delegation.InitiatorHandle(childComplexity), true
+	case "Delegation.initiatorId":
+		if e.ComplexityRoot.Delegation.InitiatorID == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Delegation.InitiatorID(childComplexity), true
+	case "Delegation.initiatorName":
+		if e.ComplexityRoot.Delegation.InitiatorName == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Delegation.InitiatorName(childComplexity), true
+	case "Delegation.initiatorOwnerId":
+		if e.ComplexityRoot.Delegation.InitiatorOwnerID == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Delegation.InitiatorOwnerID(childComplexity), true
+	case "Delegation.initiatorType":
+		if e.ComplexityRoot.Delegation.InitiatorType == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Delegation.InitiatorType(childComplexity), true
+	case "Delegation.triggered":
+		if e.ComplexityRoot.Delegation.Triggered == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Delegation.Triggered(childComplexity), true
+	case "Delegation.truncated":
+		if e.ComplexityRoot.Delegation.Truncated == nil {
+			break
+		}
+
+		return e.ComplexityRoot.Delegation.Truncated(childComplexity), true
+
+	case "DelegationHop.agentHandle":
+		if e.ComplexityRoot.DelegationHop.AgentHandle == nil {
+			break
+		}
+
+		return e.ComplexityRoot.DelegationHop.AgentHandle(childComplexity), true
+	case "DelegationHop.agentId":
+		if e.ComplexityRoot.DelegationHop.AgentID == nil {
+			break
+		}
+
+		return e.ComplexityRoot.DelegationHop.AgentID(childComplexity), true
+	case "DelegationHop.agentName":
+		if e.ComplexityRoot.DelegationHop.AgentName == nil {
+			break
+		}
+
+		return e.ComplexityRoot.DelegationHop.AgentName(childComplexity), true
+	case "DelegationHop.cost":
+		if e.ComplexityRoot.DelegationHop.Cost == nil {
+			break
+		}
+
+		return e.ComplexityRoot.DelegationHop.Cost(childComplexity), true
+	case "DelegationHop.currency":
+		if e.ComplexityRoot.DelegationHop.Currency == nil {
+			break
+		}
+
+		return e.ComplexityRoot.DelegationHop.Currency(childComplexity), true
+	case "DelegationHop.depth":
+		if e.ComplexityRoot.DelegationHop.Depth == nil {
+			break
+		}
+
+		return e.ComplexityRoot.DelegationHop.Depth(childComplexity), true
+	case "DelegationHop.events":
+		if e.ComplexityRoot.DelegationHop.Events == nil {
+			break
+		}
+
+		return e.ComplexityRoot.DelegationHop.Events(childComplexity), true
+	case "DelegationHop.executionId":
+		if e.ComplexityRoot.DelegationHop.ExecutionID == nil {
+			break
+		}
+
+		return e.ComplexityRoot.DelegationHop.ExecutionID(childComplexity), true
+	case "DelegationHop.link":
+		if e.ComplexityRoot.DelegationHop.Link == nil {
+			break
+		}
+
+		return e.ComplexityRoot.DelegationHop.Link(childComplexity), true
+	case "DelegationHop.outside":
+		if e.ComplexityRoot.DelegationHop.Outside == nil {
+			break
+		}
+
+		return e.ComplexityRoot.DelegationHop.Outside(childComplexity), true
+	case "DelegationHop.senderHandle":
+		if e.ComplexityRoot.DelegationHop.SenderHandle == nil {
+			break
+		}
+
+		return e.ComplexityRoot.DelegationHop.SenderHandle(childComplexity), true
+	case "DelegationHop.senderId":
+		if e.ComplexityRoot.DelegationHop.SenderID == nil {
+			break
+		}
+
+		return e.ComplexityRoot.DelegationHop.SenderID(childComplexity), true
+	case "DelegationHop.senderName":
+		if e.ComplexityRoot.DelegationHop.SenderName == nil {
+			break
+		}
+
+		return e.ComplexityRoot.DelegationHop.SenderName(childComplexity), true
+	case "DelegationHop.time":
+		if e.ComplexityRoot.DelegationHop.Time == nil {
+			break
+		}
+
+		return e.ComplexityRoot.DelegationHop.Time(childComplexity), true
+	case "DelegationHop.triggerEventId":
+		if e.ComplexityRoot.DelegationHop.TriggerEventID == nil {
+			break
+		}
+
+		return e.ComplexityRoot.DelegationHop.TriggerEventID(childComplexity), true
+	case "DelegationHop.triggerMessageId":
+		if e.ComplexityRoot.DelegationHop.TriggerMessageID == nil {
+			break
+		}
+
+		return e.ComplexityRoot.DelegationHop.TriggerMessageID(childComplexity), true
 
 	case "Job.catalogVersion":
 		if e.ComplexityRoot.Job.CatalogVersion == nil {
@@ -1767,6 +2007,28 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.Query.Costs(childComplexity, args["orgId"].(*string), args["from"].(time.Time), args["to"].(time.Time), args["groupBy"].([]model.CostDimension), args["filter"].(*model.CostFilter), args["limit"].(*int)), true
+	case "Query.crossOwnerSpend":
+		if e.ComplexityRoot.Query.CrossOwnerSpend == nil {
+			break
+		}
+
+		args, err := ec.field_Query_crossOwnerSpend_args(ctx, rawArgs)
+		if err != nil {
+			return 0, false
+		}
+
+		return e.ComplexityRoot.Query.CrossOwnerSpend(childComplexity, args["orgId"].(*string), args["from"].(time.Time), args["to"].(time.Time), args["ownerId"].(*string), args["limit"].(*int)), true
+	case "Query.delegation":
+		if e.ComplexityRoot.Query.Delegation == nil {
+			break
+		}
+
+		args, err := ec.field_Query_delegation_args(ctx, rawArgs)
+		if err != nil {
+			return 0, false
+		}
+
+		return e.ComplexityRoot.Query.Delegation(childComplexity, args["orgId"].(*string), args["executionId"].(*string), args["messageId"].(*string), args["from"].(*time.Time), args["to"].(*time.Time)), true
 
 	case "Query.jobs":
 		if e.ComplexityRoot.Query.Jobs == nil {
@@ -2443,6 +2705,17 @@ enum CostDimension {
   HOUR
   "The day the usage falls in (UTC)."
   DAY
+  """
+  Who set the spend going: the person (or the system outside chat, such as
+  "schedule") at the root of the delegation chain of @mentions that led to the usage.
+  An agent that acted without being mentioned is its own initiator. See graph/README.md,
+  "Who caused the spend".
+  """
+  INITIATOR
+  "The initiator's accountable person: the person themselves, or an agent initiator's owner."
+  INITIATOR_OWNER
+  "How many hand-overs the usage is from its initiator: 0 its own, 1 an agent it mentioned, and so on."
+  CHAIN_DEPTH
 }
 
 "Token counts by kind."
@@ -2475,6 +2748,23 @@ type CostRow {
   "The room's title, from its room events."
   roomName: String
   model: String
+  """
+  The initiator's id (a person's or an agent's, or a system's name such as
+  "schedule"); "" for usage stored before bandplane recorded chains.
+  """
+  initiatorId: ID
+  """
+  The initiator's @handle, when this organization's directory knows the initiator: a
+  person of another organization who set the work going through an approved contact is
+  shown by id only.
+  """
+  initiatorHandle: String
+  "The initiator's display name, likewise."
+  initiatorName: String
+  "The initiator's accountable person (see CostDimension.INITIATOR_OWNER)."
+  initiatorOwnerId: ID
+  "The chain's depth (see CostDimension.CHAIN_DEPTH)."
+  chainDepth: Int
   hour: Time
   day: Time
   "Usage events of the group, priced or not."
@@ -2546,12 +2836,82 @@ type RepricingJob {
   daysTotal: Int!
 }
 
-"Restricts costs and usageSeries to some owners, agents, rooms or models (each: any of the ids given)."
+"How a delegation link was made."
+enum CauseLink {
+  "The platform sent the trigger (frame metadata trigger_message_id, or data.trigger)."
+  EXPLICIT
+  "bandplane inferred it: the room's latest message that mentioned the agent before it acted."
+  INFERRED
+  "The platform named a trigger that has not arrived yet: the initiator is unknown until it does."
+  PENDING
+}
+
+"One step of a delegation chain: the execution of agent that the message triggerMessageId, sent by sender, started."
+type DelegationHop {
+  "0 at the initiator's own step, then 1, 2, ..."
+  depth: Int!
+  "The platform's id of the message that started this step; null at the initiator's own step."
+  triggerMessageId: ID
+  "The id of that message's event in the audit trail."
+  triggerEventId: ID
+  "Who sent the trigger (at the initiator's own step: the initiator)."
+  senderId: ID
+  senderHandle: String
+  senderName: String
+  "The agent whose execution this step is; null at a person's own step."
+  agentId: ID
+  agentHandle: String
+  agentName: String
+  executionId: ID
+  link: CauseLink!
+  "The first event of the step."
+  time: Time!
+  "Usage events and exact cost of this step's execution (usage whose trigger is this step's)."
+  events: Int64!
+  cost: String
+  currency: String
+  "True when the trigger lies in another organization's trail: shown by id only, not followed."
+  outside: Boolean!
+}
+
+"A delegation chain, initiator first."
+type Delegation {
+  "The person, the system (such as schedule) or the agent acting on its own at the root."
+  initiatorId: ID!
+  "user, agent or system."
+  initiatorType: String!
+  "Known when this organization's directory knows the initiator."
+  initiatorHandle: String
+  initiatorName: String
+  initiatorOwnerId: ID
+  hops: [DelegationHop!]!
+  "For a message: the executions it started, most expensive first."
+  triggered: [DelegationHop!]!
+  "True when the chain is longer than 64 hops (a runaway loop): hops are its last 64."
+  truncated: Boolean!
+}
+
+"Spend caused across owners (see Query.crossOwnerSpend)."
+type CrossOwnerSpend {
+  causedByOthers: [CostRow!]!
+  causedForOthers: [CostRow!]!
+  "True when a list holds only its most expensive limit rows."
+  truncated: Boolean!
+}
+
+"""
+Restricts costs and usageSeries to some owners, agents, rooms, models, initiators,
+initiators' owners or chain depths (each: any of the values given, at most 100).
+"""
 input CostFilter {
   ownerIds: [ID!]
   agentIds: [ID!]
   roomIds: [ID!]
   models: [String!]
+  initiatorIds: [ID!]
+  initiatorOwnerIds: [ID!]
+  "0 to 65535."
+  chainDepths: [Int!]
 }
 
 "The bucket width of usageSeries."
@@ -3014,10 +3374,29 @@ type Query {
 
   """
   Usage over [from, to) in buckets of interval, for charts; split gives one series per
-  value of that dimension (OWNER, AGENT, ROOM or MODEL; the top 20 by cost, at most
-  limit), none: one series. Buckets: at most 2000 per series.
+  value of that dimension (any but HOUR and DAY; the top 20 by cost, at most limit),
+  none: one series. Buckets: at most 2000 per series.
   """
   usageSeries(orgId: ID, from: Time!, to: Time!, interval: SeriesInterval!, split: CostDimension, filter: CostFilter, limit: Int): [UsageSeries!]!
+
+  """
+  The delegation chain of one agent execution or one message (give exactly one), from
+  its initiator to it, with what each hop spent and whether each link was sent by the
+  platform or inferred; for a message, also the executions it started. Looked up in
+  [from, to) (default: the week before now; at most 31 days). Null when the range
+  holds no such execution or message. A hop whose trigger lies in another
+  organization's trail (a contact's message) is shown by id only and not followed.
+  """
+  delegation(orgId: ID, executionId: ID, messageId: ID, from: Time, to: Time): Delegation
+
+  """
+  Spend over [from, to) that one owner's requests caused on another owner's agents
+  (through approved contacts or shared rooms). With ownerId: the spend on that owner's
+  agents that others caused (causedByOthers) and the spend its requests caused on other
+  owners' agents (causedForOthers); without: every such pair (causedByOthers). Rows
+  carry ownerId and initiatorOwnerId; limit per list defaults to 1000.
+  """
+  crossOwnerSpend(orgId: ID, from: Time!, to: Time!, ownerId: ID, limit: Int): CrossOwnerSpend!
 
   """
   The agents that posted the most messages in [from, to) (default: the last hour),
@@ -3470,6 +3849,16 @@ func (ec *executionContext) childFields_CostRow(ctx context.Context, field graph
 		return ec.fieldContext_CostRow_roomName(ctx, field)
 	case "model":
 		return ec.fieldContext_CostRow_model(ctx, field)
+	case "initiatorId":
+		return ec.fieldContext_CostRow_initiatorId(ctx, field)
+	case "initiatorHandle":
+		return ec.fieldContext_CostRow_initiatorHandle(ctx, field)
+	case "initiatorName":
+		return ec.fieldContext_CostRow_initiatorName(ctx, field)
+	case "initiatorOwnerId":
+		return ec.fieldContext_CostRow_initiatorOwnerId(ctx, field)
+	case "chainDepth":
+		return ec.fieldContext_CostRow_chainDepth(ctx, field)
 	case "hour":
 		return ec.fieldContext_CostRow_hour(ctx, field)
 	case "day":
@@ -3512,6 +3901,18 @@ func (ec *executionContext) childFields_CostTotal(ctx context.Context, field gra
 	return nil, fmt.Errorf("no field named %q was found under type CostTotal", field.Name)
 }
 
+func (ec *executionContext) childFields_CrossOwnerSpend(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "causedByOthers":
+		return ec.fieldContext_CrossOwnerSpend_causedByOthers(ctx, field)
+	case "causedForOthers":
+		return ec.fieldContext_CrossOwnerSpend_causedForOthers(ctx, field)
+	case "truncated":
+		return ec.fieldContext_CrossOwnerSpend_truncated(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type CrossOwnerSpend", field.Name)
+}
+
 func (ec *executionContext) childFields_DecisionReason(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
 	switch field.Name {
 	case "code":
@@ -3520,6 +3921,66 @@ func (ec *executionContext) childFields_DecisionReason(ctx context.Context, fiel
 		return ec.fieldContext_DecisionReason_message(ctx, field)
 	}
 	return nil, fmt.Errorf("no field named %q was found under type DecisionReason", field.Name)
+}
+
+func (ec *executionContext) childFields_Delegation(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "initiatorId":
+		return ec.fieldContext_Delegation_initiatorId(ctx, field)
+	case "initiatorType":
+		return ec.fieldContext_Delegation_initiatorType(ctx, field)
+	case "initiatorHandle":
+		return ec.fieldContext_Delegation_initiatorHandle(ctx, field)
+	case "initiatorName":
+		return ec.fieldContext_Delegation_initiatorName(ctx, field)
+	case "initiatorOwnerId":
+		return ec.fieldContext_Delegation_initiatorOwnerId(ctx, field)
+	case "hops":
+		return ec.fieldContext_Delegation_hops(ctx, field)
+	case "triggered":
+		return ec.fieldContext_Delegation_triggered(ctx, field)
+	case "truncated":
+		return ec.fieldContext_Delegation_truncated(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type Delegation", field.Name)
+}
+
+func (ec *executionContext) childFields_DelegationHop(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "depth":
+		return ec.fieldContext_DelegationHop_depth(ctx, field)
+	case "triggerMessageId":
+		return ec.fieldContext_DelegationHop_triggerMessageId(ctx, field)
+	case "triggerEventId":
+		return ec.fieldContext_DelegationHop_triggerEventId(ctx, field)
+	case "senderId":
+		return ec.fieldContext_DelegationHop_senderId(ctx, field)
+	case "senderHandle":
+		return ec.fieldContext_DelegationHop_senderHandle(ctx, field)
+	case "senderName":
+		return ec.fieldContext_DelegationHop_senderName(ctx, field)
+	case "agentId":
+		return ec.fieldContext_DelegationHop_agentId(ctx, field)
+	case "agentHandle":
+		return ec.fieldContext_DelegationHop_agentHandle(ctx, field)
+	case "agentName":
+		return ec.fieldContext_DelegationHop_agentName(ctx, field)
+	case "executionId":
+		return ec.fieldContext_DelegationHop_executionId(ctx, field)
+	case "link":
+		return ec.fieldContext_DelegationHop_link(ctx, field)
+	case "time":
+		return ec.fieldContext_DelegationHop_time(ctx, field)
+	case "events":
+		return ec.fieldContext_DelegationHop_events(ctx, field)
+	case "cost":
+		return ec.fieldContext_DelegationHop_cost(ctx, field)
+	case "currency":
+		return ec.fieldContext_DelegationHop_currency(ctx, field)
+	case "outside":
+		return ec.fieldContext_DelegationHop_outside(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type DelegationHop", field.Name)
 }
 
 func (ec *executionContext) childFields_Job(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
@@ -4393,6 +4854,98 @@ func (ec *executionContext) field_Query_costs_args(ctx context.Context, rawArgs 
 		return nil, err
 	}
 	args["limit"] = arg5
+	return args, nil
+}
+
+func (ec *executionContext) field_Query_crossOwnerSpend_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
+	var err error
+	args := map[string]any{}
+	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "orgId",
+		func(ctx context.Context, v any) (*string, error) {
+			return ec.unmarshalOID2ᚖstring(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["orgId"] = arg0
+	arg1, err := graphql.ProcessArgField(ctx, rawArgs, "from",
+		func(ctx context.Context, v any) (time.Time, error) {
+			return ec.unmarshalNTime2timeᚐTime(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["from"] = arg1
+	arg2, err := graphql.ProcessArgField(ctx, rawArgs, "to",
+		func(ctx context.Context, v any) (time.Time, error) {
+			return ec.unmarshalNTime2timeᚐTime(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["to"] = arg2
+	arg3, err := graphql.ProcessArgField(ctx, rawArgs, "ownerId",
+		func(ctx context.Context, v any) (*string, error) {
+			return ec.unmarshalOID2ᚖstring(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["ownerId"] = arg3
+	arg4, err := graphql.ProcessArgField(ctx, rawArgs, "limit",
+		func(ctx context.Context, v any) (*int, error) {
+			return ec.unmarshalOInt2ᚖint(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["limit"] = arg4
+	return args, nil
+}
+
+func (ec *executionContext) field_Query_delegation_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
+	var err error
+	args := map[string]any{}
+	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "orgId",
+		func(ctx context.Context, v any) (*string, error) {
+			return ec.unmarshalOID2ᚖstring(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["orgId"] = arg0
+	arg1, err := graphql.ProcessArgField(ctx, rawArgs, "executionId",
+		func(ctx context.Context, v any) (*string, error) {
+			return ec.unmarshalOID2ᚖstring(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["executionId"] = arg1
+	arg2, err := graphql.ProcessArgField(ctx, rawArgs, "messageId",
+		func(ctx context.Context, v any) (*string, error) {
+			return ec.unmarshalOID2ᚖstring(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["messageId"] = arg2
+	arg3, err := graphql.ProcessArgField(ctx, rawArgs, "from",
+		func(ctx context.Context, v any) (*time.Time, error) {
+			return ec.unmarshalOTime2ᚖtimeᚐTime(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["from"] = arg3
+	arg4, err := graphql.ProcessArgField(ctx, rawArgs, "to",
+		func(ctx context.Context, v any) (*time.Time, error) {
+			return ec.unmarshalOTime2ᚖtimeᚐTime(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["to"] = arg4
 	return args, nil
 }
 
@@ -7895,6 +8448,121 @@ func (ec *executionContext) fieldContext_CostRow_model(_ context.Context, field 
 	return graphql.NewScalarFieldContext("CostRow", field, false, false, "String")
 }
 
+func (ec *executionContext) _CostRow_initiatorId(ctx context.Context, field graphql.CollectedField, obj *model.CostRow) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_CostRow_initiatorId(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.InitiatorID, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOID2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_CostRow_initiatorId(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("CostRow", field, false, false, "ID")
+}
+
+func (ec *executionContext) _CostRow_initiatorHandle(ctx context.Context, field graphql.CollectedField, obj *model.CostRow) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_CostRow_initiatorHandle(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.InitiatorHandle, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_CostRow_initiatorHandle(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("CostRow", field, false, false, "String")
+}
+
+func (ec *executionContext) _CostRow_initiatorName(ctx context.Context, field graphql.CollectedField, obj *model.CostRow) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_CostRow_initiatorName(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.InitiatorName, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_CostRow_initiatorName(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("CostRow", field, false, false, "String")
+}
+
+func (ec *executionContext) _CostRow_initiatorOwnerId(ctx context.Context, field graphql.CollectedField, obj *model.CostRow) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_CostRow_initiatorOwnerId(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.InitiatorOwnerID, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOID2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_CostRow_initiatorOwnerId(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("CostRow", field, false, false, "ID")
+}
+
+func (ec *executionContext) _CostRow_chainDepth(ctx context.Context, field graphql.CollectedField, obj *model.CostRow) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_CostRow_chainDepth(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.ChainDepth, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *int) graphql.Marshaler {
+			return ec.marshalOInt2ᚖint(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_CostRow_chainDepth(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("CostRow", field, false, false, "Int")
+}
+
 func (ec *executionContext) _CostRow_hour(ctx context.Context, field graphql.CollectedField, obj *model.CostRow) (ret graphql.Marshaler) {
 	return graphql.ResolveField(
 		ctx,
@@ -8299,6 +8967,93 @@ func (ec *executionContext) fieldContext_CostTotal_cost(_ context.Context, field
 	return graphql.NewScalarFieldContext("CostTotal", field, false, false, "String")
 }
 
+func (ec *executionContext) _CrossOwnerSpend_causedByOthers(ctx context.Context, field graphql.CollectedField, obj *model.CrossOwnerSpend) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_CrossOwnerSpend_causedByOthers(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.CausedByOthers, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v []model.CostRow) graphql.Marshaler {
+			return ec.marshalNCostRow2ᚕgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐCostRowᚄ(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_CrossOwnerSpend_causedByOthers(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "CrossOwnerSpend",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_CostRow(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _CrossOwnerSpend_causedForOthers(ctx context.Context, field graphql.CollectedField, obj *model.CrossOwnerSpend) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_CrossOwnerSpend_causedForOthers(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.CausedForOthers, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v []model.CostRow) graphql.Marshaler {
+			return ec.marshalNCostRow2ᚕgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐCostRowᚄ(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_CrossOwnerSpend_causedForOthers(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "CrossOwnerSpend",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_CostRow(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _CrossOwnerSpend_truncated(ctx context.Context, field graphql.CollectedField, obj *model.CrossOwnerSpend) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_CrossOwnerSpend_truncated(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Truncated, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v bool) graphql.Marshaler {
+			return ec.marshalNBoolean2bool(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_CrossOwnerSpend_truncated(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("CrossOwnerSpend", field, false, false, "Boolean")
+}
+
 func (ec *executionContext) _DecisionReason_code(ctx context.Context, field graphql.CollectedField, obj *model.DecisionReason) (ret graphql.Marshaler) {
 	return graphql.ResolveField(
 		ctx,
@@ -8343,6 +9098,576 @@ func (ec *executionContext) _DecisionReason_message(ctx context.Context, field g
 }
 func (ec *executionContext) fieldContext_DecisionReason_message(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
 	return graphql.NewScalarFieldContext("DecisionReason", field, false, false, "String")
+}
+
+func (ec *executionContext) _Delegation_initiatorId(ctx context.Context, field graphql.CollectedField, obj *model.Delegation) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Delegation_initiatorId(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.InitiatorID, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNID2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Delegation_initiatorId(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Delegation", field, false, false, "ID")
+}
+
+func (ec *executionContext) _Delegation_initiatorType(ctx context.Context, field graphql.CollectedField, obj *model.Delegation) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Delegation_initiatorType(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.InitiatorType, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Delegation_initiatorType(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Delegation", field, false, false, "String")
+}
+
+func (ec *executionContext) _Delegation_initiatorHandle(ctx context.Context, field graphql.CollectedField, obj *model.Delegation) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Delegation_initiatorHandle(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.InitiatorHandle, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_Delegation_initiatorHandle(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Delegation", field, false, false, "String")
+}
+
+func (ec *executionContext) _Delegation_initiatorName(ctx context.Context, field graphql.CollectedField, obj *model.Delegation) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Delegation_initiatorName(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.InitiatorName, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_Delegation_initiatorName(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Delegation", field, false, false, "String")
+}
+
+func (ec *executionContext) _Delegation_initiatorOwnerId(ctx context.Context, field graphql.CollectedField, obj *model.Delegation) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Delegation_initiatorOwnerId(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.InitiatorOwnerID, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOID2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_Delegation_initiatorOwnerId(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Delegation", field, false, false, "ID")
+}
+
+func (ec *executionContext) _Delegation_hops(ctx context.Context, field graphql.CollectedField, obj *model.Delegation) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Delegation_hops(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Hops, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v []model.DelegationHop) graphql.Marshaler {
+			return ec.marshalNDelegationHop2ᚕgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐDelegationHopᚄ(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Delegation_hops(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Delegation",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_DelegationHop(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _Delegation_triggered(ctx context.Context, field graphql.CollectedField, obj *model.Delegation) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Delegation_triggered(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Triggered, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v []model.DelegationHop) graphql.Marshaler {
+			return ec.marshalNDelegationHop2ᚕgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐDelegationHopᚄ(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Delegation_triggered(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Delegation",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_DelegationHop(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _Delegation_truncated(ctx context.Context, field graphql.CollectedField, obj *model.Delegation) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Delegation_truncated(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Truncated, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v bool) graphql.Marshaler {
+			return ec.marshalNBoolean2bool(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Delegation_truncated(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("Delegation", field, false, false, "Boolean")
+}
+
+func (ec *executionContext) _DelegationHop_depth(ctx context.Context, field graphql.CollectedField, obj *model.DelegationHop) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_DelegationHop_depth(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Depth, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int) graphql.Marshaler {
+			return ec.marshalNInt2int(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_DelegationHop_depth(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("DelegationHop", field, false, false, "Int")
+}
+
+func (ec *executionContext) _DelegationHop_triggerMessageId(ctx context.Context, field graphql.CollectedField, obj *model.DelegationHop) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_DelegationHop_triggerMessageId(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.TriggerMessageID, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOID2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_DelegationHop_triggerMessageId(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("DelegationHop", field, false, false, "ID")
+}
+
+func (ec *executionContext) _DelegationHop_triggerEventId(ctx context.Context, field graphql.CollectedField, obj *model.DelegationHop) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_DelegationHop_triggerEventId(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.TriggerEventID, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOID2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_DelegationHop_triggerEventId(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("DelegationHop", field, false, false, "ID")
+}
+
+func (ec *executionContext) _DelegationHop_senderId(ctx context.Context, field graphql.CollectedField, obj *model.DelegationHop) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_DelegationHop_senderId(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.SenderID, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOID2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_DelegationHop_senderId(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("DelegationHop", field, false, false, "ID")
+}
+
+func (ec *executionContext) _DelegationHop_senderHandle(ctx context.Context, field graphql.CollectedField, obj *model.DelegationHop) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_DelegationHop_senderHandle(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.SenderHandle, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_DelegationHop_senderHandle(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("DelegationHop", field, false, false, "String")
+}
+
+func (ec *executionContext) _DelegationHop_senderName(ctx context.Context, field graphql.CollectedField, obj *model.DelegationHop) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_DelegationHop_senderName(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.SenderName, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_DelegationHop_senderName(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("DelegationHop", field, false, false, "String")
+}
+
+func (ec *executionContext) _DelegationHop_agentId(ctx context.Context, field graphql.CollectedField, obj *model.DelegationHop) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_DelegationHop_agentId(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.AgentID, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOID2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_DelegationHop_agentId(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("DelegationHop", field, false, false, "ID")
+}
+
+func (ec *executionContext) _DelegationHop_agentHandle(ctx context.Context, field graphql.CollectedField, obj *model.DelegationHop) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_DelegationHop_agentHandle(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.AgentHandle, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_DelegationHop_agentHandle(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("DelegationHop", field, false, false, "String")
+}
+
+func (ec *executionContext) _DelegationHop_agentName(ctx context.Context, field graphql.CollectedField, obj *model.DelegationHop) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_DelegationHop_agentName(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.AgentName, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_DelegationHop_agentName(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("DelegationHop", field, false, false, "String")
+}
+
+func (ec *executionContext) _DelegationHop_executionId(ctx context.Context, field graphql.CollectedField, obj *model.DelegationHop) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_DelegationHop_executionId(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.ExecutionID, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOID2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_DelegationHop_executionId(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("DelegationHop", field, false, false, "ID")
+}
+
+func (ec *executionContext) _DelegationHop_link(ctx context.Context, field graphql.CollectedField, obj *model.DelegationHop) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_DelegationHop_link(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Link, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v model.CauseLink) graphql.Marshaler {
+			return ec.marshalNCauseLink2githubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐCauseLink(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_DelegationHop_link(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("DelegationHop", field, false, false, "CauseLink")
+}
+
+func (ec *executionContext) _DelegationHop_time(ctx context.Context, field graphql.CollectedField, obj *model.DelegationHop) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_DelegationHop_time(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Time, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v time.Time) graphql.Marshaler {
+			return ec.marshalNTime2timeᚐTime(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_DelegationHop_time(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("DelegationHop", field, false, false, "Time")
+}
+
+func (ec *executionContext) _DelegationHop_events(ctx context.Context, field graphql.CollectedField, obj *model.DelegationHop) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_DelegationHop_events(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Events, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int64) graphql.Marshaler {
+			return ec.marshalNInt642int64(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_DelegationHop_events(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("DelegationHop", field, false, false, "Int64")
+}
+
+func (ec *executionContext) _DelegationHop_cost(ctx context.Context, field graphql.CollectedField, obj *model.DelegationHop) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_DelegationHop_cost(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Cost, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_DelegationHop_cost(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("DelegationHop", field, false, false, "String")
+}
+
+func (ec *executionContext) _DelegationHop_currency(ctx context.Context, field graphql.CollectedField, obj *model.DelegationHop) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_DelegationHop_currency(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Currency, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_DelegationHop_currency(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("DelegationHop", field, false, false, "String")
+}
+
+func (ec *executionContext) _DelegationHop_outside(ctx context.Context, field graphql.CollectedField, obj *model.DelegationHop) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_DelegationHop_outside(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Outside, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v bool) graphql.Marshaler {
+			return ec.marshalNBoolean2bool(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_DelegationHop_outside(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("DelegationHop", field, false, false, "Boolean")
 }
 
 func (ec *executionContext) _Job_id(ctx context.Context, field graphql.CollectedField, obj *model.Job) (ret graphql.Marshaler) {
@@ -9638,6 +10963,94 @@ func (ec *executionContext) fieldContext_Query_usageSeries(ctx context.Context, 
 	}()
 	ctx = graphql.WithFieldContext(ctx, fc)
 	if fc.Args, err = ec.field_Query_usageSeries_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
+		ec.Error(ctx, err)
+		return fc, err
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _Query_delegation(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Query_delegation(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			fc := graphql.GetFieldContext(ctx)
+			return ec.Resolvers.Query().Delegation(ctx, fc.Args["orgId"].(*string), fc.Args["executionId"].(*string), fc.Args["messageId"].(*string), fc.Args["from"].(*time.Time), fc.Args["to"].(*time.Time))
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.Delegation) graphql.Marshaler {
+			return ec.marshalODelegation2ᚖgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐDelegation(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_Query_delegation(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Query",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_Delegation(ctx, field)
+		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = ec.Recover(ctx, r)
+			ec.Error(ctx, err)
+		}
+	}()
+	ctx = graphql.WithFieldContext(ctx, fc)
+	if fc.Args, err = ec.field_Query_delegation_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
+		ec.Error(ctx, err)
+		return fc, err
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _Query_crossOwnerSpend(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Query_crossOwnerSpend(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			fc := graphql.GetFieldContext(ctx)
+			return ec.Resolvers.Query().CrossOwnerSpend(ctx, fc.Args["orgId"].(*string), fc.Args["from"].(time.Time), fc.Args["to"].(time.Time), fc.Args["ownerId"].(*string), fc.Args["limit"].(*int))
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.CrossOwnerSpend) graphql.Marshaler {
+			return ec.marshalNCrossOwnerSpend2ᚖgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐCrossOwnerSpend(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Query_crossOwnerSpend(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Query",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_CrossOwnerSpend(ctx, field)
+		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = ec.Recover(ctx, r)
+			ec.Error(ctx, err)
+		}
+	}()
+	ctx = graphql.WithFieldContext(ctx, fc)
+	if fc.Args, err = ec.field_Query_crossOwnerSpend_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
 		ec.Error(ctx, err)
 		return fc, err
 	}
@@ -13218,7 +14631,7 @@ func (ec *executionContext) unmarshalInputCostFilter(ctx context.Context, obj an
 		asMap[k] = v
 	}
 
-	fieldsInOrder := [...]string{"ownerIds", "agentIds", "roomIds", "models"}
+	fieldsInOrder := [...]string{"ownerIds", "agentIds", "roomIds", "models", "initiatorIds", "initiatorOwnerIds", "chainDepths"}
 	for _, k := range fieldsInOrder {
 		v, ok := asMap[k]
 		if !ok {
@@ -13253,6 +14666,27 @@ func (ec *executionContext) unmarshalInputCostFilter(ctx context.Context, obj an
 				return it, err
 			}
 			it.Models = data
+		case "initiatorIds":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("initiatorIds"))
+			data, err := ec.unmarshalOID2ᚕstringᚄ(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.InitiatorIds = data
+		case "initiatorOwnerIds":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("initiatorOwnerIds"))
+			data, err := ec.unmarshalOID2ᚕstringᚄ(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.InitiatorOwnerIds = data
+		case "chainDepths":
+			ctx := graphql.WithPathContext(ctx, graphql.NewPathWithField("chainDepths"))
+			data, err := ec.unmarshalOInt2ᚕintᚄ(ctx, v)
+			if err != nil {
+				return it, err
+			}
+			it.ChainDepths = data
 		}
 	}
 	return it, nil
@@ -14392,6 +15826,31 @@ func (ec *executionContext) _CostRow(ctx context.Context, sel ast.SelectionSet, 
 			if out.Values[i] == graphql.RequiredNull {
 				out.Invalids++
 			}
+		case "initiatorId":
+			out.Values[i] = ec._CostRow_initiatorId(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "initiatorHandle":
+			out.Values[i] = ec._CostRow_initiatorHandle(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "initiatorName":
+			out.Values[i] = ec._CostRow_initiatorName(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "initiatorOwnerId":
+			out.Values[i] = ec._CostRow_initiatorOwnerId(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "chainDepth":
+			out.Values[i] = ec._CostRow_chainDepth(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
 		case "hour":
 			out.Values[i] = ec._CostRow_hour(ctx, field, obj)
 			if out.Values[i] == graphql.RequiredNull {
@@ -14517,6 +15976,49 @@ func (ec *executionContext) _CostTotal(ctx context.Context, sel ast.SelectionSet
 	return out
 }
 
+var crossOwnerSpendImplementors = []string{"CrossOwnerSpend"}
+
+func (ec *executionContext) _CrossOwnerSpend(ctx context.Context, sel ast.SelectionSet, obj *model.CrossOwnerSpend) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, crossOwnerSpendImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("CrossOwnerSpend")
+		case "causedByOthers":
+			out.Values[i] = ec._CrossOwnerSpend_causedByOthers(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "causedForOthers":
+			out.Values[i] = ec._CrossOwnerSpend_causedForOthers(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "truncated":
+			out.Values[i] = ec._CrossOwnerSpend_truncated(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
 var decisionReasonImplementors = []string{"DecisionReason"}
 
 func (ec *executionContext) _DecisionReason(ctx context.Context, sel ast.SelectionSet, obj *model.DecisionReason) graphql.Marshaler {
@@ -14535,6 +16037,182 @@ func (ec *executionContext) _DecisionReason(ctx context.Context, sel ast.Selecti
 			}
 		case "message":
 			out.Values[i] = ec._DecisionReason_message(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
+var delegationImplementors = []string{"Delegation"}
+
+func (ec *executionContext) _Delegation(ctx context.Context, sel ast.SelectionSet, obj *model.Delegation) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, delegationImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("Delegation")
+		case "initiatorId":
+			out.Values[i] = ec._Delegation_initiatorId(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "initiatorType":
+			out.Values[i] = ec._Delegation_initiatorType(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "initiatorHandle":
+			out.Values[i] = ec._Delegation_initiatorHandle(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "initiatorName":
+			out.Values[i] = ec._Delegation_initiatorName(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "initiatorOwnerId":
+			out.Values[i] = ec._Delegation_initiatorOwnerId(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "hops":
+			out.Values[i] = ec._Delegation_hops(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "triggered":
+			out.Values[i] = ec._Delegation_triggered(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "truncated":
+			out.Values[i] = ec._Delegation_truncated(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
+var delegationHopImplementors = []string{"DelegationHop"}
+
+func (ec *executionContext) _DelegationHop(ctx context.Context, sel ast.SelectionSet, obj *model.DelegationHop) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, delegationHopImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("DelegationHop")
+		case "depth":
+			out.Values[i] = ec._DelegationHop_depth(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "triggerMessageId":
+			out.Values[i] = ec._DelegationHop_triggerMessageId(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "triggerEventId":
+			out.Values[i] = ec._DelegationHop_triggerEventId(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "senderId":
+			out.Values[i] = ec._DelegationHop_senderId(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "senderHandle":
+			out.Values[i] = ec._DelegationHop_senderHandle(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "senderName":
+			out.Values[i] = ec._DelegationHop_senderName(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "agentId":
+			out.Values[i] = ec._DelegationHop_agentId(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "agentHandle":
+			out.Values[i] = ec._DelegationHop_agentHandle(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "agentName":
+			out.Values[i] = ec._DelegationHop_agentName(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "executionId":
+			out.Values[i] = ec._DelegationHop_executionId(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "link":
+			out.Values[i] = ec._DelegationHop_link(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "time":
+			out.Values[i] = ec._DelegationHop_time(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "events":
+			out.Values[i] = ec._DelegationHop_events(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "cost":
+			out.Values[i] = ec._DelegationHop_cost(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "currency":
+			out.Values[i] = ec._DelegationHop_currency(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "outside":
+			out.Values[i] = ec._DelegationHop_outside(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
 				out.Invalids++
 			}
@@ -15003,6 +16681,18 @@ func (ec *executionContext) _Query(ctx context.Context, sel ast.SelectionSet) gr
 				true, true,
 				func(ctx context.Context) graphql.Marshaler {
 					return ec._Query_usageSeries(ctx, field)
+				})
+		case "delegation":
+			out.ResolveRootConcurrently(innerCtx, ec.OperationContext, i,
+				true, false,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Query_delegation(ctx, field)
+				})
+		case "crossOwnerSpend":
+			out.ResolveRootConcurrently(innerCtx, ec.OperationContext, i,
+				true, true,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Query_crossOwnerSpend(ctx, field)
 				})
 		case "chattyAgents":
 			out.ResolveRootConcurrently(innerCtx, ec.OperationContext, i,
@@ -16359,6 +18049,16 @@ func (ec *executionContext) marshalNBudgetScope2githubᚗcomᚋbandplaneᚋbandp
 	return v
 }
 
+func (ec *executionContext) unmarshalNCauseLink2githubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐCauseLink(ctx context.Context, v any) (model.CauseLink, error) {
+	var res model.CauseLink
+	err := res.UnmarshalGQL(v)
+	return res, graphql.ErrorOnPath(ctx, err)
+}
+
+func (ec *executionContext) marshalNCauseLink2githubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐCauseLink(ctx context.Context, sel ast.SelectionSet, v model.CauseLink) graphql.Marshaler {
+	return v
+}
+
 func (ec *executionContext) marshalNChattyAgent2githubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐChattyAgent(ctx context.Context, sel ast.SelectionSet, v model.ChattyAgent) graphql.Marshaler {
 	return ec._ChattyAgent(ctx, sel, &v)
 }
@@ -16485,6 +18185,14 @@ func (ec *executionContext) marshalNCostTotal2ᚕgithubᚗcomᚋbandplaneᚋband
 	return ret
 }
 
+func (ec *executionContext) marshalNCrossOwnerSpend2ᚖgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐCrossOwnerSpend(ctx context.Context, sel ast.SelectionSet, v *model.CrossOwnerSpend) graphql.Marshaler {
+	if v == nil {
+		graphql.AddInvalidNullError(ctx, "CrossOwnerSpend!")
+		return graphql.Null
+	}
+	return ec._CrossOwnerSpend(ctx, sel, v)
+}
+
 func (ec *executionContext) marshalNDecisionReason2githubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐDecisionReason(ctx context.Context, sel ast.SelectionSet, v model.DecisionReason) graphql.Marshaler {
 	return ec._DecisionReason(ctx, sel, &v)
 }
@@ -16494,6 +18202,26 @@ func (ec *executionContext) marshalNDecisionReason2ᚕgithubᚗcomᚋbandplane�
 		fc := graphql.GetFieldContext(ctx)
 		fc.Result = &v[i]
 		return ec.marshalNDecisionReason2githubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐDecisionReason(ctx, sel, v[i])
+	})
+
+	for _, e := range ret {
+		if e == graphql.Null {
+			return graphql.Null
+		}
+	}
+
+	return ret
+}
+
+func (ec *executionContext) marshalNDelegationHop2githubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐDelegationHop(ctx context.Context, sel ast.SelectionSet, v model.DelegationHop) graphql.Marshaler {
+	return ec._DelegationHop(ctx, sel, &v)
+}
+
+func (ec *executionContext) marshalNDelegationHop2ᚕgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐDelegationHopᚄ(ctx context.Context, sel ast.SelectionSet, v []model.DelegationHop) graphql.Marshaler {
+	ret := graphql.MarshalSliceConcurrently(ctx, len(v), 0, false, func(ctx context.Context, i int) graphql.Marshaler {
+		fc := graphql.GetFieldContext(ctx)
+		fc.Result = &v[i]
+		return ec.marshalNDelegationHop2githubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐDelegationHop(ctx, sel, v[i])
 	})
 
 	for _, e := range ret {
@@ -17198,6 +18926,13 @@ func (ec *executionContext) marshalODecisionOutcome2ᚖgithubᚗcomᚋbandplane�
 	return v
 }
 
+func (ec *executionContext) marshalODelegation2ᚖgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐDelegation(ctx context.Context, sel ast.SelectionSet, v *model.Delegation) graphql.Marshaler {
+	if v == nil {
+		return graphql.Null
+	}
+	return ec._Delegation(ctx, sel, v)
+}
+
 func (ec *executionContext) unmarshalOFloat2ᚖfloat64(ctx context.Context, v any) (*float64, error) {
 	if v == nil {
 		return nil, nil
@@ -17266,6 +19001,41 @@ func (ec *executionContext) marshalOID2ᚖstring(ctx context.Context, sel ast.Se
 	_ = ctx
 	res := graphql.MarshalID(*v)
 	return res
+}
+
+func (ec *executionContext) unmarshalOInt2ᚕintᚄ(ctx context.Context, v any) ([]int, error) {
+	if v == nil {
+		return nil, nil
+	}
+	vSlice := graphql.CoerceList(v)
+	var err error
+	res := make([]int, len(vSlice))
+	for i := range vSlice {
+		ctx := graphql.WithPathContext(ctx, graphql.NewPathWithIndex(i))
+		res[i], err = ec.unmarshalNInt2int(ctx, vSlice[i])
+		if err != nil {
+			return nil, err
+		}
+	}
+	return res, nil
+}
+
+func (ec *executionContext) marshalOInt2ᚕintᚄ(ctx context.Context, sel ast.SelectionSet, v []int) graphql.Marshaler {
+	if v == nil {
+		return graphql.Null
+	}
+	ret := make(graphql.Array, len(v))
+	for i := range v {
+		ret[i] = ec.marshalNInt2int(ctx, sel, v[i])
+	}
+
+	for _, e := range ret {
+		if e == graphql.Null {
+			return graphql.Null
+		}
+	}
+
+	return ret
 }
 
 func (ec *executionContext) unmarshalOInt2ᚖint(ctx context.Context, v any) (*int, error) {

@@ -220,12 +220,17 @@ type ContactRequestStep struct {
 	EventID     string  `json:"eventId"`
 }
 
-// Restricts costs and usageSeries to some owners, agents, rooms or models (each: any of the ids given).
+// Restricts costs and usageSeries to some owners, agents, rooms, models, initiators,
+// initiators' owners or chain depths (each: any of the values given, at most 100).
 type CostFilter struct {
-	OwnerIds []string `json:"ownerIds,omitempty"`
-	AgentIds []string `json:"agentIds,omitempty"`
-	RoomIds  []string `json:"roomIds,omitempty"`
-	Models   []string `json:"models,omitempty"`
+	OwnerIds          []string `json:"ownerIds,omitempty"`
+	AgentIds          []string `json:"agentIds,omitempty"`
+	RoomIds           []string `json:"roomIds,omitempty"`
+	Models            []string `json:"models,omitempty"`
+	InitiatorIds      []string `json:"initiatorIds,omitempty"`
+	InitiatorOwnerIds []string `json:"initiatorOwnerIds,omitempty"`
+	// 0 to 65535.
+	ChainDepths []int `json:"chainDepths,omitempty"`
 }
 
 // A costs answer: its rows, their totals, and the usage nobody could price.
@@ -262,10 +267,23 @@ type CostRow struct {
 	AgentName *string `json:"agentName,omitempty"`
 	RoomID    *string `json:"roomId,omitempty"`
 	// The room's title, from its room events.
-	RoomName *string    `json:"roomName,omitempty"`
-	Model    *string    `json:"model,omitempty"`
-	Hour     *time.Time `json:"hour,omitempty"`
-	Day      *time.Time `json:"day,omitempty"`
+	RoomName *string `json:"roomName,omitempty"`
+	Model    *string `json:"model,omitempty"`
+	// The initiator's id (a person's or an agent's, or a system's name such as
+	// "schedule"); "" for usage stored before bandplane recorded chains.
+	InitiatorID *string `json:"initiatorId,omitempty"`
+	// The initiator's @handle, when this organization's directory knows the initiator: a
+	// person of another organization who set the work going through an approved contact is
+	// shown by id only.
+	InitiatorHandle *string `json:"initiatorHandle,omitempty"`
+	// The initiator's display name, likewise.
+	InitiatorName *string `json:"initiatorName,omitempty"`
+	// The initiator's accountable person (see CostDimension.INITIATOR_OWNER).
+	InitiatorOwnerID *string `json:"initiatorOwnerId,omitempty"`
+	// The chain's depth (see CostDimension.CHAIN_DEPTH).
+	ChainDepth *int       `json:"chainDepth,omitempty"`
+	Hour       *time.Time `json:"hour,omitempty"`
+	Day        *time.Time `json:"day,omitempty"`
 	// Usage events of the group, priced or not.
 	Events int64 `json:"events"`
 	// Usage events with a price (their tokens are in pricedTokens, their cost in cost).
@@ -293,10 +311,63 @@ type CostTotal struct {
 	Cost string `json:"cost"`
 }
 
+// Spend caused across owners (see Query.crossOwnerSpend).
+type CrossOwnerSpend struct {
+	CausedByOthers  []CostRow `json:"causedByOthers"`
+	CausedForOthers []CostRow `json:"causedForOthers"`
+	// True when a list holds only its most expensive limit rows.
+	Truncated bool `json:"truncated"`
+}
+
 // A reason a policy gave for its decision.
 type DecisionReason struct {
 	Code    string `json:"code"`
 	Message string `json:"message"`
+}
+
+// A delegation chain, initiator first.
+type Delegation struct {
+	// The person, the system (such as schedule) or the agent acting on its own at the root.
+	InitiatorID string `json:"initiatorId"`
+	// user, agent or system.
+	InitiatorType string `json:"initiatorType"`
+	// Known when this organization's directory knows the initiator.
+	InitiatorHandle  *string         `json:"initiatorHandle,omitempty"`
+	InitiatorName    *string         `json:"initiatorName,omitempty"`
+	InitiatorOwnerID *string         `json:"initiatorOwnerId,omitempty"`
+	Hops             []DelegationHop `json:"hops"`
+	// For a message: the executions it started, most expensive first.
+	Triggered []DelegationHop `json:"triggered"`
+	// True when the chain is longer than 64 hops (a runaway loop): hops are its last 64.
+	Truncated bool `json:"truncated"`
+}
+
+// One step of a delegation chain: the execution of agent that the message triggerMessageId, sent by sender, started.
+type DelegationHop struct {
+	// 0 at the initiator's own step, then 1, 2, ...
+	Depth int `json:"depth"`
+	// The platform's id of the message that started this step; null at the initiator's own step.
+	TriggerMessageID *string `json:"triggerMessageId,omitempty"`
+	// The id of that message's event in the audit trail.
+	TriggerEventID *string `json:"triggerEventId,omitempty"`
+	// Who sent the trigger (at the initiator's own step: the initiator).
+	SenderID     *string `json:"senderId,omitempty"`
+	SenderHandle *string `json:"senderHandle,omitempty"`
+	SenderName   *string `json:"senderName,omitempty"`
+	// The agent whose execution this step is; null at a person's own step.
+	AgentID     *string   `json:"agentId,omitempty"`
+	AgentHandle *string   `json:"agentHandle,omitempty"`
+	AgentName   *string   `json:"agentName,omitempty"`
+	ExecutionID *string   `json:"executionId,omitempty"`
+	Link        CauseLink `json:"link"`
+	// The first event of the step.
+	Time time.Time `json:"time"`
+	// Usage events and exact cost of this step's execution (usage whose trigger is this step's).
+	Events   int64   `json:"events"`
+	Cost     *string `json:"cost,omitempty"`
+	Currency *string `json:"currency,omitempty"`
+	// True when the trigger lies in another organization's trail: shown by id only, not followed.
+	Outside bool `json:"outside"`
 }
 
 // A background job (re-pricing a range of usage).
@@ -700,6 +771,67 @@ func (e BudgetScope) MarshalJSON() ([]byte, error) {
 	return buf.Bytes(), nil
 }
 
+// How a delegation link was made.
+type CauseLink string
+
+const (
+	// The platform sent the trigger (frame metadata trigger_message_id, or data.trigger).
+	CauseLinkExplicit CauseLink = "EXPLICIT"
+	// bandplane inferred it: the room's latest message that mentioned the agent before it acted.
+	CauseLinkInferred CauseLink = "INFERRED"
+	// The platform named a trigger that has not arrived yet: the initiator is unknown until it does.
+	CauseLinkPending CauseLink = "PENDING"
+)
+
+var AllCauseLink = []CauseLink{
+	CauseLinkExplicit,
+	CauseLinkInferred,
+	CauseLinkPending,
+}
+
+func (e CauseLink) IsValid() bool {
+	switch e {
+	case CauseLinkExplicit, CauseLinkInferred, CauseLinkPending:
+		return true
+	}
+	return false
+}
+
+func (e CauseLink) String() string {
+	return string(e)
+}
+
+func (e *CauseLink) UnmarshalGQL(v any) error {
+	str, ok := v.(string)
+	if !ok {
+		return fmt.Errorf("enums must be strings")
+	}
+
+	*e = CauseLink(str)
+	if !e.IsValid() {
+		return fmt.Errorf("%s is not a valid CauseLink", str)
+	}
+	return nil
+}
+
+func (e CauseLink) MarshalGQL(w io.Writer) {
+	_, _ = fmt.Fprint(w, strconv.Quote(e.String()))
+}
+
+func (e *CauseLink) UnmarshalJSON(b []byte) error {
+	s, err := strconv.Unquote(string(b))
+	if err != nil {
+		return err
+	}
+	return e.UnmarshalGQL(s)
+}
+
+func (e CauseLink) MarshalJSON() ([]byte, error) {
+	var buf bytes.Buffer
+	e.MarshalGQL(&buf)
+	return buf.Bytes(), nil
+}
+
 // A dimension costs can be grouped by.
 type CostDimension string
 
@@ -712,6 +844,15 @@ const (
 	CostDimensionHour CostDimension = "HOUR"
 	// The day the usage falls in (UTC).
 	CostDimensionDay CostDimension = "DAY"
+	// Who set the spend going: the person (or the system outside chat, such as
+	// "schedule") at the root of the delegation chain of @mentions that led to the usage.
+	// An agent that acted without being mentioned is its own initiator. See graph/README.md,
+	// "Who caused the spend".
+	CostDimensionInitiator CostDimension = "INITIATOR"
+	// The initiator's accountable person: the person themselves, or an agent initiator's owner.
+	CostDimensionInitiatorOwner CostDimension = "INITIATOR_OWNER"
+	// How many hand-overs the usage is from its initiator: 0 its own, 1 an agent it mentioned, and so on.
+	CostDimensionChainDepth CostDimension = "CHAIN_DEPTH"
 )
 
 var AllCostDimension = []CostDimension{
@@ -721,11 +862,14 @@ var AllCostDimension = []CostDimension{
 	CostDimensionModel,
 	CostDimensionHour,
 	CostDimensionDay,
+	CostDimensionInitiator,
+	CostDimensionInitiatorOwner,
+	CostDimensionChainDepth,
 }
 
 func (e CostDimension) IsValid() bool {
 	switch e {
-	case CostDimensionOwner, CostDimensionAgent, CostDimensionRoom, CostDimensionModel, CostDimensionHour, CostDimensionDay:
+	case CostDimensionOwner, CostDimensionAgent, CostDimensionRoom, CostDimensionModel, CostDimensionHour, CostDimensionDay, CostDimensionInitiator, CostDimensionInitiatorOwner, CostDimensionChainDepth:
 		return true
 	}
 	return false

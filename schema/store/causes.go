@@ -10,17 +10,18 @@ import (
 
 // CauseRow is one row of causes (migration 009): an event's link.
 type CauseRow struct {
-	EventID              string
-	Time                 time.Time
-	Type, OrgID, RoomID  string
-	ActorID, ExecutionID string
-	MessageID            string   // a message's platform id
-	Mentions             []string // the agents a message mentions
-	Chain                Chain
-	Version              uint64
+	EventID             string
+	Time                time.Time
+	Type, OrgID, RoomID string
+	ActorID, ActorType  string
+	ExecutionID         string
+	MessageID           string   // a message's platform id
+	Mentions            []string // the agents a message mentions
+	Chain               Chain
+	Version             uint64
 }
 
-const causeCols = "event_id, time, time_ms, type, org_id, room_id, actor_id, execution_id, message_id, mentions, " +
+const causeCols = "event_id, time, time_ms, type, org_id, room_id, actor_id, actor_type, execution_id, message_id, mentions, " +
 	"trigger_id, trigger_event_id, initiator_id, initiator_type, initiator_org, initiator_owner, depth, link, version"
 
 // InsertCauses writes events' links (ingest, and a late trigger's rewrite at a higher
@@ -33,7 +34,7 @@ func (s *Store) InsertCauses(ctx context.Context, rows []CauseRow) error {
 			mentions = []string{}
 		}
 		c := &r.Chain
-		return b.Append(r.EventID, r.Time, ms(r.Time), r.Type, r.OrgID, r.RoomID, r.ActorID, r.ExecutionID, r.MessageID, mentions,
+		return b.Append(r.EventID, r.Time, ms(r.Time), r.Type, r.OrgID, r.RoomID, r.ActorID, r.ActorType, r.ExecutionID, r.MessageID, mentions,
 			c.TriggerID, c.TriggerEventID, c.InitiatorID, c.InitiatorType, c.InitiatorOrg, c.InitiatorOwner, c.Depth, c.Link, r.Version)
 	})
 }
@@ -58,7 +59,7 @@ func (s *Store) causes(ctx context.Context, q string, args ...any) ([]CauseRow, 
 		var r CauseRow
 		var tms uint16
 		c := &r.Chain
-		if err := rows.Scan(&r.EventID, &r.Time, &tms, &r.Type, &r.OrgID, &r.RoomID, &r.ActorID, &r.ExecutionID, &r.MessageID, &r.Mentions,
+		if err := rows.Scan(&r.EventID, &r.Time, &tms, &r.Type, &r.OrgID, &r.RoomID, &r.ActorID, &r.ActorType, &r.ExecutionID, &r.MessageID, &r.Mentions,
 			&c.TriggerID, &c.TriggerEventID, &c.InitiatorID, &c.InitiatorType, &c.InitiatorOrg, &c.InitiatorOwner, &c.Depth, &c.Link, &r.Version); err != nil {
 			return nil, fmt.Errorf("cannot read %s.causes: %w", s.db, err)
 		}

@@ -21,7 +21,26 @@ type HourKey struct {
 
 type rollupKey struct {
 	owner, agent, room, model string
-	hour                      time.Time
+	// Who set the spend going (schema/cause, usage's chain): the initiator, its type
+	// and accountable person, and the chain's depth.
+	initiator, initiatorType, initiatorOwner string
+	depth                                    uint16
+	hour                                     time.Time
+}
+
+// RollupGroup are the columns that, with the organization and the bucket, make a
+// group of the rollups (usage_hourly, usage_rollup), in the order of their keys: a
+// read that takes each group's newest row takes it LIMIT 1 BY these.
+const RollupGroup = "owner_id, agent_id, room_id, model, initiator_id, initiator_type, initiator_owner, chain_depth"
+
+// group is what a scan of RollupGroup's columns fills, in its order.
+func (k *rollupKey) group() []any {
+	return []any{&k.owner, &k.agent, &k.room, &k.model, &k.initiator, &k.initiatorType, &k.initiatorOwner, &k.depth}
+}
+
+// values are the key's RollupGroup columns, for an insert.
+func (k *rollupKey) values() []any {
+	return []any{k.owner, k.agent, k.room, k.model, k.initiator, k.initiatorType, k.initiatorOwner, k.depth}
 }
 
 // RefreshRollup rebuilds the hourly rollup of the given hours from usage FINAL, so a
@@ -51,11 +70,11 @@ func (s *Store) RefreshRollup(ctx context.Context, keys []HourKey) error {
 	return nil
 }
 
-const rollupCols = "hour, org_id, owner_id, agent_id, room_id, model, events, unpriced_events, input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, reasoning_tokens," +
+const rollupCols = "hour, org_id, " + RollupGroup + ", events, unpriced_events, input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, reasoning_tokens," +
 	" unpriced_input_tokens, unpriced_output_tokens, unpriced_cache_read_tokens, unpriced_cache_write_tokens, unpriced_reasoning_tokens, cost, currency, version"
 
 // rollupTableCols are usage_rollup's: rollupCols with grain and bucket for hour.
-const rollupTableCols = "grain, bucket, org_id, owner_id, agent_id, room_id, model, events, unpriced_events, input_tokens, output_tokens, cache_read_tokens, cache_write_tokens," +
+const rollupTableCols = "grain, bucket, org_id, " + RollupGroup + ", events, unpriced_events, input_tokens, output_tokens, cache_read_tokens, cache_write_tokens," +
 	" reasoning_tokens, unpriced_input_tokens, unpriced_output_tokens, unpriced_cache_read_tokens, unpriced_cache_write_tokens, unpriced_reasoning_tokens, cost, currency, version"
 
 type rollupRow struct {
@@ -221,7 +240,7 @@ func (r *rollupRow) add(o *rollupRow) {
 // dayHours reads the hours of one day of org from usage_hourly FINAL, each row with its
 // version.
 func (s *Store) dayHours(ctx context.Context, org string, day time.Time) ([]rollupRow, error) {
-	rows, err := s.conn.Query(ctx, `SELECT hour, owner_id, agent_id, room_id, model, events, unpriced_events, input_tokens, output_tokens,
+	rows, err := s.conn.Query(ctx, `SELECT hour, `+RollupGroup+`, events, unpriced_events, input_tokens, output_tokens,
 		cache_read_tokens, cache_write_tokens, reasoning_tokens, unpriced_input_tokens, unpriced_output_tokens,
 		unpriced_cache_read_tokens, unpriced_cache_write_tokens, unpriced_reasoning_tokens, cost, currency, version
 		FROM `+s.db+`.usage_hourly FINAL WHERE org_id = ? AND hour >= ? AND hour < ?`, org, day, day.Add(24*time.Hour))
@@ -232,8 +251,9 @@ func (s *Store) dayHours(ctx context.Context, org string, day time.Time) ([]roll
 	var out []rollupRow
 	for rows.Next() {
 		var r rollupRow
-		if err := rows.Scan(&r.key.hour, &r.key.owner, &r.key.agent, &r.key.room, &r.key.model, &r.events, &r.unpriced, &r.in, &r.out,
-			&r.cr, &r.cw, &r.r, &r.uin, &r.uout, &r.ucr, &r.ucw, &r.ur, &r.cost, &r.currency, &r.version); err != nil {
+		dest := append(append([]any{&r.key.hour}, r.key.group()...), &r.events, &r.unpriced, &r.in, &r.out,
+			&r.cr, &r.cw, &r.r, &r.uin, &r.uout, &r.ucr, &r.ucw, &r.ur, &r.cost, &r.currency, &r.version)
+		if err := rows.Scan(dest...); err != nil {
 			return nil, fmt.Errorf("cannot read %s.usage_hourly of org %q: %w", s.db, org, err)
 		}
 		r.key.hour = r.key.hour.UTC()
@@ -256,9 +276,9 @@ type held struct {
 // group that was zeroed since would pass.
 func (s *Store) heldDay(ctx context.Context, org string, day time.Time) (held, error) {
 	h := held{day: map[rollupKey]bool{}, hours: map[rollupKey]bool{}, hour: map[time.Time]uint64{}}
-	rows, err := s.conn.Query(ctx, `SELECT toString(grain), bucket, owner_id, agent_id, room_id, model, events, version
+	rows, err := s.conn.Query(ctx, `SELECT toString(grain), bucket, `+RollupGroup+`, events, version
 		FROM `+s.db+`.usage_rollup WHERE org_id = ? AND bucket >= ? AND bucket < ?
-		ORDER BY version DESC LIMIT 1 BY grain, bucket, owner_id, agent_id, room_id, model`, org, day, day.Add(24*time.Hour))
+		ORDER BY version DESC LIMIT 1 BY grain, bucket, `+RollupGroup, org, day, day.Add(24*time.Hour))
 	if err != nil {
 		return h, fmt.Errorf("cannot read %s.usage_rollup of org %q for %s: %w", s.db, org, day.Format(time.DateOnly), err)
 	}
@@ -267,7 +287,7 @@ func (s *Store) heldDay(ctx context.Context, org string, day time.Time) (held, e
 		var grain string
 		var k rollupKey
 		var events, v uint64
-		if err := rows.Scan(&grain, &k.hour, &k.owner, &k.agent, &k.room, &k.model, &events, &v); err != nil {
+		if err := rows.Scan(append(append([]any{&grain, &k.hour}, k.group()...), &events, &v)...); err != nil {
 			return h, fmt.Errorf("cannot read %s.usage_rollup of org %q: %w", s.db, org, err)
 		}
 		k.hour = k.hour.UTC()
@@ -386,8 +406,8 @@ func withWritten(day time.Time, read []rollupRow, written *writtenHours) []rollu
 func (s *Store) sendRollupRows(ctx context.Context, org string, rows []rollupRow) error {
 	return s.send(ctx, "usage_rollup", rollupTableCols, len(rows), func(i int) uint32 { return MonthPartition(rows[i].key.hour) }, func(b driver.Batch, i int) error {
 		r := &rows[i]
-		return b.Append(r.grain, r.key.hour, org, r.key.owner, r.key.agent, r.key.room, r.key.model,
-			r.events, r.unpriced, r.in, r.out, r.cr, r.cw, r.r, r.uin, r.uout, r.ucr, r.ucw, r.ur, r.cost, r.currency, r.version)
+		return b.Append(append(append([]any{r.grain, r.key.hour, org}, r.key.values()...),
+			r.events, r.unpriced, r.in, r.out, r.cr, r.cw, r.r, r.uin, r.uout, r.ucr, r.ucw, r.ur, r.cost, r.currency, r.version)...)
 	})
 }
 
@@ -399,14 +419,14 @@ func (s *Store) rebuildHours(ctx context.Context, org string, hours []time.Time)
 		want[h] = true
 	}
 	from, to := hours[0], hours[len(hours)-1].Add(time.Hour)
-	rows, err := s.conn.Query(ctx, `SELECT toStartOfHour(time) AS h, owner_id, agent_id, room_id, model,
+	rows, err := s.conn.Query(ctx, `SELECT toStartOfHour(time) AS h, `+RollupGroup+`,
 		count(), countIf(priced = 0), sum(input_tokens), sum(output_tokens), sum(cache_read_tokens),
 		sum(cache_write_tokens), sum(reasoning_tokens),
 		sumIf(input_tokens, priced = 0), sumIf(output_tokens, priced = 0), sumIf(cache_read_tokens, priced = 0),
 		sumIf(cache_write_tokens, priced = 0), sumIf(reasoning_tokens, priced = 0), sum(cost), any(currency)
 		FROM `+s.db+`.usage FINAL
 		WHERE org_id = ? AND time >= ? AND time < ?
-		GROUP BY h, owner_id, agent_id, room_id, model`, org, from, to)
+		GROUP BY h, `+RollupGroup, org, from, to)
 	if err != nil {
 		return nil, fmt.Errorf("cannot aggregate %s.usage for org %q from %s: %w", s.db, org, from.Format(time.RFC3339), err)
 	}
@@ -414,8 +434,8 @@ func (s *Store) rebuildHours(ctx context.Context, org string, hours []time.Time)
 	seen := map[rollupKey]bool{}
 	for rows.Next() {
 		var r rollupRow
-		if err := rows.Scan(&r.key.hour, &r.key.owner, &r.key.agent, &r.key.room, &r.key.model,
-			&r.events, &r.unpriced, &r.in, &r.out, &r.cr, &r.cw, &r.r, &r.uin, &r.uout, &r.ucr, &r.ucw, &r.ur, &r.cost, &r.currency); err != nil {
+		if err := rows.Scan(append(append([]any{&r.key.hour}, r.key.group()...),
+			&r.events, &r.unpriced, &r.in, &r.out, &r.cr, &r.cw, &r.r, &r.uin, &r.uout, &r.ucr, &r.ucw, &r.ur, &r.cost, &r.currency)...); err != nil {
 			rows.Close()
 			return nil, fmt.Errorf("cannot read usage aggregate for org %q: %w", org, err)
 		}
@@ -430,14 +450,14 @@ func (s *Store) rebuildHours(ctx context.Context, org string, hours []time.Time)
 		return nil, err
 	}
 	// Rows the rollup has now for those hours that the rebuild did not produce.
-	old, err := s.conn.Query(ctx, `SELECT hour, owner_id, agent_id, room_id, model
+	old, err := s.conn.Query(ctx, `SELECT hour, `+RollupGroup+`
 		FROM `+s.db+`.usage_hourly FINAL WHERE org_id = ? AND hour >= ? AND hour < ? AND events > 0`, org, from, to)
 	if err != nil {
 		return nil, fmt.Errorf("cannot read %s.usage_hourly for org %q: %w", s.db, org, err)
 	}
 	for old.Next() {
 		var k rollupKey
-		if err := old.Scan(&k.hour, &k.owner, &k.agent, &k.room, &k.model); err != nil {
+		if err := old.Scan(append([]any{&k.hour}, k.group()...)...); err != nil {
 			old.Close()
 			return nil, err
 		}
@@ -453,8 +473,8 @@ func (s *Store) rebuildHours(ctx context.Context, org string, hours []time.Time)
 func (s *Store) sendRollup(ctx context.Context, org string, rows []rollupRow, version uint64) error {
 	return s.send(ctx, "usage_hourly", rollupCols, len(rows), func(i int) uint32 { return MonthPartition(rows[i].key.hour) }, func(b driver.Batch, i int) error {
 		r := &rows[i]
-		return b.Append(r.key.hour, org, r.key.owner, r.key.agent, r.key.room, r.key.model,
-			r.events, r.unpriced, r.in, r.out, r.cr, r.cw, r.r, r.uin, r.uout, r.ucr, r.ucw, r.ur, r.cost, r.currency, version)
+		return b.Append(append(append([]any{r.key.hour, org}, r.key.values()...),
+			r.events, r.unpriced, r.in, r.out, r.cr, r.cw, r.r, r.uin, r.uout, r.ucr, r.ucw, r.ur, r.cost, r.currency, version)...)
 	})
 }
 

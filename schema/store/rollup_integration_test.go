@@ -22,7 +22,7 @@ func rollupGroups(ctx context.Context, t *testing.T, conn driver.Conn, db, grain
 	t.Helper()
 	rows, err := conn.Query(ctx, `SELECT bucket, owner_id, agent_id, model, events, toString(cost) FROM (SELECT bucket, owner_id, agent_id,
 		model, events, cost FROM `+db+`.usage_rollup WHERE grain = ? AND org_id = ?
-		ORDER BY version DESC LIMIT 1 BY grain, bucket, owner_id, agent_id, room_id, model) WHERE events > 0`, grain, org)
+		ORDER BY version DESC LIMIT 1 BY grain, bucket, `+store.RollupGroup+`) WHERE events > 0`, grain, org)
 	require.NoError(t, err)
 	defer rows.Close()
 	var out []string

@@ -82,7 +82,7 @@ func (d *corpusDaily) history() {
 					OwnerID: fmt.Sprintf("daily-owner-%d", n%2), AgentID: fmt.Sprintf("daily-agent-%d", n%3), RoomID: fmt.Sprintf("daily-room-%d", n%2),
 					Model: m.name, InputTokens: uint64(100 + n), OutputTokens: uint64(10 + n%7), CacheReadTokens: uint64(n % 5),
 					CacheWriteTokens: uint64(n % 3), Reasoning: uint64(n % 11), CostMicros: m.micros * int64(1+n%4), Currency: m.currency,
-					Priced: m.micros > 0, CatalogVersion: "corpus", Version: 1})
+					Priced: m.micros > 0, CatalogVersion: "corpus", Version: 1, Chain: dailyChain(n)})
 				hours = append(hours, store.HourKey{OrgID: d.org, Hour: at.Truncate(time.Hour)})
 				n++
 			}
@@ -90,6 +90,18 @@ func (d *corpusDaily) history() {
 	}
 	require.NoError(d.t, d.st.InsertUsage(d.ctx, d.rows))
 	require.NoError(d.t, d.st.RefreshRollup(d.ctx, hours))
+}
+
+// dailyChain is the n-th history row's chain: three initiators (two people, one of
+// whom is another owner's, and a schedule), at depths 0 to 2.
+func dailyChain(n int) store.Chain {
+	switch n % 3 {
+	case 0:
+		return store.Chain{InitiatorID: "daily-person-0", InitiatorType: "user", InitiatorOwner: "daily-person-0", Depth: uint16(n % 2), Link: "inferred"}
+	case 1:
+		return store.Chain{InitiatorID: "daily-person-1", InitiatorType: "user", InitiatorOwner: "daily-person-1", Depth: uint16(1 + n%2), Link: "explicit"}
+	}
+	return store.Chain{InitiatorID: "schedule", InitiatorType: "system", Depth: 1, Link: "explicit"}
 }
 
 // lateEvents writes, after their days were rolled up, a new event on the second day
@@ -102,6 +114,8 @@ func (d *corpusDaily) lateEvents() {
 	moved := d.rows[0]
 	moved.OwnerID, moved.AgentID, moved.Model, moved.Currency = "daily-owner-late", "daily-agent-late", "gpt-5-mini", "USD"
 	moved.CostMicros, moved.Priced, moved.Version = 77_000, true, 2
+	// and re-linked, as a late trigger does, to another initiator and depth
+	moved.Chain = store.Chain{InitiatorID: "daily-person-late", InitiatorType: "user", InitiatorOwner: "daily-person-late", Depth: 3, Link: "explicit"}
 	require.NoError(d.t, d.st.InsertUsage(d.ctx, []store.UsageRow{late, moved}))
 	require.NoError(d.t, d.st.RefreshRollup(d.ctx, []store.HourKey{{OrgID: d.org, Hour: late.Time.Truncate(time.Hour)},
 		{OrgID: d.org, Hour: moved.Time.Truncate(time.Hour)}}))
@@ -137,14 +151,19 @@ func (d *corpusDaily) check(when string) {
 		{"hours of one day", d.day0.Add(-2*day + 3*time.Hour), d.day0.Add(-2*day + 15*time.Hour)},
 	}
 	groupings := [][]string{nil, {query.DimDay}, {query.DimHour}, {query.DimAgent, query.DimModel}, {query.DimOwner, query.DimRoom},
-		{query.DimModel}, {query.DimDay, query.DimOwner, query.DimAgent, query.DimRoom, query.DimModel}}
+		{query.DimModel}, {query.DimDay, query.DimOwner, query.DimAgent, query.DimRoom, query.DimModel},
+		{query.DimInitiator}, {query.DimInitiatorOwner, query.DimChainDepth}, {query.DimDay, query.DimInitiator, query.DimAgent}}
 	filter := query.CostFilter{AgentIDs: []string{"daily-agent-1", "daily-agent-late"}, Models: []string{"gpt-5-mini", "daily-mystery"}}
+	byInitiator := query.CostFilter{InitiatorIDs: []string{"daily-person-1", "daily-person-late", "schedule"}, ChainDepths: []int{1, 3},
+		InitiatorOwnerIDs: []string{"daily-person-1", "daily-person-late"}}
 	for _, r := range ranges {
 		for _, g := range groupings {
 			d.compare(when, r.name, query.CostQuery{OrgID: d.org, From: r.from, To: r.to, GroupBy: g, Limit: query.MaxCostLimit})
 		}
 		d.compare(when, r.name+", filtered", query.CostQuery{OrgID: d.org, From: r.from, To: r.to, Filter: filter,
 			GroupBy: []string{query.DimAgent, query.DimModel}, Limit: query.MaxCostLimit})
+		d.compare(when, r.name+", filtered by initiator", query.CostQuery{OrgID: d.org, From: r.from, To: r.to, Filter: byInitiator,
+			GroupBy: []string{query.DimInitiator, query.DimChainDepth}, Limit: query.MaxCostLimit})
 		d.compareSeries(when, r.name, r.from, r.to)
 		d.compareUnpriced(when, r.name, r.from, r.to)
 	}
@@ -152,7 +171,8 @@ func (d *corpusDaily) check(when string) {
 
 // rawDims are the cost dimensions over usage.
 var rawDims = map[string]string{query.DimOwner: "owner_id", query.DimAgent: "agent_id", query.DimRoom: "room_id",
-	query.DimModel: "model", query.DimHour: "toStartOfHour(time) AS raw_hour", query.DimDay: "toStartOfDay(time) AS raw_day"}
+	query.DimModel: "model", query.DimHour: "toStartOfHour(time) AS raw_hour", query.DimDay: "toStartOfDay(time) AS raw_day",
+	query.DimInitiator: "initiator_id", query.DimInitiatorOwner: "initiator_owner", query.DimChainDepth: "chain_depth"}
 
 // direct sums usage FINAL of [from, to) widened to whole hours, as Costs does, grouped by
 // dims and currency, with f's conditions. Through the Recorder: the replay compares it
@@ -168,11 +188,18 @@ func (d *corpusDaily) direct(from, to time.Time, dims []string, f query.CostFilt
 	for _, l := range []struct {
 		col  string
 		vals []string
-	}{{"agent_id", f.AgentIDs}, {"model", f.Models}} {
+	}{{"agent_id", f.AgentIDs}, {"model", f.Models}, {"initiator_id", f.InitiatorIDs}, {"initiator_owner", f.InitiatorOwnerIDs}} {
 		if len(l.vals) > 0 {
 			conds += " AND has(?, " + l.col + ")"
 			args = append(args, l.vals)
 		}
+	}
+	if len(f.ChainDepths) > 0 {
+		depths := make([]string, len(f.ChainDepths))
+		for i, depth := range f.ChainDepths {
+			depths[i] = fmt.Sprint(depth)
+		}
+		conds += " AND chain_depth IN (" + strings.Join(depths, ", ") + ")"
 	}
 	sql := "SELECT " + strings.Join(append(keys, "currency"), ", ") + ", count(), countIf(priced = 0)," +
 		" sum(input_tokens), sum(output_tokens), sum(cache_read_tokens), sum(cache_write_tokens), sum(reasoning_tokens)," +
@@ -200,6 +227,12 @@ func (d *corpusDaily) direct(from, to time.Time, dims []string, f query.CostFilt
 				dest = append(dest, &r.Hour)
 			case query.DimDay:
 				dest = append(dest, &r.Day)
+			case query.DimInitiator:
+				dest = append(dest, &r.InitiatorID)
+			case query.DimInitiatorOwner:
+				dest = append(dest, &r.InitiatorOwnerID)
+			case query.DimChainDepth:
+				dest = append(dest, &r.ChainDepth)
 			}
 		}
 		t, u := &r.Tokens, &r.UnpricedTokens
@@ -231,8 +264,8 @@ func costLines(rows []query.CostRow) []string {
 		if !r.Day.IsZero() {
 			day = r.Day.UTC().Format(time.RFC3339)
 		}
-		out = append(out, fmt.Sprintf("%s|%s|%s|%s|%s|%s|%s events=%d unpriced=%d tokens=%+v unpriced_tokens=%+v cost=%s",
-			r.OwnerID, r.AgentID, r.RoomID, r.Model, hour, day, r.Currency, r.Events, r.UnpricedEvents, r.Tokens, r.UnpricedTokens,
+		out = append(out, fmt.Sprintf("%s|%s|%s|%s|%s|%s|%d|%s|%s|%s events=%d unpriced=%d tokens=%+v unpriced_tokens=%+v cost=%s",
+			r.OwnerID, r.AgentID, r.RoomID, r.Model, r.InitiatorID, r.InitiatorOwnerID, r.ChainDepth, hour, day, r.Currency, r.Events, r.UnpricedEvents, r.Tokens, r.UnpricedTokens,
 			r.Cost.StringFixed(6)))
 	}
 	slices.Sort(out)
@@ -262,36 +295,44 @@ func (d *corpusDaily) compare(when, shape string, q query.CostQuery) {
 	d.compared++
 }
 
-// compareSeries checks the daily and hourly series of the range, split by model,
-// against usage FINAL per bucket and model.
+// compareSeries checks the daily and hourly series of the range, split by model, by
+// initiator and by chain depth, against usage FINAL per bucket and split value.
 func (d *corpusDaily) compareSeries(when, shape string, from, to time.Time) {
 	d.t.Helper()
-	for _, interval := range []string{query.DimDay, query.DimHour} {
-		series, err := d.q.UsageSeries(d.ctx, query.SeriesQuery{OrgID: d.org, From: from, To: to, Interval: interval, Split: query.DimModel})
-		require.NoError(d.t, err)
-		var got []string
-		for _, s := range series {
-			for _, p := range s.Points {
-				if p.Events > 0 {
-					got = append(got, fmt.Sprintf("%s %s %s events=%d unpriced=%d tokens=%+v cost=%s", s.Key, s.Currency,
-						p.Time.UTC().Format(time.RFC3339), p.Events, p.UnpricedEvents, p.Tokens, p.Cost.StringFixed(6)))
-				}
-			}
+	for _, split := range []string{query.DimModel, query.DimInitiator, query.DimChainDepth} {
+		for _, interval := range []string{query.DimDay, query.DimHour} {
+			d.compareSplit(when, shape, from, to, interval, split)
 		}
-		slices.Sort(got)
-		var want []string
-		for _, r := range d.direct(from, to, []string{interval, query.DimModel}, query.CostFilter{}) {
-			at := r.Hour
-			if interval == query.DimDay {
-				at = r.Day
-			}
-			// A daily bucket sums the hours of its day that the range holds.
-			want = append(want, fmt.Sprintf("%s %s %s events=%d unpriced=%d tokens=%+v cost=%s", r.Model, r.Currency,
-				at.UTC().Format(time.RFC3339), r.Events, r.UnpricedEvents, r.Tokens, r.Cost.StringFixed(6)))
-		}
-		slices.Sort(want)
-		assert.Equal(d.t, want, got, "%s, %s: series by %s", when, shape, interval)
 	}
+}
+
+func (d *corpusDaily) compareSplit(when, shape string, from, to time.Time, interval, split string) {
+	d.t.Helper()
+	series, err := d.q.UsageSeries(d.ctx, query.SeriesQuery{OrgID: d.org, From: from, To: to, Interval: interval, Split: split, Limit: query.MaxSeriesLimit})
+	require.NoError(d.t, err)
+	var got []string
+	for _, s := range series {
+		for _, p := range s.Points {
+			if p.Events > 0 {
+				got = append(got, fmt.Sprintf("%s %s %s events=%d unpriced=%d tokens=%+v cost=%s", s.Key, s.Currency,
+					p.Time.UTC().Format(time.RFC3339), p.Events, p.UnpricedEvents, p.Tokens, p.Cost.StringFixed(6)))
+			}
+		}
+	}
+	slices.Sort(got)
+	var want []string
+	for _, r := range d.direct(from, to, []string{interval, split}, query.CostFilter{}) {
+		at := r.Hour
+		if interval == query.DimDay {
+			at = r.Day
+		}
+		key := map[string]string{query.DimModel: r.Model, query.DimInitiator: r.InitiatorID, query.DimChainDepth: fmt.Sprint(r.ChainDepth)}[split]
+		// A daily bucket sums the hours of its day that the range holds.
+		want = append(want, fmt.Sprintf("%s %s %s events=%d unpriced=%d tokens=%+v cost=%s", key, r.Currency,
+			at.UTC().Format(time.RFC3339), r.Events, r.UnpricedEvents, r.Tokens, r.Cost.StringFixed(6)))
+	}
+	slices.Sort(want)
+	assert.Equal(d.t, want, got, "%s, %s: series by %s split by %s", when, shape, interval, split)
 }
 
 // compareUnpriced checks UnpricedModels of the range against usage FINAL: events and

@@ -14,6 +14,7 @@ CREATE TABLE IF NOT EXISTS {db}.causes (
     org_id           String,
     room_id          String,
     actor_id         String,
+    actor_type       String,
     execution_id     String,
     message_id       String,
     mentions         Array(String),
