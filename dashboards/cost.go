@@ -154,7 +154,35 @@ var (
 	LIMIT 100`)
 
 	costByOwnerSQL = topBy("owner_id", ownerLookup, "owner_name", "owner", 20)
-	costByRoomSQL  = topBy("room_id", roomLookup, "room_name", "room", 20)
+	// Who set the spend going (schema/cause): the person, the system or the agent
+	// acting on its own at the root of the chain of mentions.
+	costByInitiatorSQL = topBy("initiator_id", anyNameLookup("initiator_id", "initiator_name", "initiator_names"), "initiator_name", "initiator", 20)
+	spendByDepthSQL    = sql(`
+	SELECT ` + bucket("hour") + ` AS time, toString(chain_depth) AS depth, currency, toFloat64(sum(cost)) AS spend
+	FROM bandplane.usage_hourly FINAL
+	WHERE ` + usageWhere + `
+	GROUP BY time, chain_depth, currency
+	ORDER BY time, depth, currency`)
+
+	// crossOwnerSQL is the spend one owner's requests caused on another owner's agents:
+	// the agents' owner and the initiator's accountable person differ (a system
+	// initiator has none).
+	crossOwnerSQL = sql(`
+	SELECT ` + nameOr("owner_name", "owner_id") + ` AS agents_owner, caused_by, cost_total AS cost, usage_events AS events, currency
+	FROM (
+	  SELECT owner_id, ` + nameOr("initiator_owner_name", "initiator_owner") + ` AS caused_by, cost_total, usage_events, currency
+	  FROM (
+	    SELECT owner_id, initiator_owner, currency, toFloat64(sum(cost)) AS cost_total, sum(events) AS usage_events
+	    FROM bandplane.usage_hourly FINAL
+	    WHERE ` + usageWhere + ` AND owner_id != initiator_owner AND initiator_owner != ''
+	    GROUP BY owner_id, initiator_owner, currency
+	  ) AS c
+	  ANY LEFT JOIN ` + anyNameLookup("initiator_owner", "initiator_owner_name", "initiator_owner_names") + ` USING (initiator_owner)
+	) AS ci
+	ANY LEFT JOIN ` + ownerLookup + ` USING (owner_id)
+	ORDER BY cost DESC, agents_owner, caused_by
+	LIMIT 100`)
+	costByRoomSQL = topBy("room_id", roomLookup, "room_name", "room", 20)
 
 	unpricedByModelSQL = sql(`
 	SELECT model, sum(unpriced_events) AS unpriced_reports,
@@ -368,6 +396,19 @@ func CostAttribution() *dashboard.DashboardBuilder {
 		costByOwnerSQL, "owner", costUnit))
 	d = d.WithPanel(barPanel(g, 12, 9, "Cost by room", "The 20 rooms where agents spent most in the range.",
 		costByRoomSQL, "room", costUnit))
+	d = d.WithRow(g.row("Who caused the spend"))
+	d = d.WithPanel(barPanel(g, 8, 9, "Cost by initiator",
+		"The 20 initiators whose requests set the most spend going, across every agent their @mentions reached: a person, a system such as schedule, or an agent that acted without being mentioned.",
+		costByInitiatorSQL, "initiator", costUnit))
+	d = d.WithPanel(tablePanel(g, 16, 9, "Spend caused by other owners",
+		"Spend on one owner's agents that another owner's requests set going (through approved contacts or shared rooms): agents_owner paid for what caused_by asked.",
+		crossOwnerSQL).
+		OverrideByName("cost", []dashboard.DynamicConfigValue{{Id: "unit", Value: costUnit}, {Id: "decimals", Value: 4}}))
+	d = d.WithPanel(timeSeriesPanel(g, 24, 8, "Spend by chain depth",
+		"Priced usage per interval by how many hand-overs it is from its initiator: 0 its own, 1 an agent it mentioned, 2 an agent that agent mentioned, and so on. Spend at great depths points to runaway delegation.",
+		spendByDepthSQL, costUnit, legend("depth"), "1h", true))
+
+	d = d.WithRow(g.row("Cache and unpriced usage"))
 	d = d.WithPanel(tablePanel(g, 12, 8, "Cache savings by model",
 		"Per model: cache-read tokens in the range and what they saved against the input price (newest catalog).",
 		cacheSavingsByModelSQL).
