@@ -24,6 +24,9 @@ func (f *fakeQuerier) Delegation(_ context.Context, q query.DelegationQuery) (qu
 }
 
 func (f *fakeQuerier) CrossOwnerSpend(_ context.Context, q query.CrossOwnerQuery) (query.CrossOwnerSpend, error) {
+	if err := q.Validate(); err != nil {
+		return query.CrossOwnerSpend{}, err
+	}
 	return query.CrossOwnerSpend{CausedByOthers: []query.CostRow{}, CausedForOthers: []query.CostRow{}}, f.err
 }
 

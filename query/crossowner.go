@@ -25,13 +25,29 @@ type CrossOwnerSpend struct {
 	Truncated       bool
 }
 
+func (q CrossOwnerQuery) costs() CostQuery {
+	return CostQuery{OrgID: q.OrgID, From: q.From, To: q.To, GroupBy: []string{DimOwner, DimInitiatorOwner},
+		Filter: CostFilter{CrossOwner: true}, Limit: q.Limit}
+}
+
+// Validate reports every problem of the query at once.
+func (q CrossOwnerQuery) Validate() error {
+	var errs []error
+	if err := q.costs().Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if len(q.OwnerID) > 256 {
+		errs = append(errs, fieldErr("owner_id", "must be at most 256 bytes, got %d", len(q.OwnerID)))
+	}
+	return errors.Join(errs...)
+}
+
 // CrossOwnerSpend reads q from the rollup, like Costs.
 func (qr *Querier) CrossOwnerSpend(ctx context.Context, q CrossOwnerQuery) (CrossOwnerSpend, error) {
-	if len(q.OwnerID) > 256 {
-		return CrossOwnerSpend{}, errors.Join(fieldErr("owner_id", "must be at most 256 bytes, got %d", len(q.OwnerID)))
+	if err := q.Validate(); err != nil {
+		return CrossOwnerSpend{}, err
 	}
-	cq := CostQuery{OrgID: q.OrgID, From: q.From, To: q.To, GroupBy: []string{DimOwner, DimInitiatorOwner},
-		Filter: CostFilter{CrossOwner: true}, Limit: q.Limit}
+	cq := q.costs()
 	var out CrossOwnerSpend
 	by := cq
 	if q.OwnerID != "" {
