@@ -19,6 +19,15 @@ var usageWhere = is("org_id", varOrg) + `
 	  AND hour >= toStartOfHour(` + fromTime + `, 'UTC') AND hour <= ` + toTime + `
 	  AND events > 0`
 
+// initiatorWhere is usageWhere over the initiator rollup (initiator_hourly), which
+// keeps owner and model but not agent and room: the agent and room variables do not
+// narrow its panels.
+var initiatorWhere = is("org_id", varOrg) + `
+	  AND ` + is("owner_id", varOwner) + `
+	  AND ` + is("model", varModel) + `
+	  AND hour >= toStartOfHour(` + fromTime + `, 'UTC') AND hour <= ` + toTime + `
+	  AND events > 0`
+
 // tokensSum is what a budget counts as tokens (policy/replica): every kind but reasoning,
 // which providers already count in output.
 const tokensSum = "input_tokens + output_tokens + cache_read_tokens + cache_write_tokens"
@@ -156,11 +165,21 @@ var (
 	costByOwnerSQL = topBy("owner_id", ownerLookup, "owner_name", "owner", 20)
 	// Who set the spend going (schema/cause): the person, the system or the agent
 	// acting on its own at the root of the chain of mentions.
-	costByInitiatorSQL = topBy("initiator_id", anyNameLookup("initiator_id", "initiator_name", "initiator_names"), "initiator_name", "initiator", 20)
-	spendByDepthSQL    = sql(`
+	costByInitiatorSQL = sql(`
+	SELECT ` + nameOr("initiator_name", "initiator_id") + ` AS initiator, cost_total AS cost
+	FROM (
+	  SELECT initiator_id, toFloat64(sum(cost)) AS cost_total
+	  FROM bandplane.initiator_hourly FINAL
+	  WHERE ` + initiatorWhere + `
+	  GROUP BY initiator_id
+	) AS s
+	ANY LEFT JOIN ` + anyNameLookup("initiator_id", "initiator_name", "initiator_names") + ` USING (initiator_id)
+	ORDER BY cost DESC, initiator
+	LIMIT 20`)
+	spendByDepthSQL = sql(`
 	SELECT ` + bucket("hour") + ` AS time, toString(chain_depth) AS depth, currency, toFloat64(sum(cost)) AS spend
-	FROM bandplane.usage_hourly FINAL
-	WHERE ` + usageWhere + `
+	FROM bandplane.initiator_hourly FINAL
+	WHERE ` + initiatorWhere + `
 	GROUP BY time, chain_depth, currency
 	ORDER BY time, depth, currency`)
 
@@ -173,8 +192,8 @@ var (
 	  SELECT owner_id, ` + nameOr("initiator_owner_name", "initiator_owner") + ` AS caused_by, cost_total, usage_events, currency
 	  FROM (
 	    SELECT owner_id, initiator_owner, currency, toFloat64(sum(cost)) AS cost_total, sum(events) AS usage_events
-	    FROM bandplane.usage_hourly FINAL
-	    WHERE ` + usageWhere + ` AND owner_id != initiator_owner AND initiator_owner != ''
+	    FROM bandplane.initiator_hourly FINAL
+	    WHERE ` + initiatorWhere + ` AND owner_id != initiator_owner AND initiator_owner != ''
 	    GROUP BY owner_id, initiator_owner, currency
 	  ) AS c
 	  ANY LEFT JOIN ` + anyNameLookup("initiator_owner", "initiator_owner_name", "initiator_owner_names") + ` USING (initiator_owner)
@@ -398,7 +417,7 @@ func CostAttribution() *dashboard.DashboardBuilder {
 		costByRoomSQL, "room", costUnit))
 	d = d.WithRow(g.row("Who caused the spend"))
 	d = d.WithPanel(barPanel(g, 8, 9, "Cost by initiator",
-		"The 20 initiators whose requests set the most spend going, across every agent their @mentions reached: a person, a system such as schedule, or an agent that acted without being mentioned.",
+		"The 20 initiators whose requests set the most spend going, across every agent their @mentions reached: a person, a system such as schedule, or an agent that acted without being mentioned. From the initiator rollup: the agent and room variables do not narrow it.",
 		costByInitiatorSQL, "initiator", costUnit))
 	d = d.WithPanel(tablePanel(g, 16, 9, "Spend caused by other owners",
 		"Spend on one owner's agents that another owner's requests set going (through approved contacts or shared rooms): agents_owner paid for what caused_by asked.",

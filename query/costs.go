@@ -159,6 +159,7 @@ func (q CostQuery) Validate() error {
 		}
 		seen[d] = true
 	}
+	errs = append(errs, q.tableErrs("group_by")...)
 	if q.Limit < 0 || q.Limit > MaxCostLimit {
 		errs = append(errs, fieldErr("limit", "must be between 1 and %d, got %d", MaxCostLimit, q.Limit))
 	}
@@ -210,9 +211,60 @@ func ceilHour(t time.Time) time.Time {
 	return t
 }
 
-// readCols are the columns a cost read takes from usage_rollup, after the bucket (read
-// as hour, so that costDims apply to hours and days alike).
-const readCols = store.RollupGroup + ", currency, events, unpriced_events, input_tokens, output_tokens," +
+// rollupTable is a rollup a cost read takes its rows from (schema/store): the cost
+// rollup, grouped by owner, agent, room and model, or the initiator rollup, grouped by
+// owner, model and who set the spend going.
+type rollupTable struct {
+	name, group string
+	dims        []string // the dimensions it has, besides hour and day
+}
+
+var (
+	costRollup      = rollupTable{"usage_rollup", store.RollupGroup, []string{DimOwner, DimAgent, DimRoom, DimModel}}
+	initiatorRollup = rollupTable{"initiator_rollup", store.InitiatorGroup,
+		[]string{DimOwner, DimModel, DimInitiator, DimInitiatorOwner, DimChainDepth}}
+)
+
+// table is the rollup that q reads: the initiator rollup when it groups or filters by
+// who set the spend going, else the cost rollup.
+func (q *CostQuery) table() rollupTable {
+	f := &q.Filter
+	if len(f.InitiatorIDs) > 0 || len(f.InitiatorOwnerIDs) > 0 || len(f.ChainDepths) > 0 || f.CrossOwner {
+		return initiatorRollup
+	}
+	for _, d := range q.GroupBy {
+		if d == DimInitiator || d == DimInitiatorOwner || d == DimChainDepth {
+			return initiatorRollup
+		}
+	}
+	return costRollup
+}
+
+// tableErrs refuses what the rollup q reads does not hold: the initiator rollup keeps
+// owner and model, not agent and room. field names the grouping (group_by, split).
+func (q *CostQuery) tableErrs(field string) []error {
+	t := q.table()
+	if t.name != initiatorRollup.name {
+		return nil
+	}
+	var errs []error
+	for _, d := range q.GroupBy {
+		if d != DimHour && d != DimDay && !slices.Contains(t.dims, d) {
+			errs = append(errs, fieldErr(field, "%s cannot be combined with initiator, initiator_owner, chain_depth or a filter on them: "+
+				"spend by initiator is kept by owner and model only (delegation gives an execution's agents)", d))
+		}
+	}
+	if len(q.Filter.AgentIDs) > 0 || len(q.Filter.RoomIDs) > 0 {
+		errs = append(errs, fieldErr("filter", "agent_ids and room_ids cannot be combined with initiator, initiator_owner, chain_depth or a filter on them"))
+	}
+	return errs
+}
+
+// readCols are the columns a cost read takes from t, after the bucket (read as hour,
+// so that costDims apply to hours and days alike).
+func (t rollupTable) readCols() string { return t.group + ", " + readSums }
+
+const readSums = "currency, events, unpriced_events, input_tokens, output_tokens," +
 	" cache_read_tokens, cache_write_tokens, reasoning_tokens, unpriced_input_tokens, unpriced_output_tokens," +
 	" unpriced_cache_read_tokens, unpriced_cache_write_tokens, unpriced_reasoning_tokens, cost"
 
@@ -228,12 +280,12 @@ const readCols = store.RollupGroup + ", currency, events, unpriced_events, input
 // parallel. FINAL (bulk) merges every selected part in key order in one stream, with
 // buffers per part, but holds no more than a block of rows at a time: for a read over
 // every organization, whose rows would not fit a sort.
-func latestRollup(db, cols string, w *where, bulk bool) string {
+func latestRollup(db string, t rollupTable, cols string, w *where, bulk bool) string {
 	if bulk {
-		return "(SELECT bucket AS hour, " + cols + " FROM " + db + ".usage_rollup FINAL WHERE " + w.String() + ") AS rollup"
+		return "(SELECT bucket AS hour, " + cols + " FROM " + db + "." + t.name + " FINAL WHERE " + w.String() + ") AS rollup"
 	}
-	return "(SELECT bucket AS hour, " + cols + " FROM " + db + ".usage_rollup WHERE " + w.String() +
-		" ORDER BY version DESC LIMIT 1 BY grain, bucket, " + store.RollupGroup + ") AS rollup"
+	return "(SELECT bucket AS hour, " + cols + " FROM " + db + "." + t.name + " WHERE " + w.String() +
+		" ORDER BY version DESC LIMIT 1 BY grain, bucket, " + t.group + ") AS rollup"
 }
 
 // rollupRange adds to w the rows of usage_rollup that [from, to) (whole hours) covers:
@@ -264,7 +316,8 @@ func (s costsSQL) from(hourly bool, extra func(*where)) (string, []any) {
 		extra(w)
 	}
 	rollupRange(w, s.q.From.UTC().Truncate(time.Hour), ceilHour(s.q.To), hourly)
-	return latestRollup(s.db, readCols, w, false), w.args
+	t := s.q.table()
+	return latestRollup(s.db, t, t.readCols(), w, false), w.args
 }
 
 // byHour says whether the read groups by the hour (only the hour rows have it).

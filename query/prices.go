@@ -122,7 +122,7 @@ func (u unpricedSQL) modelsSQL(limit int) (string, []any) {
 		" sum(unpriced_output_tokens) AS total_u_output, sum(unpriced_cache_read_tokens) AS total_u_cache_read," +
 		" sum(unpriced_cache_write_tokens) AS total_u_cache_write, sum(unpriced_reasoning_tokens) AS total_u_reasoning," +
 		" min(hour) AS first_bucket, max(hour) AS last_bucket" +
-		" FROM " + latestRollup(u.db, unpricedCols, w, u.org == PlatformOrg) + " WHERE unpriced_events > 0" +
+		" FROM " + latestRollup(u.db, costRollup, unpricedCols, w, u.org == PlatformOrg) + " WHERE unpriced_events > 0" +
 		" GROUP BY model ORDER BY total_unpriced DESC, model LIMIT " + fmt.Sprint(limit+1), w.args
 }
 
@@ -155,7 +155,7 @@ func (qr *Querier) refineSeen(ctx context.Context, u unpricedSQL, models []Unpri
 	}
 	w.conds = append(w.conds, "grain = 'hour' AND ("+strings.Join(ors, " OR ")+")")
 	sql := "SELECT model, min(hour) AS first_hour, max(hour) AS last_hour FROM " +
-		latestRollup(qr.db, "model, unpriced_events", w, u.org == PlatformOrg) + " WHERE unpriced_events > 0 GROUP BY model"
+		latestRollup(qr.db, costRollup, "model, unpriced_events", w, u.org == PlatformOrg) + " WHERE unpriced_events > 0 GROUP BY model"
 	rows, err := qr.conn.Query(ctx, sql, w.args...)
 	if err != nil {
 		return queryErr(ctx, err, fmt.Sprintf("cannot query the unpriced hours of org %q from %s.usage_rollup", u.org, qr.db))

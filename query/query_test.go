@@ -24,7 +24,7 @@ func TestCostsSQL(t *testing.T) {
 		" sum(unpriced_input_tokens) AS total_u_input, sum(unpriced_output_tokens) AS total_u_output," +
 		" sum(unpriced_cache_read_tokens) AS total_u_cache_read, sum(unpriced_cache_write_tokens) AS total_u_cache_write," +
 		" sum(unpriced_reasoning_tokens) AS total_u_reasoning, sum(cost) AS total_cost"
-	const group = "owner_id, agent_id, room_id, model, initiator_id, initiator_type, initiator_owner, chain_depth"
+	const group = "owner_id, agent_id, room_id, model"
 	const cols = group + ", currency, events, unpriced_events, input_tokens, output_tokens," +
 		" cache_read_tokens, cache_write_tokens, reasoning_tokens, unpriced_input_tokens, unpriced_output_tokens," +
 		" unpriced_cache_read_tokens, unpriced_cache_write_tokens, unpriced_reasoning_tokens, cost"
@@ -135,6 +135,9 @@ func TestCostQueryValidate(t *testing.T) {
 	// Who set the spend going.
 	f(CostQuery{OrgID: "o", From: t0, To: t1, GroupBy: []string{"initiator", "initiator_owner", "chain_depth"},
 		Filter: CostFilter{InitiatorIDs: []string{"alice"}, InitiatorOwnerIDs: []string{"alice"}, ChainDepths: []int{0, 1, MaxChainDepth}}})
+	f(CostQuery{OrgID: "o", From: t0, To: t1, GroupBy: []string{"initiator", "agent"}, Filter: CostFilter{RoomIDs: []string{"r"}}},
+		"group_by: agent cannot be combined with initiator, initiator_owner, chain_depth or a filter on them: spend by initiator is kept by owner and model only (delegation gives an execution's agents)",
+		"filter: agent_ids and room_ids cannot be combined with initiator, initiator_owner, chain_depth or a filter on them")
 	f(CostQuery{OrgID: "o", From: t0, To: t1, Filter: CostFilter{ChainDepths: []int{-1, MaxChainDepth + 1}}},
 		"filter.chain_depths: value 0 must be 0 to 65535, got -1", "filter.chain_depths: value 1 must be 0 to 65535, got 65536")
 	f(CostQuery{OrgID: "o", From: t0, To: t1, Filter: CostFilter{ChainDepths: make([]int, MaxFilterValues+1)}},

@@ -74,6 +74,8 @@ func (q SeriesQuery) Validate() error {
 	}
 	errs = checkLimit(errs, q.Limit, MaxSeriesLimit)
 	errs = append(errs, q.Filter.validate()...)
+	cq := seriesSQL{q: q}.costs().q
+	errs = append(errs, cq.tableErrs("split")...)
 	return errors.Join(errs...)
 }
 
@@ -83,7 +85,11 @@ type seriesSQL struct {
 }
 
 func (s seriesSQL) costs() costsSQL {
-	return costsSQL{db: s.db, q: CostQuery{OrgID: s.q.OrgID, From: s.q.From, To: s.q.To, Filter: s.q.Filter}}
+	q := CostQuery{OrgID: s.q.OrgID, From: s.q.From, To: s.q.To, Filter: s.q.Filter}
+	if s.q.Split != "" {
+		q.GroupBy = []string{s.q.Split} // which rollup holds the split
+	}
+	return costsSQL{db: s.db, q: q}
 }
 
 // top ranks the split dimension's values by cost, then events.

@@ -37,6 +37,8 @@ var shardKeys = map[string]string{
 	"usage_hourly":      "org_id, agent_id",
 	"usage_daily":       "org_id, agent_id",
 	"usage_rollup":      "org_id, agent_id",
+	"initiator_hourly":  "org_id, initiator_id",
+	"initiator_rollup":  "org_id, initiator_id",
 	"dead_letters":      "topic, partition, offset",
 	"directory":         "id",
 	"api_keys":          "id",

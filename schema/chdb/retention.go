@@ -100,6 +100,8 @@ func ApplyRetention(ctx context.Context, conn driver.Conn, cfg Config, r Retenti
 		{"usage_hourly", true, r.Rollup},
 		{"usage_rollup", true, r.Rollup},
 		{"usage_daily", true, r.Rollup},
+		{"initiator_hourly", true, r.Rollup},
+		{"initiator_rollup", true, r.Rollup},
 		{"dead_letters", true, r.DeadLetters},
 		// Work status kept from the trail: requests for attention and tool calls go
 		// with it (tasks, room_activity and rooms are not partitioned: 003_work.sql).

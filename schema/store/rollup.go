@@ -28,19 +28,80 @@ type rollupKey struct {
 	hour                                     time.Time
 }
 
-// RollupGroup are the columns that, with the organization and the bucket, make a
-// group of the rollups (usage_hourly, usage_rollup), in the order of their keys: a
-// read that takes each group's newest row takes it LIMIT 1 BY these.
-const RollupGroup = "owner_id, agent_id, room_id, model, initiator_id, initiator_type, initiator_owner, chain_depth"
+// The groups of the two rollups: the columns that, with the organization and the
+// bucket, make a group, in the order of their keys (a read that takes each group's
+// newest row takes it LIMIT 1 BY these). The cost rollup (usage_hourly, usage_rollup)
+// groups by owner, agent, room and model; the initiator rollup (initiator_hourly,
+// initiator_rollup, migration 010) by owner, model and who set the spend going. They
+// are apart because a person's requests reach many agents: one table grouped by both
+// holds some ten times the groups, and every cost read would pay for them.
+const (
+	RollupGroup    = "owner_id, agent_id, room_id, model"
+	InitiatorGroup = "owner_id, model, initiator_id, initiator_type, initiator_owner, chain_depth"
+)
 
-// group is what a scan of RollupGroup's columns fills, in its order.
-func (k *rollupKey) group() []any {
-	return []any{&k.owner, &k.agent, &k.room, &k.model, &k.initiator, &k.initiatorType, &k.initiatorOwner, &k.depth}
+// rollupSpec is one rollup: its tables and its group's columns.
+type rollupSpec struct {
+	hourly, rollup string
+	group          string
+	cols           []string
 }
 
-// values are the key's RollupGroup columns, for an insert.
-func (k *rollupKey) values() []any {
-	return []any{k.owner, k.agent, k.room, k.model, k.initiator, k.initiatorType, k.initiatorOwner, k.depth}
+var (
+	costRollup      = newRollupSpec("usage_hourly", "usage_rollup", RollupGroup)
+	initiatorRollup = newRollupSpec("initiator_hourly", "initiator_rollup", InitiatorGroup)
+	// rollups are rebuilt together, in this order.
+	rollups = []*rollupSpec{costRollup, initiatorRollup}
+)
+
+func newRollupSpec(hourly, rollup, group string) *rollupSpec {
+	return &rollupSpec{hourly: hourly, rollup: rollup, group: group, cols: strings.Split(group, ", ")}
+}
+
+// dest is what a scan of the group's columns fills, in their order.
+func (sp *rollupSpec) dest(k *rollupKey) []any {
+	out := make([]any, len(sp.cols))
+	for i, c := range sp.cols {
+		switch c {
+		case "owner_id":
+			out[i] = &k.owner
+		case "agent_id":
+			out[i] = &k.agent
+		case "room_id":
+			out[i] = &k.room
+		case "model":
+			out[i] = &k.model
+		case "initiator_id":
+			out[i] = &k.initiator
+		case "initiator_type":
+			out[i] = &k.initiatorType
+		case "initiator_owner":
+			out[i] = &k.initiatorOwner
+		case "chain_depth":
+			out[i] = &k.depth
+		}
+	}
+	return out
+}
+
+// values are the key's group columns, for an insert.
+func (sp *rollupSpec) values(k *rollupKey) []any {
+	out := sp.dest(k)
+	for i, p := range out {
+		switch v := p.(type) {
+		case *string:
+			out[i] = *v
+		case *uint16:
+			out[i] = *v
+		}
+	}
+	return out
+}
+
+// cols are the columns of an hourly table, and those of a rollup table.
+func (sp *rollupSpec) hourlyCols() string { return "hour, org_id, " + sp.group + ", " + rollupSums }
+func (sp *rollupSpec) rollupCols() string {
+	return "grain, bucket, org_id, " + sp.group + ", " + rollupSums
 }
 
 // RefreshRollup rebuilds the hourly rollup of the given hours from usage FINAL, so a
@@ -70,12 +131,9 @@ func (s *Store) RefreshRollup(ctx context.Context, keys []HourKey) error {
 	return nil
 }
 
-const rollupCols = "hour, org_id, " + RollupGroup + ", events, unpriced_events, input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, reasoning_tokens," +
+// rollupSums are the columns of a rollup row after its group.
+const rollupSums = "events, unpriced_events, input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, reasoning_tokens," +
 	" unpriced_input_tokens, unpriced_output_tokens, unpriced_cache_read_tokens, unpriced_cache_write_tokens, unpriced_reasoning_tokens, cost, currency, version"
-
-// rollupTableCols are usage_rollup's: rollupCols with grain and bucket for hour.
-const rollupTableCols = "grain, bucket, org_id, " + RollupGroup + ", events, unpriced_events, input_tokens, output_tokens, cache_read_tokens, cache_write_tokens," +
-	" reasoning_tokens, unpriced_input_tokens, unpriced_output_tokens, unpriced_cache_read_tokens, unpriced_cache_write_tokens, unpriced_reasoning_tokens, cost, currency, version"
 
 type rollupRow struct {
 	key                                  rollupKey
@@ -100,6 +158,15 @@ type rollupRow struct {
 // reprice job that has just rewritten the hour's usage), the one whose read started
 // later, and so saw every usage row written before it, wins, whichever writes last.
 func (s *Store) refreshOrg(ctx context.Context, org string, hours []time.Time) error {
+	for _, sp := range rollups {
+		if err := s.refreshSpec(ctx, sp, org, hours); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (s *Store) refreshSpec(ctx context.Context, sp *rollupSpec, org string, hours []time.Time) error {
 	version := uint64(time.Now().UnixNano())
 	var fresh []rollupRow
 	for start := 0; start < len(hours); {
@@ -107,14 +174,14 @@ func (s *Store) refreshOrg(ctx context.Context, org string, hours []time.Time) e
 		for end < len(hours) && DayPartition(hours[end]) == DayPartition(hours[start]) {
 			end++
 		}
-		rows, err := s.rebuildHours(ctx, org, hours[start:end])
+		rows, err := s.rebuildHours(ctx, sp, org, hours[start:end])
 		if err != nil {
 			return err
 		}
 		fresh = append(fresh, rows...)
 		start = end
 	}
-	if err := s.sendRollup(ctx, org, fresh, version); err != nil {
+	if err := s.sendRollup(ctx, sp, org, fresh, version); err != nil {
 		return err
 	}
 	days := make([]time.Time, 0, len(hours))
@@ -123,7 +190,7 @@ func (s *Store) refreshOrg(ctx context.Context, org string, hours []time.Time) e
 		days = append(days, h.Truncate(24*time.Hour))
 		rebuilt[h] = true
 	}
-	return s.refreshDays(ctx, org, days, &writtenHours{version: version, hours: rebuilt, rows: fresh})
+	return s.refreshDays(ctx, sp, org, days, &writtenHours{version: version, hours: rebuilt, rows: fresh})
 }
 
 // writtenHours are hours of usage_hourly this process has just rebuilt: their rows
@@ -140,7 +207,12 @@ type writtenHours struct {
 // written before it, wins; a crash between the hours and the days is found by
 // StaleDays.
 func (s *Store) RefreshDays(ctx context.Context, org string, days []time.Time) error {
-	return s.refreshDays(ctx, org, days, nil)
+	for _, sp := range rollups {
+		if err := s.refreshDays(ctx, sp, org, slices.Clone(days), nil); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // refreshDays is RefreshDays, with the hours the caller has just written taken from
@@ -154,21 +226,21 @@ func (s *Store) RefreshDays(ctx context.Context, org string, days []time.Time) e
 // from wherever usage_rollup does not hold them yet (rollupDay). A day's rows are one
 // partition, so the insert makes one part and a read sees the day with its hours or
 // neither.
-func (s *Store) refreshDays(ctx context.Context, org string, days []time.Time, written *writtenHours) error {
+func (s *Store) refreshDays(ctx context.Context, sp *rollupSpec, org string, days []time.Time, written *writtenHours) error {
 	slices.SortFunc(days, time.Time.Compare)
 	days = slices.CompactFunc(days, time.Time.Equal)
 	for _, day := range days {
 		version := uint64(time.Now().UnixNano())
-		hours, err := s.dayHours(ctx, org, day)
+		hours, err := s.dayHours(ctx, sp, org, day)
 		if err != nil {
 			return err
 		}
 		hours = withWritten(day, hours, written)
-		held, err := s.heldDay(ctx, org, day)
+		held, err := s.heldDay(ctx, sp, org, day)
 		if err != nil {
 			return err
 		}
-		if err := s.sendRollupRows(ctx, org, rollupDay(day, version, hours, held)); err != nil {
+		if err := s.sendRollupRows(ctx, sp, org, rollupDay(day, version, hours, held)); err != nil {
 			return err
 		}
 	}
@@ -184,6 +256,30 @@ type DayKey struct {
 // StaleDays lists the days since since whose hours were rebuilt after the day was
 // (a process stopped between the two writes).
 func (s *Store) StaleDays(ctx context.Context, since time.Time) ([]DayKey, error) {
+	stale := map[DayKey]bool{}
+	for _, sp := range rollups {
+		keys, err := s.staleDays(ctx, sp, since)
+		if err != nil {
+			return nil, err
+		}
+		for _, k := range keys {
+			stale[k] = true
+		}
+	}
+	out := make([]DayKey, 0, len(stale))
+	for k := range stale {
+		out = append(out, k)
+	}
+	slices.SortFunc(out, func(a, b DayKey) int {
+		if c := strings.Compare(a.OrgID, b.OrgID); c != 0 {
+			return c
+		}
+		return a.Day.Compare(b.Day)
+	})
+	return out, nil
+}
+
+func (s *Store) staleDays(ctx context.Context, sp *rollupSpec, since time.Time) ([]DayKey, error) {
 	latest := func(q string) (map[DayKey]uint64, error) {
 		rows, err := s.conn.Query(ctx, q, since.UTC().Truncate(24*time.Hour))
 		if err != nil {
@@ -202,13 +298,13 @@ func (s *Store) StaleDays(ctx context.Context, since time.Time) ([]DayKey, error
 		}
 		return out, rows.Err()
 	}
-	hourly, err := latest("SELECT org_id, toStartOfDay(hour) AS d, max(version) FROM " + s.db + ".usage_hourly WHERE hour >= ? GROUP BY org_id, d")
+	hourly, err := latest("SELECT org_id, toStartOfDay(hour) AS d, max(version) FROM " + s.db + "." + sp.hourly + " WHERE hour >= ? GROUP BY org_id, d")
 	if err != nil {
 		return nil, err
 	}
 	// The day rows only: an hour row copied from usage_hourly carries the hour's
 	// version, which says nothing of whether the day was rebuilt after it.
-	daily, err := latest("SELECT org_id, bucket, max(version) FROM " + s.db + ".usage_rollup WHERE grain = 'day' AND bucket >= ? GROUP BY org_id, bucket")
+	daily, err := latest("SELECT org_id, bucket, max(version) FROM " + s.db + "." + sp.rollup + " WHERE grain = 'day' AND bucket >= ? GROUP BY org_id, bucket")
 	if err != nil {
 		return nil, err
 	}
@@ -218,12 +314,6 @@ func (s *Store) StaleDays(ctx context.Context, since time.Time) ([]DayKey, error
 			out = append(out, k)
 		}
 	}
-	slices.SortFunc(out, func(a, b DayKey) int {
-		if c := strings.Compare(a.OrgID, b.OrgID); c != 0 {
-			return c
-		}
-		return a.Day.Compare(b.Day)
-	})
 	return out, nil
 }
 
@@ -239,22 +329,20 @@ func (r *rollupRow) add(o *rollupRow) {
 
 // dayHours reads the hours of one day of org from usage_hourly FINAL, each row with its
 // version.
-func (s *Store) dayHours(ctx context.Context, org string, day time.Time) ([]rollupRow, error) {
-	rows, err := s.conn.Query(ctx, `SELECT hour, `+RollupGroup+`, events, unpriced_events, input_tokens, output_tokens,
-		cache_read_tokens, cache_write_tokens, reasoning_tokens, unpriced_input_tokens, unpriced_output_tokens,
-		unpriced_cache_read_tokens, unpriced_cache_write_tokens, unpriced_reasoning_tokens, cost, currency, version
-		FROM `+s.db+`.usage_hourly FINAL WHERE org_id = ? AND hour >= ? AND hour < ?`, org, day, day.Add(24*time.Hour))
+func (s *Store) dayHours(ctx context.Context, sp *rollupSpec, org string, day time.Time) ([]rollupRow, error) {
+	rows, err := s.conn.Query(ctx, `SELECT hour, `+sp.group+`, `+rollupSums+`
+		FROM `+s.db+`.`+sp.hourly+` FINAL WHERE org_id = ? AND hour >= ? AND hour < ?`, org, day, day.Add(24*time.Hour))
 	if err != nil {
-		return nil, fmt.Errorf("cannot read %s.usage_hourly of org %q for %s: %w", s.db, org, day.Format(time.DateOnly), err)
+		return nil, fmt.Errorf("cannot read %s.%s of org %q for %s: %w", s.db, sp.hourly, org, day.Format(time.DateOnly), err)
 	}
 	defer rows.Close()
 	var out []rollupRow
 	for rows.Next() {
 		var r rollupRow
-		dest := append(append([]any{&r.key.hour}, r.key.group()...), &r.events, &r.unpriced, &r.in, &r.out,
+		dest := append(append([]any{&r.key.hour}, sp.dest(&r.key)...), &r.events, &r.unpriced, &r.in, &r.out,
 			&r.cr, &r.cw, &r.r, &r.uin, &r.uout, &r.ucr, &r.ucw, &r.ur, &r.cost, &r.currency, &r.version)
 		if err := rows.Scan(dest...); err != nil {
-			return nil, fmt.Errorf("cannot read %s.usage_hourly of org %q: %w", s.db, org, err)
+			return nil, fmt.Errorf("cannot read %s.%s of org %q: %w", s.db, sp.hourly, org, err)
 		}
 		r.key.hour = r.key.hour.UTC()
 		out = append(out, r)
@@ -274,21 +362,21 @@ type held struct {
 // heldDay reads what usage_rollup holds of one day of org. The condition on events is
 // applied to each group's newest row, after LIMIT 1 BY: before it, an older row of a
 // group that was zeroed since would pass.
-func (s *Store) heldDay(ctx context.Context, org string, day time.Time) (held, error) {
+func (s *Store) heldDay(ctx context.Context, sp *rollupSpec, org string, day time.Time) (held, error) {
 	h := held{day: map[rollupKey]bool{}, hours: map[rollupKey]bool{}, hour: map[time.Time]uint64{}}
-	rows, err := s.conn.Query(ctx, `SELECT toString(grain), bucket, `+RollupGroup+`, events, version
-		FROM `+s.db+`.usage_rollup WHERE org_id = ? AND bucket >= ? AND bucket < ?
-		ORDER BY version DESC LIMIT 1 BY grain, bucket, `+RollupGroup, org, day, day.Add(24*time.Hour))
+	rows, err := s.conn.Query(ctx, `SELECT toString(grain), bucket, `+sp.group+`, events, version
+		FROM `+s.db+`.`+sp.rollup+` WHERE org_id = ? AND bucket >= ? AND bucket < ?
+		ORDER BY version DESC LIMIT 1 BY grain, bucket, `+sp.group, org, day, day.Add(24*time.Hour))
 	if err != nil {
-		return h, fmt.Errorf("cannot read %s.usage_rollup of org %q for %s: %w", s.db, org, day.Format(time.DateOnly), err)
+		return h, fmt.Errorf("cannot read %s.%s of org %q for %s: %w", s.db, sp.rollup, org, day.Format(time.DateOnly), err)
 	}
 	defer rows.Close()
 	for rows.Next() {
 		var grain string
 		var k rollupKey
 		var events, v uint64
-		if err := rows.Scan(append(append([]any{&grain, &k.hour}, k.group()...), &events, &v)...); err != nil {
-			return h, fmt.Errorf("cannot read %s.usage_rollup of org %q: %w", s.db, org, err)
+		if err := rows.Scan(append(append([]any{&grain, &k.hour}, sp.dest(&k)...), &events, &v)...); err != nil {
+			return h, fmt.Errorf("cannot read %s.%s of org %q: %w", s.db, sp.rollup, org, err)
 		}
 		k.hour = k.hour.UTC()
 		switch grain {
@@ -375,7 +463,8 @@ func sortedKeys(m map[rollupKey]bool) []rollupKey {
 	}
 	slices.SortFunc(out, func(a, b rollupKey) int {
 		return cmp.Or(a.hour.Compare(b.hour), strings.Compare(a.owner, b.owner), strings.Compare(a.agent, b.agent),
-			strings.Compare(a.room, b.room), strings.Compare(a.model, b.model))
+			strings.Compare(a.room, b.room), strings.Compare(a.model, b.model), strings.Compare(a.initiator, b.initiator),
+			strings.Compare(a.initiatorType, b.initiatorType), strings.Compare(a.initiatorOwner, b.initiatorOwner), cmp.Compare(a.depth, b.depth))
 	})
 	return out
 }
@@ -402,31 +491,31 @@ func withWritten(day time.Time, read []rollupRow, written *writtenHours) []rollu
 	return out
 }
 
-// sendRollupRows writes rows (each with its grain and version) into usage_rollup.
-func (s *Store) sendRollupRows(ctx context.Context, org string, rows []rollupRow) error {
-	return s.send(ctx, "usage_rollup", rollupTableCols, len(rows), func(i int) uint32 { return MonthPartition(rows[i].key.hour) }, func(b driver.Batch, i int) error {
+// sendRollupRows writes rows (each with its grain and version) into sp's rollup table.
+func (s *Store) sendRollupRows(ctx context.Context, sp *rollupSpec, org string, rows []rollupRow) error {
+	return s.send(ctx, sp.rollup, sp.rollupCols(), len(rows), func(i int) uint32 { return MonthPartition(rows[i].key.hour) }, func(b driver.Batch, i int) error {
 		r := &rows[i]
-		return b.Append(append(append([]any{r.grain, r.key.hour, org}, r.key.values()...),
+		return b.Append(append(append([]any{r.grain, r.key.hour, org}, sp.values(&r.key)...),
 			r.events, r.unpriced, r.in, r.out, r.cr, r.cw, r.r, r.uin, r.uout, r.ucr, r.ucw, r.ur, r.cost, r.currency, r.version)...)
 	})
 }
 
 // rebuildHours computes the rollup rows of the given hours of one organization, all
 // in one day, from usage FINAL.
-func (s *Store) rebuildHours(ctx context.Context, org string, hours []time.Time) ([]rollupRow, error) {
+func (s *Store) rebuildHours(ctx context.Context, sp *rollupSpec, org string, hours []time.Time) ([]rollupRow, error) {
 	want := map[time.Time]bool{}
 	for _, h := range hours {
 		want[h] = true
 	}
 	from, to := hours[0], hours[len(hours)-1].Add(time.Hour)
-	rows, err := s.conn.Query(ctx, `SELECT toStartOfHour(time) AS h, `+RollupGroup+`,
+	rows, err := s.conn.Query(ctx, `SELECT toStartOfHour(time) AS h, `+sp.group+`,
 		count(), countIf(priced = 0), sum(input_tokens), sum(output_tokens), sum(cache_read_tokens),
 		sum(cache_write_tokens), sum(reasoning_tokens),
 		sumIf(input_tokens, priced = 0), sumIf(output_tokens, priced = 0), sumIf(cache_read_tokens, priced = 0),
 		sumIf(cache_write_tokens, priced = 0), sumIf(reasoning_tokens, priced = 0), sum(cost), any(currency)
 		FROM `+s.db+`.usage FINAL
 		WHERE org_id = ? AND time >= ? AND time < ?
-		GROUP BY h, `+RollupGroup, org, from, to)
+		GROUP BY h, `+sp.group, org, from, to)
 	if err != nil {
 		return nil, fmt.Errorf("cannot aggregate %s.usage for org %q from %s: %w", s.db, org, from.Format(time.RFC3339), err)
 	}
@@ -434,7 +523,7 @@ func (s *Store) rebuildHours(ctx context.Context, org string, hours []time.Time)
 	seen := map[rollupKey]bool{}
 	for rows.Next() {
 		var r rollupRow
-		if err := rows.Scan(append(append([]any{&r.key.hour}, r.key.group()...),
+		if err := rows.Scan(append(append([]any{&r.key.hour}, sp.dest(&r.key)...),
 			&r.events, &r.unpriced, &r.in, &r.out, &r.cr, &r.cw, &r.r, &r.uin, &r.uout, &r.ucr, &r.ucw, &r.ur, &r.cost, &r.currency)...); err != nil {
 			rows.Close()
 			return nil, fmt.Errorf("cannot read usage aggregate for org %q: %w", org, err)
@@ -450,14 +539,14 @@ func (s *Store) rebuildHours(ctx context.Context, org string, hours []time.Time)
 		return nil, err
 	}
 	// Rows the rollup has now for those hours that the rebuild did not produce.
-	old, err := s.conn.Query(ctx, `SELECT hour, `+RollupGroup+`
-		FROM `+s.db+`.usage_hourly FINAL WHERE org_id = ? AND hour >= ? AND hour < ? AND events > 0`, org, from, to)
+	old, err := s.conn.Query(ctx, `SELECT hour, `+sp.group+`
+		FROM `+s.db+`.`+sp.hourly+` FINAL WHERE org_id = ? AND hour >= ? AND hour < ? AND events > 0`, org, from, to)
 	if err != nil {
-		return nil, fmt.Errorf("cannot read %s.usage_hourly for org %q: %w", s.db, org, err)
+		return nil, fmt.Errorf("cannot read %s.%s for org %q: %w", s.db, sp.hourly, org, err)
 	}
 	for old.Next() {
 		var k rollupKey
-		if err := old.Scan(append([]any{&k.hour}, k.group()...)...); err != nil {
+		if err := old.Scan(append([]any{&k.hour}, sp.dest(&k)...)...); err != nil {
 			old.Close()
 			return nil, err
 		}
@@ -470,10 +559,10 @@ func (s *Store) rebuildHours(ctx context.Context, org string, hours []time.Time)
 	return fresh, old.Err()
 }
 
-func (s *Store) sendRollup(ctx context.Context, org string, rows []rollupRow, version uint64) error {
-	return s.send(ctx, "usage_hourly", rollupCols, len(rows), func(i int) uint32 { return MonthPartition(rows[i].key.hour) }, func(b driver.Batch, i int) error {
+func (s *Store) sendRollup(ctx context.Context, sp *rollupSpec, org string, rows []rollupRow, version uint64) error {
+	return s.send(ctx, sp.hourly, sp.hourlyCols(), len(rows), func(i int) uint32 { return MonthPartition(rows[i].key.hour) }, func(b driver.Batch, i int) error {
 		r := &rows[i]
-		return b.Append(append(append([]any{r.key.hour, org}, r.key.values()...),
+		return b.Append(append(append([]any{r.key.hour, org}, sp.values(&r.key)...),
 			r.events, r.unpriced, r.in, r.out, r.cr, r.cw, r.r, r.uin, r.uout, r.ucr, r.ucw, r.ur, r.cost, r.currency, version)...)
 	})
 }
@@ -484,8 +573,16 @@ func (s *Store) sendRollup(ctx context.Context, org string, rows []rollupRow, ve
 // hour that has usage.
 func (s *Store) StaleHours(ctx context.Context, margin time.Duration) ([]HourKey, error) {
 	var last uint64
-	if err := s.conn.QueryRow(ctx, "SELECT max(version) FROM "+s.db+".usage_hourly").Scan(&last); err != nil {
-		return nil, fmt.Errorf("cannot read the last rollup rebuild of %s: %w", s.db, err)
+	// The older of the rollups' last rebuilds: one that is empty (a new one, say)
+	// lists every hour, and the catch-up fills it.
+	for i, sp := range rollups {
+		var v uint64
+		if err := s.conn.QueryRow(ctx, "SELECT max(version) FROM "+s.db+"."+sp.hourly).Scan(&v); err != nil {
+			return nil, fmt.Errorf("cannot read the last rollup rebuild of %s.%s: %w", s.db, sp.hourly, err)
+		}
+		if i == 0 || v < last {
+			last = v
+		}
 	}
 	since := uint64(0)
 	if m := uint64(margin.Nanoseconds()); last > m {

@@ -152,7 +152,7 @@ func (d *corpusDaily) check(when string) {
 	}
 	groupings := [][]string{nil, {query.DimDay}, {query.DimHour}, {query.DimAgent, query.DimModel}, {query.DimOwner, query.DimRoom},
 		{query.DimModel}, {query.DimDay, query.DimOwner, query.DimAgent, query.DimRoom, query.DimModel},
-		{query.DimInitiator}, {query.DimInitiatorOwner, query.DimChainDepth}, {query.DimDay, query.DimInitiator, query.DimAgent}}
+		{query.DimInitiator}, {query.DimInitiatorOwner, query.DimChainDepth}, {query.DimDay, query.DimInitiator, query.DimModel}, {query.DimOwner, query.DimInitiatorOwner}}
 	filter := query.CostFilter{AgentIDs: []string{"daily-agent-1", "daily-agent-late"}, Models: []string{"gpt-5-mini", "daily-mystery"}}
 	byInitiator := query.CostFilter{InitiatorIDs: []string{"daily-person-1", "daily-person-late", "schedule"}, ChainDepths: []int{1, 3},
 		InitiatorOwnerIDs: []string{"daily-person-1", "daily-person-late"}}
