@@ -21,12 +21,30 @@ import (
 // which clickhouse-go passes to ClickHouse as max_execution_time on both paths.
 const queryTimeout = 10 * time.Second
 
-const costsQuery = `query($org: ID, $from: Time!, $to: Time!) {
+// costRead is one cost read the benchmark measures: its GraphQL document and the
+// CostQuery grouping that Querier.Costs runs for it.
+type costRead struct {
+	name    string
+	gql     string
+	groupBy []string
+}
+
+var (
+	costsByAgent = costRead{name: "costs", groupBy: []string{query.DimAgent, query.DimModel}, gql: `query($org: ID, $from: Time!, $to: Time!) {
   costs(orgId: $org, from: $from, to: $to, groupBy: [AGENT, MODEL]) {
     rows { agentId agentHandle agentName model cost currency tokens { total } }
     totals { cost }
   }
-}`
+}`}
+	// costsByInitiator answers "which requests cost us the most": every usage event
+	// grouped by the person (or system) at the root of its delegation chain.
+	costsByInitiator = costRead{name: "costs by initiator", groupBy: []string{query.DimInitiator}, gql: `query($org: ID, $from: Time!, $to: Time!) {
+  costs(orgId: $org, from: $from, to: $to, groupBy: [INITIATOR]) {
+    rows { agentId: initiatorId agentHandle: initiatorHandle agentName: initiatorName cost currency tokens { total } }
+    totals { cost }
+  }
+}`}
+)
 
 const auditQuery = `query($org: ID, $room: ID) {
   auditEvents(orgId: $org, types: ["message.created"], roomId: $room, limit: 100) {
@@ -194,15 +212,15 @@ func repeat(ctx context.Context, cfg *Config, what string, steps ...func(ctx con
 	return out, nil
 }
 
-func measureCosts(ctx context.Context, cfg *Config, url, token string, qr *query.Querier, t Target) (ReadStats, error) {
+func measureCosts(ctx context.Context, cfg *Config, url, token string, qr *query.Querier, t Target, read costRead) (ReadStats, error) {
 	c := newGQLClient(url, token)
 	vars := map[string]any{"org": t.Org, "from": t.From.Format(time.RFC3339), "to": t.To.Format(time.RFC3339)}
-	q := query.CostQuery{OrgID: t.Org, From: t.From, To: t.To, GroupBy: []string{query.DimAgent, query.DimModel}}
+	q := query.CostQuery{OrgID: t.Org, From: t.From, To: t.To, GroupBy: read.groupBy}
 	var st ReadStats
 	var ids []string
 	cpu := sampleCPU()
-	cfg.Progress("costs: %d warm-up and %d measured runs each through GraphQL, through query.Querier.Costs, and of the names lookup", cfg.Warmup, cfg.Queries)
-	lat, err := repeat(ctx, cfg, "costs",
+	cfg.Progress("%s: %d warm-up and %d measured runs each through GraphQL, through query.Querier.Costs, and of the names lookup", read.name, cfg.Warmup, cfg.Queries)
+	lat, err := repeat(ctx, cfg, read.name,
 		func(ctx context.Context) (time.Duration, error) {
 			var data struct {
 				Costs struct {
@@ -212,7 +230,7 @@ func measureCosts(ctx context.Context, cfg *Config, url, token string, qr *query
 					}
 				}
 			}
-			d, err := c.post(ctx, costsQuery, vars, &data)
+			d, err := c.post(ctx, read.gql, vars, &data)
 			if err != nil {
 				return d, fmt.Errorf("costs through GraphQL: %w", err)
 			}
@@ -232,7 +250,7 @@ func measureCosts(ctx context.Context, cfg *Config, url, token string, qr *query
 				}
 				if ids == nil {
 					for _, r := range rep.Rows {
-						ids = append(ids, r.OwnerID, r.AgentID)
+						ids = append(ids, r.OwnerID, r.AgentID, r.InitiatorID)
 					}
 				}
 				return nil

@@ -117,35 +117,39 @@ func (c *Config) Validate() error {
 //     the producer), subscriber_cpu_cores the subscribers' process, machine_cpu_cores
 //     the whole machine (ClickHouse, Kafka and anything else too; 0 when unknown).
 type Result struct {
-	Events             int     `json:"events"`
-	LoadSeconds        float64 `json:"load_seconds"` // of this run; 0 when the events were reused
-	CostP50Ms          float64 `json:"cost_p50_ms"`
-	CostP99Ms          float64 `json:"cost_p99_ms"`
-	CostSQLP50Ms       float64 `json:"cost_sql_p50_ms"`
-	CostSQLP99Ms       float64 `json:"cost_sql_p99_ms"`
-	OverheadRatio      float64 `json:"overhead_ratio"`
-	AuditP99Ms         float64 `json:"audit_p99_ms"`
-	AuditSQLP99Ms      float64 `json:"audit_sql_p99_ms"`
-	Subscribers        int     `json:"subscribers"`
-	SubscriberP50Ms    float64 `json:"subscriber_p50_ms"`
-	SubscriberP99Ms    float64 `json:"subscriber_p99_ms"`
-	SubscriberDropped  int     `json:"subscriber_dropped"`
-	ServerCPUCores     float64 `json:"server_cpu_cores"`
-	SubscriberCPUCores float64 `json:"subscriber_cpu_cores"`
-	MachineCPUCores    float64 `json:"machine_cpu_cores"`
+	Events        int     `json:"events"`
+	LoadSeconds   float64 `json:"load_seconds"` // of this run; 0 when the events were reused
+	CostP50Ms     float64 `json:"cost_p50_ms"`
+	CostP99Ms     float64 `json:"cost_p99_ms"`
+	CostSQLP50Ms  float64 `json:"cost_sql_p50_ms"`
+	CostSQLP99Ms  float64 `json:"cost_sql_p99_ms"`
+	OverheadRatio float64 `json:"overhead_ratio"`
+	// initiator_cost_*: costs(groupBy: [INITIATOR]) over the same 30 days, with names.
+	InitiatorCostP99Ms    float64 `json:"initiator_cost_p99_ms"`
+	InitiatorCostSQLP99Ms float64 `json:"initiator_cost_sql_p99_ms"`
+	AuditP99Ms            float64 `json:"audit_p99_ms"`
+	AuditSQLP99Ms         float64 `json:"audit_sql_p99_ms"`
+	Subscribers           int     `json:"subscribers"`
+	SubscriberP50Ms       float64 `json:"subscriber_p50_ms"`
+	SubscriberP99Ms       float64 `json:"subscriber_p99_ms"`
+	SubscriberDropped     int     `json:"subscriber_dropped"`
+	ServerCPUCores        float64 `json:"server_cpu_cores"`
+	SubscriberCPUCores    float64 `json:"subscriber_cpu_cores"`
+	MachineCPUCores       float64 `json:"machine_cpu_cores"`
 }
 
 // Report is the Result with what explains it, for the human summary.
 type Report struct {
 	Result
-	Load        Loaded
-	Reused      bool
-	LoadWall    time.Duration // loading or checking the data, settling included
-	MeasureWall time.Duration
-	Target      Target
-	Cost, Audit ReadStats
-	Server      []ServerStat // ClickHouse's own times (system.query_log), when it could be read
-	Live        LiveStats
+	Load          Loaded
+	Reused        bool
+	LoadWall      time.Duration // loading or checking the data, settling included
+	MeasureWall   time.Duration
+	Target        Target
+	Cost, Audit   ReadStats
+	InitiatorCost ReadStats
+	Server        []ServerStat // ClickHouse's own times (system.query_log), when it could be read
+	Live          LiveStats
 }
 
 // Run loads (or reuses) the events, then measures the reads and the subscribers.
@@ -256,9 +260,13 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 	defer srv.Close() //nolint:errcheck // the measurements are taken; closing only drops connections
 
 	since := time.Now().Add(-time.Second)
-	if rep.Cost, err = measureCosts(ctx, &cfg, url, token, querier, rep.Target); err != nil {
+	if rep.Cost, err = measureCosts(ctx, &cfg, url, token, querier, rep.Target, costsByAgent); err != nil {
 		return rep, err
 	}
+	if rep.InitiatorCost, err = measureCosts(ctx, &cfg, url, token, querier, rep.Target, costsByInitiator); err != nil {
+		return rep, err
+	}
+	rep.InitiatorCostP99Ms, rep.InitiatorCostSQLP99Ms = rep.InitiatorCost.GraphQL.P99, rep.InitiatorCost.SQL.P99
 	rep.CostP50Ms, rep.CostP99Ms = rep.Cost.GraphQL.P50, rep.Cost.GraphQL.P99
 	rep.CostSQLP50Ms, rep.CostSQLP99Ms = rep.Cost.SQL.P50, rep.Cost.SQL.P99
 	if rep.CostSQLP50Ms > 0 {
