@@ -266,7 +266,7 @@ func (qr *Querier) spentBy(ctx context.Context, q DelegationQuery, triggers []st
 		return out, nil
 	}
 	from := first.Add(-time.Hour) // the root's own events may precede its first hop's
-	to := minTime(from.Add(MaxDelegationRange), qr.now().UTC().Add(time.Hour))
+	to := earlier(from.Add(MaxDelegationRange), qr.now().UTC().Add(time.Hour))
 	rows, err := qr.conn.Query(ctx, "SELECT trigger_id, agent_id, count(), sum(cost), any(currency), any(link) FROM "+qr.db+
 		".usage FINAL WHERE org_id = ? AND time >= ? AND time < ? AND has(?, trigger_id) GROUP BY trigger_id, agent_id",
 		q.OrgID, from.UTC(), to, triggers)
@@ -283,13 +283,6 @@ func (qr *Querier) spentBy(ctx context.Context, q DelegationQuery, triggers []st
 		out[k] = s
 	}
 	return out, rows.Err()
-}
-
-func minTime(a, b time.Time) time.Time {
-	if b.Before(a) {
-		return b
-	}
-	return a
 }
 
 // sortHops orders the executions one message started: the most expensive first.
