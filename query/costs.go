@@ -341,6 +341,9 @@ func (s costsSQL) totalsSQL() (string, []any) {
 
 // unpricedSQL sums the unpriced usage of the selection per model.
 func (s costsSQL) unpricedSQL() (string, []any) {
+	// The grouping is not the selection's: without a filter on who set it going, the
+	// unpriced usage by model is read from the cost rollup, whose rows are fewer.
+	s.q.GroupBy = nil
 	src, args := s.from(false, nil)
 	return "SELECT model, " + sums + " FROM " + src +
 		" GROUP BY model HAVING total_unpriced > 0 ORDER BY total_unpriced DESC, model LIMIT " + fmt.Sprint(MaxUnpricedModels), args
