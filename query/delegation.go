@@ -39,11 +39,11 @@ type DelegationQuery struct {
 // by Sender, started. The root hop has no trigger: its Sender is the initiator.
 type Hop struct {
 	Depth                     int
-	TriggerID, TriggerEventID string // empty at the root
-	SenderID, SenderType      string // who sent the trigger (at the root: the initiator)
-	AgentID, ExecutionID      string // the agent whose execution this is ("" at a person's root)
-	Link                      string // explicit | inferred | pending
-	Time                      time.Time
+	TriggerID, TriggerEventID string    // empty at the root
+	SenderID, SenderType      string    // who sent the trigger (at the root: the initiator)
+	AgentID, ExecutionID      string    // the agent whose execution this is ("" at a person's root)
+	Link                      string    // explicit | inferred | pending
+	Time                      time.Time // when the step began (one a message started: its first usage)
 	// What the execution spent: the usage whose trigger is this hop's, by this agent.
 	Events   uint64
 	Cost     decimal.Decimal
@@ -182,7 +182,7 @@ func (qr *Querier) Delegation(ctx context.Context, q DelegationQuery) (Delegatio
 			if k.trigger == start.messageID {
 				out.Triggered = append(out.Triggered, Hop{Depth: int(start.depth) + 1, TriggerID: start.messageID,
 					TriggerEventID: start.eventID, SenderID: start.actorID, SenderType: start.actorType, AgentID: k.agent,
-					Events: s.Events, Cost: s.Cost, Currency: s.Currency, Link: s.Link})
+					Time: s.First.UTC(), Events: s.Events, Cost: s.Cost, Currency: s.Currency, Link: s.Link})
 			}
 		}
 		sortHops(out.Triggered)
@@ -255,6 +255,7 @@ type hopSpend struct {
 	Cost     decimal.Decimal
 	Currency string
 	Link     string
+	First    time.Time // the first usage event's
 }
 
 // spentBy sums the usage of the organization whose trigger is one of triggers, per
@@ -267,7 +268,7 @@ func (qr *Querier) spentBy(ctx context.Context, q DelegationQuery, triggers []st
 	}
 	from := first.Add(-time.Hour) // the root's own events may precede its first hop's
 	to := earlier(from.Add(MaxDelegationRange), qr.now().UTC().Add(time.Hour))
-	rows, err := qr.conn.Query(ctx, "SELECT trigger_id, agent_id, count(), sum(cost), any(currency), any(link) FROM "+qr.db+
+	rows, err := qr.conn.Query(ctx, "SELECT trigger_id, agent_id, count(), sum(cost), any(currency), any(link), min(time) FROM "+qr.db+
 		".usage FINAL WHERE org_id = ? AND time >= ? AND time < ? AND has(?, trigger_id) GROUP BY trigger_id, agent_id",
 		q.OrgID, from.UTC(), to, triggers)
 	if err != nil {
@@ -277,7 +278,7 @@ func (qr *Querier) spentBy(ctx context.Context, q DelegationQuery, triggers []st
 	for rows.Next() {
 		var k hopKey
 		var s hopSpend
-		if err := rows.Scan(&k.trigger, &k.agent, &s.Events, &s.Cost, &s.Currency, &s.Link); err != nil {
+		if err := rows.Scan(&k.trigger, &k.agent, &s.Events, &s.Cost, &s.Currency, &s.Link, &s.First); err != nil {
 			return nil, fmt.Errorf("cannot read the spend of the delegation chain of org %q: %w", q.OrgID, err)
 		}
 		out[k] = s

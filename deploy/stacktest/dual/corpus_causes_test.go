@@ -144,6 +144,7 @@ func TestIntegrationCorpusDelegation(t *testing.T) {
 	require.Len(t, d.Triggered, 1)
 	assert.Equal(t, "reviewer", d.Triggered[0].AgentID)
 	assert.Equal(t, "0.005", d.Triggered[0].Cost.String())
+	assert.Equal(t, causes[3].Time, d.Triggered[0].Time, "an execution a message started begins at its first usage")
 
 	d, err = q.Delegation(ctx, query.DelegationQuery{OrgID: "org-b", ExecutionID: "x3"})
 	require.NoError(t, err)
