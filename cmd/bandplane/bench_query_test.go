@@ -41,7 +41,7 @@ func TestIntegrationBenchQuery(t *testing.T) {
 	res := decodeLine(t, out.Bytes())
 
 	want := []string{"events", "load_seconds", "cost_p50_ms", "cost_p99_ms", "cost_sql_p50_ms", "cost_sql_p99_ms", "overhead_ratio",
-		"audit_p99_ms", "audit_sql_p99_ms", "subscribers", "subscriber_p50_ms", "subscriber_p99_ms", "subscriber_dropped",
+		"audit_p99_ms", "audit_sql_p99_ms", "initiator_cost_p99_ms", "initiator_cost_sql_p99_ms", "subscribers", "subscriber_p50_ms", "subscriber_p99_ms", "subscriber_dropped",
 		"server_cpu_cores", "subscriber_cpu_cores", "machine_cpu_cores"}
 	var got []string
 	for k := range res {

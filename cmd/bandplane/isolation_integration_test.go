@@ -113,6 +113,8 @@ func TestIntegrationTenantIsolationFromSchema(t *testing.T) {
 	t.Logf("introspection found %d root fields: %s", len(roots), strings.Join(names, ", "))
 	documented := isoDocumentedRoles(t)
 	sch.lits = isoLits{from: time.Now().UTC().Add(-30 * 24 * time.Hour), to: time.Now().UTC().Add(time.Hour), id: a.room}
+	// Both organizations hold a message of this platform id: each sees its own chain.
+	sch.minimal = map[string]map[string]string{"delegation": {"messageId": isoQuote(a.msg)}}
 
 	exercised := map[string][]string{} // field -> checks done
 	problem := t.Errorf
@@ -530,6 +532,7 @@ type isoTenant struct {
 	coderName, writerName               string
 	room, room2, roomTitle, room2Title  string
 	task, taskTitle, unpriced, call     string
+	msg                                 string // a platform message id both organizations hold
 	own                                 []string
 	events                              []string // ids of the events posted (decisions included)
 	liveIDs                             []string // ids of the live events
@@ -551,6 +554,7 @@ func newIsoTenant(name, tag string) *isoTenant {
 		roomTitle: title + " Main Room " + tag, room2Title: title + " Side Room " + tag,
 		task: "task_" + name + "_" + tag, taskTitle: title + " ships the release " + tag,
 		unpriced: name + "-model-" + tag, call: "call-" + name + "-" + tag,
+		msg: "msg-iso-" + tag,
 	}
 	tn.own = []string{tn.org, tn.lead.ID, tn.lead.Handle, tn.leadName, tn.second.ID, tn.second.Handle, tn.secondName,
 		tn.coder.ID, tn.coder.Handle, tn.coderName, tn.writer.ID, tn.writer.Handle, tn.writerName,
@@ -610,7 +614,12 @@ func (tn *isoTenant) seed(t *testing.T, at time.Time) []schema.Event {
 		tn.event(t, schema.TypeRoomAdded, tn.room2, tn.writer, nil, schema.RoomData{Title: tn.room2Title}, step()),
 		tn.event(t, schema.TypeParticipantAdded, tn.room, tn.system, &tn.coder, schema.ParticipantData{ParticipantID: tn.coder.ID, ParticipantType: schema.ActorAgent}, step()),
 		tn.event(t, schema.TypeParticipantAdded, tn.room2, tn.system, &tn.writer, schema.ParticipantData{ParticipantID: tn.writer.ID, ParticipantType: schema.ActorAgent}, step()),
-		tn.event(t, schema.TypeMessageCreated, tn.room, tn.lead, nil, schema.MessageData{Content: tn.secret(tn.title + " lead asks " + tn.tag)}, step()),
+		// The lead's request starts the coder's work there; the ops person's starts the
+		// writer's, an agent of another owner (the lead): spend caused across owners.
+		tn.event(t, schema.TypeMessageCreated, tn.room, tn.lead, nil, schema.MessageData{Content: tn.secret(tn.title + " lead asks " + tn.tag),
+			MessageID: tn.msg, Mentions: []schema.Mention{{ID: tn.coder.ID, Handle: tn.coder.Handle}}}, step()),
+		tn.event(t, schema.TypeMessageCreated, tn.room2, tn.second, nil, schema.MessageData{Content: tn.secret(tn.title + " ops asks " + tn.tag),
+			Mentions: []schema.Mention{{ID: tn.writer.ID, Handle: tn.writer.Handle}}}, step()),
 		tn.event(t, schema.TypeMessageCreated, tn.room, tn.coder, nil, schema.MessageData{Content: tn.secret(tn.title + " coder answers " + tn.tag)}, step()),
 		tn.event(t, schema.TypeMessageCreated, tn.room2, tn.writer, nil, schema.MessageData{Content: tn.secret(tn.title + " writer drafts " + tn.tag)}, step()),
 		tn.event(t, schema.TypeUsageReported, tn.room, tn.coder, nil, usage(1200, 300, ""), step()),
@@ -869,6 +878,9 @@ type isoSchema struct {
 	Types []isoType `json:"types"`
 	types map[string]isoType
 	lits  isoLits // the values of the arguments every document gets
+	// minimal are arguments the minimal document of a field adds, for a field that
+	// needs one of several (delegation: an execution or a message).
+	minimal map[string]map[string]string
 }
 
 // isoField is a root field and its operation (query, mutation, subscription).
@@ -1051,7 +1063,7 @@ type isoVariant struct {
 // ids, each enum argument with each value (a list one also with all), each input
 // object with B's ids in its id lists.
 func (x *isoSchema) variants(f isoField, bIDs []string) []isoVariant {
-	vs := []isoVariant{{name: "minimal"}}
+	vs := []isoVariant{{name: "minimal", args: x.minimal[f.Name]}}
 	for _, a := range f.Args {
 		if a.Name == "orgId" {
 			continue
