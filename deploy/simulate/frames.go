@@ -36,11 +36,32 @@ type mentionJSON struct {
 type messageMetadata struct {
 	Mentions []mentionJSON `json:"mentions"`
 	Status   string        `json:"status,omitempty"`
+	triggerMetadata
 }
 
 type eventMetadata struct {
 	Mentions []mentionJSON `json:"mentions,omitempty"`
+	triggerMetadata
 }
+
+// triggerMetadata names the trigger of the execution a frame belongs to: the message
+// that started it (its platform id), or the system outside chat that did. The decoder
+// keeps metadata it does not map under data.extra.metadata, where the cause tracker
+// reads it.
+type triggerMetadata struct {
+	TriggerMessageID string `json:"trigger_message_id,omitempty"`
+	TriggerSource    string `json:"trigger_source,omitempty"`
+}
+
+// metadata is an event frame's metadata, given the trigger it names. Every type
+// defines withTrigger itself: the one promoted from triggerMetadata would drop the
+// rest of the metadata.
+type metadata interface{ withTrigger(triggerMetadata) any }
+
+func (m triggerMetadata) withTrigger(t triggerMetadata) any  { return t }
+func (m eventMetadata) withTrigger(t triggerMetadata) any    { m.triggerMetadata = t; return m }
+func (m functionMetadata) withTrigger(t triggerMetadata) any { m.triggerMetadata = t; return m }
+func (m usageMetadata) withTrigger(t triggerMetadata) any    { m.triggerMetadata = t; return m }
 
 type functionMetadata struct {
 	Function struct {
@@ -48,10 +69,12 @@ type functionMetadata struct {
 		Arguments string `json:"arguments"` // JSON-encoded, as OpenAI-style senders put it
 	} `json:"function"`
 	ToolCallID string `json:"tool_call_id,omitempty"`
+	triggerMetadata
 }
 
 type usageMetadata struct {
 	BandUsage bandUsage `json:"band_usage"`
+	triggerMetadata
 }
 
 type bandUsage struct {

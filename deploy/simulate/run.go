@@ -2,8 +2,10 @@
 // platform: a directory of people and agents in canonical form, then room traffic as the
 // platform's own frames (messages with @mentions, tool calls and results, thoughts,
 // errors, token usage, participants, contact requests, tasks, requests for a person's
-// attention), and hands it to a Sink at a chosen pace. Its Summary is what the audit
-// trail must reconcile with.
+// attention), and hands it to a Sink at a chosen pace. Agents act only when a message
+// mentions them or a schedule starts them, in delegation chains whose initiators the
+// simulator knows. Its Summary is what the audit trail must reconcile with, and
+// Config.Truth what the links ingest derives must.
 //
 // The same Config, Start included, always yields byte-identical lines.
 //
@@ -113,6 +115,7 @@ type decoded struct {
 	priced bool
 	model  string
 	status string
+	truth  *Truth // how the event came to be, when the generator knows
 }
 
 func (t *tally) decode(line []byte) (decoded, error) {
@@ -281,11 +284,12 @@ func Run(ctx context.Context, cfg Config, sink Sink, progress func(Summary)) (Su
 		}
 		lines, evs = lines[:0], evs[:0]
 		for range n {
-			l := g.next()
+			l, truth := g.next()
 			d, err := t.decode(l)
 			if err != nil {
 				return sum, err
 			}
+			d.truth = truth
 			lines = append(lines, l)
 			evs = append(evs, d)
 		}
@@ -298,6 +302,11 @@ func Run(ctx context.Context, cfg Config, sink Sink, progress func(Summary)) (Su
 		lines = make([][]byte, 0, batchMax) // the sink may keep the slice
 		for _, d := range evs {
 			t.apply(&sum, d)
+			if cfg.Truth != nil && d.truth != nil {
+				truth := *d.truth
+				truth.EventID = d.ev.ID
+				cfg.Truth(truth)
+			}
 		}
 		if progress != nil && time.Since(lastProgress) >= time.Second {
 			lastProgress = time.Now()

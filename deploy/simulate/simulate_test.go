@@ -5,6 +5,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"math"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -184,7 +186,14 @@ func TestSummaryMatchesRecount(t *testing.T) {
 }
 
 func TestContentCoverage(t *testing.T) {
-	s, lines := run(t, testConfig(8000))
+	cfg := testConfig(8000)
+	late := map[string]bool{} // the platform ids of the messages that come late
+	cfg.Truth = func(tr Truth) {
+		if tr.Late {
+			late[tr.TriggerMessageID] = true
+		}
+	}
+	s, lines := run(t, cfg)
 
 	for _, typ := range []string{
 		schema.TypeUserRegistered, schema.TypeAgentRegistered, schema.TypeRoomAdded,
@@ -243,14 +252,24 @@ func TestContentCoverage(t *testing.T) {
 	assert.Contains(t, text, `"message_type":"attention","metadata":{"mentions":[{"id":`)
 	// Contact requests start pending.
 	assert.Contains(t, text, `"status":"pending"`)
-	// Event times never go back.
+	// Event times never go back, but for the triggers that come after the events they
+	// caused.
 	var last time.Time
+	back := 0
 	for i, l := range lines {
 		ev, err := schema.Decode(l)
 		require.NoError(t, err)
-		assert.False(t, ev.Time.Before(last), "line %d goes back in time", i)
+		if ev.Time.Before(last) {
+			var d schema.MessageData
+			require.NoError(t, json.Unmarshal(ev.Data, &d))
+			assert.True(t, ev.Type == schema.TypeMessageCreated && late[d.MessageID], "line %d goes back in time", i)
+			back++
+			continue
+		}
 		last = ev.Time
 	}
+	assert.Positive(t, back, "some triggers come late")
+	assert.LessOrEqual(t, back, len(late))
 }
 
 func TestChattyAgent(t *testing.T) {
@@ -289,6 +308,41 @@ func TestConfigValidate(t *testing.T) {
 
 	_, err = Run(context.Background(), bad, &memSink{}, nil)
 	assert.Error(t, err)
+
+	// The shares of the chains: each in [0, 1], named in the error with its value.
+	for _, tc := range []struct {
+		set  func(*Config)
+		want string
+	}{
+		{func(c *Config) { c.Loops = -0.1 }, "--loops must be in [0, 1], got -0.1"},
+		{func(c *Config) { c.Loops = 1.5 }, "--loops must be in [0, 1], got 1.5"},
+		{func(c *Config) { c.ExplicitTriggers = math.NaN() }, "--explicit-triggers must be in [0, 1], got NaN"},
+		{func(c *Config) { c.LateTriggers = math.Inf(1) }, "--late-triggers must be in [0, 1], got +Inf"},
+		{func(c *Config) { c.Overlap = math.Inf(-1) }, "--overlap must be in [0, 1], got -Inf"},
+		{func(c *Config) { c.ExplicitTriggers, c.LateTriggers = 0.7, 0.4 }, "--explicit-triggers + --late-triggers must be <= 1, got 0.7 + 0.4"},
+	} {
+		c := DefaultConfig()
+		tc.set(&c)
+		assert.ErrorContains(t, c.Validate(), tc.want)
+	}
+	edge := DefaultConfig()
+	edge.Loops, edge.ExplicitTriggers, edge.LateTriggers, edge.Overlap = 1, 0.25, 0.75, 1
+	assert.NoError(t, edge.Validate(), "the bounds are allowed")
+}
+
+// Every link share at its bound still makes traffic that decodes: all loops, every
+// trigger late, an overlap in every execution; and none at all.
+func TestChainSharesAtTheirBounds(t *testing.T) {
+	for _, shares := range [][4]float64{{1, 0, 1, 1}, {0, 1, 0, 0}, {0, 0, 0, 0}} {
+		cfg := testConfig(3000)
+		cfg.Loops, cfg.ExplicitTriggers, cfg.LateTriggers, cfg.Overlap = shares[0], shares[1], shares[2], shares[3]
+		truths := 0
+		cfg.Truth = func(Truth) { truths++ }
+		s, lines := run(t, cfg)
+		assert.Equal(t, 3000, s.Events, "%v", shares)
+		assert.Positive(t, truths, "%v", shares)
+		recount(t, lines)
+	}
 }
 
 func TestSinkErrorStopsRun(t *testing.T) {
@@ -305,6 +359,31 @@ func TestSinkErrorStopsRun(t *testing.T) {
 	}), nil)
 	require.ErrorIs(t, err, boom)
 	assert.Equal(t, 200, s.Events, "only accepted batches count")
+
+	// The truth is told of the accepted batches' events only, in stream order.
+	var accepted [][]byte
+	var told []string
+	cfg.Truth = func(tr Truth) { told = append(told, tr.EventID) }
+	calls = 0
+	_, err = Run(context.Background(), cfg, SinkFunc(func(ctx context.Context, lines [][]byte) error {
+		calls++
+		if calls == 3 {
+			return boom
+		}
+		accepted = append(accepted, lines...)
+		return nil
+	}), nil)
+	require.ErrorIs(t, err, boom)
+	var ids []string
+	for _, l := range accepted {
+		ev, err := schema.Decode(l)
+		require.NoError(t, err)
+		if slices.Contains(told, ev.ID) {
+			ids = append(ids, ev.ID)
+		}
+	}
+	require.NotEmpty(t, told)
+	assert.Equal(t, ids, told)
 }
 
 // TestRateAndDuration runs in a synctest bubble: Run paces itself with time.Now and

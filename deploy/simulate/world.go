@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/bandplane/bandplane/schema"
 	"github.com/bandplane/bandplane/schema/pricing"
 )
 
@@ -41,6 +42,15 @@ type sentMsg struct {
 	sender      party
 	mentions    []party
 	inserted    time.Time
+	chain       chain // the chain the message is part of: what an execution it starts continues
+}
+
+// chain is what the simulator knows of how an event came to be.
+type chain struct {
+	initiator schema.Party
+	depth     int
+	explicit  bool // every trigger from the root was sent
+	ambiguous bool // see Truth.Ambiguous
 }
 
 type task struct {
@@ -373,16 +383,32 @@ func (w *world) peerFor(r rnd, owner *user, rm *room) *agent {
 		if a.Owner == owner || a.chatty || (rm != nil && rm.has(a.ID)) {
 			continue
 		}
-		if a.Global || (a.SharedWithOrg && a.Owner.OrgID == owner.OrgID) {
+		if w.reachable(owner, a) {
 			return a
-		}
-		for _, mine := range owner.agents {
-			if w.contacts[pairKey(mine.ID, a.ID)] {
-				return a
-			}
 		}
 	}
 	return nil
+}
+
+// reachable says whether an owner's agents may work with agent a of another owner: a
+// is global, shared with the owner's organization, or an approved contact of one of
+// the owner's agents.
+func (w *world) reachable(owner *user, a *agent) bool {
+	if a.Global || (a.SharedWithOrg && a.Owner.OrgID == owner.OrgID) {
+		return true
+	}
+	for _, mine := range owner.agents {
+		if w.contacts[pairKey(mine.ID, a.ID)] {
+			return true
+		}
+	}
+	return false
+}
+
+// mayHandOver says whether agent a may hand work over to agent b by mentioning it: b
+// has the same owner, or is reachable by a's owner.
+func (w *world) mayHandOver(a, b *agent) bool {
+	return a != b && !b.chatty && (a.Owner == b.Owner || w.reachable(a.Owner, b))
 }
 
 func pairKey(a, b string) [2]string {
