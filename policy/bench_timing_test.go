@@ -2,6 +2,7 @@ package policy
 
 import (
 	"context"
+	"encoding/json"
 	"testing"
 )
 
@@ -38,5 +39,31 @@ func BenchmarkSendMessage(b *testing.B) {
 		if _, err := e.SendMessage(ctx, in); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// BenchmarkSendMessageChained is BenchmarkSendMessage with the chain the routing core
+// sends, typed (checked in Go, as the HTTP API's) and as raw JSON (checked by the policy).
+func BenchmarkSendMessageChained(b *testing.B) {
+	ctx := context.Background()
+	e := exampleEngine(b)
+	in := MessageInput{Agent: "a-coder", Room: "room-webhook-retries", Tokens: 10, CostMicros: 10,
+		Chain: &Chain{Depth: 3, Handoffs: 1, Initiator: "u-alice", InitiatorType: "user"}}
+	raw, err := json.Marshal(in)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, c := range []struct {
+		name string
+		in   any
+	}{{"typed", in}, {"raw", json.RawMessage(raw)}} {
+		b.Run(c.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := e.Decide(ctx, SendMessage, c.in); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }

@@ -19,7 +19,8 @@ import (
 )
 
 // BudgetScope is what a budget counts: the spend of one organization, one owner, one
-// agent or one room, always within one organization.
+// agent or one room, always within one organization, or everything one initiator set
+// going, across agents, owners and organizations.
 type BudgetScope string
 
 const (
@@ -27,10 +28,15 @@ const (
 	ScopeOwner BudgetScope = "owner"
 	ScopeAgent BudgetScope = "agent"
 	ScopeRoom  BudgetScope = "room"
+	// ScopeInitiator counts the usage of every execution a person (an agent acting on
+	// its own, a system outside chat) set going through a chain of mentions, whichever
+	// agent, owner or organization ran it. The budget belongs to the initiator's
+	// organization (a system initiator's: the organization whose agents it sets going).
+	ScopeInitiator BudgetScope = "initiator"
 )
 
 // BudgetScopes lists the scopes in the order a decision checks them.
-var BudgetScopes = []BudgetScope{ScopeOrg, ScopeOwner, ScopeAgent, ScopeRoom}
+var BudgetScopes = []BudgetScope{ScopeOrg, ScopeOwner, ScopeAgent, ScopeRoom, ScopeInitiator}
 
 // Period is the stretch of time a budget's spend is counted over: a UTC day or a UTC
 // calendar month.
@@ -105,7 +111,7 @@ func (b *Budget) Validate() error {
 		errs = append(errs, errors.New("org: missing"))
 	}
 	if !slices.Contains(BudgetScopes, b.Scope) {
-		errs = append(errs, fmt.Errorf("scope: %q is not one of org, owner, agent, room", b.Scope))
+		errs = append(errs, fmt.Errorf("scope: %q is not one of org, owner, agent, room, initiator", b.Scope))
 	}
 	if b.Scope == ScopeOrg && b.ScopeID != "" && b.ScopeID != b.Org {
 		errs = append(errs, fmt.Errorf("scope_id: an org budget counts its own organization %q, not %q", b.Org, b.ScopeID))
@@ -182,18 +188,26 @@ func (b *Budget) Normalize() {
 }
 
 // Charge names what a spend or an estimate counts against: the organization, owner,
-// agent and room (empty ones are skipped), and the amounts.
+// agent and room (empty ones are skipped), the initiator of the chain the execution
+// belongs to with the organization its budgets belong to (Directory.InitiatorOrg; both
+// or neither), and the amounts.
 type Charge struct {
 	Org, Owner, Agent, Room string
+	Initiator, InitiatorOrg string
 	Tokens, CostMicros      int64
 }
 
-func (c *Charge) scopes() [4]scopeKey {
-	return [4]scopeKey{
+func (c *Charge) scopes() [5]scopeKey {
+	initiator := scopeKey{c.InitiatorOrg, ScopeInitiator, c.Initiator}
+	if c.InitiatorOrg == "" {
+		initiator.id = ""
+	}
+	return [5]scopeKey{
 		{c.Org, ScopeOrg, c.Org},
 		{c.Org, ScopeOwner, c.Owner},
 		{c.Org, ScopeAgent, c.Agent},
 		{c.Org, ScopeRoom, c.Room},
+		initiator,
 	}
 }
 
@@ -266,14 +280,20 @@ type Ledger struct {
 	quiet     atomic.Bool
 	dropped   atomic.Uint64
 
-	rooms     atomic.Int64         // room counters held
-	untracked atomic.Uint64        // room spend not counted past MaxRoomCounters
-	deleted   map[string]time.Time // budget id -> deleted at (an hour), guarded by mu
+	rooms      atomic.Int64         // room counters held
+	initiators atomic.Int64         // initiator counters held
+	untracked  atomic.Uint64        // room and initiator spend not counted past their caps
+	deleted    map[string]time.Time // budget id -> deleted at (an hour), guarded by mu
 }
 
 // MaxRoomCounters bounds the rooms whose spend is counted without a budget on them
 // (each room costs a day and a month counter; room ids come from clients).
 const MaxRoomCounters = 200_000
+
+// MaxInitiatorCounters bounds the initiators whose spend is counted without a budget on
+// them: initiators are people and agents, but also systems, whose ids come from the
+// routing core's chains and the platform's events.
+const MaxInitiatorCounters = 200_000
 
 type scopeKey struct {
 	org   string
@@ -306,10 +326,13 @@ type budgetEntry struct {
 // reservation is one decision's estimate, reserved on the counters of its scopes.
 type reservation struct {
 	id, agent, execution string
-	tokens, cost         int64
-	expires              time.Time
-	counters             []*counter
-	starts               []int64
+	// initiator is the chain's initiator the decision named (its organization and id),
+	// which the usage report that settles the reservation is charged to as well.
+	initiatorOrg, initiator string
+	tokens, cost            int64
+	expires                 time.Time
+	counters                []*counter
+	starts                  []int64
 }
 
 // NewLedger returns an empty ledger; ttl <= 0 means DefaultReservationTTL.
@@ -341,17 +364,14 @@ func (l *Ledger) counter(k counterKey) *counter {
 	if v, ok := l.counters.Load(k); ok {
 		return v.(*counter)
 	}
-	if k.scope == ScopeRoom && l.rooms.Load() >= MaxRoomCounters {
-		// Room ids are the clients': past the cap, new rooms are not counted (a room
-		// with a budget always is: Set creates its counter).
+	if k.scope == ScopeRoom && l.rooms.Load() >= MaxRoomCounters ||
+		k.scope == ScopeInitiator && l.initiators.Load() >= MaxInitiatorCounters {
+		// Room and system initiator ids are the clients': past the cap, new ones are
+		// not counted (one with a budget always is: Set creates its counter).
 		l.untracked.Add(1)
 		return nil
 	}
-	v, loaded := l.counters.LoadOrStore(k, &counter{seq: l.seq.Add(1), period: k.period})
-	if !loaded && k.scope == ScopeRoom {
-		l.rooms.Add(1)
-	}
-	return v.(*counter)
+	return l.mustCounter(k)
 }
 
 // mustCounter is counter without the cap (for a budget's own counter).
@@ -360,10 +380,20 @@ func (l *Ledger) mustCounter(k counterKey) *counter {
 		return v.(*counter)
 	}
 	v, loaded := l.counters.LoadOrStore(k, &counter{seq: l.seq.Add(1), period: k.period})
-	if !loaded && k.scope == ScopeRoom {
-		l.rooms.Add(1)
+	if !loaded {
+		l.held(k.scope, 1)
 	}
 	return v.(*counter)
+}
+
+// held counts the capped scopes' counters as they come and go.
+func (l *Ledger) held(scope BudgetScope, n int64) {
+	switch scope {
+	case ScopeRoom:
+		l.rooms.Add(n)
+	case ScopeInitiator:
+		l.initiators.Add(n)
+	}
 }
 
 // Sweep forgets the counters of periods that are over, without a budget or a
@@ -380,9 +410,7 @@ func (l *Ledger) Sweep(now time.Time) (removed int) {
 		c.mu.Unlock()
 		if idle && l.counters.CompareAndDelete(k, v) {
 			removed++
-			if k.(counterKey).scope == ScopeRoom {
-				l.rooms.Add(-1)
-			}
+			l.held(k.(counterKey).scope, -1)
 		}
 		return true
 	})
@@ -397,8 +425,8 @@ func (l *Ledger) Sweep(now time.Time) (removed int) {
 	return removed
 }
 
-// Untracked is how often a room's spend was not counted because MaxRoomCounters rooms
-// already were.
+// Untracked is how often a room's or an initiator's spend was not counted because
+// MaxRoomCounters rooms (MaxInitiatorCounters initiators) already were.
 func (l *Ledger) Untracked() uint64 { return l.untracked.Load() }
 
 // roll moves c to the period starting at start when that is later than c's; it reports
@@ -590,10 +618,12 @@ type Reservation struct {
 }
 
 // Reserve checks the charge's estimate against every hard limit of its scopes (the
-// budgets set on the organization, owner, agent and room, for the day and the month,
-// and the defaults where no day budget is set) and, when all pass, reserves it on every
-// scope that has a limit, until a usage report of execution (or, without one, the
-// agent's next usage report) settles it or the TTL passes. A zero estimate reserves
+// budgets set on the organization, owner, agent, room and initiator, for the day and
+// the month, and the defaults where no day budget is set) and, when all pass, reserves
+// it on every scope that has a limit, until a usage report of execution (or, without
+// one, the agent's next usage report) settles it or the TTL passes. The reservation
+// remembers the charge's initiator: the usage that settles it counts against the
+// initiator's budgets too. A zero estimate reserves
 // nothing; it is denied only by a limit already reached. id names the reservation
 // (the decision id).
 func (l *Ledger) Reserve(id string, ch Charge, execution string, def DefaultLimits, now time.Time) (*Reservation, *BudgetDenial) {
@@ -702,6 +732,9 @@ func (l *Ledger) reserve(id string, ch Charge, execution string, def DefaultLimi
 	}
 	r := &reservation{id: id, agent: ch.Agent, execution: execution, tokens: max(ch.Tokens, 0), cost: max(ch.CostMicros, 0),
 		expires: now.Add(l.ttl), counters: make([]*counter, m), starts: make([]int64, m)}
+	if ch.InitiatorOrg != "" && ch.Initiator != "" {
+		r.initiatorOrg, r.initiator = ch.InitiatorOrg, ch.Initiator
+	}
 	for i, c := range cs[:m] {
 		c.resT, c.resC = satAdd(c.resT, r.tokens), satAdd(c.resC, r.cost)
 		r.counters[i], r.starts[i] = c, c.start
@@ -781,13 +814,26 @@ func (l *Ledger) release(r *reservation, now time.Time) {
 // Spend counts usage reported at time at against the day and month of each of its
 // scopes, then settles the reservation it answers: the one of its execution, or
 // without one (or none reserved under it) the agent's oldest reservation without an
-// execution. Usage of a period already over counts nowhere.
+// execution. A charge that names no initiator counts against the initiator of the
+// reservation it settles, if that named one. Usage of a period already over counts
+// nowhere.
 func (l *Ledger) Spend(ch Charge, execution string, at, now time.Time) {
 	if at.After(now) {
 		// Usage stamped ahead of this clock (a sender's clock, the collector's allowed
 		// skew) counts now: it must never move a counter into a period not begun, which
 		// would forget the current one's spend.
 		at = now
+	}
+	// The reservations it settles are taken first and released only after the spend
+	// is added: a check in between sees too much, never too little.
+	settled := l.settle(ch.Agent, execution)
+	if ch.InitiatorOrg == "" || ch.Initiator == "" {
+		for _, r := range settled {
+			if r.initiator != "" {
+				ch.Initiator, ch.InitiatorOrg = r.initiator, r.initiatorOrg
+				break
+			}
+		}
 	}
 	for _, sk := range ch.scopes() {
 		if sk.id == "" {
@@ -813,15 +859,24 @@ func (l *Ledger) Spend(ch Charge, execution string, at, now time.Time) {
 			}
 		}
 	}
-	if ch.Agent == "" {
-		return
+	for _, r := range settled {
+		l.release(r, now)
+	}
+}
+
+// settle unlinks the reservations a usage report of agent and execution settles (see
+// Spend) and returns them, not released yet.
+func (l *Ledger) settle(agent, execution string) []*reservation {
+	if agent == "" {
+		return nil
 	}
 	var settled []*reservation
 	l.resMu.Lock()
+	defer l.resMu.Unlock()
 	if execution != "" {
-		if r := l.byExecution[ch.Agent+"\x00"+execution]; r != nil {
+		if r := l.byExecution[agent+"\x00"+execution]; r != nil {
 			settled = append(settled, l.take(r))
-			for _, o := range slices.Clone(l.byAgent[ch.Agent]) {
+			for _, o := range slices.Clone(l.byAgent[agent]) {
 				if o.execution == execution {
 					settled = append(settled, l.take(o))
 				}
@@ -829,17 +884,26 @@ func (l *Ledger) Spend(ch Charge, execution string, at, now time.Time) {
 		}
 	}
 	if len(settled) == 0 && execution == "" {
-		for _, o := range l.byAgent[ch.Agent] {
+		for _, o := range l.byAgent[agent] {
 			if o.execution == "" {
 				settled = append(settled, l.take(o))
 				break
 			}
 		}
 	}
-	l.resMu.Unlock()
-	for _, r := range settled {
-		l.release(r, now)
+	return settled
+}
+
+// HardBudget returns a hard budget of the scope, if one is set (for either period).
+func (l *Ledger) HardBudget(org string, scope BudgetScope, id string) (Budget, bool) {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	for _, e := range l.index[scopeKey{org, scope, id}] {
+		if e.b.Hard {
+			return e.b, true
+		}
 	}
+	return Budget{}, false
 }
 
 // Expire releases the reservations whose time has passed; it returns how many.

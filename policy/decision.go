@@ -2,10 +2,12 @@ package policy
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/open-policy-agent/opa/v1/ast"
 )
@@ -27,6 +29,14 @@ const (
 	CodeUndefined      = "undefined"
 	CodeRateLimited    = "rate_limited"
 	CodeBudgetExceeded = "budget_exceeded"
+	// CodeLoop is send_message's loop guard (rego/send_message.rego): the chain of
+	// the sending agent's execution is deeper than its quota's max_chain_depth, or two
+	// agents have handed over to each other more than max_handoffs times in a row. Its
+	// message starts with "loop:".
+	CodeLoop = "loop"
+	// CodeInitiatorBudgetElsewhere is a send_message whose initiator's hard budget is
+	// held by another policy replica (policy/api; README.md, "Budgets by initiator").
+	CodeInitiatorBudgetElsewhere = "initiator_budget_elsewhere"
 )
 
 // Reason explains a decision: a stable machine code and a text for people.
@@ -55,6 +65,11 @@ type Quota struct {
 	CostMicrosPerDayAgent      int64 `json:"cost_micros_per_day_agent"`
 	CostMicrosPerDayOwner      int64 `json:"cost_micros_per_day_owner"`
 	CostMicrosPerDayOrg        int64 `json:"cost_micros_per_day_org"`
+	// MaxChainDepth and MaxHandoffs are the loop guard's: the deepest execution in a
+	// chain of mentions, and the most handoffs in a row between two agents, that may
+	// post (policy, not Go, enforces them).
+	MaxChainDepth int64 `json:"max_chain_depth,omitempty"`
+	MaxHandoffs   int64 `json:"max_handoffs,omitempty"`
 }
 
 // Decision is the answer to one question. Allow is false unless a policy granted it.
@@ -121,6 +136,75 @@ type MessageInput struct {
 	Tokens      int64  `json:"tokens,omitempty"`
 	CostMicros  int64  `json:"cost_micros,omitempty"`
 	ExecutionID string `json:"execution_id,omitempty"`
+	// Chain, when the routing core knows it, is where the sending agent's execution
+	// stands in its chain of mentions: the loop guard reads it, and its initiator's
+	// budgets are reserved on too.
+	Chain *Chain `json:"chain,omitempty"`
+}
+
+// Chain is the chain of mentions an agent's execution belongs to (schema/cause derives
+// the same figures from the trail).
+type Chain struct {
+	// Depth is the execution's depth: 1 when a person's (or a system's) message
+	// started it, its trigger's depth plus one after that; 0 for the root's own.
+	Depth int64 `json:"depth"`
+	// Initiator is the id of the person, agent or system at the root of the chain;
+	// InitiatorType says which ("user", "agent" or "system"). Both or neither.
+	Initiator     string `json:"initiator,omitempty"`
+	InitiatorType string `json:"initiator_type,omitempty"`
+	// Handoffs is how many times in a row the same two agents have handed over to each
+	// other, without a person in between, ending with this execution.
+	Handoffs int64 `json:"handoffs"`
+}
+
+// Bounds of a Chain.
+const (
+	MaxChainDepth    = 1000
+	MaxChainHandoffs = 1000
+	// MaxInitiatorBytes is the longest initiator id (an event id's bound, schema.MaxIDBytes).
+	MaxInitiatorBytes = 256
+)
+
+// InitiatorTypes are the kinds of initiator a Chain names.
+var InitiatorTypes = []string{"user", "agent", "system"}
+
+// Validate reports every problem of c, each naming its input field:
+// "input.chain.depth: must be 0..1000, got -1".
+func (c *Chain) Validate() error {
+	var errs []error
+	if c.Depth < 0 || c.Depth > MaxChainDepth {
+		errs = append(errs, fmt.Errorf("input.chain.depth: must be 0..%d, got %d", MaxChainDepth, c.Depth))
+	}
+	if c.Handoffs < 0 || c.Handoffs > MaxChainHandoffs {
+		errs = append(errs, fmt.Errorf("input.chain.handoffs: must be 0..%d, got %d", MaxChainHandoffs, c.Handoffs))
+	}
+	switch {
+	case len(c.Initiator) > MaxInitiatorBytes:
+		errs = append(errs, fmt.Errorf("input.chain.initiator: must be at most %d bytes, got %d", MaxInitiatorBytes, len(c.Initiator)))
+	case !utf8.ValidString(c.Initiator):
+		errs = append(errs, errors.New("input.chain.initiator: must be valid UTF-8"))
+	default:
+		for i := 0; i < len(c.Initiator); i++ {
+			if c.Initiator[i] < 0x20 || c.Initiator[i] == 0x7f {
+				errs = append(errs, fmt.Errorf("input.chain.initiator: must not hold control characters, got one at byte %d", i))
+				break
+			}
+		}
+	}
+	switch {
+	case c.Initiator != "" && c.InitiatorType == "":
+		errs = append(errs, errors.New("input.chain.initiator_type: missing (user, agent or system: the kind of input.chain.initiator)"))
+	case c.Initiator == "" && c.InitiatorType != "":
+		errs = append(errs, errors.New("input.chain.initiator: missing (input.chain.initiator_type names the kind of an initiator)"))
+	}
+	if c.InitiatorType != "" && !slices.Contains(InitiatorTypes, c.InitiatorType) {
+		t := c.InitiatorType
+		if len(t) > 32 {
+			t = t[:32] + "…"
+		}
+		errs = append(errs, fmt.Errorf("input.chain.initiator_type: must be user, agent or system, got %q", t))
+	}
+	return errors.Join(errs...)
 }
 
 func str(s string) *ast.Term { return ast.StringTerm(s) }
@@ -156,6 +240,19 @@ func inputValue(input any) (ast.Value, error) {
 		if in.ExecutionID != "" {
 			o.Insert(str("execution_id"), str(in.ExecutionID))
 		}
+		if c := in.Chain; c != nil {
+			co := ast.NewObject(
+				ast.Item(str("depth"), ast.InternedTerm(int(c.Depth))),
+				ast.Item(str("handoffs"), ast.InternedTerm(int(c.Handoffs))),
+			)
+			if c.Initiator != "" {
+				co.Insert(str("initiator"), str(c.Initiator))
+			}
+			if c.InitiatorType != "" {
+				co.Insert(str("initiator_type"), str(c.InitiatorType))
+			}
+			o.Insert(keyChain, ast.NewTerm(co))
+		}
 		return o, nil
 	case *PeerInput:
 		return inputValue(*in)
@@ -180,6 +277,30 @@ func inputValue(input any) (ast.Value, error) {
 		}
 		return v, nil
 	}
+}
+
+var (
+	keyChain         = ast.InternedTerm("chain")
+	keyInitiator     = ast.InternedTerm("initiator")
+	keyInitiatorType = ast.InternedTerm("initiator_type")
+)
+
+// chainInitiator reads input.chain.initiator and initiator_type of a send_message
+// input ("" when absent or not strings).
+func chainInitiator(v ast.Value) (id, typ string) {
+	o, ok := v.(ast.Object)
+	if !ok {
+		return "", ""
+	}
+	t := o.Get(keyChain)
+	if t == nil {
+		return "", ""
+	}
+	c, ok := t.Value.(ast.Object)
+	if !ok {
+		return "", ""
+	}
+	return stringAt(c, keyInitiator), stringAt(c, keyInitiatorType)
 }
 
 // messageAmounts reads tokens and cost_micros from a send_message input.
@@ -277,6 +398,8 @@ func decode(d *Decision, v ast.Value) {
 					CostMicrosPerDayAgent:      getInt(q, "cost_micros_per_day_agent"),
 					CostMicrosPerDayOwner:      getInt(q, "cost_micros_per_day_owner"),
 					CostMicrosPerDayOrg:        getInt(q, "cost_micros_per_day_org"),
+					MaxChainDepth:              getInt(q, "max_chain_depth"),
+					MaxHandoffs:                getInt(q, "max_handoffs"),
 				}
 			}
 		}

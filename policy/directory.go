@@ -248,6 +248,32 @@ func (d *Directory) OrgOf(id string) (org string, known bool) {
 	return "", false
 }
 
+// InitiatorOrg is the organization whose initiator budgets count the work initiator
+// (of kind typ: "user", "agent" or "system") set going in organization agentOrg: a
+// person's or an agent's own organization, as the directory has it (false when it does
+// not know the id as that kind), and for a system outside chat, agentOrg (a system has
+// no organization of its own: each organization budgets what it sets going there).
+func (d *Directory) InitiatorOrg(initiator, typ, agentOrg string) (string, bool) {
+	if initiator == "" {
+		return "", false
+	}
+	switch typ {
+	case "user":
+		d.mu.RLock()
+		defer d.mu.RUnlock()
+		p, ok := d.people[initiator]
+		return p.Org, ok && p.Org != ""
+	case "agent":
+		d.mu.RLock()
+		defer d.mu.RUnlock()
+		a, ok := d.agents[initiator]
+		return a.Org, ok && a.Org != ""
+	case "system":
+		return agentOrg, agentOrg != ""
+	}
+	return "", false
+}
+
 // ResolveHandle returns the id of the agent or person with the handle, given with or
 // without "@", in any case.
 func (d *Directory) ResolveHandle(handle string) (string, bool) {

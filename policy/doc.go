@@ -8,8 +8,10 @@
 //	                                            without: peers (id, kind, handle, is_contact, reason)
 //	add_participant {actor, room, participant}  allow, is_contact, reason; first failed check on deny
 //	contact_request {from, handle}              allow, status, http_status, code, message, recipient, request_id
-//	send_message    {agent, room, tokens?, cost_micros?}  allow, owner, org, quota; then Go enforces
-//	                                            rates and budgets and sets retry_after_ms
+//	send_message    {agent, room, tokens?, cost_micros?, execution_id?, chain?}
+//	                                            allow, owner, org, quota (or a loop deny); then Go
+//	                                            enforces rates and budgets (the chain's initiator's
+//	                                            too) and sets retry_after_ms
 //
 // Every Decision carries a decision id, allow, reasons (code and message) and the policy
 // revision (sha256 of the bundle files). Deny by default: an evaluation error or an

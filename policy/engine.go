@@ -146,7 +146,7 @@ func (e *Engine) EvalInput(name string, input any) (ast.Value, error) {
 		return nil, err
 	}
 	_, shared := input.(ast.Value) // every other input was converted into a new value
-	return e.dir.withFacts(name, v, !shared)
+	return e.dir.withFacts(name, v, !shared, name == SendMessage && chainChecked(input))
 }
 
 // Revision returns the hash of the bundle serving decisions.
@@ -232,9 +232,10 @@ func (e *Engine) SendMessage(ctx context.Context, in MessageInput) (Decision, er
 }
 
 // enforce applies the quota the policy returned: the budgets first (Ledger.Reserve:
-// the organization's, owner's, agent's and room's, day and month, and the quota's daily
-// defaults where no day budget is set), reserving the estimate; then the
-// per-agent-room and per-agent rates, which give the reservation back when they deny.
+// the organization's, owner's, agent's and room's, day and month, the initiator's of
+// the input's chain, and the quota's daily defaults where no day budget is set),
+// reserving the estimate; then the per-agent-room and per-agent rates, which give the
+// reservation back when they deny.
 func (e *Engine) enforce(d *Decision, input ast.Value) {
 	q := d.Quota
 	if q == nil {
@@ -243,7 +244,13 @@ func (e *Engine) enforce(d *Decision, input ast.Value) {
 	now := e.now()
 	tokens, cost := messageAmounts(input)
 	room := roomOf(input)
-	res, denied := e.ledger.Reserve(d.DecisionID, Charge{Org: d.Org, Owner: d.Owner, Agent: d.Agent, Room: room, Tokens: tokens, CostMicros: cost},
+	ch := Charge{Org: d.Org, Owner: d.Owner, Agent: d.Agent, Room: room, Tokens: tokens, CostMicros: cost}
+	if id, typ := chainInitiator(input); id != "" {
+		if org, ok := e.dir.InitiatorOrg(id, typ, d.Org); ok {
+			ch.Initiator, ch.InitiatorOrg = id, org
+		}
+	}
+	res, denied := e.ledger.Reserve(d.DecisionID, ch,
 		stringField(input, "execution_id"), DefaultLimits{
 			AgentTokens: q.TokensPerDayAgent, OwnerTokens: q.TokensPerDayOwner, OrgTokens: q.TokensPerDayOrg,
 			AgentCost: q.CostMicrosPerDayAgent, OwnerCost: q.CostMicrosPerDayOwner, OrgCost: q.CostMicrosPerDayOrg,

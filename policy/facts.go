@@ -23,7 +23,13 @@ import (
 //	"participant": record,
 //	"actor_in_room", "participant_in_room", "contact": booleans,
 // }
-// send_message: input.facts = {"agent": record (kind "unknown" unless an agent), "in_room": boolean}
+// send_message: input.facts = {"agent": record (kind "unknown" unless an agent), "in_room": boolean,
+//	"chain_valid"?: true}
+//
+// chain_valid is set when the engine built the input from a typed MessageInput whose
+// Chain passed Chain.Validate (the HTTP API's rules, which the policy's own check of a
+// chain agrees with: TestLoopGuardAgreesWithTheReference): the policy then skips its
+// check of the chain, a dozen comparisons on every message.
 //
 // A record is data.directory.agents[id] or data.directory.people[id] with "kind":
 // "agent" or "person" added, or {"kind": "unknown"} for an id the directory does not
@@ -38,6 +44,7 @@ var (
 	factContact           = ast.InternedTerm("contact")
 	factAgent             = ast.InternedTerm("agent")
 	factInRoom            = ast.InternedTerm("in_room")
+	factChainValid        = ast.InternedTerm("chain_valid")
 	keyRoom               = ast.InternedTerm("room")
 )
 
@@ -46,8 +53,9 @@ var errCallerFacts = errors.New("input.facts is reserved for the facts the engin
 // withFacts returns the input of decision name with its facts added. Other decisions,
 // and inputs that are not objects (the policy denies them as invalid), pass unchanged.
 // An owned input (built for this decision) gets the facts inserted; any other is copied
-// first, so a caller's value is never modified.
-func (d *Directory) withFacts(name string, v ast.Value, owned bool) (ast.Value, error) {
+// first, so a caller's value is never modified. chainValid says the input's chain was
+// checked in Go.
+func (d *Directory) withFacts(name string, v ast.Value, owned, chainValid bool) (ast.Value, error) {
 	if name != AddParticipant && name != SendMessage {
 		return v, nil
 	}
@@ -62,7 +70,7 @@ func (d *Directory) withFacts(name string, v ast.Value, owned bool) (ast.Value, 
 	if name == AddParticipant {
 		facts = d.addFacts(stringAt(in, factActor), stringAt(in, keyRoom), stringAt(in, factParticipant))
 	} else {
-		facts = d.messageFacts(stringAt(in, factAgent), stringAt(in, keyRoom))
+		facts = d.messageFacts(stringAt(in, factAgent), stringAt(in, keyRoom), chainValid)
 	}
 	if !owned {
 		out := ast.NewObjectWithCapacity(in.Len() + 1)
@@ -86,17 +94,34 @@ func (d *Directory) addFacts(actor, room, participant string) *ast.Term {
 	)
 }
 
-func (d *Directory) messageFacts(agent, room string) *ast.Term {
+func (d *Directory) messageFacts(agent, room string, chainValid bool) *ast.Term {
 	d.mu.RLock()
 	defer d.mu.RUnlock()
 	rec := unknownRecord
 	if _, ok := d.agents[agent]; ok {
 		rec = d.records[agent]
 	}
-	return ast.ObjectTerm(
+	o := ast.NewObject(
 		ast.Item(factAgent, rec),
 		ast.Item(factInRoom, ast.InternedTerm(d.rooms[room][agent])),
 	)
+	if chainValid {
+		o.Insert(factChainValid, ast.InternedTerm(true))
+	}
+	return ast.NewTerm(o)
+}
+
+// chainChecked says whether input is a typed send_message input whose chain passes
+// Chain.Validate.
+func chainChecked(input any) bool {
+	var c *Chain
+	switch in := input.(type) {
+	case MessageInput:
+		c = in.Chain
+	case *MessageInput:
+		c = in.Chain
+	}
+	return c != nil && c.Validate() == nil
 }
 
 // unknownRecord is the record of an id the directory does not know: the policies test

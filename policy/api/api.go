@@ -203,9 +203,11 @@ func Input(name string, body []byte) (any, error) {
 	if err := schema.CheckJSON(body); err != nil {
 		return nil, fmt.Errorf("cannot decode %s input: %w", name, err)
 	}
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(in); err != nil {
+	if m, ok := in.(*policy.MessageInput); ok {
+		if err := decodeMessage(body, m); err != nil {
+			return nil, fmt.Errorf("cannot decode %s input: %w", name, err)
+		}
+	} else if err := decodeStrict(body, in); err != nil {
 		return nil, fmt.Errorf("cannot decode %s input: %w", name, err)
 	}
 	if err := checkIDs(in); err != nil {
@@ -231,6 +233,11 @@ func Input(name string, body []byte) (any, error) {
 		if v.Tokens < 0 || v.CostMicros < 0 {
 			return nil, fmt.Errorf("%s input: tokens and cost_micros must not be negative", name)
 		}
+		if v.Chain != nil {
+			if err := v.Chain.Validate(); err != nil {
+				return nil, fmt.Errorf("%s input: %w", name, err)
+			}
+		}
 	}
 	if len(missing) > 0 {
 		return nil, fmt.Errorf("%s input: missing %s", name, strings.Join(missing, ", "))
@@ -239,6 +246,74 @@ func Input(name string, body []byte) (any, error) {
 }
 
 var errUnknownDecision = errors.New("unknown decision")
+
+// decodeStrict decodes body into v, refusing unknown fields.
+func decodeStrict(body []byte, v any) error {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	return typeError("input.", dec.Decode(v))
+}
+
+// decodeMessage decodes a send_message input, its chain on its own, so that an error
+// inside the chain names its field ("input.chain.depth: …"): the decoder's own message
+// of an unknown field names only the key. The chain must be an object (not null).
+func decodeMessage(body []byte, m *policy.MessageInput) error {
+	var wire struct {
+		policy.MessageInput
+		Chain json.RawMessage `json:"chain"` // shadows MessageInput.Chain
+	}
+	if err := decodeStrict(body, &wire); err != nil {
+		return err
+	}
+	*m = wire.MessageInput
+	raw := bytes.TrimSpace(wire.Chain)
+	if wire.Chain == nil {
+		return nil
+	}
+	if len(raw) == 0 || raw[0] != '{' {
+		return fmt.Errorf("input.chain: must be an object, got %s", clip(raw))
+	}
+	var c policy.Chain
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&c); err != nil {
+		if f, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
+			return fmt.Errorf("input.chain: unknown field %s (known: depth, handoffs, initiator, initiator_type)", f)
+		}
+		return typeError("input.chain.", err)
+	}
+	m.Chain = &c
+	return nil
+}
+
+// typeError names the input field of a JSON type error ("input.chain.depth: must be a
+// number (int64), got string"); other errors pass unchanged.
+func typeError(prefix string, err error) error {
+	var te *json.UnmarshalTypeError
+	if errors.As(err, &te) && te.Field != "" {
+		field := strings.TrimPrefix(te.Field, "MessageInput.") // decodeMessage's embedding is no field of the input
+		return fmt.Errorf("%s%s: must be a %s, got %s", prefix, field, kindOf(te.Type.Kind().String()), te.Value)
+	}
+	return err
+}
+
+func kindOf(k string) string {
+	switch k {
+	case "int64", "int", "int32":
+		return "whole number"
+	case "struct", "ptr":
+		return "JSON object"
+	}
+	return k
+}
+
+// clip is at most 32 bytes of b, for an error message.
+func clip(b []byte) string {
+	if len(b) > 32 {
+		return string(b[:32]) + "…"
+	}
+	return string(b)
+}
 
 // checkIDs holds the ids of an input to the limits of event ids (schema.MaxIDBytes, no
 // control characters, valid UTF-8), so that nothing a caller names can be longer or
@@ -298,6 +373,7 @@ func (a *API) Decide(ctx context.Context, name string, in any) (policy.Decision,
 		if err := a.registeredMeanwhile(&d, in); err != nil {
 			return policy.Decision{}, err
 		}
+		a.initiatorElsewhere(&d, in)
 	}
 	if a.cfg.Auditor != nil {
 		var taken *TakenData
@@ -424,6 +500,40 @@ func roomOf(in any) string {
 	return room
 }
 
+// messageOf is a typed send_message input, or nil.
+func messageOf(in any) *policy.MessageInput {
+	switch v := in.(type) {
+	case policy.MessageInput:
+		return &v
+	case *policy.MessageInput:
+		return v
+	}
+	return nil
+}
+
+// mayName refuses (403) a send_message whose chain names a person or an agent as its
+// initiator that the key may not act on: the decision reserves on the initiator's
+// budgets, and a key of one organization must not spend another's. Only the platform's
+// key (the routing core's) names initiators of other organizations. The answer is the
+// same for an initiator of another organization and for one that does not exist.
+func (a *API) mayName(w http.ResponseWriter, r *http.Request, in any) bool {
+	m := messageOf(in)
+	if m == nil || m.Chain == nil || m.Chain.Initiator == "" || m.Chain.InitiatorType == "system" {
+		return true
+	}
+	k, _ := keys.FromContext(r.Context())
+	if k.Platform() {
+		return true
+	}
+	if org, ok := a.cfg.Engine.Directory().InitiatorOrg(m.Chain.Initiator, m.Chain.InitiatorType, ""); ok && k.MayActOn(org) {
+		return true
+	}
+	keys.WriteError(w, http.StatusForbidden, keys.CodeForbidden, fmt.Sprintf(
+		"key %s (%s) of organization %s may name as input.chain.initiator only people and agents registered in its organization; %q is not one (a chain across organizations is the platform's: ask with its key)",
+		k.ID, k.Role, k.Org, m.Chain.Initiator))
+	return false
+}
+
 func subjectOf(in any) (actor, room string) {
 	switch v := in.(type) {
 	case policy.PeerInput:
@@ -461,7 +571,7 @@ func (a *API) decide(w http.ResponseWriter, r *http.Request) {
 		writeError(w, status, err.Error())
 		return
 	}
-	if actor, _ := subjectOf(in); !a.mayAsk(w, r, actor) {
+	if actor, _ := subjectOf(in); !a.mayAsk(w, r, actor) || !a.mayName(w, r, in) {
 		return
 	}
 	d, err := a.Decide(r.Context(), name, in)

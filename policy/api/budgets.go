@@ -16,7 +16,11 @@ import (
 // replica learn it from there) and puts it in force here at once. An organization's key
 // sets budgets of its own organization only; the scope's agent or owner must be
 // registered in it (a room is any room id: its spend counts only usage of the
-// organization). The answer is the budget as stored.
+// organization). An initiator is any id: a person or an agent registered in the
+// organization (whose budget counts what they set going anywhere), or else a system's
+// source ("schedule", "webhook:github"), counting what it sets going in the
+// organization; like a room, it is not looked up, so that the answer tells nothing of
+// other organizations. The answer is the budget as stored.
 func (a *API) SetBudget(ctx context.Context, by keys.Key, b policy.Budget) (policy.Budget, error) {
 	if !by.MayActOn(b.Org) {
 		return policy.Budget{}, fmt.Errorf("%w: key %s (%s) of organization %s may not set budgets of organization %q", schema.ErrForbidden, by.ID, by.Role, by.Org, b.Org)
@@ -105,7 +109,7 @@ func budgetSubject(s policy.BudgetScope) schema.ActorType {
 	switch s {
 	case policy.ScopeAgent:
 		return schema.ActorAgent
-	case policy.ScopeOwner:
+	case policy.ScopeOwner, policy.ScopeInitiator: // an initiator is most often a person
 		return schema.ActorUser
 	}
 	return schema.ActorSystem

@@ -70,6 +70,36 @@ func (a *API) registeredMeanwhile(d *policy.Decision, in any) error {
 	return &MisdirectedError{Agent: d.Agent, Owner: a.cfg.Shards.Owner(d.Org)}
 }
 
+// initiatorElsewhere turns a granted send_message into a deny when its chain's
+// initiator has a hard budget of an organization another replica owns. The
+// reservations of that budget live in the owner's memory (only it decides the messages
+// of the initiator's organization), so this replica cannot reserve on it: it would
+// check the budget against its own reservations only, and N replicas could pass it N
+// times. Rather than enforce a hard budget loosely, the decision is refused, and says
+// why; what it took is given back. Spend is not the problem (every replica follows the
+// stream, policy/replica), reservations are. A soft budget only alerts, so it does not
+// refuse. With one replica (no Shards) every budget is held here and this never applies.
+func (a *API) initiatorElsewhere(d *policy.Decision, in any) {
+	m := messageOf(in)
+	if !d.Allow || m == nil || m.Chain == nil || m.Chain.Initiator == "" {
+		return
+	}
+	c := m.Chain
+	org, ok := a.cfg.Engine.Directory().InitiatorOrg(c.Initiator, c.InitiatorType, d.Org)
+	if !ok || a.cfg.Shards.Owns(org) {
+		return
+	}
+	b, hard := a.cfg.Engine.Ledger().HardBudget(org, policy.ScopeInitiator, c.Initiator)
+	if !hard {
+		return
+	}
+	a.giveBack(d, in)
+	d.Allow, d.RetryAfterMs = false, 0
+	d.Reasons = []policy.Reason{{Code: policy.CodeInitiatorBudgetElsewhere, Message: fmt.Sprintf(
+		"initiator %s has the hard budget %s of organization %s, whose reservations the policy replica %s holds; this replica (%s) decides agent %s of organization %s and does not reserve across replicas, so it refuses (policy/README.md, \"Budgets by initiator\")",
+		c.Initiator, b.ID, org, a.cfg.Shards.Owner(org), a.cfg.Shards.Self(), d.Agent, d.Org)}}
+}
+
 // writeMisdirected answers 421 Misdirected Request with the owner, in a header and in
 // the body. Only an authenticated, authorized request gets here (the router role,
 // and an organization's key only for its own agents), so the owner of an organization
