@@ -13,6 +13,7 @@
 package replica
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -123,6 +124,7 @@ type Replica struct {
 	orphanOrgs map[string]int
 
 	recent recentIDs // usage event ids applied lately
+	chains chains    // the initiators the trail's decisions named, by agent and execution
 
 	restored restoreState // decisions restored into the limiter (restore.go)
 }
@@ -217,6 +219,11 @@ func (r *Replica) Apply(ctx context.Context, ev *schema.Event) error {
 		return r.budget(ev)
 	case schema.TypeUsageReported:
 		return r.usage(ev)
+	case schema.TypePolicyDecided:
+		// Bandplane's own (the collector refuses the type from every client).
+		if schema.OwnSource(ev.Source) {
+			r.chains.remember(ev.Data)
+		}
 	}
 	return nil
 }
@@ -305,14 +312,18 @@ func (r *Replica) usage(ev *schema.Event) error {
 		return nil
 	}
 	u.Extra = nil
-	r.charge(usage{id: ev.ID, at: ev.Time, org: ev.OrgID, room: ev.RoomID, agent: ev.Actor.ID, execution: ev.ExecutionID, data: u}, now)
+	o := usage{id: ev.ID, at: ev.Time, org: ev.OrgID, room: ev.RoomID, agent: ev.Actor.ID, execution: ev.ExecutionID, data: u}
+	o.initiator, o.initiatorType = r.chains.initiator(o.agent, o.execution)
+	r.charge(o, now)
 	return nil
 }
 
 // usage is what the ledger needs of a usage report (kept for an agent not registered
-// yet without the report's unknown fields).
+// yet without the report's unknown fields). The initiator is the one the decisions of
+// its execution named (chains): the canonical usage.reported carries no chain.
 type usage struct {
 	id, org, room, agent, execution string
+	initiator, initiatorType        string
 	at                              time.Time
 	data                            schema.UsageData
 }
@@ -326,16 +337,94 @@ func (r *Replica) charge(o usage, now time.Time) {
 	model := first(u.Model, a.Model)
 	cost, _ := r.cfg.Catalog.Current().CostAt(model, o.at, u)
 	org := first(o.org, a.Org)
-	agent, owner := o.agent, a.Owner
+	agent, owner, initiator := o.agent, a.Owner, o.initiator
 	if a.Org != "" && org != a.Org {
 		// Usage stamped with another organization than the agent's registration (an
 		// org-scoped ingest key writing as an agent it does not own) counts against that
-		// organization only, never against the agent's or its owner's budgets.
-		agent, owner = "", ""
+		// organization only, never against the agent's, its owner's or an initiator's
+		// budgets.
+		agent, owner, initiator = "", "", ""
 	}
-	r.cfg.Ledger.Spend(policy.Charge{Org: org, Owner: owner, Agent: agent, Room: o.room,
-		Tokens: u.InputTokens + u.OutputTokens + u.CacheReadTokens + u.CacheWriteTokens, CostMicros: cost},
-		o.execution, o.at, now)
+	ch := policy.Charge{Org: org, Owner: owner, Agent: agent, Room: o.room,
+		Tokens: u.InputTokens + u.OutputTokens + u.CacheReadTokens + u.CacheWriteTokens, CostMicros: cost}
+	if iorg, ok := r.cfg.Directory.InitiatorOrg(initiator, o.initiatorType, org); ok {
+		ch.Initiator, ch.InitiatorOrg = initiator, iorg
+	}
+	r.cfg.Ledger.Spend(ch, o.execution, o.at, now)
+}
+
+// chains remembers, per agent and execution, the initiator that the allowed
+// send_message decisions of the trail (policy.decided, every organization's) named in
+// their input's chain, so that the execution's usage report counts against the
+// initiator's budgets on every replica: the replica that took the decision also has it
+// from the reservation the report settles (policy.Ledger.Spend), the others only from
+// here. It keeps the latest maxChains executions.
+type chains struct {
+	mu   sync.Mutex
+	m    map[string]chainRef
+	ring []string
+	next int
+}
+
+type chainRef struct{ initiator, typ string }
+
+// maxChains bounds the executions chains remembers (about 100 bytes each).
+const maxChains = 100_000
+
+// chainOfDecision is what chains reads of a policy.decided event's data.
+type chainOfDecision struct {
+	Decision string `json:"decision"`
+	Allow    bool   `json:"allow"`
+	Input    struct {
+		Agent       string `json:"agent"`
+		ExecutionID string `json:"execution_id"`
+		Chain       *struct {
+			Initiator     string `json:"initiator"`
+			InitiatorType string `json:"initiator_type"`
+		} `json:"chain"`
+	} `json:"input"`
+}
+
+var initiatorKey = []byte(`"initiator"`)
+
+// remember notes the initiator of an allowed send_message decision's data, if it names
+// one for an execution.
+func (c *chains) remember(data []byte) {
+	if !bytes.Contains(data, initiatorKey) { // most decisions: no chain, no decoding
+		return
+	}
+	var d chainOfDecision
+	if json.Unmarshal(data, &d) != nil || d.Decision != policy.SendMessage || !d.Allow ||
+		d.Input.Agent == "" || d.Input.ExecutionID == "" || d.Input.Chain == nil || d.Input.Chain.Initiator == "" {
+		return
+	}
+	k := d.Input.Agent + "\x00" + d.Input.ExecutionID
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.m == nil {
+		c.m = map[string]chainRef{}
+	}
+	if _, ok := c.m[k]; !ok {
+		if len(c.ring) < maxChains {
+			c.ring = append(c.ring, k)
+		} else {
+			delete(c.m, c.ring[c.next])
+			c.ring[c.next] = k
+			c.next = (c.next + 1) % maxChains
+		}
+	}
+	c.m[k] = chainRef{d.Input.Chain.Initiator, d.Input.Chain.InitiatorType}
+}
+
+// initiator is the initiator remembered for agent's execution ("" if none).
+func (c *chains) initiator(agent, execution string) (id, typ string) {
+	if agent == "" || execution == "" {
+		return "", ""
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	ref := c.m[agent+"\x00"+execution]
+	return ref.initiator, ref.typ
 }
 
 // MaxOrphansPerOrg bounds the usage kept for one organization's unregistered agents,
@@ -722,12 +811,13 @@ func (r *Replica) bootstrapSpend(ctx context.Context, offsets map[int]int64) err
 		stored = append(stored, fmt.Sprintf("(kafka_partition = %d AND kafka_offset < %d)", p, offsets[p]))
 	}
 	if len(stored) > 0 {
-		q := `SELECT org_id, owner_id, agent_id, room_id,
+		// With the chain ingest linked each usage row to (schema/cause): its initiator.
+		q := `SELECT org_id, owner_id, agent_id, room_id, initiator_id, initiator_type,
 			sum(input_tokens + output_tokens + cache_read_tokens + cache_write_tokens), sum(cost), max(time)
 			FROM ` + r.cfg.Database + `.usage FINAL WHERE time >= ? AND time < ?
 			AND event_id IN (SELECT id FROM ` + r.cfg.Database + `.events WHERE type = '` + schema.TypeUsageReported + `'
 				AND time >= ? AND time < ? AND (` + strings.Join(stored, " OR ") + `))
-			GROUP BY org_id, owner_id, agent_id, toDate(time), room_id`
+			GROUP BY org_id, owner_id, agent_id, toDate(time), room_id, initiator_id, initiator_type`
 		end := day.AddDate(0, 0, 1)
 		if err := r.sumSpend(ctx, q, []any{recent, end, recent, end}, now); err != nil {
 			return err
@@ -737,15 +827,49 @@ func (r *Replica) bootstrapSpend(ctx context.Context, offsets map[int]int64) err
 		// The day rows of usage_rollup over every organization: FINAL, which merges the
 		// parts in key order a block at a time, where a sort of each group's newest row
 		// (what one organization's reads do) would hold all of them at once.
-		q := `SELECT org_id, owner_id, agent_id, room_id,
+		q := `SELECT org_id, owner_id, agent_id, room_id, '', '',
 			sum(input_tokens + output_tokens + cache_read_tokens + cache_write_tokens), sum(cost), max(bucket)
 			FROM ` + r.cfg.Database + `.usage_rollup FINAL WHERE grain = 'day' AND bucket >= ? AND bucket < ?
 			GROUP BY org_id, owner_id, agent_id, room_id`
 		if err := r.sumSpend(ctx, q, []any{month, recent}, now); err != nil {
 			return err
 		}
+		return r.bootstrapInitiatorDays(ctx, month, recent, now)
 	}
 	return nil
+}
+
+// bootstrapInitiatorDays adds the spend of the month's days before recent to the
+// initiators' counters, from the day rows of initiator_rollup: only to them (the
+// organization, owner, agent and room got those days' spend from usage_rollup). Its
+// org_id is the organization whose agents spent; the budget's is the initiator's
+// (Directory.InitiatorOrg), so one person's days in several organizations meet on one
+// counter.
+func (r *Replica) bootstrapInitiatorDays(ctx context.Context, month, recent, now time.Time) error {
+	rows, err := r.cfg.Conn.Query(ctx, `SELECT org_id, initiator_id, initiator_type,
+		sum(input_tokens + output_tokens + cache_read_tokens + cache_write_tokens), sum(cost), max(bucket)
+		FROM `+r.cfg.Database+`.initiator_rollup FINAL WHERE grain = 'day' AND bucket >= ? AND bucket < ? AND initiator_id != ''
+		GROUP BY org_id, initiator_id, initiator_type`, month, recent)
+	if err != nil {
+		return fmt.Errorf("cannot read this month's spend by initiator from %s.initiator_rollup: %w", r.cfg.Database, err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var org, initiator, typ string
+		var tokens uint64
+		var cost decimal.Decimal
+		var at time.Time
+		if err := rows.Scan(&org, &initiator, &typ, &tokens, &cost, &at); err != nil {
+			return fmt.Errorf("cannot read this month's spend by initiator: %w", err)
+		}
+		iorg, ok := r.cfg.Directory.InitiatorOrg(initiator, typ, org)
+		if !ok {
+			continue
+		}
+		r.cfg.Ledger.Spend(policy.Charge{Initiator: initiator, InitiatorOrg: iorg,
+			Tokens: int64(min(tokens, math.MaxInt64)), CostMicros: cost.Shift(6).IntPart()}, "", at.UTC(), now)
+	}
+	return rows.Err()
 }
 
 func (r *Replica) sumSpend(ctx context.Context, sql string, args []any, now time.Time) error {
@@ -755,11 +879,11 @@ func (r *Replica) sumSpend(ctx context.Context, sql string, args []any, now time
 	}
 	defer rows.Close()
 	for rows.Next() {
-		var org, owner, agent, room string
+		var org, owner, agent, room, initiator, typ string
 		var tokens uint64
 		var cost decimal.Decimal
 		var at time.Time
-		if err := rows.Scan(&org, &owner, &agent, &room, &tokens, &cost, &at); err != nil {
+		if err := rows.Scan(&org, &owner, &agent, &room, &initiator, &typ, &tokens, &cost, &at); err != nil {
 			return fmt.Errorf("cannot read this month's spend: %w", err)
 		}
 		// Attribution as for usage from the stream (charge): the owner and organization
@@ -770,11 +894,15 @@ func (r *Replica) sumSpend(ctx context.Context, sql string, args []any, now time
 			org = first(org, a.Org)
 			owner = a.Owner
 			if a.Org != "" && org != a.Org {
-				agent, owner = "", ""
+				agent, owner, initiator = "", "", ""
 			}
 		}
-		r.cfg.Ledger.Spend(policy.Charge{Org: org, Owner: owner, Agent: agent, Room: room,
-			Tokens: int64(min(tokens, math.MaxInt64)), CostMicros: cost.Shift(6).IntPart()}, "", at.UTC(), now)
+		ch := policy.Charge{Org: org, Owner: owner, Agent: agent, Room: room,
+			Tokens: int64(min(tokens, math.MaxInt64)), CostMicros: cost.Shift(6).IntPart()}
+		if iorg, ok := r.cfg.Directory.InitiatorOrg(initiator, typ, org); ok {
+			ch.Initiator, ch.InitiatorOrg = initiator, iorg
+		}
+		r.cfg.Ledger.Spend(ch, "", at.UTC(), now)
 	}
 	return rows.Err()
 }

@@ -103,7 +103,12 @@ func (r *Replica) bootstrapRates(ctx context.Context, st start) error {
 		return err
 	}
 	for i := range decisions {
-		if keep[i] && r.restoreDecision(decisions[i].ID, decisions[i].OrgID, []byte(decisions[i].Data)) {
+		if !keep[i] {
+			continue
+		}
+		// Every organization's: their executions' usage counts against initiators here.
+		r.chains.remember([]byte(decisions[i].Data))
+		if r.restoreDecision(decisions[i].ID, decisions[i].OrgID, []byte(decisions[i].Data)) {
 			r.restored.count(false)
 		}
 	}
@@ -215,8 +220,14 @@ func (r *Replica) restoreReservation(id, org string, in *policy.MessageInput, t 
 	if at.After(t.At.Add(time.Minute)) || at.Before(t.At.Add(-time.Minute)) {
 		at = t.At // the old process had another --reservation-ttl: its expiry, not ours
 	}
+	ch := policy.Charge{Org: org, Owner: ag.Owner, Agent: in.Agent, Room: in.Room, Tokens: in.Tokens, CostMicros: in.CostMicros}
+	if c := in.Chain; c != nil {
+		if iorg, ok := r.cfg.Directory.InitiatorOrg(c.Initiator, c.InitiatorType, org); ok {
+			ch.Initiator, ch.InitiatorOrg = c.Initiator, iorg
+		}
+	}
 	r.cfg.Ledger.Quiet(true)
-	res, denied := r.cfg.Ledger.Reserve(id, policy.Charge{Org: org, Owner: ag.Owner, Agent: in.Agent, Room: in.Room, Tokens: in.Tokens, CostMicros: in.CostMicros},
+	res, denied := r.cfg.Ledger.Reserve(id, ch,
 		in.ExecutionID, policy.DefaultLimits{AgentTokens: q.TokensPerDayAgent, OwnerTokens: q.TokensPerDayOwner, OrgTokens: q.TokensPerDayOrg,
 			AgentCost: q.CostMicrosPerDayAgent, OwnerCost: q.CostMicrosPerDayOwner, OrgCost: q.CostMicrosPerDayOrg}, at)
 	r.cfg.Ledger.Quiet(false)

@@ -247,3 +247,42 @@ func TestOpenReservationsAreRestored(t *testing.T) {
 	}
 	assert.Zero(t, eng2.Ledger().Reservations())
 }
+
+// A restored reservation holds its initiator again: a restart keeps the initiator's
+// budget reserved, and the usage report of the execution settles it and counts on the
+// initiator. The restarted replica learns the execution's initiator from the decision
+// (chains), for the usage of the tail.
+func TestRestoredReservationsKeepTheirInitiator(t *testing.T) {
+	now := time.Now()
+	clk := &clock{t: now}
+	tr := &trail{}
+	old, oldEng := process(t, clk, tr)
+	b := policy.Budget{Org: "org-acme", Scope: policy.ScopeInitiator, ScopeID: "u-alice", Period: policy.PeriodDay, Tokens: 1000, Hard: true, UpdatedAt: now}
+	b.Normalize()
+	oldEng.Ledger().Set(b, now)
+	d, err := old.Decide(context.Background(), policy.SendMessage, &policy.MessageInput{Agent: "a-coder", Room: "room-webhook-retries", Tokens: 600,
+		ExecutionID: "e1", Chain: &policy.Chain{Depth: 2, Handoffs: 1, Initiator: "u-alice", InitiatorType: "user"}})
+	require.NoError(t, err)
+	require.True(t, d.Allow, "%+v", d)
+
+	_, eng := process(t, clk, nil)
+	eng.Ledger().Set(b, now)
+	r := restarted(t, eng, time.Now(), nil, clk.now)
+	for _, ev := range tr.events {
+		r.chains.remember(ev.Data)
+		require.True(t, r.restoreDecision(ev.ID, ev.OrgID, ev.Data))
+	}
+	_, _, reserved, _ := eng.Ledger().Spent("org-acme", policy.ScopeInitiator, "u-alice", policy.PeriodDay, now)
+	assert.Equal(t, int64(600), reserved)
+	deny, err := eng.SendMessage(context.Background(), policy.MessageInput{Agent: "a-architect", Room: "room-webhook-retries", Tokens: 500,
+		Chain: &policy.Chain{Depth: 1, Initiator: "u-alice", InitiatorType: "user"}})
+	require.NoError(t, err)
+	assert.False(t, deny.Allow, "the restored reservation holds the initiator's budget")
+
+	ev, err := schema.Decode([]byte(`{"id":"u-1","type":"usage.reported","time":"` + now.UTC().Format(time.RFC3339) + `","org_id":"org-acme","room_id":"room-webhook-retries","execution_id":"e1",` +
+		`"actor":{"id":"a-coder","type":"agent"},"source":"t","data":{"input_tokens":200,"output_tokens":0,"cache_read_tokens":0,"cache_write_tokens":0}}`))
+	require.NoError(t, err)
+	require.NoError(t, r.Apply(context.Background(), &ev))
+	spent, _, reserved, _ := eng.Ledger().Spent("org-acme", policy.ScopeInitiator, "u-alice", policy.PeriodDay, now)
+	assert.Equal(t, [2]int64{200, 0}, [2]int64{spent, reserved})
+}
