@@ -9,6 +9,7 @@ import (
 
 	"github.com/ClickHouse/clickhouse-go/v2/ext"
 
+	"github.com/bandplane/bandplane/schema"
 	"github.com/bandplane/bandplane/schema/chdb"
 	"github.com/bandplane/bandplane/schema/work"
 	"github.com/shopspring/decimal"
@@ -17,8 +18,9 @@ import (
 // Work status (graph/README.md, "Work status") reads the tables ingest keeps
 // (schema/chdb/migrations/003_work.sql): the latest state of tasks, who did what last
 // in each room, the requests for a human's attention. Nothing here scans the trail,
-// except today's message counts of the rooms asked about (one day of one
-// organization, by the events table's primary key).
+// except today's message counts and the window's loop stops (denied send_message
+// decisions) of the rooms asked about, of one organization, by the events table's
+// primary key.
 
 // Work status bounds. The rules and windows are schema/work's.
 const (
@@ -37,6 +39,9 @@ type ActiveAgent struct {
 	MessagesToday   uint64
 	CostToday       decimal.Decimal
 	Currency        string
+	// Stop is the policy's stop on the agent in the room (work.StopLoop), when its
+	// latest stop there came after its latest message; zero otherwise.
+	Stop work.Stop
 }
 
 // RoomWork is the work status of one room.
@@ -129,6 +134,14 @@ func (s workSQL) messagesToday() string {
 	return "SELECT room_id, actor_id, uniqExact(id, time) FROM " + s.db + ".events" +
 		" WHERE org_id = ? AND time >= ? AND type = 'message.created' AND room_id IN (SELECT id FROM " + idsTable + ")" +
 		" GROUP BY room_id, actor_id"
+}
+
+// stops reads the denied send_message decisions of the window that may be stops
+// (work.StopSQL; work.StopOf decides), newest first, by the events table's primary key.
+func (s workSQL) stops() string {
+	return "SELECT room_id, actor_id, source, time, time_ms, data FROM " + s.db + ".events" +
+		" WHERE org_id = ? AND time >= ? AND room_id IN (SELECT id FROM " + idsTable + ") AND " + work.StopSQL +
+		" ORDER BY time DESC, time_ms DESC LIMIT ?"
 }
 
 func (s workSQL) costToday() string {
@@ -400,6 +413,28 @@ func (qr *Querier) roomWork(ctx context.Context, q WorkQuery, rooms []string) (m
 		w.Agents = append(w.Agents, ActiveAgent{AgentID: k[1], Handle: a.handle, LastActivity: a.any, LastMessageAt: a.msg,
 			LastMessage: a.text, CostToday: decimal.Zero})
 	}
+	stops, cut, err := qr.stops(ictx, q)
+	if err != nil {
+		return nil, false, queryErr(ctx, err, what("read the policy's stops"))
+	}
+	truncated = truncated || cut
+	for k, st := range stops {
+		w := byRoom[k[0]]
+		var last time.Time
+		if a := acts[k]; a != nil {
+			last = a.msg
+		}
+		if w == nil || !st.Holds(last) {
+			continue
+		}
+		i := slices.IndexFunc(w.Agents, func(a ActiveAgent) bool { return a.AgentID == k[1] })
+		if i < 0 {
+			// Stopped before it did anything else in the window that counts as activity.
+			w.Agents = append(w.Agents, ActiveAgent{AgentID: k[1], LastActivity: st.At, CostToday: decimal.Zero})
+			i = len(w.Agents) - 1
+		}
+		w.Agents[i].Stop = st
+	}
 	agentIdx := map[[2]string]*ActiveAgent{}
 	for _, w := range byRoom {
 		slices.SortFunc(w.Agents, func(x, y ActiveAgent) int { return y.LastActivity.Compare(x.LastActivity) })
@@ -451,6 +486,37 @@ func (qr *Querier) roomWork(ctx context.Context, q WorkQuery, rooms []string) (m
 		}
 	}
 	return byRoom, truncated, nil
+}
+
+// stops returns the latest stop of each agent in the rooms of ictx within
+// work.ActiveWindow, from bandplane's own policy.decided events, and whether the read
+// was cut at maxWorkRows (the newest are kept).
+func (qr *Querier) stops(ictx context.Context, q WorkQuery) (map[[2]string]work.Stop, bool, error) {
+	rows, err := qr.conn.Query(ictx, workSQL{qr.db}.stops(), q.OrgID, q.Now.Add(-work.ActiveWindow), maxWorkRows+1)
+	if err != nil {
+		return nil, false, err
+	}
+	defer rows.Close()
+	out := map[[2]string]work.Stop{}
+	for n := 0; rows.Next(); n++ {
+		if n == maxWorkRows {
+			return out, true, nil
+		}
+		var room, agent, source, data string
+		var t time.Time
+		var ms uint16
+		if err := rows.Scan(&room, &agent, &source, &t, &ms, &data); err != nil {
+			return nil, false, err
+		}
+		k := [2]string{room, agent}
+		if _, seen := out[k]; seen || !schema.OwnSource(source) {
+			continue
+		}
+		if st, ok := work.StopOf(withMs(t, ms), []byte(data)); ok {
+			out[k] = st
+		}
+	}
+	return out, false, rows.Err()
 }
 
 // kinds returns the directory kind ("agent" or "user") of each id of orgID it knows.

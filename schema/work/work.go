@@ -210,3 +210,56 @@ func (a *Attention) Resumes(assignee string, at time.Time) bool {
 func (a *Attention) Open(replied, askerTaskUpdate time.Time) bool {
 	return !a.Answers(a.AddressedTo, replied) && !a.Resumes(a.AskerID, askerTaskUpdate)
 }
+
+// StopLoop is the stop the policy's loop guard puts on an agent in a room: its
+// send_message was denied with the policy's code "loop" (policy.CodeLoop), past a
+// chain's depth or a ping-pong between two agents. The board shows it as "stopped: loop".
+const StopLoop = "loop"
+
+// MaxStopReason bounds the reason of a stop kept, in characters.
+const MaxStopReason = 300
+
+// Stop is a stop of an agent in a room: which (StopLoop), since when, and the policy's
+// message.
+type Stop struct {
+	Kind   string
+	At     time.Time
+	Reason string
+}
+
+// StopOf reads the data of a policy.decided event at time at: the stop a denied
+// send_message puts on its agent in its room; ok is false for any other decision, an
+// allowed one, or a deny for another reason (a rate or a budget waits, a loop does not).
+func StopOf(at time.Time, data []byte) (s Stop, ok bool) {
+	var d struct {
+		Decision string `json:"decision"`
+		Allow    bool   `json:"allow"`
+		Reasons  []struct {
+			Code    string `json:"code"`
+			Message string `json:"message"`
+		} `json:"reasons"`
+	}
+	if schema.DecodeData(data, &d) != nil || d.Decision != "send_message" || d.Allow {
+		return Stop{}, false
+	}
+	for _, r := range d.Reasons {
+		if r.Code == StopLoop {
+			return Stop{Kind: StopLoop, At: at, Reason: Cut(r.Message, MaxStopReason)}, true
+		}
+	}
+	return Stop{}, false
+}
+
+// Holds says whether the stop still holds when the agent's latest message in the room
+// was at lastMessage: a stop lasts until the agent posts there again (the policy let
+// it: a person broke the loop, or a new chain began).
+func (s Stop) Holds(lastMessage time.Time) bool {
+	return s.Kind != "" && s.At.After(lastMessage)
+}
+
+// StopSQL is the filter of the events that may be stops, in ClickHouse SQL over the
+// events table (StopOf decides): denied send_message decisions naming the loop code.
+// visitParam* read the first key of the name at any depth: policy/api writes
+// "decision" and "allow" first.
+const StopSQL = `type = '` + schema.TypePolicyDecided + `' AND visitParamExtractString(data, 'decision') = 'send_message'` +
+	` AND visitParamExtractBool(data, 'allow') = 0 AND position(data, '"code":"loop"') > 0`

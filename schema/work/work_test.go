@@ -5,7 +5,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/bandplane/bandplane/schema"
@@ -152,4 +154,33 @@ func TestActive(t *testing.T) {
 	require.True(t, work.Active("user"))
 	require.False(t, work.Active("system"))
 	require.False(t, work.Active(""))
+}
+
+func TestStopOf(t *testing.T) {
+	at := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	s, ok := work.StopOf(at, []byte(`{"decision":"send_message","allow":false,"reasons":[{"code":"loop","message":"loop: chain depth 13 is past max_chain_depth 12"}]}`))
+	require.True(t, ok)
+	assert.Equal(t, work.Stop{Kind: work.StopLoop, At: at, Reason: "loop: chain depth 13 is past max_chain_depth 12"}, s)
+	assert.True(t, s.Holds(time.Time{}))
+	assert.True(t, s.Holds(at.Add(-time.Second)), "a message before the stop")
+	assert.False(t, s.Holds(at), "a message at the stop's time is not before it")
+	assert.False(t, s.Holds(at.Add(time.Second)), "the agent posted again")
+	assert.False(t, work.Stop{}.Holds(time.Time{}))
+
+	long, ok := work.StopOf(at, []byte(`{"decision":"send_message","allow":false,"reasons":[{"code":"loop","message":"`+strings.Repeat("é", 400)+`"}]}`))
+	require.True(t, ok)
+	assert.Equal(t, work.MaxStopReason, utf8.RuneCountInString(long.Reason))
+
+	for name, data := range map[string]string{
+		"allowed":          `{"decision":"send_message","allow":true,"reasons":[{"code":"loop"}]}`,
+		"a budget":         `{"decision":"send_message","allow":false,"reasons":[{"code":"budget_exceeded","message":"loop"}]}`,
+		"another decision": `{"decision":"add_participant","allow":false,"reasons":[{"code":"loop"}]}`,
+		"not json":         `{"decision":"send_message","allow":false,"reasons":[{"code":"loop"}`,
+		"reasons a string": `{"decision":"send_message","allow":false,"reasons":"loop"}`,
+		"code in input":    `{"decision":"send_message","allow":false,"reasons":[{"code":"suspended"}],"input":{"code":"loop"}}`,
+		"empty":            ``,
+	} {
+		_, ok := work.StopOf(at, []byte(data))
+		assert.False(t, ok, name)
+	}
 }
