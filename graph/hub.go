@@ -434,6 +434,15 @@ func (h *Hub) apply(ev *schema.Event, quiet bool) {
 		if quiet {
 			return
 		}
+		if st, ok := work.StopOf(ev.Time, ev.Data); ok && ev.RoomID != "" && ev.Actor.ID != "" && schema.OwnSource(ev.Source) {
+			id := ev.Actor.ID
+			w := &model.WorkStatusChange{Kind: model.WorkChangeKindAgentStopped, RoomID: ev.RoomID, Time: ev.Time, EventID: &evID,
+				AgentID: &id, Stopped: &st.Kind, StopReason: &st.Reason}
+			if handle, _, ok := h.handle(org, id); ok {
+				w.AgentHandle = &handle
+			}
+			publish(&change{work: w})
+		}
 		var d struct {
 			Allow bool `json:"allow"`
 		}
@@ -462,7 +471,7 @@ func (h *Hub) apply(ev *schema.Event, quiet bool) {
 			SpentTokens: x.SpentTokens, SpentCost: x.SpentCost, ReservedTokens: x.ReservedTokens, ReservedCost: x.ReservedCost,
 			ProjectedTokens: x.SpentTokens, ProjectedCost: x.SpentCost}
 		b := budgetModel(st, h.cfg.Currency)
-		if x.Budget.Scope == policy.ScopeOwner || x.Budget.Scope == policy.ScopeAgent {
+		if x.Budget.Scope == policy.ScopeOwner || x.Budget.Scope == policy.ScopeAgent || x.Budget.Scope == policy.ScopeInitiator {
 			if handle, _, ok := h.handle(org, x.Budget.ScopeID); ok {
 				b.ScopeName = &handle
 			}

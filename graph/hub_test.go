@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/bandplane/bandplane/graph/model"
@@ -334,4 +335,37 @@ func TestHubBudgetCrossings(t *testing.T) {
 	delivered, dropped := h.Stats()
 	require.Equal(t, int64(1), delivered, "a second crossing")
 	require.Zero(t, dropped)
+}
+
+// A send_message denied by the loop guard, bandplane's own decision, stops its agent
+// in its room on the board (AGENT_STOPPED, with the policy's reason); a deny for
+// another reason, or a decision from any other source, stops nothing.
+func TestHubLoopStops(t *testing.T) {
+	clk := &clock{t: time.Date(2026, 1, 1, 10, 0, 0, 0, time.UTC)}
+	h := NewHub(HubConfig{Now: clk.now, Handles: fakeHandles{"org-a/a1": "lead/coder"}})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	board, err := h.subscribe(ctx, "k", "org-a", "r1", subWork, nil)
+	require.NoError(t, err)
+	other, err := h.subscribe(ctx, "k2", "org-b", "", subWork, nil)
+	require.NoError(t, err)
+	require.Equal(t, policy.CodeLoop, work.StopLoop, "the board's stop is the policy's code")
+
+	decided := func(id, source, code string) *schema.Event {
+		ev := liveEvent(id, schema.TypePolicyDecided, clk.now(), "org-a", "r1", "a1", schema.ActorAgent, map[string]any{
+			"decision": "send_message", "allow": false, "reasons": []map[string]string{{"code": code, "message": code + ": past max_handoffs 6"}}})
+		ev.Source = source
+		return ev
+	}
+	h.Publish(decided("d1", schema.SourceBandplane+"/policy", policy.CodeLoop))
+	c := next(t, board)
+	require.NotNil(t, c.work)
+	assert.Equal(t, model.WorkChangeKindAgentStopped, c.work.Kind)
+	assert.Equal(t, [4]string{"r1", "a1", "lead/coder", "loop"}, [4]string{c.work.RoomID, *c.work.AgentID, *c.work.AgentHandle, *c.work.Stopped})
+	assert.Equal(t, "loop: past max_handoffs 6", *c.work.StopReason)
+	quiet(t, other)
+
+	h.Publish(decided("d2", schema.SourceBandplane+"/policy", policy.CodeRateLimited))
+	h.Publish(decided("d3", "platform", policy.CodeLoop))
+	quiet(t, board)
 }

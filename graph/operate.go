@@ -60,6 +60,7 @@ func (r *Resolver) operatorError(ctx context.Context, err error) error {
 var budgetScopes = map[model.BudgetScope]policy.BudgetScope{
 	model.BudgetScopeOrg: policy.ScopeOrg, model.BudgetScopeOwner: policy.ScopeOwner,
 	model.BudgetScopeAgent: policy.ScopeAgent, model.BudgetScopeRoom: policy.ScopeRoom,
+	model.BudgetScopeInitiator: policy.ScopeInitiator,
 }
 
 var budgetPeriods = map[model.BudgetPeriod]policy.Period{model.BudgetPeriodDay: policy.PeriodDay, model.BudgetPeriodMonth: policy.PeriodMonth}
@@ -83,6 +84,7 @@ func micros(n int64) string { return decimal.New(n, -6).StringFixed(6) }
 var scopeModels = map[policy.BudgetScope]model.BudgetScope{
 	policy.ScopeOrg: model.BudgetScopeOrg, policy.ScopeOwner: model.BudgetScopeOwner,
 	policy.ScopeAgent: model.BudgetScopeAgent, policy.ScopeRoom: model.BudgetScopeRoom,
+	policy.ScopeInitiator: model.BudgetScopeInitiator,
 }
 
 // budgetModel is a budget with its spend; n names its scope (nil: no names).
@@ -92,7 +94,9 @@ func (r *Resolver) budgetModel(s policy.BudgetStatus, n *names) model.Budget {
 		switch s.Scope {
 		case policy.ScopeRoom:
 			m.ScopeName = n.room(s.ScopeID)
-		case policy.ScopeOwner, policy.ScopeAgent:
+		case policy.ScopeOwner, policy.ScopeAgent, policy.ScopeInitiator:
+			// An initiator the organization's directory does not know (a system, or
+			// another organization's person) has no name here.
 			n.party(s.ScopeID, &m.ScopeName, nil)
 		}
 	}

@@ -405,6 +405,9 @@ func (r *queryResolver) WorkStatus(ctx context.Context, orgID *string, roomID *s
 				h := a.Handle
 				am.AgentHandle = &h
 			}
+			if a.Stop.Kind != "" {
+				am.Stopped, am.StoppedSince, am.StopReason = optString(a.Stop.Kind), optTime(a.Stop.At), optString(a.Stop.Reason)
+			}
 			m.Agents[j] = am
 		}
 		out.Rooms[i] = m

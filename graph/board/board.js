@@ -39,7 +39,7 @@
       roomName
       tasks { id roomId title status assigneeId assigneeHandle assigneeName createdAt updatedAt lastActivity stuck stuckSince }
       attention { id roomId roomName askedBy askedByHandle askedByName addressedTo addressedToHandle addressedToName question since ageSeconds }
-      agents { agentId agentHandle agentName lastActivity lastMessageAt lastMessage messagesToday costToday currency }
+      agents { agentId agentHandle agentName lastActivity lastMessageAt lastMessage messagesToday costToday currency stopped stoppedSince stopReason }
     }
   }
 }`;
@@ -51,6 +51,8 @@
     eventId
     agentId
     agentHandle
+    stopped
+    stopReason
     task { id roomId title status assigneeId assigneeHandle assigneeName createdAt updatedAt lastActivity stuck stuckSince }
     attention { id roomId roomName askedBy askedByHandle askedByName addressedTo addressedToHandle addressedToName question since ageSeconds }
   }
@@ -251,6 +253,14 @@
         agent.lastActivity = mine.lastActivity;
         agent.epoch = epoch;
       }
+      if (mine && mine.epoch === epoch && mine.stopped && ms(mine.stoppedSince) > ms(g.stoppedSince) &&
+          ms(mine.stoppedSince) > ms(g.lastMessageAt)) {
+        // A stop that came live after the snapshot was read.
+        agent.stopped = mine.stopped;
+        agent.stoppedSince = mine.stoppedSince;
+        agent.stopReason = mine.stopReason;
+        agent.epoch = epoch;
+      }
       room.agents.set(g.agentId, agent);
     }
     if (local) {
@@ -418,6 +428,10 @@
             if (ms(c.time) > ms(mine.lastActivity)) {
               mine.lastActivity = c.time;
             }
+            if (mine.stopped && ms(c.time) > ms(mine.stoppedSince)) {
+              // It posted again: the policy let it, the stop is over.
+              mine.stopped = mine.stoppedSince = mine.stopReason = null;
+            }
             mine.epoch = epoch;
           } else {
             room.agents.set(c.agentId, {
@@ -428,6 +442,26 @@
         }
         // The figures (messages and cost today, the last message) come with the room.
         scheduleRoomRefetch(c.roomId, false);
+        break;
+      }
+      case "AGENT_STOPPED": {
+        if (c.agentId) {
+          const room = ensureRoom(c.roomId, null);
+          let mine = room.agents.get(c.agentId);
+          if (!mine) {
+            mine = {
+              agentId: c.agentId, agentHandle: c.agentHandle || null, agentName: null,
+              lastActivity: c.time, lastMessageAt: null, lastMessage: null, messagesToday: null, costToday: null, currency: null,
+            };
+            room.agents.set(c.agentId, mine);
+          }
+          if (!mine.lastMessageAt || ms(c.time) > ms(mine.lastMessageAt)) {
+            mine.stopped = c.stopped;
+            mine.stoppedSince = c.time;
+            mine.stopReason = c.stopReason || null;
+          }
+          mine.epoch = epoch;
+        }
         break;
       }
       default:
@@ -915,6 +949,15 @@
       head.append(" ", el("span", "agent-name", g.agentName));
     }
     head.append(" · ", age("active", g.lastActivity, "active ", " ago"));
+    if (g.stopped) {
+      // textContent only, like everything else here: the reason names chat ids.
+      li.classList.add("stopped");
+      const badge = el("span", "stopped-badge", "stopped: " + g.stopped);
+      if (g.stopReason) {
+        badge.title = g.stopReason;
+      }
+      head.append(" ", badge);
+    }
     li.append(head);
     const figures = [];
     if (g.messagesToday !== null && g.messagesToday !== undefined) {

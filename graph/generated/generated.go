@@ -47,6 +47,9 @@ type ComplexityRoot struct {
 		LastMessage   func(childComplexity int) int
 		LastMessageAt func(childComplexity int) int
 		MessagesToday func(childComplexity int) int
+		StopReason    func(childComplexity int) int
+		Stopped       func(childComplexity int) int
+		StoppedSince  func(childComplexity int) int
 	}
 
 	Agent struct {
@@ -465,6 +468,8 @@ type ComplexityRoot struct {
 		EventID     func(childComplexity int) int
 		Kind        func(childComplexity int) int
 		RoomID      func(childComplexity int) int
+		StopReason  func(childComplexity int) int
+		Stopped     func(childComplexity int) int
 		Task        func(childComplexity int) int
 		Time        func(childComplexity int) int
 	}
@@ -578,6 +583,24 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.ActiveAgent.MessagesToday(childComplexity), true
+	case "ActiveAgent.stopReason":
+		if e.ComplexityRoot.ActiveAgent.StopReason == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ActiveAgent.StopReason(childComplexity), true
+	case "ActiveAgent.stopped":
+		if e.ComplexityRoot.ActiveAgent.Stopped == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ActiveAgent.Stopped(childComplexity), true
+	case "ActiveAgent.stoppedSince":
+		if e.ComplexityRoot.ActiveAgent.StoppedSince == nil {
+			break
+		}
+
+		return e.ComplexityRoot.ActiveAgent.StoppedSince(childComplexity), true
 
 	case "Agent.handle":
 		if e.ComplexityRoot.Agent.Handle == nil {
@@ -2566,6 +2589,18 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.WorkStatusChange.RoomID(childComplexity), true
+	case "WorkStatusChange.stopReason":
+		if e.ComplexityRoot.WorkStatusChange.StopReason == nil {
+			break
+		}
+
+		return e.ComplexityRoot.WorkStatusChange.StopReason(childComplexity), true
+	case "WorkStatusChange.stopped":
+		if e.ComplexityRoot.WorkStatusChange.Stopped == nil {
+			break
+		}
+
+		return e.ComplexityRoot.WorkStatusChange.Stopped(childComplexity), true
 	case "WorkStatusChange.task":
 		if e.ComplexityRoot.WorkStatusChange.Task == nil {
 			break
@@ -3134,6 +3169,16 @@ type ActiveAgent {
   "Exact decimal cost of its usage in the room today (UTC)."
   costToday: String!
   currency: String!
+  """
+  Why the policy stops it in the room, when it does: "loop" when the loop guard denied
+  its latest message there (a chain too deep, or a ping-pong between two agents) and
+  it has posted nothing since. The board shows "stopped: loop". Null when not stopped.
+  """
+  stopped: String
+  "When the stop began (the denied decision's time)."
+  stoppedSince: Time
+  "The policy's reason for the stop, at most 300 characters."
+  stopReason: String
 }
 
 "What is going on in one room."
@@ -3198,12 +3243,21 @@ type Room {
   openAttention: Int!
 }
 
-"What a budget counts: one organization, owner, agent or room (within the organization)."
+"""
+What a budget counts: one organization, owner, agent or room (within the organization),
+or everything one initiator set going, whichever agent, owner or organization ran it.
+"""
 enum BudgetScope {
   ORG
   OWNER
   AGENT
   ROOM
+  """
+  A person or agent of the organization (their requests' spend across agents, owners
+  and organizations), or a system initiator such as "schedule" (what it sets going in
+  the organization).
+  """
+  INITIATOR
 }
 
 "The stretch a budget's spend is counted over: the UTC day or the UTC calendar month."
@@ -3221,7 +3275,7 @@ enum BudgetMode {
 "A budget to set. At least one of tokens and cost."
 input BudgetInput {
   scope: BudgetScope!
-  "The owner, agent or room the budget counts; left out for ORG."
+  "The owner, agent, room or initiator the budget counts; left out for ORG."
   scopeId: ID
   period: BudgetPeriod!
   "Token limit; null or 0: none."
@@ -3239,7 +3293,7 @@ type Budget {
   id: ID!
   scope: BudgetScope!
   scopeId: ID!
-  "The owner's or agent's @handle, or the room's title, when known."
+  "The owner's, agent's or initiator's @handle, or the room's title, when the organization's directory knows it."
   scopeName: String
   period: BudgetPeriod!
   mode: BudgetMode!
@@ -3466,6 +3520,8 @@ enum WorkChangeKind {
   ATTENTION_OPENED
   ATTENTION_CLOSED
   AGENT_ACTIVE
+  "The policy stopped an agent in the room (stopped, stopReason); its next message ends the stop."
+  AGENT_STOPPED
 }
 
 "One change of a room's work status, with the room's status after it."
@@ -3479,9 +3535,12 @@ type WorkStatusChange {
   task: Task
   "The request opened or closed, for ATTENTION_*."
   attention: AttentionRequest
-  "The agent, for AGENT_ACTIVE."
+  "The agent, for AGENT_ACTIVE and AGENT_STOPPED."
   agentId: ID
   agentHandle: String
+  "For AGENT_STOPPED: the stop (\"loop\") and the policy's reason."
+  stopped: String
+  stopReason: String
 }
 
 "A denied policy decision, as it happened."
@@ -3527,6 +3586,12 @@ func (ec *executionContext) childFields_ActiveAgent(ctx context.Context, field g
 		return ec.fieldContext_ActiveAgent_costToday(ctx, field)
 	case "currency":
 		return ec.fieldContext_ActiveAgent_currency(ctx, field)
+	case "stopped":
+		return ec.fieldContext_ActiveAgent_stopped(ctx, field)
+	case "stoppedSince":
+		return ec.fieldContext_ActiveAgent_stoppedSince(ctx, field)
+	case "stopReason":
+		return ec.fieldContext_ActiveAgent_stopReason(ctx, field)
 	}
 	return nil, fmt.Errorf("no field named %q was found under type ActiveAgent", field.Name)
 }
@@ -4299,6 +4364,10 @@ func (ec *executionContext) childFields_WorkStatusChange(ctx context.Context, fi
 		return ec.fieldContext_WorkStatusChange_agentId(ctx, field)
 	case "agentHandle":
 		return ec.fieldContext_WorkStatusChange_agentHandle(ctx, field)
+	case "stopped":
+		return ec.fieldContext_WorkStatusChange_stopped(ctx, field)
+	case "stopReason":
+		return ec.fieldContext_WorkStatusChange_stopReason(ctx, field)
 	}
 	return nil, fmt.Errorf("no field named %q was found under type WorkStatusChange", field.Name)
 }
@@ -5549,6 +5618,75 @@ func (ec *executionContext) _ActiveAgent_currency(ctx context.Context, field gra
 	)
 }
 func (ec *executionContext) fieldContext_ActiveAgent_currency(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("ActiveAgent", field, false, false, "String")
+}
+
+func (ec *executionContext) _ActiveAgent_stopped(ctx context.Context, field graphql.CollectedField, obj *model.ActiveAgent) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ActiveAgent_stopped(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Stopped, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_ActiveAgent_stopped(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("ActiveAgent", field, false, false, "String")
+}
+
+func (ec *executionContext) _ActiveAgent_stoppedSince(ctx context.Context, field graphql.CollectedField, obj *model.ActiveAgent) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ActiveAgent_stoppedSince(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.StoppedSince, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *time.Time) graphql.Marshaler {
+			return ec.marshalOTime2ᚖtimeᚐTime(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_ActiveAgent_stoppedSince(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("ActiveAgent", field, false, false, "Time")
+}
+
+func (ec *executionContext) _ActiveAgent_stopReason(ctx context.Context, field graphql.CollectedField, obj *model.ActiveAgent) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_ActiveAgent_stopReason(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.StopReason, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_ActiveAgent_stopReason(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
 	return graphql.NewScalarFieldContext("ActiveAgent", field, false, false, "String")
 }
 
@@ -13470,6 +13608,52 @@ func (ec *executionContext) fieldContext_WorkStatusChange_agentHandle(_ context.
 	return graphql.NewScalarFieldContext("WorkStatusChange", field, false, false, "String")
 }
 
+func (ec *executionContext) _WorkStatusChange_stopped(ctx context.Context, field graphql.CollectedField, obj *model.WorkStatusChange) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_WorkStatusChange_stopped(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Stopped, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_WorkStatusChange_stopped(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("WorkStatusChange", field, false, false, "String")
+}
+
+func (ec *executionContext) _WorkStatusChange_stopReason(ctx context.Context, field graphql.CollectedField, obj *model.WorkStatusChange) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_WorkStatusChange_stopReason(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.StopReason, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_WorkStatusChange_stopReason(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("WorkStatusChange", field, false, false, "String")
+}
+
 func (ec *executionContext) ___Directive_name(ctx context.Context, field graphql.CollectedField, obj *introspection.Directive) (ret graphql.Marshaler) {
 	return graphql.ResolveField(
 		ctx,
@@ -14850,6 +15034,21 @@ func (ec *executionContext) _ActiveAgent(ctx context.Context, sel ast.SelectionS
 		case "currency":
 			out.Values[i] = ec._ActiveAgent_currency(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "stopped":
+			out.Values[i] = ec._ActiveAgent_stopped(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "stoppedSince":
+			out.Values[i] = ec._ActiveAgent_stoppedSince(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "stopReason":
+			out.Values[i] = ec._ActiveAgent_stopReason(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
 				out.Invalids++
 			}
 		default:
@@ -17478,6 +17677,16 @@ func (ec *executionContext) _WorkStatusChange(ctx context.Context, sel ast.Selec
 			}
 		case "agentHandle":
 			out.Values[i] = ec._WorkStatusChange_agentHandle(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "stopped":
+			out.Values[i] = ec._WorkStatusChange_stopped(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "stopReason":
+			out.Values[i] = ec._WorkStatusChange_stopReason(ctx, field, obj)
 			if out.Values[i] == graphql.RequiredNull {
 				out.Invalids++
 			}

@@ -24,6 +24,14 @@ type ActiveAgent struct {
 	// Exact decimal cost of its usage in the room today (UTC).
 	CostToday string `json:"costToday"`
 	Currency  string `json:"currency"`
+	// Why the policy stops it in the room, when it does: "loop" when the loop guard denied
+	// its latest message there (a chain too deep, or a ping-pong between two agents) and
+	// it has posted nothing since. The board shows "stopped: loop". Null when not stopped.
+	Stopped *string `json:"stopped,omitempty"`
+	// When the stop began (the denied decision's time).
+	StoppedSince *time.Time `json:"stoppedSince,omitempty"`
+	// The policy's reason for the stop, at most 300 characters.
+	StopReason *string `json:"stopReason,omitempty"`
 }
 
 // An agent of the organization, with how its tools are doing.
@@ -118,7 +126,7 @@ type Budget struct {
 	ID      string      `json:"id"`
 	Scope   BudgetScope `json:"scope"`
 	ScopeID string      `json:"scopeId"`
-	// The owner's or agent's @handle, or the room's title, when known.
+	// The owner's, agent's or initiator's @handle, or the room's title, when the organization's directory knows it.
 	ScopeName *string      `json:"scopeName,omitempty"`
 	Period    BudgetPeriod `json:"period"`
 	Mode      BudgetMode   `json:"mode"`
@@ -155,7 +163,7 @@ type BudgetCrossing struct {
 // A budget to set. At least one of tokens and cost.
 type BudgetInput struct {
 	Scope BudgetScope `json:"scope"`
-	// The owner, agent or room the budget counts; left out for ORG.
+	// The owner, agent, room or initiator the budget counts; left out for ORG.
 	ScopeID *string      `json:"scopeId,omitempty"`
 	Period  BudgetPeriod `json:"period"`
 	// Token limit; null or 0: none.
@@ -594,9 +602,12 @@ type WorkStatusChange struct {
 	Task *Task `json:"task,omitempty"`
 	// The request opened or closed, for ATTENTION_*.
 	Attention *AttentionRequest `json:"attention,omitempty"`
-	// The agent, for AGENT_ACTIVE.
+	// The agent, for AGENT_ACTIVE and AGENT_STOPPED.
 	AgentID     *string `json:"agentId,omitempty"`
 	AgentHandle *string `json:"agentHandle,omitempty"`
+	// For AGENT_STOPPED: the stop ("loop") and the policy's reason.
+	Stopped    *string `json:"stopped,omitempty"`
+	StopReason *string `json:"stopReason,omitempty"`
 }
 
 // A hard budget denies send_message decisions that would pass it; a soft one only alerts.
@@ -711,7 +722,8 @@ func (e BudgetPeriod) MarshalJSON() ([]byte, error) {
 	return buf.Bytes(), nil
 }
 
-// What a budget counts: one organization, owner, agent or room (within the organization).
+// What a budget counts: one organization, owner, agent or room (within the organization),
+// or everything one initiator set going, whichever agent, owner or organization ran it.
 type BudgetScope string
 
 const (
@@ -719,6 +731,10 @@ const (
 	BudgetScopeOwner BudgetScope = "OWNER"
 	BudgetScopeAgent BudgetScope = "AGENT"
 	BudgetScopeRoom  BudgetScope = "ROOM"
+	// A person or agent of the organization (their requests' spend across agents, owners
+	// and organizations), or a system initiator such as "schedule" (what it sets going in
+	// the organization).
+	BudgetScopeInitiator BudgetScope = "INITIATOR"
 )
 
 var AllBudgetScope = []BudgetScope{
@@ -726,11 +742,12 @@ var AllBudgetScope = []BudgetScope{
 	BudgetScopeOwner,
 	BudgetScopeAgent,
 	BudgetScopeRoom,
+	BudgetScopeInitiator,
 }
 
 func (e BudgetScope) IsValid() bool {
 	switch e {
-	case BudgetScopeOrg, BudgetScopeOwner, BudgetScopeAgent, BudgetScopeRoom:
+	case BudgetScopeOrg, BudgetScopeOwner, BudgetScopeAgent, BudgetScopeRoom, BudgetScopeInitiator:
 		return true
 	}
 	return false
@@ -1092,6 +1109,8 @@ const (
 	WorkChangeKindAttentionOpened WorkChangeKind = "ATTENTION_OPENED"
 	WorkChangeKindAttentionClosed WorkChangeKind = "ATTENTION_CLOSED"
 	WorkChangeKindAgentActive     WorkChangeKind = "AGENT_ACTIVE"
+	// The policy stopped an agent in the room (stopped, stopReason); its next message ends the stop.
+	WorkChangeKindAgentStopped WorkChangeKind = "AGENT_STOPPED"
 )
 
 var AllWorkChangeKind = []WorkChangeKind{
@@ -1100,11 +1119,12 @@ var AllWorkChangeKind = []WorkChangeKind{
 	WorkChangeKindAttentionOpened,
 	WorkChangeKindAttentionClosed,
 	WorkChangeKindAgentActive,
+	WorkChangeKindAgentStopped,
 }
 
 func (e WorkChangeKind) IsValid() bool {
 	switch e {
-	case WorkChangeKindTask, WorkChangeKindTaskStuck, WorkChangeKindAttentionOpened, WorkChangeKindAttentionClosed, WorkChangeKindAgentActive:
+	case WorkChangeKindTask, WorkChangeKindTaskStuck, WorkChangeKindAttentionOpened, WorkChangeKindAttentionClosed, WorkChangeKindAgentActive, WorkChangeKindAgentStopped:
 		return true
 	}
 	return false
