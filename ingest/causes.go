@@ -3,7 +3,6 @@ package ingest
 import (
 	"context"
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/bandplane/bandplane/schema"
@@ -82,22 +81,11 @@ func linkOf(c store.Chain) cause.Link {
 }
 
 // causeRow is the stored link of an event.
-func causeRow(ev *schema.Event, l cause.Link) store.CauseRow {
+func causeRow(ev *schema.Event, o cause.Observation) store.CauseRow {
 	r := store.CauseRow{EventID: ev.ID, Time: ev.Time, Type: ev.Type, OrgID: ev.OrgID, RoomID: ev.RoomID,
-		ActorID: ev.Actor.ID, ActorType: string(ev.Actor.Type), ExecutionID: ev.ExecutionID, Chain: ChainOf(l)}
-	if ev.Type == schema.TypeMessageCreated || ev.Type == schema.TypeMessageUpdated {
-		var d schema.MessageData
-		if schema.DecodeData(ev.Data, &d) == nil {
-			r.MessageID = d.MessageID
-			if r.MessageID == "" {
-				r.MessageID = ev.ID
-			}
-			for _, m := range d.Mentions {
-				if m.ID != "" && m.ID != ev.Actor.ID && !slices.Contains(r.Mentions, m.ID) {
-					r.Mentions = append(r.Mentions, m.ID)
-				}
-			}
-		}
+		ActorID: ev.Actor.ID, ActorType: string(ev.Actor.Type), ExecutionID: ev.ExecutionID, Chain: ChainOf(o.Link)}
+	if o.Message != nil {
+		r.MessageID, r.Mentions = o.Message.MessageID, o.Message.Mentions
 	}
 	return r
 }

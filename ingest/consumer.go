@@ -858,14 +858,14 @@ func (c *Consumer) toRows(p *pending, ev *schema.Event, rec int32, now time.Time
 			c.m.Unpriced.Inc()
 		}
 	}
-	if l, res, ok := c.tracker.Observe(ev, nil); ok {
-		c.m.Links.WithLabelValues(l.Source()).Inc()
+	if o, ok := c.tracker.Observe(ev, nil); ok {
+		c.m.Links.WithLabelValues(o.Link.Source()).Inc()
 		if usage != nil {
-			usage.Chain = ChainOf(l)
+			usage.Chain = ChainOf(o.Link)
 		}
-		p.batch.Causes = append(p.batch.Causes, causeRow(ev, l))
+		p.batch.Causes = append(p.batch.Causes, causeRow(ev, o))
 		p.causeRec = append(p.causeRec, rec)
-		p.resolved = append(p.resolved, res...)
+		p.resolved = append(p.resolved, o.Resolved...)
 	}
 	if usage != nil {
 		p.batch.Usage = append(p.batch.Usage, *usage)

@@ -96,12 +96,12 @@ func EventRow(ev *schema.Event, owner string, partition int32, offset int64) sto
 }
 
 // Rows is what ingest stores for one event, without Kafka coordinates: directory events
-// update dir first, then the event is enriched and priced, and its usage linked to its
-// cause by tr (nil: unlinked). The benchmarks build their raw rows with it.
-func Rows(ev *schema.Event, dir *directory.Directory, cat *pricing.Catalog, tr *cause.Tracker) (store.EventRow, *store.UsageRow, error) {
+// update dir first, then the event is enriched and priced, and linked to its cause by
+// tr (nil: unlinked, and no cause row). The benchmarks build their raw rows with it.
+func Rows(ev *schema.Event, dir *directory.Directory, cat *pricing.Catalog, tr *cause.Tracker) (store.EventRow, *store.UsageRow, *store.CauseRow, error) {
 	if schema.IsDirectoryType(ev.Type) {
 		if _, err := dir.Apply(ev); err != nil {
-			return store.EventRow{}, nil, err
+			return store.EventRow{}, nil, nil, err
 		}
 	}
 	owner := Enrich(ev, dir)
@@ -109,14 +109,19 @@ func Rows(ev *schema.Event, dir *directory.Directory, cat *pricing.Catalog, tr *
 	if ev.Type == schema.TypeUsageReported {
 		row, err := UsageRow(ev, owner, dir, cat)
 		if err != nil {
-			return store.EventRow{}, nil, err
+			return store.EventRow{}, nil, nil, err
 		}
 		u = &row
 	}
+	var c *store.CauseRow
 	if tr != nil {
-		if l, _, ok := tr.Observe(ev, nil); ok && u != nil {
-			u.Chain = ChainOf(l)
+		if o, ok := tr.Observe(ev, nil); ok {
+			row := causeRow(ev, o)
+			c = &row
+			if u != nil {
+				u.Chain = row.Chain
+			}
 		}
 	}
-	return EventRow(ev, owner, 0, 0), u, nil
+	return EventRow(ev, owner, 0, 0), u, c, nil
 }

@@ -226,16 +226,20 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	return res, nil
 }
 
+// rowBatches builds the rows the pipeline writes for events, in batches of size: the
+// events, their usage linked to its cause, and the cause links (the work-status rows
+// BatchInsert derives itself).
 func rowBatches(events []schema.Event, size int) ([]*store.Batch, int, error) {
 	var out []*store.Batch
 	cat := pricing.Default()
 	dir := directory.New()
+	links := ingest.NewTracker(dir)
 	usage := 0
 	for i := 0; i < len(events); i += size {
 		b := &store.Batch{}
 		for j := i; j < min(i+size, len(events)); j++ {
 			ev := events[j] // Rows enriches its argument; keep the workload as produced
-			r, u, err := ingest.Rows(&ev, dir, cat, nil)
+			r, u, c, err := ingest.Rows(&ev, dir, cat, links)
 			if err != nil {
 				return nil, 0, err
 			}
@@ -243,6 +247,9 @@ func rowBatches(events []schema.Event, size int) ([]*store.Batch, int, error) {
 			if u != nil {
 				b.Usage = append(b.Usage, *u)
 				usage++
+			}
+			if c != nil {
+				b.Causes = append(b.Causes, *c)
 			}
 		}
 		out = append(out, b)

@@ -34,7 +34,7 @@
 package cause
 
 import (
-	"encoding/json"
+	"bytes"
 	"slices"
 	"strings"
 	"time"
@@ -205,31 +205,57 @@ func explicit(f *fields) (msg, source string) {
 	return msg, source
 }
 
-// Observe returns the link of ev (ok false for an event that gets none, see Linked)
-// and the pending events this one resolves, when it is the late trigger they named.
-// mentioned resolves a mention without an id (the platform sometimes sends only a
-// handle) to an agent id; nil: such mentions are ignored.
-func (t *Tracker) Observe(ev *schema.Event, mentioned func(handle string) string) (Link, []Resolution, bool) {
+// Observation is what Observe makes of an event.
+type Observation struct {
+	Link Link
+	// Message is the event as the Tracker remembers a message (its platform id, the
+	// agents it mentions), which ingest stores beside its link; nil for an event that
+	// is no message.
+	Message *Message
+	// Resolved are the pending events that this message resolves, as the late trigger
+	// they named.
+	Resolved []Resolution
+}
+
+// Observe returns what ev's link is (ok false for an event that gets none, see
+// Linked). mentioned resolves a mention without an id (the platform sometimes sends
+// only a handle) to an agent id; nil: such mentions are ignored.
+func (t *Tracker) Observe(ev *schema.Event, mentioned func(handle string) string) (Observation, bool) {
 	if !Linked(ev) {
-		return Link{}, nil, false
+		return Observation{}, false
 	}
-	var f fields
-	if len(ev.Data) > 0 {
-		_ = json.Unmarshal(ev.Data, &f) // data that is no object has no link fields
-	}
+	f := decodeFields(ev)
 	t.sweep(ev.Time)
-	var l Link
+	var o Observation
 	if ev.Actor.Type == schema.ActorUser {
 		org, owner := t.who(ev.Actor)
-		l = Link{Initiator: ev.Actor, InitiatorOrg: org, InitiatorOwner: owner, Explicit: true}
+		o.Link = Link{Initiator: ev.Actor, InitiatorOrg: org, InitiatorOwner: owner, Explicit: true}
 	} else {
-		l = t.agentLink(ev, &f)
+		o.Link = t.agentLink(ev, &f)
 	}
-	var resolved []Resolution
 	if isMessage(ev.Type) {
-		resolved = t.remember(ev, &f, l, mentioned)
+		o.Message = message(ev, &f, o.Link, mentioned)
+		o.Resolved = t.Remember(*o.Message)
 	}
-	return l, resolved, true
+	return o, true
+}
+
+var (
+	triggerKey = []byte(`"trigger`) // data.trigger and metadata.trigger_message_id, trigger_source
+	escape     = []byte(`\u`)
+)
+
+// decodeFields decodes what a link needs of ev's data. A message needs its id and
+// mentions; any other event only an explicit trigger, which most do not carry, so
+// their data is decoded only when it holds the key (or an escape, which could spell
+// it).
+func decodeFields(ev *schema.Event) fields {
+	var f fields
+	if len(ev.Data) == 0 || !isMessage(ev.Type) && !bytes.Contains(ev.Data, triggerKey) && !bytes.Contains(ev.Data, escape) {
+		return f
+	}
+	_ = schema.DecodeData(ev.Data, &f) // data that is no object has no link fields
+	return f
 }
 
 func (t *Tracker) agentLink(ev *schema.Event, f *fields) Link {
@@ -279,26 +305,25 @@ func child(parent Link, trigger string, explicit bool) Link {
 		Pending: parent.Pending}
 }
 
-// remember records a message: its link, for explicit triggers that name it, and its
-// mentions, for inference. It returns the pending events it resolves.
-func (t *Tracker) remember(ev *schema.Event, f *fields, l Link, mentioned func(string) string) []Resolution {
-	msgID := f.MessageID
-	if msgID == "" {
-		msgID = ev.ID
+// message is ev as the Tracker remembers a message: its platform id (its event id when
+// it has none) and, for a new one, the agents it mentions, each once.
+func message(ev *schema.Event, f *fields, l Link, mentioned func(string) string) *Message {
+	m := &Message{Room: ev.RoomID, EventID: ev.ID, MessageID: f.MessageID, Time: ev.Time, Link: l}
+	if m.MessageID == "" {
+		m.MessageID = ev.ID
 	}
-	var agents []string
 	if ev.Type == schema.TypeMessageCreated {
-		for _, m := range f.Mentions {
-			id := m.ID
-			if id == "" && mentioned != nil && m.Handle != "" {
-				id = mentioned(m.Handle)
+		for _, x := range f.Mentions {
+			id := x.ID
+			if id == "" && mentioned != nil && x.Handle != "" {
+				id = mentioned(x.Handle)
 			}
-			if id != "" && id != ev.Actor.ID {
-				agents = append(agents, id)
+			if id != "" && id != ev.Actor.ID && !slices.Contains(m.Mentions, id) {
+				m.Mentions = append(m.Mentions, id)
 			}
 		}
 	}
-	return t.Remember(Message{Room: ev.RoomID, EventID: ev.ID, MessageID: msgID, Time: ev.Time, Mentions: agents, Link: l})
+	return m
 }
 
 // Message is a message as the Tracker keeps it: what Warm is given of the messages

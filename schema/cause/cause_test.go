@@ -42,14 +42,14 @@ func (w *world) ev(actor schema.Party, typ string, at time.Duration, data any) *
 }
 
 func (w *world) observe(ev *schema.Event) (Link, []Resolution) {
-	l, res, ok := w.tr.Observe(ev, func(h string) string {
+	o, ok := w.tr.Observe(ev, func(h string) string {
 		if h == "coder-handle" {
 			return "coder"
 		}
 		return ""
 	})
 	require.True(w.t, ok, "%s by %s gets a link", ev.Type, ev.Actor.ID)
-	return l, res
+	return o.Link, o.Resolved
 }
 
 var (
@@ -110,6 +110,37 @@ func TestExplicitTriggerWinsAndStaysExplicit(t *testing.T) {
 	assert.Equal(t, "m9", l.Trigger)
 	assert.Equal(t, "e2", l.TriggerEvent)
 	assert.True(t, l.Explicit)
+}
+
+// A trigger key spelled with an escape is still the trigger: the check that skips
+// decoding the data of most events does not miss it.
+func TestEscapedTriggerKeyIsRead(t *testing.T) {
+	w := newWorld(t)
+	w.observe(w.ev(alice, schema.TypeMessageCreated, 0, msg("m1", "coder")))
+	w.observe(w.ev(alice, schema.TypeMessageCreated, time.Second, msg("m2", "coder")))
+	ev := w.ev(coder, schema.TypeUsageReported, 2*time.Second, nil)
+	ev.Data = []byte(`{"input_tokens":1,"\u0074rigger":{"message_id":"m1"}}`)
+	l, _ := w.observe(ev)
+	assert.Equal(t, "m1", l.Trigger)
+	assert.True(t, l.Explicit)
+}
+
+// A message's observation carries what the causes table keeps of it: its platform id
+// and each agent it mentions once, never its author.
+func TestObservationOfAMessage(t *testing.T) {
+	tr := New(who, 0, 0)
+	ev := schema.Event{ID: "e1", Type: schema.TypeMessageCreated, Time: t0, RoomID: "r", Actor: coder,
+		Data: []byte(`{"message_id":"m1","mentions":[{"id":"reviewer"},{"id":"coder"},{"id":"reviewer"},{"handle":"nobody"}]}`)}
+	o, ok := tr.Observe(&ev, nil)
+	require.True(t, ok)
+	require.NotNil(t, o.Message)
+	assert.Equal(t, "m1", o.Message.MessageID)
+	assert.Equal(t, []string{"reviewer"}, o.Message.Mentions)
+
+	use := schema.Event{ID: "e2", Type: schema.TypeUsageReported, Time: t0, RoomID: "r", Actor: coder, Data: []byte(`{"input_tokens":1}`)}
+	o, ok = tr.Observe(&use, nil)
+	require.True(t, ok)
+	assert.Nil(t, o.Message)
 }
 
 func TestLateTriggerIsPendingThenResolved(t *testing.T) {
@@ -184,7 +215,7 @@ func TestOnlyRoomEventsAndUsageAreLinked(t *testing.T) {
 		{Type: schema.TypeMessageCreated, Actor: schema.Party{ID: "sys", Type: schema.ActorSystem}},
 		{Type: "policy.decided", Actor: coder},
 	} {
-		_, _, ok := tr.Observe(&ev, nil)
+		_, ok := tr.Observe(&ev, nil)
 		assert.False(t, ok, "%s by %s", ev.Type, ev.Actor.Type)
 	}
 }
@@ -194,7 +225,7 @@ func TestHostileData(t *testing.T) {
 	tr := New(who, time.Minute, 100)
 	for i, data := range []string{`not json`, `[1,2]`, `{"mentions":"x"}`, `{"trigger":7}`, `{"extra":{"metadata":[]}}`, `null`, ``} {
 		ev := schema.Event{ID: fmt.Sprint("h", i), Type: schema.TypeMessageCreated, Time: t0, RoomID: "r", Actor: coder, Data: json.RawMessage(data)}
-		_, _, ok := tr.Observe(&ev, nil)
+		_, ok := tr.Observe(&ev, nil)
 		assert.True(t, ok)
 	}
 	// Many messages: the oldest are forgotten at the cap.

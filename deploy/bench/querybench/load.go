@@ -168,7 +168,7 @@ func generate(ctx context.Context, cfg *Config, n int) (*base, error) {
 				}
 				dr = &r
 			}
-			r, u, err := ingest.Rows(ev, dir, cat, links)
+			r, u, _, err := ingest.Rows(ev, dir, cat, links)
 			if err != nil {
 				return err
 			}
