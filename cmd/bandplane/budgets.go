@@ -26,7 +26,7 @@ func init() {
 
 const budgetsUsage = `usage: bandplane budgets <set|list|delete> [flags]
 
-  set --org ORG --scope org|owner|agent|room [--id ID] --period day|month [--tokens N] [--cost DECIMAL] [--mode hard|soft]
+  set --org ORG --scope org|owner|agent|room|initiator [--id ID] --period day|month [--tokens N] [--cost DECIMAL] [--mode hard|soft]
                                  set (add or replace) the budget of one scope and period; prints it
   list [--org ORG] [--table]     the budgets in force, from the trail in ClickHouse (spend and
                                  reservations: the GraphQL budgets query of a running serve)
@@ -64,8 +64,8 @@ func budgetsSet(ctx context.Context, e *env, args []string) error {
 	var kf keysFlags
 	kf.register(fs)
 	org := fs.String("org", "", "organization of the budget; required")
-	scope := fs.String("scope", "", "what it counts: org, owner, agent or room; required")
-	id := fs.String("id", "", "the owner, agent or room (not for --scope org)")
+	scope := fs.String("scope", "", "what it counts: org, owner, agent, room or initiator (a person, or a system such as schedule, and everything they set going); required")
+	id := fs.String("id", "", "the owner, agent, room or initiator (not for --scope org)")
 	period := fs.String("period", "", "day or month (UTC); required")
 	tokens := fs.Int64("tokens", 0, "token limit (0: none)")
 	cost := fs.String("cost", "", "cost limit in the billing currency, a decimal with at most 6 places (empty: none)")
