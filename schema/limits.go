@@ -15,6 +15,9 @@ const (
 	MaxIDBytes = 256
 	// MaxHandleBytes bounds a handle (`owner/agent-slug`).
 	MaxHandleBytes = 128
+	// MaxMentions bounds the mentions of one message: the platform tags a few
+	// participants, and every mention is state that ingest keeps for an hour.
+	MaxMentions = 256
 	// MaxTypeBytes bounds the type; MaxSourceBytes the source.
 	MaxTypeBytes   = 64
 	MaxSourceBytes = 64

@@ -481,6 +481,10 @@ func checkMentions(raw []byte) *FieldError {
 	return checkDecodedMentions(raw)
 }
 
+func tooManyMentions() *FieldError {
+	return fieldErr("data.mentions", "more than %d mentions", MaxMentions)
+}
+
 // checkDecodedMentions is checkMentions by decoding the mentions.
 func checkDecodedMentions(raw []byte) *FieldError {
 	var mentions []Mention
@@ -490,6 +494,9 @@ func checkDecodedMentions(raw []byte) *FieldError {
 			fe.Field = "data.mentions"
 		}
 		return fe
+	}
+	if len(mentions) > MaxMentions {
+		return tooManyMentions()
 	}
 	for i, m := range mentions {
 		if len(m.ID) > MaxIDBytes || idProblem(m.ID) != "" {
@@ -515,6 +522,9 @@ func checkPlainMentions(raw []byte) (fe *FieldError, done bool) {
 		return nil, true
 	}
 	for n := 0; ; n++ {
+		if n == MaxMentions {
+			return tooManyMentions(), true
+		}
 		if i >= len(raw) || raw[i] != '{' {
 			return nil, false
 		}

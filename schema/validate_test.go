@@ -58,11 +58,26 @@ func TestLimits(t *testing.T) {
 	mention := func(m map[string]any) []byte {
 		return line(baseEvent, "data", map[string]any{"content": "x", "mentions": []any{map[string]any{"id": "m-0"}, m}})
 	}
+	mentions := func(n int, escaped bool) []byte {
+		ms := make([]any, n)
+		for i := range ms {
+			ms[i] = map[string]any{"id": "m-" + strconv.Itoa(i)}
+		}
+		b := line(baseEvent, "data", map[string]any{"content": "x", "mentions": ms})
+		if escaped { // the decoder's path, not the byte scan's
+			b = []byte(strings.Replace(string(b), `"id":"m-0"`, `"id":"m\u002d0"`, 1))
+		}
+		return b
+	}
 	tests := []struct {
 		name string
 		line []byte
 		want string // "" when accepted
 	}{
+		{"mentions at the cap", mentions(MaxMentions, false), ""},
+		{"mentions over the cap", mentions(MaxMentions+1, false), "data.mentions: more than 256 mentions"},
+		{"mentions at the cap, escaped", mentions(MaxMentions, true), ""},
+		{"mentions over the cap, escaped", mentions(MaxMentions+1, true), "data.mentions: more than 256 mentions"},
 		{"id at the cap", line(baseEvent, "id", id(MaxIDBytes)), ""},
 		{"id over the cap", line(baseEvent, "id", id(MaxIDBytes+1)), "id: " + over(MaxIDBytes+1, MaxIDBytes)},
 		{"org_id at the cap", line(baseEvent, "org_id", id(MaxIDBytes)), ""},
