@@ -3,6 +3,7 @@ package ingest
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/bandplane/bandplane/schema"
@@ -52,7 +53,8 @@ func WarmTracker(ctx context.Context, t *cause.Tracker, c Causes, now time.Time)
 	}
 	for i := range rows {
 		if r := &rows[i]; r.Chain.Link == cause.SourcePending {
-			t.Await(r.EventID, r.Chain.TriggerID, r.ExecutionID, r.Time)
+			t.Await(cause.Pending{EventID: r.EventID, OrgID: r.OrgID, Room: r.RoomID, Agent: r.ActorID, ExecutionID: r.ExecutionID,
+				Trigger: r.Chain.TriggerID, Time: r.Time})
 		}
 	}
 	var res []cause.Resolution
@@ -60,7 +62,7 @@ func WarmTracker(ctx context.Context, t *cause.Tracker, c Causes, now time.Time)
 	for i := range rows {
 		if r := &rows[i]; r.MessageID != "" {
 			messages++
-			res = append(res, t.Remember(cause.Message{Room: r.RoomID, EventID: r.EventID, MessageID: r.MessageID, Time: r.Time, Mentions: r.Mentions, Link: linkOf(r.Chain)})...)
+			res = append(res, t.Remember(cause.Message{OrgID: r.OrgID, Room: r.RoomID, EventID: r.EventID, MessageID: r.MessageID, Time: r.Time, Mentions: r.Mentions, Link: linkOf(r.Chain)})...)
 		}
 	}
 	return messages, res, nil
@@ -90,18 +92,37 @@ func causeRow(ev *schema.Event, o cause.Observation) store.CauseRow {
 	return r
 }
 
+// relinkChunk is the most events relink reads at once: their ids are bound into the
+// query text, which ClickHouse bounds (max_query_size, 256 KiB; an id is at most
+// schema.MaxIDBytes).
+const relinkChunk = 256
+
 // relink rewrites the stored usage and cause rows of events whose pending link a late
 // trigger resolved, at higher versions, and returns the hours of usage it rewrote.
 // The resolutions of events in the same batch were applied before it was stored.
+// Each row is matched by organization and event id, the key of the trail: an event id
+// that another organization also uses is not touched.
 func relink(ctx context.Context, c Causes, res []cause.Resolution, now time.Time) ([]store.HourKey, error) {
-	if len(res) == 0 {
-		return nil, nil
+	res = slices.Clone(res)
+	slices.SortFunc(res, func(a, b cause.Resolution) int { return a.Time.Compare(b.Time) }) // chunks of nearby times
+	var hours []store.HourKey
+	for lo := 0; lo < len(res); lo += relinkChunk {
+		h, err := relinkChunkOf(ctx, c, res[lo:min(lo+relinkChunk, len(res))], now)
+		if err != nil {
+			return nil, err
+		}
+		hours = append(hours, h...)
 	}
-	by := make(map[string]cause.Link, len(res))
+	return hours, nil
+}
+
+func relinkChunkOf(ctx context.Context, c Causes, res []cause.Resolution, now time.Time) ([]store.HourKey, error) {
+	type key struct{ org, id string }
+	by := make(map[key]cause.Link, len(res))
 	ids := make([]string, 0, len(res))
 	from, to := res[0].Time, res[0].Time
 	for _, r := range res {
-		by[r.EventID] = r.Link
+		by[key{r.OrgID, r.EventID}] = r.Link
 		ids = append(ids, r.EventID)
 		from, to = minTime(from, r.Time), maxTime(to, r.Time)
 	}
@@ -111,8 +132,9 @@ func relink(ctx context.Context, c Causes, res []cause.Resolution, now time.Time
 	if err != nil {
 		return nil, fmt.Errorf("cannot relink %d events a late trigger resolved: %w", len(res), err)
 	}
+	causes = slices.DeleteFunc(causes, func(r store.CauseRow) bool { _, ok := by[key{r.OrgID, r.EventID}]; return !ok })
 	for i := range causes {
-		causes[i].Chain = ChainOf(by[causes[i].EventID])
+		causes[i].Chain = ChainOf(by[key{causes[i].OrgID, causes[i].EventID}])
 		causes[i].Version = max(v, causes[i].Version+1)
 	}
 	if err := c.InsertCauses(ctx, causes); err != nil {
@@ -122,8 +144,9 @@ func relink(ctx context.Context, c Causes, res []cause.Resolution, now time.Time
 	if err != nil {
 		return nil, fmt.Errorf("cannot relink %d events a late trigger resolved: %w", len(res), err)
 	}
+	usage = slices.DeleteFunc(usage, func(r store.UsageRow) bool { _, ok := by[key{r.OrgID, r.EventID}]; return !ok })
 	for i := range usage {
-		usage[i].Chain = ChainOf(by[usage[i].EventID])
+		usage[i].Chain = ChainOf(by[key{usage[i].OrgID, usage[i].EventID}])
 		usage[i].Version = max(v, usage[i].Version+1)
 	}
 	if err := c.InsertUsage(ctx, usage); err != nil {

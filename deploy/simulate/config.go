@@ -55,9 +55,8 @@ type Config struct {
 	ExplicitTriggers float64
 	// LateTriggers is the share of the executions a person's message starts whose
 	// trigger is named too, but whose triggering message comes in the stream after the
-	// events it caused (its time is before them) (--late-triggers). Such an execution
-	// hands over to no one: a hand-over's execution would be linked to a message whose
-	// own link still waits for the trigger. The executions neither share takes name no
+	// events it caused, and after those of the hand-overs they led to (its time is
+	// before them) (--late-triggers). The executions neither share takes name no
 	// trigger: bandplane infers it from the room's mentions.
 	// ExplicitTriggers + LateTriggers must be <= 1.
 	LateTriggers float64

@@ -541,9 +541,9 @@ func (g *generator) conversation(rm *room) {
 	}
 	to := asker
 	for hop := 0; ; hop++ {
-		reply, next := g.turn(e, to, topic, hop < 2 && !e.late)
-		g.release() // a late trigger comes once its execution is done
+		reply, next := g.turn(e, to, topic, hop < 2)
 		if next == nil {
+			g.release() // a late trigger comes once the work it set going is done
 			return
 		}
 		to, e = agentParty(e.a), g.start(next.ag, rm, reply, g.drawMode(false))

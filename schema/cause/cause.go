@@ -19,8 +19,10 @@
 //
 // A person's message is a root (depth 0, its author the initiator). A link's depth is
 // its trigger's depth plus one. An explicit trigger not seen yet makes a pending link
-// (the initiator unknown), resolved when the message arrives (Observe reports the events it resolves). Inference is
-// exact when an agent's events of one execution come before the next message that
+// (the initiator unknown), and so does a trigger whose own link is pending (a
+// hand-over from an execution whose trigger is late). When the message arrives,
+// Observe reports the events it resolves, those of the hand-overs included. Inference
+// is exact when an agent's events of one execution come before the next message that
 // mentions it; two mentions of one agent close together, with the first execution
 // still running, credit its later events to the second. Platforms make that exact by
 // sending the trigger (rule 1) or an execution_id on every event (rule 2).
@@ -87,9 +89,9 @@ type Who func(p schema.Party) (org, owner string)
 
 // Resolution is an event whose pending link a late trigger resolved.
 type Resolution struct {
-	EventID string
-	Time    time.Time // the event's
-	Link    Link
+	EventID, OrgID string
+	Time           time.Time // the event's
+	Link           Link
 }
 
 // Defaults of a Tracker.
@@ -105,35 +107,59 @@ const (
 )
 
 // Tracker derives links from the events of rooms in order.
+//
+// Its state is keyed by what a client cannot borrow from another organization: a
+// message and the events waiting for it by room and id, an execution by organization,
+// agent and id. A message of another organization (a contact's, in a shared room)
+// triggers an agent only if it mentions the agent: the platform delivers a message to
+// the participants it tags, so a client cannot make its own spend someone else's by
+// naming their message. The first organization to use a message id in a room keeps
+// it.
 type Tracker struct {
 	who         Who
 	horizon     time.Duration
 	maxMessages int
 
-	rooms      map[string]*room
-	messages   map[string]remembered // by the platform's message id and by event id
-	order      []messageKey          // the messages in the order they came, for the cap and the sweep
-	executions map[string]remembered // execution id → the link of its first event
-	pending    map[string][]waiting  // an unknown trigger → the events waiting for it
-	pendingAt  map[string]time.Time
-	swept      time.Time // the last sweep of the maps (event time)
+	rooms        map[string]*room      // room id → its mentions
+	messages     map[string]remembered // room and id (the platform's, and the event's) → the message
+	order        []messageKey          // the messages in the order they came, for the cap and the sweep
+	executions   map[string]remembered // organization, agent and execution id → the link of its first event
+	pending      map[string][]waiting  // room and trigger → the events waiting for it
+	pendingExecs map[string][]string   // room and trigger → the executions whose link waits for it
+	pendingAt    map[string]time.Time  // room and trigger → the latest event waiting for it
+	swept        time.Time             // the last sweep of the maps (event time)
 }
 
 type messageKey struct {
-	ids [2]string
-	at  time.Time
+	keys [2]string
+	at   time.Time
 }
 
 type waiting struct {
-	id string
-	at time.Time
+	id, org, agent string
+	at             time.Time
+	explicit       bool // the event named its trigger (false: inferred from a mention)
 }
 
 type remembered struct {
 	link           Link
 	at             time.Time
-	msgID, eventID string // a message's two ids
+	msgID, eventID string   // a message's two ids
+	room           string   // a message's
+	org            string   // a message's or an execution's organization
+	mentions       []string // a message's
+	agent          string   // an execution's
 }
+
+// mayTrigger says whether message r may have started an execution of agent in org:
+// any message of the agent's organization, another's only if it mentions the agent.
+func (r *remembered) mayTrigger(org, agent string) bool {
+	return r.org == org || slices.Contains(r.mentions, agent)
+}
+
+func roomKey(room, id string) string { return room + "\x00" + id }
+
+func execKey(org, agent, execution string) string { return org + "\x00" + agent + "\x00" + execution }
 
 type room struct {
 	mentioned map[string]mention // agent id → the latest message that mentioned it
@@ -158,7 +184,7 @@ func New(who Who, horizon time.Duration, maxMessages int) *Tracker {
 	}
 	return &Tracker{who: who, horizon: horizon, maxMessages: maxMessages, rooms: map[string]*room{},
 		messages: map[string]remembered{}, executions: map[string]remembered{}, pending: map[string][]waiting{},
-		pendingAt: map[string]time.Time{}}
+		pendingExecs: map[string][]string{}, pendingAt: map[string]time.Time{}}
 }
 
 // Linked says whether events of this type by this kind of actor get a link: the
@@ -259,43 +285,72 @@ func decodeFields(ev *schema.Event) fields {
 }
 
 func (t *Tracker) agentLink(ev *schema.Event, f *fields) Link {
+	var xk string
 	if ev.ExecutionID != "" {
-		if r, ok := t.executions[ev.ExecutionID]; ok {
+		xk = execKey(ev.OrgID, ev.Actor.ID, ev.ExecutionID)
+		if r, ok := t.executions[xk]; ok {
 			if r.link.Pending { // its events wait for the trigger its first one named
-				t.await(r.link.Trigger, ev.ID, ev.Time)
+				t.await(ev, r.link.Trigger, r.link.Explicit)
 			}
 			return r.link
 		}
 	}
-	var l Link
+	l, ok := t.explicitLink(ev, f)
+	if !ok {
+		l = t.inferredLink(ev)
+	}
+	if xk != "" {
+		t.executions[xk] = remembered{link: l, at: ev.Time, org: ev.OrgID, agent: ev.Actor.ID}
+		if l.Pending {
+			t.awaitExecution(roomKey(ev.RoomID, l.Trigger), xk, ev.Time)
+		}
+	}
+	return l
+}
+
+// explicitLink is the link of an event that names its trigger. ok is false when it
+// names none, or a message of another organization that does not mention the agent:
+// such a trigger is not believed, and the link is inferred instead.
+func (t *Tracker) explicitLink(ev *schema.Event, f *fields) (Link, bool) {
 	msg, source := explicit(f)
 	switch {
 	case msg != "":
-		if r, ok := t.messages[msg]; ok {
-			l = child(r.link, r.msgID, true)
-			l.TriggerEvent = r.eventID
-		} else {
-			l = Link{Trigger: msg, Explicit: true, Pending: true, Depth: 1}
-			t.await(msg, ev.ID, ev.Time)
+		r, ok := t.messages[roomKey(ev.RoomID, msg)]
+		if !ok {
+			t.await(ev, msg, true)
+			return Link{Trigger: msg, Explicit: true, Pending: true, Depth: 1}, true
 		}
+		if !r.mayTrigger(ev.OrgID, ev.Actor.ID) {
+			return Link{}, false
+		}
+		l := child(r.link, r.msgID, true)
+		l.TriggerEvent = r.eventID
+		if r.link.Pending { // a message of an execution whose own trigger is late
+			t.await(ev, r.msgID, true)
+		}
+		return l, true
 	case source != "":
 		org, _ := t.who(ev.Actor)
-		l = Link{Initiator: schema.Party{ID: source, Type: schema.ActorSystem}, InitiatorOrg: org, Depth: 1, Explicit: true}
-	default:
-		if rm, ok := t.rooms[ev.RoomID]; ok {
-			if m, ok := rm.mentioned[ev.Actor.ID]; ok && !ev.Time.Before(m.at) && ev.Time.Sub(m.at) <= t.horizon {
-				l = child(m.link, m.msgID, false)
-				l.TriggerEvent = m.eventID
-				break
+		return Link{Initiator: schema.Party{ID: source, Type: schema.ActorSystem}, InitiatorOrg: org, Depth: 1, Explicit: true}, true
+	}
+	return Link{}, false
+}
+
+// inferredLink is the link of an event from the room's latest message that mentioned
+// its agent within the horizon; without one the agent acted on its own.
+func (t *Tracker) inferredLink(ev *schema.Event) Link {
+	if rm, ok := t.rooms[ev.RoomID]; ok {
+		if m, ok := rm.mentioned[ev.Actor.ID]; ok && !ev.Time.Before(m.at) && ev.Time.Sub(m.at) <= t.horizon {
+			l := child(m.link, m.msgID, false)
+			l.TriggerEvent = m.eventID
+			if m.link.Pending {
+				t.await(ev, m.msgID, false)
 			}
+			return l
 		}
-		org, owner := t.who(ev.Actor)
-		l = Link{Initiator: ev.Actor, InitiatorOrg: org, InitiatorOwner: owner}
 	}
-	if ev.ExecutionID != "" {
-		t.executions[ev.ExecutionID] = remembered{link: l, at: ev.Time}
-	}
-	return l
+	org, owner := t.who(ev.Actor)
+	return Link{Initiator: ev.Actor, InitiatorOrg: org, InitiatorOwner: owner}
 }
 
 // child is the link of an execution that a message of link parent started.
@@ -308,7 +363,7 @@ func child(parent Link, trigger string, explicit bool) Link {
 // message is ev as the Tracker remembers a message: its platform id (its event id when
 // it has none) and, for a new one, the agents it mentions, each once.
 func message(ev *schema.Event, f *fields, l Link, mentioned func(string) string) *Message {
-	m := &Message{Room: ev.RoomID, EventID: ev.ID, MessageID: f.MessageID, Time: ev.Time, Link: l}
+	m := &Message{OrgID: ev.OrgID, Room: ev.RoomID, EventID: ev.ID, MessageID: f.MessageID, Time: ev.Time, Link: l}
 	if m.MessageID == "" {
 		m.MessageID = ev.ID
 	}
@@ -318,7 +373,7 @@ func message(ev *schema.Event, f *fields, l Link, mentioned func(string) string)
 			if id == "" && mentioned != nil && x.Handle != "" {
 				id = mentioned(x.Handle)
 			}
-			if id != "" && id != ev.Actor.ID && !slices.Contains(m.Mentions, id) {
+			if id != "" && id != ev.Actor.ID && !slices.Contains(m.Mentions, id) { // at most schema.MaxMentions
 				m.Mentions = append(m.Mentions, id)
 			}
 		}
@@ -329,10 +384,10 @@ func message(ev *schema.Event, f *fields, l Link, mentioned func(string) string)
 // Message is a message as the Tracker keeps it: what Warm is given of the messages
 // ingest stored before it started.
 type Message struct {
-	Room, EventID, MessageID string
-	Time                     time.Time
-	Mentions                 []string // the ids of the agents it mentions
-	Link                     Link
+	OrgID, Room, EventID, MessageID string
+	Time                            time.Time
+	Mentions                        []string // the ids of the agents it mentions
+	Link                            Link
 }
 
 // Remember records a message (Observe does for the messages it sees; ingest does at
@@ -342,12 +397,21 @@ func (t *Tracker) Remember(m Message) []Resolution {
 	if m.MessageID == "" {
 		m.MessageID = m.EventID
 	}
-	r := remembered{link: m.Link, at: m.Time, msgID: m.MessageID, eventID: m.EventID}
-	t.messages[m.MessageID], t.messages[m.EventID] = r, r
-	t.order = append(t.order, messageKey{ids: [2]string{m.MessageID, m.EventID}, at: m.Time})
-	for len(t.order) > t.maxMessages {
-		t.forget(t.order[0])
-		t.order = t.order[1:]
+	r := remembered{link: m.Link, at: m.Time, msgID: m.MessageID, eventID: m.EventID, room: m.Room, org: m.OrgID, mentions: m.Mentions}
+	keys := [2]string{roomKey(m.Room, m.MessageID), roomKey(m.Room, m.EventID)}
+	held := false // by another organization's message of the same id
+	for _, k := range keys {
+		if old, ok := t.messages[k]; ok && old.org != r.org {
+			held = true
+		}
+	}
+	if !held {
+		t.messages[keys[0]], t.messages[keys[1]] = r, r
+		t.order = append(t.order, messageKey{keys: keys, at: m.Time})
+		for len(t.order) > t.maxMessages {
+			t.forget(t.order[0])
+			t.order = t.order[1:]
+		}
 	}
 	if len(m.Mentions) > 0 {
 		rm := t.rooms[m.Room]
@@ -361,48 +425,129 @@ func (t *Tracker) Remember(m Message) []Resolution {
 			}
 		}
 	}
+	if held || m.Link.Pending { // the events waiting for a pending one wait for its own trigger
+		return nil
+	}
+	return t.resolve(r)
+}
+
+// resolve gives the events waiting for message m (by either of its ids) their links,
+// now that m's is known, and in turn the events waiting for the messages among them:
+// a late trigger resolves the hand-overs of the execution it started too.
+func (t *Tracker) resolve(m remembered) []Resolution {
 	var out []Resolution
-	for _, name := range [2]string{m.MessageID, m.EventID} {
-		events, ok := t.pending[name]
-		if !ok {
-			continue
-		}
-		delete(t.pending, name)
-		delete(t.pendingAt, name)
-		resolved := child(m.Link, m.MessageID, true)
-		resolved.TriggerEvent = m.EventID
-		for _, e := range events {
-			out = append(out, Resolution{EventID: e.id, Time: e.at, Link: resolved})
-		}
-		for id, e := range t.executions {
-			if e.link.Pending && e.link.Trigger == name {
-				t.executions[id] = remembered{link: resolved, at: e.at}
+	for work := []remembered{m}; len(work) > 0; {
+		m, work = work[len(work)-1], work[:len(work)-1]
+		for _, name := range [2]string{m.msgID, m.eventID} {
+			k := roomKey(m.room, name)
+			var keep []waiting // of another organization, not mentioned: still waiting
+			for _, e := range t.pending[k] {
+				if !m.mayTrigger(e.org, e.agent) {
+					keep = append(keep, e)
+					continue
+				}
+				l := child(m.link, m.msgID, e.explicit)
+				l.TriggerEvent = m.eventID
+				out = append(out, Resolution{EventID: e.id, OrgID: e.org, Time: e.at, Link: l})
+				if r, ok := t.messages[roomKey(m.room, e.id)]; ok && r.link.Pending && r.eventID == e.id && r.org == e.org {
+					work = append(work, t.relearn(r, l))
+				}
+			}
+			for _, xk := range t.pendingExecs[k] {
+				if x, ok := t.executions[xk]; ok && x.link.Pending && x.link.Trigger == name && m.mayTrigger(x.org, x.agent) {
+					x.link = child(m.link, m.msgID, x.link.Explicit)
+					x.link.TriggerEvent = m.eventID
+					t.executions[xk] = x
+				}
+			}
+			delete(t.pendingExecs, k)
+			if len(keep) > 0 {
+				t.pending[k] = keep
+			} else {
+				delete(t.pending, k)
+				delete(t.pendingAt, k)
 			}
 		}
 	}
 	return out
 }
 
-// Await records a stored event whose explicit trigger has not been seen (ingest does
-// at start for the pending links it stored within the horizon, before it remembers
-// the messages), so that the trigger resolves it when it comes.
-func (t *Tracker) Await(eventID, trigger, executionID string, at time.Time) {
-	if !slices.ContainsFunc(t.pending[trigger], func(x waiting) bool { return x.id == eventID }) {
-		t.await(trigger, eventID, at)
+// relearn gives a remembered message whose link was pending its resolved link l, where
+// explicit triggers and mentions find it, and returns it.
+func (t *Tracker) relearn(r remembered, l Link) remembered {
+	r.link = l
+	for _, id := range [2]string{r.msgID, r.eventID} {
+		k := roomKey(r.room, id)
+		if old, ok := t.messages[k]; ok && old.at.Equal(r.at) && old.org == r.org {
+			t.messages[k] = r
+		}
 	}
-	if executionID != "" {
-		if _, ok := t.executions[executionID]; !ok {
-			t.executions[executionID] = remembered{link: Link{Trigger: trigger, Explicit: true, Pending: true, Depth: 1}, at: at}
+	if rm := t.rooms[r.room]; rm != nil {
+		for _, agent := range r.mentions {
+			if x, ok := rm.mentioned[agent]; ok && x.eventID == r.eventID {
+				x.link = l
+				rm.mentioned[agent] = x
+			}
+		}
+	}
+	return r
+}
+
+// Pending is a stored event whose link waits for its trigger: what Await is given.
+type Pending struct {
+	EventID, OrgID, Room, Agent, ExecutionID string
+	Trigger                                  string // the stored link's
+	Time                                     time.Time
+}
+
+// Await records a stored event whose link is pending (ingest does at start for the
+// pending links it stored within the horizon, before it remembers the messages), so
+// that the trigger resolves it when it comes. A stored pending link does not say
+// whether its last hop was named or inferred: it resolves as named.
+func (t *Tracker) Await(p Pending) {
+	k := roomKey(p.Room, p.Trigger)
+	if !slices.ContainsFunc(t.pending[k], func(x waiting) bool { return x.id == p.EventID && x.org == p.OrgID }) {
+		t.hold(k, waiting{id: p.EventID, org: p.OrgID, agent: p.Agent, at: p.Time, explicit: true})
+	}
+	if p.ExecutionID != "" {
+		xk := execKey(p.OrgID, p.Agent, p.ExecutionID)
+		if _, ok := t.executions[xk]; !ok {
+			t.executions[xk] = remembered{link: Link{Trigger: p.Trigger, Explicit: true, Pending: true, Depth: 1}, at: p.Time, org: p.OrgID, agent: p.Agent}
+			t.awaitExecution(k, xk, p.Time)
 		}
 	}
 }
 
-// await holds an event pending on an unknown trigger (at most maxPendingPerTrigger
-// per trigger: a trigger that never comes cannot hold unbounded memory).
-func (t *Tracker) await(trigger, eventID string, at time.Time) {
-	if w := t.pending[trigger]; len(w) < maxPendingPerTrigger {
-		t.pending[trigger] = append(w, waiting{id: eventID, at: at})
-		t.pendingAt[trigger] = maxTime(t.pendingAt[trigger], at)
+// await holds ev pending on trigger, a message of its room not seen yet or whose own
+// link is pending.
+func (t *Tracker) await(ev *schema.Event, trigger string, explicit bool) {
+	t.hold(roomKey(ev.RoomID, trigger), waiting{id: ev.ID, org: ev.OrgID, agent: ev.Actor.ID, at: ev.Time, explicit: explicit})
+}
+
+// hold adds w to the events waiting for trigger k: at most maxPendingPerTrigger per
+// trigger, and as many triggers as messages remembered, so that triggers that never
+// come cannot hold unbounded memory. An event past the bounds keeps its pending link.
+func (t *Tracker) hold(k string, w waiting) {
+	list, ok := t.pending[k]
+	if !ok && len(t.pending) >= t.maxMessages {
+		return
+	}
+	if len(list) < maxPendingPerTrigger {
+		t.pending[k] = append(list, w)
+		t.pendingAt[k] = maxTime(t.pendingAt[k], w.at)
+	}
+}
+
+// awaitExecution notes that execution xk's link waits for trigger k, within the same
+// bounds, so that the trigger updates it without a scan of every execution.
+func (t *Tracker) awaitExecution(k, xk string, at time.Time) {
+	list, ok := t.pendingExecs[k]
+	if !ok && len(t.pendingExecs) >= t.maxMessages {
+		return
+	}
+	if len(list) < maxPendingPerTrigger {
+		t.pendingExecs[k] = append(list, xk)
+		t.pendingAt[k] = maxTime(t.pendingAt[k], at)
 	}
 }
 
@@ -414,9 +559,9 @@ func maxTime(a, b time.Time) time.Time {
 }
 
 func (t *Tracker) forget(k messageKey) {
-	for _, id := range k.ids {
-		if r, ok := t.messages[id]; ok && r.at.Equal(k.at) {
-			delete(t.messages, id)
+	for _, key := range k.keys {
+		if r, ok := t.messages[key]; ok && r.at.Equal(k.at) {
+			delete(t.messages, key)
 		}
 	}
 }
@@ -440,10 +585,11 @@ func (t *Tracker) sweep(now time.Time) {
 			delete(t.executions, id)
 		}
 	}
-	for name, at := range t.pendingAt {
+	for k, at := range t.pendingAt {
 		if at.Before(cut) {
-			delete(t.pending, name)
-			delete(t.pendingAt, name)
+			delete(t.pending, k)
+			delete(t.pendingExecs, k)
+			delete(t.pendingAt, k)
 		}
 	}
 	for id, rm := range t.rooms {

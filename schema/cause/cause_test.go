@@ -242,7 +242,15 @@ func TestHostileData(t *testing.T) {
 		ev := schema.Event{ID: fmt.Sprint("u", i), Type: schema.TypeUsageReported, Time: t0, Actor: coder, Data: json.RawMessage(`{"trigger":{"message_id":"never"}}`)}
 		tr.Observe(&ev, nil)
 	}
-	assert.Len(t, tr.pending["never"], maxPendingPerTrigger)
+	assert.Len(t, tr.pending[roomKey("", "never")], maxPendingPerTrigger)
+	// Many unknown triggers: no more of them than messages are held.
+	for i := range 300 {
+		ev := schema.Event{ID: fmt.Sprint("v", i), Type: schema.TypeUsageReported, Time: t0, Actor: coder,
+			Data: json.RawMessage(fmt.Sprintf(`{"trigger":{"message_id":"never-%d"}}`, i))}
+		o, _ := tr.Observe(&ev, nil)
+		assert.True(t, o.Link.Pending)
+	}
+	assert.Len(t, tr.pending, 100)
 	late := schema.Event{ID: "late", Type: schema.TypeUsageReported, Time: t0.Add(10 * time.Minute), Actor: coder, Data: json.RawMessage(`{}`)}
 	tr.Observe(&late, nil)
 	_, _, rooms, pending := tr.Remembered()
@@ -262,9 +270,9 @@ func TestPendingExecutionHoldsItsLaterEventsAndWarmsFromStore(t *testing.T) {
 
 	// A restarted tracker learns the stored pending links (Await), then the message.
 	tr := New(who, 0, 0)
-	tr.Await(first.ID, "m-late", "x1", first.Time)
-	tr.Await(second.ID, "m-late", "x1", second.Time)
-	tr.Await(second.ID, "m-late", "x1", second.Time) // read twice: held once
+	tr.Await(Pending{EventID: first.ID, Room: "room-1", Agent: "coder", ExecutionID: "x1", Trigger: "m-late", Time: first.Time})
+	tr.Await(Pending{EventID: second.ID, Room: "room-1", Agent: "coder", ExecutionID: "x1", Trigger: "m-late", Time: second.Time})
+	tr.Await(Pending{EventID: second.ID, Room: "room-1", Agent: "coder", ExecutionID: "x1", Trigger: "m-late", Time: second.Time}) // read twice: held once
 	res := tr.Remember(Message{Room: "room-1", EventID: "e9", MessageID: "m-late", Time: t0,
 		Link: Link{Initiator: alice, InitiatorOrg: "org-a", InitiatorOwner: "alice", Explicit: true}})
 	require.Len(t, res, 2)
@@ -273,4 +281,109 @@ func TestPendingExecutionHoldsItsLaterEventsAndWarmsFromStore(t *testing.T) {
 		assert.Equal(t, 1, r.Link.Depth)
 		assert.Equal(t, SourceExplicit, r.Link.Source())
 	}
+}
+
+// Warmed from stored rows (Await, then Remember oldest first), a tracker resolves a
+// late trigger's hand-overs as one that saw them live does.
+func TestWarmedTrackerResolvesHandOversOfALateTrigger(t *testing.T) {
+	tr := New(who, 0, 0)
+	pending := Link{Trigger: "m-late", Explicit: true, Pending: true, Depth: 1}
+	tr.Await(Pending{EventID: "e-coder-use", Room: "room-1", Agent: "coder", ExecutionID: "x1", Trigger: "m-late", Time: t0.Add(2 * time.Second)})
+	tr.Await(Pending{EventID: "e-coder-msg", Room: "room-1", Agent: "coder", ExecutionID: "x1", Trigger: "m-late", Time: t0.Add(3 * time.Second)})
+	tr.Await(Pending{EventID: "e-reviewer-use", Room: "room-1", Agent: "reviewer", Trigger: "m2", Time: t0.Add(4 * time.Second)}) // inferred from m2, pending with it
+	assert.Empty(t, tr.Remember(Message{Room: "room-1", EventID: "e-coder-msg", MessageID: "m2", Time: t0.Add(3 * time.Second),
+		Mentions: []string{"reviewer"}, Link: pending}), "a pending message resolves nothing")
+
+	res := tr.Remember(Message{Room: "room-1", EventID: "e-alice", MessageID: "m-late", Time: t0.Add(time.Second),
+		Mentions: []string{"coder"}, Link: Link{Initiator: alice, InitiatorOrg: "org-a", InitiatorOwner: "alice", Explicit: true}})
+	got := map[string]Link{}
+	for _, r := range res {
+		got[r.EventID] = r.Link
+	}
+	require.Len(t, got, 3)
+	for _, id := range []string{"e-coder-use", "e-coder-msg"} {
+		assert.Equal(t, Link{Trigger: "m-late", TriggerEvent: "e-alice", Initiator: alice, InitiatorOrg: "org-a", InitiatorOwner: "alice",
+			Depth: 1, Explicit: true}, got[id], id)
+	}
+	assert.Equal(t, Link{Trigger: "m2", TriggerEvent: "e-coder-msg", Initiator: alice, InitiatorOrg: "org-a", InitiatorOwner: "alice",
+		Depth: 2, Explicit: true}, got["e-reviewer-use"], "Await holds stored pending rows as named")
+
+	// The reviewer's next event infers m2, now resolved.
+	ev := schema.Event{ID: "e-next", Type: schema.TypeUsageReported, Time: t0.Add(5 * time.Second), RoomID: "room-1", Actor: reviewer, Data: []byte(`{}`)}
+	o, ok := tr.Observe(&ev, nil)
+	require.True(t, ok)
+	assert.Equal(t, alice, o.Link.Initiator)
+	assert.Equal(t, 2, o.Link.Depth)
+	assert.False(t, o.Link.Pending)
+}
+
+// orgEvent is an event of org in room-1.
+func orgEvent(id, org string, actor schema.Party, typ string, at time.Duration, data string) *schema.Event {
+	return &schema.Event{ID: id, OrgID: org, Type: typ, Time: t0.Add(at), RoomID: "room-1", Actor: actor, Data: json.RawMessage(data)}
+}
+
+// One organization cannot make its spend another's by naming the other's message, by
+// reusing its execution id, or by sending a message of the id another's pending events
+// wait for; a contact's message that mentions the agent does start its execution.
+func TestLinksStayWithinWhatAnOrganizationMayClaim(t *testing.T) {
+	bob := schema.Party{ID: "bob", Type: schema.ActorUser}
+	mallory := schema.Party{ID: "mallory-bot", Type: schema.ActorAgent}
+	eve := schema.Party{ID: "eve", Type: schema.ActorUser}
+	observe := func(tr *Tracker, ev *schema.Event) Observation {
+		t.Helper()
+		o, ok := tr.Observe(ev, nil)
+		require.True(t, ok)
+		return o
+	}
+
+	t.Run("explicit trigger naming another organization's message", func(t *testing.T) {
+		tr := New(who, 0, 0)
+		observe(tr, orgEvent("b1", "org-b", bob, schema.TypeMessageCreated, 0, `{"message_id":"m-bob","mentions":[{"id":"partner-bot"}]}`))
+		o := observe(tr, orgEvent("x1", "org-x", mallory, schema.TypeUsageReported, time.Second, `{"input_tokens":1,"trigger":{"message_id":"m-bob"}}`))
+		assert.Equal(t, mallory, o.Link.Initiator, "not bob's: his message does not mention mallory-bot")
+		assert.Equal(t, 0, o.Link.Depth)
+		// The contact's agent that bob mentioned is his.
+		o = observe(tr, orgEvent("p1", "org-p", partner, schema.TypeUsageReported, 2*time.Second, `{"input_tokens":1,"trigger":{"message_id":"m-bob"}}`))
+		assert.Equal(t, bob, o.Link.Initiator)
+		assert.Equal(t, 1, o.Link.Depth)
+		assert.True(t, o.Link.Explicit)
+	})
+
+	t.Run("another organization's execution id", func(t *testing.T) {
+		tr := New(who, 0, 0)
+		observe(tr, orgEvent("b1", "org-b", bob, schema.TypeMessageCreated, 0, `{"message_id":"m-bob","mentions":[{"id":"partner-bot"}]}`))
+		ev := orgEvent("b2", "org-b", partner, schema.TypeUsageReported, time.Second, `{"input_tokens":1}`)
+		ev.ExecutionID = "exec-1"
+		assert.Equal(t, bob, observe(tr, ev).Link.Initiator)
+		ev = orgEvent("x1", "org-x", mallory, schema.TypeUsageReported, 2*time.Second, `{"input_tokens":1}`)
+		ev.ExecutionID = "exec-1"
+		assert.Equal(t, mallory, observe(tr, ev).Link.Initiator, "the id is org-b's execution's only")
+	})
+
+	t.Run("a message of the id another organization's pending events wait for", func(t *testing.T) {
+		tr := New(who, 0, 0)
+		pending := observe(tr, orgEvent("p1", "org-p", partner, schema.TypeUsageReported, 0, `{"input_tokens":1,"trigger":{"message_id":"m-late"}}`))
+		require.True(t, pending.Link.Pending)
+		o := observe(tr, orgEvent("e1", "org-x", eve, schema.TypeMessageCreated, time.Second, `{"message_id":"m-late"}`))
+		assert.Empty(t, o.Resolved, "eve's message does not mention partner-bot: it resolves nothing")
+		// bob's message of that id, in time, mentions it: it does.
+		o = observe(tr, orgEvent("b1", "org-b", bob, schema.TypeMessageCreated, 2*time.Second, `{"message_id":"m-late","mentions":[{"id":"partner-bot"}]}`))
+		assert.Empty(t, o.Resolved, "the id is eve's in the room now: the first organization to use it keeps it")
+
+		tr = New(who, 0, 0)
+		observe(tr, orgEvent("p1", "org-p", partner, schema.TypeUsageReported, 0, `{"input_tokens":1,"trigger":{"message_id":"m-late"}}`))
+		o = observe(tr, orgEvent("b1", "org-b", bob, schema.TypeMessageCreated, time.Second, `{"message_id":"m-late","mentions":[{"id":"partner-bot"}]}`))
+		require.Len(t, o.Resolved, 1)
+		assert.Equal(t, Resolution{EventID: "p1", OrgID: "org-p", Time: t0, Link: Link{Trigger: "m-late", TriggerEvent: "b1", Initiator: bob,
+			Depth: 1, Explicit: true}}, o.Resolved[0])
+	})
+
+	t.Run("a trigger in another room", func(t *testing.T) {
+		tr := New(who, 0, 0)
+		observe(tr, orgEvent("a1", "org-a", alice, schema.TypeMessageCreated, 0, `{"message_id":"m-a","mentions":[{"id":"coder"}]}`))
+		ev := orgEvent("c1", "org-a", coder, schema.TypeUsageReported, time.Second, `{"input_tokens":1,"trigger":{"message_id":"m-a"}}`)
+		ev.RoomID = "room-2"
+		o := observe(tr, ev)
+		assert.True(t, o.Link.Pending, "a trigger is a message of the event's room")
+	})
 }
