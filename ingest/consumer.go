@@ -316,6 +316,9 @@ type pending struct {
 	dlq      []kafkago.Message       // the dead-letter messages, parallel to batch.DeadLetters
 	last     map[int]kafkago.Message // highest message per partition, for the commit
 	replays  int                     // records whose event was stored already, same content
+	// replayHours are the hours of the replays' usage, which is not written again: the
+	// rollup rebuilds them all the same, in case a crash came before it did.
+	replayHours []store.HourKey
 	// notes are the leaves of the rows ClickHouse holds for the batch's events: those
 	// of the records' own copies that the check found (ownLeaf), then those each insert
 	// wrote.
@@ -1002,7 +1005,7 @@ func (c *Consumer) store(ctx context.Context, p *pending) bool {
 	if len(failed) > 0 && !c.storeRefused(ctx, p, failed) {
 		return false
 	}
-	hours := usageHours(p.batch.Usage)
+	hours := append(usageHours(p.batch.Usage), p.replayHours...)
 	if len(p.resolved) > 0 && c.cfg.Causes != nil {
 		relinked, ok := c.relink(ctx, p.resolved)
 		if !ok {
@@ -1180,12 +1183,27 @@ func (c *Consumer) checkStored(ctx context.Context, p *pending) bool {
 	if len(reject) == 0 && p.replays == 0 {
 		return true
 	}
+	// A replay's usage and cause rows are not written again either: the stored ones
+	// stand, with the link the event got when it first came (a replay, after a restart
+	// or a rebalance, is linked with less of its room's history).
+	replayed := make(map[int32]bool, p.replays)
+	for i, d := range drop {
+		if d {
+			replayed[p.evRec[i]] = true
+		}
+	}
 	p.batch.Events, p.evRec = compact(p.batch.Events, p.evRec, func(i int, rec int32) bool { return drop[i] || reject[rec] != "" })
+	stale := func(_ int, rec int32) bool { return replayed[rec] || reject[rec] != "" }
+	for i, rec := range p.usageRec {
+		if replayed[rec] {
+			p.replayHours = append(p.replayHours, usageHours(p.batch.Usage[i:i+1])...)
+		}
+	}
+	p.batch.Usage, p.usageRec = compact(p.batch.Usage, p.usageRec, stale)
+	p.batch.Causes, p.causeRec = compact(p.batch.Causes, p.causeRec, stale)
 	if len(reject) > 0 {
 		gone := func(_ int, rec int32) bool { return reject[rec] != "" }
-		p.batch.Usage, p.usageRec = compact(p.batch.Usage, p.usageRec, gone)
 		p.batch.Directory, p.dirRec = compact(p.batch.Directory, p.dirRec, gone)
-		p.batch.Causes, p.causeRec = compact(p.batch.Causes, p.causeRec, gone)
 		recs := make([]int32, 0, len(reject))
 		for rec := range reject {
 			recs = append(recs, rec)

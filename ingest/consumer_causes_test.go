@@ -181,3 +181,33 @@ func TestConsumerWarmsItsLinksFromWhatItStored(t *testing.T) {
 	require.Len(t, usage, 1, "a pending link whose trigger was stored is resolved at start")
 	assert.Equal(t, "alice", usage[0].Chain.InitiatorID)
 }
+
+// A redelivered event keeps the link it got when it first came: its usage and cause
+// rows are not written again, even where its room's later messages would link it
+// otherwise now.
+func TestConsumerReplayKeepsItsFirstLink(t *testing.T) {
+	st := &causeStorage{}
+	h := startWith(t, st, func(c *ingest.Config) { c.BatchSize, c.Causes = 1, st })
+	u1 := chatLine("u1", "usage.reported", "coder", "agent", 2, usageData)
+	h.send(0, chatLine("m1", "message.created", "alice", "user", 1, mentionData("pm-1", "coder")))
+	h.send(0, u1)
+	h.send(0, chatLine("m2", "message.created", "bob", "user", 3, mentionData("pm-2", "coder")))
+	h.send(0, u1)
+	require.Eventually(t, func() bool { return h.reader.commit(0) == 4 }, 5*time.Second, 5*time.Millisecond)
+	all := st.all()
+	var links []string
+	for _, c := range all.Causes {
+		if c.EventID == "u1" {
+			links = append(links, c.Chain.TriggerID)
+		}
+	}
+	assert.Equal(t, []string{"pm-1"}, links, "one cause row, the first")
+	n := 0
+	for _, u := range all.Usage {
+		if u.EventID == "u1" {
+			n++
+			assert.Equal(t, "alice", u.Chain.InitiatorID)
+		}
+	}
+	assert.Equal(t, 1, n, "one usage row, the first")
+}
