@@ -114,6 +114,7 @@ func TestIntegrationBudgetsHoldUnderConcurrency(t *testing.T) {
 	assert.JSONEq(t, `{"budgets": []}`, string(ans.Data), "another organization sees none")
 
 	// The budget: the owner's tokens per day, hard.
+	stacktest.AwayFromMidnight(t, 10*time.Minute)
 	ans = isoAsk(t, srv, manager, `mutation { setBudget(budget: {scope: OWNER, scopeId: "`+tn.lead.ID+`", period: DAY, tokens: 1000000, mode: HARD}) { id scopeId mode tokens } }`)
 	require.Empty(t, ans.Errors, "%s", ans.raw)
 	budgets := func() budgetAnswer {

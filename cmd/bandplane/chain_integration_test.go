@@ -87,6 +87,7 @@ func TestIntegrationInitiatorBudgetHoldsUnderConcurrency(t *testing.T) {
 	code, out := chainDecide(srv, bRouter, b.writer.ID, b.room2, 1, "exec-foreign", chain)
 	assert.Equal(t, http.StatusForbidden, code, "b's own key names a's person: %s", out)
 
+	stacktest.AwayFromMidnight(t, 10*time.Minute)
 	ans := isoAsk(t, srv, manager, `mutation { setBudget(budget: {scope: INITIATOR, scopeId: "`+person.ID+`", period: DAY, tokens: 1000000, mode: HARD}) { id scope scopeId } }`)
 	require.Empty(t, ans.Errors, "%s", ans.raw)
 	budget := func() budgetAnswer {

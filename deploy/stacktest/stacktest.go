@@ -187,3 +187,16 @@ func Eventually(t testing.TB, timeout, interval time.Duration, cond func() bool)
 		time.Sleep(interval)
 	}
 }
+
+// AwayFromMidnight returns when the next UTC midnight is at least margin away, waiting
+// past it if it is nearer: a test of a day's budget, whose decisions take the real
+// server's clock, then runs inside one day.
+func AwayFromMidnight(t testing.TB, margin time.Duration) {
+	t.Helper()
+	now := time.Now().UTC()
+	next := now.Truncate(24 * time.Hour).Add(24 * time.Hour)
+	if wait := next.Sub(now); wait < margin {
+		t.Logf("waiting %s for UTC midnight to pass: the test's budget is a day's", wait.Round(time.Second))
+		time.Sleep(wait + time.Second)
+	}
+}
