@@ -328,7 +328,11 @@ type pending struct {
 
 	repriceAgents []AgentKey
 	parked        []parked
-	recheck       []int // indexes into batch.Events of late-attributed events
+	// parkedKeys are the partition keys (rooms) of the parked events: the events of
+	// such a room after a parked one are parked too, so that the cause tracker sees
+	// each room's events in stream order.
+	parkedKeys map[string]bool
+	recheck    []int // indexes into batch.Events of late-attributed events
 	// resolved are the events whose pending link a trigger of this batch resolved:
 	// their stored rows are rewritten once the batch is stored (relink), and so are
 	// the rows of this batch's own events among them.
@@ -699,9 +703,13 @@ func (c *Consumer) add(p *pending, r record) {
 			p.repriceAgents = append(p.repriceAgents, AgentKey{OrgID: row.OrgID, AgentID: row.ID})
 		}
 	}
-	if ev.OrgID == "" && c.unknownParty(&ev) {
+	if key := ev.Key(); ev.OrgID == "" && c.unknownParty(&ev) || p.parkedKeys[key] {
 		// Its registration may be in this batch on another partition: decide at the end.
 		p.parked = append(p.parked, parked{ev: ev, rec: rec})
+		if p.parkedKeys == nil {
+			p.parkedKeys = map[string]bool{}
+		}
+		p.parkedKeys[key] = true
 		return
 	}
 	c.toRows(p, &ev, rec, now)
@@ -805,7 +813,7 @@ func (c *Consumer) resolveParked(p *pending) {
 	for i := range p.parked {
 		c.toRows(p, &p.parked[i].ev, p.parked[i].rec, now)
 	}
-	p.parked = nil
+	p.parked, p.parkedKeys = nil, nil
 }
 
 // directoryReload is how often the directory is reloaded from ClickHouse

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -210,4 +211,19 @@ func TestConsumerReplayKeepsItsFirstLink(t *testing.T) {
 		}
 	}
 	assert.Equal(t, 1, n, "one usage row, the first")
+}
+
+// An event of a party ingest does not know yet waits for the end of its batch (its
+// registration may be on another partition); the events of its room after it wait
+// too, so that the tracker sees the room in stream order.
+func TestConsumerKeepsARoomsOrderAroundAParkedEvent(t *testing.T) {
+	st := &causeStorage{}
+	h := startWith(t, st, func(c *ingest.Config) { c.BatchSize, c.Causes = 2, st })
+	unknown := strings.Replace(chatLine("m1", "message.created", "newcomer", "user", 1, mentionData("pm-1", "coder")), `"org_id":"org-1",`, "", 1)
+	h.send(0, unknown)
+	h.send(0, chatLine("u1", "usage.reported", "coder", "agent", 2, usageData))
+	require.Eventually(t, func() bool { return h.reader.commit(0) == 2 }, 5*time.Second, 5*time.Millisecond)
+	u1 := usageBy(t, st.all().Usage, "u1")
+	assert.Equal(t, "newcomer", u1.Chain.InitiatorID, "the newcomer's message came first in the room")
+	assert.Equal(t, "pm-1", u1.Chain.TriggerID)
 }
