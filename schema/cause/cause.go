@@ -7,12 +7,12 @@
 //
 // The rules, in the order they apply to an agent's event:
 //
-//  1. An explicit trigger wins: data.trigger.message_id (canonical events) or
+//  1. An execution_id seen before keeps the link its first event got.
+//  2. An explicit trigger: data.trigger.message_id (canonical events) or
 //     metadata.trigger_message_id (the platform's frames) names the message, by the
 //     platform's id or the event's. A trigger from outside chat is data.trigger.source
 //     or metadata.trigger_source ("schedule", "webhook:github"): that system is the
 //     initiator.
-//  2. An execution_id seen before keeps the link its first event got.
 //  3. Otherwise the trigger is inferred: the latest message in the room that mentions
 //     the agent, seen before this event and within the horizon.
 //  4. With none of these the agent acted on its own: it is its own initiator.
@@ -25,7 +25,7 @@
 // is exact when an agent's events of one execution come before the next message that
 // mentions it; two mentions of one agent close together, with the first execution
 // still running, credit its later events to the second. Platforms make that exact by
-// sending the trigger (rule 1) or an execution_id on every event (rule 2).
+// sending the trigger (rule 2) or an execution_id on every event (rule 1).
 //
 // A Tracker holds the state in memory; ingest feeds it each room's events in Kafka
 // order (a room is one partition's), and warms it at start from the links it stored
@@ -126,13 +126,20 @@ type Tracker struct {
 	executions   map[string]remembered // organization, agent and execution id → the link of its first event
 	pending      map[string][]waiting  // room and trigger → the events waiting for it
 	pendingExecs map[string][]string   // room and trigger → the executions whose link waits for it
-	pendingAt    map[string]time.Time  // room and trigger → the latest event waiting for it
+	pendingAt    map[string]stamp      // room and trigger → the latest event waiting for it
 	swept        time.Time             // the last sweep of the maps (event time)
+	// wall is the clock of when things are seen (time.Now): what the sweep forgets is
+	// old in event time and was seen long ago, so that a partition whose events lag
+	// the others' by hours (a backlog caught up unevenly) keeps its rooms' messages.
+	wall func() time.Time
 }
+
+// stamp is when something happened (event time) and when the Tracker saw it (wall).
+type stamp struct{ at, seen time.Time }
 
 type messageKey struct {
 	keys [2]string
-	at   time.Time
+	stamp
 }
 
 type waiting struct {
@@ -149,6 +156,7 @@ type remembered struct {
 	org            string   // a message's or an execution's organization
 	mentions       []string // a message's
 	agent          string   // an execution's
+	seen           time.Time
 }
 
 // mayTrigger says whether message r may have started an execution of agent in org:
@@ -167,7 +175,7 @@ type room struct {
 
 type mention struct {
 	msgID, eventID string
-	at             time.Time
+	at, seen       time.Time
 	link           Link // the mentioning message's own link
 }
 
@@ -184,7 +192,7 @@ func New(who Who, horizon time.Duration, maxMessages int) *Tracker {
 	}
 	return &Tracker{who: who, horizon: horizon, maxMessages: maxMessages, rooms: map[string]*room{},
 		messages: map[string]remembered{}, executions: map[string]remembered{}, pending: map[string][]waiting{},
-		pendingExecs: map[string][]string{}, pendingAt: map[string]time.Time{}}
+		pendingExecs: map[string][]string{}, pendingAt: map[string]stamp{}, wall: time.Now}
 }
 
 // Linked says whether events of this type by this kind of actor get a link: the
@@ -300,7 +308,7 @@ func (t *Tracker) agentLink(ev *schema.Event, f *fields) Link {
 		l = t.inferredLink(ev)
 	}
 	if xk != "" {
-		t.executions[xk] = remembered{link: l, at: ev.Time, org: ev.OrgID, agent: ev.Actor.ID}
+		t.executions[xk] = remembered{link: l, at: ev.Time, org: ev.OrgID, agent: ev.Actor.ID, seen: t.wall()}
 		if l.Pending {
 			t.awaitExecution(roomKey(ev.RoomID, l.Trigger), xk, ev.Time)
 		}
@@ -397,7 +405,8 @@ func (t *Tracker) Remember(m Message) []Resolution {
 	if m.MessageID == "" {
 		m.MessageID = m.EventID
 	}
-	r := remembered{link: m.Link, at: m.Time, msgID: m.MessageID, eventID: m.EventID, room: m.Room, org: m.OrgID, mentions: m.Mentions}
+	seen := t.wall()
+	r := remembered{link: m.Link, at: m.Time, msgID: m.MessageID, eventID: m.EventID, room: m.Room, org: m.OrgID, mentions: m.Mentions, seen: seen}
 	keys := [2]string{roomKey(m.Room, m.MessageID), roomKey(m.Room, m.EventID)}
 	held := false // by another organization's message of the same id
 	for _, k := range keys {
@@ -407,7 +416,7 @@ func (t *Tracker) Remember(m Message) []Resolution {
 	}
 	if !held {
 		t.messages[keys[0]], t.messages[keys[1]] = r, r
-		t.order = append(t.order, messageKey{keys: keys, at: m.Time})
+		t.order = append(t.order, messageKey{keys: keys, stamp: stamp{at: m.Time, seen: seen}})
 		for len(t.order) > t.maxMessages {
 			t.forget(t.order[0])
 			t.order = t.order[1:]
@@ -421,7 +430,7 @@ func (t *Tracker) Remember(m Message) []Resolution {
 		}
 		for _, id := range m.Mentions {
 			if old, ok := rm.mentioned[id]; !ok || !m.Time.Before(old.at) {
-				rm.mentioned[id] = mention{msgID: m.MessageID, eventID: m.EventID, at: m.Time, link: m.Link}
+				rm.mentioned[id] = mention{msgID: m.MessageID, eventID: m.EventID, at: m.Time, seen: seen, link: m.Link}
 			}
 		}
 	}
@@ -512,7 +521,8 @@ func (t *Tracker) Await(p Pending) {
 	if p.ExecutionID != "" {
 		xk := execKey(p.OrgID, p.Agent, p.ExecutionID)
 		if _, ok := t.executions[xk]; !ok {
-			t.executions[xk] = remembered{link: Link{Trigger: p.Trigger, Explicit: true, Pending: true, Depth: 1}, at: p.Time, org: p.OrgID, agent: p.Agent}
+			t.executions[xk] = remembered{link: Link{Trigger: p.Trigger, Explicit: true, Pending: true, Depth: 1}, at: p.Time, org: p.OrgID, agent: p.Agent,
+				seen: t.wall()}
 			t.awaitExecution(k, xk, p.Time)
 		}
 	}
@@ -534,7 +544,7 @@ func (t *Tracker) hold(k string, w waiting) {
 	}
 	if len(list) < maxPendingPerTrigger {
 		t.pending[k] = append(list, w)
-		t.pendingAt[k] = maxTime(t.pendingAt[k], w.at)
+		t.pendingAt[k] = stamp{at: maxTime(t.pendingAt[k].at, w.at), seen: t.wall()}
 	}
 }
 
@@ -547,7 +557,7 @@ func (t *Tracker) awaitExecution(k, xk string, at time.Time) {
 	}
 	if len(list) < maxPendingPerTrigger {
 		t.pendingExecs[k] = append(list, xk)
-		t.pendingAt[k] = maxTime(t.pendingAt[k], at)
+		t.pendingAt[k] = stamp{at: maxTime(t.pendingAt[k].at, at), seen: t.wall()}
 	}
 }
 
@@ -567,12 +577,14 @@ func (t *Tracker) forget(k messageKey) {
 }
 
 // sweep forgets what is older than twice the horizon before now (event time: a
-// room's events come in order, other rooms' may lag, so it keeps a horizon of slack).
-// The maps are swept once per eighth of the horizon, so that an event costs the
-// sweep nothing in between.
+// room's events come in order, other rooms' may lag, so it keeps a horizon of slack)
+// and was seen more than twice the horizon ago (wall time: a lagging partition's
+// rooms keep theirs). The maps are swept once per eighth of the horizon, so that an
+// event costs the sweep nothing in between.
 func (t *Tracker) sweep(now time.Time) {
-	cut := now.Add(-2 * t.horizon)
-	for len(t.order) > 0 && t.order[0].at.Before(cut) {
+	cut, wall := now.Add(-2*t.horizon), t.wall()
+	stale := func(s stamp) bool { return s.at.Before(cut) && wall.Sub(s.seen) > 2*t.horizon }
+	for len(t.order) > 0 && stale(t.order[0].stamp) {
 		t.forget(t.order[0])
 		t.order = t.order[1:]
 	}
@@ -581,12 +593,12 @@ func (t *Tracker) sweep(now time.Time) {
 	}
 	t.swept = now
 	for id, e := range t.executions {
-		if e.at.Before(cut) || len(t.executions) > t.maxMessages {
+		if stale(stamp{e.at, e.seen}) || len(t.executions) > t.maxMessages {
 			delete(t.executions, id)
 		}
 	}
 	for k, at := range t.pendingAt {
-		if at.Before(cut) {
+		if stale(at) {
 			delete(t.pending, k)
 			delete(t.pendingExecs, k)
 			delete(t.pendingAt, k)
@@ -594,7 +606,7 @@ func (t *Tracker) sweep(now time.Time) {
 	}
 	for id, rm := range t.rooms {
 		for a, m := range rm.mentioned {
-			if m.at.Before(cut) {
+			if stale(stamp{m.at, m.seen}) {
 				delete(rm.mentioned, a)
 			}
 		}

@@ -223,6 +223,8 @@ func TestOnlyRoomEventsAndUsageAreLinked(t *testing.T) {
 // Whatever data a client sent, Observe answers and keeps its bounds.
 func TestHostileData(t *testing.T) {
 	tr := New(who, time.Minute, 100)
+	wall := t0
+	tr.wall = func() time.Time { return wall }
 	for i, data := range []string{`not json`, `[1,2]`, `{"mentions":"x"}`, `{"trigger":7}`, `{"extra":{"metadata":[]}}`, `null`, ``} {
 		ev := schema.Event{ID: fmt.Sprint("h", i), Type: schema.TypeMessageCreated, Time: t0, RoomID: "r", Actor: coder, Data: json.RawMessage(data)}
 		_, ok := tr.Observe(&ev, nil)
@@ -251,11 +253,38 @@ func TestHostileData(t *testing.T) {
 		assert.True(t, o.Link.Pending)
 	}
 	assert.Len(t, tr.pending, 100)
+	wall = wall.Add(10 * time.Minute)
 	late := schema.Event{ID: "late", Type: schema.TypeUsageReported, Time: t0.Add(10 * time.Minute), Actor: coder, Data: json.RawMessage(`{}`)}
 	tr.Observe(&late, nil)
 	_, _, rooms, pending := tr.Remembered()
 	assert.Equal(t, 0, pending)
 	assert.Equal(t, 0, rooms)
+}
+
+// A partition whose events lag the others' by hours of event time (a backlog caught up
+// unevenly) keeps its rooms' messages: the sweep forgets only what was also seen long
+// ago.
+func TestLaggingRoomKeepsItsMessages(t *testing.T) {
+	tr := New(who, 0, 0)
+	wall := t0
+	tr.wall = func() time.Time { return wall }
+	msg := orgEvent("a1", "org-a", alice, schema.TypeMessageCreated, 0, `{"message_id":"m-a","mentions":[{"id":"coder"}]}`)
+	tr.Observe(msg, nil)
+	ahead := orgEvent("x1", "org-a", reviewer, schema.TypeUsageReported, 5*time.Hour, `{}`)
+	ahead.RoomID = "room-2"
+	wall = wall.Add(time.Minute)
+	tr.Observe(ahead, nil)
+	use := orgEvent("c1", "org-a", coder, schema.TypeUsageReported, time.Second, `{"trigger":{"message_id":"m-a"}}`)
+	o, ok := tr.Observe(use, nil)
+	require.True(t, ok)
+	assert.Equal(t, alice, o.Link.Initiator, "room-1's message is kept though room-2 is hours ahead")
+	assert.False(t, o.Link.Pending)
+
+	wall = wall.Add(3 * time.Hour) // seen long ago too: gone
+	ahead.ID, ahead.Time = "x2", ahead.Time.Add(time.Hour)
+	tr.Observe(ahead, nil)
+	msgs, _, _, _ := tr.Remembered()
+	assert.Zero(t, msgs)
 }
 
 func TestPendingExecutionHoldsItsLaterEventsAndWarmsFromStore(t *testing.T) {
