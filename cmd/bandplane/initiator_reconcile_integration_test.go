@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -180,7 +181,16 @@ func irStored(t *testing.T, s *stack, r irRun) map[string]irRow {
 		rows, pending, err = irReadUsage(s, ids)
 		return err == nil && len(rows) == len(ids) && pending == 0
 	})
-	require.True(t, ok, "usage FINAL holds %d of the %d usage rows, %d of them pending (%v)", len(rows), len(ids), pending, err)
+	if !ok {
+		var still []string
+		for _, tr := range r.usage {
+			if row, ok := rows[tr.EventID]; ok && row.link == cause.SourcePending && len(still) < 5 {
+				still = append(still, fmt.Sprintf("%s (%+v, truth %+v)", tr.EventID, row, tr))
+			}
+		}
+		require.Failf(t, "usage rows missing or pending", "usage FINAL holds %d of the %d usage rows, %d of them pending (%v): %s",
+			len(rows), len(ids), pending, err, strings.Join(still, "; "))
+	}
 	return rows
 }
 
