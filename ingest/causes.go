@@ -101,53 +101,49 @@ const relinkChunk = 256
 // trigger resolved, at higher versions, and returns the hours of usage it rewrote.
 // The resolutions of events in the same batch were applied before it was stored.
 // Each row is matched by organization and event id, the key of the trail: an event id
-// that another organization also uses is not touched.
+// that another organization also uses is not touched. The rows are read in chunks of
+// nearby times and written back in one insert per table.
 func relink(ctx context.Context, c Causes, res []cause.Resolution, now time.Time) ([]store.HourKey, error) {
 	res = slices.Clone(res)
-	slices.SortFunc(res, func(a, b cause.Resolution) int { return a.Time.Compare(b.Time) }) // chunks of nearby times
-	var hours []store.HourKey
-	for lo := 0; lo < len(res); lo += relinkChunk {
-		h, err := relinkChunkOf(ctx, c, res[lo:min(lo+relinkChunk, len(res))], now)
-		if err != nil {
-			return nil, err
-		}
-		hours = append(hours, h...)
-	}
-	return hours, nil
-}
-
-func relinkChunkOf(ctx context.Context, c Causes, res []cause.Resolution, now time.Time) ([]store.HourKey, error) {
+	slices.SortFunc(res, func(a, b cause.Resolution) int { return a.Time.Compare(b.Time) })
 	type key struct{ org, id string }
 	by := make(map[key]cause.Link, len(res))
-	ids := make([]string, 0, len(res))
-	from, to := res[0].Time, res[0].Time
 	for _, r := range res {
 		by[key{r.OrgID, r.EventID}] = r.Link
-		ids = append(ids, r.EventID)
-		from, to = minTime(from, r.Time), maxTime(to, r.Time)
 	}
-	from, to = from.Add(-time.Second), to.Add(time.Second)
 	v := uint64(now.UnixNano())
-	causes, err := c.CausesOfEvents(ctx, ids, from, to)
-	if err != nil {
-		return nil, fmt.Errorf("cannot relink %d events a late trigger resolved: %w", len(res), err)
-	}
-	causes = slices.DeleteFunc(causes, func(r store.CauseRow) bool { _, ok := by[key{r.OrgID, r.EventID}]; return !ok })
-	for i := range causes {
-		causes[i].Chain = ChainOf(by[key{causes[i].OrgID, causes[i].EventID}])
-		causes[i].Version = max(v, causes[i].Version+1)
+	var causes []store.CauseRow
+	var usage []store.UsageRow
+	for lo := 0; lo < len(res); lo += relinkChunk {
+		chunk := res[lo:min(lo+relinkChunk, len(res))]
+		ids := make([]string, 0, len(chunk))
+		for _, r := range chunk {
+			ids = append(ids, r.EventID)
+		}
+		from, to := chunk[0].Time.Add(-time.Second), chunk[len(chunk)-1].Time.Add(time.Second)
+		cs, err := c.CausesOfEvents(ctx, ids, from, to)
+		if err != nil {
+			return nil, fmt.Errorf("cannot relink %d events a late trigger resolved: %w", len(res), err)
+		}
+		for _, r := range cs {
+			if l, ok := by[key{r.OrgID, r.EventID}]; ok {
+				r.Chain, r.Version = ChainOf(l), max(v, r.Version+1)
+				causes = append(causes, r)
+			}
+		}
+		us, err := c.UsageOfEvents(ctx, ids, from, to)
+		if err != nil {
+			return nil, fmt.Errorf("cannot relink %d events a late trigger resolved: %w", len(res), err)
+		}
+		for _, r := range us {
+			if l, ok := by[key{r.OrgID, r.EventID}]; ok {
+				r.Chain, r.Version = ChainOf(l), max(v, r.Version+1)
+				usage = append(usage, r)
+			}
+		}
 	}
 	if err := c.InsertCauses(ctx, causes); err != nil {
 		return nil, fmt.Errorf("cannot relink %d events a late trigger resolved: %w", len(causes), err)
-	}
-	usage, err := c.UsageOfEvents(ctx, ids, from, to)
-	if err != nil {
-		return nil, fmt.Errorf("cannot relink %d events a late trigger resolved: %w", len(res), err)
-	}
-	usage = slices.DeleteFunc(usage, func(r store.UsageRow) bool { _, ok := by[key{r.OrgID, r.EventID}]; return !ok })
-	for i := range usage {
-		usage[i].Chain = ChainOf(by[key{usage[i].OrgID, usage[i].EventID}])
-		usage[i].Version = max(v, usage[i].Version+1)
 	}
 	if err := c.InsertUsage(ctx, usage); err != nil {
 		return nil, fmt.Errorf("cannot relink %d usage rows a late trigger resolved: %w", len(usage), err)

@@ -70,21 +70,29 @@ func (s *Store) causes(ctx context.Context, q string, args ...any) ([]CauseRow, 
 }
 
 // CausesOfEvents reads the current cause rows of the given events (a late trigger's
-// rewrite), within [from, to) of their times.
+// rewrite), within [from, to) of their times, in every organization that has such an
+// event id. It reads without FINAL, which would merge every row of the range, and
+// keeps the newest version of each row itself, as FINAL would: the cost is the
+// events asked for, not the range.
 func (s *Store) CausesOfEvents(ctx context.Context, ids []string, from, to time.Time) ([]CauseRow, error) {
 	if len(ids) == 0 {
 		return nil, nil
 	}
-	return s.causes(ctx, "SELECT "+causeCols+" FROM "+s.db+".causes FINAL WHERE time >= ? AND time < ? AND has(?, event_id)", from.UTC(), to.UTC(), ids)
+	rows, err := s.causes(ctx, "SELECT "+causeCols+" FROM "+s.db+".causes WHERE time >= ? AND time < ? AND has(?, event_id)",
+		from.UTC(), to.UTC(), ids)
+	if err != nil {
+		return nil, err
+	}
+	return newest(rows, func(r *CauseRow) (rowKey, uint64) { return rowKey{r.OrgID, r.Time.Unix(), r.EventID}, r.Version }), nil
 }
 
 // UsageOfEvents reads the current usage facts of the given events (a late trigger's
-// rewrite), within [from, to) of their times.
+// rewrite), within [from, to) of their times, as CausesOfEvents does.
 func (s *Store) UsageOfEvents(ctx context.Context, ids []string, from, to time.Time) ([]UsageRow, error) {
 	if len(ids) == 0 {
 		return nil, nil
 	}
-	rows, err := s.conn.Query(ctx, "SELECT "+usageReadCols+" FROM "+s.db+".usage FINAL WHERE time >= ? AND time < ? AND has(?, event_id)",
+	rows, err := s.conn.Query(ctx, "SELECT "+usageReadCols+" FROM "+s.db+".usage WHERE time >= ? AND time < ? AND has(?, event_id)",
 		from.UTC(), to.UTC(), ids)
 	if err != nil {
 		return nil, fmt.Errorf("cannot read the usage of %d events from %s.usage: %w", len(ids), s.db, err)
@@ -98,5 +106,34 @@ func (s *Store) UsageOfEvents(ctx context.Context, ids []string, from, to time.T
 		}
 		out = append(out, r)
 	}
-	return out, rows.Err()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("cannot read %s.usage: %w", s.db, err)
+	}
+	return newest(out, func(r *UsageRow) (rowKey, uint64) { return rowKey{r.OrgID, r.Time.Unix(), r.EventID}, r.Version }), nil
+}
+
+// rowKey is a row's replacing key: its organization, second and event id.
+type rowKey struct {
+	org string
+	sec int64
+	id  string
+}
+
+// newest keeps the highest version of each row of rows, as a ReplacingMergeTree's
+// FINAL does (of equal versions, either), in the order first read.
+func newest[T any](rows []T, key func(*T) (rowKey, uint64)) []T {
+	at := make(map[rowKey]int, len(rows))
+	out := rows[:0:0]
+	for i := range rows {
+		k, v := key(&rows[i])
+		if j, ok := at[k]; ok {
+			if _, w := key(&out[j]); v >= w {
+				out[j] = rows[i]
+			}
+			continue
+		}
+		at[k] = len(out)
+		out = append(out, rows[i])
+	}
+	return out
 }
