@@ -333,12 +333,20 @@ type pending struct {
 	// each room's events in stream order.
 	parkedKeys map[string]bool
 	recheck    []int // indexes into batch.Events of late-attributed events
-	// resolved are the events whose pending link a trigger of this batch resolved:
-	// their stored rows are rewritten once the batch is stored (relink), and so are
-	// the rows of this batch's own events among them.
-	resolved []cause.Resolution
-	first    time.Time
+	// resolved are the events of earlier batches whose pending link a trigger of this
+	// batch resolved: their stored rows are rewritten once the batch is stored
+	// (relink). The rows of this batch's own pending events (pendingRows) are given
+	// their resolved link before they are written.
+	resolved    []cause.Resolution
+	pendingRows map[rowRef]pendingRow
+	first       time.Time
 }
+
+// rowRef is an event by its organization and id.
+type rowRef struct{ org, id string }
+
+// pendingRow is where a pending event's rows are in its batch (usage -1: none).
+type pendingRow struct{ cause, usage int }
 
 type parked struct {
 	ev  schema.Event
@@ -876,7 +884,17 @@ func (c *Consumer) toRows(p *pending, ev *schema.Event, rec int32, now time.Time
 		}
 		p.batch.Causes = append(p.batch.Causes, causeRow(ev, o))
 		p.causeRec = append(p.causeRec, rec)
-		p.resolved = append(p.resolved, o.Resolved...)
+		if o.Link.Pending {
+			if p.pendingRows == nil {
+				p.pendingRows = map[rowRef]pendingRow{}
+			}
+			at := pendingRow{cause: len(p.batch.Causes) - 1, usage: -1}
+			if usage != nil {
+				at.usage = len(p.batch.Usage) // appended below
+			}
+			p.pendingRows[rowRef{ev.OrgID, ev.ID}] = at
+		}
+		c.resolve(p, o.Resolved)
 	}
 	if usage != nil {
 		p.batch.Usage = append(p.batch.Usage, *usage)
@@ -894,6 +912,25 @@ func (c *Consumer) toRows(p *pending, ev *schema.Event, rec int32, now time.Time
 	}
 	p.batch.Events = append(p.batch.Events, EventRow(ev, owner, int32(p.msgs[rec].Partition), p.msgs[rec].Offset))
 	p.evRec = append(p.evRec, rec)
+}
+
+// resolve gives the rows of this batch that res resolves their link, and keeps the
+// others for relink.
+func (c *Consumer) resolve(p *pending, res []cause.Resolution) {
+	for _, r := range res {
+		at, ok := p.pendingRows[rowRef{r.OrgID, r.EventID}]
+		if !ok {
+			p.resolved = append(p.resolved, r)
+			continue
+		}
+		delete(p.pendingRows, rowRef{r.OrgID, r.EventID})
+		ch := ChainOf(r.Link)
+		p.batch.Causes[at.cause].Chain = ch
+		if at.usage >= 0 {
+			p.batch.Usage[at.usage].Chain = ch
+		}
+		c.m.Links.WithLabelValues("resolved").Inc()
+	}
 }
 
 // stageOf tells a record that is not JSON (or not an object) from one that is JSON but
@@ -1014,12 +1051,15 @@ func (c *Consumer) store(ctx context.Context, p *pending) bool {
 		return false
 	}
 	hours := append(usageHours(p.batch.Usage), p.replayHours...)
+	var relinkDur time.Duration
 	if len(p.resolved) > 0 && c.cfg.Causes != nil {
+		began := time.Now()
 		relinked, ok := c.relink(ctx, p.resolved)
 		if !ok {
 			return false
 		}
 		hours = append(hours, relinked...)
+		relinkDur = time.Since(began)
 	}
 	if !c.note(ctx, p, failed) {
 		return false
@@ -1053,7 +1093,7 @@ func (c *Consumer) store(ctx context.Context, p *pending) bool {
 	c.m.FlushSeconds.Observe(flushed.Seconds())
 	c.log.Debug("batch flushed", "records", len(p.msgs), "events", len(p.batch.Events), "dead_letters", deadLetters,
 		"replays", p.replays, "usage", len(p.batch.Usage), "age_ms", time.Since(p.first).Milliseconds(), "flush_ms", flushed.Milliseconds(),
-		"lookup_ms", p.lookup.Milliseconds(), "insert_ms", insertDur.Milliseconds())
+		"lookup_ms", p.lookup.Milliseconds(), "insert_ms", insertDur.Milliseconds(), "resolved", len(p.resolved), "relink_ms", relinkDur.Milliseconds())
 	if c.cfg.AfterFlush != nil && (len(hours) > 0 || len(p.repriceAgents) > 0) {
 		c.cfg.AfterFlush(hours, p.repriceAgents)
 	}

@@ -227,3 +227,44 @@ func TestConsumerKeepsARoomsOrderAroundAParkedEvent(t *testing.T) {
 	assert.Equal(t, "newcomer", u1.Chain.InitiatorID, "the newcomer's message came first in the room")
 	assert.Equal(t, "pm-1", u1.Chain.TriggerID)
 }
+
+// A late trigger rewrites the rows of the events it resolved, in their organization
+// only: another organization's event of the same id keeps its own.
+func TestConsumerRelinksOnlyTheResolvedOrganization(t *testing.T) {
+	st := &causeStorage{}
+	h := startWith(t, st, func(c *ingest.Config) { c.BatchSize, c.Causes = 1, st })
+	h.send(0, chatLine("u1", "usage.reported", "coder", "agent", 2,
+		`{"input_tokens":1000,"output_tokens":100,"cache_read_tokens":0,"cache_write_tokens":0,"trigger":{"message_id":"pm-late"}}`))
+	h.send(1, strings.Replace(chatLine("u1", "usage.reported", "other-bot", "agent", 2, usageData), `"org_id":"org-1"`, `"org_id":"org-2"`, 1))
+	require.Eventually(t, func() bool { return h.reader.commit(0) == 1 && h.reader.commit(1) == 1 }, 5*time.Second, 5*time.Millisecond)
+	h.send(0, chatLine("m1", "message.created", "alice", "user", 1, mentionData("pm-late", "coder")))
+	require.Eventually(t, func() bool { return h.reader.commit(0) == 2 }, 5*time.Second, 5*time.Millisecond)
+	usage, causes := st.rewrites()
+	require.Len(t, usage, 1)
+	require.Len(t, causes, 1)
+	assert.Equal(t, "org-1", usage[0].OrgID)
+	assert.Equal(t, "org-1", causes[0].OrgID)
+	assert.Equal(t, "alice", usage[0].Chain.InitiatorID)
+}
+
+// A late trigger in the same batch as the events it resolves gives their rows the
+// resolved link before they are written: nothing is read back nor rewritten.
+func TestConsumerResolvesItsOwnBatchBeforeWriting(t *testing.T) {
+	st := &causeStorage{}
+	h := startWith(t, st, func(c *ingest.Config) { c.BatchSize, c.Causes = 2, st })
+	h.send(0, chatLine("u1", "usage.reported", "coder", "agent", 2,
+		`{"input_tokens":1000,"output_tokens":100,"cache_read_tokens":0,"cache_write_tokens":0,"trigger":{"message_id":"pm-late"}}`))
+	h.send(0, chatLine("m1", "message.created", "alice", "user", 1, mentionData("pm-late", "coder")))
+	require.Eventually(t, func() bool { return h.reader.commit(0) == 2 }, 5*time.Second, 5*time.Millisecond)
+	usage, causes := st.rewrites()
+	assert.Empty(t, usage)
+	assert.Empty(t, causes)
+	want := store.Chain{TriggerID: "pm-late", TriggerEventID: "m1", InitiatorID: "alice", InitiatorType: "user",
+		InitiatorOwner: "alice", Depth: 1, Link: "explicit"}
+	assert.Equal(t, want, usageBy(t, st.all().Usage, "u1").Chain)
+	for _, c := range st.all().Causes {
+		if c.EventID == "u1" {
+			assert.Equal(t, want, c.Chain)
+		}
+	}
+}
