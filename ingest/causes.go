@@ -150,17 +150,3 @@ func relink(ctx context.Context, c Causes, res []cause.Resolution, now time.Time
 	}
 	return usageHours(usage), nil
 }
-
-func minTime(a, b time.Time) time.Time {
-	if b.Before(a) {
-		return b
-	}
-	return a
-}
-
-func maxTime(a, b time.Time) time.Time {
-	if b.After(a) {
-		return b
-	}
-	return a
-}
