@@ -88,7 +88,7 @@ func (t *wsTransport) Do(w http.ResponseWriter, r *http.Request, exec graphql.Gr
 	}
 	ws.SetReadLimit(wsReadLimit)
 	c := &wsConn{t: t, ws: ws, exec: exec, legacy: !strings.EqualFold(ws.Subprotocol(), protoTransportWS), headers: r.Header,
-		ops: map[string]context.CancelFunc{}}
+		ops: map[string]*wsOp{}}
 	c.serve(r.Context())
 }
 
@@ -114,7 +114,7 @@ type wsConn struct {
 	closing atomic.Bool // a close handshake has started: the socket is its
 
 	mu  sync.Mutex
-	ops map[string]context.CancelFunc // running operations by id
+	ops map[string]*wsOp // running operations by id
 	wg  sync.WaitGroup
 }
 
@@ -260,9 +260,12 @@ func (c *wsConn) handle(ctx context.Context, f frame) bool {
 	case f.Type == "subscribe" && !c.legacy, f.Type == "start" && c.legacy:
 		return c.start(ctx, f)
 	case f.Type == "complete" && !c.legacy, f.Type == "stop" && c.legacy:
+		// The id is free at once: the client may reuse it in its next message, which
+		// this loop reads only after this one.
 		c.mu.Lock()
-		if cancel := c.ops[f.ID]; cancel != nil {
-			cancel()
+		if op := c.ops[f.ID]; op != nil {
+			op.cancel()
+			delete(c.ops, f.ID)
 		}
 		c.mu.Unlock()
 	case f.Type == "connection_terminate" && c.legacy:
@@ -313,18 +316,22 @@ func (c *wsConn) start(ctx context.Context, f frame) bool {
 		return true
 	}
 	octx, cancel := context.WithCancel(graphql.WithOperationContext(ctx, rc))
+	op := &wsOp{cancel: cancel}
 	c.mu.Lock()
-	c.ops[f.ID] = cancel
+	c.ops[f.ID] = op
 	c.mu.Unlock()
 	c.wg.Go(func() {
 		defer cancel()
-		c.run(octx, f.ID, rc)
+		c.run(octx, f.ID, op, rc)
 	})
 	return true
 }
 
+// wsOp is a running operation.
+type wsOp struct{ cancel context.CancelFunc }
+
 // run executes one operation and tells the client how it ended.
-func (c *wsConn) run(ctx context.Context, id string, rc *graphql.OperationContext) {
+func (c *wsConn) run(ctx context.Context, id string, op *wsOp, rc *graphql.OperationContext) {
 	slot := &liveSlot{}
 	ctx = context.WithValue(ctx, liveKey{}, slot)
 	var ended gqlerror.List
@@ -338,9 +345,12 @@ func (c *wsConn) run(ctx context.Context, id string, rc *graphql.OperationContex
 			ended = gqlerror.List{gerr}
 		}
 		// The id is free again before the client hears the operation ended: it may
-		// reuse it at once.
+		// reuse it at once (unless a completion freed it already, and a new operation
+		// of the id runs).
 		c.mu.Lock()
-		delete(c.ops, id)
+		if c.ops[id] == op {
+			delete(c.ops, id)
+		}
 		c.mu.Unlock()
 		switch {
 		case ctx.Err() != nil && len(ended) == 0:
