@@ -714,4 +714,19 @@ func (c *corpusQuery) work() {
 		orgs[o.OrgID] = true
 	}
 	assert.GreaterOrEqual(t, len(orgs), 2, "every organization's tasks in progress: %v", orgs)
+	// The loop guard denied the agent after its last message in the room: the board
+	// shows it stopped there.
+	d := api.DecidedData{Decision: "send_message", Allow: false, PolicyRevision: "corpus-rev", InputDigest: "00",
+		Input:   json.RawMessage(`{"agent_id":"` + c.agent.ID + `"}`),
+		Reasons: []policy.Reason{{Code: policy.CodeLoop, Message: "loop: 7 handoffs in a row between the same two agents is past max_handoffs 6"}}}
+	stop := c.event("corpus-stop", schema.TypePolicyDecided, c.now.Add(-time.Minute), c.room, c.agent.ID, "agent", d)
+	stop.Source = api.SourcePolicy
+	require.NoError(t, c.st.BatchInsert(ctx, &store.Batch{Events: []store.EventRow{stop}}))
+
+	stopped, err := c.q.WorkStatus(ctx, query.WorkQuery{OrgID: c.org, RoomID: c.room, Now: c.now})
+	require.NoError(t, err)
+	require.Len(t, stopped.Rooms, 1)
+	a := slices.IndexFunc(stopped.Rooms[0].Agents, func(a query.ActiveAgent) bool { return a.AgentID == c.agent.ID })
+	require.GreaterOrEqual(t, a, 0)
+	assert.Equal(t, work.StopLoop, stopped.Rooms[0].Agents[a].Stop.Kind, "%+v", stopped.Rooms[0].Agents[a])
 }
