@@ -1154,10 +1154,6 @@ func (c *Consumer) checkStored(ctx context.Context, p *pending) bool {
 		for i, rec := range p.usageRec {
 			usageOf[rec] = i
 		}
-		causeOf := make(map[int32]int, len(p.causeRec))
-		for i, rec := range p.causeRec {
-			causeOf[rec] = i
-		}
 		for _, i := range p.recheck {
 			k := store.KeyOf(&ev[i])
 			k.OrgID = ""
@@ -1169,14 +1165,11 @@ func (c *Consumer) checkStored(ctx context.Context, p *pending) bool {
 			// compared with the stored copies to find the record's own (ownLeaf): it gets
 			// the owner ingest stores while the party is unknown, as it was when the row
 			// was stored without an organization, not the stored copy's, which may be an
-			// edit. The usage row keeps the stored owner so that it collapses with the
-			// stored usage row unchanged; usage is not part of the trail.
+			// edit. Its usage and cause rows are not written again either; the usage
+			// row's organization is the stored one's, whose hour the rollups rebuild.
 			ev[i].OrgID, ev[i].OwnerID = "", unknownPartyOwner(&ev[i])
 			if u, ok := usageOf[p.evRec[i]]; ok {
-				p.batch.Usage[u].OrgID, p.batch.Usage[u].OwnerID = "", stored[rows[0]].OwnerID
-			}
-			if c, ok := causeOf[p.evRec[i]]; ok { // its cause row collapses with the stored one
-				p.batch.Causes[c].OrgID = ""
+				p.batch.Usage[u].OrgID = ""
 			}
 		}
 	}
