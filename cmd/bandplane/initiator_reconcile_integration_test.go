@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/shopspring/decimal"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -16,6 +17,7 @@ import (
 	"github.com/bandplane/bandplane/schema"
 	"github.com/bandplane/bandplane/schema/cause"
 	"github.com/bandplane/bandplane/schema/keys"
+	"github.com/bandplane/bandplane/schema/store"
 )
 
 // TestIntegrationInitiatorsReconcileWithTruth sends two seeded workloads through the
@@ -52,22 +54,22 @@ func TestIntegrationInitiatorsReconcileWithTruth(t *testing.T) {
 	r := runs["default"]
 	sc := irReconcile(t, r, irStored(t, s, r))
 	t.Logf("default traffic, %d usage events: explicit links right %s (late %s), inferred links right %s",
-		sc.usage, sc.explicit, sc.late, sc.inferred)
-	assert.Empty(t, sc.unexplained, "links wrong where inference is not ambiguous")
-	assert.Equal(t, sc.explicit.n, sc.explicit.ok, "explicit links right: %s", sc.explicit)
-	assert.Positive(t, sc.late.n, "the default traffic has late triggers")
-	assert.Positive(t, sc.inferred.n, "the default traffic has inferred links")
-	assert.GreaterOrEqual(t, sc.inferred.share(), 0.99, "inferred links right: %s", sc.inferred)
+		sc.usage, sc.Explicit, sc.Late, sc.Inferred)
+	assert.Empty(t, sc.Unexplained, "links wrong where inference is not ambiguous")
+	assert.Equal(t, sc.Explicit.N, sc.Explicit.OK, "explicit links right: %s", sc.Explicit)
+	assert.Positive(t, sc.Late.N, "the default traffic has late triggers")
+	assert.Positive(t, sc.Inferred.N, "the default traffic has inferred links")
+	assert.GreaterOrEqual(t, sc.Inferred.Share(), 0.99, "inferred links right: %s", sc.Inferred)
 
 	// Many late triggers: every link right, and the rollup by initiator exact.
 	r = runs["late"]
 	rows := irStored(t, s, r)
 	sc = irReconcile(t, r, rows)
 	t.Logf("late-trigger traffic, %d usage events: explicit links right %s (late %s), inferred links right %s",
-		sc.usage, sc.explicit, sc.late, sc.inferred)
-	assert.Empty(t, sc.unexplained, "every link right")
-	require.Greater(t, sc.late.n, 50, "the traffic has many late triggers")
-	assert.Equal(t, sc.late.n, sc.late.ok, "late links right: %s", sc.late)
+		sc.usage, sc.Explicit, sc.Late, sc.Inferred)
+	assert.Empty(t, sc.Unexplained, "every link right")
+	require.Greater(t, sc.Late.N, 50, "the traffic has many late triggers")
+	assert.Equal(t, sc.Late.N, sc.Late.OK, "late links right: %s", sc.Late)
 
 	want := map[string]irSpend{} // org/initiator → spend, by the truth
 	for _, tr := range r.usage {
@@ -159,11 +161,11 @@ func irSend(t *testing.T, s *stack, srv *server, token string, cfg simulate.Conf
 	return r
 }
 
-// irRow is a usage row's chain as stored, and its cost.
+// irRow is a usage row's organization, chain as stored, and cost.
 type irRow struct {
-	org, initiatorID, initiatorType, triggerID, link string
-	depth                                            uint16
-	costMicros                                       int64
+	org        string
+	chain      store.Chain
+	costMicros int64
 }
 
 // irStored waits until every usage event of r has its row, none of them pending any
@@ -184,7 +186,7 @@ func irStored(t *testing.T, s *stack, r irRun) map[string]irRow {
 	if !ok {
 		var still []string
 		for _, tr := range r.usage {
-			if row, ok := rows[tr.EventID]; ok && row.link == cause.SourcePending && len(still) < 5 {
+			if row, ok := rows[tr.EventID]; ok && row.chain.Link == cause.SourcePending && len(still) < 5 {
 				still = append(still, fmt.Sprintf("%s (%+v, truth %+v)", tr.EventID, row, tr))
 			}
 		}
@@ -195,7 +197,7 @@ func irStored(t *testing.T, s *stack, r irRun) map[string]irRow {
 }
 
 func irReadUsage(s *stack, ids []string) (map[string]irRow, int, error) {
-	q, err := s.conn.Query(context.Background(), `SELECT event_id, org_id, initiator_id, initiator_type, trigger_id, chain_depth, link, toString(cost)
+	q, err := s.conn.Query(context.Background(), `SELECT event_id, org_id, initiator_id, initiator_type, trigger_id, chain_depth, link, cost
 		FROM `+s.db+`.usage FINAL WHERE has(?, event_id)`, ids)
 	if err != nil {
 		return nil, 0, err
@@ -204,13 +206,14 @@ func irReadUsage(s *stack, ids []string) (map[string]irRow, int, error) {
 	rows := map[string]irRow{}
 	pending := 0
 	for q.Next() {
-		var id, cost string
+		var id string
+		var cost decimal.Decimal
 		var r irRow
-		if err := q.Scan(&id, &r.org, &r.initiatorID, &r.initiatorType, &r.triggerID, &r.depth, &r.link, &cost); err != nil {
+		if err := q.Scan(&id, &r.org, &r.chain.InitiatorID, &r.chain.InitiatorType, &r.chain.TriggerID, &r.chain.Depth, &r.chain.Link, &cost); err != nil {
 			return nil, 0, err
 		}
-		r.costMicros = irMicros(cost)
-		if r.link == cause.SourcePending {
+		r.costMicros = cost.Shift(6).IntPart() // Decimal(38, 6): exact
+		if r.chain.Link == cause.SourcePending {
 			pending++
 		}
 		rows[id] = r
@@ -218,53 +221,9 @@ func irReadUsage(s *stack, ids []string) (map[string]irRow, int, error) {
 	return rows, pending, q.Err()
 }
 
-// irMicros reads a Decimal(18, 6) as ClickHouse prints it, in millionths.
-func irMicros(s string) int64 {
-	var whole, frac int64
-	neg := len(s) > 0 && s[0] == '-'
-	if neg {
-		s = s[1:]
-	}
-	i := 0
-	for ; i < len(s) && s[i] != '.'; i++ {
-		whole = whole*10 + int64(s[i]-'0')
-	}
-	digits := 0
-	for i++; i < len(s) && digits < 6; i, digits = i+1, digits+1 {
-		frac = frac*10 + int64(s[i]-'0')
-	}
-	for ; digits < 6; digits++ {
-		frac *= 10
-	}
-	v := whole*1_000_000 + frac
-	if neg {
-		v = -v
-	}
-	return v
-}
-
-type irScore struct{ n, ok int }
-
-func (s *irScore) add(ok bool) {
-	s.n++
-	if ok {
-		s.ok++
-	}
-}
-
-func (s irScore) share() float64 {
-	if s.n == 0 {
-		return 1
-	}
-	return float64(s.ok) / float64(s.n)
-}
-
-func (s irScore) String() string { return fmt.Sprintf("%d of %d (%.3f %%)", s.ok, s.n, 100*s.share()) }
-
 type irScores struct {
-	usage                    int
-	explicit, late, inferred irScore
-	unexplained              []string
+	simulate.Tally
+	usage int
 }
 
 type irSpend struct{ Events, CostMicros int64 }
@@ -277,26 +236,8 @@ func irReconcile(t *testing.T, r irRun, rows map[string]irRow) irScores {
 	for _, tr := range r.usage {
 		row, ok := rows[tr.EventID]
 		require.True(t, ok, "usage row of %s", tr.EventID)
-		wantLink := cause.SourceInferred
-		if tr.Explicit {
-			wantLink = cause.SourceExplicit
-		}
-		want := irRow{org: row.org, initiatorID: tr.Initiator.ID, initiatorType: string(tr.Initiator.Type), triggerID: tr.TriggerMessageID,
-			link: wantLink, depth: uint16(tr.Depth), costMicros: row.costMicros}
-		right := want == row
 		sc.usage++
-		switch {
-		case tr.Late:
-			sc.late.add(right)
-			sc.explicit.add(right)
-		case tr.Explicit:
-			sc.explicit.add(right)
-		default:
-			sc.inferred.add(right)
-		}
-		if !right && !tr.Ambiguous {
-			sc.unexplained = append(sc.unexplained, fmt.Sprintf("%s: want %+v, got %+v (truth %+v)", tr.EventID, want, row, tr))
-		}
+		sc.Add(tr, row.chain)
 	}
 	return sc
 }

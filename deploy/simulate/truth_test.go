@@ -12,7 +12,6 @@ import (
 	"github.com/bandplane/bandplane/deploy/simulate"
 	"github.com/bandplane/bandplane/ingest"
 	"github.com/bandplane/bandplane/schema"
-	"github.com/bandplane/bandplane/schema/cause"
 	"github.com/bandplane/bandplane/schema/directory"
 	"github.com/bandplane/bandplane/schema/store"
 )
@@ -69,47 +68,11 @@ func link(t *testing.T, cfg simulate.Config) linked {
 	return l
 }
 
-// score counts links that agree with the truth.
-type score struct{ n, ok int }
-
-func (s *score) add(ok bool) {
-	s.n++
-	if ok {
-		s.ok++
-	}
-}
-
-func (s score) share() float64 {
-	if s.n == 0 {
-		return 1
-	}
-	return float64(s.ok) / float64(s.n)
-}
-
-func (s score) String() string {
-	return fmt.Sprintf("%d of %d (%.3f %%)", s.ok, s.n, 100*s.share())
-}
-
 // reconciliation is how the links of a run compare with its truth.
 type reconciliation struct {
-	explicit, late, inferred score // usage events
-	all                      score // every event with a truth
-	unexplained              []string
-}
-
-// want is the stored link the truth says an event must have.
-func want(tr simulate.Truth) store.Chain {
-	c := store.Chain{InitiatorID: tr.Initiator.ID, InitiatorType: string(tr.Initiator.Type), Depth: uint16(tr.Depth),
-		TriggerID: tr.TriggerMessageID, Link: cause.SourceInferred}
-	if tr.Explicit {
-		c.Link = cause.SourceExplicit
-	}
-	return c
-}
-
-// got is the part of a stored link the truth speaks of.
-func got(c store.Chain) store.Chain {
-	return store.Chain{InitiatorID: c.InitiatorID, InitiatorType: c.InitiatorType, Depth: c.Depth, TriggerID: c.TriggerID, Link: c.Link}
+	simulate.Tally                // usage events
+	all            simulate.Score // every event with a truth
+	unexplained    []string       // of every event
 }
 
 func reconcile(t *testing.T, l linked) reconciliation {
@@ -127,23 +90,14 @@ func reconcile(t *testing.T, l linked) reconciliation {
 		require.True(t, ok, "the truth of %s names an event that was sent", tr.EventID)
 		c, linkedOK := l.chains[tr.EventID]
 		require.True(t, linkedOK, "%s %s by %s has a truth but no link", ev.Type, ev.ID, ev.Actor.ID)
-		ok = want(tr) == got(c)
-		r.all.add(ok)
+		ok = tr.Agrees(c)
+		r.all.Add(ok)
 		if !ok && !tr.Ambiguous {
-			r.unexplained = append(r.unexplained, fmt.Sprintf("%s %s by %s: want %+v, got %+v (truth %+v)", ev.Type, ev.ID, ev.Actor.ID, want(tr), got(c), tr))
+			r.unexplained = append(r.unexplained, fmt.Sprintf("%s %s by %s: want %+v, got %+v (truth %+v)", ev.Type, ev.ID, ev.Actor.ID, tr.Chain(), c, tr))
 		}
-		if ev.Type != schema.TypeUsageReported {
-			continue
-		}
-		truthUsage++
-		switch {
-		case tr.Late:
-			r.late.add(ok)
-			r.explicit.add(ok)
-		case tr.Explicit:
-			r.explicit.add(ok)
-		default:
-			r.inferred.add(ok)
+		if ev.Type == schema.TypeUsageReported {
+			truthUsage++
+			r.Add(tr, c)
 		}
 	}
 	require.Equal(t, usage, truthUsage, "every usage event has a truth")
@@ -163,14 +117,14 @@ func TestInitiatorsReconcileWithTruth(t *testing.T) {
 	l := link(t, cfg)
 	r := reconcile(t, l)
 	t.Logf("usage events: explicit links right %s (late %s), inferred links right %s; all %d events with a truth: %s",
-		r.explicit, r.late, r.inferred, r.all.n, r.all)
+		r.Explicit, r.Late, r.Inferred, r.all.N, r.all)
 	assert.Empty(t, r.unexplained, "links wrong where inference is not ambiguous")
-	assert.Equal(t, r.explicit.n, r.explicit.ok, "explicit links right: %s", r.explicit)
-	assert.Equal(t, r.late.n, r.late.ok, "late links right: %s", r.late)
-	assert.Positive(t, r.late.n, "the traffic has late triggers")
-	assert.Positive(t, r.explicit.n-r.late.n, "the traffic has explicit triggers sent in time")
-	assert.GreaterOrEqual(t, r.inferred.share(), 0.99, "inferred links right: %s", r.inferred)
-	assert.Less(t, r.inferred.ok, r.inferred.n, "the default traffic has ambiguous cases (Overlap)")
+	assert.Equal(t, r.Explicit.N, r.Explicit.OK, "explicit links right: %s", r.Explicit)
+	assert.Equal(t, r.Late.N, r.Late.OK, "late links right: %s", r.Late)
+	assert.Positive(t, r.Late.N, "the traffic has late triggers")
+	assert.Positive(t, r.Explicit.N-r.Late.N, "the traffic has explicit triggers sent in time")
+	assert.GreaterOrEqual(t, r.Inferred.Share(), 0.99, "inferred links right: %s", r.Inferred)
+	assert.Less(t, r.Inferred.OK, r.Inferred.N, "the default traffic has ambiguous cases (Overlap)")
 }
 
 // Without overlaps, inference from mentions is exact on the simulated traffic; with
@@ -181,10 +135,10 @@ func TestInitiatorsExactWithoutOverlap(t *testing.T) {
 	cfg.Events = 20_000
 	cfg.Overlap, cfg.Loops, cfg.LateTriggers, cfg.ExplicitTriggers = 0, 0.1, 0.3, 0.3
 	r := reconcile(t, link(t, cfg))
-	t.Logf("usage events: explicit %s (late %s), inferred %s", r.explicit, r.late, r.inferred)
-	assert.Equal(t, r.all.n, r.all.ok, "every link right: %s; wrong: %v", r.all, r.unexplained)
-	assert.Positive(t, r.late.n)
-	assert.Positive(t, r.inferred.n)
+	t.Logf("usage events: explicit %s (late %s), inferred %s", r.Explicit, r.Late, r.Inferred)
+	assert.Equal(t, r.all.N, r.all.OK, "every link right: %s; wrong: %v", r.all, r.unexplained)
+	assert.Positive(t, r.Late.N)
+	assert.Positive(t, r.Inferred.N)
 }
 
 // The truth covers the chains the simulator is meant to make: single-owner and
