@@ -64,6 +64,17 @@ type budgetAnswer struct {
 	RemainingTokens                              *int64
 }
 
+// soleBudget reads the one budget key's organization has.
+func soleBudget(t *testing.T, srv *server, key string) budgetAnswer {
+	t.Helper()
+	a := isoAsk(t, srv, key, `{ budgets { id scopeName spentTokens reservedTokens projectedTokens remainingTokens } }`)
+	require.Empty(t, a.Errors, "%s", a.raw)
+	var out struct{ Budgets []budgetAnswer }
+	require.NoError(t, json.Unmarshal(a.Data, &out))
+	require.Len(t, out.Budgets, 1, "%s", a.raw)
+	return out.Budgets[0]
+}
+
 // TestIntegrationBudgetsHoldUnderConcurrency is the issue's test on the real stack: a
 // hard budget set through GraphQL, 200 concurrent send_message decisions over HTTP each
 // estimating 1/20 of its remaining room: exactly 20 are allowed; once their usage
@@ -117,15 +128,7 @@ func TestIntegrationBudgetsHoldUnderConcurrency(t *testing.T) {
 	stacktest.AwayFromMidnight(t, 10*time.Minute)
 	ans = isoAsk(t, srv, manager, `mutation { setBudget(budget: {scope: OWNER, scopeId: "`+tn.lead.ID+`", period: DAY, tokens: 1000000, mode: HARD}) { id scopeId mode tokens } }`)
 	require.Empty(t, ans.Errors, "%s", ans.raw)
-	budgets := func() budgetAnswer {
-		t.Helper()
-		a := isoAsk(t, srv, manager, `{ budgets { id scopeName spentTokens reservedTokens projectedTokens remainingTokens } }`)
-		require.Empty(t, a.Errors, "%s", a.raw)
-		var out struct{ Budgets []budgetAnswer }
-		require.NoError(t, json.Unmarshal(a.Data, &out))
-		require.Len(t, out.Budgets, 1, "%s", a.raw)
-		return out.Budgets[0]
-	}
+	budgets := func() budgetAnswer { t.Helper(); return soleBudget(t, srv, manager) }
 	// The seed's usage (two reports of the lead's agents) counts already.
 	seedTokens := int64(1200 + 300 + 10 + 5 + 700 + 90 + 10 + 5)
 	require.True(t, stacktest.Eventually(t, time.Minute, 200*time.Millisecond, func() bool { return budgets().SpentTokens == seedTokens }),
