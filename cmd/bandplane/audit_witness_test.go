@@ -385,24 +385,6 @@ func TestWitnessChecksEachOrganizationOnItsOwn(t *testing.T) {
 	assert.Contains(t, r.stderr, "negative")
 }
 
-// syncBuffer is a bytes.Buffer safe for the witness's loop and the test to share.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // With --every, a pass that fails (serve down, an error answer) is reported and tried
 // again; a refused organization does not stop the loop either.
 func TestWitnessEveryKeepsWatching(t *testing.T) {

@@ -38,7 +38,7 @@ func (s *stack) serveAt(t *testing.T, addr, policyGroup string, extra ...string)
 		"--kafka", strings.Join(stacktest.Brokers(), ","), "--topic", s.topic, "--group", s.group, "--policy-group", policyGroup,
 		"--batch-age", "100ms", "--rollup-interval", "500ms", "--key-refresh", "1s"}, extra...)
 	cmd := exec.Command(bandplaneBinary(t), args...)
-	var log bytes.Buffer
+	var log syncBuffer
 	cmd.Stdout, cmd.Stderr = &log, &log
 	require.NoError(t, cmd.Start())
 	srv := &server{t: t, cmd: cmd, url: "http://" + addr, log: &log, done: make(chan error, 1)}
@@ -375,13 +375,22 @@ func restoreLog(t *testing.T, srv *server) (line struct {
 	Reservations   int `json:"reservations"`
 }) {
 	t.Helper()
-	for _, l := range strings.Split(srv.log.String(), "\n") {
-		if strings.Contains(l, "message rates restored from the trail") {
-			require.NoError(t, json.Unmarshal([]byte(l), &line), l)
-			return line
+	// The line is logged before /readyz answers, but exec copies the child's output in
+	// its own goroutine: wait for the copy rather than read once.
+	var found string
+	stacktest.Eventually(t, 10*time.Second, 50*time.Millisecond, func() bool {
+		for _, l := range strings.Split(srv.log.String(), "\n") {
+			if strings.Contains(l, "message rates restored from the trail") {
+				found = l
+				return true
+			}
 		}
+		return false
+	})
+	if found == "" {
+		t.Fatalf("%s logged no restore:\n%s", srv.url, srv.log.String())
 	}
-	t.Fatalf("%s logged no restore:\n%s", srv.url, srv.log.String())
+	require.NoError(t, json.Unmarshal([]byte(found), &line), found)
 	return line
 }
 

@@ -108,8 +108,27 @@ type server struct {
 	t    *testing.T
 	cmd  *exec.Cmd
 	url  string
-	log  *bytes.Buffer
+	log  *syncBuffer // the child's stdout and stderr, copied in by exec's goroutine
 	done chan error
+}
+
+// syncBuffer is a bytes.Buffer that a writer (a child's output copier, a loop) and the
+// test can share.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
 
 func freePort(t *testing.T) string {
@@ -129,7 +148,7 @@ func (s *stack) serve(t *testing.T, extra ...string) *server {
 		"--kafka", strings.Join(stacktest.Brokers(), ","), "--topic", s.topic, "--group", s.group, "--policy-group", s.group + "-policy",
 		"--batch-age", "100ms", "--rollup-interval", "500ms", "--key-refresh", "1s"}, extra...)
 	cmd := exec.Command(bandplaneBinary(t), args...)
-	var log bytes.Buffer
+	var log syncBuffer
 	cmd.Stdout, cmd.Stderr = &log, &log
 	require.NoError(t, cmd.Start())
 	srv := &server{t: t, cmd: cmd, url: "http://" + addr, log: &log, done: make(chan error, 1)}
