@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"time"
-
-	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 )
 
 // CauseRow is one row of causes (migration 009): an event's link.
@@ -25,18 +23,47 @@ const causeCols = "event_id, time, time_ms, type, org_id, room_id, actor_id, act
 	"trigger_id, trigger_event_id, initiator_id, initiator_type, initiator_org, initiator_owner, depth, link, version"
 
 // InsertCauses writes events' links (ingest, and a late trigger's rewrite at a higher
-// version).
+// version), one INSERT per block of at most MaxPartitionsPerBlock days. A row of it
+// goes with nearly every event, so it is appended column by column (sendColumns).
 func (s *Store) InsertCauses(ctx context.Context, rows []CauseRow) error {
-	return s.send(ctx, "causes", causeCols, len(rows), func(i int) uint32 { return DayPartition(rows[i].Time) }, func(b driver.Batch, i int) error {
-		r := &rows[i]
-		mentions := r.Mentions
-		if mentions == nil {
-			mentions = []string{}
+	if len(rows) == 0 {
+		return nil
+	}
+	blocks := PartitionBlocks(len(rows), func(i int) uint32 { return DayPartition(rows[i].Time) }, MaxPartitionsPerBlock)
+	if blocks == nil {
+		return s.insertCauseBlock(ctx, rows)
+	}
+	for _, idx := range blocks {
+		if err := s.insertCauseBlock(ctx, pick(rows, idx)); err != nil {
+			return err
 		}
-		c := &r.Chain
-		return b.Append(r.EventID, r.Time, ms(r.Time), r.Type, r.OrgID, r.RoomID, r.ActorID, r.ActorType, r.ExecutionID, r.MessageID, mentions,
-			c.TriggerID, c.TriggerEventID, c.InitiatorID, c.InitiatorType, c.InitiatorOrg, c.InitiatorOwner, c.Depth, c.Link, r.Version)
-	})
+	}
+	return nil
+}
+
+func (s *Store) insertCauseBlock(ctx context.Context, rows []CauseRow) error {
+	n := len(rows)
+	var (
+		id, typ, org, room, actor, actorType, exec, msg = strs(n), strs(n), strs(n), strs(n), strs(n), strs(n), strs(n), strs(n)
+		trigger, triggerEvent, initiator, initiatorType = strs(n), strs(n), strs(n), strs(n)
+		initiatorOrg, initiatorOwner, link              = strs(n), strs(n), strs(n)
+		times                                           = make([]time.Time, n)
+		millis, depth                                   = make([]uint16, n), make([]uint16, n)
+		mentions                                        = make([][]string, n)
+		version                                         = make([]uint64, n)
+	)
+	for i := range rows {
+		r, c := &rows[i], &rows[i].Chain
+		id[i], times[i], millis[i], typ[i], org[i], room[i] = r.EventID, r.Time, ms(r.Time), r.Type, r.OrgID, r.RoomID
+		actor[i], actorType[i], exec[i], msg[i], mentions[i] = r.ActorID, r.ActorType, r.ExecutionID, r.MessageID, r.Mentions
+		if mentions[i] == nil {
+			mentions[i] = []string{}
+		}
+		trigger[i], triggerEvent[i], initiator[i], initiatorType[i] = c.TriggerID, c.TriggerEventID, c.InitiatorID, c.InitiatorType
+		initiatorOrg[i], initiatorOwner[i], depth[i], link[i], version[i] = c.InitiatorOrg, c.InitiatorOwner, c.Depth, c.Link, r.Version
+	}
+	return s.sendColumns(ctx, "causes", causeCols, n, id, times, millis, typ, org, room, actor, actorType, exec, msg, mentions,
+		trigger, triggerEvent, initiator, initiatorType, initiatorOrg, initiatorOwner, depth, link, version)
 }
 
 // RecentCauses reads the links of the messages stored since the given time, and of

@@ -104,10 +104,11 @@ func New(conn driver.Conn, db string) *Store { return &Store{conn: conn, db: db}
 
 // BatchInsert writes every table of the batch, the work-status tables derived from its
 // events included (WorkOf), and returns once ClickHouse has acknowledged all of them.
-// The tables a reader joins to the events are written before them (below); the
-// events, the work-status tables and the cause links are then written at once, so
-// that a batch waits for the slowest of them rather than for their sum. If one fails
-// the caller retries the whole batch, which the replacing tables make harmless.
+// The tables a reader joins to the events are written before them (below); the work
+// status and the cause links, which no reader joins that way, are written meanwhile,
+// so that a batch waits for its slowest chain of inserts rather than for their sum.
+// If one fails the caller retries the whole batch, which the replacing tables make
+// harmless.
 func (s *Store) BatchInsert(ctx context.Context, b *Batch) error {
 	if err := s.insertDirectory(ctx, b.Directory); err != nil {
 		return err
@@ -117,13 +118,15 @@ func (s *Store) BatchInsert(ctx context.Context, b *Batch) error {
 	if err := s.insertBudgets(ctx, BudgetsOf(b.Events)); err != nil {
 		return err
 	}
-	// Usage before the events too: a policy replica bootstrapping in between sums the
-	// usage of stored events only, and reads the rest from the stream.
-	if err := s.InsertUsage(ctx, b.Usage); err != nil {
-		return err
-	}
 	g, gctx := errgroup.WithContext(ctx)
-	g.Go(func() error { return s.insertEvents(gctx, b.Events, b.IngestedAt) })
+	g.Go(func() error {
+		// Usage before the events too: a policy replica bootstrapping in between sums
+		// the usage of stored events only, and reads the rest from the stream.
+		if err := s.InsertUsage(gctx, b.Usage); err != nil {
+			return err
+		}
+		return s.insertEvents(gctx, b.Events, b.IngestedAt)
+	})
 	g.Go(func() error { return s.insertWork(gctx, WorkOf(b.Events)) })
 	g.Go(func() error { return s.InsertCauses(gctx, b.Causes) })
 	if err := g.Wait(); err != nil {
@@ -202,9 +205,8 @@ func (s *Store) insertEvents(ctx context.Context, rows []EventRow, at time.Time)
 	return nil
 }
 
-// insertEventBlock appends the rows column by column: one Append per column instead
-// of twenty boxed values per row, which halves the client's CPU per row (the events
-// table carries most of ingest's volume). A non-zero written is every row's ingested_at.
+// insertEventBlock appends the rows column by column (sendColumns). A non-zero
+// written is every row's ingested_at.
 func (s *Store) insertEventBlock(ctx context.Context, rows []EventRow, written time.Time) error {
 	n := len(rows)
 	var (
@@ -226,19 +228,26 @@ func (s *Store) insertEventBlock(ctx context.Context, rows []EventRow, written t
 			ingested[i] = written
 		}
 	}
-	batch, err := s.conn.PrepareBatch(ctx, "INSERT INTO "+s.db+".events ("+eventCols+")")
+	return s.sendColumns(ctx, "events", eventCols, n, id, typ, times, millis, org, room, actor, actorType, actorHandle, owner,
+		subj, subjType, subjHandle, exec, source, version, data, ingested, partition, offset)
+}
+
+// sendColumns inserts n rows given column by column (a slice per column of cols, in
+// its order): one Append per column instead of a boxed value per cell, which halves
+// the client's CPU per row on the tables that carry most of ingest's rows.
+func (s *Store) sendColumns(ctx context.Context, table, cols string, n int, columns ...any) error {
+	batch, err := s.conn.PrepareBatch(ctx, "INSERT INTO "+s.db+"."+table+" ("+cols+")")
 	if err != nil {
-		return fmt.Errorf("cannot prepare insert into %s.events: %w", s.db, err)
+		return fmt.Errorf("cannot prepare insert into %s.%s: %w", s.db, table, err)
 	}
 	defer batch.Abort()
-	for i, col := range []any{id, typ, times, millis, org, room, actor, actorType, actorHandle, owner,
-		subj, subjType, subjHandle, exec, source, version, data, ingested, partition, offset} {
+	for i, col := range columns {
 		if err := batch.Column(i).Append(col); err != nil {
-			return fmt.Errorf("cannot append column %d of %s.events: %w", i, s.db, &ValueError{Table: s.db + ".events", Err: err})
+			return fmt.Errorf("cannot append column %d of %s.%s: %w", i, s.db, table, &ValueError{Table: s.db + "." + table, Err: err})
 		}
 	}
 	if err := batch.Send(); err != nil {
-		return fmt.Errorf("cannot insert %d rows into %s.events: %w", n, s.db, err)
+		return fmt.Errorf("cannot insert %d rows into %s.%s: %w", n, s.db, table, err)
 	}
 	return nil
 }

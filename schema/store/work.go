@@ -2,10 +2,10 @@ package store
 
 import (
 	"context"
-	"encoding/json"
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/bandplane/bandplane/schema"
 	"github.com/bandplane/bandplane/schema/work"
@@ -136,13 +136,13 @@ func WorkOf(events []EventRow) Work {
 			}
 		case schema.TypeToolCall:
 			var d schema.ToolCallData
-			if json.Unmarshal([]byte(e.Data), &d) == nil && d.ToolCallID != "" {
+			if schema.DecodeData([]byte(e.Data), &d) == nil && d.ToolCallID != "" {
 				w.ToolCalls = append(w.ToolCalls, ToolCallRow{OrgID: e.OrgID, CallID: d.ToolCallID, Kind: "call", AgentID: e.ActorID,
 					RoomID: e.RoomID, ToolName: d.ToolName, Time: e.Time, EventID: e.ID, Version: v})
 			}
 		case schema.TypeToolResult:
 			var d schema.ToolResultData
-			if json.Unmarshal([]byte(e.Data), &d) == nil {
+			if schema.DecodeData([]byte(e.Data), &d) == nil {
 				id := d.ToolCallID
 				if id == "" {
 					id = "event:" + e.ID
@@ -152,7 +152,7 @@ func WorkOf(events []EventRow) Work {
 			}
 		case schema.TypeRoomAdded:
 			var d schema.RoomData
-			if json.Unmarshal([]byte(e.Data), &d) == nil && e.RoomID != "" && d.Title != "" {
+			if schema.DecodeData([]byte(e.Data), &d) == nil && e.RoomID != "" && d.Title != "" {
 				w.Rooms = append(w.Rooms, RoomRow{OrgID: e.OrgID, RoomID: e.RoomID, Kind: "title", Title: work.Cut(d.Title, work.MaxTitle), Time: e.Time, EventID: e.ID, Version: v})
 			}
 		case schema.TypeRoomDeleted:
@@ -164,7 +164,7 @@ func WorkOf(events []EventRow) Work {
 	for i := range w.Activity {
 		if a := &w.Activity[i]; a.Kind == "message" {
 			var d schema.MessageData
-			if json.Unmarshal([]byte(a.Text), &d) != nil {
+			if schema.DecodeData([]byte(a.Text), &d) != nil {
 				d.Content = ""
 			}
 			a.Text = work.Cut(d.Content, work.MaxActivityText)
@@ -173,11 +173,26 @@ func WorkOf(events []EventRow) Work {
 	return w
 }
 
-// insertWork writes the work-status rows derived from the batch's events.
+// insertWork writes the work-status rows derived from the batch's events: the tool
+// calls (the most rows) beside the other tables, which are written one after another.
 func (s *Store) insertWork(ctx context.Context, w Work) error {
 	if w.empty() {
 		return nil
 	}
+	g, ctx := errgroup.WithContext(ctx)
+	g.Go(func() error {
+		return s.send(ctx, "tool_calls", "org_id, agent_id, call_id, kind, room_id, tool_name, time, time_ms, is_error, event_id, version",
+			len(w.ToolCalls), func(i int) uint32 { return MonthPartition(w.ToolCalls[i].Time) }, func(b driver.Batch, i int) error {
+				r := &w.ToolCalls[i]
+				return b.Append(r.OrgID, r.AgentID, r.CallID, r.Kind, r.RoomID, work.Cut(r.ToolName, 256), r.Time, ms(r.Time), b2u(r.IsError), r.EventID, r.Version)
+			})
+	})
+	g.Go(func() error { return s.insertStatus(ctx, w) })
+	return g.Wait()
+}
+
+// insertStatus writes the tasks, room activity, attention and rooms of w.
+func (s *Store) insertStatus(ctx context.Context, w Work) error {
 	if err := s.send(ctx, "tasks", "org_id, task_id, room_id, title, status, assignee_id, actor_id, created_at, updated_at, updated_ms, deleted, event_id, version",
 		len(w.Tasks), nil, func(b driver.Batch, i int) error {
 			r := &w.Tasks[i]
@@ -202,13 +217,6 @@ func (s *Store) insertWork(ctx context.Context, w Work) error {
 				mentions = []string{}
 			}
 			return b.Append(r.OrgID, r.RoomID, r.EventID, r.Time, ms(r.Time), r.AskerID, r.AskerHandle, mentions, r.Question, r.Version)
-		}); err != nil {
-		return err
-	}
-	if err := s.send(ctx, "tool_calls", "org_id, agent_id, call_id, kind, room_id, tool_name, time, time_ms, is_error, event_id, version",
-		len(w.ToolCalls), func(i int) uint32 { return MonthPartition(w.ToolCalls[i].Time) }, func(b driver.Batch, i int) error {
-			r := &w.ToolCalls[i]
-			return b.Append(r.OrgID, r.AgentID, r.CallID, r.Kind, r.RoomID, work.Cut(r.ToolName, 256), r.Time, ms(r.Time), b2u(r.IsError), r.EventID, r.Version)
 		}); err != nil {
 		return err
 	}
