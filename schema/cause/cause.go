@@ -120,14 +120,14 @@ type Tracker struct {
 	horizon     time.Duration
 	maxMessages int
 
-	rooms        map[string]*room      // room id → its mentions
-	messages     map[string]remembered // room and id (the platform's, and the event's) → the message
-	order        []messageKey          // the messages in the order they came, for the cap and the sweep
-	executions   map[string]remembered // organization, agent and execution id → the link of its first event
-	pending      map[string][]waiting  // room and trigger → the events waiting for it
-	pendingExecs map[string][]string   // room and trigger → the executions whose link waits for it
-	pendingAt    map[string]stamp      // room and trigger → the latest event waiting for it
-	swept        time.Time             // the last sweep of the maps (event time)
+	rooms        map[string]*room       // room id → its mentions
+	messages     map[string]*remembered // room and id (the platform's, and the event's) → the message
+	order        []messageKey           // the messages in the order they came, for the cap and the sweep
+	executions   map[string]*remembered // organization, agent and execution id → the link of its first event
+	pending      map[string][]waiting   // room and trigger → the events waiting for it
+	pendingExecs map[string][]string    // room and trigger → the executions whose link waits for it
+	pendingAt    map[string]stamp       // room and trigger → the latest event waiting for it
+	swept        time.Time              // the last sweep of the maps (event time)
 	// wall is the clock of when things are seen (time.Now): what the sweep forgets is
 	// old in event time and was seen long ago, so that a partition whose events lag
 	// the others' by hours (a backlog caught up unevenly) keeps its rooms' messages.
@@ -191,7 +191,7 @@ func New(who Who, horizon time.Duration, maxMessages int) *Tracker {
 		who = func(schema.Party) (string, string) { return "", "" }
 	}
 	return &Tracker{who: who, horizon: horizon, maxMessages: maxMessages, rooms: map[string]*room{},
-		messages: map[string]remembered{}, executions: map[string]remembered{}, pending: map[string][]waiting{},
+		messages: map[string]*remembered{}, executions: map[string]*remembered{}, pending: map[string][]waiting{},
 		pendingExecs: map[string][]string{}, pendingAt: map[string]stamp{}, wall: time.Now}
 }
 
@@ -308,7 +308,7 @@ func (t *Tracker) agentLink(ev *schema.Event, f *fields) Link {
 		l = t.inferredLink(ev)
 	}
 	if xk != "" {
-		t.executions[xk] = remembered{link: l, at: ev.Time, org: ev.OrgID, agent: ev.Actor.ID, seen: t.wall()}
+		t.executions[xk] = &remembered{link: l, at: ev.Time, org: ev.OrgID, agent: ev.Actor.ID, seen: t.wall()}
 		if l.Pending {
 			t.awaitExecution(roomKey(ev.RoomID, l.Trigger), xk, ev.Time)
 		}
@@ -406,7 +406,7 @@ func (t *Tracker) Remember(m Message) []Resolution {
 		m.MessageID = m.EventID
 	}
 	seen := t.wall()
-	r := remembered{link: m.Link, at: m.Time, msgID: m.MessageID, eventID: m.EventID, room: m.Room, org: m.OrgID, mentions: m.Mentions, seen: seen}
+	r := &remembered{link: m.Link, at: m.Time, msgID: m.MessageID, eventID: m.EventID, room: m.Room, org: m.OrgID, mentions: m.Mentions, seen: seen}
 	keys := [2]string{roomKey(m.Room, m.MessageID), roomKey(m.Room, m.EventID)}
 	held := false // by another organization's message of the same id
 	for _, k := range keys {
@@ -437,7 +437,7 @@ func (t *Tracker) Remember(m Message) []Resolution {
 	if held || m.Link.Pending { // the events waiting for a pending one wait for its own trigger
 		return nil
 	}
-	return t.resolve(r)
+	return t.resolve(*r)
 }
 
 // resolve gives the events waiting for message m (by either of its ids) their links,
@@ -459,14 +459,13 @@ func (t *Tracker) resolve(m remembered) []Resolution {
 				l.TriggerEvent = m.eventID
 				out = append(out, Resolution{EventID: e.id, OrgID: e.org, Time: e.at, Link: l})
 				if r, ok := t.messages[roomKey(m.room, e.id)]; ok && r.link.Pending && r.eventID == e.id && r.org == e.org {
-					work = append(work, t.relearn(r, l))
+					work = append(work, t.relearn(*r, l))
 				}
 			}
 			for _, xk := range t.pendingExecs[k] {
 				if x, ok := t.executions[xk]; ok && x.link.Pending && x.link.Trigger == name && m.mayTrigger(x.org, x.agent) {
 					x.link = child(m.link, m.msgID, x.link.Explicit)
 					x.link.TriggerEvent = m.eventID
-					t.executions[xk] = x
 				}
 			}
 			delete(t.pendingExecs, k)
@@ -488,7 +487,7 @@ func (t *Tracker) relearn(r remembered, l Link) remembered {
 	for _, id := range [2]string{r.msgID, r.eventID} {
 		k := roomKey(r.room, id)
 		if old, ok := t.messages[k]; ok && old.at.Equal(r.at) && old.org == r.org {
-			t.messages[k] = r
+			t.messages[k] = &r
 		}
 	}
 	if rm := t.rooms[r.room]; rm != nil {
@@ -521,7 +520,7 @@ func (t *Tracker) Await(p Pending) {
 	if p.ExecutionID != "" {
 		xk := execKey(p.OrgID, p.Agent, p.ExecutionID)
 		if _, ok := t.executions[xk]; !ok {
-			t.executions[xk] = remembered{link: Link{Trigger: p.Trigger, Explicit: true, Pending: true, Depth: 1}, at: p.Time, org: p.OrgID, agent: p.Agent,
+			t.executions[xk] = &remembered{link: Link{Trigger: p.Trigger, Explicit: true, Pending: true, Depth: 1}, at: p.Time, org: p.OrgID, agent: p.Agent,
 				seen: t.wall()}
 			t.awaitExecution(k, xk, p.Time)
 		}
