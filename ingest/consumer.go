@@ -423,6 +423,9 @@ func (c *Consumer) Run(ctx context.Context) error {
 	// other. The writer takes a batch only once the one before is committed, so nothing
 	// else is in flight.
 	flushes := make(chan *pending, 1)
+	// room says that the checker took a batch from flushes: a batch that is due waits
+	// for it (see due below).
+	room := make(chan struct{}, 1)
 	checked := make(chan *pending)
 	flusherDone := make(chan struct{})
 	// The checker and the writer outlive ctx by ShutdownTimeout so that a graceful stop
@@ -437,6 +440,10 @@ func (c *Consumer) Run(ctx context.Context) error {
 		defer close(checked)
 		var writing *pending // the batch handed to the writer last
 		for p := range flushes {
+			select {
+			case room <- struct{}{}:
+			default:
+			}
 			if writing != nil && !writing.done() && p.overlaps(writing) {
 				<-writing.written
 			}
@@ -469,7 +476,15 @@ func (c *Consumer) Run(ctx context.Context) error {
 	// fetching: back-pressure instead of unbounded memory (the byte budget stops it too,
 	// earlier for large records). A stop request ends the wait and the batch is flushed
 	// by the shutdown path below.
+	//
+	// A batch that is due (its age reached) while flushes is still full is not closed
+	// yet: it goes on taking records until there is room, or it is full. Under load the
+	// batches grow to what the writer can take in one go, instead of queueing up small
+	// ones each with its own inserts; a record waits no longer than it would have in
+	// the queue.
+	due := false
 	handOff := func(stopping <-chan struct{}) {
+		due = false
 		timer.Stop()
 		if len(p.msgs) == 0 {
 			return
@@ -497,6 +512,11 @@ loop:
 				handOff(ctx.Done())
 			}
 		case <-timer.C:
+			due = true
+		case <-room:
+		}
+		// Only this loop sends on flushes, so room seen here is room at the send.
+		if due && len(flushes) < cap(flushes) {
 			handOff(ctx.Done())
 		}
 	}

@@ -931,3 +931,39 @@ func mustUsage(t *testing.T, data string) (u schema.UsageData) {
 	require.NoError(t, json.Unmarshal([]byte(data), &u))
 	return u
 }
+
+// A batch that comes due while the writer is busy and the queue to it is full goes on
+// taking records until there is room: under load the consumer writes fewer, larger
+// batches rather than queueing a small one per batch age.
+func TestConsumerGrowsADueBatchWhileTheWriterIsBusy(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := &fakeStorage{}
+		release := make(chan struct{})
+		st.refuse = func(b *store.Batch) error {
+			if len(b.Events) > 0 && b.Events[0].ID == "e0" {
+				st.mu.Unlock()
+				<-release
+				st.mu.Lock()
+			}
+			return nil
+		}
+		h := startWith(t, st, func(c *ingest.Config) { c.BatchSize, c.BatchAge = 100, 10*time.Millisecond })
+		// Each record comes once the batch before it is due: e0 is being written, e1
+		// checked and waiting for the writer, e2 queued to the checker; e3, e4 and e5
+		// find the queue full.
+		for i := range 6 {
+			h.send(0, eventLine(fmt.Sprintf("e%d", i), "message.created", "u1", "user", "org-1", `{}`))
+			time.Sleep(20 * time.Millisecond)
+			synctest.Wait()
+		}
+		close(release)
+		require.Eventually(t, func() bool { return h.reader.commit(0) == 6 }, 5*time.Second, time.Millisecond)
+		var sizes []int
+		st.mu.Lock()
+		for _, b := range st.batches {
+			sizes = append(sizes, len(b.Events))
+		}
+		st.mu.Unlock()
+		assert.Equal(t, []int{1, 1, 1, 3}, sizes)
+	})
+}
