@@ -1512,10 +1512,10 @@ type refused struct {
 // each half is written, and halved again if need be. A single record that still gets
 // it is retried with back-off, like any transient error.
 //
-// BatchInsert writes its tables one after another (directory, events, usage, dead
-// letters), so an isolated record may have rows in the tables written before the one
-// that refused it (its directory row, or its event when its usage row is refused); the
-// dead letter says which table refused what.
+// BatchInsert writes its tables in chains (store.BatchInsert says which wait for
+// which), so an isolated record may have rows in the tables written before or beside
+// the one that refused it (its directory row, its work-status rows, or its usage row
+// when its event is refused); the dead letter says which table refused what.
 func (c *Consumer) insert(ctx context.Context, p *pending) ([]refused, bool) {
 	var out []refused
 	all := [2]int32{0, int32(len(p.msgs))}

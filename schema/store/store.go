@@ -10,6 +10,7 @@ package store
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
@@ -104,11 +105,11 @@ func New(conn driver.Conn, db string) *Store { return &Store{conn: conn, db: db}
 
 // BatchInsert writes every table of the batch, the work-status tables derived from its
 // events included (WorkOf), and returns once ClickHouse has acknowledged all of them.
-// The tables a reader joins to the events are written before them (below); the work
-// status and the cause links, which no reader joins that way, are written meanwhile,
-// so that a batch waits for its slowest chain of inserts rather than for their sum.
-// If one fails the caller retries the whole batch, which the replacing tables make
-// harmless.
+// The tables a reader joins to the events are written before them, and the cause
+// links after the usage they attribute (delegation reads a hop, then its spend); the
+// work status, which no reader joins to either, is written meanwhile. So a batch waits
+// for its slowest chain of inserts rather than for their sum. If one fails the caller
+// retries the whole batch, which the replacing tables make harmless.
 func (s *Store) BatchInsert(ctx context.Context, b *Batch) error {
 	if err := s.insertDirectory(ctx, b.Directory); err != nil {
 		return err
@@ -125,10 +126,10 @@ func (s *Store) BatchInsert(ctx context.Context, b *Batch) error {
 		if err := s.InsertUsage(gctx, b.Usage); err != nil {
 			return err
 		}
+		g.Go(func() error { return s.InsertCauses(gctx, b.Causes) })
 		return s.insertEvents(gctx, b.Events, b.IngestedAt)
 	})
 	g.Go(func() error { return s.insertWork(gctx, WorkOf(b.Events)) })
-	g.Go(func() error { return s.InsertCauses(gctx, b.Causes) })
 	if err := g.Wait(); err != nil {
 		return err
 	}
@@ -243,7 +244,7 @@ func (s *Store) sendColumns(ctx context.Context, table, cols string, n int, colu
 	defer batch.Abort()
 	for i, col := range columns {
 		if err := batch.Column(i).Append(col); err != nil {
-			return fmt.Errorf("cannot append column %d of %s.%s: %w", i, s.db, table, &ValueError{Table: s.db + "." + table, Err: err})
+			return fmt.Errorf("cannot append column %s of %s.%s: %w", strings.Split(cols, ", ")[i], s.db, table, &ValueError{Table: s.db + "." + table, Err: err})
 		}
 	}
 	if err := batch.Send(); err != nil {

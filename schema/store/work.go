@@ -142,7 +142,7 @@ func WorkOf(events []EventRow) Work {
 			}
 		case schema.TypeToolResult:
 			var d schema.ToolResultData
-			if schema.DecodeData([]byte(e.Data), &d) == nil {
+			if len(e.Data) > 0 && schema.DecodeData([]byte(e.Data), &d) == nil { // a result without data has no row
 				id := d.ToolCallID
 				if id == "" {
 					id = "event:" + e.ID

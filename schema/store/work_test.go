@@ -91,3 +91,13 @@ func TestWorkOf(t *testing.T) {
 	w = store.WorkOf(events[:1])
 	require.Equal(t, work.MaxActivityText, len([]rune(w.Activity[1].Text)))
 }
+
+// A tool result without data, or with data that is no object, says nothing about a
+// call: it has no row.
+func TestWorkOfSkipsAToolResultWithoutData(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 10, 0, 0, 0, time.UTC)
+	for _, data := range []string{"", `"text"`} {
+		ev := store.EventRow{ID: "res", Type: schema.TypeToolResult, Time: t0, OrgID: "org-a", RoomID: "r1", ActorID: "a1", ActorType: "agent", Data: data}
+		require.Empty(t, store.WorkOf([]store.EventRow{ev}).ToolCalls, "data %q", data)
+	}
+}
