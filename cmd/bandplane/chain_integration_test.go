@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -250,22 +251,27 @@ func TestIntegrationLoopGuardStopsAPingPong(t *testing.T) {
 	}
 
 	// Audited, and listed by policyDecisions with its reason and chain.
-	var decisions struct {
-		PolicyDecisions struct {
-			Decisions []struct {
-				AgentID, RoomID, Input string
-				Allowed                bool
-				Reasons                []struct{ Code, Message string }
-			}
-		}
+	type listed struct {
+		AgentID, RoomID, Input string
+		Allowed                bool
+		Reasons                []struct{ Code, Message string }
 	}
+	var decisions struct {
+		PolicyDecisions struct{ Decisions []listed }
+	}
+	// The readiness poll above was denied (not_participant) until the directory caught
+	// up, and those denials are listed too: wait for the loop's own.
+	loopDeny := -1
 	require.True(t, stacktest.Eventually(t, 30*time.Second, 200*time.Millisecond, func() bool {
 		ans := isoAsk(t, srv, auditor, `{ policyDecisions(decision: "send_message", outcome: DENIED, agentId: "`+stopped.ID+`") { decisions { agentId roomId input allowed reasons { code message } } } }`)
 		require.Empty(t, ans.Errors, "%s", ans.raw)
 		require.NoError(t, json.Unmarshal(ans.Data, &decisions))
-		return len(decisions.PolicyDecisions.Decisions) > 0
-	}), "the loop's deny is never listed by policyDecisions")
-	got := decisions.PolicyDecisions.Decisions[0]
+		loopDeny = slices.IndexFunc(decisions.PolicyDecisions.Decisions, func(d listed) bool {
+			return len(d.Reasons) > 0 && d.Reasons[0].Code == policy.CodeLoop
+		})
+		return loopDeny >= 0
+	}), "the loop's deny is never listed by policyDecisions: %+v", decisions.PolicyDecisions.Decisions)
+	got := decisions.PolicyDecisions.Decisions[loopDeny]
 	assert.Equal(t, tn.room, got.RoomID)
 	assert.False(t, got.Allowed)
 	assert.Equal(t, []struct{ Code, Message string }{{policy.CodeLoop, deny.Reasons[0].Message}}, got.Reasons)
