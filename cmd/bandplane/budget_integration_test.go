@@ -94,7 +94,12 @@ func TestIntegrationBudgetsHoldUnderConcurrency(t *testing.T) {
 	metrics := s.key(t, "budget-metrics", keys.PlatformOrg, keys.RoleOperator)
 	srv := s.serve(t, "--policy-dir", budgetBundle(t, tn.org))
 
-	isoPost(t, srv, platform, tn.seed(t, time.Now().UTC().Add(-10*time.Minute)))
+	// The budget is a day's, and the seed's usage must count in it: the whole test runs
+	// inside one UTC day, and the seed lies in it too, 10 minutes back or at midnight.
+	stacktest.AwayFromMidnight(t, 10*time.Minute)
+	seedAt := time.Now().UTC().Add(-10 * time.Minute)
+	seedAt = seedAt.Add(max(0, time.Now().UTC().Truncate(24*time.Hour).Sub(seedAt)))
+	isoPost(t, srv, platform, tn.seed(t, seedAt))
 	require.True(t, stacktest.Eventually(t, 30*time.Second, 200*time.Millisecond, func() bool {
 		return isoDecide(t, srv, router, tn.coder.ID, tn.room, 0).Allow
 	}), "the policy directory never let the coder post")
@@ -125,7 +130,6 @@ func TestIntegrationBudgetsHoldUnderConcurrency(t *testing.T) {
 	assert.JSONEq(t, `{"budgets": []}`, string(ans.Data), "another organization sees none")
 
 	// The budget: the owner's tokens per day, hard.
-	stacktest.AwayFromMidnight(t, 10*time.Minute)
 	ans = isoAsk(t, srv, manager, `mutation { setBudget(budget: {scope: OWNER, scopeId: "`+tn.lead.ID+`", period: DAY, tokens: 1000000, mode: HARD}) { id scopeId mode tokens } }`)
 	require.Empty(t, ans.Errors, "%s", ans.raw)
 	budgets := func() budgetAnswer { t.Helper(); return soleBudget(t, srv, manager) }
