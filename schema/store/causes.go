@@ -26,19 +26,7 @@ const causeCols = "event_id, time, time_ms, type, org_id, room_id, actor_id, act
 // version), one INSERT per block of at most MaxPartitionsPerBlock days. A row of it
 // goes with nearly every event, so it is appended column by column (sendColumns).
 func (s *Store) InsertCauses(ctx context.Context, rows []CauseRow) error {
-	if len(rows) == 0 {
-		return nil
-	}
-	blocks := PartitionBlocks(len(rows), func(i int) uint32 { return DayPartition(rows[i].Time) }, MaxPartitionsPerBlock)
-	if blocks == nil {
-		return s.insertCauseBlock(ctx, rows)
-	}
-	for _, idx := range blocks {
-		if err := s.insertCauseBlock(ctx, pick(rows, idx)); err != nil {
-			return err
-		}
-	}
-	return nil
+	return byDay(rows, func(r *CauseRow) time.Time { return r.Time }, func(block []CauseRow) error { return s.insertCauseBlock(ctx, block) })
 }
 
 func (s *Store) insertCauseBlock(ctx context.Context, rows []CauseRow) error {

@@ -71,6 +71,24 @@ func PartitionBlocks(n int, key func(i int) uint32, limit int) [][]int {
 	return out
 }
 
+// byDay writes rows with write, once per block of at most MaxPartitionsPerBlock of
+// their days (day gives a row's time), for the tables appended column by column.
+func byDay[T any](rows []T, day func(*T) time.Time, write func([]T) error) error {
+	if len(rows) == 0 {
+		return nil
+	}
+	blocks := PartitionBlocks(len(rows), func(i int) uint32 { return DayPartition(day(&rows[i])) }, MaxPartitionsPerBlock)
+	if blocks == nil {
+		return write(rows)
+	}
+	for _, idx := range blocks {
+		if err := write(pick(rows, idx)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // pick returns the rows at idx, in that order.
 func pick[T any](rows []T, idx []int) []T {
 	out := make([]T, len(idx))

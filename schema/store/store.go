@@ -191,19 +191,7 @@ const eventCols = "id, type, time, time_ms, org_id, room_id, actor_id, actor_typ
 // insertEvents writes the audit trail, one INSERT per block of at most
 // MaxPartitionsPerBlock days.
 func (s *Store) insertEvents(ctx context.Context, rows []EventRow, at time.Time) error {
-	if len(rows) == 0 {
-		return nil
-	}
-	blocks := PartitionBlocks(len(rows), func(i int) uint32 { return DayPartition(rows[i].Time) }, MaxPartitionsPerBlock)
-	if blocks == nil {
-		return s.insertEventBlock(ctx, rows, at)
-	}
-	for _, idx := range blocks {
-		if err := s.insertEventBlock(ctx, pick(rows, idx), at); err != nil {
-			return err
-		}
-	}
-	return nil
+	return byDay(rows, func(r *EventRow) time.Time { return r.Time }, func(block []EventRow) error { return s.insertEventBlock(ctx, block, at) })
 }
 
 // insertEventBlock appends the rows column by column (sendColumns). A non-zero
