@@ -77,6 +77,13 @@ type Limits struct {
 	// WebSocketWriteTimeout is how long a write to a WebSocket may wait for its peer to
 	// read (default 10 s); past it the connection is closed, and only it.
 	WebSocketWriteTimeout time.Duration
+	// WebSocketWritesPerSecond is the writes the process's subscriptions share a
+	// second (default 50,000): with n of them delivering, each leaves at least
+	// n/WebSocketWritesPerSecond between its writes, and what queues meanwhile goes out
+	// in one write (wscork.go). A write is a syscall whose cost hardly depends on its
+	// size, so this bounds the CPU that fan-out takes however many subscribe; with few
+	// subscribers the gap is below the time between changes and nothing waits.
+	WebSocketWritesPerSecond int
 	// MaxResponseBytes bounds what the reads of one query or mutation may bring into the
 	// process, in bytes (default 16 MiB): ClickHouse refuses a result over what is left
 	// before sending it (query.WithResponseBudget), and the field answers code
@@ -141,6 +148,9 @@ func (l *Limits) defaults() {
 	}
 	if l.WebSocketWriteTimeout <= 0 {
 		l.WebSocketWriteTimeout = 10 * time.Second
+	}
+	if l.WebSocketWritesPerSecond <= 0 {
+		l.WebSocketWritesPerSecond = 50_000
 	}
 	if l.QueryTimeout <= 0 {
 		l.QueryTimeout = 10 * time.Second

@@ -38,6 +38,8 @@ import (
 //     else. The hub's buffer of 256 changes (--graphql-subscriber-buffer) is its queue:
 //     past it the subscription ends with SLOW_SUBSCRIBER; a write the peer does not
 //     take within WebSocketWriteTimeout closes the connection.
+//   - The subscriptions share WebSocketWritesPerSecond: each waits for its share
+//     after a write, and the changes queued by then go out together (wscork.go).
 
 // The subprotocols, in the order the server prefers them.
 const (
@@ -71,6 +73,15 @@ type wsTransport struct {
 	log     *slog.Logger
 	groups  renderGroups
 	hub     *Hub // counts the renders (nil: no live updates)
+	// delivering counts the hub subscriptions being delivered, which share
+	// limits.WebSocketWritesPerSecond.
+	delivering atomic.Int64
+}
+
+// writeGap is the least time a subscription leaves between its writes: its share of
+// limits.WebSocketWritesPerSecond.
+func (t *wsTransport) writeGap() time.Duration {
+	return time.Duration(t.delivering.Load()) * time.Second / time.Duration(t.limits.WebSocketWritesPerSecond)
 }
 
 var _ graphql.Transport = (*wsTransport)(nil)
@@ -81,13 +92,14 @@ func (t *wsTransport) Supports(r *http.Request) bool {
 }
 
 func (t *wsTransport) Do(w http.ResponseWriter, r *http.Request, exec graphql.GraphExecutor) {
-	ws, err := websocket.Accept(w, r, &websocket.AcceptOptions{Subprotocols: []string{protoTransportWS, protoGraphQLWS},
+	cw := &corkingWriter{ResponseWriter: w}
+	ws, err := websocket.Accept(cw, r, &websocket.AcceptOptions{Subprotocols: []string{protoTransportWS, protoGraphQLWS},
 		OriginPatterns: t.origins})
 	if err != nil {
 		return // Accept answered the request
 	}
 	ws.SetReadLimit(wsReadLimit)
-	c := &wsConn{t: t, ws: ws, exec: exec, legacy: !strings.EqualFold(ws.Subprotocol(), protoTransportWS), headers: r.Header,
+	c := &wsConn{t: t, ws: ws, cork: cw.conn, exec: exec, legacy: !strings.EqualFold(ws.Subprotocol(), protoTransportWS), headers: r.Header,
 		ops: map[string]*wsOp{}}
 	c.serve(r.Context())
 }
@@ -103,6 +115,7 @@ type frame struct {
 type wsConn struct {
 	t       *wsTransport
 	ws      *websocket.Conn
+	cork    *corkConn // ws's connection (wscork.go)
 	exec    graphql.GraphExecutor
 	legacy  bool // graphql-ws
 	headers http.Header
@@ -383,8 +396,12 @@ func (c *wsConn) deliver(ctx context.Context, id string, rc *graphql.OperationCo
 		return gqlerror.List{{Message: err.Error(), Extensions: map[string]any{"code": "UNAVAILABLE"}}}
 	}
 	defer c.t.groups.leave(g)
+	c.t.delivering.Add(1)
+	defer c.t.delivering.Add(-1)
+	var wrote time.Time // when this subscription last wrote
 	prefix := c.nextPrefix(id)
 	buf := make([]byte, 0, 1024) // this subscriber's frames, reused
+	var ends []int               // where each frame of a batch ends in buf
 	for {
 		select {
 		case ch, ok := <-slot.in:
@@ -394,19 +411,41 @@ func (c *wsConn) deliver(ctx context.Context, id string, rc *graphql.OperationCo
 				}
 				return nil
 			}
-			payload, err := g.render(ctx, ch)
-			if err != nil {
-				return gqlerror.List{{Message: err.Error(), Extensions: map[string]any{"code": "UNAVAILABLE"}}}
+			// The write waits for the subscription's share of the process's writes,
+			// and the changes queued by then go out with this one (wscork.go). Only
+			// this goroutine receives from slot.in, so the queued ones are there to
+			// take, before a close.
+			if wait := wrote.Add(c.t.writeGap()).Sub(c.t.limits.now()); wait > 0 {
+				if c.t.limits.sleep(ctx, wait) != nil {
+					return nil
+				}
 			}
-			buf = append(append(append(buf[:0], prefix...), payload...), '}')
-			if c.write(buf) != nil {
+			queued := min(len(slot.in), maxCoalesced-1)
+			buf, ends = buf[:0], ends[:0]
+			for i := 0; ; i++ {
+				payload, err := g.render(ctx, ch)
+				if err != nil {
+					return gqlerror.List{{Message: err.Error(), Extensions: map[string]any{"code": "UNAVAILABLE"}}}
+				}
+				buf = append(append(append(buf, prefix...), payload...), '}')
+				ends = append(ends, len(buf))
+				if i == queued {
+					break
+				}
+				ch = <-slot.in
+			}
+			if c.writeBatch(buf, ends) != nil {
 				return nil
 			}
+			wrote = c.t.limits.now()
 		case <-ctx.Done():
 			return nil
 		}
 	}
 }
+
+// maxCoalesced bounds the changes one batch of a subscriber carries.
+const maxCoalesced = 64
 
 // nextPrefix is the start of a frame carrying a response of operation id, up to its
 // payload: the payload (appendResponse) and a closing brace complete it. frame and
@@ -442,11 +481,31 @@ func (c *wsConn) send(f frame) {
 // write writes one message. It takes no context: coder/websocket watches one with a
 // timer per write, and the watchdog bounds writes instead (WebSocketWriteTimeout).
 func (c *wsConn) write(b []byte) error {
+	return c.writeBatch(b, []int{len(b)})
+}
+
+// writeBatch writes the messages of b that end at ends, in one write(2) when there is
+// more than one.
+func (c *wsConn) writeBatch(b []byte, ends []int) error {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
 	c.writing.Store(time.Now().UnixNano())
-	err := c.ws.Write(context.Background(), websocket.MessageText, b)
-	c.writing.Store(0)
+	defer c.writing.Store(0)
+	corked := len(ends) > 1 && c.cork != nil
+	if corked {
+		c.cork.cork()
+	}
+	var err error
+	start := 0
+	for _, end := range ends {
+		if err = c.ws.Write(context.Background(), websocket.MessageText, b[start:end]); err != nil {
+			break
+		}
+		start = end
+	}
+	if corked {
+		err = errors.Join(err, c.cork.uncork())
+	}
 	return err
 }
 

@@ -109,6 +109,7 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	fs.DurationVar(&c.graphql.InitTimeout, "graphql-init-timeout", 10*time.Second, "how long a GraphQL WebSocket may take to send its init message")
 	fs.IntVar(&c.graphql.MaxOperationsPerWebSocket, "graphql-max-operations-per-websocket", 100, "most operations one GraphQL WebSocket connection runs at once (more: code TOO_MANY_REQUESTS)")
 	fs.DurationVar(&c.graphql.WebSocketWriteTimeout, "graphql-websocket-write-timeout", 10*time.Second, "how long a write to a GraphQL WebSocket may wait for its peer to read; past it that connection is closed")
+	fs.IntVar(&c.graphql.WebSocketWritesPerSecond, "graphql-websocket-writes-per-second", 50_000, "the writes all GraphQL subscriptions of this process share a second: with n subscriptions each waits n/this between writes and sends what queued meanwhile in one")
 	fs.DurationVar(&c.graphql.QueryTimeout, "graphql-query-timeout", 10*time.Second, "longest one GraphQL query may run (ClickHouse stops it too; longer: code TIMEOUT)")
 	fs.Int64Var(&c.graphql.MaxResponseBytes, "graphql-max-response-bytes", 16<<20, "most bytes the ClickHouse reads of one GraphQL query may return, in all; ClickHouse refuses a result over what is left before sending it (more: code RESPONSE_TOO_LARGE)")
 	fs.Int64Var(&c.graphql.MaxReadBytesPerOrg, "graphql-max-read-bytes-per-org", 4<<20, "most bytes one organization's keys read from ClickHouse through GraphQL a second, in bursts of up to --graphql-max-response-bytes (more: a field waits for the share to refill, or fails with code TOO_MANY_REQUESTS at its deadline)")
@@ -176,6 +177,7 @@ func (c *serveConfig) validateGraphQL() error {
 		{"--graphql-max-pending-websockets-per-address", c.graphql.MaxPendingWebSocketsPerAddress > 0},
 		{"--graphql-max-operations-per-websocket", c.graphql.MaxOperationsPerWebSocket > 0},
 		{"--graphql-websocket-write-timeout", c.graphql.WebSocketWriteTimeout > 0},
+		{"--graphql-websocket-writes-per-second", c.graphql.WebSocketWritesPerSecond > 0},
 		{"--graphql-clickhouse-conns", c.queryConns > 0},
 		{"--max-exports", c.exports.Total > 0},
 		{"--max-exports-per-org", c.exports.PerOrg > 0},

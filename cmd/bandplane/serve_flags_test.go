@@ -16,6 +16,7 @@ func TestServeRefusesGraphQLLimitsThatMeanNothing(t *testing.T) {
 		{"--graphql-query-timeout", "-1s"},
 		{"--graphql-max-concurrent-per-key", "0"},
 		{"--graphql-clickhouse-conns", "-3"},
+		{"--graphql-websocket-writes-per-second", "0"},
 	} {
 		var stdout, stderr bytes.Buffer
 		code := run(append([]string{"serve"}, args...), strings.NewReader(""), &stdout, &stderr)
