@@ -107,6 +107,11 @@ const (
 	TypeBudgetSet     = "budget.set"
 	TypeBudgetDeleted = "budget.deleted"
 	TypeBudgetCrossed = "budget.crossed"
+	// An operator's binding of a sender's identity (an OpenTelemetry service.name or
+	// gen_ai.agent.id) to a directory agent, and its removal (bandplane's own; see
+	// OwnType, BindingData). Spans are attributed to an agent only through one.
+	TypeAgentBound   = "agent.bound"
+	TypeAgentUnbound = "agent.unbound"
 )
 
 // Mention is one @mention of a message.
@@ -233,4 +238,62 @@ type RoomData struct {
 type AgentControlData struct {
 	Action string          `json:"action,omitempty"`
 	Extra  json.RawMessage `json:"extra,omitempty"`
+}
+
+// Kinds of binding: which identity of an OpenTelemetry sender a binding names.
+const (
+	BindingService = "service" // the resource attribute service.name
+	BindingAgent   = "agent"   // the span attribute gen_ai.agent.id
+)
+
+// BindingData is the data of agent.bound and agent.unbound: an identity a sender
+// chooses for itself (Kind, Value) in the event's organization, and the directory
+// agent an operator says it stands for (the event's subject too). The sender's choice
+// alone never names an agent: only a binding does. An unbinding may leave AgentID
+// empty.
+type BindingData struct {
+	Kind    string `json:"kind"`
+	Value   string `json:"value"`
+	AgentID string `json:"agent_id"`
+}
+
+// Validate checks b as the data of an agent.bound: the kind is BindingService or
+// BindingAgent, the value and the agent id are present and within the limits of an id
+// (MaxIDBytes of valid UTF-8 without control characters). The error is a *FieldError
+// naming the member (data.kind, data.value, data.agent_id).
+func (b BindingData) Validate() error { return b.ValidateFor(TypeAgentBound) }
+
+// ValidateFor checks b as the data of an event of type typ, agent.bound or
+// agent.unbound: an unbinding may leave the agent id empty.
+func (b BindingData) ValidateFor(typ string) error {
+	if fe := b.check(typ); fe != nil {
+		return fe
+	}
+	return nil
+}
+
+func (b BindingData) check(typ string) *FieldError {
+	switch b.Kind {
+	case BindingService, BindingAgent:
+	case "":
+		return fieldErr("data.kind", "missing (want %s or %s)", BindingAgent, BindingService)
+	default:
+		return fieldErr("data.kind", "unknown kind %s (want %s or %s)", quoteShort(b.Kind), BindingAgent, BindingService)
+	}
+	if b.Value == "" {
+		return fieldErr("data.value", "missing")
+	}
+	if fe := checkID("data.value", b.Value); fe != nil {
+		return fe
+	}
+	switch typ {
+	case TypeAgentBound:
+		if b.AgentID == "" {
+			return fieldErr("data.agent_id", "missing")
+		}
+	case TypeAgentUnbound:
+	default:
+		return fieldErr("type", "%s is not %s or %s", quoteShort(typ), TypeAgentBound, TypeAgentUnbound)
+	}
+	return checkID("data.agent_id", b.AgentID)
 }

@@ -15,14 +15,17 @@ func IsDirectoryType(t string) bool {
 
 // GovernanceTypes change what the policies decide from: the directory, contacts and
 // contact requests, room membership, and an operator's suspensions. (Budgets change
-// them too; the replica reads them from the budgets table, which retention never drops.) The policy replica
-// replays them from ClickHouse at start and follows them on the stream.
+// them too; the replica reads them from the budgets table, which retention never drops.)
+// An operator's bindings of senders' identities to agents are here too: they decide
+// which agent a span is attributed to. The policy replica replays them from ClickHouse
+// at start and follows them on the stream.
 var GovernanceTypes = []string{
 	TypeUserRegistered, TypeAgentRegistered, TypeAgentUpdated,
 	TypeContactAdded, TypeContactRemoved, TypeContactRequestReceived, TypeContactRequestUpdated,
 	TypeParticipantAdded, TypeParticipantRemoved,
 	TypeRoomAdded, TypeRoomRemoved, TypeRoomDeleted,
 	TypeAgentSuspended, TypeAgentResumed,
+	TypeAgentBound, TypeAgentUnbound,
 }
 
 // SourceBandplane prefixes the source of every event bandplane itself writes
@@ -30,12 +33,14 @@ var GovernanceTypes = []string{
 const SourceBandplane = "bandplane"
 
 // OwnType says whether t is a type only bandplane's own producers write: policy
-// decisions, operator actions (agent.suspended, agent.resumed, agent.control), keys,
-// seals, and the reserved nouns of later features (budget.*, price.*, job.*). The
-// collector refuses these from every client, platform keys included.
+// decisions, operator actions (agent.suspended, agent.resumed, agent.control,
+// agent.bound, agent.unbound), keys, seals, and the reserved nouns of later features
+// (budget.*, price.*, job.*). The collector refuses these from every client, platform
+// keys included: a sender that could bind itself would choose which agent its spans
+// count against.
 func OwnType(t string) bool {
 	switch t {
-	case TypeAgentControl, TypeAgentSuspended, TypeAgentResumed:
+	case TypeAgentControl, TypeAgentSuspended, TypeAgentResumed, TypeAgentBound, TypeAgentUnbound:
 		return true
 	}
 	noun, _, _ := strings.Cut(t, ".")

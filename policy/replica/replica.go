@@ -1,6 +1,7 @@
 // Package replica keeps the policy directory and the day's spend current from the audit
 // trail: on start it replays the governance events already in ClickHouse (agents,
-// people, contacts, contact requests, room membership, suspensions), loads the budgets
+// people, contacts, contact requests, room membership, suspensions, and the bindings of
+// senders' identities to agents), loads the budgets
 // ingest keeps and sums the month's usage, then
 // follows the events topic from exactly where ClickHouse ends, as its own consumer
 // group. A restart therefore never replays the topic from the beginning. With a
@@ -46,7 +47,7 @@ type Config struct {
 	Directory *policy.Directory
 	// Registrations is the process's directory of agents and people (schema/directory),
 	// which the pipeline and the live reader apply registrations to as well; nil: one
-	// of the replica's own.
+	// of the replica's own. The replica alone applies the bindings to it.
 	Registrations *directory.Directory
 	Ledger        *policy.Ledger
 	Catalog       pricing.Source
@@ -215,6 +216,8 @@ func (r *Replica) Apply(ctx context.Context, ev *schema.Event) error {
 		if id := subjectID(ev); id != "" {
 			return d.Suspend(ctx, id, ev.Type == schema.TypeAgentSuspended)
 		}
+	case schema.TypeAgentBound, schema.TypeAgentUnbound:
+		return r.binding(ev)
 	case schema.TypeBudgetSet, schema.TypeBudgetDeleted:
 		return r.budget(ev)
 	case schema.TypeUsageReported:
@@ -226,6 +229,18 @@ func (r *Replica) Apply(ctx context.Context, ev *schema.Event) error {
 		}
 	}
 	return nil
+}
+
+// binding applies an operator's binding of a sender's identity to an agent, or its
+// removal, to the process's directory, where whatever attributes spans reads it
+// (directory.Bound). Only bandplane writes binding events (the collector refuses the
+// types from every client); one with another source is ignored all the same, since a
+// binding decides which agent's budgets a sender's spans count against.
+func (r *Replica) binding(ev *schema.Event) error {
+	if !schema.OwnSource(ev.Source) {
+		return fmt.Errorf("ignoring %s event %s from source %q: bindings come from bandplane only", ev.Type, ev.ID, ev.Source)
+	}
+	return r.cfg.Registrations.ApplyBinding(ev)
 }
 
 // budget applies a budget's change. Only bandplane's policy side writes budget events
@@ -670,11 +685,15 @@ const governanceCols = `id, type, time, time_ms, org_id, room_id, actor_id, toSt
 
 // eventOf is the event a stored row holds, as the replica applies it: without its
 // source, so that budgets come from the budgets table (bootstrapBudgets), as the
-// stream's bandplane events do not repeat them.
+// stream's bandplane events do not repeat them. Bindings keep theirs: binding applies
+// only bandplane's, and a stored row's source is as sealed as the rest of it (keep).
 func eventOf(row *store.EventRow) schema.Event {
 	ev := schema.Event{ID: row.ID, Type: row.Type, Time: row.Time, OrgID: row.OrgID, RoomID: row.RoomID,
 		Actor: schema.Party{ID: row.ActorID, Type: schema.ActorType(row.ActorType), Handle: row.ActorHandle},
 		Data:  json.RawMessage(row.Data),
+	}
+	if row.Type == schema.TypeAgentBound || row.Type == schema.TypeAgentUnbound {
+		ev.Source = row.Source
 	}
 	if row.SubjectID != "" {
 		ev.Subject = &schema.Party{ID: row.SubjectID, Type: schema.ActorType(row.SubjectType), Handle: row.SubjectHandle}

@@ -233,3 +233,51 @@ func TestUsageSeenTwiceCountsOnce(t *testing.T) {
 	tokens, _, _, _ := ledger.Spent("acme", policy.ScopeAgent, "a-arch", policy.PeriodDay, now)
 	assert.Equal(t, int64(300), tokens)
 }
+
+// Bindings reach the process's directory, where spans are attributed from, from
+// bandplane's own sources only, and only to an agent of the binding's organization.
+func TestBindingsComeFromBandplaneOnly(t *testing.T) {
+	shared := directory.New()
+	r, err := replica.New(replica.Config{Directory: policy.NewDirectory(), Registrations: shared, Ledger: policy.NewLedger(0), Catalog: pricing.Default()})
+	require.NoError(t, err)
+	bind := `{"id":"bind-1","type":"agent.bound","time":"2026-11-02T09:05:00Z","org_id":"acme","actor":{"id":"cli:ops","type":"system"},"subject":{"id":"a-arch","type":"agent"},"source":"bandplane-policy","data":{"kind":"service","value":"checkout","agent_id":"a-arch"}}`
+	apply(t, r, alice, partner, architect, reviewer, bind)
+	agent, ok := shared.Bound("acme", schema.BindingService, "checkout")
+	assert.True(t, ok)
+	assert.Equal(t, "a-arch", agent)
+
+	for name, forged := range map[string]string{
+		// A client's bind (the collector refuses the type; a row that slipped in is
+		// ignored all the same).
+		"another source":        `{"id":"bind-2","type":"agent.bound","time":"2026-11-02T09:06:00Z","org_id":"other","actor":{"id":"x","type":"system"},"subject":{"id":"a-rev","type":"agent"},"source":"router","data":{"kind":"service","value":"checkout","agent_id":"a-rev"}}`,
+		"the platform's source": `{"id":"bind-3","type":"agent.unbound","time":"2026-11-02T09:07:00Z","org_id":"acme","actor":{"id":"x","type":"system"},"source":"band","data":{"kind":"service","value":"checkout"}}`,
+	} {
+		ev, err := schema.Decode([]byte(forged))
+		require.NoError(t, err, name)
+		err = r.Apply(context.Background(), &ev)
+		require.Error(t, err, name)
+		assert.Contains(t, err.Error(), "bindings come from bandplane only", name)
+	}
+	agent, ok = shared.Bound("acme", schema.BindingService, "checkout")
+	assert.True(t, ok, "the forged unbind changed nothing")
+	assert.Equal(t, "a-arch", agent)
+	_, ok = shared.Bound("other", schema.BindingService, "checkout")
+	assert.False(t, ok, "the forged bind changed nothing")
+
+	// bandplane's own bind of another organization's agent attributes nothing.
+	apply(t, r, `{"id":"bind-4","type":"agent.bound","time":"2026-11-02T09:08:00Z","org_id":"acme","actor":{"id":"cli:ops","type":"system"},"subject":{"id":"a-rev","type":"agent"},"source":"bandplane-policy","data":{"kind":"agent","value":"gen-ai-rev","agent_id":"a-rev"}}`)
+	_, ok = shared.Bound("acme", schema.BindingAgent, "gen-ai-rev")
+	assert.False(t, ok, "a-rev is other's")
+
+	// Invalid data is an error naming the field; nothing changes.
+	ev, err := schema.Decode([]byte(`{"id":"bind-5","type":"agent.bound","time":"2026-11-02T09:09:00Z","org_id":"acme","actor":{"id":"cli:ops","type":"system"},"source":"bandplane-policy","data":{"kind":"host","value":"checkout","agent_id":"a-arch"}}`))
+	require.NoError(t, err)
+	err = r.Apply(context.Background(), &ev)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "data.kind")
+
+	apply(t, r, `{"id":"unbind-1","type":"agent.unbound","time":"2026-11-02T09:10:00Z","org_id":"acme","actor":{"id":"cli:ops","type":"system"},"source":"bandplane-policy","data":{"kind":"service","value":"checkout"}}`)
+	_, ok = shared.Bound("acme", schema.BindingService, "checkout")
+	assert.False(t, ok)
+	assert.Len(t, shared.Bindings("acme"), 1, "the agent binding of a-rev is listed, not bound")
+}

@@ -18,13 +18,22 @@
 //     write to ClickHouse can edit that table; what it says must not decide who a key
 //     may write as, nor what the policies see.
 //
+// It also holds an operator's bindings of the identities OpenTelemetry senders choose
+// (service.name, gen_ai.agent.id) to agents (agent.bound, agent.unbound): a span is an
+// agent's only through one, and only while that agent is registered, by the trail's
+// view, in the binding's organization (Bound).
+//
 // It may import the standard library, third-party modules and the other schema/
 // packages only: schema/ is the basement every other folder builds on (deploy/layers).
 package directory
 
 import (
+	"cmp"
+	"errors"
 	"fmt"
+	"slices"
 	"sync"
+	"time"
 
 	"github.com/bandplane/bandplane/schema"
 	"github.com/bandplane/bandplane/schema/store"
@@ -44,16 +53,19 @@ type entry struct {
 	hasTrail bool
 }
 
-// Directory holds the agents and people. Safe for concurrent use.
+// Directory holds the agents and people, and the bindings. Safe for concurrent use.
 type Directory struct {
 	mu     sync.RWMutex
 	agents map[string]*entry
 	people map[string]*entry
+	// bindings are by organization, then kind and value; an unbinding stays as a
+	// tombstone, so that a bind older than it, read later, changes nothing.
+	bindings map[string]map[bindingKey]binding
 }
 
 // New returns an empty directory.
 func New() *Directory {
-	return &Directory{agents: map[string]*entry{}, people: map[string]*entry{}}
+	return &Directory{agents: map[string]*entry{}, people: map[string]*entry{}, bindings: map[string]map[bindingKey]binding{}}
 }
 
 // Parse reads a registration event as the directory row it makes. The version is the
@@ -193,4 +205,118 @@ func (d *Directory) Len() (agents, people int) {
 	d.mu.RLock()
 	defer d.mu.RUnlock()
 	return len(d.agents), len(d.people)
+}
+
+type bindingKey struct{ kind, value string }
+
+// binding is the newest agent.bound or agent.unbound of one identity.
+type binding struct {
+	agentID string
+	unbound bool
+	ms      int64  // the event's time in milliseconds: the newest wins
+	eventID string // of two at the same millisecond, the greater id wins
+	at      time.Time
+}
+
+// newer says whether b replaces old: a later millisecond, or the same one and a
+// greater event id, so that every reader, whatever order it reads them in, keeps the
+// same one. The same event again changes nothing.
+func (b binding) newer(old binding) bool {
+	if b.ms != old.ms {
+		return b.ms > old.ms
+	}
+	return b.eventID > old.eventID
+}
+
+// Binding is one identity of an organization's senders bound to an agent.
+type Binding struct {
+	Kind    string    `json:"kind"` // schema.BindingAgent or schema.BindingService
+	Value   string    `json:"value"`
+	AgentID string    `json:"agent_id"`
+	Time    time.Time `json:"time"` // of the agent.bound event
+}
+
+// ApplyBinding records an agent.bound or agent.unbound event of organization ev.OrgID.
+// It trusts the event's origin: only bandplane's own producers write these types (the
+// collector refuses them from every client), and its callers apply only events of
+// bandplane's sources. The error names the field that is wrong.
+func (d *Directory) ApplyBinding(ev *schema.Event) error {
+	b, key, err := parseBinding(ev)
+	if err != nil {
+		return fmt.Errorf("cannot apply %s event %s: %w", ev.Type, ev.ID, err)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	m := d.bindings[ev.OrgID]
+	if m == nil {
+		m = map[bindingKey]binding{}
+		d.bindings[ev.OrgID] = m
+	}
+	if old, ok := m[key]; !ok || b.newer(old) {
+		m[key] = b
+	}
+	return nil
+}
+
+func parseBinding(ev *schema.Event) (binding, bindingKey, error) {
+	if ev.Type != schema.TypeAgentBound && ev.Type != schema.TypeAgentUnbound {
+		return binding{}, bindingKey{}, fmt.Errorf("type: %q is not %s or %s", ev.Type, schema.TypeAgentBound, schema.TypeAgentUnbound)
+	}
+	if ev.OrgID == "" {
+		return binding{}, bindingKey{}, errors.New("org_id: missing (a binding belongs to an organization)")
+	}
+	if ev.Time.IsZero() {
+		return binding{}, bindingKey{}, errors.New("time: missing (the newest binding wins)")
+	}
+	if len(ev.Data) == 0 {
+		return binding{}, bindingKey{}, errors.New("data: missing")
+	}
+	var data schema.BindingData
+	if err := schema.DecodeData(ev.Data, &data); err != nil {
+		return binding{}, bindingKey{}, err // a *schema.FieldError naming the member
+	}
+	if err := data.ValidateFor(ev.Type); err != nil {
+		return binding{}, bindingKey{}, err
+	}
+	if ev.Subject != nil && ev.Subject.ID != "" && data.AgentID != "" && ev.Subject.ID != data.AgentID {
+		return binding{}, bindingKey{}, fmt.Errorf("subject.id: %q is not the agent of data.agent_id, %q", ev.Subject.ID, data.AgentID)
+	}
+	return binding{agentID: data.AgentID, unbound: ev.Type == schema.TypeAgentUnbound, ms: ev.Time.UnixMilli(), eventID: ev.ID,
+		at: ev.Time.UTC().Truncate(time.Millisecond)}, bindingKey{data.Kind, data.Value}, nil
+}
+
+// Bound returns the agent an identity (kind, value) of org's senders is bound to: only
+// if a binding is in force and its agent is registered in org by the trail's view
+// (never by a row of the directory table), so that a binding made for an agent that
+// is not registered yet takes effect when it registers, and one whose agent moved to
+// another organization attributes nothing.
+func (d *Directory) Bound(org, kind, value string) (agentID string, ok bool) {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	b, found := d.bindings[org][bindingKey{kind, value}]
+	if !found || b.unbound {
+		return "", false
+	}
+	e := d.agents[b.agentID]
+	if e == nil || !e.hasTrail || e.trail.OrgID != org {
+		return "", false
+	}
+	return b.agentID, true
+}
+
+// Bindings returns org's bindings in force, sorted by kind, then value, whether or not
+// their agent is registered (Bound says which attribute).
+func (d *Directory) Bindings(org string) []Binding {
+	d.mu.RLock()
+	out := make([]Binding, 0, len(d.bindings[org]))
+	for k, b := range d.bindings[org] {
+		if !b.unbound {
+			out = append(out, Binding{Kind: k.kind, Value: k.value, AgentID: b.agentID, Time: b.at})
+		}
+	}
+	d.mu.RUnlock()
+	slices.SortFunc(out, func(a, b Binding) int {
+		return cmp.Or(cmp.Compare(a.Kind, b.Kind), cmp.Compare(a.Value, b.Value))
+	})
+	return out
 }
