@@ -105,8 +105,14 @@ type CollectorConfig struct {
 	// Registrations has loaded: until it has, an organization's request is answered 503.
 	Registrations      Registrations
 	RegistrationsReady func() bool
-	MaxBodyBytes       int64 // default DefaultMaxBodyBytes; larger bodies are answered 413
-	MaxLines           int   // events per request (default DefaultMaxLines); more: 413
+	// Bindings names the directory agent an OTLP sender identity is bound to; without
+	// it every span is stored unattributed.
+	Bindings Bindings
+	// OTLPContent stores the prompts, completions and tool arguments OTLP spans carry
+	// (off: dropped, as they are often personal data).
+	OTLPContent  bool
+	MaxBodyBytes int64 // default DefaultMaxBodyBytes; larger bodies are answered 413
+	MaxLines     int   // events per request (default DefaultMaxLines); more: 413
 	// MaxUploads bounds the request bodies being read at once (default
 	// DefaultMaxUploads), MaxUploadsPerOrg and MaxUploadsPerKey those of one
 	// organization's keys and of one key; a quarter of MaxUploads is the platform's
@@ -363,7 +369,13 @@ func (c *Collector) line(key keys.Key, l []byte, now time.Time) (kafkago.Message
 	if err != nil {
 		return kafkago.Message{}, err
 	}
-	if err := c.mayWrite(key, &ev); err != nil {
+	return c.admit(key, &ev, now)
+}
+
+// admit holds a decoded, valid event to the key's rights and the accepted time window,
+// and encodes it as the message to produce: the one path of every event a client sends.
+func (c *Collector) admit(key keys.Key, ev *schema.Event, now time.Time) (kafkago.Message, error) {
+	if err := c.mayWrite(key, ev); err != nil {
 		return kafkago.Message{}, err
 	}
 	if oldest := now.Add(-c.cfg.MaxEventAge); ev.Time.Before(oldest) {
@@ -374,7 +386,7 @@ func (c *Collector) line(key keys.Key, l []byte, now time.Time) (kafkago.Message
 		return kafkago.Message{}, fmt.Errorf("time: %s is more than %s ahead of the collector's clock (%s; --max-clock-skew)",
 			ev.Time.Format(time.RFC3339Nano), c.cfg.MaxClockSkew, now.UTC().Format(time.RFC3339))
 	}
-	b, err := json.Marshal(&ev)
+	b, err := json.Marshal(ev)
 	if err != nil {
 		return kafkago.Message{}, fmt.Errorf("cannot encode the event: %w", err)
 	}

@@ -22,6 +22,7 @@ type Metrics struct {
 	Repriced        prometheus.Counter
 	CollectorLines  *prometheus.CounterVec // result: accepted | rejected
 	CollectorErrors prometheus.Counter
+	OTLPSpans       *prometheus.CounterVec // result: accepted | unbound | rejected | skipped
 
 	InsertRejections     prometheus.Counter
 	IDReused             prometheus.Counter
@@ -69,6 +70,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Lines received by POST /v1/events, by result."}, []string{"result"}),
 		CollectorErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: "bandplane_collector_produce_errors_total",
 			Help: "Collector requests that failed to produce to Kafka."}),
+		OTLPSpans: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "bandplane_otlp_spans_total",
+			Help: "Spans received over OTLP, by result (accepted; unbound: accepted and stored unattributed, no binding names the sender; rejected; skipped: no GenAI operation or usage)."}, []string{"result"}),
 		InsertRejections: prometheus.NewCounter(prometheus.CounterOpts{Name: "bandplane_ingest_insert_rejections_total",
 			Help: "Inserts ClickHouse refused for their data (not retried: the batch is split to isolate the records it refuses)."}),
 		IDReused: prometheus.NewCounter(prometheus.CounterOpts{Name: "bandplane_ingest_id_reused_total",
@@ -93,7 +96,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	if reg != nil {
 		reg.MustRegister(m.Records, m.DeadLetters, m.Batches, m.BatchRows, m.FlushSeconds, m.StoreErrors, m.DLQErrors, m.NoteErrors,
 			m.FetchErrors, m.CommitErrors, m.Unpriced, m.Unattributed, m.Lag, m.RollupErrors, m.Repriced,
-			m.CollectorLines, m.CollectorErrors, m.InsertRejections, m.IDReused, m.LookupErrors, m.DeadLettersTruncated, m.Dropped,
+			m.CollectorLines, m.CollectorErrors, m.OTLPSpans, m.InsertRejections, m.IDReused, m.LookupErrors, m.DeadLettersTruncated, m.Dropped,
 			m.Forgotten, m.Remembered, m.Batching, m.Links)
 	}
 	return m
