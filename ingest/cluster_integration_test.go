@@ -202,7 +202,7 @@ func startIngest(t *testing.T, bin, topic, db, group string, extra ...string) *s
 	require.NoError(t, err)
 	addr := ln.Addr().String()
 	_ = ln.Close() // only its free port was wanted
-	cmd := exec.Command(bin, "serve", "--listen", addr, "--no-policy", "--no-live",
+	cmd := exec.Command(bin, "serve", "--listen", addr, "--otlp-grpc-listen", "", "--no-policy", "--no-live",
 		"--clickhouse", stacktest.ClickHouseAddr(), "--cluster", stacktest.ClickHouseCluster(), "--clickhouse-db", db,
 		"--kafka", strings.Join(stacktest.ClusterBrokers(), ","), "--topic", topic, "--dlq-topic", topic+"_dlq", "--group", group,
 		"--batch-age", "200ms", "--rollup-interval", "500ms")

@@ -154,7 +154,7 @@ func TestIntegrationOutageConsumerKilledMidBatch(t *testing.T) {
 	serve := func() (*exec.Cmd, *strings.Builder) {
 		cmd := exec.Command(bin, "serve", "--topic", p.topic, "--dlq-topic", p.topic+"_dlq", "--clickhouse-db", p.db,
 			"--kafka", strings.Join(stacktest.Brokers(), ","), "--clickhouse", stacktest.ClickHouseAddr(),
-			"--listen", "127.0.0.1:0", "--batch-size", "3000", "--batch-age", "1s",
+			"--listen", "127.0.0.1:0", "--otlp-grpc-listen", "", "--batch-size", "3000", "--batch-age", "1s",
 			"--rollup-interval", "200ms", "--audit-key", auditKey, "--seal-every", "1s")
 		var log strings.Builder
 		stderr, err := cmd.StderrPipe()

@@ -36,7 +36,7 @@ func (s *stack) serveAt(t *testing.T, addr, policyGroup string, extra ...string)
 	t.Helper()
 	args := append([]string{"serve", "--listen", addr, "--clickhouse", stacktest.ClickHouseAddr(), "--clickhouse-db", s.db,
 		"--kafka", strings.Join(stacktest.Brokers(), ","), "--topic", s.topic, "--group", s.group, "--policy-group", policyGroup,
-		"--batch-age", "100ms", "--rollup-interval", "500ms", "--key-refresh", "1s"}, extra...)
+		"--batch-age", "100ms", "--rollup-interval", "500ms", "--key-refresh", "1s", "--otlp-grpc-listen", ""}, extra...)
 	cmd := exec.Command(bandplaneBinary(t), args...)
 	var log syncBuffer
 	cmd.Stdout, cmd.Stderr = &log, &log

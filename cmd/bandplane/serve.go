@@ -41,6 +41,8 @@ type serveConfig struct {
 	catalog       string
 	rollupEvery   time.Duration
 	maxBody       int64
+	otlpGRPC      string
+	otlpContent   bool
 	maxLines      int
 	maxPosts      int
 	maxUploads    [3]int // in all, per organization, per key
@@ -80,6 +82,8 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	fs.StringVar(&c.catalog, "catalog", envOr("BANDPLANE_CATALOG", ""), "price catalog JSON file (default: the built-in catalog)")
 	fs.DurationVar(&c.rollupEvery, "rollup-interval", 10*time.Second, "how often touched hours of the cost rollup are rebuilt (each rebuild re-reads those hours with FINAL)")
 	fs.Int64Var(&c.maxBody, "max-body", ingest.DefaultMaxBodyBytes, "largest accepted POST /v1/events body in bytes (larger: 413)")
+	fs.StringVar(&c.otlpGRPC, "otlp-grpc-listen", envOr("BANDPLANE_OTLP_GRPC_LISTEN", "127.0.0.1:4317"), "OTLP/gRPC listen address (TraceService/Export, an organization's ingest key; env BANDPLANE_OTLP_GRPC_LISTEN); empty: no gRPC receiver. OTLP/HTTP is POST /v1/traces on --listen")
+	fs.BoolVar(&c.otlpContent, "otlp-content", false, "store the prompts, completions and tool arguments and results OTLP spans carry (gen_ai.input.messages and the like); off they are dropped, as they are often personal data")
 	fs.IntVar(&c.maxLines, "max-lines", ingest.DefaultMaxLines, "most events in one POST /v1/events (more: 413)")
 	fs.IntVar(&c.maxPosts, "max-concurrent-posts", ingest.DefaultMaxConcurrent, "POST /v1/events bodies, read whole, decoded and produced at once; others wait")
 	fs.IntVar(&c.maxUploads[0], "max-uploads", ingest.DefaultMaxUploads, "POST /v1/events bodies being read at once; organizations' keys hold at most three quarters, the platform's keys keep the rest (more: 429)")
@@ -342,11 +346,21 @@ func serve(ctx context.Context, log *slog.Logger, reg *prometheus.Registry, c se
 	if err != nil {
 		return err
 	}
-	log.Info("serving", "addr", servers[0].ln.Addr().String(), "metrics_addr", c.metricsListen, "topic", c.stack.topic, "group", c.group,
+	otlpGRPC, otlpAddr, err := ing.otlpGRPC(c.otlpGRPC)
+	if err != nil {
+		for _, s := range servers {
+			s.close()
+		}
+		return err
+	}
+	log.Info("serving", "addr", servers[0].ln.Addr().String(), "otlp_grpc_addr", fmt.Sprint(otlpAddr), "metrics_addr", c.metricsListen, "topic", c.stack.topic, "group", c.group,
 		"clickhouse", c.stack.ch.Addr, "database", c.stack.ch.Database, "catalog_version", d.prices.Service.CurrentVersion(), "sealing", sealer != nil)
 	all := append(parts, jobs...)
 	for _, s := range servers {
 		all = append(all, s.component())
+	}
+	if otlpGRPC != nil {
+		all = append(all, otlpGRPC)
 	}
 	return runComponents(ctx, log, all)
 }

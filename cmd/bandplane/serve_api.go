@@ -23,6 +23,7 @@ func newAPI(d *serveDeps, ing *ingestPart, pol *policyPart, lv *livePart, notRea
 	c, log := d.c, d.log
 	mux := http.NewServeMux()
 	mux.Handle("/v1/events", ing.collector)
+	mux.Handle("/v1/traces", ing.collector.TracesHandler())
 	if pol != nil {
 		gated := pol.handler()
 		for _, p := range []string{"/v1/decisions/", "/v1/peers", "/v1/policy/", "/v1/agents/"} {

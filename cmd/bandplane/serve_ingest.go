@@ -2,16 +2,21 @@ package main
 
 import (
 	"context"
-	"net/http"
+	"errors"
+	"fmt"
+	"net"
+	"time"
+
+	"google.golang.org/grpc"
 
 	"github.com/bandplane/bandplane/ingest"
 )
 
-// ingestPart is serve's intake and pipeline: the collector (POST /v1/events, which
-// produces to the events topic) and, unless --no-consumer, the pipeline that stores
-// what the topic holds.
+// ingestPart is serve's intake and pipeline: the collector (POST /v1/events and the
+// OTLP receivers, which produce to the events topic) and, unless --no-consumer, the
+// pipeline that stores what the topic holds.
 type ingestPart struct {
-	collector http.Handler
+	collector *ingest.Collector
 	pipeline  *ingest.Pipeline // nil with --no-consumer
 }
 
@@ -20,12 +25,15 @@ type ingestPart struct {
 // once the policy replica has replayed the trail into it (pol nil: no check).
 func newIngestPart(ctx context.Context, d *serveDeps, pol *policyPart) (*ingestPart, error) {
 	c := d.c
-	var registrations ingest.Registrations
+	var (
+		registrations ingest.Registrations
+		bindings      ingest.Bindings
+	)
 	if pol != nil {
-		registrations = d.dir
+		registrations, bindings = d.dir, d.dir
 	}
 	collector, err := ingest.NewCollector(ingest.CollectorConfig{Producer: d.producer, Auth: d.keys,
-		Registrations: registrations, RegistrationsReady: pol.isReady,
+		Registrations: registrations, RegistrationsReady: pol.isReady, Bindings: bindings, OTLPContent: c.otlpContent,
 		MaxBodyBytes: c.maxBody, MaxLines: c.maxLines, MaxConcurrent: c.maxPosts,
 		MaxUploads: c.maxUploads[0], MaxUploadsPerOrg: c.maxUploads[1], MaxUploadsPerKey: c.maxUploads[2],
 		MaxEventAge: c.maxEventAge, MaxClockSkew: c.maxClockSkew, Logger: d.log, Metrics: d.metrics})
@@ -62,4 +70,43 @@ func (p *ingestPart) component() *component {
 			}
 			return ""
 		}}
+}
+
+// otlpGRPC binds --otlp-grpc-listen and returns the component that serves OTLP/gRPC
+// there (nil when the flag is empty).
+func (p *ingestPart) otlpGRPC(addr string) (*component, net.Addr, error) {
+	if addr == "" {
+		return nil, nil, nil
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, nil, fmt.Errorf("cannot listen on %s (--otlp-grpc-listen): %w", addr, err)
+	}
+	srv := p.collector.GRPCServer()
+	return &component{name: "grpc --otlp-grpc-listen", stage: stageIntake,
+		run: func(ctx context.Context) error {
+			served := make(chan error, 1)
+			go func() { served <- srv.Serve(ln) }()
+			select {
+			case err := <-served:
+				if err == nil || errors.Is(err, grpc.ErrServerStopped) {
+					return nil
+				}
+				return fmt.Errorf("otlp grpc server on %s: %w", addr, err)
+			case <-ctx.Done():
+			}
+			stopGracefully(srv)
+			return nil
+		}}, ln.Addr(), nil
+}
+
+// stopGracefully lets exports in flight finish for up to 10 s, as the HTTP servers do.
+func stopGracefully(srv *grpc.Server) {
+	done := make(chan struct{})
+	go func() { srv.GracefulStop(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		srv.Stop()
+	}
 }

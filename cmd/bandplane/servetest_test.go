@@ -146,7 +146,7 @@ func (s *stack) serve(t *testing.T, extra ...string) *server {
 	addr := freePort(t)
 	args := append([]string{"serve", "--listen", addr, "--clickhouse", stacktest.ClickHouseAddr(), "--clickhouse-db", s.db,
 		"--kafka", strings.Join(stacktest.Brokers(), ","), "--topic", s.topic, "--group", s.group, "--policy-group", s.group + "-policy",
-		"--batch-age", "100ms", "--rollup-interval", "500ms", "--key-refresh", "1s"}, extra...)
+		"--batch-age", "100ms", "--rollup-interval", "500ms", "--key-refresh", "1s", "--otlp-grpc-listen", ""}, extra...)
 	cmd := exec.Command(bandplaneBinary(t), args...)
 	var log syncBuffer
 	cmd.Stdout, cmd.Stderr = &log, &log

@@ -169,7 +169,7 @@ func freeLoopbackAddr() (string, error) {
 func (s *stack) serveArgs() []string {
 	ch := s.cfg.ClickHouse
 	args := append([]string{}, s.cfg.ServeCommand[1:]...)
-	args = append(args, "--listen", s.addr, "--metrics-listen", s.metricsAddr,
+	args = append(args, "--listen", s.addr, "--metrics-listen", s.metricsAddr, "--otlp-grpc-listen", "",
 		"--clickhouse", ch.Addr, "--clickhouse-db", s.names.db, "--clickhouse-user", ch.User,
 		"--clickhouse-timeout", ch.ReadTimeout.String(),
 		"--kafka", strings.Join(s.cfg.Brokers, ","), "--topic", s.names.topic,
