@@ -44,8 +44,11 @@ type Config struct {
 	Brokers        []string
 	ClickHouse     chdb.Config // Database is a prefix: each phase uses its own database
 	KeepData       bool
-	Logger         *slog.Logger
-	Progress       func(format string, args ...any)
+	// OTLPReports, when > 0, adds the OTLP phase (otlp.go): that many usage reports
+	// through the native collector and through the OTLP receiver, OTLPBatch a request.
+	OTLPReports, OTLPBatch int
+	Logger                 *slog.Logger
+	Progress               func(format string, args ...any)
 }
 
 func (c *Config) Validate() error {
@@ -64,6 +67,12 @@ func (c *Config) Validate() error {
 	}
 	if c.Freshness <= 0 {
 		errs = append(errs, fmt.Errorf("--freshness must be > 0, got %s", c.Freshness))
+	}
+	if c.OTLPReports < 0 || (c.OTLPReports > 0 && c.OTLPReports < 1000) {
+		errs = append(errs, fmt.Errorf("--otlp-reports must be >= 1000, got %d", c.OTLPReports))
+	}
+	if c.OTLPReports > 0 && (c.OTLPBatch <= 0 || c.OTLPBatch > ingest.DefaultMaxLines) {
+		errs = append(errs, fmt.Errorf("--otlp-batch must be in [1, %d], got %d", ingest.DefaultMaxLines, c.OTLPBatch))
 	}
 	if len(c.Brokers) == 0 {
 		errs = append(errs, errors.New("no kafka brokers (--kafka)"))
@@ -88,6 +97,7 @@ type Result struct {
 	BatchSize          int     `json:"batch_size"`
 	BatchAgeMs         int64   `json:"batch_age_ms"`
 	Partitions         int     `json:"partitions"`
+	*OTLPResult
 }
 
 // workload is the benchmark's events, generated and encoded once, outside every timer.
@@ -223,6 +233,12 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	res.FreshnessP50Ms = percentile(lat, 0.50)
 	res.FreshnessP99Ms = percentile(lat, 0.99)
 	cfg.Progress("freshness: p50 %.0f ms, p99 %.0f ms", res.FreshnessP50Ms, res.FreshnessP99Ms)
+	if cfg.OTLPReports > 0 {
+		if res.OTLPResult, err = runOTLP(ctx, cfg, conn, stamp); err != nil {
+			return res, fmt.Errorf("otlp phase: %w", err)
+		}
+		cfg.Progress("otlp: %.0f spans/s, %.2f× the native collector's %.0f reports/s", res.OTLPSpansPerS, res.OTLPRatio, res.NativeReportsPerS)
+	}
 	return res, nil
 }
 
