@@ -74,7 +74,7 @@ func genAITraces(service string, at time.Time, tokens ...[3]int64) ptrace.Traces
 	return td
 }
 
-func protoBody(t *testing.T, td ptrace.Traces) []byte {
+func protoBody(t testing.TB, td ptrace.Traces) []byte {
 	t.Helper()
 	b, err := ptraceotlp.NewExportRequestFromTraces(td).MarshalProto()
 	require.NoError(t, err)

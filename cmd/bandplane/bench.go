@@ -30,7 +30,7 @@ func runBenchIngest(ctx context.Context, e *env, args []string) error {
 	fs.IntVar(&cfg.ProbeEvery, "probe-every", 100, "time every n-th event of the freshness phase")
 	fs.BoolVar(&cfg.KeepData, "keep", false, "keep the benchmark databases")
 	otlpOn := fs.Bool("otlp", false, "add the OTLP phase: usage reports through the native collector (POST /v1/events) and the OTLP receiver (POST /v1/traces), side by side, to queryable usage")
-	fs.IntVar(&cfg.OTLPReports, "otlp-reports", 200_000, "usage reports of each pass of the OTLP phase")
+	fs.IntVar(&cfg.OTLPReports, "otlp-reports", 200_000, "usage reports of each pass of the OTLP phase (two rounds of each way, interleaved)")
 	fs.IntVar(&cfg.OTLPBatch, "otlp-batch", 1000, "usage reports (events or spans) per request of the OTLP phase")
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	if err := parse(fs, args); err != nil {
