@@ -240,6 +240,12 @@ type AgentControlData struct {
 	Extra  json.RawMessage `json:"extra,omitempty"`
 }
 
+// UnboundSenderPrefix starts the actor id of the events of an OpenTelemetry sender no
+// binding names ("otlp:<service.name>"): unattributed, they count against their
+// organization only. The OTLP receiver refuses a sender whose id would be a registered
+// party's.
+const UnboundSenderPrefix = "otlp:"
+
 // Kinds of binding: which identity of an OpenTelemetry sender a binding names.
 const (
 	BindingService = "service" // the resource attribute service.name

@@ -19,7 +19,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"hash/fnv"
+	"hash/maphash"
 	"log/slog"
 	"maps"
 	"math"
@@ -323,7 +323,7 @@ func (r *Replica) usage(ev *schema.Event) error {
 	if err := unmarshal(ev, &u); err != nil {
 		return err
 	}
-	if r.recent.seen(ev.ID) {
+	if r.recent.seen(ev.OrgID, ev.ID) {
 		return nil
 	}
 	u.Extra = nil
@@ -345,7 +345,9 @@ type usage struct {
 
 func (r *Replica) charge(o usage, now time.Time) {
 	a, known := r.cfg.Directory.Agent(o.agent)
-	if !known && o.agent != "" && r.orphan(o, now) {
+	// An unbound OTLP sender never registers: its usage counts against its
+	// organization at once.
+	if !known && o.agent != "" && !strings.HasPrefix(o.agent, schema.UnboundSenderPrefix) && r.orphan(o, now) {
 		return
 	}
 	u := o.data
@@ -499,7 +501,10 @@ func (r *Replica) adopt(agent string) {
 	}
 }
 
-// recentIDs remembers the last recentSize usage event ids (as 64-bit hashes).
+// recentIDs remembers the last recentSize usage events by organization and id, as
+// 64-bit hashes with a seed of the process's own: a sender cannot pick an id that
+// collides with another to have its usage go uncharged, and two organizations' equal
+// ids (OTLP's come from span ids) are two reports.
 type recentIDs struct {
 	mu   sync.Mutex
 	set  map[uint64]struct{}
@@ -509,9 +514,14 @@ type recentIDs struct {
 
 const recentSize = 100_000
 
-func (s *recentIDs) seen(id string) bool {
-	h := fnv.New64a()
-	h.Write([]byte(id))
+var recentSeed = maphash.MakeSeed()
+
+func (s *recentIDs) seen(org, id string) bool {
+	var h maphash.Hash
+	h.SetSeed(recentSeed)
+	_, _ = h.WriteString(org)
+	_ = h.WriteByte(0)
+	_, _ = h.WriteString(id)
 	k := h.Sum64()
 	s.mu.Lock()
 	defer s.mu.Unlock()

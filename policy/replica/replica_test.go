@@ -281,3 +281,27 @@ func TestBindingsComeFromBandplaneOnly(t *testing.T) {
 	assert.False(t, ok)
 	assert.Len(t, shared.Bindings("acme"), 1, "the agent binding of a-rev is listed, not bound")
 }
+
+// An unbound OTLP sender ("otlp:<service>") never registers: its usage counts against
+// its organization at once instead of waiting for a registration.
+func TestUnboundSendersUsageCountsAgainstItsOrganization(t *testing.T) {
+	now := time.Date(2026, 11, 2, 12, 0, 0, 0, time.UTC)
+	r, _, ledger := newReplica(t, now)
+	apply(t, r, `{"id":"otlp-1","type":"usage.reported","time":"2026-11-02T11:00:00Z","org_id":"acme","room_id":"conv-1","actor":{"id":"otlp:checkout","type":"agent"},"source":"otlp","data":{"input_tokens":400,"output_tokens":0,"cache_read_tokens":0,"cache_write_tokens":0}}`)
+	tokens, _, _, _ := ledger.Spent("acme", policy.ScopeOrg, "acme", policy.PeriodDay, now)
+	assert.Equal(t, int64(400), tokens)
+}
+
+// Two organizations' reports with one id are two reports: OTLP's ids come from span ids,
+// which two tenants may share.
+func TestUsageIDsAreSeenPerOrganization(t *testing.T) {
+	now := time.Date(2026, 11, 2, 12, 0, 0, 0, time.UTC)
+	r, _, ledger := newReplica(t, now)
+	for _, org := range []string{"acme", "globex"} {
+		apply(t, r, `{"id":"otlp-same","type":"usage.reported","time":"2026-11-02T11:00:00Z","org_id":"`+org+`","room_id":"conv-1","actor":{"id":"otlp:x","type":"agent"},"source":"otlp","data":{"input_tokens":100,"output_tokens":0,"cache_read_tokens":0,"cache_write_tokens":0}}`)
+	}
+	for _, org := range []string{"acme", "globex"} {
+		tokens, _, _, _ := ledger.Spent(org, policy.ScopeOrg, org, policy.PeriodDay, now)
+		assert.Equal(t, int64(100), tokens, org)
+	}
+}
