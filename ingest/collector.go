@@ -81,9 +81,12 @@ func (s ProducerSink) Send(ctx context.Context, lines [][]byte) error {
 
 // Defaults of the collector's limits (serve's flags).
 const (
-	DefaultMaxBodyBytes  = 16 << 20
-	DefaultMaxLines      = 100_000
-	DefaultMaxConcurrent = 8
+	DefaultMaxBodyBytes = 16 << 20
+	// DefaultMaxOTLPBodyBytes is the OpenTelemetry Collector's own default message
+	// limit (4 MiB).
+	DefaultMaxOTLPBodyBytes = 4 << 20
+	DefaultMaxLines         = 100_000
+	DefaultMaxConcurrent    = 8
 	// Uploads: bodies being read. One key reads at most 2 at once, one
 	// organization's keys 4, all tenants 12 of 16 (the platform's keys, the routing
 	// core's, keep 4).
@@ -110,9 +113,16 @@ type CollectorConfig struct {
 	Bindings Bindings
 	// OTLPContent stores the prompts, completions and tool arguments OTLP spans carry
 	// (off: dropped, as they are often personal data).
-	OTLPContent  bool
-	MaxBodyBytes int64 // default DefaultMaxBodyBytes; larger bodies are answered 413
-	MaxLines     int   // events per request (default DefaultMaxLines); more: 413
+	OTLPContent bool
+	// MaxOTLPBodyBytes bounds an OTLP request, after gunzip, and an OTLP/gRPC message
+	// (default DefaultMaxOTLPBodyBytes): pdata's model of it is up to some 30 times
+	// its size. OTLPStreamTimeout bounds an OTLP/gRPC stream, as --read-timeout an
+	// HTTP request (default 60 s); OTLPIdleTimeout closes an idle gRPC connection
+	// (default 120 s).
+	MaxOTLPBodyBytes                   int64
+	OTLPStreamTimeout, OTLPIdleTimeout time.Duration
+	MaxBodyBytes                       int64 // default DefaultMaxBodyBytes; larger bodies are answered 413
+	MaxLines                           int   // events per request (default DefaultMaxLines); more: 413
 	// MaxUploads bounds the request bodies being read at once (default
 	// DefaultMaxUploads), MaxUploadsPerOrg and MaxUploadsPerKey those of one
 	// organization's keys and of one key; a quarter of MaxUploads is the platform's
@@ -145,6 +155,12 @@ func (c *CollectorConfig) Validate() error {
 	}
 	if c.MaxBodyBytes < 0 {
 		errs = append(errs, fmt.Errorf("collector: --max-body must be > 0, got %d", c.MaxBodyBytes))
+	}
+	if c.MaxOTLPBodyBytes < 0 {
+		errs = append(errs, fmt.Errorf("collector: --otlp-max-body must be > 0, got %d", c.MaxOTLPBodyBytes))
+	}
+	if c.OTLPStreamTimeout < 0 || c.OTLPIdleTimeout < 0 {
+		errs = append(errs, fmt.Errorf("collector: the OTLP/gRPC timeouts must be > 0, got %s and %s", c.OTLPStreamTimeout, c.OTLPIdleTimeout))
 	}
 	if c.MaxLines < 0 {
 		errs = append(errs, fmt.Errorf("collector: --max-lines must be > 0, got %d", c.MaxLines))
@@ -201,6 +217,15 @@ func NewCollector(cfg CollectorConfig) (*Collector, error) {
 	}
 	if cfg.MaxEventBytes == 0 {
 		cfg.MaxEventBytes = kafka.MaxEventBytes
+	}
+	if cfg.MaxOTLPBodyBytes == 0 {
+		cfg.MaxOTLPBodyBytes = DefaultMaxOTLPBodyBytes
+	}
+	if cfg.OTLPStreamTimeout == 0 {
+		cfg.OTLPStreamTimeout = time.Minute
+	}
+	if cfg.OTLPIdleTimeout == 0 {
+		cfg.OTLPIdleTimeout = 2 * time.Minute
 	}
 	if cfg.MaxLines == 0 {
 		cfg.MaxLines = DefaultMaxLines

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"time"
 
 	kafkago "github.com/segmentio/kafka-go"
 	"go.opentelemetry.io/collector/pdata/ptrace"
@@ -17,6 +18,7 @@ import (
 	spb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/stats"
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/tap"
@@ -110,6 +112,14 @@ func (c *Collector) traces(w http.ResponseWriter, r *http.Request) {
 		writeStatus(w, ctype, f)
 		return
 	}
+	// The decode holds a slot: pdata's model of a body of tiny attributes is some 30
+	// times its size, so decodes are bounded like everything after them.
+	select {
+	case c.slots <- struct{}{}:
+		defer func() { <-c.slots }()
+	case <-r.Context().Done():
+		return // the client gave up waiting
+	}
 	req := ptraceotlp.NewExportRequest()
 	if ctype == contentJSON {
 		// pdata's JSON decoder has no depth limit: the guard bounds it first.
@@ -170,10 +180,10 @@ func (c *Collector) otlpKey(ctx context.Context, token string) (keys.Key, *otlpF
 	return key, nil
 }
 
-// readOTLPBody reads the body, gunzipping it when it says so; MaxBodyBytes bounds both
-// what arrives and what it inflates to.
+// readOTLPBody reads the body, gunzipping it when it says so; MaxOTLPBodyBytes bounds
+// both what arrives and what it inflates to.
 func (c *Collector) readOTLPBody(w http.ResponseWriter, r *http.Request) ([]byte, *otlpFailure) {
-	limit := c.cfg.MaxBodyBytes
+	limit := c.cfg.MaxOTLPBodyBytes
 	var src io.Reader = http.MaxBytesReader(w, r.Body, limit)
 	switch enc := strings.ToLower(strings.TrimSpace(r.Header.Get("Content-Encoding"))); enc {
 	case "", "identity":
@@ -193,7 +203,7 @@ func (c *Collector) readOTLPBody(w http.ResponseWriter, r *http.Request) ([]byte
 	}
 	if int64(len(body)) > limit {
 		return nil, fail(http.StatusRequestEntityTooLarge, codes.ResourceExhausted,
-			"the request body inflates to more than %d bytes (--max-body); send smaller batches", limit)
+			"the request body inflates to more than %d bytes (--otlp-max-body); send smaller batches", limit)
 	}
 	return body, nil
 }
@@ -202,7 +212,7 @@ func (c *Collector) bodyFailure(err error, what string) *otlpFailure {
 	var tooBig *http.MaxBytesError
 	if errors.As(err, &tooBig) {
 		return fail(http.StatusRequestEntityTooLarge, codes.ResourceExhausted,
-			"the request body is larger than %d bytes (--max-body); send smaller batches", c.cfg.MaxBodyBytes)
+			"the request body is larger than %d bytes (--otlp-max-body); send smaller batches", c.cfg.MaxOTLPBodyBytes)
 	}
 	return fail(http.StatusBadRequest, codes.InvalidArgument, "%s: %v", what, err)
 }
@@ -218,18 +228,12 @@ type noBindings struct{}
 func (noBindings) Bound(string, string, string) (string, bool) { return "", false }
 
 // export maps, admits and produces the spans of one request, the HTTP and gRPC
-// receivers' common part.
+// receivers' common part. The caller holds a slot.
 func (c *Collector) export(ctx context.Context, key keys.Key, td ptrace.Traces) (ptraceotlp.ExportResponse, *otlpFailure) {
 	resp := ptraceotlp.NewExportResponse()
 	if n := td.SpanCount(); n > c.cfg.MaxLines {
 		return resp, fail(http.StatusRequestEntityTooLarge, codes.InvalidArgument,
 			"the request holds %d spans, more than %d (--max-lines); send smaller batches", n, c.cfg.MaxLines)
-	}
-	select {
-	case c.slots <- struct{}{}:
-		defer func() { <-c.slots }()
-	case <-ctx.Done():
-		return resp, fail(http.StatusServiceUnavailable, codes.Canceled, "the client gave up waiting")
 	}
 	bindings := c.cfg.Bindings
 	if bindings == nil {
@@ -342,13 +346,18 @@ func writeStatus(w http.ResponseWriter, ctype string, f *otlpFailure) {
 
 // GRPCServer is the OTLP/gRPC receiver: TraceService/Export with the collector's
 // rules. The key is checked from the metadata before the message is read, and the
-// uploads share is held while it is; MaxBodyBytes bounds the message.
+// uploads share is held while it is; MaxOTLPBodyBytes bounds the message.
 func (c *Collector) GRPCServer() *grpc.Server {
 	s := grpc.NewServer(
-		grpc.MaxRecvMsgSize(int(min(c.cfg.MaxBodyBytes, 1<<31-1))),
+		grpc.MaxRecvMsgSize(int(min(c.cfg.MaxOTLPBodyBytes, 1<<31-1))),
 		grpc.MaxConcurrentStreams(uint32(max(c.cfg.MaxUploadsPerKey, 1))),
 		grpc.InTapHandle(c.grpcTap),
 		grpc.StatsHandler(uploadRelease{}),
+		// Connections time out as the HTTP servers' do: a handshake within 10 s, an
+		// idle connection closed after OTLPIdleTimeout, a silent peer after a ping.
+		grpc.ConnectionTimeout(10*time.Second),
+		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: c.cfg.OTLPIdleTimeout,
+			Time: c.cfg.OTLPIdleTimeout, Timeout: 20 * time.Second}),
 	)
 	ptraceotlp.RegisterGRPCServer(s, &grpcTraces{c: c})
 	return s
@@ -391,11 +400,20 @@ func (c *Collector) grpcTap(ctx context.Context, info *tap.Info) (context.Contex
 	if f != nil {
 		return ctx, status.Error(f.grpc, f.msg)
 	}
+	if err := ctx.Err(); err != nil {
+		return ctx, status.FromContextError(err).Err()
+	}
 	release, refused := c.uploads.Take(key.Org, key.ID)
 	if refused != nil {
 		return ctx, status.Error(codes.ResourceExhausted, c.uploadRefusal(key, refused))
 	}
-	return context.WithValue(ctx, grpcKeyCtx{}, &grpcAdmission{key: key, release: release}), nil
+	a := &grpcAdmission{key: key, release: release}
+	// The stream's context ends with the stream, however it ends (gRPC cancels it on
+	// every close, an early abort included), and by OTLPStreamTimeout at the latest,
+	// as an HTTP request's by --read-timeout: the share is back then at the latest.
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.OTLPStreamTimeout)
+	context.AfterFunc(ctx, func() { a.done(); cancel() })
+	return context.WithValue(ctx, grpcKeyCtx{}, a), nil
 }
 
 // uploadRelease gives the uploads share back once the message is in, or the stream
@@ -427,6 +445,12 @@ func (g *grpcTraces) Export(ctx context.Context, req ptraceotlp.ExportRequest) (
 		return ptraceotlp.NewExportResponse(), status.Error(codes.Unauthenticated, "the stream was not authenticated")
 	}
 	a.done()
+	select {
+	case g.c.slots <- struct{}{}:
+		defer func() { <-g.c.slots }()
+	case <-ctx.Done():
+		return ptraceotlp.NewExportResponse(), status.FromContextError(ctx.Err()).Err()
+	}
 	resp, f := g.c.export(ctx, a.key, req.Traces())
 	if f != nil {
 		return resp, status.Error(f.grpc, f.msg)

@@ -5,10 +5,13 @@ import (
 	"compress/gzip"
 	"context"
 	"errors"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -186,7 +189,7 @@ func TestOTLPHTTPRejectsBadSpansAndKeepsTheGoodOnes(t *testing.T) {
 
 func TestOTLPHTTPRequestWideFailures(t *testing.T) {
 	prod := &fakeProducer{}
-	c := newOTLPCollector(t, prod, func(c *ingest.CollectorConfig) { c.MaxBodyBytes = 64 << 10; c.MaxLines = 3 })
+	c := newOTLPCollector(t, prod, func(c *ingest.CollectorConfig) { c.MaxOTLPBodyBytes = 64 << 10; c.MaxLines = 3 })
 	h := c.TracesHandler()
 	good := protoBody(t, genAITraces("checkout", now, [3]int64{1, 1, 0}))
 	var bomb bytes.Buffer
@@ -258,15 +261,12 @@ func serveGRPC(t *testing.T, c *ingest.Collector) ptraceotlp.GRPCClient {
 	srv := c.GRPCServer()
 	go func() { _ = srv.Serve(ln) }()
 	t.Cleanup(srv.Stop)
-	cc, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = cc.Close() })
-	return ptraceotlp.NewGRPCClient(cc)
+	return serveGRPCClient(t, ln.Addr().String())
 }
 
 func TestOTLPGRPC(t *testing.T) {
 	prod := &fakeProducer{}
-	client := serveGRPC(t, newOTLPCollector(t, prod, func(c *ingest.CollectorConfig) { c.MaxBodyBytes = 64 << 10 }))
+	client := serveGRPC(t, newOTLPCollector(t, prod, func(c *ingest.CollectorConfig) { c.MaxOTLPBodyBytes = 64 << 10 }))
 	ctx := context.Background()
 	withKey := func(token string) context.Context {
 		return metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+token)
@@ -310,4 +310,87 @@ func bigRequest(n int) ptraceotlp.ExportRequest {
 	td := genAITraces("checkout", now, [3]int64{1, 1, 0})
 	td.ResourceSpans().At(0).Resource().Attributes().PutStr("padding", strings.Repeat("x", n))
 	return ptraceotlp.NewExportRequestFromTraces(td)
+}
+
+// rawGRPC opens an OTLP/gRPC stream to addr by hand, with headers a gRPC client would
+// not send (a deadline already passed) or a body that never comes, and returns the
+// stream's grpc-status once the server ends it.
+func rawGRPC(t *testing.T, addr, timeout string, body io.Reader) string {
+	t.Helper()
+	var protocols http.Protocols
+	protocols.SetUnencryptedHTTP2(true) // gRPC's h2c, with prior knowledge
+	tr := &http.Transport{Protocols: &protocols}
+	defer tr.CloseIdleConnections()
+	req, err := http.NewRequest(http.MethodPost, "http://"+addr+"/opentelemetry.proto.collector.trace.v1.TraceService/Export", body)
+	require.NoError(t, err)
+	req.Header.Set("Content-Type", "application/grpc")
+	req.Header.Set("TE", "trailers")
+	req.Header.Set("Authorization", "Bearer acme")
+	if timeout != "" {
+		req.Header.Set("Grpc-Timeout", timeout)
+	}
+	resp, err := tr.RoundTrip(req)
+	require.NoError(t, err)
+	defer func() { _ = resp.Body.Close() }()
+	_, _ = io.Copy(io.Discard, resp.Body)
+	if s := resp.Header.Get("Grpc-Status"); s != "" {
+		return s
+	}
+	return resp.Trailer.Get("Grpc-Status")
+}
+
+// A stream gRPC ends before any handler runs (its deadline passed on arrival) gives its
+// uploads share back: it would otherwise lock the key out for good.
+func TestOTLPGRPCEarlyAbortGivesTheShareBack(t *testing.T) {
+	c := newOTLPCollector(t, &fakeProducer{}, nil)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	srv := c.GRPCServer()
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(srv.Stop)
+	for range 3 { // more than the key's share of 2
+		assert.Equal(t, strconv.Itoa(int(codes.DeadlineExceeded)), rawGRPC(t, ln.Addr().String(), "1n", http.NoBody))
+	}
+	client := serveGRPCClient(t, ln.Addr().String())
+	ctx := metadata.AppendToOutgoingContext(context.Background(), "authorization", "Bearer acme")
+	require.Eventually(t, func() bool {
+		_, err := client.Export(ctx, ptraceotlp.NewExportRequestFromTraces(genAITraces("checkout", now, [3]int64{1, 1, 0})))
+		return err == nil
+	}, 10*time.Second, 20*time.Millisecond, "the key may send again")
+}
+
+// A stream that never sends its message holds the key's share at most
+// OTLPStreamTimeout, as an HTTP body holds it at most --read-timeout.
+func TestOTLPGRPCSilentStreamTimesOut(t *testing.T) {
+	c := newOTLPCollector(t, &fakeProducer{}, func(c *ingest.CollectorConfig) { c.OTLPStreamTimeout = 300 * time.Millisecond })
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	srv := c.GRPCServer()
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(srv.Stop)
+	var wg sync.WaitGroup
+	for range 2 {
+		pr, pw := io.Pipe()
+		t.Cleanup(func() { _ = pw.Close() })
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			assert.Equal(t, strconv.Itoa(int(codes.DeadlineExceeded)), rawGRPC(t, ln.Addr().String(), "", pr))
+		}()
+	}
+	wg.Wait() // both streams ended by the server's own deadline
+	client := serveGRPCClient(t, ln.Addr().String())
+	ctx := metadata.AppendToOutgoingContext(context.Background(), "authorization", "Bearer acme")
+	require.Eventually(t, func() bool {
+		_, err := client.Export(ctx, ptraceotlp.NewExportRequestFromTraces(genAITraces("checkout", now, [3]int64{1, 1, 0})))
+		return err == nil
+	}, 10*time.Second, 20*time.Millisecond, "the key may send again")
+}
+
+func serveGRPCClient(t *testing.T, addr string) ptraceotlp.GRPCClient {
+	t.Helper()
+	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = cc.Close() })
+	return ptraceotlp.NewGRPCClient(cc)
 }

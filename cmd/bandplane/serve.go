@@ -43,6 +43,7 @@ type serveConfig struct {
 	maxBody       int64
 	otlpGRPC      string
 	otlpContent   bool
+	otlpMaxBody   int64
 	maxLines      int
 	maxPosts      int
 	maxUploads    [3]int // in all, per organization, per key
@@ -83,6 +84,7 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	fs.DurationVar(&c.rollupEvery, "rollup-interval", 10*time.Second, "how often touched hours of the cost rollup are rebuilt (each rebuild re-reads those hours with FINAL)")
 	fs.Int64Var(&c.maxBody, "max-body", ingest.DefaultMaxBodyBytes, "largest accepted POST /v1/events body in bytes (larger: 413)")
 	fs.StringVar(&c.otlpGRPC, "otlp-grpc-listen", envOr("BANDPLANE_OTLP_GRPC_LISTEN", "127.0.0.1:4317"), "OTLP/gRPC listen address (TraceService/Export, an organization's ingest key; env BANDPLANE_OTLP_GRPC_LISTEN); empty: no gRPC receiver. OTLP/HTTP is POST /v1/traces on --listen")
+	fs.Int64Var(&c.otlpMaxBody, "otlp-max-body", ingest.DefaultMaxOTLPBodyBytes, "largest OTLP request in bytes, after gunzip (POST /v1/traces: 413; an OTLP/gRPC message: RESOURCE_EXHAUSTED); the OpenTelemetry Collector's own default")
 	fs.BoolVar(&c.otlpContent, "otlp-content", false, "store the prompts, completions and tool arguments and results OTLP spans carry (gen_ai.input.messages and the like); off they are dropped, as they are often personal data")
 	fs.IntVar(&c.maxLines, "max-lines", ingest.DefaultMaxLines, "most events in one POST /v1/events (more: 413)")
 	fs.IntVar(&c.maxPosts, "max-concurrent-posts", ingest.DefaultMaxConcurrent, "POST /v1/events bodies, read whole, decoded and produced at once; others wait")
@@ -99,9 +101,9 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	fs.DurationVar(&c.maxClockSkew, "max-clock-skew", ingest.DefaultMaxClockSkew, "the collector refuses events this far ahead of its clock")
 	fs.DurationVar(&c.keyRefresh, "key-refresh", 5*time.Second, "how often API keys are re-read from ClickHouse (a revocation takes effect within it)")
 	fs.DurationVar(&c.http.readHeader, "read-header-timeout", 10*time.Second, "HTTP: time to read a request's headers")
-	fs.DurationVar(&c.http.read, "read-timeout", 60*time.Second, "HTTP: time to read a whole request, body included")
+	fs.DurationVar(&c.http.read, "read-timeout", 60*time.Second, "HTTP: time to read a whole request, body included; an OTLP/gRPC stream's whole life too")
 	fs.DurationVar(&c.http.write, "write-timeout", 60*time.Second, "HTTP: time to write a response (WebSockets are exempt)")
-	fs.DurationVar(&c.http.idle, "idle-timeout", 120*time.Second, "HTTP: how long an idle keep-alive connection stays open")
+	fs.DurationVar(&c.http.idle, "idle-timeout", 120*time.Second, "HTTP: how long an idle keep-alive connection stays open; an idle OTLP/gRPC connection too")
 	fs.Int64Var(&c.graphql.MaxBodyBytes, "graphql-max-body", 1<<20, "largest /graphql POST body in bytes (larger: 413)")
 	fs.IntVar(&c.graphql.MaxTokens, "graphql-max-tokens", 10_000, "most tokens the GraphQL parser reads of one query")
 	fs.IntVar(&c.graphql.MaxComplexity, "graphql-max-complexity", 50_000, "most one GraphQL operation may ask for: a field counts once, an auditEvents page once per event of its limit (aliases add up)")

@@ -34,6 +34,7 @@ func newIngestPart(ctx context.Context, d *serveDeps, pol *policyPart) (*ingestP
 	}
 	collector, err := ingest.NewCollector(ingest.CollectorConfig{Producer: d.producer, Auth: d.keys,
 		Registrations: registrations, RegistrationsReady: pol.isReady, Bindings: bindings, OTLPContent: c.otlpContent,
+		MaxOTLPBodyBytes: c.otlpMaxBody, OTLPStreamTimeout: c.http.read, OTLPIdleTimeout: c.http.idle,
 		MaxBodyBytes: c.maxBody, MaxLines: c.maxLines, MaxConcurrent: c.maxPosts,
 		MaxUploads: c.maxUploads[0], MaxUploadsPerOrg: c.maxUploads[1], MaxUploadsPerKey: c.maxUploads[2],
 		MaxEventAge: c.maxEventAge, MaxClockSkew: c.maxClockSkew, Logger: d.log, Metrics: d.metrics})

@@ -13,6 +13,7 @@ import (
 	"go.opentelemetry.io/collector/pdata/ptrace"
 
 	"github.com/bandplane/bandplane/schema"
+	"github.com/bandplane/bandplane/schema/kafka"
 )
 
 // Source is the source of every event Map makes.
@@ -31,6 +32,10 @@ const (
 	// list) stored under data: it lands at level 4 of the event (data.otlp.x), far
 	// inside schema.MaxDepth.
 	MaxContentDepth = 32
+	// MaxContentBytes bounds one content attribute as JSON: what one Kafka message
+	// carries. Encoding stops as soon as it is passed, so no attribute costs more than
+	// that (escaping can make JSON six times its string).
+	MaxContentBytes = kafka.MaxEventBytes
 )
 
 // The kinds of binding (schema.BindingData.Kind): a gen_ai.agent.id value, or a
@@ -364,9 +369,10 @@ func identify(spanAgent string, res *resource, cfg *Config) (actor schema.Party,
 			return schema.Party{ID: id, Type: schema.ActorAgent}, "", ""
 		}
 	}
-	id := "otlp:" + res.service
+	id := schema.UnboundSenderPrefix + res.service
 	if len(id) > MaxTextBytes {
-		return actor, "", fmt.Sprintf("resource %s: %d bytes is longer than the %d an unbound sender's name may have", attrServiceName, len(res.service), MaxTextBytes-len("otlp:"))
+		return actor, "", fmt.Sprintf("resource %s: %d bytes is longer than the %d an unbound sender's name may have",
+			attrServiceName, len(res.service), MaxTextBytes-len(schema.UnboundSenderPrefix))
 	}
 	if cfg.Directory != nil {
 		if _, known := cfg.Directory.OrgOf(id); known {
@@ -502,6 +508,9 @@ func (a *attrs) content(f Field) (json.RawMessage, string) {
 	}
 	var b []byte
 	b, p := appendValue(b, a.v[f], 1)
+	if p == "" && len(b) > MaxContentBytes {
+		p = fmt.Sprintf("more than %d bytes as JSON, more than one event may carry", MaxContentBytes)
+	}
 	if p != "" {
 		return nil, a.name[f] + ": " + p
 	}
@@ -512,9 +521,15 @@ func appendValue(b []byte, v pcommon.Value, depth int) ([]byte, string) {
 	if depth > MaxContentDepth {
 		return nil, fmt.Sprintf("nested deeper than %d levels", MaxContentDepth)
 	}
+	if len(b) > MaxContentBytes {
+		return nil, fmt.Sprintf("more than %d bytes as JSON, more than one event may carry", MaxContentBytes)
+	}
 	switch v.Type() {
 	case pcommon.ValueTypeStr:
 		s := v.Str()
+		if len(b)+len(s) > MaxContentBytes {
+			return nil, fmt.Sprintf("more than %d bytes as JSON, more than one event may carry", MaxContentBytes)
+		}
 		if !utf8.ValidString(s) {
 			return nil, "a string is not valid UTF-8"
 		}
@@ -570,6 +585,9 @@ func appendValue(b []byte, v pcommon.Value, depth int) ([]byte, string) {
 		}
 		return append(b, ']'), ""
 	case pcommon.ValueTypeBytes:
+		if len(b)+2*v.Bytes().Len() > MaxContentBytes {
+			return nil, fmt.Sprintf("more than %d bytes as JSON, more than one event may carry", MaxContentBytes)
+		}
 		return appendString(b, fmt.Sprintf("%x", v.Bytes().AsRaw())), ""
 	default:
 		return append(b, "null"...), ""

@@ -287,6 +287,10 @@ func TestRefusesHostileSpans(t *testing.T) {
 			"gen_ai.input.messages: nested deeper than 32 levels"},
 		{"invalid UTF-8 content", nil, map[string]any{"gen_ai.operation.name": "chat", "gen_ai.usage.input_tokens": 1, "gen_ai.output.messages": "\xc3"}, content,
 			"gen_ai.output.messages: a string is not valid UTF-8"},
+		{"content larger than an event", nil, map[string]any{"gen_ai.operation.name": "chat", "gen_ai.usage.input_tokens": 1, "gen_ai.input.messages": strings.Repeat("a", 2<<20)}, content,
+			"gen_ai.input.messages: more than 1044480 bytes as JSON"},
+		{"content that escaping makes larger than an event", nil, map[string]any{"gen_ai.operation.name": "chat", "gen_ai.usage.input_tokens": 1, "gen_ai.output.messages": strings.Repeat("\x00", 300_000)}, content,
+			"gen_ai.output.messages: more than 1044480 bytes as JSON"},
 		{"invalid UTF-8 service", map[string]any{"service.name": "\xff"}, map[string]any{"gen_ai.operation.name": "chat", "gen_ai.usage.input_tokens": 1}, acme,
 			"resource service.name: invalid UTF-8 at byte 0"},
 	} {
