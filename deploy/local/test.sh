@@ -13,9 +13,11 @@ if [[ -n "$unformatted" ]]; then
 fi
 go vet ./...
 # The live work board's test drives a headless Chromium; the two-engine tests
-# (deploy/stacktest/dual) run ClickHouse 26.9 in process from a project-local venv.
+# (deploy/stacktest/dual) run ClickHouse 26.9 in process from a project-local venv, and
+# the OTLP test of a Python runtime (OpenTelemetry SDK, OpenInference) runs from another.
 "$(dirname "${BASH_SOURCE[0]}")/chromium.sh" install
 "$(dirname "${BASH_SOURCE[0]}")/chdb.sh" install
+"$(dirname "${BASH_SOURCE[0]}")/otelpy.sh" install
 export BANDPLANE_INTEGRATION=1
 go test -count=1 -timeout 30m ./...
 BANDPLANE_OUTAGE_TESTS=1 go test -count=1 -timeout 20m -run 'TestIntegrationOutage' -v ./ingest/
