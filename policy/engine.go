@@ -321,7 +321,7 @@ func (e *Engine) build(ctx context.Context, fsys fs.FS) (*revision, error) {
 	if err != nil {
 		return nil, err
 	}
-	compiler := ast.NewCompiler().WithDefaultRegoVersion(ast.RegoV1)
+	compiler := newCompiler()
 	if compiler.Compile(b.modules(false)); compiler.Failed() {
 		return nil, fmt.Errorf("cannot compile policy bundle: %w", compiler.Errors)
 	}
@@ -489,9 +489,13 @@ func TestBundle(ctx context.Context, fsys fs.FS) (TestReport, error) {
 }
 
 func (b *policyBundle) test(ctx context.Context) (TestReport, error) {
+	if err := b.checkBuiltins(); err != nil {
+		return TestReport{}, err
+	}
 	cov := cover.New()
 	runner := tester.NewRunner().
 		SetDefaultRegoVersion(ast.RegoV1).
+		SetCompiler(newCompiler()).
 		SetCoverageQueryTracer(cov).
 		SetModules(b.modules(true)).
 		SetTimeout(10 * time.Second)
