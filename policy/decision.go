@@ -105,6 +105,13 @@ type Decision struct {
 	// ReservationExpires passes.
 	ReservationID      string    `json:"reservation_id,omitempty"`
 	ReservationExpires time.Time `json:"reservation_expires,omitzero"`
+
+	// Position and DecidedAt are for the audit trail, not the caller: the directory's
+	// position in the events topic when the decision read it (nil for a directory not
+	// kept from the topic) and the engine's clock at the decision. A replay applies the
+	// records below Position to a fresh directory and decides again at DecidedAt.
+	Position  Position  `json:"-"`
+	DecidedAt time.Time `json:"-"`
 }
 
 // PeerInput asks peer_visible about one Candidate, or for the list when it is empty.
@@ -406,6 +413,7 @@ func decode(d *Decision, v ast.Value) {
 	})
 	if !hasAllow {
 		*d = Decision{DecisionID: d.DecisionID, Name: d.Name, PolicyRevision: d.PolicyRevision,
+			Position: d.Position, DecidedAt: d.DecidedAt,
 			Reasons: []Reason{{Code: CodeUndefined, Message: d.Name + " returned no boolean allow"}}}
 		return
 	}

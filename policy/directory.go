@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/open-policy-agent/opa/v1/ast"
 	"github.com/open-policy-agent/opa/v1/storage"
@@ -112,8 +113,25 @@ func LoadDirectoryFile(path string) (Snapshot, error) {
 // Besides the relations, the store holds three indexes derived from the agents so the
 // policies never scan all agents: owned[owner][agent], global[agent] and
 // org_shared[org][agent].
+//
+// A directory kept from the events topic also knows its position: per partition, the
+// offset of the next record not yet applied. The invariant is that a decision sees the
+// effect of exactly the records below its position: the replica applies each record
+// that changes what decisions read inside Applying, which holds applyMu for writing
+// while it mutates and advances, and Engine.Decide holds applyMu for reading for the
+// whole decision. The other records (messages, tool calls, most of the topic) only
+// Advance, which waits for no decision. A replay of a
+// recorded decision can then rebuild the very state it read from the trail. applyMu is
+// apart from mu, which every mutation takes itself, so a record's mutations run under
+// applyMu without locking mu twice.
 type Directory struct {
 	store storage.Store
+
+	applyMu sync.RWMutex
+	// partitions holds each partition's next offset, by partition number; it only
+	// grows (under grow), copy on write, so readers load it without a lock.
+	partitions atomic.Pointer[[]*offset]
+	grow       sync.Mutex
 
 	mu        sync.RWMutex
 	agents    map[string]Agent
@@ -131,6 +149,8 @@ type Directory struct {
 	// suspended holds the operator's suspensions by agent id, also of agents not
 	// registered (yet): a suspension replayed before its agent's registration holds.
 	suspended map[string]bool
+	// bulk defers the store's patches to the end of Bulk.
+	bulk bool
 }
 
 // NewDirectory returns an empty directory with its own OPA store.
@@ -140,6 +160,101 @@ func NewDirectory() *Directory {
 	d.store = inmem.NewFromObjectWithOpts(map[string]any{"directory": d.document()},
 		inmem.OptRoundTripOnWrite(false), inmem.OptReturnASTValuesOnRead(true))
 	return d
+}
+
+// Position is where a directory stands in the events topic: partition → the offset of
+// the next record not yet applied. A partition it lacks stands at its start.
+type Position map[int]int64
+
+// Applying runs apply, which may call any mutation of d, and then advances the position
+// of partition to next (never back), with no decision in between: a decision sees all
+// of a record's effect together with its position, or neither. apply must not decide,
+// nor call Applying, Advance, SetPosition or Position.
+func (d *Directory) Applying(partition int, next int64, apply func()) {
+	d.applyMu.Lock()
+	defer d.applyMu.Unlock()
+	apply()
+	d.slot(partition).advance(next)
+}
+
+// Advance advances the position of partition past a record that changes nothing a
+// decision reads, without waiting for the decisions in flight: whether a decision's
+// position includes such a record or not, it read the same state.
+func (d *Directory) Advance(partition int, next int64) {
+	d.slot(partition).advance(next)
+}
+
+// SetPosition replaces the position, after a bootstrap applied every record below p.
+func (d *Directory) SetPosition(p Position) {
+	d.applyMu.Lock()
+	defer d.applyMu.Unlock()
+	for _, o := range d.offsets() {
+		o.Store(0)
+	}
+	for partition, next := range p {
+		d.slot(partition).Store(next)
+	}
+}
+
+// Position returns a copy of the position (nil while nothing set one: a directory not
+// kept from the topic).
+func (d *Directory) Position() Position {
+	d.applyMu.RLock()
+	defer d.applyMu.RUnlock()
+	return d.positionLocked()
+}
+
+// positionLocked is a copy of the position, nil when empty; applyMu must be held.
+func (d *Directory) positionLocked() Position {
+	var p Position
+	for partition, o := range d.offsets() {
+		if next := o.Load(); next > 0 {
+			if p == nil {
+				p = Position{}
+			}
+			p[partition] = next
+		}
+	}
+	return p
+}
+
+// offset is one partition's next offset.
+type offset struct{ atomic.Int64 }
+
+func (o *offset) advance(next int64) {
+	for {
+		cur := o.Load()
+		if next <= cur || o.CompareAndSwap(cur, next) {
+			return
+		}
+	}
+}
+
+func (d *Directory) offsets() []*offset {
+	if s := d.partitions.Load(); s != nil {
+		return *s
+	}
+	return nil
+}
+
+// slot is partition's offset, grown into the list (copy on write) the first time the
+// partition is seen.
+func (d *Directory) slot(partition int) *offset {
+	if s := d.offsets(); partition < len(s) {
+		return s[partition]
+	}
+	d.grow.Lock()
+	defer d.grow.Unlock()
+	s := d.offsets()
+	if partition < len(s) {
+		return s[partition]
+	}
+	n := append(make([]*offset, 0, partition+1), s...)
+	for len(n) <= partition {
+		n = append(n, &offset{})
+	}
+	d.partitions.Store(&n)
+	return n[partition]
 }
 
 // Store is the OPA store the policies evaluate against.
@@ -380,7 +495,7 @@ func (d *Directory) mutate(ctx context.Context, what string, fn func(t *patches)
 	if err := fn(t); err != nil {
 		return fmt.Errorf("cannot %s: %w", what, err)
 	}
-	if len(t.ops) == 0 {
+	if len(t.ops) == 0 || d.bulk {
 		return nil
 	}
 	if err := storage.Txn(ctx, d.store, storage.WriteParams, func(txn storage.Transaction) error {
@@ -396,6 +511,22 @@ func (d *Directory) mutate(ctx context.Context, what string, fn func(t *patches)
 		}
 	}
 	return nil
+}
+
+// Bulk runs fn, which may call any mutation of d, and writes the OPA store once at the
+// end instead of once per mutation: a patch of the store costs a hash of the objects
+// along its path, so loading a large directory record by record (a replay's first
+// state, tens of thousands of contacts) would cost the square of its size. No
+// decision may run meanwhile: the store is stale until fn returns.
+func (d *Directory) Bulk(ctx context.Context, fn func()) error {
+	d.mu.Lock()
+	d.bulk = true
+	d.mu.Unlock()
+	fn()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.bulk = false
+	return d.rewriteLocked(ctx)
 }
 
 // rewriteLocked writes the whole directory document; d.mu must be held.

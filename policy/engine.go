@@ -127,9 +127,11 @@ func (e *Engine) Ledger() *Ledger { return e.ledger }
 
 // Release gives back the reservation of a granted send_message decision that is not
 // used after all (its audit event could not be written); see Ledger.Release.
-func (e *Engine) Release(d *Decision) {
+func (e *Engine) Release(d *Decision) { e.release(d, e.now()) }
+
+func (e *Engine) release(d *Decision, now time.Time) {
 	if d.ReservationID != "" {
-		e.ledger.Release(d.ReservationID, e.now())
+		e.ledger.Release(d.ReservationID, now)
 		d.ReservationID, d.ReservationExpires = "", time.Time{}
 	}
 }
@@ -176,17 +178,26 @@ func (e *Engine) ReloadDir(ctx context.Context, dir string) (string, error) {
 // An evaluation error or an undefined result is a deny with reason eval_error or
 // undefined, not a Go error; the error is only for an unknown name or an input that
 // cannot be converted.
+//
+// The decision records what a replay needs to reproduce it exactly: the directory's
+// Position, which stands still from the facts to the limiter and ledger (no record is
+// applied meanwhile, see Directory), and DecidedAt, the one reading of the engine's
+// clock that the limiter and the ledger use.
 func (e *Engine) Decide(ctx context.Context, name string, input any) (Decision, error) {
 	rev := e.rev.Load()
 	q, ok := rev.queries[name]
 	if !ok {
 		return Decision{}, fmt.Errorf("cannot decide %q: unknown decision (known: %s)", name, strings.Join(decisionNames, ", "))
 	}
+	e.dir.applyMu.RLock()
+	defer e.dir.applyMu.RUnlock()
+	now := e.now()
 	v, err := e.EvalInput(name, input)
 	if err != nil {
 		return Decision{}, fmt.Errorf("cannot decide %s: %w", name, err)
 	}
-	d := Decision{DecisionID: schema.NewID(), Name: name, PolicyRevision: rev.hash}
+	d := Decision{DecisionID: schema.NewID(), Name: name, PolicyRevision: rev.hash,
+		Position: e.dir.positionLocked(), DecidedAt: now}
 	rs, err := q.Eval(ctx, rego.EvalParsedInput(v), rego.EvalGenerateJSON(astResult), noMetrics)
 	switch {
 	case err != nil:
@@ -198,7 +209,7 @@ func (e *Engine) Decide(ctx context.Context, name string, input any) (Decision, 
 	}
 	decode(&d, rs[0].Expressions[0].Value.(*ast.Term).Value)
 	if name == SendMessage && d.Allow {
-		e.enforce(&d, v)
+		e.enforce(&d, v, now)
 	}
 	return d, nil
 }
@@ -235,13 +246,13 @@ func (e *Engine) SendMessage(ctx context.Context, in MessageInput) (Decision, er
 // the organization's, owner's, agent's and room's, day and month, the initiator's of
 // the input's chain, and the quota's daily defaults where no day budget is set),
 // reserving the estimate; then the per-agent-room and per-agent rates, which give the
-// reservation back when they deny.
-func (e *Engine) enforce(d *Decision, input ast.Value) {
+// reservation back when they deny. now is the decision's one clock reading, so a replay
+// at DecidedAt takes exactly what the decision took.
+func (e *Engine) enforce(d *Decision, input ast.Value, now time.Time) {
 	q := d.Quota
 	if q == nil {
 		return
 	}
-	now := e.now()
 	tokens, cost := messageAmounts(input)
 	room := roomOf(input)
 	ch := Charge{Org: d.Org, Owner: d.Owner, Agent: d.Agent, Room: room, Tokens: tokens, CostMicros: cost}
@@ -265,14 +276,14 @@ func (e *Engine) enforce(d *Decision, input ast.Value) {
 	window := time.Duration(q.WindowSeconds) * time.Second
 	roomKey := RoomRateKey(d.Agent, room)
 	if ok, retry := e.limiter.Allow(roomKey, int(q.MessagesPerWindowAgentRoom), window, now); !ok {
-		e.Release(d)
+		e.release(d, now)
 		e.deny(d, CodeRateLimited, retry,
 			fmt.Sprintf("agent %s may post %d messages per %s in this room", d.Agent, q.MessagesPerWindowAgentRoom, window))
 		return
 	}
 	if ok, retry := e.limiter.Allow(AgentRateKey(d.Agent), int(q.MessagesPerWindowAgent), window, now); !ok {
 		e.limiter.undo(roomKey, int(q.MessagesPerWindowAgentRoom), window)
-		e.Release(d)
+		e.release(d, now)
 		e.deny(d, CodeRateLimited, retry,
 			fmt.Sprintf("agent %s may post %d messages per %s", d.Agent, q.MessagesPerWindowAgent, window))
 	}

@@ -418,6 +418,13 @@ type DecidedData struct {
 	RequestedBy string `json:"requested_by,omitempty"`
 	// Taken is what an allowed send_message took (absent on every other decision).
 	Taken *TakenData `json:"taken,omitempty"`
+	// Position and DecidedAt make a replay of the decision exact (policy.Decision): the
+	// records of the events topic the directory had applied when the decision read it
+	// (partition → next offset not applied; absent for a directory not kept from the
+	// topic), and the engine's clock, which the limiter and the ledger read. Last, so
+	// the first keys stay where the SQL reads them.
+	Position  policy.Position `json:"position,omitempty"`
+	DecidedAt time.Time       `json:"decided_at"`
 }
 
 // TakenData is what an allowed send_message decision took from the limiter and the
@@ -474,7 +481,7 @@ func (a *API) auditEvent(ctx context.Context, name string, in any, d *policy.Dec
 	data, _ := json.Marshal(DecidedData{
 		Decision: name, Allow: d.Allow, Reasons: d.Reasons, PolicyRevision: d.PolicyRevision,
 		InputDigest: hex.EncodeToString(sum[:]), Input: canonical, RetryAfterMs: d.RetryAfterMs,
-		RequestedBy: keyID(ctx), Taken: taken,
+		RequestedBy: keyID(ctx), Taken: taken, Position: d.Position, DecidedAt: d.DecidedAt.UTC(),
 	})
 	actor, room := subjectOf(in)
 	ev := schema.Event{

@@ -71,6 +71,16 @@ func TestIntegrationDecisionsFollowTheStreamAndThrottleTheChattyAgent(t *testing
 		return id
 	}
 	architect, partnerReviewer := resolve("maya/architect-agent"), resolve("partner/reviewer-agent")
+	// The bootstrap sets the directory's position where ClickHouse ends; each record
+	// the replica applies advances it, and each decision records it.
+	boot := dir.Position()
+	require.NotEmpty(t, boot, "the bootstrap sets the directory's position")
+	total := func(p policy.Position) (n int64) {
+		for _, o := range p {
+			n += o
+		}
+		return n
+	}
 
 	// The tutorial's contact request (architect → partner's reviewer) was approved in the
 	// stream: the partner's private agent is now the architect's peer, as a contact.
@@ -103,10 +113,13 @@ func TestIntegrationDecisionsFollowTheStreamAndThrottleTheChattyAgent(t *testing
 	}
 	require.NoError(t, ingest.ProducerSink{Producer: producer}.Send(ctx, [][]byte{
 		frame("contact_request_received", "pending"), frame("contact_request_updated", "approved")}))
+	var seen policy.Decision
 	require.True(t, stacktest.Eventually(t, 30*time.Second, 100*time.Millisecond, func() bool {
 		d, err := a.Decide(ctx, policy.PeerVisible, &policy.PeerInput{Agent: architect, Candidate: stranger.ID})
+		seen = d
 		return err == nil && d.Allow && d.IsContact
 	}), "an approval in the stream did not reach the decisions")
+	assert.Greater(t, total(seen.Position), total(boot), "the decision that sees the approval records the records it came in")
 
 	// 4. The chatty agent is throttled in its room.
 	chatty := resolve(sum.ChattyAgent)

@@ -946,6 +946,7 @@ func (r *Replica) Run(ctx context.Context, ready chan<- struct{}) error {
 	if err != nil {
 		return err
 	}
+	r.cfg.Directory.SetPosition(offsets)
 	if err := r.seekGroupWhenFree(ctx, offsets); err != nil {
 		return err
 	}
@@ -986,18 +987,20 @@ func (r *Replica) Run(ctx context.Context, ready chan<- struct{}) error {
 			time.Sleep(time.Second)
 			continue
 		}
-		if ev, err := schema.DecodeAt(m.Value, m.Time); err == nil {
-			// Enrichment is ingest's job; the replica needs the organization of usage
-			// only, which it takes from the directory.
-			if err := r.Apply(ctx, &ev); err != nil {
-				r.log.Warn("cannot apply governance event", "event_id", ev.ID, "err", err)
-			}
-			// A decision stamped well after this process started is not one it must
-			// restore (taken here, or by another process, then also after Started).
-			if r.cfg.Limiter != nil && ev.Type == schema.TypePolicyDecided && ev.Time.Before(r.cfg.Started.Add(time.Minute)) &&
-				r.restoreDecision(ev.ID, ev.OrgID, ev.Data) {
-				r.restored.count(true)
-			}
+		// Every record advances the directory's position, also one that does not decode
+		// or apply: a decision's position names what it read (policy.Directory). A
+		// record that changes what decisions read is applied with the advance, no
+		// decision in between; the others (most of the topic) advance without waiting
+		// for the decisions in flight.
+		ev, err := schema.DecodeAt(m.Value, m.Time)
+		switch {
+		case err != nil:
+			r.cfg.Directory.Advance(m.Partition, m.Offset+1)
+		case r.changesDecisions(&ev):
+			r.cfg.Directory.Applying(m.Partition, m.Offset+1, func() { r.applyRecord(ctx, &ev) })
+		default:
+			r.applyRecord(ctx, &ev)
+			r.cfg.Directory.Advance(m.Partition, m.Offset+1)
 		}
 		if ready != nil && tail.read(m.Partition, m.Offset) {
 			r.caughtUp(tail, ready)
@@ -1010,6 +1013,39 @@ func (r *Replica) Run(ctx context.Context, ready chan<- struct{}) error {
 			pending, lastCommit = pending[:0], time.Now()
 		}
 	}
+}
+
+// applyRecord applies one record of the topic.
+func (r *Replica) applyRecord(ctx context.Context, ev *schema.Event) {
+	// Enrichment is ingest's job; the replica needs the organization of usage only,
+	// which it takes from the directory.
+	if err := r.Apply(ctx, ev); err != nil {
+		r.log.Warn("cannot apply governance event", "event_id", ev.ID, "err", err)
+	}
+	if r.restores(ev) && r.restoreDecision(ev.ID, ev.OrgID, ev.Data) {
+		r.restored.count(true)
+	}
+}
+
+// restores says whether ev is a decision whose rates and reservation the replica
+// restores: one stamped before shortly after this process started (later ones are
+// taken here, or by another process, then also after Started).
+func (r *Replica) restores(ev *schema.Event) bool {
+	return r.cfg.Limiter != nil && ev.Type == schema.TypePolicyDecided && ev.Time.Before(r.cfg.Started.Add(time.Minute))
+}
+
+// changesDecisions says whether applying ev changes what a decision reads: the
+// directory, the ledger (budgets, usage) or the limiter (a restored decision). A
+// decision event otherwise only tells the replica its chain, which no decision reads
+// but the usage that follows it, applied after it.
+func (r *Replica) changesDecisions(ev *schema.Event) bool {
+	switch ev.Type {
+	case schema.TypeBudgetSet, schema.TypeBudgetDeleted, schema.TypeUsageReported:
+		return true
+	case schema.TypePolicyDecided:
+		return r.restores(ev)
+	}
+	return slices.Contains(schema.GovernanceTypes, ev.Type)
 }
 
 // seekGroupWhenFree retries seekGroup while the group still has a member (after a
