@@ -29,6 +29,8 @@ type benchPolicyResult struct {
 	HTTPPerS    float64     `json:"http_per_s"` // = HTTP.PerS
 	HTTP        httpResult  `json:"http"`
 	HTTPAudited *httpResult `json:"http_audited,omitempty"`
+	// The replay of a simulated day of decisions on the same directory (policy replay).
+	*policybench.ReplayResult
 }
 
 // httpResult is one HTTP phase: add_participant decisions answered 200 per second.
@@ -52,6 +54,7 @@ func runBenchPolicy(ctx context.Context, e *env, args []string) error {
 	audit := fs.Bool("audit", false, "also measure HTTP with each decision audited to Kafka through the real producer (needs `make up`)")
 	brokers := fs.String("kafka", envOr("BANDPLANE_KAFKA", "127.0.0.1:19092"), "Kafka bootstrap brokers for --audit, comma-separated (env BANDPLANE_KAFKA)")
 	topic := fs.String("audit-topic", "bandplane.bench.decisions", "topic the --audit events go to (kept apart from the events topic)")
+	replayN := fs.Int("replay-decisions", 200_000, "decisions of the simulated day the replay phase makes and replays (0: no replay phase)")
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	if err := parse(fs, args); err != nil {
 		return err
@@ -119,6 +122,16 @@ func runBenchPolicy(ctx context.Context, e *env, args []string) error {
 			return err
 		}
 		res.HTTPAudited = &r
+	}
+
+	if *replayN > 0 {
+		progress("replay: a simulated day of %d decisions on the same directory, made live, then replayed", *replayN)
+		r, err := setup.Replay(ctx, *replayN)
+		if err != nil {
+			return err
+		}
+		progress("replay: %d decisions in %.1f s (%.0f/s), %d flips", r.Decisions, r.Seconds, r.DecisionsPerS, r.Flips)
+		res.ReplayResult = &r
 	}
 
 	if err := printJSON(e.stdout, res); err != nil {

@@ -26,8 +26,9 @@ import (
 )
 
 func init() {
-	registerGroup("policy", "evaluate a policy decision offline: `policy eval` (see -h)",
-		"usage: bandplane policy eval --directory FILE --decision NAME --input JSON\n", map[string]runFunc{"eval": runPolicyEval})
+	registerGroup("policy", "evaluate a policy decision offline (`policy eval`); replay the trail's decisions with a candidate bundle (`policy replay`)",
+		"usage: bandplane policy eval --directory FILE --decision NAME --input JSON\n       bandplane policy replay "+policyReplayUsage+"\n",
+		map[string]runFunc{"eval": runPolicyEval, "replay": runPolicyReplay})
 }
 
 // policyFlags configure the policy side of `serve`.

@@ -1,0 +1,93 @@
+package replay_test
+
+import (
+	"context"
+	"encoding/json"
+	"io/fs"
+	"testing"
+	"testing/fstest"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/bandplane/bandplane/policy"
+	"github.com/bandplane/bandplane/policy/api"
+	"github.com/bandplane/bandplane/policy/replay"
+	"github.com/bandplane/bandplane/schema"
+)
+
+var day = time.Date(2026, 11, 2, 0, 0, 0, 0, time.UTC)
+
+// trail is a directory of two sibling agents and one peer_visible decision about them,
+// allowed live, recorded at the position after the registrations.
+func trail(t *testing.T) *replay.Memory {
+	t.Helper()
+	at := day.Add(time.Hour)
+	var recs []replay.Record
+	add := func(typ string, actor schema.Party, subject *schema.Party, data any) {
+		raw, err := json.Marshal(data)
+		require.NoError(t, err)
+		recs = append(recs, replay.Record{Partition: 0, Offset: int64(len(recs)), Event: schema.Event{ID: typ + "-" + subject.ID, Type: typ, Time: at,
+			OrgID: "acme", Actor: actor, Subject: subject, Source: "t", SchemaVersion: schema.Version, Data: raw}})
+	}
+	ola := schema.Party{ID: "u-ola", Type: schema.ActorUser}
+	add(schema.TypeUserRegistered, schema.Party{ID: "sys", Type: schema.ActorSystem}, &ola, schema.UserData{Handle: "ola"})
+	for _, a := range []string{"one", "two"} {
+		sub := schema.Party{ID: "a-" + a, Type: schema.ActorAgent}
+		add(schema.TypeAgentRegistered, ola, &sub, schema.AgentData{Handle: "ola/" + a, OwnerID: "u-ola", PersonalRegistryAccess: true, Listed: true})
+	}
+	in, _ := json.Marshal(policy.PeerInput{Agent: "a-one", Candidate: "a-two"})
+	data, _ := json.Marshal(api.DecidedData{Decision: policy.PeerVisible, Allow: true, Reasons: []policy.Reason{{Code: "sibling"}},
+		Input: in, Position: policy.Position{0: int64(len(recs))}, DecidedAt: at.Add(time.Second)})
+	recs = append(recs, replay.Record{Partition: 0, Offset: int64(len(recs)), Event: schema.Event{ID: "d-1", Type: schema.TypePolicyDecided,
+		Time: at.Add(time.Second), OrgID: "acme", Actor: schema.Party{ID: "a-one", Type: schema.ActorAgent}, Source: api.SourcePolicy, Data: data}})
+	return &replay.Memory{Trail: recs}
+}
+
+func TestReplayOfTheLiveBundleChangesNothing(t *testing.T) {
+	var last replay.Progress
+	r, err := replay.Run(context.Background(), replay.Config{Source: trail(t), Bundle: policy.DefaultBundle(), From: day, To: day.Add(24 * time.Hour),
+		Progress: func(p replay.Progress) { last = p }})
+	require.NoError(t, err)
+	assert.Equal(t, 1, r.Decisions)
+	assert.Equal(t, 1, r.Unchanged)
+	assert.Equal(t, 1, r.ByKind[policy.PeerVisible].Decisions)
+	assert.Equal(t, 1, r.ByOrg["acme"].Decisions)
+	assert.NotEmpty(t, r.Bundle.Revision)
+	assert.Contains(t, r.Bundle.Digest, "sha256:")
+	assert.Equal(t, 1, last.Decisions)
+	assert.InDelta(t, 1, last.Fraction, 0)
+	for _, k := range []string{policy.PeerVisible, policy.AddParticipant, policy.ContactRequest, policy.SendMessage} {
+		assert.NotEmpty(t, r.State[k], "the result says where %s's state comes from", k)
+	}
+}
+
+func TestReplayRefusesBadConfigurationsAndHostileBundles(t *testing.T) {
+	ctx := context.Background()
+	_, err := replay.Run(ctx, replay.Config{Source: trail(t), Bundle: policy.DefaultBundle(), From: day, To: day})
+	assert.ErrorContains(t, err, "must be before")
+	_, err = replay.Run(ctx, replay.Config{Source: trail(t), Bundle: policy.DefaultBundle(), From: day, To: day.Add(time.Hour), Kinds: []string{"send_mail"}})
+	assert.ErrorContains(t, err, `unknown decision kind "send_mail"`)
+
+	hostile := fstest.MapFS{}
+	require.NoError(t, copyFS(policy.DefaultBundle(), hostile))
+	hostile["leak.rego"] = &fstest.MapFile{Data: []byte("package bandplane.leak\n\nx := http.send({\"method\": \"GET\", \"url\": \"http://127.0.0.1:1\"})\n")}
+	_, err = replay.Run(ctx, replay.Config{Source: trail(t), Bundle: hostile, From: day, To: day.Add(24 * time.Hour)})
+	assert.ErrorContains(t, err, "the candidate bundle is refused")
+	assert.ErrorContains(t, err, "leak.rego:3 calls http.send")
+}
+
+func copyFS(src fs.FS, dst fstest.MapFS) error {
+	return fs.WalkDir(src, ".", func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		b, err := fs.ReadFile(src, p)
+		if err != nil {
+			return err
+		}
+		dst[p] = &fstest.MapFile{Data: b}
+		return nil
+	})
+}
