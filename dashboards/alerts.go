@@ -85,6 +85,11 @@ var (
 	FROM bandplane.dead_letters FINAL
 	WHERE ` + timeFilter("received_at"))
 
+	reloadRefusedAlertSQL = sql(`
+	SELECT count() AS refused
+	FROM bandplane.events FINAL
+	WHERE type = 'policy.reload_refused' AND ` + timeFilter("time"))
+
 	// One row per organization and agent (org_id, agent_id).
 	throttledAlertSQL = sql(`
 	SELECT ` + nameOr("org_name", "org_id") + ` AS organization, agent, org_id, agent_id, throttles
@@ -149,6 +154,13 @@ func Alerts() []AlertRule {
 			SQL: throttledAlertSQL, Range: 10 * time.Minute, Above: 4, For: "0s", Severity: "warning",
 			Summary: "{{ $labels.agent }} ({{ $labels.organization }}) was throttled {{ $values.A.Value }} times in 10 minutes (message rate or budget): consider suspending it.",
 			NoData:  alerting.RuleNoDataStateOK,
+		},
+		{
+			UID: "bandplane-policy-reload-refused", Title: "Policy bundle refused by the replay gate",
+			SQL: reloadRefusedAlertSQL, Range: time.Hour, Above: 0, For: "0s", Severity: "warning",
+			Summary:     "{{ $values.A.Value }} policy reloads in the last hour were refused: replayed over the last day, the new bundle flips more decisions than --policy-max-flip-ratio allows, and the previous bundle keeps serving.",
+			Description: "The policy.reload_refused event in the audit trail has the counts; `bandplane policy replay --bundle DIR` names the flipped decisions by party.",
+			NoData:      alerting.RuleNoDataStateOK,
 		},
 		{
 			UID: "bandplane-audit-unsealed", Title: "Audit trail not sealed",

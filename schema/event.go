@@ -95,6 +95,9 @@ const (
 	TypeAgentRegistered        = "agent.registered"
 	TypeAgentUpdated           = "agent.updated"
 	TypePolicyDecided          = "policy.decided"
+	// A hot reload the replay gate refused (policy/api.GateRefusal as data):
+	// bandplane's own, like every policy.* type.
+	TypePolicyReloadRefused = "policy.reload_refused"
 	// An operator's suspension of an agent and its lifting (bandplane's own; see
 	// OwnType). Only these change the operator's suspension; agent.updated never does.
 	TypeAgentSuspended = "agent.suspended"

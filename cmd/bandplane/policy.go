@@ -17,6 +17,7 @@ import (
 
 	"github.com/bandplane/bandplane/policy"
 	"github.com/bandplane/bandplane/policy/api"
+	"github.com/bandplane/bandplane/policy/replay"
 	"github.com/bandplane/bandplane/policy/replica"
 	"github.com/bandplane/bandplane/policy/shard"
 	"github.com/bandplane/bandplane/schema/directory"
@@ -40,6 +41,10 @@ type policyFlags struct {
 	resTTL   time.Duration
 	peers    string
 	self     string
+	// The replay gate of hot reloads: the largest flip ratio a new bundle may have over
+	// the decisions of the last gateWindow (negative: no gate).
+	maxFlipRatio float64
+	gateWindow   time.Duration
 }
 
 func (p *policyFlags) register(fs *flag.FlagSet) {
@@ -51,6 +56,37 @@ func (p *policyFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&p.failOpen, "fail-open", "", "comma-separated decisions that may grant access when their audit event cannot be written (default: none, all fail closed)")
 	fs.StringVar(&p.peers, "policy-peers", envOr("BANDPLANE_POLICY_PEERS", ""), "comma-separated base URLs of every policy replica of the deployment, the same list on each (env BANDPLANE_POLICY_PEERS); organizations are sharded over them and a send_message of another replica's organization is answered 421 with its owner (default: this process is the only replica)")
 	fs.StringVar(&p.self, "policy-self", envOr("BANDPLANE_POLICY_SELF", ""), "this replica's own base URL in --policy-peers (env BANDPLANE_POLICY_SELF)")
+	fs.Float64Var(&p.maxFlipRatio, "policy-max-flip-ratio", -1, "before a hot reload, replay the decisions of the last --policy-gate-window with the new bundle and refuse it (audited as policy.reload_refused) when more than this share of them flip, 0..1 (default: no gate)")
+	fs.DurationVar(&p.gateWindow, "policy-gate-window", 24*time.Hour, "how far back the replay gate of --policy-max-flip-ratio replays")
+}
+
+// gate is the replay gate of hot reloads, nil without --policy-max-flip-ratio.
+func (p *policyFlags) gate(conn driver.Conn, db string, cat pricing.Source, log *slog.Logger) (func(context.Context, fs.FS) error, error) {
+	if p.maxFlipRatio < 0 {
+		return nil, nil
+	}
+	if p.maxFlipRatio > 1 {
+		return nil, fmt.Errorf("--policy-max-flip-ratio must be between 0 and 1 (a share of the decisions), got %g", p.maxFlipRatio)
+	}
+	if p.gateWindow <= 0 {
+		return nil, fmt.Errorf("--policy-gate-window must be > 0, got %s", p.gateWindow)
+	}
+	return func(ctx context.Context, bundle fs.FS) error {
+		to := time.Now().UTC()
+		from := to.Add(-p.gateWindow)
+		res, err := replay.Run(ctx, replay.Config{Source: replay.ClickHouse{Conn: conn, Database: db}, Bundle: bundle,
+			From: from, To: to, Catalog: cat, Logger: log})
+		if err != nil {
+			return fmt.Errorf("the replay gate cannot replay the last %s with the new bundle: %w", p.gateWindow, err)
+		}
+		if res.Ratio() > p.maxFlipRatio {
+			return &api.GateRefusal{Revision: res.Bundle.Revision, From: from, To: to, Decisions: res.Decisions,
+				AllowToDeny: res.AllowToDeny, DenyToAllow: res.DenyToAllow, FlipRatio: res.Ratio(), MaxRatio: p.maxFlipRatio}
+		}
+		log.Info("the replay gate passes the new policy bundle", "policy_revision", res.Bundle.Revision, "decisions", res.Decisions,
+			"allow_to_deny", res.AllowToDeny, "deny_to_allow", res.DenyToAllow, "flip_ratio", res.Ratio())
+		return nil
+	}, nil
 }
 
 // shards is the assignment of organizations to the replicas of --policy-peers, or nil
@@ -155,8 +191,12 @@ func (p *policyFlags) build(ctx context.Context, log *slog.Logger, reg prometheu
 			failOpen[n] = true
 		}
 	}
+	gate, err := p.gate(conn, st.ch.Database, cat, log)
+	if err != nil {
+		return nil, err
+	}
 	a, err := api.New(api.Config{Engine: eng, Auditor: auditor, FailOpen: failOpen, Auth: auth,
-		BundleDir: p.dir, Shards: shards, Logger: log, Registerer: reg})
+		BundleDir: p.dir, Shards: shards, Gate: gate, Logger: log, Registerer: reg})
 	if err != nil {
 		return nil, err
 	}

@@ -52,7 +52,10 @@ func TestIntegrationPolicyReplay(t *testing.T) {
 	const org = "org-rp"
 	manager := s.key(t, "rp-manager", org, keys.RoleManager)
 	live := bundleWithQuotas(t, `{"messages_per_window_agent": 3, "messages_per_window_agent_room": 100}`, org)
-	srv := s.serve(t, "--policy-dir", live)
+	operator := s.key(t, "platform-operator", keys.PlatformOrg, keys.RoleOperator)
+	// The gate refuses a reload whose bundle flips more than 5 % of the last hour's
+	// decisions.
+	srv := s.serve(t, "--policy-dir", live, "--policy-max-flip-ratio", "0.05", "--policy-gate-window", "1h")
 	began := time.Now().UTC()
 
 	at := began.Add(-time.Hour)
@@ -196,6 +199,42 @@ candidate_deny contains lib.reason("sibling_hidden", sprintf("%s is only a sibli
 	require.Len(t, rate.Examples.AllowToDeny, 1)
 	assert.Equal(t, rates[2].DecisionID, rate.Examples.AllowToDeny[0].DecisionID)
 	assert.Equal(t, "rate_limited", rate.Examples.AllowToDeny[0].Candidate.Reasons[0].Code)
+
+	// The gate: the sibling-hiding bundle, shipped into serve's policy folder, flips
+	// more than 5 % of the hour's decisions and is refused, audited; the running bundle
+	// keeps serving. A change that flips nothing is taken.
+	running := decide("peer_visible", map[string]any{"agent": "a-one", "candidate": "a-two"})
+	require.True(t, running.Allow)
+	original, err := os.ReadFile(filepath.Join(live, "peer_visible.rego"))
+	require.NoError(t, err)
+	tightened, err := os.ReadFile(filepath.Join(hide, "peer_visible.rego"))
+	require.NoError(t, err)
+	tests, err := filepath.Glob(filepath.Join(live, "*_test.rego"))
+	require.NoError(t, err)
+	saved := map[string][]byte{}
+	for _, f := range tests {
+		b, err := os.ReadFile(f)
+		require.NoError(t, err)
+		saved[f] = b
+	}
+	dropTests(t, live)
+	require.NoError(t, os.WriteFile(filepath.Join(live, "peer_visible.rego"), tightened, 0o644))
+	code, body := srv.do(http.MethodPost, "/v1/policy/reload", operator, "", nil)
+	assert.Equal(t, http.StatusUnprocessableEntity, code, "%s", body)
+	assert.Contains(t, string(body), "above --policy-max-flip-ratio 0.05")
+	assert.True(t, decide("peer_visible", map[string]any{"agent": "a-one", "candidate": "a-two"}).Allow, "the running bundle keeps serving")
+	require.True(t, stacktest.Eventually(t, 30*time.Second, 200*time.Millisecond, func() bool {
+		var n uint64
+		_ = s.conn.QueryRow(t.Context(), "SELECT count() FROM "+s.db+".events WHERE type = 'policy.reload_refused' AND source = 'bandplane-policy'").Scan(&n)
+		return n > 0
+	}), "the refusal is in the audit trail")
+
+	require.NoError(t, os.WriteFile(filepath.Join(live, "peer_visible.rego"), append(original, []byte("\n# reviewed\n")...), 0o644))
+	for f, b := range saved {
+		require.NoError(t, os.WriteFile(f, b, 0o644))
+	}
+	code, body = srv.do(http.MethodPost, "/v1/policy/reload", operator, "", nil)
+	assert.Equal(t, http.StatusOK, code, "a bundle that flips nothing is taken: %s", body)
 	srv.alive()
 }
 

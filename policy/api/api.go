@@ -15,8 +15,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"net/http"
+	"os"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -57,9 +59,33 @@ type Config struct {
 	// is the only one). A send_message decision of an organization another replica owns
 	// is answered 421 with the owner (shard.go), and the budget crossings of those
 	// organizations are left to their owner.
-	Shards     *shard.Shards
+	Shards *shard.Shards
+	// Gate checks a bundle before a reload makes it serve (serve's replay of the last
+	// day with it, --policy-max-flip-ratio); an error refuses it, and the running
+	// bundle keeps serving. A *GateRefusal is audited as policy.reload_refused. Nil: no
+	// gate.
+	Gate       func(ctx context.Context, bundle fs.FS) error
 	Logger     *slog.Logger
 	Registerer prometheus.Registerer
+}
+
+// GateRefusal is the gate's refusal of a bundle: the data of its policy.reload_refused
+// event.
+type GateRefusal struct {
+	Revision    string    `json:"policy_revision"` // the refused bundle's
+	Running     string    `json:"running_revision"`
+	From        time.Time `json:"from"`
+	To          time.Time `json:"to"`
+	Decisions   int       `json:"decisions"`
+	AllowToDeny int       `json:"allow_to_deny"`
+	DenyToAllow int       `json:"deny_to_allow"`
+	FlipRatio   float64   `json:"flip_ratio"`
+	MaxRatio    float64   `json:"max_flip_ratio"`
+}
+
+func (g *GateRefusal) Error() string {
+	return fmt.Sprintf("the replay of %d decisions from %s to %s flips %d to deny and %d to allow with it: a flip ratio of %.4f, above --policy-max-flip-ratio %g",
+		g.Decisions, g.From.Format(time.RFC3339), g.To.Format(time.RFC3339), g.AllowToDeny, g.DenyToAllow, g.FlipRatio, g.MaxRatio)
 }
 
 // DefaultMaxBodyBytes is the largest decision request body by default: inputs are a few
@@ -68,11 +94,12 @@ const DefaultMaxBodyBytes = 64 << 10
 
 // API is an http.Handler.
 type API struct {
-	cfg       Config
-	log       *slog.Logger
-	mux       *http.ServeMux
-	decisions *prometheus.CounterVec
-	auditErrs prometheus.Counter
+	cfg            Config
+	log            *slog.Logger
+	mux            *http.ServeMux
+	decisions      *prometheus.CounterVec
+	auditErrs      prometheus.Counter
+	reloadsRefused prometheus.Counter
 }
 
 func New(cfg Config) (*API, error) {
@@ -96,9 +123,11 @@ func New(cfg Config) (*API, error) {
 			Help: "Policy decisions by decision and result."}, []string{"decision", "result"}),
 		auditErrs: prometheus.NewCounter(prometheus.CounterOpts{Name: "bandplane_policy_audit_errors_total",
 			Help: "Decisions whose audit event could not be written."}),
+		reloadsRefused: prometheus.NewCounter(prometheus.CounterOpts{Name: "bandplane_policy_reloads_refused_total",
+			Help: "Policy reloads the replay gate refused (--policy-max-flip-ratio); the running bundle kept serving."}),
 	}
 	if cfg.Registerer != nil {
-		cfg.Registerer.MustRegister(a.decisions, a.auditErrs)
+		cfg.Registerer.MustRegister(a.decisions, a.auditErrs, a.reloadsRefused)
 	}
 	if cfg.Auth != nil {
 		router := keys.Require(cfg.Auth, keys.RoleRouter)
@@ -652,23 +681,49 @@ func (a *API) reload(w http.ResponseWriter, r *http.Request) {
 	keys.WriteJSON(w, http.StatusOK, map[string]string{"policy_revision": rev})
 }
 
-// Reload compiles and tests the policy folder (or the built-in bundle) and swaps it in;
-// a failing bundle is refused and the old one keeps serving.
+// Reload compiles and tests the policy folder (or the built-in bundle), passes it
+// through the gate, and swaps it in; a failing or refused bundle is refused and the old
+// one keeps serving.
 func (a *API) Reload(ctx context.Context) (string, error) {
 	old := a.cfg.Engine.Revision()
-	var rev string
-	var err error
-	if a.cfg.BundleDir == "" {
-		rev, err = a.cfg.Engine.Reload(ctx, policy.DefaultBundle())
-	} else {
-		rev, err = a.cfg.Engine.ReloadDir(ctx, a.cfg.BundleDir)
+	bundle := policy.DefaultBundle()
+	if a.cfg.BundleDir != "" {
+		bundle = os.DirFS(a.cfg.BundleDir)
 	}
+	if a.cfg.Gate != nil {
+		if err := a.cfg.Gate(ctx, bundle); err != nil {
+			a.refused(ctx, old, err)
+			return "", fmt.Errorf("cannot reload policy bundle (keeping %s): %w", old, err)
+		}
+	}
+	rev, err := a.cfg.Engine.Reload(ctx, bundle)
 	if err != nil {
 		a.log.Error("policy reload refused; the previous revision keeps serving", "err", err, "policy_revision", old)
 		return "", err
 	}
 	a.log.Info("policy reloaded", "from", old, "to", rev)
 	return rev, nil
+}
+
+// refused logs and counts a reload the gate refused, and audits it when the gate says
+// why with its counts.
+func (a *API) refused(ctx context.Context, running string, err error) {
+	a.reloadsRefused.Inc()
+	a.log.Error("policy reload refused by the replay gate; the previous revision keeps serving", "err", err, "policy_revision", running)
+	var g *GateRefusal
+	if !errors.As(err, &g) || a.cfg.Auditor == nil {
+		return
+	}
+	g.Running = running
+	data, _ := json.Marshal(g)
+	ev := schema.Event{ID: schema.NewID(), Type: schema.TypePolicyReloadRefused, Time: time.Now().UTC(),
+		Actor: schema.Party{ID: "bandplane-policy", Type: schema.ActorSystem}, Source: SourcePolicy, SchemaVersion: schema.Version, Data: data}
+	actx, cancel := context.WithTimeout(ctx, a.cfg.AuditTimeout)
+	defer cancel()
+	if err := a.cfg.Auditor.Produce(actx, []schema.Event{ev}); err != nil {
+		a.auditErrs.Inc()
+		a.log.Error("cannot write the audit event of a refused reload", "err", err)
+	}
 }
 
 // MaxReasonBytes bounds the reason an operator gives for a suspension.
