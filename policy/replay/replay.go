@@ -407,10 +407,17 @@ func (s *state) startWorkers(ctx context.Context, n int) {
 func (s *state) evaluate(ctx context.Context, j job) outcome {
 	ectx, cancel := context.WithTimeout(ctx, s.cfg.EvalTimeout)
 	d, err := s.engine.Decide(ectx, j.live.Decision, j.in)
+	late := errors.Is(ectx.Err(), context.DeadlineExceeded)
 	cancel()
 	o := outcome{job: j}
-	if err != nil {
+	switch {
+	case err != nil:
 		o.err = fmt.Errorf("decision %s: the candidate cannot evaluate it: %w", j.rec.Event.ID, err)
+		return o
+	case late && ctx.Err() == nil:
+		// The engine answers a policy that runs out of time with a deny: the replay
+		// refuses the candidate instead of counting flips it never decided.
+		o.err = fmt.Errorf("decision %s (%s): the candidate took longer than %s (--eval-timeout) to decide it", j.rec.Event.ID, j.live.Decision, s.cfg.EvalTimeout)
 		return o
 	}
 	if o.class = compare(j.live, d); o.class != classUnchanged && j.counted {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"io/fs"
+	"strings"
 	"testing"
 	"testing/fstest"
 	"time"
@@ -90,4 +91,30 @@ func copyFS(src fs.FS, dst fstest.MapFS) error {
 		dst[p] = &fstest.MapFile{Data: b}
 		return nil
 	})
+}
+
+// A candidate that takes longer than the evaluation bound is refused, not counted as
+// flips of decisions it never decided.
+func TestReplayBoundsEvaluationTime(t *testing.T) {
+	slow := fstest.MapFS{}
+	require.NoError(t, copyFS(policy.DefaultBundle(), slow))
+	big := make([]int, 3000)
+	raw, _ := json.Marshal(map[string]map[string]any{"bulk": {"items": big}})
+	slow["bulk/data.json"] = &fstest.MapFile{Data: raw}
+	for name := range slow {
+		if strings.HasSuffix(name, "_test.rego") {
+			delete(slow, name) // its tests would be refused for their time already (10 s each)
+		}
+	}
+	src, err := fs.ReadFile(slow, "peer_visible.rego")
+	require.NoError(t, err)
+	slow["peer_visible.rego"] = &fstest.MapFile{Data: append(src, []byte(`
+candidate_deny contains lib.reason("slow", "slow") if {
+	count([1 | walk(data.bulk.bulk.items, _); walk(data.bulk.bulk.items, _)]) < 0
+}
+`)...)}
+	_, err = replay.Run(context.Background(), replay.Config{Source: trail(t), Bundle: slow, From: day, To: day.Add(24 * time.Hour),
+		EvalTimeout: 20 * time.Millisecond})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "took longer than 20ms (--eval-timeout)")
 }
