@@ -81,15 +81,22 @@ func otlpBodies(reports, batch int, end time.Time) (native, spans [][]byte, err 
 	for i := 0; i < reports; i += batch {
 		var nd bytes.Buffer
 		td := ptrace.NewTraces()
+		scopes := map[string]ptrace.ScopeSpans{}
 		for j := i; j < min(i+batch, reports); j++ {
 			at := start.Add(time.Duration(j) * step).UTC()
 			agent := strconv.Itoa(j % otlpAgents)
 			in, out, cached := int64(1000+j%500), int64(100+j%50), int64(j%400)
 			fmt.Fprintf(&nd, `{"id":"bench-native-%d","type":"usage.reported","time":%q,"org_id":%q,"room_id":"conv-%d","actor":{"id":"agent-bench-%s","type":"agent"},"execution_id":"exec-%d","source":"bench","data":{"model":"claude-sonnet-4-5","input_tokens":%d,"output_tokens":%d,"cache_read_tokens":%d,"cache_write_tokens":0}}`+"\n",
 				j, at.Format(time.RFC3339Nano), otlpOrg, j%200, agent, j/8, in-cached, out, cached)
-			rs := td.ResourceSpans().AppendEmpty()
-			rs.Resource().Attributes().PutStr("service.name", "svc-"+agent)
-			s := rs.ScopeSpans().AppendEmpty().Spans().AppendEmpty()
+			// An exporter sends the spans of one service under one resource.
+			ss, ok := scopes[agent]
+			if !ok {
+				rs := td.ResourceSpans().AppendEmpty()
+				rs.Resource().Attributes().PutStr("service.name", "svc-"+agent)
+				ss = rs.ScopeSpans().AppendEmpty()
+				scopes[agent] = ss
+			}
+			s := ss.Spans().AppendEmpty()
 			s.SetTraceID(pcommon.TraceID([16]byte{0xbe, 0x0c, 4: byte(j >> 24), 5: byte(j >> 16), 6: byte(j >> 8), 7: byte(j / 8)}))
 			s.SetSpanID(pcommon.SpanID([8]byte{0x5b, 4: byte(j >> 24), 5: byte(j >> 16), 6: byte(j >> 8), 7: byte(j)}))
 			s.SetParentSpanID(pcommon.SpanID([8]byte{0xaa, 7: byte(j / 8)}))

@@ -9,6 +9,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	fastjson "github.com/segmentio/encoding/json"
 	"go.opentelemetry.io/collector/pdata/pcommon"
 	"go.opentelemetry.io/collector/pdata/ptrace"
 
@@ -428,7 +429,7 @@ type toolResultData struct {
 }
 
 func mustJSON(v any) json.RawMessage {
-	b, err := json.Marshal(v)
+	b, err := fastjson.Marshal(v)
 	if err != nil {
 		// Only strings checked for UTF-8, numbers and raw JSON Map built itself.
 		panic(fmt.Sprintf("otlp: cannot encode event data: %v", err))
