@@ -56,10 +56,9 @@ type Resolver struct {
 	maxResponse int64
 	hub         *Hub // nil: subscriptions answer UNAVAILABLE
 
-	operator Operator      // nil: budgets and operator mutations answer UNAVAILABLE
-	currency string        // the billing currency of budgets
-	prices   Prices        // nil: prices and jobs answer UNAVAILABLE
-	replays  PolicyReplays // nil: policy replays answer UNAVAILABLE
+	operator Operator // nil: budgets and operator mutations answer UNAVAILABLE
+	currency string   // the billing currency of budgets
+	prices   Prices   // nil: prices and jobs answer UNAVAILABLE
 }
 
 // fail turns err into what the client sees: its own mistakes and authorization

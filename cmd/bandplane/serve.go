@@ -344,7 +344,7 @@ func serve(ctx context.Context, log *slog.Logger, reg *prometheus.Registry, c se
 			parts = append(parts, p)
 		}
 	}
-	servers, err := newAPI(ctx, d, ing, pol, lv, func() []string { return notReady(parts) })
+	servers, err := newAPI(d, ing, pol, lv, func() []string { return notReady(parts) })
 	if err != nil {
 		return err
 	}
