@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 
 	"github.com/open-policy-agent/opa/v1/ast"
 )
@@ -30,7 +31,7 @@ var deniedBuiltins = map[string]string{
 // capabilities are OPA's builtins less the denied ones, and no network for the
 // compiler itself (remote JSON schemas): the compiler then refuses a call to a denied
 // builtin even if checkBuiltins missed it.
-var capabilities = func() *ast.Capabilities {
+var capabilities = sync.OnceValue(func() *ast.Capabilities {
 	c := ast.CapabilitiesForThisVersion()
 	c.Builtins = slices.DeleteFunc(slices.Clone(c.Builtins), func(b *ast.Builtin) bool {
 		_, denied := deniedBuiltins[b.Name]
@@ -38,11 +39,26 @@ var capabilities = func() *ast.Capabilities {
 	})
 	c.AllowNet = []string{}
 	return c
-}()
+})
+
+// Every builtin OPA itself calls nondeterministic (the clock, randomness, the network,
+// what its JSON schema refs load) is denied too, with the reason no replay could
+// reproduce it.
+func init() {
+	for _, b := range ast.CapabilitiesForThisVersion().Builtins {
+		if _, listed := deniedBuiltins[b.Name]; !listed && b.Nondeterministic {
+			deniedBuiltins[b.Name] = "is nondeterministic (the clock, randomness or what it loads), which no replay of the decision reproduces"
+		}
+	}
+	// JSON schemas may $ref local files, which OPA loads whatever AllowNet says.
+	for _, name := range []string{"json.match_schema", "json.verify_schema"} {
+		deniedBuiltins[name] = "loads what its schema's $ref names, local files included"
+	}
+}
 
 // newCompiler is the compiler of every bundle: Rego v1, the capabilities above.
 func newCompiler() *ast.Compiler {
-	return ast.NewCompiler().WithDefaultRegoVersion(ast.RegoV1).WithCapabilities(capabilities)
+	return ast.NewCompiler().WithDefaultRegoVersion(ast.RegoV1).WithCapabilities(capabilities())
 }
 
 // checkBuiltins refuses a bundle whose modules call a denied builtin, naming each call

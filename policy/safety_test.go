@@ -47,3 +47,19 @@ func TestReloadRefusesHostileBuiltins(t *testing.T) {
 	}
 	assert.Zero(t, calls.Load(), "no hostile bundle reached the network")
 }
+
+// Builtins OPA calls nondeterministic, and the JSON schema builtins that load local
+// files through $ref, are refused as well.
+func TestReloadRefusesNondeterministicAndFileReadingBuiltins(t *testing.T) {
+	e := exampleEngine(t)
+	for name, src := range map[string]string{
+		"json.match_schema": "package bandplane.extra\n\nx := json.match_schema({\"a\": 1}, {\"$ref\": \"file:///etc/passwd\"})\n",
+		"io.jwt.encode_sign": "package bandplane.extra\n\nx := io.jwt.encode_sign({\"alg\": \"HS256\"}, {}, {\"kty\": \"oct\", \"k\": \"AAAA\"})\n",
+	} {
+		b := copyBundle(t)
+		b["lib_extra.rego"] = &fstest.MapFile{Data: []byte(src)}
+		_, err := e.Reload(context.Background(), b)
+		require.Error(t, err, name)
+		assert.Contains(t, err.Error(), "calls "+name, name)
+	}
+}

@@ -81,12 +81,19 @@ func TestIntegrationPolicyReplay(t *testing.T) {
 	join := func(room string, p schema.Party) schema.Event {
 		return event(schema.TypeParticipantAdded, room, sys, &p, schema.ParticipantData{ParticipantID: p.ID, ParticipantType: schema.ActorAgent})
 	}
-	isoPost(t, srv, platform, []schema.Event{
+	directory := []schema.Event{
 		event(schema.TypeUserRegistered, "", sys, &ola, schema.UserData{Handle: "ola"}),
 		event(schema.TypeUserRegistered, "", sys, &bo, schema.UserData{Handle: "bo"}),
 		agent(one, ola, "ola/one"), agent(two, ola, "ola/two"), agent(three, bo, "bo/three"),
 		join("room-r", one), join("room-s", three),
-	})
+	}
+	isoPost(t, srv, platform, directory)
+	var directoryIDs []string
+	for _, e := range directory {
+		directoryIDs = append(directoryIDs, e.ID)
+	}
+	// `budgets set` checks the agent against ClickHouse's directory.
+	isoWaitStored(t, s, directoryIDs)
 
 	var ids []string
 	decide := func(name string, body map[string]any) rpDecision {

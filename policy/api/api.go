@@ -20,6 +20,7 @@ import (
 	"net/http"
 	"os"
 	"strings"
+	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -100,6 +101,7 @@ type API struct {
 	decisions      *prometheus.CounterVec
 	auditErrs      prometheus.Counter
 	reloadsRefused prometheus.Counter
+	reloading      sync.Mutex
 }
 
 func New(cfg Config) (*API, error) {
@@ -685,10 +687,22 @@ func (a *API) reload(w http.ResponseWriter, r *http.Request) {
 // through the gate, and swaps it in; a failing or refused bundle is refused and the old
 // one keeps serving.
 func (a *API) Reload(ctx context.Context) (string, error) {
+	// One reload at a time (an HTTP reload and the folder's watch), and of one copy of
+	// the folder: what the gate replayed is what goes live, whatever changes meanwhile.
+	a.reloading.Lock()
+	defer a.reloading.Unlock()
 	old := a.cfg.Engine.Revision()
 	bundle := policy.DefaultBundle()
 	if a.cfg.BundleDir != "" {
-		bundle = os.DirFS(a.cfg.BundleDir)
+		snap, err := os.MkdirTemp("", "bandplane-policy-")
+		if err != nil {
+			return "", fmt.Errorf("cannot reload policy bundle (keeping %s): %w", old, err)
+		}
+		defer func() { _ = os.RemoveAll(snap) }()
+		if err := os.CopyFS(snap, os.DirFS(a.cfg.BundleDir)); err != nil {
+			return "", fmt.Errorf("cannot reload policy bundle (keeping %s): cannot read %s: %w", old, a.cfg.BundleDir, err)
+		}
+		bundle = os.DirFS(snap)
 	}
 	if a.cfg.Gate != nil {
 		if err := a.cfg.Gate(ctx, bundle); err != nil {

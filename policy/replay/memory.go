@@ -25,10 +25,10 @@ func (m *Memory) Partitions(context.Context) ([]int, error) {
 	return slices.Compact(out), nil
 }
 
-func (m *Memory) recordsOf(partition int, to time.Time) []Record {
+func (m *Memory) recordsOf(partition int) []Record {
 	var out []Record
 	for _, r := range m.Trail {
-		if r.Partition == partition && slices.Contains(recordTypes, r.Event.Type) && r.Event.Time.Before(to) {
+		if r.Partition == partition && slices.Contains(recordTypes, r.Event.Type) {
 			out = append(out, r)
 		}
 	}
@@ -36,8 +36,8 @@ func (m *Memory) recordsOf(partition int, to time.Time) []Record {
 	return out
 }
 
-func (m *Memory) Records(_ context.Context, partition int, to time.Time) (Cursor, error) {
-	return &sliceCursor{list: m.recordsOf(partition, to)}, nil
+func (m *Memory) Records(_ context.Context, partition int) (Cursor, error) {
+	return &sliceCursor{list: m.recordsOf(partition)}, nil
 }
 
 func (m *Memory) Decisions(_ context.Context, from, to time.Time) (Cursor, error) {

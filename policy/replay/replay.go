@@ -190,8 +190,8 @@ type Source interface {
 	// Partitions are the partitions of the events topic the trail holds.
 	Partitions(ctx context.Context) ([]int, error)
 	// Records streams the records of one partition that the policy side reads, in
-	// offset order, up to To.
-	Records(ctx context.Context, partition int, to time.Time) (Cursor, error)
+	// offset order.
+	Records(ctx context.Context, partition int) (Cursor, error)
 	// Decisions streams the policy.decided events with from ≤ time < to, by time.
 	Decisions(ctx context.Context, from, to time.Time) (Cursor, error)
 }
@@ -354,7 +354,7 @@ func newState(ctx context.Context, cfg Config) (*state, error) {
 		return nil, err
 	}
 	for _, p := range s.partitions {
-		c, err := cfg.Source.Records(ctx, p, cfg.To)
+		c, err := cfg.Source.Records(ctx, p)
 		if err != nil {
 			s.close()
 			return nil, err
@@ -553,6 +553,14 @@ func (s *state) replay(ctx context.Context, rec *Record, counted bool, res *Resu
 		return s.skip(res, counted, fmt.Sprintf("decision %s: %v", rec.Event.ID, err))
 	}
 	j := job{rec: *rec, live: live, in: in, counted: counted, approximate: len(live.Position) == 0}
+	// The clock is the decision's time from here on: the records below its position
+	// are applied at it (the live replica applied them before the decision), and
+	// send_message decides at it.
+	at := live.DecidedAt
+	if at.IsZero() {
+		at = rec.Event.Time
+	}
+	s.now.Store(at.UnixNano())
 	if !j.approximate {
 		if err := s.advanceTo(ctx, live.Position, res); err != nil {
 			return err
@@ -583,11 +591,6 @@ func (s *state) replay(ctx context.Context, rec *Record, counted bool, res *Resu
 		return nil
 	}
 	s.inflight++
-	at := live.DecidedAt
-	if at.IsZero() {
-		at = rec.Event.Time
-	}
-	s.now.Store(at.UnixNano())
 	return s.collect(res, s.evaluate(ctx, j))
 }
 

@@ -118,3 +118,30 @@ candidate_deny contains lib.reason("slow", "slow") if {
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "took longer than 20ms (--eval-timeout)")
 }
+
+// Usage and budgets applied before the first decision count at the decision's day:
+// a live budget denial replays as one.
+func TestReplayAppliesRecordsAtTheDecisionsClock(t *testing.T) {
+	m := trail(t)
+	at := day.Add(2 * time.Hour)
+	add := func(e schema.Event) {
+		m.Trail = append(m.Trail, replay.Record{Partition: 0, Offset: int64(len(m.Trail)), Event: e})
+	}
+	one := schema.Party{ID: "a-one", Type: schema.ActorAgent}
+	raw := func(v any) json.RawMessage { b, _ := json.Marshal(v); return b }
+	add(schema.Event{ID: "join", Type: schema.TypeParticipantAdded, Time: at, OrgID: "acme", RoomID: "room-1", Actor: schema.Party{ID: "sys", Type: schema.ActorSystem},
+		Subject: &one, Source: "t", Data: raw(schema.ParticipantData{ParticipantID: "a-one"})})
+	add(schema.Event{ID: "budget", Type: schema.TypeBudgetSet, Time: at, OrgID: "acme", Actor: schema.Party{ID: "cli:ops", Type: schema.ActorSystem}, Source: api.SourcePolicy,
+		Data: json.RawMessage(`{"org":"acme","scope":"agent","scope_id":"a-one","period":"day","tokens":1000,"hard":true,"updated_at":"` + at.Format(time.RFC3339) + `"}`)})
+	add(schema.Event{ID: "spent", Type: schema.TypeUsageReported, Time: at, OrgID: "acme", RoomID: "room-1", Actor: one, Source: "t",
+		Data: raw(schema.UsageData{InputTokens: 5000})})
+	in, _ := json.Marshal(policy.MessageInput{Agent: "a-one", Room: "room-1", Tokens: 10})
+	decided := at.Add(time.Minute)
+	add(schema.Event{ID: "d-2", Type: schema.TypePolicyDecided, Time: decided, OrgID: "acme", Actor: one, Source: api.SourcePolicy,
+		Data: raw(api.DecidedData{Decision: policy.SendMessage, Allow: false, Reasons: []policy.Reason{{Code: policy.CodeBudgetExceeded}},
+			Input: in, Position: policy.Position{0: int64(len(m.Trail))}, DecidedAt: decided})})
+	r, err := replay.Run(context.Background(), replay.Config{Source: m, Bundle: policy.DefaultBundle(), From: day, To: day.Add(24 * time.Hour)})
+	require.NoError(t, err)
+	assert.Equal(t, 2, r.Decisions)
+	assert.Equal(t, 2, r.Unchanged, "%+v", r.Examples)
+}

@@ -47,17 +47,18 @@ func (c ClickHouse) Partitions(ctx context.Context) ([]int, error) {
 	return out, rows.Err()
 }
 
-// Records streams the partition's records of the policy side's types with time < to.
-// Copies of one record (the table is deduplicated only on merge) share its offset and
-// come once.
-func (c ClickHouse) Records(ctx context.Context, partition int, to time.Time) (Cursor, error) {
+// Records streams the partition's records of the policy side's types in offset order,
+// whatever their time: a decision's position is an offset, and a record below it may
+// carry any time its sender gave it. The replay reads only as far as the positions
+// ask. Copies of one record (the table is deduplicated only on merge) share its offset
+// and come once.
+func (c ClickHouse) Records(ctx context.Context, partition int) (Cursor, error) {
 	rows, err := c.Conn.Query(ctx, `SELECT `+eventCols+` FROM `+c.Database+`.events
-		WHERE kafka_partition = ? AND has(?, type) AND time < ? ORDER BY kafka_offset`,
-		int32(partition), recordTypes, to.UTC().Truncate(time.Second).Add(time.Second))
+		WHERE kafka_partition = ? AND has(?, type) ORDER BY kafka_offset`, int32(partition), recordTypes)
 	if err != nil {
 		return nil, fmt.Errorf("cannot read partition %d of %s.events: %w", partition, c.Database, err)
 	}
-	return &rowCursor{rows: rows, to: to}, nil
+	return &rowCursor{rows: rows, to: schema.MaxTime.Add(time.Millisecond)}, nil
 }
 
 // Decisions streams the decisions with from ≤ time < to in the order they were made:
