@@ -53,7 +53,7 @@ func TestReloadRefusesHostileBuiltins(t *testing.T) {
 func TestReloadRefusesNondeterministicAndFileReadingBuiltins(t *testing.T) {
 	e := exampleEngine(t)
 	for name, src := range map[string]string{
-		"json.match_schema": "package bandplane.extra\n\nx := json.match_schema({\"a\": 1}, {\"$ref\": \"file:///etc/passwd\"})\n",
+		"json.match_schema":  "package bandplane.extra\n\nx := json.match_schema({\"a\": 1}, {\"$ref\": \"file:///etc/passwd\"})\n",
 		"io.jwt.encode_sign": "package bandplane.extra\n\nx := io.jwt.encode_sign({\"alg\": \"HS256\"}, {}, {\"kty\": \"oct\", \"k\": \"AAAA\"})\n",
 	} {
 		b := copyBundle(t)
