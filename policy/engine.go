@@ -201,8 +201,10 @@ func (e *Engine) Decide(ctx context.Context, name string, input any) (Decision, 
 	rs, err := q.Eval(ctx, rego.EvalParsedInput(v), rego.EvalGenerateJSON(astResult), noMetrics)
 	switch {
 	case err != nil:
+		// A policy that fails to evaluate is a decision that allows nothing, its
+		// reason the error.
 		d.Reasons = []Reason{{Code: CodeEvalError, Message: err.Error()}}
-		return d, nil //nolint:nilerr // a policy that fails to evaluate is a decision that allows nothing, its reason the error
+		return d, nil
 	case len(rs) == 0 || len(rs[0].Expressions) == 0:
 		d.Reasons = []Reason{{Code: CodeUndefined, Message: name + " is undefined for this input"}}
 		return d, nil
