@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	fastjson "github.com/segmentio/encoding/json"
 	kafkago "github.com/segmentio/kafka-go"
 	"go.opentelemetry.io/collector/pdata/ptrace"
 	"go.opentelemetry.io/collector/pdata/ptrace/ptraceotlp"
@@ -261,7 +262,7 @@ func (c *Collector) export(ctx context.Context, key keys.Key, td ptrace.Traces) 
 				break
 			}
 			var m kafkago.Message
-			if m, err = c.admit(key, ev, now); err == nil {
+			if m, err = c.admit(key, ev, now, fastjson.Marshal); err == nil {
 				msgs = append(msgs, m)
 			}
 		}
