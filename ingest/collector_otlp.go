@@ -8,6 +8,7 @@ import (
 	"io"
 	"mime"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -277,7 +278,7 @@ func (c *Collector) export(ctx context.Context, key keys.Key, td ptrace.Traces) 
 			continue
 		}
 		stored++
-		if sp.Unbound != "" && len(unbound) < 8 && !contains(unbound, sp.Unbound) {
+		if sp.Unbound != "" && len(unbound) < 8 && !slices.Contains(unbound, sp.Unbound) {
 			unbound = append(unbound, sp.Unbound)
 		}
 		if sp.Unbound != "" {
@@ -312,15 +313,6 @@ func (c *Collector) export(ctx context.Context, key keys.Key, td ptrace.Traces) 
 		ps.SetErrorMessage(strings.Join(notes, "; "))
 	}
 	return resp, nil
-}
-
-func contains(s []string, v string) bool {
-	for _, x := range s {
-		if x == v {
-			return true
-		}
-	}
-	return false
 }
 
 // writeStatus answers a request-wide failure with a google.rpc.Status in the request's

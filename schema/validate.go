@@ -126,6 +126,11 @@ func checkID(field, id string) *FieldError {
 	return nil
 }
 
+// IDProblem says what is wrong with s as an id, whatever field it will land in: a
+// control character (C0, DEL or C1) or invalid UTF-8; "" when nothing is. Its length is
+// the caller's to bound (MaxIDBytes).
+func IDProblem(s string) string { return idProblem(s) }
+
 // idProblem says what is wrong with the bytes of an id, source or handle: a control
 // character (C0, DEL or C1) or invalid UTF-8; "" when nothing is.
 func idProblem[T string | []byte](s T) string {

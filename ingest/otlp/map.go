@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"math"
 	"strconv"
-	"strings"
 	"time"
 	"unicode/utf8"
 
@@ -459,13 +458,8 @@ func text(v pcommon.Value) (string, string) {
 	if len(s) > MaxTextBytes {
 		return "", fmt.Sprintf("%d bytes is longer than the limit of %d", len(s), MaxTextBytes)
 	}
-	for i, r := range s {
-		switch {
-		case r == utf8.RuneError && !strings.HasPrefix(s[i:], "\uFFFD"):
-			return "", fmt.Sprintf("invalid UTF-8 at byte %d", i)
-		case r < 0x20 || r == 0x7f || (r >= 0x80 && r <= 0x9f):
-			return "", fmt.Sprintf("control character U+%04X at byte %d", r, i)
-		}
+	if p := schema.IDProblem(s); p != "" {
+		return "", p
 	}
 	return s, ""
 }

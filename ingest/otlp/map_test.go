@@ -281,7 +281,7 @@ func TestRefusesHostileSpans(t *testing.T) {
 		{"long conversation id", nil, map[string]any{"gen_ai.operation.name": "chat", "gen_ai.usage.input_tokens": 1, "gen_ai.conversation.id": strings.Repeat("c", 257)}, acme,
 			"gen_ai.conversation.id: 257 bytes is longer than the limit of 256"},
 		{"control character in a tool name", nil, map[string]any{"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "a\x00b"}, acme,
-			"gen_ai.tool.name: control character U+0000 at byte 1"},
+			"gen_ai.tool.name: control character 0x00 at byte 1"},
 		{"tool span without its tool", nil, map[string]any{"gen_ai.operation.name": "execute_tool"}, acme, "gen_ai.tool.name: missing"},
 		{"deep content", nil, map[string]any{"gen_ai.operation.name": "chat", "gen_ai.usage.input_tokens": 1, "gen_ai.input.messages": deep}, content,
 			"gen_ai.input.messages: nested deeper than 32 levels"},
