@@ -11,7 +11,6 @@ import (
 	"fmt"
 	"io/fs"
 	"maps"
-	"os"
 	"path"
 	"regexp"
 	"slices"
@@ -166,11 +165,6 @@ func (e *Engine) Reload(ctx context.Context, bundle fs.FS) (string, error) {
 	}
 	e.rev.Store(rev)
 	return rev.hash, nil
-}
-
-// ReloadDir is Reload of a bundle directory on disk.
-func (e *Engine) ReloadDir(ctx context.Context, dir string) (string, error) {
-	return e.Reload(ctx, os.DirFS(dir))
 }
 
 // Decide evaluates the named decision. input is a PeerInput, AddInput, ContactInput,
