@@ -1,0 +1,65 @@
+package main
+
+import (
+	"bytes"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// `policy replay` refuses bad flags with exit 2, naming the flag, before it connects to
+// anything (no server is needed).
+func TestPolicyReplayFlagErrors(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "x.rego")
+	require.NoError(t, os.WriteFile(file, []byte("package x\n"), 0o600))
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{nil, "--bundle is required"},
+		{[]string{"--bundle", filepath.Join(dir, "missing")}, "is not a folder"},
+		{[]string{"--bundle", file}, "is not a folder"},
+		{[]string{"--bundle", dir, "--from", "2026-12-02", "--to", "2026-12-01"}, "--from (2026-12-02T00:00:00Z) must be before --to"},
+		{[]string{"--bundle", dir, "--from", "yesterday"}, "--from:"},
+		{[]string{"--bundle", dir, "--to", "12/01/2026"}, "--to:"},
+		{[]string{"--bundle", dir, "--examples", "0"}, "--examples must be 1..1000"},
+		{[]string{"--bundle", dir, "--examples", "1001"}, "--examples must be 1..1000"},
+		{[]string{"--bundle", dir, "--kinds", "peer_visible,send_mail"}, `--kinds: unknown decision kind "send_mail"`},
+	} {
+		var stdout, stderr bytes.Buffer
+		code := run(append([]string{"policy", "replay"}, tc.args...), strings.NewReader(""), &stdout, &stderr)
+		assert.Equal(t, 2, code, "%v: %s", tc.args, stderr.String())
+		assert.Contains(t, stderr.String(), tc.want, tc.args)
+		assert.Empty(t, stdout.String(), tc.args)
+	}
+}
+
+// The reload gate's flags: off by default, a ratio within 0..1, a window above 0.
+func TestPolicyGateFlags(t *testing.T) {
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	p := policyFlags{maxFlipRatio: -1, gateWindow: 24 * time.Hour}
+	g, err := p.gate(nil, "db", nil, log)
+	require.NoError(t, err)
+	assert.Nil(t, g, "no gate without --policy-max-flip-ratio")
+
+	p.maxFlipRatio = 0
+	g, err = p.gate(nil, "db", nil, log)
+	require.NoError(t, err)
+	assert.NotNil(t, g, "0 is the strictest gate, not none")
+
+	p.maxFlipRatio = 1.5
+	_, err = p.gate(nil, "db", nil, log)
+	assert.ErrorContains(t, err, "--policy-max-flip-ratio must be between 0 and 1")
+
+	p.maxFlipRatio, p.gateWindow = 0.1, 0
+	_, err = p.gate(nil, "db", nil, log)
+	assert.ErrorContains(t, err, "--policy-gate-window must be > 0")
+}
