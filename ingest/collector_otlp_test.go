@@ -394,3 +394,19 @@ func serveGRPCClient(t *testing.T, addr string) ptraceotlp.GRPCClient {
 	t.Cleanup(func() { _ = cc.Close() })
 	return ptraceotlp.NewGRPCClient(cc)
 }
+
+func TestOTLPLimitsMustMeanSomething(t *testing.T) {
+	for _, tc := range []struct {
+		mod  func(*ingest.CollectorConfig)
+		want string
+	}{
+		{func(c *ingest.CollectorConfig) { c.MaxOTLPBodyBytes = -1 }, "--otlp-max-body must be > 0"},
+		{func(c *ingest.CollectorConfig) { c.OTLPStreamTimeout = -time.Second }, "the OTLP/gRPC timeouts must be > 0"},
+		{func(c *ingest.CollectorConfig) { c.OTLPIdleTimeout = -time.Second }, "the OTLP/gRPC timeouts must be > 0"},
+	} {
+		cfg := ingest.CollectorConfig{Producer: &fakeProducer{}, Auth: collectorKeys}
+		tc.mod(&cfg)
+		_, err := ingest.NewCollector(cfg)
+		assert.ErrorContains(t, err, tc.want)
+	}
+}
