@@ -21,6 +21,8 @@ CACHE="${BANDPLANE_CACHE:-$HOME/.cache/bandplane}/pip"
 
 say() { echo "chdb: $*" >&2; }
 die() { say "$*"; exit 1; }
+# shellcheck source=venv.sh
+source "$HERE/venv.sh"
 
 installed() {
   [[ -x "$VENV/bin/python" ]] &&
@@ -29,24 +31,8 @@ installed() {
 
 install() {
   if installed; then return 0; fi
-  command -v python3 >/dev/null || die "python3 not found: install Python 3.9 or later"
   say "creating $VENV with chdb-core $VERSION (ClickHouse 26.9) ..."
-  # Only ever remove a virtual environment (or nothing): BANDPLANE_CHDB_VENV may point
-  # anywhere.
-  if [[ -e "$VENV" ]]; then
-    [[ -f "$VENV/pyvenv.cfg" ]] || die "$VENV exists and is not a virtual environment: remove it or set BANDPLANE_CHDB_VENV"
-    rm -rf "$VENV"
-  fi
-  if ! python3 -m venv "$VENV"; then
-    # Debian's python3 ships venv separately.
-    command -v apt-get >/dev/null && [[ $(id -u) -eq 0 ]] || die "python3 -m venv failed (Debian: apt-get install python3-venv)"
-    say "installing Debian package python3-venv ..."
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends python3-venv ||
-      { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends python3-venv; } ||
-      die "apt-get install python3-venv failed"
-    rm -rf "$VENV"
-    python3 -m venv "$VENV" || die "python3 -m venv failed"
-  fi
+  fresh_venv "$VENV" BANDPLANE_CHDB_VENV
   mkdir -p "$CACHE"
   # The wheel itself is kept (pip's own cache does not keep one this large), so a new
   # checkout installs it without the network.

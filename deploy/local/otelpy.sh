@@ -25,6 +25,8 @@ PIP_TIMEOUT_S=600
 
 say() { echo "otelpy: $*" >&2; }
 die() { say "$*"; exit 1; }
+# shellcheck source=venv.sh
+source "$HERE/venv.sh"
 
 # installed: every pin of the requirements file is the version installed, and the
 # modules chat.py uses import.
@@ -47,24 +49,8 @@ PY
 
 install() {
   if installed; then return 0; fi
-  command -v python3 >/dev/null || die "python3 not found: install Python 3.9 or later"
   say "creating $VENV with the OpenTelemetry SDK and OpenInference (pins: $REQUIREMENTS) ..."
-  # Only ever remove a virtual environment (or nothing): BANDPLANE_OTELPY_VENV may point
-  # anywhere.
-  if [[ -e "$VENV" ]]; then
-    [[ -f "$VENV/pyvenv.cfg" ]] || die "$VENV exists and is not a virtual environment: remove it or set BANDPLANE_OTELPY_VENV"
-    rm -rf "$VENV"
-  fi
-  if ! python3 -m venv "$VENV"; then
-    # Debian's python3 ships venv separately.
-    command -v apt-get >/dev/null && [[ $(id -u) -eq 0 ]] || die "python3 -m venv failed (Debian: apt-get install python3-venv)"
-    say "installing Debian package python3-venv ..."
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends python3-venv ||
-      { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends python3-venv; } ||
-      die "apt-get install python3-venv failed"
-    rm -rf "$VENV"
-    python3 -m venv "$VENV" || die "python3 -m venv failed"
-  fi
+  fresh_venv "$VENV" BANDPLANE_OTELPY_VENV
   mkdir -p "$CACHE"
   timeout "$PIP_TIMEOUT_S" "$VENV/bin/pip" install -q --disable-pip-version-check --no-input --prefer-binary \
     --timeout 60 --retries 3 --cache-dir "$CACHE" -r "$REQUIREMENTS" ||
