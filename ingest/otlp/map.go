@@ -263,7 +263,13 @@ func mapSpan(s ptrace.Span, res *resource, cfg *Config) (sp Span, ok bool) {
 	if len(trig.Source) > MaxTextBytes {
 		trig.Source = trig.Source[:MaxTextBytes]
 	}
-	idPrefix := "otlp-" + trace + "-" + spanID + "-"
+	// event is one of the span's events: its id the span's and its kind, its data the
+	// type's with where it came from (spanData).
+	event := func(kind, typ string, at pcommon.Timestamp, data any) schema.Event {
+		ev := base
+		ev.ID, ev.Type, ev.Time, ev.Data = "otlp-"+trace+"-"+spanID+"-"+kind, typ, eventTime(at), mustJSON(data)
+		return ev
+	}
 
 	if usageOp(op) {
 		var u schema.UsageData
@@ -306,10 +312,11 @@ func mapSpan(s ptrace.Span, res *resource, cfg *Config) (sp Span, ok bool) {
 				return refuse("%s", p)
 			}
 		}
-		ev := base
-		ev.ID, ev.Type, ev.Time = idPrefix+"usage", schema.TypeUsageReported, eventTime(end)
-		ev.Data = mustJSON(usageData{UsageData: u, Trigger: trig, OTLP: block})
-		sp.Events = []schema.Event{ev}
+		sp.Events = []schema.Event{event("usage", schema.TypeUsageReported, end,
+			struct {
+				schema.UsageData
+				spanData
+			}{u, spanData{trig, block}})}
 		return sp, true
 	}
 
@@ -330,13 +337,16 @@ func mapSpan(s ptrace.Span, res *resource, cfg *Config) (sp Span, ok bool) {
 			return refuse("%s", p)
 		}
 	}
-	callEv := base
-	callEv.ID, callEv.Type, callEv.Time = idPrefix+"tool_call", schema.TypeToolCall, eventTime(start)
-	callEv.Data = mustJSON(toolCallData{ToolCallData: call, Trigger: trig, OTLP: block})
-	resultEv := base
-	resultEv.ID, resultEv.Type, resultEv.Time = idPrefix+"tool_result", schema.TypeToolResult, eventTime(end)
-	resultEv.Data = mustJSON(toolResultData{ToolResultData: result, Trigger: trig, OTLP: block})
-	sp.Events = []schema.Event{callEv, resultEv}
+	sp.Events = []schema.Event{
+		event("tool_call", schema.TypeToolCall, start, struct {
+			schema.ToolCallData
+			spanData
+		}{call, spanData{trig, block}}),
+		event("tool_result", schema.TypeToolResult, end, struct {
+			schema.ToolResultData
+			spanData
+		}{result, spanData{trig, block}}),
+	}
 	return sp, true
 }
 
@@ -409,20 +419,8 @@ type block struct {
 	OutputMessages json.RawMessage `json:"output_messages,omitempty"`
 }
 
-type usageData struct {
-	schema.UsageData
-	Trigger trigger `json:"trigger"`
-	OTLP    block   `json:"otlp"`
-}
-
-type toolCallData struct {
-	schema.ToolCallData
-	Trigger trigger `json:"trigger"`
-	OTLP    block   `json:"otlp"`
-}
-
-type toolResultData struct {
-	schema.ToolResultData
+// spanData is what every event's data of a span carries besides its type's fields.
+type spanData struct {
 	Trigger trigger `json:"trigger"`
 	OTLP    block   `json:"otlp"`
 }
