@@ -22,7 +22,7 @@ const Source = "otlp"
 // Bounds of what one span may carry, beyond the collector's body and event limits.
 const (
 	// MaxAttributes bounds the attributes of one span and of one resource (the
-	// Collector's own default attribute count limit is 128; runtimes that record
+	// OpenTelemetry SDKs' default attribute count limit is 128; runtimes that record
 	// content stay far below this).
 	MaxAttributes = 1024
 	// MaxTextBytes bounds every name, model, provider and id read from an attribute:
