@@ -156,52 +156,64 @@ func parseTime(field, s string) (time.Time, *FieldError) {
 	return t.UTC(), nil
 }
 
+// jsonSpecial are the bytes normalizeJSON looks at: every other byte is copied as is.
+var jsonSpecial = [256]bool{' ': true, '\t': true, '\n': true, '\r': true, '"': true, '\\': true, '<': true, '>': true, '&': true, 0xE2: true}
+
 // normalizeJSON returns valid JSON v in the form encoding/json writes a RawMessage:
 // without insignificant white space, and with <, >, &, U+2028 and U+2029 escaped in
-// strings. Decoding what Marshal wrote then gives back the same bytes. v is changed in
-// place when that needs no more room, and returned as is when it is already so.
+// strings. Decoding what Marshal wrote then gives back the same bytes. v is returned as
+// is when it is already so (white space inside strings, as in most text, is), and
+// copied from the first byte that changes otherwise.
 func normalizeJSON(v []byte) []byte {
-	clean := true
-	for _, c := range v {
-		if c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '<' || c == '>' || c == '&' || c == 0xE2 {
-			clean = false
-			break
-		}
-	}
-	if clean {
-		return v
-	}
 	const hex = "0123456789abcdef"
-	out := make([]byte, 0, len(v)+16)
-	inString, escaped := false, false
+	var (
+		out      []byte // nil while v needs no change
+		repl     [6]byte
+		inString bool
+	)
 	for i := 0; i < len(v); i++ {
-		c := v[i]
-		if !inString {
+		at, c := i, v[i]
+		if !jsonSpecial[c] {
+			if out != nil {
+				out = append(out, c)
+			}
+			continue
+		}
+		n := -1 // the length of what replaces c (and the two bytes after it, for U+2028 and U+2029) in repl
+		switch {
+		case !inString:
 			switch c {
 			case ' ', '\t', '\n', '\r':
-				continue
+				n = 0
 			case '"':
 				inString = true
 			}
-			out = append(out, c)
+		case c == '\\': // an escape: the byte after it is copied with it
+			if out != nil {
+				out = append(out, v[i:min(i+2, len(v))]...)
+			}
+			i++
 			continue
-		}
-		switch {
-		case escaped:
-			escaped = false
-		case c == '\\':
-			escaped = true
 		case c == '"':
 			inString = false
 		case c == '<' || c == '>' || c == '&':
-			out = append(out, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xF])
-			continue
+			repl, n = [6]byte{'\\', 'u', '0', '0', hex[c>>4], hex[c&0xF]}, 6
 		case c == 0xE2 && i+2 < len(v) && v[i+1] == 0x80 && v[i+2]&^1 == 0xA8:
-			out = append(out, '\\', 'u', '2', '0', '2', hex[v[i+2]&0xF])
+			repl, n = [6]byte{'\\', 'u', '2', '0', '2', hex[v[i+2]&0xF]}, 6
 			i += 2
-			continue
 		}
-		out = append(out, c)
+		switch {
+		case n < 0 && out != nil:
+			out = append(out, c)
+		case n >= 0:
+			if out == nil {
+				out = append(make([]byte, 0, len(v)+16), v[:at]...)
+			}
+			out = append(out, repl[:n]...)
+		}
+	}
+	if out == nil {
+		return v
 	}
 	return out
 }

@@ -253,12 +253,16 @@ func TestNormalizeJSON(t *testing.T) {
 	for _, in := range []string{
 		`{}`, `{"a":1}`, " { \"a\" : [ 1 , 2 ] ,\n\t\"b\" : \"x y\" } ",
 		`{"h":"<a href=\"x\">&amp;</a>"}`, "{\"s\":\"\u2028\u2029\"}", `{"e":"\\\"<"}`, `{"u":"\u00e9\u65e5"}`,
+		`{"t":"a b\tc"}`, `{"t":"a b"} `, "{\"t\":\"x\u2028\"}\n", `{"t":"\u2027\u2030"}`, `["<", 1]`,
 	} {
 		got := normalizeJSON([]byte(in))
 		want, err := json.Marshal(json.RawMessage(in))
 		require.NoError(t, err)
 		assert.Equal(t, string(want), string(got), in)
 	}
+	// Clean JSON, white space in its strings included, is returned as is, not copied.
+	clean := []byte(`{"span_name":"chat claude sonnet","n":[1,2]}`)
+	assert.Same(t, &clean[0], &normalizeJSON(clean)[0])
 }
 
 func TestJSONSchema(t *testing.T) {

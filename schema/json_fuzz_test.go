@@ -232,3 +232,23 @@ func reference(b []byte) (depth int, dup string, hasDup bool, err error) {
 		}
 	}
 }
+
+// FuzzNormalizeJSON checks normalizeJSON against what it stands for: encoding/json's
+// compaction of a RawMessage, on any valid JSON.
+func FuzzNormalizeJSON(f *testing.F) {
+	for _, s := range []string{`{"a": "b c", "d" : [1, "<&>"]}`, "{\"s\":\"\u2028 \u2029\\\"\"}\n", `"\\\"<"`, `[ ]`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		if !json.Valid(b) {
+			return
+		}
+		want, err := json.Marshal(json.RawMessage(b))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := normalizeJSON(bytes.Clone(b)); !bytes.Equal(got, want) {
+			t.Fatalf("normalizeJSON(%q) = %q, encoding/json writes %q", b, got, want)
+		}
+	})
+}
