@@ -258,7 +258,7 @@ func (t *Tracker) Observe(ev *schema.Event, mentioned func(handle string) string
 	if !Linked(ev) {
 		return Observation{}, false
 	}
-	f := decodeFields(ev)
+	f := lazyFields{ev: ev}
 	t.sweep(ev.Time)
 	var o Observation
 	if ev.Actor.Type == schema.ActorUser {
@@ -268,7 +268,7 @@ func (t *Tracker) Observe(ev *schema.Event, mentioned func(handle string) string
 		o.Link = t.agentLink(ev, &f)
 	}
 	if isMessage(ev.Type) {
-		o.Message = message(ev, &f, o.Link, mentioned)
+		o.Message = message(ev, f.get(), o.Link, mentioned)
 		o.Resolved = t.Remember(*o.Message)
 	}
 	return o, true
@@ -292,7 +292,23 @@ func decodeFields(ev *schema.Event) fields {
 	return f
 }
 
-func (t *Tracker) agentLink(ev *schema.Event, f *fields) Link {
+// lazyFields decodes an event's link fields when they are first asked for: an agent's
+// event of an execution the Tracker remembers takes the execution's link and never
+// needs them.
+type lazyFields struct {
+	ev      *schema.Event
+	f       fields
+	decoded bool
+}
+
+func (l *lazyFields) get() *fields {
+	if !l.decoded {
+		l.f, l.decoded = decodeFields(l.ev), true
+	}
+	return &l.f
+}
+
+func (t *Tracker) agentLink(ev *schema.Event, f *lazyFields) Link {
 	var xk string
 	if ev.ExecutionID != "" {
 		xk = execKey(ev.OrgID, ev.Actor.ID, ev.ExecutionID)
@@ -303,7 +319,7 @@ func (t *Tracker) agentLink(ev *schema.Event, f *fields) Link {
 			return r.link
 		}
 	}
-	l, ok := t.explicitLink(ev, f)
+	l, ok := t.explicitLink(ev, f.get())
 	if !ok {
 		l = t.inferredLink(ev)
 	}
