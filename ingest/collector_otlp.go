@@ -189,6 +189,15 @@ func (c *Collector) readOTLPBody(w http.ResponseWriter, r *http.Request) ([]byte
 	var src io.Reader = http.MaxBytesReader(w, r.Body, limit)
 	switch enc := strings.ToLower(strings.TrimSpace(r.Header.Get("Content-Encoding"))); enc {
 	case "", "identity":
+		if n := r.ContentLength; n > 0 && n <= limit {
+			// The length is known and within the limit: one buffer of it, read whole
+			// (net/http ends the body at Content-Length).
+			body := make([]byte, n)
+			if _, err := io.ReadFull(src, body); err != nil {
+				return nil, c.bodyFailure(err, "cannot read the request body")
+			}
+			return body, nil
+		}
 	case "gzip":
 		zr, err := gzip.NewReader(src)
 		if err != nil {
@@ -244,7 +253,7 @@ func (c *Collector) export(ctx context.Context, key keys.Key, td ptrace.Traces) 
 	res := otlp.Map(td, otlp.Config{Org: key.Org, Directory: otlpDirectory{c.cfg.Registrations, bindings}, Content: c.cfg.OTLPContent})
 	now := c.cfg.Now()
 	var (
-		msgs     []kafkago.Message
+		msgs     = make([]kafkago.Message, 0, len(res.Spans))
 		first    error
 		rejected int
 		unbound  []string

@@ -229,6 +229,40 @@ func TestOTLPHTTPRequestWideFailures(t *testing.T) {
 	assert.Empty(t, prod.events)
 }
 
+// A body is read into one buffer of its Content-Length: a body that ends before it is
+// refused, naming the read, and one that claims more than the limit is refused at the
+// limit, whatever it sends.
+func TestOTLPHTTPContentLength(t *testing.T) {
+	prod := &fakeProducer{}
+	c := newOTLPCollector(t, prod, func(c *ingest.CollectorConfig) { c.MaxOTLPBodyBytes = 64 << 10 })
+	good := protoBody(t, genAITraces("checkout", now, [3]int64{1, 1, 0}))
+	for _, tc := range []struct {
+		name   string
+		body   []byte
+		length int64
+		code   int
+		want   string
+	}{
+		{"shorter than said", good, int64(len(good)) + 100, 400, "cannot read the request body: unexpected EOF"},
+		{"more than the limit said", make([]byte, 70<<10), 1 << 40, 413, "larger than 65536 bytes"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			req := httptest.NewRequest(http.MethodPost, "/v1/traces", bytes.NewReader(tc.body))
+			req.ContentLength = tc.length
+			req.Header.Set("Content-Type", "application/x-protobuf")
+			req.Header.Set("Authorization", "Bearer acme")
+			rec := httptest.NewRecorder()
+			c.TracesHandler().ServeHTTP(rec, req)
+			assert.Equal(t, tc.code, rec.Code)
+			assert.Contains(t, rec.Body.String(), tc.want)
+		})
+	}
+	assert.Empty(t, prod.events)
+	// The length said, and sent, is read whole.
+	a := postTraces(t, c.TracesHandler(), "acme", "application/x-protobuf", "", good)
+	assert.Equal(t, 200, a.code)
+}
+
 func TestOTLPHTTPKafkaFailureIsRetryable(t *testing.T) {
 	prod := &fakeProducer{err: errors.New("brokers down")}
 	h := newOTLPCollector(t, prod, nil).TracesHandler()
