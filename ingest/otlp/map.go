@@ -187,7 +187,8 @@ func (p *spanProblem) Is(target error) bool { return target == schema.ErrInvalid
 
 // mapSpan maps one span; ok is false for a span that records nothing (Result.Skipped).
 func mapSpan(s ptrace.Span, res *resource, cfg *Config) (sp Span, ok bool) {
-	ref := s.TraceID().String() + "/" + s.SpanID().String()
+	trace, spanID := s.TraceID().String(), s.SpanID().String()
+	ref := trace + "/" + spanID
 	name := s.Name()
 	if !utf8.ValidString(name) || len(name) > MaxTextBytes {
 		name = "" // named by its ids alone
@@ -247,15 +248,20 @@ func mapSpan(s ptrace.Span, res *resource, cfg *Config) (sp Span, ok bool) {
 	}
 	sp.Unbound = unbound
 
-	trace, spanID := s.TraceID().String(), s.SpanID().String()
 	execution := "otlp-" + trace
 	if parent := s.ParentSpanID(); !parent.IsEmpty() {
 		execution += "-" + parent.String()
 	}
-	block := block{TraceID: trace, SpanID: spanID, Service: res.service, Operation: op,
-		Provider: texts[FieldProvider], AgentName: texts[FieldAgentName], SpanName: name, ErrorType: texts[FieldErrorType]}
-	if !s.ParentSpanID().IsEmpty() {
-		block.ParentSpanID = s.ParentSpanID().String()
+	block := block{Service: res.service, Operation: op, Provider: texts[FieldProvider], AgentName: texts[FieldAgentName],
+		ErrorType: texts[FieldErrorType]}
+	// The conventions name a span "<operation> <model>" (a tool's "execute_tool <tool>"):
+	// such a name says nothing the event does not, and only another is kept.
+	conventional := op + " " + texts[FieldRequestModel]
+	if op == OpExecuteTool {
+		conventional = op + " " + texts[FieldToolName]
+	}
+	if name != conventional {
+		block.SpanName = name
 	}
 	base := schema.Event{OrgID: cfg.Org, RoomID: texts[FieldConversation], Actor: actor, ExecutionID: execution,
 		Source: Source, SchemaVersion: schema.Version}
@@ -404,11 +410,9 @@ type trigger struct {
 	Source string `json:"source"`
 }
 
-// block is data.otlp: where the event came from.
+// block is data.otlp: where the event came from. The trace, span and parent span ids
+// are not repeated in it: the event's id and execution_id hold them.
 type block struct {
-	TraceID        string          `json:"trace_id"`
-	SpanID         string          `json:"span_id"`
-	ParentSpanID   string          `json:"parent_span_id,omitempty"`
 	Service        string          `json:"service"`
 	Operation      string          `json:"operation"`
 	Provider       string          `json:"provider,omitempty"`

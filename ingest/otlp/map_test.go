@@ -123,6 +123,10 @@ func TestMapsAGenAIChatSpanToUsage(t *testing.T) {
 	assert.Equal(t, "anthropic", extra.OTLP["provider"])
 	assert.Equal(t, "chat", extra.OTLP["operation"])
 	assert.NotContains(t, extra.OTLP, "input_messages", "content is dropped unless the flag allows it")
+	assert.Equal(t, "chat claude", extra.OTLP["span_name"], "a name other than the conventional one is kept")
+	for _, k := range []string{"trace_id", "span_id", "parent_span_id"} {
+		assert.NotContains(t, extra.OTLP, k, "the id and execution_id hold it")
+	}
 
 	withContent := acme
 	withContent.Content = true
@@ -330,5 +334,36 @@ func TestTheREADMEShowsTheTable(t *testing.T) {
 	for _, r := range otlp.Table {
 		line := "| " + r.Target + " | `" + strings.Join(r.Attributes, "`, `") + "` |"
 		assert.True(t, strings.Contains(readme, line), "ingest/README.md's OTLP mapping table lacks the row\n%s", line)
+	}
+}
+
+// The conventional span name ("<operation> <model>", "execute_tool <tool>") is not
+// stored: the event holds all it says.
+func TestConventionalSpanNameIsNotRepeated(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		attrs map[string]any
+		kept  bool
+	}{
+		{"chat claude", map[string]any{"gen_ai.operation.name": "chat", "gen_ai.request.model": "claude", "gen_ai.usage.input_tokens": 1}, false},
+		{"chat claude", map[string]any{"gen_ai.operation.name": "chat", "gen_ai.request.model": "gpt-5", "gen_ai.usage.input_tokens": 1}, true},
+		{"execute_tool search", map[string]any{"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "search"}, false},
+		{"planner step", map[string]any{"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "search"}, true},
+	} {
+		td := traces(map[string]any{"service.name": "checkout"}, tc.attrs)
+		td.ResourceSpans().At(0).ScopeSpans().At(0).Spans().At(0).SetName(tc.name)
+		sp := one(t, otlp.Map(td, acme))
+		require.NoError(t, sp.Problem)
+		for _, ev := range sp.Events {
+			var d struct {
+				OTLP map[string]any `json:"otlp"`
+			}
+			require.NoError(t, json.Unmarshal(ev.Data, &d))
+			if tc.kept {
+				assert.Equal(t, tc.name, d.OTLP["span_name"], "%s %v", tc.name, tc.attrs)
+			} else {
+				assert.NotContains(t, d.OTLP, "span_name", "%s %v", tc.name, tc.attrs)
+			}
+		}
 	}
 }
