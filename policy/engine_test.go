@@ -2,8 +2,10 @@ package policy
 
 import (
 	"context"
+	"encoding/json"
 	"io/fs"
 	"math"
+	"strings"
 	"sync"
 	"testing"
 	"testing/fstest"
@@ -378,4 +380,61 @@ func TestSendMessageLimits(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "suspended", d.Reasons[0].Code)
 	assert.Zero(t, d.RetryAfterMs)
+}
+
+// An evaluation stops when its context ends: the decision is a deny naming the
+// cancellation, not the answer the policy would have reached much later. Each
+// evaluation cancels its own, never another that shares its engine.
+func TestDecideStopsWhenItsContextEnds(t *testing.T) {
+	b := copyBundle(t)
+	for name := range b {
+		if strings.HasSuffix(name, "_test.rego") {
+			delete(b, name) // they would time out on the slow rule
+		}
+	}
+	raw, err := json.Marshal(map[string]map[string]any{"bulk": {"items": make([]int, 3000)}})
+	require.NoError(t, err)
+	b["bulk/data.json"] = &fstest.MapFile{Data: raw}
+	src, err := fs.ReadFile(b, "peer_visible.rego")
+	require.NoError(t, err)
+	b["peer_visible.rego"] = &fstest.MapFile{Data: append(src, []byte(`
+candidate_deny contains lib.reason("slow", "slow") if {
+	input.candidate == "slow"
+	count([1 | walk(data.bulk.bulk.items, _); walk(data.bulk.bulk.items, _)]) < 0
+}
+`)...)}
+	snap, err := LoadDirectoryFile("testdata/directory.json")
+	require.NoError(t, err)
+	dir := NewDirectory()
+	require.NoError(t, dir.Load(context.Background(), snap))
+	e, err := New(context.Background(), Config{Directory: dir, Bundle: b})
+	require.NoError(t, err)
+
+	// The slow rule takes seconds: 20 ms ends it.
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	d, err := e.Decide(ctx, PeerVisible, PeerInput{Agent: "a-architect", Candidate: "slow"})
+	require.NoError(t, err)
+	assert.False(t, d.Allow)
+	require.Len(t, d.Reasons, 1)
+	assert.Equal(t, CodeEvalError, d.Reasons[0].Code)
+	assert.Contains(t, d.Reasons[0].Message, "cancel")
+
+	// A context that ends after its evaluation, and one that never ends, cancel nothing.
+	done, stop := context.WithCancel(context.Background())
+	d, err = e.Decide(done, PeerVisible, PeerInput{Agent: "a-architect", Candidate: "a-reviewer"})
+	require.NoError(t, err)
+	stop()
+	assert.NotEqual(t, CodeEvalError, firstCode(d.Reasons))
+	d2, err := e.Decide(context.Background(), PeerVisible, PeerInput{Agent: "a-architect", Candidate: "a-reviewer"})
+	require.NoError(t, err)
+	assert.Equal(t, d.Allow, d2.Allow)
+	assert.NotEqual(t, CodeEvalError, firstCode(d2.Reasons))
+}
+
+func firstCode(rs []Reason) string {
+	if len(rs) == 0 {
+		return ""
+	}
+	return rs[0].Code
 }
