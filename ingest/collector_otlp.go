@@ -1,6 +1,7 @@
 package ingest
 
 import (
+	"bytes"
 	"compress/gzip"
 	"context"
 	"errors"
@@ -182,6 +183,9 @@ func (c *Collector) otlpKey(ctx context.Context, token string) (keys.Key, *otlpF
 	return key, nil
 }
 
+// otlpFirstBuffer bounds the buffer a body is first read into.
+const otlpFirstBuffer = 256 << 10
+
 // readOTLPBody reads the body, gunzipping it when it says so; MaxOTLPBodyBytes bounds
 // both what arrives and what it inflates to.
 func (c *Collector) readOTLPBody(w http.ResponseWriter, r *http.Request) ([]byte, *otlpFailure) {
@@ -189,15 +193,6 @@ func (c *Collector) readOTLPBody(w http.ResponseWriter, r *http.Request) ([]byte
 	var src io.Reader = http.MaxBytesReader(w, r.Body, limit)
 	switch enc := strings.ToLower(strings.TrimSpace(r.Header.Get("Content-Encoding"))); enc {
 	case "", "identity":
-		if n := r.ContentLength; n > 0 && n <= limit {
-			// The length is known and within the limit: one buffer of it, read whole
-			// (net/http ends the body at Content-Length).
-			body := make([]byte, n)
-			if _, err := io.ReadFull(src, body); err != nil {
-				return nil, c.bodyFailure(err, "cannot read the request body")
-			}
-			return body, nil
-		}
 	case "gzip":
 		zr, err := gzip.NewReader(src)
 		if err != nil {
@@ -208,10 +203,18 @@ func (c *Collector) readOTLPBody(w http.ResponseWriter, r *http.Request) ([]byte
 	default:
 		return nil, fail(http.StatusUnsupportedMediaType, codes.InvalidArgument, "Content-Encoding %q is not supported: send gzip or none", enc)
 	}
-	body, err := io.ReadAll(src)
-	if err != nil {
+	// The buffer starts at the length the request gives (its compressed size when
+	// gzipped), up to otlpFirstBuffer, and grows as bytes arrive: a length is no
+	// promise, and memory is held for what came.
+	first := int64(otlpFirstBuffer)
+	if n := r.ContentLength; n > 0 {
+		first = min(n, first)
+	}
+	buf := bytes.NewBuffer(make([]byte, 0, first+bytes.MinRead))
+	if _, err := buf.ReadFrom(src); err != nil {
 		return nil, c.bodyFailure(err, "cannot read the request body")
 	}
+	body := buf.Bytes()
 	if int64(len(body)) > limit {
 		return nil, fail(http.StatusRequestEntityTooLarge, codes.ResourceExhausted,
 			"the request body inflates to more than %d bytes (--otlp-max-body); send smaller batches", limit)

@@ -94,7 +94,7 @@ type Result struct {
 // "otlp:<service.name>", and Span.Unbound says so; a gen_ai.agent.id that names an
 // agent registered in another organization refuses the span.
 func Map(td ptrace.Traces, cfg Config) Result {
-	out := Result{Spans: make([]Span, 0, td.SpanCount())}
+	var out Result
 	rss := td.ResourceSpans()
 	for i := 0; i < rss.Len(); i++ {
 		rs := rss.At(i)
