@@ -254,15 +254,6 @@ func mapSpan(s ptrace.Span, res *resource, cfg *Config) (sp Span, ok bool) {
 	}
 	block := block{Service: res.service, Operation: op, Provider: texts[FieldProvider], AgentName: texts[FieldAgentName],
 		ErrorType: texts[FieldErrorType]}
-	// The conventions name a span "<operation> <model>" (a tool's "execute_tool <tool>"):
-	// such a name says nothing the event does not, and only another is kept.
-	conventional := op + " " + texts[FieldRequestModel]
-	if op == OpExecuteTool {
-		conventional = op + " " + texts[FieldToolName]
-	}
-	if name != conventional {
-		block.SpanName = name
-	}
 	base := schema.Event{OrgID: cfg.Org, RoomID: texts[FieldConversation], Actor: actor, ExecutionID: execution,
 		Source: Source, SchemaVersion: schema.Version}
 	trig := trigger{Source: "otlp:" + res.service}
@@ -309,6 +300,7 @@ func mapSpan(s ptrace.Span, res *resource, cfg *Config) (sp Span, ok bool) {
 		if u.Model == "" {
 			u.Model = texts[FieldRequestModel]
 		}
+		block.SpanName = spanName(name, op+" "+u.Model)
 		if cfg.Content {
 			var p string
 			if block.InputMessages, p = a.content(FieldInputMessages); p != "" {
@@ -331,6 +323,7 @@ func mapSpan(s ptrace.Span, res *resource, cfg *Config) (sp Span, ok bool) {
 	if tool == "" {
 		return refuse("%s: missing: a tool span names its tool", Table[FieldToolName].Attributes[0])
 	}
+	block.SpanName = spanName(name, op+" "+tool)
 	call := schema.ToolCallData{ToolName: tool, ToolCallID: texts[FieldToolCallID]}
 	result := schema.ToolResultData{ToolName: tool, ToolCallID: call.ToolCallID,
 		IsError: texts[FieldErrorType] != "" || s.Status().Code() == ptrace.StatusCodeError}
@@ -417,7 +410,7 @@ type block struct {
 	Operation      string          `json:"operation"`
 	Provider       string          `json:"provider,omitempty"`
 	AgentName      string          `json:"agent_name,omitempty"`
-	SpanName       string          `json:"span_name,omitempty"`
+	SpanName       *string         `json:"span_name,omitempty"` // see spanName
 	ErrorType      string          `json:"error_type,omitempty"`
 	InputMessages  json.RawMessage `json:"input_messages,omitempty"`
 	OutputMessages json.RawMessage `json:"output_messages,omitempty"`
@@ -427,6 +420,17 @@ type block struct {
 type spanData struct {
 	Trigger trigger `json:"trigger"`
 	OTLP    block   `json:"otlp"`
+}
+
+// spanName is data.otlp.span_name: absent when the span's name is the conventional one
+// (conventional: "<operation> <data.model>", "execute_tool <data.tool_name>"), which
+// the event rebuilds exactly; "" when the span had no name to keep (empty, not UTF-8,
+// or too long); else the name.
+func spanName(name, conventional string) *string {
+	if name == conventional {
+		return nil
+	}
+	return &name
 }
 
 func mustJSON(v any) json.RawMessage {

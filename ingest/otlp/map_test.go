@@ -337,18 +337,34 @@ func TestTheREADMEShowsTheTable(t *testing.T) {
 	}
 }
 
-// The conventional span name ("<operation> <model>", "execute_tool <tool>") is not
-// stored: the event holds all it says.
+// The conventional span name ("<operation> <data.model>", "execute_tool <tool>") is
+// not stored: the event rebuilds it exactly. Any other name is, and a span without a
+// name to keep stores "", so that absent means conventional only.
 func TestConventionalSpanNameIsNotRepeated(t *testing.T) {
+	chat := func(request, response string) map[string]any {
+		a := map[string]any{"gen_ai.operation.name": "chat", "gen_ai.usage.input_tokens": 1}
+		if request != "" {
+			a["gen_ai.request.model"] = request
+		}
+		if response != "" {
+			a["gen_ai.response.model"] = response
+		}
+		return a
+	}
+	tool := map[string]any{"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "search"}
 	for _, tc := range []struct {
 		name  string
 		attrs map[string]any
-		kept  bool
+		want  any // the stored span_name; nil: absent
 	}{
-		{"chat claude", map[string]any{"gen_ai.operation.name": "chat", "gen_ai.request.model": "claude", "gen_ai.usage.input_tokens": 1}, false},
-		{"chat claude", map[string]any{"gen_ai.operation.name": "chat", "gen_ai.request.model": "gpt-5", "gen_ai.usage.input_tokens": 1}, true},
-		{"execute_tool search", map[string]any{"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "search"}, false},
-		{"planner step", map[string]any{"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "search"}, true},
+		{"chat claude", chat("claude", ""), nil},
+		{"chat claude", chat("", "claude"), nil},
+		{"chat gpt-4o", chat("gpt-4o", "gpt-4o-2024-08-06"), "chat gpt-4o"}, // the request model is kept through the name
+		{"chat claude", chat("gpt-5", ""), "chat claude"},
+		{"", chat("claude", ""), ""},
+		{"chat \xff", chat("claude", ""), ""},
+		{"execute_tool search", tool, nil},
+		{"planner step", tool, "planner step"},
 	} {
 		td := traces(map[string]any{"service.name": "checkout"}, tc.attrs)
 		td.ResourceSpans().At(0).ScopeSpans().At(0).Spans().At(0).SetName(tc.name)
@@ -359,10 +375,10 @@ func TestConventionalSpanNameIsNotRepeated(t *testing.T) {
 				OTLP map[string]any `json:"otlp"`
 			}
 			require.NoError(t, json.Unmarshal(ev.Data, &d))
-			if tc.kept {
-				assert.Equal(t, tc.name, d.OTLP["span_name"], "%s %v", tc.name, tc.attrs)
+			if tc.want == nil {
+				assert.NotContains(t, d.OTLP, "span_name", "%q %v", tc.name, tc.attrs)
 			} else {
-				assert.NotContains(t, d.OTLP, "span_name", "%s %v", tc.name, tc.attrs)
+				assert.Equal(t, tc.want, d.OTLP["span_name"], "%q %v", tc.name, tc.attrs)
 			}
 		}
 	}
