@@ -344,3 +344,19 @@ func TestSkipString(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkNormalizeJSON: usage data as a client sends it, and an OTLP receiver's
+// usage data, whose span name has a space in a string.
+func BenchmarkNormalizeJSON(b *testing.B) {
+	for _, tc := range []struct{ name, data string }{
+		{"usage", `{"model":"claude-sonnet-4-5","input_tokens":1800,"output_tokens":100,"cache_read_tokens":199,"cache_write_tokens":0}`},
+		{"otlp", `{"input_tokens":1800,"output_tokens":100,"cache_read_tokens":199,"cache_write_tokens":0,"model":"gpt-5","trigger":{"source":"otlp:checkout"},"otlp":{"service":"checkout","operation":"chat","span_name":"planner step one"}}`},
+	} {
+		v := []byte(tc.data)
+		b.Run(tc.name, func(b *testing.B) {
+			for b.Loop() {
+				normalizeJSON(v)
+			}
+		})
+	}
+}
