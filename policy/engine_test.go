@@ -323,10 +323,7 @@ func TestContactRequestErrors(t *testing.T) {
 
 func TestSendMessageLimits(t *testing.T) {
 	ctx := context.Background()
-	snap, err := LoadDirectoryFile("testdata/directory.json")
-	require.NoError(t, err)
-	dir := NewDirectory()
-	require.NoError(t, dir.Load(ctx, snap))
+	dir := exampleDirectory(t)
 	now := time.Date(2026, 3, 1, 23, 59, 0, 0, time.UTC)
 	e, err := New(ctx, Config{Directory: dir, Now: func() time.Time { return now }})
 	require.NoError(t, err)
@@ -403,10 +400,7 @@ candidate_deny contains lib.reason("slow", "slow") if {
 	count([1 | walk(data.bulk.bulk.items, _); walk(data.bulk.bulk.items, _)]) < 0
 }
 `)...)}
-	snap, err := LoadDirectoryFile("testdata/directory.json")
-	require.NoError(t, err)
-	dir := NewDirectory()
-	require.NoError(t, dir.Load(context.Background(), snap))
+	dir := exampleDirectory(t)
 	e, err := New(context.Background(), Config{Directory: dir, Bundle: b})
 	require.NoError(t, err)
 

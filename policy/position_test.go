@@ -44,10 +44,7 @@ func TestApplyingAdvancesThePosition(t *testing.T) {
 
 func TestDecideRecordsPositionAndClock(t *testing.T) {
 	ctx := context.Background()
-	snap, err := LoadDirectoryFile("testdata/directory.json")
-	require.NoError(t, err)
-	dir := NewDirectory()
-	require.NoError(t, dir.Load(ctx, snap))
+	dir := exampleDirectory(t)
 	at := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 	e, err := New(ctx, Config{Directory: dir, Now: func() time.Time { return at }})
 	require.NoError(t, err)
@@ -135,10 +132,7 @@ func TestDecisionSeesARecordWhole(t *testing.T) {
 // a replay with the clock at DecidedAt takes the same.
 func TestEnforceReadsTheDecisionsClock(t *testing.T) {
 	ctx := context.Background()
-	snap, err := LoadDirectoryFile("testdata/directory.json")
-	require.NoError(t, err)
-	dir := NewDirectory()
-	require.NoError(t, dir.Load(ctx, snap))
+	dir := exampleDirectory(t)
 	var calls atomic.Int64
 	base := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 	e, err := New(ctx, Config{Directory: dir, Now: func() time.Time {
