@@ -3,7 +3,6 @@ package replay
 import (
 	"cmp"
 	"context"
-	"encoding/json"
 	"slices"
 	"time"
 
@@ -41,22 +40,14 @@ func (m *Memory) Records(_ context.Context, partition int) (Cursor, error) {
 }
 
 func (m *Memory) Decisions(_ context.Context, from, to time.Time) (Cursor, error) {
-	type timed struct {
-		r  Record
-		at time.Time
-	}
-	var list []timed
+	var list []timedRecord
 	for _, r := range m.Trail {
 		if r.Event.Type != schema.TypePolicyDecided || r.Event.Time.Before(from) || !r.Event.Time.Before(to) {
 			continue
 		}
-		var d struct {
-			DecidedAt time.Time `json:"decided_at"`
-		}
-		_ = json.Unmarshal(r.Event.Data, &d)
-		list = append(list, timed{r, d.DecidedAt})
+		list = append(list, timedRecord{r, decidedAt(&r)})
 	}
-	slices.SortStableFunc(list, func(a, b timed) int {
+	slices.SortStableFunc(list, func(a, b timedRecord) int {
 		if c := a.r.Event.Time.Compare(b.r.Event.Time); c != 0 {
 			return c
 		}

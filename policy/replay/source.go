@@ -156,16 +156,33 @@ func (c *decisionCursor) fill() error {
 		c.batch = append(c.batch, r)
 	}
 	if len(c.batch) > 1 {
-		at := func(r *Record) time.Time {
-			var d struct {
-				DecidedAt time.Time `json:"decided_at"`
-			}
-			_ = json.Unmarshal(r.Event.Data, &d)
-			return d.DecidedAt
+		// Each decision's time is decoded once, not at every comparison.
+		keyed := make([]timedRecord, len(c.batch))
+		for i := range c.batch {
+			keyed[i] = timedRecord{c.batch[i], decidedAt(&c.batch[i])}
 		}
-		slices.SortStableFunc(c.batch, func(a, b Record) int { return at(&a).Compare(at(&b)) })
+		slices.SortStableFunc(keyed, func(a, b timedRecord) int { return a.at.Compare(b.at) })
+		for i := range keyed {
+			c.batch[i] = keyed[i].r
+		}
 	}
 	return nil
+}
+
+// timedRecord is a decision with its recorded decided_at.
+type timedRecord struct {
+	r  Record
+	at time.Time
+}
+
+// decidedAt is a decision's recorded decided_at: the order of the decisions of one
+// millisecond (zero when the decision has none, or data that does not decode).
+func decidedAt(r *Record) time.Time {
+	var d struct {
+		DecidedAt time.Time `json:"decided_at"`
+	}
+	_ = json.Unmarshal(r.Event.Data, &d)
+	return d.DecidedAt
 }
 
 func (c *decisionCursor) Close() error { return c.rows.Close() }
