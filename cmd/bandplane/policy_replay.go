@@ -65,6 +65,13 @@ func runPolicyReplay(ctx context.Context, e *env, args []string) error {
 	if *examples < 1 || *examples > 1000 {
 		return flagErr("--examples must be 1..1000, got %d", *examples)
 	}
+	// Run takes 0 for its defaults: a value it would replace is refused here instead.
+	if *warmup <= 0 {
+		return flagErr("--warmup must be > 0 (it rebuilds the rates and reservations open at --from), got %s", *warmup)
+	}
+	if *timeout <= 0 {
+		return flagErr("--eval-timeout must be > 0, got %s", *timeout)
+	}
 	var kindList []string
 	for _, k := range strings.Split(*kinds, ",") {
 		if k = strings.TrimSpace(k); k == "" {

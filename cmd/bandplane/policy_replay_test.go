@@ -33,6 +33,10 @@ func TestPolicyReplayFlagErrors(t *testing.T) {
 		{[]string{"--bundle", dir, "--examples", "0"}, "--examples must be 1..1000"},
 		{[]string{"--bundle", dir, "--examples", "1001"}, "--examples must be 1..1000"},
 		{[]string{"--bundle", dir, "--kinds", "peer_visible,send_mail"}, `--kinds: unknown decision kind "send_mail"`},
+		{[]string{"--bundle", dir, "--warmup", "0s"}, "--warmup must be > 0"},
+		{[]string{"--bundle", dir, "--warmup", "-1h"}, "--warmup must be > 0"},
+		{[]string{"--bundle", dir, "--eval-timeout", "0s"}, "--eval-timeout must be > 0"},
+		{[]string{"--bundle", dir, "--eval-timeout", "-1s"}, "--eval-timeout must be > 0"},
 	} {
 		var stdout, stderr bytes.Buffer
 		code := run(append([]string{"policy", "replay"}, tc.args...), strings.NewReader(""), &stdout, &stderr)
