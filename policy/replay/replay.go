@@ -548,6 +548,11 @@ func (s *state) replay(ctx context.Context, rec *Record, counted bool, res *Resu
 	if len(s.cfg.Kinds) > 0 && !slices.Contains(s.cfg.Kinds, live.Decision) {
 		return nil
 	}
+	// Another organization's decision is not counted; only its send_message changes
+	// the state (the limiter, the ledger) that later decisions read.
+	if s.cfg.Org != "" && rec.Event.OrgID != s.cfg.Org && live.Decision != policy.SendMessage {
+		return nil
+	}
 	in, err := api.Input(live.Decision, live.Input)
 	if err != nil {
 		return s.skip(res, counted, fmt.Sprintf("decision %s: %v", rec.Event.ID, err))

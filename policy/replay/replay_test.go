@@ -145,3 +145,30 @@ func TestReplayAppliesRecordsAtTheDecisionsClock(t *testing.T) {
 	assert.Equal(t, 2, r.Decisions)
 	assert.Equal(t, 2, r.Unchanged, "%+v", r.Examples)
 }
+
+// --org replays one organization's decisions: another's are neither counted nor
+// named, whatever the state they share.
+func TestReplayOfOneOrganization(t *testing.T) {
+	m := trail(t)
+	other := m.Trail[len(m.Trail)-1]
+	other.Offset, other.Event.ID, other.Event.OrgID = int64(len(m.Trail)), "d-2", "globex"
+	m.Trail = append(m.Trail, other)
+	for _, tc := range []struct {
+		org  string
+		want map[string]int
+	}{
+		{"", map[string]int{"acme": 1, "globex": 1}},
+		{"acme", map[string]int{"acme": 1}},
+		{"globex", map[string]int{"globex": 1}},
+		{"initech", map[string]int{}},
+	} {
+		r, err := replay.Run(context.Background(), replay.Config{Source: m, Bundle: policy.DefaultBundle(), From: day, To: day.Add(24 * time.Hour), Org: tc.org})
+		require.NoError(t, err)
+		got := map[string]int{}
+		for org, c := range r.ByOrg {
+			got[org] = c.Decisions
+		}
+		assert.Equal(t, tc.want, got, "--org %q", tc.org)
+		assert.Equal(t, len(tc.want), r.Decisions, "--org %q", tc.org)
+	}
+}
