@@ -157,9 +157,19 @@ func (e *Engine) Revision() string { return e.rev.Load().hash }
 // decisions; decisions in flight finish on the old revision. On error the old revision
 // keeps serving. It returns the new revision hash.
 func (e *Engine) Reload(ctx context.Context, bundle fs.FS) (string, error) {
+	return e.ReloadChecked(ctx, bundle, nil)
+}
+
+// ReloadChecked is Reload with check (nil: none) asked, once the bundle has compiled and
+// passed its tests, whether it may serve: its error refuses the bundle as a failed
+// build does, and is returned wrapped.
+func (e *Engine) ReloadChecked(ctx context.Context, bundle fs.FS, check func(context.Context, fs.FS) error) (string, error) {
 	e.reloadMu.Lock()
 	defer e.reloadMu.Unlock()
 	rev, err := e.build(ctx, bundle)
+	if err == nil && check != nil {
+		err = check(ctx, bundle)
+	}
 	if err != nil {
 		return "", fmt.Errorf("cannot reload policy bundle (keeping %s): %w", e.Revision(), err)
 	}

@@ -704,13 +704,18 @@ func (a *API) Reload(ctx context.Context) (string, error) {
 		}
 		bundle = os.DirFS(snap)
 	}
+	// The gate replays only a bundle that compiles and passes its tests: a broken one
+	// is refused as broken, not by the gate.
+	var gateErr error
+	var gate func(context.Context, fs.FS) error
 	if a.cfg.Gate != nil {
-		if err := a.cfg.Gate(ctx, bundle); err != nil {
-			a.refused(ctx, old, err)
-			return "", fmt.Errorf("cannot reload policy bundle (keeping %s): %w", old, err)
-		}
+		gate = func(ctx context.Context, b fs.FS) error { gateErr = a.cfg.Gate(ctx, b); return gateErr }
 	}
-	rev, err := a.cfg.Engine.Reload(ctx, bundle)
+	rev, err := a.cfg.Engine.ReloadChecked(ctx, bundle, gate)
+	if gateErr != nil {
+		a.refused(ctx, old, gateErr)
+		return "", err
+	}
 	if err != nil {
 		a.log.Error("policy reload refused; the previous revision keeps serving", "err", err, "policy_revision", old)
 		return "", err

@@ -4,12 +4,16 @@ import (
 	"context"
 	"errors"
 	"io/fs"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/bandplane/bandplane/policy"
 	"github.com/bandplane/bandplane/policy/api"
 	"github.com/bandplane/bandplane/schema"
 )
@@ -53,4 +57,41 @@ func TestReloadGate(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, rev, eng.Revision())
 	assert.Equal(t, 3, calls)
+}
+
+// The gate judges only a bundle that compiles and passes its tests: a broken one is
+// refused as broken, and neither replayed, counted as the gate's refusal nor audited.
+func TestReloadGateSeesOnlyWorkingBundles(t *testing.T) {
+	dir := t.TempDir()
+	require.NoError(t, os.CopyFS(dir, policy.DefaultBundle()))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "broken.rego"), []byte("package bandplane.broken\n\nx := \n"), 0o600))
+	aud := &fakeAuditor{}
+	reg := prometheus.NewRegistry()
+	calls := 0
+	a, eng := newAPI(t, aud, func(c *api.Config) {
+		c.BundleDir, c.Registerer = dir, reg
+		c.Gate = func(context.Context, fs.FS) error { calls++; return nil }
+	})
+	running := eng.Revision()
+	_, err := a.Reload(context.Background())
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "broken.rego")
+	assert.Equal(t, running, eng.Revision())
+	assert.Zero(t, calls, "the gate never replays a bundle that does not build")
+	assert.Empty(t, aud.eventsOf(schema.TypePolicyReloadRefused))
+	mfs, err := reg.Gather()
+	require.NoError(t, err)
+	found := false
+	for _, mf := range mfs {
+		if mf.GetName() == "bandplane_policy_reloads_refused_total" {
+			found = true
+			assert.Zero(t, mf.GetMetric()[0].GetCounter().GetValue())
+		}
+	}
+	assert.True(t, found, "the refusals metric is registered")
+
+	require.NoError(t, os.Remove(filepath.Join(dir, "broken.rego")))
+	_, err = a.Reload(context.Background())
+	require.NoError(t, err)
+	assert.Equal(t, 1, calls, "a bundle that builds is judged")
 }
