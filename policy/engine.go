@@ -17,6 +17,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"testing/fstest"
 	"time"
 
 	"github.com/open-policy-agent/opa/v1/ast"
@@ -81,6 +82,7 @@ type Engine struct {
 // revision is an immutable compiled bundle with one prepared query per decision.
 type revision struct {
 	hash     string
+	files    fstest.MapFS // the bundle's .rego and data.json files, as read
 	compiler *ast.Compiler
 	queries  map[string]rego.PreparedEvalQuery
 	coverage float64
@@ -152,6 +154,10 @@ func (e *Engine) EvalInput(name string, input any) (ast.Value, error) {
 
 // Revision returns the hash of the bundle serving decisions.
 func (e *Engine) Revision() string { return e.rev.Load().hash }
+
+// Bundle returns the files of the revision serving now (its .rego and data.json files,
+// read-only): what a replay compares a candidate's answers with.
+func (e *Engine) Bundle() fs.FS { return e.rev.Load().files }
 
 // Reload compiles and tests the bundle and, if both succeed, makes it serve the next
 // decisions; decisions in flight finish on the old revision. On error the old revision
@@ -342,7 +348,7 @@ func (e *Engine) build(ctx context.Context, fsys fs.FS) (*revision, error) {
 	if compiler.Compile(b.modules(false)); compiler.Failed() {
 		return nil, fmt.Errorf("cannot compile policy bundle: %w", compiler.Errors)
 	}
-	rev := &revision{hash: b.hash, compiler: compiler, queries: map[string]rego.PreparedEvalQuery{},
+	rev := &revision{hash: b.hash, files: b.files, compiler: compiler, queries: map[string]rego.PreparedEvalQuery{},
 		coverage: report.Coverage, tests: report.Passed}
 	for _, name := range decisionNames {
 		ref := ast.MustParseRef("data.bandplane." + name + ".decision")
@@ -368,6 +374,7 @@ func (e *Engine) build(ctx context.Context, fsys fs.FS) (*revision, error) {
 // policyBundle is a parsed bundle.
 type policyBundle struct {
 	hash     string
+	files    fstest.MapFS
 	policies map[string]*ast.Module // file name -> module, without tests
 	tests    map[string]*ast.Module
 	data     map[string]*ast.Module // generated from data.json files
@@ -391,7 +398,7 @@ func (b *policyBundle) modules(withTests bool) map[string]*ast.Module {
 // loadBundle reads *.rego and data.json files. The hash covers exactly those files,
 // sorted by name: name, length and content of each.
 func loadBundle(fsys fs.FS) (*policyBundle, error) {
-	b := &policyBundle{policies: map[string]*ast.Module{}, tests: map[string]*ast.Module{}, data: map[string]*ast.Module{}}
+	b := &policyBundle{files: fstest.MapFS{}, policies: map[string]*ast.Module{}, tests: map[string]*ast.Module{}, data: map[string]*ast.Module{}}
 	var names []string
 	err := fs.WalkDir(fsys, ".", func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
@@ -420,6 +427,7 @@ func loadBundle(fsys fs.FS) (*policyBundle, error) {
 		binary.BigEndian.PutUint64(n[:], uint64(len(src)))
 		h.Write(n[:])
 		h.Write(src)
+		b.files[name] = &fstest.MapFile{Data: src, Mode: 0o444}
 		if path.Base(name) == "data.json" {
 			mods, err := dataModules(name, src)
 			if err != nil {
