@@ -62,6 +62,15 @@ type Config struct {
 	From, To time.Time
 	Org      string
 	Kinds    []string
+	// Scoped, with Org, cuts the state to Org's own trail (the records of organization
+	// Org: what its keys read in the audit trail) and replays Org's decisions only, so
+	// that nothing a tenant's candidate reads, and so nothing it answers, is another
+	// organization's. A decision that read another organization's state live is then
+	// not replayed as it was: Baseline (the bundle serving, required) decides every
+	// read-only decision too, and one whose recorded answer it does not give again on
+	// the cut state is counted in Result.OutOfScope instead of being compared.
+	Scoped   bool
+	Baseline fs.FS
 	// Warmup is how long before From decisions are replayed without being counted, to
 	// rebuild the rate limiter and the reservations open at From (default
 	// DefaultWarmup: the policy data's largest rate window, and the reservations' TTL,
@@ -168,10 +177,14 @@ type Result struct {
 	// Approximate counts the decisions replayed without a recorded position (see the
 	// package comment); Skipped those that could not be read at all, with the first
 	// reason.
-	Approximate int    `json:"approximate"`
-	Skipped     int    `json:"skipped"`
-	SkipReason  string `json:"skip_reason,omitempty"`
-	Records     int    `json:"records"` // records of the trail applied
+	Approximate int `json:"approximate"`
+	// OutOfScope counts, in a scoped replay, the decisions not compared: their recorded
+	// answer depends on state outside the organization's trail, or on rules other than
+	// the baseline's (see Config.Scoped).
+	OutOfScope int    `json:"out_of_scope,omitempty"`
+	Skipped    int    `json:"skipped"`
+	SkipReason string `json:"skip_reason,omitempty"`
+	Records    int    `json:"records"` // records of the trail applied
 	// State says, per decision kind, where the state it is replayed against comes from.
 	State map[string]string `json:"state"`
 }
@@ -215,6 +228,9 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	if cfg.Source == nil || cfg.Bundle == nil {
 		return nil, errors.New("replay: a source and a bundle are required")
 	}
+	if cfg.Scoped && (cfg.Org == "" || cfg.Baseline == nil) {
+		return nil, errors.New("replay: a scoped replay needs an organization and a baseline bundle")
+	}
 	if !cfg.From.Before(cfg.To) {
 		return nil, fmt.Errorf("replay: --from (%s) must be before --to (%s)", cfg.From.Format(time.RFC3339), cfg.To.Format(time.RFC3339))
 	}
@@ -252,6 +268,12 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	defer s.close()
 	res := &Result{ByKind: map[string]*Counts{}, ByOrg: map[string]*Counts{}, From: cfg.From.UTC(), To: cfg.To.UTC(),
 		Bundle: Bundle{Revision: s.engine.Revision(), Digest: digest}, State: StateSources}
+	if cfg.Scoped {
+		res.State = map[string]string{}
+		for kind, from := range StateSources {
+			res.State[kind] = "the organization's own trail only (scoped): " + from
+		}
+	}
 	decisions, err := cfg.Source.Decisions(ctx, cfg.From.Add(-cfg.Warmup), cfg.To)
 	if err != nil {
 		return nil, err
@@ -313,11 +335,14 @@ func progress(res *Result, s *state, began, at time.Time, cfg Config) Progress {
 
 // state is the rebuilt policy state and the candidate engine that decides against it.
 type state struct {
-	cfg     Config
-	dir     *policy.Directory
-	engine  *policy.Engine
-	replica *replica.Replica
-	now     atomic.Int64 // the engine's clock (Unix ns): the send_message being replayed's time
+	cfg    Config
+	dir    *policy.Directory
+	engine *policy.Engine
+	// baseline, in a scoped replay, is the serving bundle deciding on the same state:
+	// the check that a decision's recorded answer comes from the organization's trail.
+	baseline *policy.Engine
+	replica  *replica.Replica
+	now      atomic.Int64 // the engine's clock (Unix ns): the send_message being replayed's time
 
 	// Decisions of the kinds that read the directory only (every kind but send_message)
 	// are evaluated by workers, in parallel, while the directory stands still; the
@@ -344,6 +369,13 @@ func newState(ctx context.Context, cfg Config) (*state, error) {
 	s.engine, err = policy.New(ctx, policy.Config{Directory: s.dir, Bundle: cfg.Bundle, Limiter: policy.NewLimiter(), Ledger: ledger, Now: clock})
 	if err != nil {
 		return nil, fmt.Errorf("the candidate bundle is refused: %w", err)
+	}
+	if cfg.Scoped {
+		// Its limiter and ledger are its own and stay empty: it decides the read-only
+		// kinds only, which read neither.
+		if s.baseline, err = policy.New(ctx, policy.Config{Directory: s.dir, Bundle: cfg.Baseline, Now: clock}); err != nil {
+			return nil, fmt.Errorf("the baseline bundle is refused: %w", err)
+		}
 	}
 	s.replica, err = replica.New(replica.Config{Directory: s.dir, Registrations: directory.New(), Ledger: ledger, Catalog: cfg.Catalog,
 		Logger: cfg.Logger, Now: clock})
@@ -410,6 +442,15 @@ func (s *state) evaluate(ctx context.Context, j job) outcome {
 	late := errors.Is(ectx.Err(), context.DeadlineExceeded)
 	cancel()
 	o := outcome{job: j}
+	if s.baseline != nil && j.live.Decision != policy.SendMessage && err == nil && !late {
+		bctx, cancel := context.WithTimeout(ctx, s.cfg.EvalTimeout)
+		b, berr := s.baseline.Decide(bctx, j.live.Decision, j.in)
+		cancel()
+		if berr != nil || compare(j.live, b) != classUnchanged {
+			o.class = classOutOfScope
+			return o
+		}
+	}
 	switch {
 	case err != nil:
 		o.err = fmt.Errorf("decision %s: the candidate cannot evaluate it: %w", j.rec.Event.ID, err)
@@ -434,6 +475,10 @@ func (s *state) collect(res *Result, o outcome) error {
 		return o.err
 	}
 	if !o.counted || (s.cfg.Org != "" && o.rec.Event.OrgID != s.cfg.Org) {
+		return nil
+	}
+	if o.class == classOutOfScope {
+		res.OutOfScope++
 		return nil
 	}
 	if o.approximate {
@@ -522,6 +567,10 @@ func (s *state) advance(ctx context.Context, pos policy.Position, res *Result) e
 				break
 			}
 			s.pending[p] = nil
+			if s.cfg.Scoped && r.Event.OrgID != s.cfg.Org {
+				s.applied[p] = r.Offset + 1
+				continue
+			}
 			if s.inflight > 0 && slices.Contains(schema.GovernanceTypes, r.Event.Type) {
 				if err := s.drain(res); err != nil {
 					return err
@@ -549,8 +598,9 @@ func (s *state) replay(ctx context.Context, rec *Record, counted bool, res *Resu
 		return nil
 	}
 	// Another organization's decision is not counted; only its send_message changes
-	// the state (the limiter, the ledger) that later decisions read.
-	if s.cfg.Org != "" && rec.Event.OrgID != s.cfg.Org && live.Decision != policy.SendMessage {
+	// the state (the limiter, the ledger) that later decisions read, and a scoped
+	// replay holds none of that organization's state.
+	if s.cfg.Org != "" && rec.Event.OrgID != s.cfg.Org && (s.cfg.Scoped || live.Decision != policy.SendMessage) {
 		return nil
 	}
 	in, err := api.Input(live.Decision, live.Input)
@@ -615,6 +665,7 @@ const (
 	classAllowToDeny
 	classDenyToAllow
 	classReasonChanged
+	classOutOfScope // a scoped replay's decision its baseline does not reproduce
 )
 
 // compare classes a replayed decision: an answer flipped, or the same answer with

@@ -172,3 +172,94 @@ func TestReplayOfOneOrganization(t *testing.T) {
 		assert.Equal(t, len(tc.want), r.Decisions, "--org %q", tc.org)
 	}
 }
+
+// A scoped replay (a tenant's) reads the organization's own trail only: a candidate
+// that names every agent of the directory in its reasons, or denies by what another
+// organization holds, learns nothing of it. A decision whose recorded answer needed
+// another organization's state is out of scope, not a flip.
+func TestScopedReplayReadsTheOrganizationsOwnTrailOnly(t *testing.T) {
+	m := trail(t)
+	add := func(e schema.Event) {
+		m.Trail = append(m.Trail, replay.Record{Partition: 0, Offset: int64(len(m.Trail)), Event: e})
+	}
+	raw := func(v any) json.RawMessage { b, _ := json.Marshal(v); return b }
+	at := day.Add(2 * time.Hour)
+	sys := schema.Party{ID: "sys", Type: schema.ActorSystem}
+	gus := schema.Party{ID: "u-gus", Type: schema.ActorUser}
+	spy := schema.Party{ID: "g-spy", Type: schema.ActorAgent}
+	add(schema.Event{ID: "reg-gus", Type: schema.TypeUserRegistered, Time: at, OrgID: "globex", Actor: sys, Subject: &gus, Source: "t",
+		SchemaVersion: schema.Version, Data: raw(schema.UserData{Handle: "gus"})})
+	add(schema.Event{ID: "reg-spy", Type: schema.TypeAgentRegistered, Time: at, OrgID: "globex", Actor: gus, Subject: &spy, Source: "t",
+		SchemaVersion: schema.Version, Data: raw(schema.AgentData{Handle: "gus/secret-merger", OwnerID: "u-gus", Listed: true, Global: true})})
+	// acme's second decision is made after globex's agent exists, and one of globex's.
+	decide := func(id, org, agent string, in policy.PeerInput, allow bool, code string) {
+		decided := at.Add(time.Minute)
+		add(schema.Event{ID: id, Type: schema.TypePolicyDecided, Time: decided, OrgID: org, Actor: schema.Party{ID: agent, Type: schema.ActorAgent},
+			Source: api.SourcePolicy, Data: raw(api.DecidedData{Decision: policy.PeerVisible, Allow: allow, Reasons: []policy.Reason{{Code: code}},
+				Input: raw(in), Position: policy.Position{0: int64(len(m.Trail))}, DecidedAt: decided})})
+	}
+	decide("d-acme-2", "acme", "a-one", policy.PeerInput{Agent: "a-one", Candidate: "a-two"}, true, "sibling")
+	decide("d-globex", "globex", "g-spy", policy.PeerInput{Agent: "g-spy", Candidate: "g-spy"}, false, "self")
+
+	// The candidate denies every decision, naming in its reason each agent handle the
+	// state holds, and allows only if globex's agent is there.
+	leak := fstest.MapFS{}
+	require.NoError(t, copyFS(policy.DefaultBundle(), leak))
+	for name := range leak {
+		if strings.HasSuffix(name, "_test.rego") {
+			delete(leak, name)
+		}
+	}
+	src, err := fs.ReadFile(leak, "peer_visible.rego")
+	require.NoError(t, err)
+	leak["peer_visible.rego"] = &fstest.MapFile{Data: append(src, []byte(`
+candidate_deny contains lib.reason("seen", concat(",", sort([a.handle | some a in data.directory.agents])))
+`)...)}
+	cfg := replay.Config{Source: m, Bundle: leak, From: day, To: day.Add(24 * time.Hour), Org: "acme", Examples: 10}
+
+	whole, err := replay.Run(t.Context(), cfg)
+	require.NoError(t, err)
+	require.Len(t, whole.Examples.AllowToDeny, 2)
+	assert.Contains(t, whole.Examples.AllowToDeny[1].Candidate.Reasons[0].Message, "gus/secret-merger",
+		"unscoped (the operator's replay) reads every organization's state, as the live decisions did")
+
+	cfg.Scoped, cfg.Baseline = true, policy.DefaultBundle()
+	scoped, err := replay.Run(t.Context(), cfg)
+	require.NoError(t, err)
+	assert.Equal(t, 2, scoped.Decisions)
+	assert.Equal(t, 2, scoped.AllowToDeny)
+	assert.Equal(t, map[string]int{"acme": 2}, map[string]int{"acme": scoped.ByOrg["acme"].Decisions}, "%v", scoped.ByOrg)
+	assert.Len(t, scoped.ByOrg, 1, "globex's decision is not replayed")
+	body, err := json.Marshal(scoped)
+	require.NoError(t, err)
+	assert.NotContains(t, string(body), "secret-merger")
+	assert.NotContains(t, string(body), "g-spy")
+	for _, ex := range scoped.Examples.AllowToDeny {
+		assert.Equal(t, "ola/one,ola/two", ex.Candidate.Reasons[0].Message)
+	}
+	assert.Contains(t, scoped.State[policy.PeerVisible], "own trail only")
+
+	// A recorded answer the serving bundle does not give again on the cut state is out
+	// of scope: here acme's agent saw globex's live, which acme's trail cannot show.
+	cross := trail(t)
+	cross.Trail = append(cross.Trail, m.Trail[len(cross.Trail):len(cross.Trail)+2]...)
+	in := raw(policy.PeerInput{Agent: "a-one", Candidate: "g-spy"})
+	decided := at.Add(time.Minute)
+	cross.Trail = append(cross.Trail, replay.Record{Partition: 0, Offset: int64(len(cross.Trail)), Event: schema.Event{ID: "d-cross", Type: schema.TypePolicyDecided,
+		Time: decided, OrgID: "acme", Actor: schema.Party{ID: "a-one", Type: schema.ActorAgent}, Source: api.SourcePolicy,
+		Data: raw(api.DecidedData{Decision: policy.PeerVisible, Allow: true, Reasons: []policy.Reason{{Code: "global"}}, Input: in,
+			Position: policy.Position{0: int64(len(cross.Trail))}, DecidedAt: decided})}})
+	cfg.Source, cfg.Bundle = cross, policy.DefaultBundle()
+	live, err := replay.Run(t.Context(), replay.Config{Source: cross, Bundle: policy.DefaultBundle(), From: day, To: day.Add(24 * time.Hour), Org: "acme"})
+	require.NoError(t, err)
+	require.Equal(t, 2, live.Unchanged, "the recorded answers are the serving bundle's on the whole state: %+v", live.Examples)
+	r, err := replay.Run(t.Context(), cfg)
+	require.NoError(t, err)
+	assert.Equal(t, 1, r.OutOfScope)
+	assert.Equal(t, 1, r.Decisions)
+	assert.Equal(t, 1, r.Unchanged)
+
+	cfg.Baseline = nil
+	_, err = replay.Run(t.Context(), cfg)
+	assert.ErrorContains(t, err, "a scoped replay needs an organization and a baseline bundle")
+}
