@@ -191,6 +191,7 @@ type config struct {
 	operator Operator
 	currency string
 	prices   Prices
+	replays  PolicyReplays
 }
 
 // WithHub serves the subscriptions from hub (without one they answer UNAVAILABLE).
@@ -236,7 +237,7 @@ func NewHandler(q Querier, auth keys.Holder, opts ...Option) http.Handler {
 	slots := newReadSlots(cfg.limits)
 	gc := generated.Config{Resolvers: &Resolver{q: q, auth: auth, log: cfg.log.With("component", "graph"),
 		timeout: cfg.limits.QueryTimeout, slots: slots, maxResponse: cfg.limits.MaxResponseBytes, hub: cfg.hub,
-		operator: cfg.operator, currency: cfg.currency, prices: cfg.prices}}
+		operator: cfg.operator, currency: cfg.currency, prices: cfg.prices, replays: cfg.replays}}
 	// A field's cost is what it can return: an audit page costs its selection once per
 	// event it may hold, so limit: 10000 counts 10,000 times and aliases cannot multiply
 	// pages past MaxComplexity; every list field likewise (perRow). A workStatus answer
@@ -279,6 +280,9 @@ func NewHandler(q Querier, auth keys.Holder, opts ...Option) http.Handler {
 	gc.Complexity.Query.Prices = func(child int, _ *string) int { return perRow(child, nil, 100, 100) }
 	gc.Complexity.Query.Jobs = func(child int, _ *string, limit *int) int {
 		return perRow(child, limit, DefaultJobsLimit, MaxJobsLimit)
+	}
+	gc.Complexity.PolicyReplayResult.Examples = func(child int, _ model.PolicyReplayClass, _, limit *int) int {
+		return perRow(child, limit, model.DefaultExamplesLimit, model.MaxExamplesLimit)
 	}
 	gc.Complexity.Query.UnpricedModels = func(child int, _ *string, _, _ *time.Time, limit *int) int {
 		return perRow(child, limit, DefaultUnpricedLimit, MaxUnpricedLimit)

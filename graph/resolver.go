@@ -56,9 +56,10 @@ type Resolver struct {
 	maxResponse int64
 	hub         *Hub // nil: subscriptions answer UNAVAILABLE
 
-	operator Operator // nil: budgets and operator mutations answer UNAVAILABLE
-	currency string   // the billing currency of budgets
-	prices   Prices   // nil: prices and jobs answer UNAVAILABLE
+	operator Operator      // nil: budgets and operator mutations answer UNAVAILABLE
+	currency string        // the billing currency of budgets
+	prices   Prices        // nil: prices and jobs answer UNAVAILABLE
+	replays  PolicyReplays // nil: policy replays answer UNAVAILABLE
 }
 
 // fail turns err into what the client sees: its own mistakes and authorization

@@ -80,6 +80,11 @@ func (r *mutationResolver) Reprice(ctx context.Context, orgID *string, from time
 	return r.reprice(ctx, orgID, from, to)
 }
 
+// StartPolicyReplay is the resolver for the startPolicyReplay field.
+func (r *mutationResolver) StartPolicyReplay(ctx context.Context, orgID *string, bundle string, from *time.Time, to *time.Time) (*model.PolicyReplay, error) {
+	return r.startPolicyReplay(ctx, orgID, bundle, from, to)
+}
+
 // Costs is the resolver for the costs field.
 func (r *queryResolver) Costs(ctx context.Context, orgID *string, from time.Time, to time.Time, groupBy []model.CostDimension, filter *model.CostFilter, limit *int) (*model.CostReport, error) {
 	org, done, err := r.begin(ctx, orgID, readers)
@@ -506,6 +511,11 @@ func (r *queryResolver) UnpricedModels(ctx context.Context, orgID *string, from 
 // Jobs is the resolver for the jobs field.
 func (r *queryResolver) Jobs(ctx context.Context, orgID *string, limit *int) ([]model.Job, error) {
 	return r.jobs(ctx, orgID, limit)
+}
+
+// PolicyReplay is the resolver for the policyReplay field.
+func (r *queryResolver) PolicyReplay(ctx context.Context, orgID *string, id string) (*model.PolicyReplay, error) {
+	return r.policyReplay(ctx, orgID, id)
 }
 
 // WorkStatusChanged is the resolver for the workStatusChanged field.

@@ -20,6 +20,7 @@ import (
 
 	"github.com/bandplane/bandplane/deploy/stacktest"
 	"github.com/bandplane/bandplane/graph/wsclient"
+	"github.com/bandplane/bandplane/policy"
 	"github.com/bandplane/bandplane/schema"
 	"github.com/bandplane/bandplane/schema/keys"
 )
@@ -95,6 +96,12 @@ func TestIntegrationTenantIsolationFromSchema(t *testing.T) {
 		var job struct{ Reprice struct{ ID string } }
 		require.NoError(t, json.Unmarshal(ans.Data, &job))
 		tn.secret(job.Reprice.ID)
+		// A policy replay of its own decisions, which policyReplay reads.
+		ans = isoAsk(t, srv, admin, `mutation { startPolicyReplay(bundle: "`+tarFS(t, policy.DefaultBundle())+`") { id } }`)
+		require.Empty(t, ans.Errors, "%s", ans.raw)
+		var replayed struct{ StartPolicyReplay struct{ ID string } }
+		require.NoError(t, json.Unmarshal(ans.Data, &replayed))
+		tn.replay = tn.secret(replayed.StartPolicyReplay.ID)
 	}
 	t.Logf("both organizations' data stored after %s", time.Since(began).Round(time.Millisecond))
 
@@ -114,7 +121,7 @@ func TestIntegrationTenantIsolationFromSchema(t *testing.T) {
 	documented := isoDocumentedRoles(t)
 	sch.lits = isoLits{from: time.Now().UTC().Add(-30 * 24 * time.Hour), to: time.Now().UTC().Add(time.Hour), id: a.room}
 	// Both organizations hold a message of this platform id: each sees its own chain.
-	sch.minimal = map[string]map[string]string{"delegation": {"messageId": isoQuote(a.msg)}}
+	sch.minimal = map[string]map[string]string{"delegation": {"messageId": isoQuote(a.msg)}, "policyReplay": {"id": isoQuote(a.replay)}}
 
 	exercised := map[string][]string{} // field -> checks done
 	problem := t.Errorf
@@ -533,6 +540,7 @@ type isoTenant struct {
 	room, room2, roomTitle, room2Title  string
 	task, taskTitle, unpriced, call     string
 	msg                                 string // a platform message id both organizations hold
+	replay                              string // the id of its policy replay job
 	own                                 []string
 	events                              []string // ids of the events posted (decisions included)
 	liveIDs                             []string // ids of the live events
@@ -564,7 +572,11 @@ func newIsoTenant(name, tag string) *isoTenant {
 
 // argIDs are the tenant's ids the other organization puts in id arguments.
 func (tn *isoTenant) argIDs() []string {
-	return []string{tn.room, tn.room2, tn.coder.ID, tn.writer.ID, tn.lead.ID, tn.task}
+	ids := []string{tn.room, tn.room2, tn.coder.ID, tn.writer.ID, tn.lead.ID, tn.task}
+	if tn.replay != "" {
+		ids = append(ids, tn.replay)
+	}
+	return ids
 }
 
 // reusedIDs are the tenant's ids that the other organization's own events reuse

@@ -32,7 +32,7 @@ type isoMutation struct {
 	retry bool
 }
 
-func isoMutations(from, to time.Time) map[string]isoMutation {
+func isoMutations(from, to time.Time, bundle string) map[string]isoMutation {
 	rng := `from: "` + from.Format(time.RFC3339) + `", to: "` + to.Format(time.RFC3339) + `"`
 	setWriter := func(tn *isoTenant) string {
 		return `mutation { setBudget(budget: {scope: AGENT, scopeId: "` + tn.writer.ID + `", period: MONTH, tokens: 999999999, mode: SOFT}) { id scopeId scopeName } }`
@@ -74,6 +74,13 @@ func isoMutations(from, to time.Time) map[string]isoMutation {
 			foreign: func(tn, o *isoTenant) string {
 				return `mutation { upsertPrice(price: {model: "` + o.unpriced + `", input: "1", output: "1"}) { model } }`
 			}},
+		"startPolicyReplay": {retry: true, ownData: true,
+			own: func(tn *isoTenant) string {
+				return `mutation { startPolicyReplay(bundle: "` + bundle + `", ` + rng + `) { id orgId scoped state } }`
+			},
+			foreign: func(tn, o *isoTenant) string {
+				return `mutation { startPolicyReplay(bundle: "` + bundle + `", ` + rng + `) { id orgId scoped } }`
+			}},
 		"reprice": {retry: true,
 			own: func(tn *isoTenant) string { return `mutation { reprice(` + rng + `) { id kind state daysTotal } }` },
 			foreign: func(tn, o *isoTenant) string {
@@ -92,7 +99,7 @@ func isoBudgetID(tn *isoTenant) string {
 func isoMutationChecks(t *testing.T, srv *server, muts []isoField, a, b *isoTenant, aKeys map[keys.Role]string, bAdmin, platformAdmin string,
 	documented map[string][]string, exercised map[string][]string, problem func(string, ...any)) {
 	t.Helper()
-	table := isoMutations(time.Now().UTC().Add(-48*time.Hour), time.Now().UTC())
+	table := isoMutations(time.Now().UTC().Add(-48*time.Hour), time.Now().UTC(), tarFS(t, policy.DefaultBundle()))
 	keyOf := map[*isoTenant]string{a: aKeys[keys.RoleAdmin], b: bAdmin}
 	notForA := isoWithout(b.own, b.reusedIDs())
 	ask := func(m isoMutation, field, token, doc string) isoAnswer {
@@ -205,11 +212,12 @@ func isoMutationChecks(t *testing.T, srv *server, muts []isoField, a, b *isoTena
 		}
 		ans := ask(m, f.Name, first, m.foreign(a, b))
 		refused := m.platform && ans.hasCode(f.Name, "FORBIDDEN") || ans.hasCode(f.Name, "BAD_USER_INPUT")
-		if f.Name == "reprice" {
-			// reprice names no object: it re-prices the key's own organization only.
+		ownOnly := f.Name == "reprice" || f.Name == "startPolicyReplay"
+		if ownOnly {
+			// It names no object: it acts on the key's own organization only.
 			refused = len(ans.Errors) == 0 || ans.hasCode(f.Name, "BAD_USER_INPUT")
 		}
-		if !refused || (f.Name != "reprice" && !ans.fieldNull(f.Name)) {
+		if !refused || (!ownOnly && !ans.fieldNull(f.Name)) {
 			problem("%s naming B's objects as A's %s: want it refused (BAD_USER_INPUT) with no data, got %s", key, allowed[0], isoShort(ans.raw))
 		}
 		if leak := isoFind(string(ans.raw), isoWithout(notForA, b.argIDs())); leak != "" {

@@ -1,8 +1,13 @@
 package main
 
 import (
+	"archive/tar"
+	"bytes"
+	"compress/gzip"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"io/fs"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -207,6 +212,53 @@ candidate_deny contains lib.reason("sibling_hidden", sprintf("%s is only a sibli
 	assert.Equal(t, rates[2].DecisionID, rate.Examples.AllowToDeny[0].DecisionID)
 	assert.Equal(t, "rate_limited", rate.Examples.AllowToDeny[0].Candidate.Reasons[0].Code)
 
+	// The same replay as a job of the API: the organization's admin sends the bundle as
+	// a tarball and pages the flips; another organization sees none of it.
+	admin := s.key(t, "rp-admin", org, keys.RoleAdmin)
+	other := s.key(t, "other-admin", "org-other", keys.RoleAdmin)
+	var started struct {
+		StartPolicyReplay struct{ ID, State, Digest string }
+	}
+	recAsk(t, srv, admin, `mutation($b: String!, $from: Time, $to: Time) { startPolicyReplay(bundle: $b, from: $from, to: $to) { id state digest } }`,
+		map[string]any{"b": tarFS(t, os.DirFS(hide)), "from": from, "to": to}, &started)
+	require.NotEmpty(t, started.StartPolicyReplay.ID)
+	const replayDoc = `query($id: ID!) { policyReplay(id: $id) { state error decisions progress revision scoped
+		result { decisions outOfScope allowToDeny denyToAllow byKind { kind allowToDeny } examples(class: ALLOW_TO_DENY, limit: 1) { decisionId actorHandle otherHandle candidateReasons } } } }`
+	type replayAnswer struct {
+		PolicyReplay *struct {
+			State, Error, Revision string
+			Decisions              int
+			Scoped                 bool
+			Result                 *struct {
+				Decisions, OutOfScope, AllowToDeny, DenyToAllow int
+				ByKind                                          []struct {
+					Kind        string
+					AllowToDeny int
+				}
+				Examples []struct {
+					DecisionID, ActorHandle, OtherHandle string
+					CandidateReasons                     []string
+				}
+			}
+		}
+	}
+	var job replayAnswer
+	require.True(t, stacktest.Eventually(t, 60*time.Second, 200*time.Millisecond, func() bool {
+		recAsk(t, srv, admin, replayDoc, map[string]any{"id": started.StartPolicyReplay.ID}, &job)
+		return job.PolicyReplay != nil && job.PolicyReplay.State != "RUNNING"
+	}), "the replay job finishes")
+	require.Equal(t, "DONE", job.PolicyReplay.State, job.PolicyReplay.Error)
+	require.NotNil(t, job.PolicyReplay.Result)
+	assert.True(t, job.PolicyReplay.Scoped, "an organization's admin replays over its own trail")
+	assert.Zero(t, job.PolicyReplay.Result.OutOfScope, "every decision of the scenario reads its own organization's state")
+	assert.Equal(t, tight.AllowToDeny, job.PolicyReplay.Result.AllowToDeny, "the job finds what the CLI found")
+	assert.Equal(t, self.Decisions, job.PolicyReplay.Result.Decisions, "all of the organization's decisions")
+	require.Len(t, job.PolicyReplay.Result.Examples, 1, "a page of one")
+	assert.Contains(t, []string{"ola/one", "ola/two"}, job.PolicyReplay.Result.Examples[0].ActorHandle)
+	var foreign replayAnswer
+	recAsk(t, srv, other, replayDoc, map[string]any{"id": started.StartPolicyReplay.ID}, &foreign)
+	assert.Nil(t, foreign.PolicyReplay, "another organization's replay is not found")
+
 	// The gate: the sibling-hiding bundle, shipped into serve's policy folder, flips
 	// more than 5 % of the hour's decisions and is refused, audited; the running bundle
 	// keeps serving. A change that flips nothing is taken.
@@ -265,4 +317,29 @@ func dropTests(t *testing.T, dir string) {
 	for _, m := range matches {
 		require.NoError(t, os.Remove(m))
 	}
+}
+
+// tarFS is a gzipped tar of a bundle's files, base64: what startPolicyReplay takes.
+func tarFS(t *testing.T, fsys fs.FS) string {
+	t.Helper()
+	var buf bytes.Buffer
+	zw := gzip.NewWriter(&buf)
+	tw := tar.NewWriter(zw)
+	require.NoError(t, fs.WalkDir(fsys, ".", func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		b, err := fs.ReadFile(fsys, p)
+		if err != nil {
+			return err
+		}
+		if err := tw.WriteHeader(&tar.Header{Name: p, Mode: 0o644, Size: int64(len(b)), Typeflag: tar.TypeReg}); err != nil {
+			return err
+		}
+		_, err = tw.Write(b)
+		return err
+	}))
+	require.NoError(t, tw.Close())
+	require.NoError(t, zw.Close())
+	return base64.StdEncoding.EncodeToString(buf.Bytes())
 }

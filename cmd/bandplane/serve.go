@@ -15,6 +15,7 @@ import (
 	"github.com/bandplane/bandplane/graph"
 	"github.com/bandplane/bandplane/ingest"
 	"github.com/bandplane/bandplane/ingest/prices"
+	"github.com/bandplane/bandplane/policy/replay"
 	"github.com/bandplane/bandplane/query"
 	"github.com/bandplane/bandplane/query/trail"
 	"github.com/bandplane/bandplane/schema/chdb"
@@ -49,6 +50,7 @@ type serveConfig struct {
 	maxUploads    [3]int // in all, per organization, per key
 	repriceJobs   [3]int // queued or running: in all, per organization, per requester
 	exports       trail.ExportLimits
+	replays       replay.JobLimits
 	maxEventAge   time.Duration
 	maxClockSkew  time.Duration
 	keyRefresh    time.Duration
@@ -96,6 +98,9 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	fs.IntVar(&c.exports.PerKey, "max-exports-per-key", trail.MaxConcurrentExportsPerKey, "audit exports one API key runs at once (more: 429)")
 	fs.IntVar(&c.repriceJobs[0], "max-reprice-jobs", prices.DefaultMaxJobs, "reprice jobs queued or running at once; one organization's share of them stays for the platform's (more: TOO_MANY_REQUESTS)")
 	fs.IntVar(&c.repriceJobs[1], "max-reprice-jobs-per-org", prices.DefaultMaxJobsPerOrg, "reprice jobs of one organization queued or running at once (more: TOO_MANY_REQUESTS)")
+	fs.IntVar(&c.replays.Total, "max-policy-replays", replay.DefaultMaxJobs, "policy replays (startPolicyReplay) running at once; one of them is the platform's keys' only (more: TOO_MANY_REQUESTS)")
+	fs.IntVar(&c.replays.PerOrg, "max-policy-replays-per-org", replay.DefaultMaxJobsPerOrg, "policy replays one organization's keys run at once (more: TOO_MANY_REQUESTS)")
+	fs.IntVar(&c.replays.PerKey, "max-policy-replays-per-key", replay.DefaultMaxJobsPerKey, "policy replays one API key runs at once (more: TOO_MANY_REQUESTS)")
 	fs.IntVar(&c.repriceJobs[2], "max-reprice-jobs-per-key", prices.DefaultMaxJobsPerKey, "reprice jobs one API key has queued or running at once (more: TOO_MANY_REQUESTS)")
 	fs.DurationVar(&c.maxEventAge, "max-event-age", ingest.DefaultMaxEventAge, "the collector refuses events older than this (default: the events retention, 400 days)")
 	fs.DurationVar(&c.maxClockSkew, "max-clock-skew", ingest.DefaultMaxClockSkew, "the collector refuses events this far ahead of its clock")
@@ -191,6 +196,9 @@ func (c *serveConfig) validateGraphQL() error {
 		{"--max-reprice-jobs", c.repriceJobs[0] > 0},
 		{"--max-reprice-jobs-per-org", c.repriceJobs[1] > 0},
 		{"--max-reprice-jobs-per-key", c.repriceJobs[2] > 0},
+		{"--max-policy-replays", c.replays.Total > 0},
+		{"--max-policy-replays-per-org", c.replays.PerOrg > 0},
+		{"--max-policy-replays-per-key", c.replays.PerKey > 0},
 		{"--stuck-after", c.hub.StuckAfter > 0},
 		{"--graphql-subscriber-buffer", c.hub.Buffer > 0},
 		{"--graphql-max-subscriptions-per-key", c.hub.MaxSubscriptionsPerKey > 0},
@@ -344,7 +352,7 @@ func serve(ctx context.Context, log *slog.Logger, reg *prometheus.Registry, c se
 			parts = append(parts, p)
 		}
 	}
-	servers, err := newAPI(d, ing, pol, lv, func() []string { return notReady(parts) })
+	servers, err := newAPI(ctx, d, ing, pol, lv, func() []string { return notReady(parts) })
 	if err != nil {
 		return err
 	}

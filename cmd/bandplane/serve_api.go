@@ -12,6 +12,7 @@ import (
 
 	"github.com/bandplane/bandplane/graph"
 	"github.com/bandplane/bandplane/graph/graphiql"
+	"github.com/bandplane/bandplane/policy/replay"
 	"github.com/bandplane/bandplane/query/trail"
 	"github.com/bandplane/bandplane/schema/keys"
 )
@@ -19,7 +20,7 @@ import (
 // newAPI builds serve's HTTP surface and binds its listeners: every route on --listen,
 // and /metrics on --metrics-listen of its own when given. notReady lists why
 // components do not serve yet, for /readyz.
-func newAPI(d *serveDeps, ing *ingestPart, pol *policyPart, lv *livePart, notReady func() []string) ([]*listener, error) {
+func newAPI(ctx context.Context, d *serveDeps, ing *ingestPart, pol *policyPart, lv *livePart, notReady func() []string) ([]*listener, error) {
 	c, log := d.c, d.log
 	mux := http.NewServeMux()
 	mux.Handle("/v1/events", ing.collector)
@@ -36,6 +37,14 @@ func newAPI(d *serveDeps, ing *ingestPart, pol *policyPart, lv *livePart, notRea
 	if pol != nil {
 		gopts = append(gopts, graph.WithOperator(pol.api, d.prices.Live.Current().Currency()))
 	}
+	// Replays run in this process until it stops, reading the trail through the
+	// queries' pool; a tenant's compares with the bundle serving here.
+	replays := replay.JobsConfig{Source: replay.ClickHouse{Conn: d.qconn, Database: c.stack.ch.Database}, Catalog: d.prices.Live, Logger: log,
+		Limits: c.replays}
+	if pol != nil {
+		replays.Baseline = pol.engine.Bundle
+	}
+	gopts = append(gopts, graph.WithPolicyReplays(replay.NewJobs(ctx, replays)))
 	api := graph.NewHandler(d.querier, d.keys, gopts...)
 	mux.Handle("/graphql", api)
 	mux.Handle(graphiql.AssetsPath, api) // GraphiQL's scripts and styles, embedded

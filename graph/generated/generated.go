@@ -297,12 +297,13 @@ type ComplexityRoot struct {
 	}
 
 	Mutation struct {
-		DeleteBudget func(childComplexity int, orgID *string, id string) int
-		Reprice      func(childComplexity int, orgID *string, from time.Time, to time.Time) int
-		ResumeAgent  func(childComplexity int, orgID *string, agentID string, reason *string) int
-		SetBudget    func(childComplexity int, orgID *string, budget model.BudgetInput) int
-		SuspendAgent func(childComplexity int, orgID *string, agentID string, reason *string) int
-		UpsertPrice  func(childComplexity int, orgID *string, price model.PriceInput) int
+		DeleteBudget      func(childComplexity int, orgID *string, id string) int
+		Reprice           func(childComplexity int, orgID *string, from time.Time, to time.Time) int
+		ResumeAgent       func(childComplexity int, orgID *string, agentID string, reason *string) int
+		SetBudget         func(childComplexity int, orgID *string, budget model.BudgetInput) int
+		StartPolicyReplay func(childComplexity int, orgID *string, bundle string, from *time.Time, to *time.Time) int
+		SuspendAgent      func(childComplexity int, orgID *string, agentID string, reason *string) int
+		UpsertPrice       func(childComplexity int, orgID *string, price model.PriceInput) int
 	}
 
 	PolicyDecision struct {
@@ -331,6 +332,61 @@ type ComplexityRoot struct {
 		Decision func(childComplexity int) int
 	}
 
+	PolicyReplay struct {
+		CreatedAt   func(childComplexity int) int
+		Decisions   func(childComplexity int) int
+		Digest      func(childComplexity int) int
+		Error       func(childComplexity int) int
+		FinishedAt  func(childComplexity int) int
+		From        func(childComplexity int) int
+		ID          func(childComplexity int) int
+		OrgID       func(childComplexity int) int
+		PerSecond   func(childComplexity int) int
+		Progress    func(childComplexity int) int
+		RequestedBy func(childComplexity int) int
+		Result      func(childComplexity int) int
+		Revision    func(childComplexity int) int
+		Scoped      func(childComplexity int) int
+		State       func(childComplexity int) int
+		To          func(childComplexity int) int
+	}
+
+	PolicyReplayCount struct {
+		AllowToDeny   func(childComplexity int) int
+		Decisions     func(childComplexity int) int
+		DenyToAllow   func(childComplexity int) int
+		Kind          func(childComplexity int) int
+		ReasonChanged func(childComplexity int) int
+		Unchanged     func(childComplexity int) int
+	}
+
+	PolicyReplayExample struct {
+		ActorHandle      func(childComplexity int) int
+		ActorID          func(childComplexity int) int
+		CandidateAllow   func(childComplexity int) int
+		CandidateReasons func(childComplexity int) int
+		DecisionID       func(childComplexity int) int
+		Kind             func(childComplexity int) int
+		LiveAllow        func(childComplexity int) int
+		LiveReasons      func(childComplexity int) int
+		OtherHandle      func(childComplexity int) int
+		OtherID          func(childComplexity int) int
+		RoomID           func(childComplexity int) int
+		Time             func(childComplexity int) int
+	}
+
+	PolicyReplayResult struct {
+		AllowToDeny   func(childComplexity int) int
+		Approximate   func(childComplexity int) int
+		ByKind        func(childComplexity int) int
+		Decisions     func(childComplexity int) int
+		DenyToAllow   func(childComplexity int) int
+		Examples      func(childComplexity int, class model.PolicyReplayClass, offset *int, limit *int) int
+		OutOfScope    func(childComplexity int) int
+		ReasonChanged func(childComplexity int) int
+		Unchanged     func(childComplexity int) int
+	}
+
 	Price struct {
 		CacheRead      func(childComplexity int) int
 		CacheWrite     func(childComplexity int) int
@@ -353,6 +409,7 @@ type ComplexityRoot struct {
 		Delegation      func(childComplexity int, orgID *string, executionID *string, messageID *string, from *time.Time, to *time.Time) int
 		Jobs            func(childComplexity int, orgID *string, limit *int) int
 		PolicyDecisions func(childComplexity int, orgID *string, from *time.Time, to *time.Time, decision *string, outcome *model.DecisionOutcome, agentID *string, limit *int, before *string) int
+		PolicyReplay    func(childComplexity int, orgID *string, id string) int
 		Prices          func(childComplexity int, orgID *string) int
 		Rooms           func(childComplexity int, orgID *string, limit *int) int
 		UnpricedModels  func(childComplexity int, orgID *string, from *time.Time, to *time.Time, limit *int) int
@@ -486,6 +543,7 @@ type MutationResolver interface {
 	ResumeAgent(ctx context.Context, orgID *string, agentID string, reason *string) (*model.AgentControlResult, error)
 	UpsertPrice(ctx context.Context, orgID *string, price model.PriceInput) (*model.Price, error)
 	Reprice(ctx context.Context, orgID *string, from time.Time, to time.Time) (*model.Job, error)
+	StartPolicyReplay(ctx context.Context, orgID *string, bundle string, from *time.Time, to *time.Time) (*model.PolicyReplay, error)
 }
 type QueryResolver interface {
 	Costs(ctx context.Context, orgID *string, from time.Time, to time.Time, groupBy []model.CostDimension, filter *model.CostFilter, limit *int) (*model.CostReport, error)
@@ -503,6 +561,7 @@ type QueryResolver interface {
 	Prices(ctx context.Context, orgID *string) ([]model.Price, error)
 	UnpricedModels(ctx context.Context, orgID *string, from *time.Time, to *time.Time, limit *int) ([]model.UnpricedModelUsage, error)
 	Jobs(ctx context.Context, orgID *string, limit *int) ([]model.Job, error)
+	PolicyReplay(ctx context.Context, orgID *string, id string) (*model.PolicyReplay, error)
 }
 type SubscriptionResolver interface {
 	WorkStatusChanged(ctx context.Context, orgID *string, roomID *string) (<-chan *model.WorkStatusChange, error)
@@ -1787,6 +1846,17 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.Mutation.SetBudget(childComplexity, args["orgId"].(*string), args["budget"].(model.BudgetInput)), true
+	case "Mutation.startPolicyReplay":
+		if e.ComplexityRoot.Mutation.StartPolicyReplay == nil {
+			break
+		}
+
+		args, err := ec.field_Mutation_startPolicyReplay_args(ctx, rawArgs)
+		if err != nil {
+			return 0, false
+		}
+
+		return e.ComplexityRoot.Mutation.StartPolicyReplay(childComplexity, args["orgId"].(*string), args["bundle"].(string), args["from"].(*time.Time), args["to"].(*time.Time)), true
 	case "Mutation.suspendAgent":
 		if e.ComplexityRoot.Mutation.SuspendAgent == nil {
 			break
@@ -1914,6 +1984,273 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.PolicyDenial.Decision(childComplexity), true
+
+	case "PolicyReplay.createdAt":
+		if e.ComplexityRoot.PolicyReplay.CreatedAt == nil {
+			break
+		}
+
+		return e.ComplexityRoot.PolicyReplay.CreatedAt(childComplexity), true
+	case "PolicyReplay.decisions":
+		if e.ComplexityRoot.PolicyReplay.Decisions == nil {
+			break
+		}
+
+		return e.ComplexityRoot.PolicyReplay.Decisions(childComplexity), true
+	case "PolicyReplay.digest":
+		if e.ComplexityRoot.PolicyReplay.Digest == nil {
+			break
+		}
+
+		return e.ComplexityRoot.PolicyReplay.Digest(childComplexity), true
+	case "PolicyReplay.error":
+		if e.ComplexityRoot.PolicyReplay.Error == nil {
+			break
+		}
+
+		return e.ComplexityRoot.PolicyReplay.Error(childComplexity), true
+	case "PolicyReplay.finishedAt":
+		if e.ComplexityRoot.PolicyReplay.FinishedAt == nil {
+			break
+		}
+
+		return e.ComplexityRoot.PolicyReplay.FinishedAt(childComplexity), true
+	case "PolicyReplay.from":
+		if e.ComplexityRoot.PolicyReplay.From == nil {
+			break
+		}
+
+		return e.ComplexityRoot.PolicyReplay.From(childComplexity), true
+	case "PolicyReplay.id":
+		if e.ComplexityRoot.PolicyReplay.ID == nil {
+			break
+		}
+
+		return e.ComplexityRoot.PolicyReplay.ID(childComplexity), true
+	case "PolicyReplay.orgId":
+		if e.ComplexityRoot.PolicyReplay.OrgID == nil {
+			break
+		}
+
+		return e.ComplexityRoot.PolicyReplay.OrgID(childComplexity), true
+	case "PolicyReplay.perSecond":
+		if e.ComplexityRoot.PolicyReplay.PerSecond == nil {
+			break
+		}
+
+		return e.ComplexityRoot.PolicyReplay.PerSecond(childComplexity), true
+	case "PolicyReplay.progress":
+		if e.ComplexityRoot.PolicyReplay.Progress == nil {
+			break
+		}
+
+		return e.ComplexityRoot.PolicyReplay.Progress(childComplexity), true
+	case "PolicyReplay.requestedBy":
+		if e.ComplexityRoot.PolicyReplay.RequestedBy == nil {
+			break
+		}
+
+		return e.ComplexityRoot.PolicyReplay.RequestedBy(childComplexity), true
+	case "PolicyReplay.result":
+		if e.ComplexityRoot.PolicyReplay.Result == nil {
+			break
+		}
+
+		return e.ComplexityRoot.PolicyReplay.Result(childComplexity), true
+	case "PolicyReplay.revision":
+		if e.ComplexityRoot.PolicyReplay.Revision == nil {
+			break
+		}
+
+		return e.ComplexityRoot.PolicyReplay.Revision(childComplexity), true
+	case "PolicyReplay.scoped":
+		if e.ComplexityRoot.PolicyReplay.Scoped == nil {
+			break
+		}
+
+		return e.ComplexityRoot.PolicyReplay.Scoped(childComplexity), true
+	case "PolicyReplay.state":
+		if e.ComplexityRoot.PolicyReplay.State == nil {
+			break
+		}
+
+		return e.ComplexityRoot.PolicyReplay.State(childComplexity), true
+	case "PolicyReplay.to":
+		if e.ComplexityRoot.PolicyReplay.To == nil {
+			break
+		}
+
+		return e.ComplexityRoot.PolicyReplay.To(childComplexity), true
+
+	case "PolicyReplayCount.allowToDeny":
+		if e.ComplexityRoot.PolicyReplayCount.AllowToDeny == nil {
+			break
+		}
+
+		return e.ComplexityRoot.PolicyReplayCount.AllowToDeny(childComplexity), true
+	case "PolicyReplayCount.decisions":
+		if e.ComplexityRoot.PolicyReplayCount.Decisions == nil {
+			break
+		}
+
+		return e.ComplexityRoot.PolicyReplayCount.Decisions(childComplexity), true
+	case "PolicyReplayCount.denyToAllow":
+		if e.ComplexityRoot.PolicyReplayCount.DenyToAllow == nil {
+			break
+		}
+
+		return e.ComplexityRoot.PolicyReplayCount.DenyToAllow(childComplexity), true
+	case "PolicyReplayCount.kind":
+		if e.ComplexityRoot.PolicyReplayCount.Kind == nil {
+			break
+		}
+
+		return e.ComplexityRoot.PolicyReplayCount.Kind(childComplexity), true
+	case "PolicyReplayCount.reasonChanged":
+		if e.ComplexityRoot.PolicyReplayCount.ReasonChanged == nil {
+			break
+		}
+
+		return e.ComplexityRoot.PolicyReplayCount.ReasonChanged(childComplexity), true
+	case "PolicyReplayCount.unchanged":
+		if e.ComplexityRoot.PolicyReplayCount.Unchanged == nil {
+			break
+		}
+
+		return e.ComplexityRoot.PolicyReplayCount.Unchanged(childComplexity), true
+
+	case "PolicyReplayExample.actorHandle":
+		if e.ComplexityRoot.PolicyReplayExample.ActorHandle == nil {
+			break
+		}
+
+		return e.ComplexityRoot.PolicyReplayExample.ActorHandle(childComplexity), true
+	case "PolicyReplayExample.actorId":
+		if e.ComplexityRoot.PolicyReplayExample.ActorID == nil {
+			break
+		}
+
+		return e.ComplexityRoot.PolicyReplayExample.ActorID(childComplexity), true
+	case "PolicyReplayExample.candidateAllow":
+		if e.ComplexityRoot.PolicyReplayExample.CandidateAllow == nil {
+			break
+		}
+
+		return e.ComplexityRoot.PolicyReplayExample.CandidateAllow(childComplexity), true
+	case "PolicyReplayExample.candidateReasons":
+		if e.ComplexityRoot.PolicyReplayExample.CandidateReasons == nil {
+			break
+		}
+
+		return e.ComplexityRoot.PolicyReplayExample.CandidateReasons(childComplexity), true
+	case "PolicyReplayExample.decisionId":
+		if e.ComplexityRoot.PolicyReplayExample.DecisionID == nil {
+			break
+		}
+
+		return e.ComplexityRoot.PolicyReplayExample.DecisionID(childComplexity), true
+	case "PolicyReplayExample.kind":
+		if e.ComplexityRoot.PolicyReplayExample.Kind == nil {
+			break
+		}
+
+		return e.ComplexityRoot.PolicyReplayExample.Kind(childComplexity), true
+	case "PolicyReplayExample.liveAllow":
+		if e.ComplexityRoot.PolicyReplayExample.LiveAllow == nil {
+			break
+		}
+
+		return e.ComplexityRoot.PolicyReplayExample.LiveAllow(childComplexity), true
+	case "PolicyReplayExample.liveReasons":
+		if e.ComplexityRoot.PolicyReplayExample.LiveReasons == nil {
+			break
+		}
+
+		return e.ComplexityRoot.PolicyReplayExample.LiveReasons(childComplexity), true
+	case "PolicyReplayExample.otherHandle":
+		if e.ComplexityRoot.PolicyReplayExample.OtherHandle == nil {
+			break
+		}
+
+		return e.ComplexityRoot.PolicyReplayExample.OtherHandle(childComplexity), true
+	case "PolicyReplayExample.otherId":
+		if e.ComplexityRoot.PolicyReplayExample.OtherID == nil {
+			break
+		}
+
+		return e.ComplexityRoot.PolicyReplayExample.OtherID(childComplexity), true
+	case "PolicyReplayExample.roomId":
+		if e.ComplexityRoot.PolicyReplayExample.RoomID == nil {
+			break
+		}
+
+		return e.ComplexityRoot.PolicyReplayExample.RoomID(childComplexity), true
+	case "PolicyReplayExample.time":
+		if e.ComplexityRoot.PolicyReplayExample.Time == nil {
+			break
+		}
+
+		return e.ComplexityRoot.PolicyReplayExample.Time(childComplexity), true
+
+	case "PolicyReplayResult.allowToDeny":
+		if e.ComplexityRoot.PolicyReplayResult.AllowToDeny == nil {
+			break
+		}
+
+		return e.ComplexityRoot.PolicyReplayResult.AllowToDeny(childComplexity), true
+	case "PolicyReplayResult.approximate":
+		if e.ComplexityRoot.PolicyReplayResult.Approximate == nil {
+			break
+		}
+
+		return e.ComplexityRoot.PolicyReplayResult.Approximate(childComplexity), true
+	case "PolicyReplayResult.byKind":
+		if e.ComplexityRoot.PolicyReplayResult.ByKind == nil {
+			break
+		}
+
+		return e.ComplexityRoot.PolicyReplayResult.ByKind(childComplexity), true
+	case "PolicyReplayResult.decisions":
+		if e.ComplexityRoot.PolicyReplayResult.Decisions == nil {
+			break
+		}
+
+		return e.ComplexityRoot.PolicyReplayResult.Decisions(childComplexity), true
+	case "PolicyReplayResult.denyToAllow":
+		if e.ComplexityRoot.PolicyReplayResult.DenyToAllow == nil {
+			break
+		}
+
+		return e.ComplexityRoot.PolicyReplayResult.DenyToAllow(childComplexity), true
+	case "PolicyReplayResult.examples":
+		if e.ComplexityRoot.PolicyReplayResult.Examples == nil {
+			break
+		}
+
+		args, err := ec.field_PolicyReplayResult_examples_args(ctx, rawArgs)
+		if err != nil {
+			return 0, false
+		}
+
+		return e.ComplexityRoot.PolicyReplayResult.Examples(childComplexity, args["class"].(model.PolicyReplayClass), args["offset"].(*int), args["limit"].(*int)), true
+	case "PolicyReplayResult.outOfScope":
+		if e.ComplexityRoot.PolicyReplayResult.OutOfScope == nil {
+			break
+		}
+
+		return e.ComplexityRoot.PolicyReplayResult.OutOfScope(childComplexity), true
+	case "PolicyReplayResult.reasonChanged":
+		if e.ComplexityRoot.PolicyReplayResult.ReasonChanged == nil {
+			break
+		}
+
+		return e.ComplexityRoot.PolicyReplayResult.ReasonChanged(childComplexity), true
+	case "PolicyReplayResult.unchanged":
+		if e.ComplexityRoot.PolicyReplayResult.Unchanged == nil {
+			break
+		}
+
+		return e.ComplexityRoot.PolicyReplayResult.Unchanged(childComplexity), true
 
 	case "Price.cacheRead":
 		if e.ComplexityRoot.Price.CacheRead == nil {
@@ -2075,6 +2412,17 @@ func (e *executableSchema) Complexity(ctx context.Context, typeName, field strin
 		}
 
 		return e.ComplexityRoot.Query.PolicyDecisions(childComplexity, args["orgId"].(*string), args["from"].(*time.Time), args["to"].(*time.Time), args["decision"].(*string), args["outcome"].(*model.DecisionOutcome), args["agentId"].(*string), args["limit"].(*int), args["before"].(*string)), true
+	case "Query.policyReplay":
+		if e.ComplexityRoot.Query.PolicyReplay == nil {
+			break
+		}
+
+		args, err := ec.field_Query_policyReplay_args(ctx, rawArgs)
+		if err != nil {
+			return 0, false
+		}
+
+		return e.ComplexityRoot.Query.PolicyReplay(childComplexity, args["orgId"].(*string), args["id"].(string)), true
 	case "Query.prices":
 		if e.ComplexityRoot.Query.Prices == nil {
 			break
@@ -3403,6 +3751,86 @@ type Job {
   error: String
 }
 
+"A replay of an organization's recorded policy decisions with a candidate bundle (startPolicyReplay)."
+type PolicyReplay {
+  id: ID!
+  state: JobState!
+  "The organization whose decisions are replayed (null: every organization's, a platform key's replay)."
+  orgId: ID
+  """
+  True for an organization's key: the candidate reads the organization's own trail
+  only (the events its keys read), so nothing it answers can be another
+  organization's. A platform key's replay reads the whole trail, as the CLI does.
+  """
+  scoped: Boolean!
+  from: Time!
+  to: Time!
+  "Decisions replayed so far, how far through the range the last one was (0..1), and decisions a second."
+  decisions: Int!
+  progress: Float!
+  perSecond: Float!
+  requestedBy: ID
+  createdAt: Time!
+  finishedAt: Time
+  error: String
+  "The candidate's policy revision (once its checks passed) and the digest of its files."
+  revision: String
+  digest: String!
+  "The outcome, once the replay is done."
+  result: PolicyReplayResult
+}
+
+"What the candidate would have decided otherwise."
+type PolicyReplayResult {
+  decisions: Int!
+  unchanged: Int!
+  allowToDeny: Int!
+  denyToAllow: Int!
+  reasonChanged: Int!
+  "Decisions replayed without a recorded position (approximately)."
+  approximate: Int!
+  """
+  In a scoped replay, the decisions not compared: the bundle serving now does not give
+  their recorded answer again from the organization's own trail (they read another
+  organization's state live, or were made under other rules).
+  """
+  outOfScope: Int!
+  byKind: [PolicyReplayCount!]!
+  "Examples of one flip class, earliest first: a page from offset, limit at most 100 (default 20)."
+  examples(class: PolicyReplayClass!, offset: Int, limit: Int): [PolicyReplayExample!]!
+}
+
+type PolicyReplayCount {
+  kind: String!
+  decisions: Int!
+  unchanged: Int!
+  allowToDeny: Int!
+  denyToAllow: Int!
+  reasonChanged: Int!
+}
+
+enum PolicyReplayClass {
+  ALLOW_TO_DENY
+  DENY_TO_ALLOW
+  REASON_CHANGED
+}
+
+"One decision the candidate decides otherwise, its parties named by the directory of the moment."
+type PolicyReplayExample {
+  decisionId: ID!
+  time: Time!
+  kind: String!
+  actorId: ID!
+  actorHandle: String
+  otherId: ID
+  otherHandle: String
+  roomId: ID
+  liveAllow: Boolean!
+  liveReasons: [String!]!
+  candidateAllow: Boolean!
+  candidateReasons: [String!]!
+}
+
 type Mutation {
   "Sets (adds or replaces) the organization's budget of one scope and period."
   setBudget(orgId: ID, budget: BudgetInput!): Budget!
@@ -3416,6 +3844,13 @@ type Mutation {
   upsertPrice(orgId: ID, price: PriceInput!): Price!
   "Starts re-pricing the organization's usage in [from, to) with the current catalog, as a background job (see jobs)."
   reprice(orgId: ID, from: Time!, to: Time!): Job!
+  """
+  Starts replaying the organization's recorded policy decisions of [from, to) (default:
+  the last 24 hours; at most 31 days) with a candidate bundle, as a background job (see
+  policyReplay). bundle is a tar (gzipped or not) of .rego and data.json files, base64,
+  at most 1 MiB; admin keys.
+  """
+  startPolicyReplay(orgId: ID, bundle: String!, from: Time, to: Time): PolicyReplay!
 }
 
 type Query {
@@ -3511,6 +3946,8 @@ type Query {
 
   "The organization's background jobs, newest first. limit defaults to 50, at most 500."
   jobs(orgId: ID, limit: Int): [Job!]!
+  "A policy replay of the organization (startPolicyReplay); null when there is none of that id."
+  policyReplay(orgId: ID, id: ID!): PolicyReplay
 }
 
 "What changed in a room's work status."
@@ -4136,6 +4573,116 @@ func (ec *executionContext) childFields_PolicyDenial(ctx context.Context, field 
 	return nil, fmt.Errorf("no field named %q was found under type PolicyDenial", field.Name)
 }
 
+func (ec *executionContext) childFields_PolicyReplay(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "id":
+		return ec.fieldContext_PolicyReplay_id(ctx, field)
+	case "state":
+		return ec.fieldContext_PolicyReplay_state(ctx, field)
+	case "orgId":
+		return ec.fieldContext_PolicyReplay_orgId(ctx, field)
+	case "scoped":
+		return ec.fieldContext_PolicyReplay_scoped(ctx, field)
+	case "from":
+		return ec.fieldContext_PolicyReplay_from(ctx, field)
+	case "to":
+		return ec.fieldContext_PolicyReplay_to(ctx, field)
+	case "decisions":
+		return ec.fieldContext_PolicyReplay_decisions(ctx, field)
+	case "progress":
+		return ec.fieldContext_PolicyReplay_progress(ctx, field)
+	case "perSecond":
+		return ec.fieldContext_PolicyReplay_perSecond(ctx, field)
+	case "requestedBy":
+		return ec.fieldContext_PolicyReplay_requestedBy(ctx, field)
+	case "createdAt":
+		return ec.fieldContext_PolicyReplay_createdAt(ctx, field)
+	case "finishedAt":
+		return ec.fieldContext_PolicyReplay_finishedAt(ctx, field)
+	case "error":
+		return ec.fieldContext_PolicyReplay_error(ctx, field)
+	case "revision":
+		return ec.fieldContext_PolicyReplay_revision(ctx, field)
+	case "digest":
+		return ec.fieldContext_PolicyReplay_digest(ctx, field)
+	case "result":
+		return ec.fieldContext_PolicyReplay_result(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type PolicyReplay", field.Name)
+}
+
+func (ec *executionContext) childFields_PolicyReplayCount(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "kind":
+		return ec.fieldContext_PolicyReplayCount_kind(ctx, field)
+	case "decisions":
+		return ec.fieldContext_PolicyReplayCount_decisions(ctx, field)
+	case "unchanged":
+		return ec.fieldContext_PolicyReplayCount_unchanged(ctx, field)
+	case "allowToDeny":
+		return ec.fieldContext_PolicyReplayCount_allowToDeny(ctx, field)
+	case "denyToAllow":
+		return ec.fieldContext_PolicyReplayCount_denyToAllow(ctx, field)
+	case "reasonChanged":
+		return ec.fieldContext_PolicyReplayCount_reasonChanged(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type PolicyReplayCount", field.Name)
+}
+
+func (ec *executionContext) childFields_PolicyReplayExample(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "decisionId":
+		return ec.fieldContext_PolicyReplayExample_decisionId(ctx, field)
+	case "time":
+		return ec.fieldContext_PolicyReplayExample_time(ctx, field)
+	case "kind":
+		return ec.fieldContext_PolicyReplayExample_kind(ctx, field)
+	case "actorId":
+		return ec.fieldContext_PolicyReplayExample_actorId(ctx, field)
+	case "actorHandle":
+		return ec.fieldContext_PolicyReplayExample_actorHandle(ctx, field)
+	case "otherId":
+		return ec.fieldContext_PolicyReplayExample_otherId(ctx, field)
+	case "otherHandle":
+		return ec.fieldContext_PolicyReplayExample_otherHandle(ctx, field)
+	case "roomId":
+		return ec.fieldContext_PolicyReplayExample_roomId(ctx, field)
+	case "liveAllow":
+		return ec.fieldContext_PolicyReplayExample_liveAllow(ctx, field)
+	case "liveReasons":
+		return ec.fieldContext_PolicyReplayExample_liveReasons(ctx, field)
+	case "candidateAllow":
+		return ec.fieldContext_PolicyReplayExample_candidateAllow(ctx, field)
+	case "candidateReasons":
+		return ec.fieldContext_PolicyReplayExample_candidateReasons(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type PolicyReplayExample", field.Name)
+}
+
+func (ec *executionContext) childFields_PolicyReplayResult(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+	switch field.Name {
+	case "decisions":
+		return ec.fieldContext_PolicyReplayResult_decisions(ctx, field)
+	case "unchanged":
+		return ec.fieldContext_PolicyReplayResult_unchanged(ctx, field)
+	case "allowToDeny":
+		return ec.fieldContext_PolicyReplayResult_allowToDeny(ctx, field)
+	case "denyToAllow":
+		return ec.fieldContext_PolicyReplayResult_denyToAllow(ctx, field)
+	case "reasonChanged":
+		return ec.fieldContext_PolicyReplayResult_reasonChanged(ctx, field)
+	case "approximate":
+		return ec.fieldContext_PolicyReplayResult_approximate(ctx, field)
+	case "outOfScope":
+		return ec.fieldContext_PolicyReplayResult_outOfScope(ctx, field)
+	case "byKind":
+		return ec.fieldContext_PolicyReplayResult_byKind(ctx, field)
+	case "examples":
+		return ec.fieldContext_PolicyReplayResult_examples(ctx, field)
+	}
+	return nil, fmt.Errorf("no field named %q was found under type PolicyReplayResult", field.Name)
+}
+
 func (ec *executionContext) childFields_Price(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
 	switch field.Name {
 	case "model":
@@ -4592,6 +5139,44 @@ func (ec *executionContext) field_Mutation_setBudget_args(ctx context.Context, r
 	return args, nil
 }
 
+func (ec *executionContext) field_Mutation_startPolicyReplay_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
+	var err error
+	args := map[string]any{}
+	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "orgId",
+		func(ctx context.Context, v any) (*string, error) {
+			return ec.unmarshalOID2ᚖstring(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["orgId"] = arg0
+	arg1, err := graphql.ProcessArgField(ctx, rawArgs, "bundle",
+		func(ctx context.Context, v any) (string, error) {
+			return ec.unmarshalNString2string(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["bundle"] = arg1
+	arg2, err := graphql.ProcessArgField(ctx, rawArgs, "from",
+		func(ctx context.Context, v any) (*time.Time, error) {
+			return ec.unmarshalOTime2ᚖtimeᚐTime(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["from"] = arg2
+	arg3, err := graphql.ProcessArgField(ctx, rawArgs, "to",
+		func(ctx context.Context, v any) (*time.Time, error) {
+			return ec.unmarshalOTime2ᚖtimeᚐTime(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["to"] = arg3
+	return args, nil
+}
+
 func (ec *executionContext) field_Mutation_suspendAgent_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
 	var err error
 	args := map[string]any{}
@@ -4641,6 +5226,36 @@ func (ec *executionContext) field_Mutation_upsertPrice_args(ctx context.Context,
 		return nil, err
 	}
 	args["price"] = arg1
+	return args, nil
+}
+
+func (ec *executionContext) field_PolicyReplayResult_examples_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
+	var err error
+	args := map[string]any{}
+	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "class",
+		func(ctx context.Context, v any) (model.PolicyReplayClass, error) {
+			return ec.unmarshalNPolicyReplayClass2githubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐPolicyReplayClass(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["class"] = arg0
+	arg1, err := graphql.ProcessArgField(ctx, rawArgs, "offset",
+		func(ctx context.Context, v any) (*int, error) {
+			return ec.unmarshalOInt2ᚖint(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["offset"] = arg1
+	arg2, err := graphql.ProcessArgField(ctx, rawArgs, "limit",
+		func(ctx context.Context, v any) (*int, error) {
+			return ec.unmarshalOInt2ᚖint(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["limit"] = arg2
 	return args, nil
 }
 
@@ -5107,6 +5722,28 @@ func (ec *executionContext) field_Query_policyDecisions_args(ctx context.Context
 		return nil, err
 	}
 	args["before"] = arg7
+	return args, nil
+}
+
+func (ec *executionContext) field_Query_policyReplay_args(ctx context.Context, rawArgs map[string]any) (map[string]any, error) {
+	var err error
+	args := map[string]any{}
+	arg0, err := graphql.ProcessArgField(ctx, rawArgs, "orgId",
+		func(ctx context.Context, v any) (*string, error) {
+			return ec.unmarshalOID2ᚖstring(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["orgId"] = arg0
+	arg1, err := graphql.ProcessArgField(ctx, rawArgs, "id",
+		func(ctx context.Context, v any) (string, error) {
+			return ec.unmarshalNID2string(ctx, v)
+		})
+	if err != nil {
+		return nil, err
+	}
+	args["id"] = arg1
 	return args, nil
 }
 
@@ -10417,6 +11054,50 @@ func (ec *executionContext) fieldContext_Mutation_reprice(ctx context.Context, f
 	return fc, nil
 }
 
+func (ec *executionContext) _Mutation_startPolicyReplay(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Mutation_startPolicyReplay(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			fc := graphql.GetFieldContext(ctx)
+			return ec.Resolvers.Mutation().StartPolicyReplay(ctx, fc.Args["orgId"].(*string), fc.Args["bundle"].(string), fc.Args["from"].(*time.Time), fc.Args["to"].(*time.Time))
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.PolicyReplay) graphql.Marshaler {
+			return ec.marshalNPolicyReplay2ᚖgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐPolicyReplay(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_Mutation_startPolicyReplay(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Mutation",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_PolicyReplay(ctx, field)
+		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = ec.Recover(ctx, r)
+			ec.Error(ctx, err)
+		}
+	}()
+	ctx = graphql.WithFieldContext(ctx, fc)
+	if fc.Args, err = ec.field_Mutation_startPolicyReplay_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
+		ec.Error(ctx, err)
+		return fc, err
+	}
+	return fc, nil
+}
+
 func (ec *executionContext) _PolicyDecision_id(ctx context.Context, field graphql.CollectedField, obj *model.PolicyDecision) (ret graphql.Marshaler) {
 	return graphql.ResolveField(
 		ctx,
@@ -10831,6 +11512,1034 @@ func (ec *executionContext) fieldContext_PolicyDenial_decision(_ context.Context
 		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
 			return ec.childFields_PolicyDecision(ctx, field)
 		},
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _PolicyReplay_id(ctx context.Context, field graphql.CollectedField, obj *model.PolicyReplay) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_PolicyReplay_id(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.ID, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNID2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_PolicyReplay_id(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("PolicyReplay", field, false, false, "ID")
+}
+
+func (ec *executionContext) _PolicyReplay_state(ctx context.Context, field graphql.CollectedField, obj *model.PolicyReplay) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_PolicyReplay_state(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.State, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v model.JobState) graphql.Marshaler {
+			return ec.marshalNJobState2githubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐJobState(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_PolicyReplay_state(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("PolicyReplay", field, false, false, "JobState")
+}
+
+func (ec *executionContext) _PolicyReplay_orgId(ctx context.Context, field graphql.CollectedField, obj *model.PolicyReplay) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_PolicyReplay_orgId(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.OrgID, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOID2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_PolicyReplay_orgId(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("PolicyReplay", field, false, false, "ID")
+}
+
+func (ec *executionContext) _PolicyReplay_scoped(ctx context.Context, field graphql.CollectedField, obj *model.PolicyReplay) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_PolicyReplay_scoped(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Scoped, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v bool) graphql.Marshaler {
+			return ec.marshalNBoolean2bool(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_PolicyReplay_scoped(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("PolicyReplay", field, false, false, "Boolean")
+}
+
+func (ec *executionContext) _PolicyReplay_from(ctx context.Context, field graphql.CollectedField, obj *model.PolicyReplay) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_PolicyReplay_from(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.From, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v time.Time) graphql.Marshaler {
+			return ec.marshalNTime2timeᚐTime(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_PolicyReplay_from(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("PolicyReplay", field, false, false, "Time")
+}
+
+func (ec *executionContext) _PolicyReplay_to(ctx context.Context, field graphql.CollectedField, obj *model.PolicyReplay) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_PolicyReplay_to(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.To, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v time.Time) graphql.Marshaler {
+			return ec.marshalNTime2timeᚐTime(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_PolicyReplay_to(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("PolicyReplay", field, false, false, "Time")
+}
+
+func (ec *executionContext) _PolicyReplay_decisions(ctx context.Context, field graphql.CollectedField, obj *model.PolicyReplay) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_PolicyReplay_decisions(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Decisions, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int) graphql.Marshaler {
+			return ec.marshalNInt2int(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_PolicyReplay_decisions(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("PolicyReplay", field, false, false, "Int")
+}
+
+func (ec *executionContext) _PolicyReplay_progress(ctx context.Context, field graphql.CollectedField, obj *model.PolicyReplay) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_PolicyReplay_progress(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Progress, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v float64) graphql.Marshaler {
+			return ec.marshalNFloat2float64(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_PolicyReplay_progress(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("PolicyReplay", field, false, false, "Float")
+}
+
+func (ec *executionContext) _PolicyReplay_perSecond(ctx context.Context, field graphql.CollectedField, obj *model.PolicyReplay) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_PolicyReplay_perSecond(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.PerSecond, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v float64) graphql.Marshaler {
+			return ec.marshalNFloat2float64(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_PolicyReplay_perSecond(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("PolicyReplay", field, false, false, "Float")
+}
+
+func (ec *executionContext) _PolicyReplay_requestedBy(ctx context.Context, field graphql.CollectedField, obj *model.PolicyReplay) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_PolicyReplay_requestedBy(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.RequestedBy, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOID2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_PolicyReplay_requestedBy(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("PolicyReplay", field, false, false, "ID")
+}
+
+func (ec *executionContext) _PolicyReplay_createdAt(ctx context.Context, field graphql.CollectedField, obj *model.PolicyReplay) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_PolicyReplay_createdAt(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.CreatedAt, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v time.Time) graphql.Marshaler {
+			return ec.marshalNTime2timeᚐTime(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_PolicyReplay_createdAt(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("PolicyReplay", field, false, false, "Time")
+}
+
+func (ec *executionContext) _PolicyReplay_finishedAt(ctx context.Context, field graphql.CollectedField, obj *model.PolicyReplay) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_PolicyReplay_finishedAt(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.FinishedAt, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *time.Time) graphql.Marshaler {
+			return ec.marshalOTime2ᚖtimeᚐTime(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_PolicyReplay_finishedAt(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("PolicyReplay", field, false, false, "Time")
+}
+
+func (ec *executionContext) _PolicyReplay_error(ctx context.Context, field graphql.CollectedField, obj *model.PolicyReplay) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_PolicyReplay_error(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Error, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_PolicyReplay_error(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("PolicyReplay", field, false, false, "String")
+}
+
+func (ec *executionContext) _PolicyReplay_revision(ctx context.Context, field graphql.CollectedField, obj *model.PolicyReplay) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_PolicyReplay_revision(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Revision, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_PolicyReplay_revision(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("PolicyReplay", field, false, false, "String")
+}
+
+func (ec *executionContext) _PolicyReplay_digest(ctx context.Context, field graphql.CollectedField, obj *model.PolicyReplay) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_PolicyReplay_digest(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Digest, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_PolicyReplay_digest(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("PolicyReplay", field, false, false, "String")
+}
+
+func (ec *executionContext) _PolicyReplay_result(ctx context.Context, field graphql.CollectedField, obj *model.PolicyReplay) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_PolicyReplay_result(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Result, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.PolicyReplayResult) graphql.Marshaler {
+			return ec.marshalOPolicyReplayResult2ᚖgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐPolicyReplayResult(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_PolicyReplay_result(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "PolicyReplay",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_PolicyReplayResult(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _PolicyReplayCount_kind(ctx context.Context, field graphql.CollectedField, obj *model.PolicyReplayCount) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_PolicyReplayCount_kind(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Kind, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_PolicyReplayCount_kind(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("PolicyReplayCount", field, false, false, "String")
+}
+
+func (ec *executionContext) _PolicyReplayCount_decisions(ctx context.Context, field graphql.CollectedField, obj *model.PolicyReplayCount) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_PolicyReplayCount_decisions(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Decisions, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int) graphql.Marshaler {
+			return ec.marshalNInt2int(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_PolicyReplayCount_decisions(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("PolicyReplayCount", field, false, false, "Int")
+}
+
+func (ec *executionContext) _PolicyReplayCount_unchanged(ctx context.Context, field graphql.CollectedField, obj *model.PolicyReplayCount) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_PolicyReplayCount_unchanged(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Unchanged, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int) graphql.Marshaler {
+			return ec.marshalNInt2int(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_PolicyReplayCount_unchanged(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("PolicyReplayCount", field, false, false, "Int")
+}
+
+func (ec *executionContext) _PolicyReplayCount_allowToDeny(ctx context.Context, field graphql.CollectedField, obj *model.PolicyReplayCount) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_PolicyReplayCount_allowToDeny(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.AllowToDeny, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int) graphql.Marshaler {
+			return ec.marshalNInt2int(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_PolicyReplayCount_allowToDeny(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("PolicyReplayCount", field, false, false, "Int")
+}
+
+func (ec *executionContext) _PolicyReplayCount_denyToAllow(ctx context.Context, field graphql.CollectedField, obj *model.PolicyReplayCount) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_PolicyReplayCount_denyToAllow(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.DenyToAllow, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int) graphql.Marshaler {
+			return ec.marshalNInt2int(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_PolicyReplayCount_denyToAllow(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("PolicyReplayCount", field, false, false, "Int")
+}
+
+func (ec *executionContext) _PolicyReplayCount_reasonChanged(ctx context.Context, field graphql.CollectedField, obj *model.PolicyReplayCount) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_PolicyReplayCount_reasonChanged(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.ReasonChanged, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int) graphql.Marshaler {
+			return ec.marshalNInt2int(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_PolicyReplayCount_reasonChanged(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("PolicyReplayCount", field, false, false, "Int")
+}
+
+func (ec *executionContext) _PolicyReplayExample_decisionId(ctx context.Context, field graphql.CollectedField, obj *model.PolicyReplayExample) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_PolicyReplayExample_decisionId(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.DecisionID, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNID2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_PolicyReplayExample_decisionId(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("PolicyReplayExample", field, false, false, "ID")
+}
+
+func (ec *executionContext) _PolicyReplayExample_time(ctx context.Context, field graphql.CollectedField, obj *model.PolicyReplayExample) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_PolicyReplayExample_time(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Time, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v time.Time) graphql.Marshaler {
+			return ec.marshalNTime2timeᚐTime(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_PolicyReplayExample_time(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("PolicyReplayExample", field, false, false, "Time")
+}
+
+func (ec *executionContext) _PolicyReplayExample_kind(ctx context.Context, field graphql.CollectedField, obj *model.PolicyReplayExample) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_PolicyReplayExample_kind(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Kind, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNString2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_PolicyReplayExample_kind(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("PolicyReplayExample", field, false, false, "String")
+}
+
+func (ec *executionContext) _PolicyReplayExample_actorId(ctx context.Context, field graphql.CollectedField, obj *model.PolicyReplayExample) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_PolicyReplayExample_actorId(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.ActorID, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v string) graphql.Marshaler {
+			return ec.marshalNID2string(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_PolicyReplayExample_actorId(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("PolicyReplayExample", field, false, false, "ID")
+}
+
+func (ec *executionContext) _PolicyReplayExample_actorHandle(ctx context.Context, field graphql.CollectedField, obj *model.PolicyReplayExample) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_PolicyReplayExample_actorHandle(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.ActorHandle, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_PolicyReplayExample_actorHandle(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("PolicyReplayExample", field, false, false, "String")
+}
+
+func (ec *executionContext) _PolicyReplayExample_otherId(ctx context.Context, field graphql.CollectedField, obj *model.PolicyReplayExample) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_PolicyReplayExample_otherId(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.OtherID, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOID2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_PolicyReplayExample_otherId(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("PolicyReplayExample", field, false, false, "ID")
+}
+
+func (ec *executionContext) _PolicyReplayExample_otherHandle(ctx context.Context, field graphql.CollectedField, obj *model.PolicyReplayExample) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_PolicyReplayExample_otherHandle(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.OtherHandle, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOString2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_PolicyReplayExample_otherHandle(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("PolicyReplayExample", field, false, false, "String")
+}
+
+func (ec *executionContext) _PolicyReplayExample_roomId(ctx context.Context, field graphql.CollectedField, obj *model.PolicyReplayExample) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_PolicyReplayExample_roomId(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.RoomID, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *string) graphql.Marshaler {
+			return ec.marshalOID2ᚖstring(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_PolicyReplayExample_roomId(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("PolicyReplayExample", field, false, false, "ID")
+}
+
+func (ec *executionContext) _PolicyReplayExample_liveAllow(ctx context.Context, field graphql.CollectedField, obj *model.PolicyReplayExample) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_PolicyReplayExample_liveAllow(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.LiveAllow, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v bool) graphql.Marshaler {
+			return ec.marshalNBoolean2bool(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_PolicyReplayExample_liveAllow(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("PolicyReplayExample", field, false, false, "Boolean")
+}
+
+func (ec *executionContext) _PolicyReplayExample_liveReasons(ctx context.Context, field graphql.CollectedField, obj *model.PolicyReplayExample) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_PolicyReplayExample_liveReasons(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.LiveReasons, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v []string) graphql.Marshaler {
+			return ec.marshalNString2ᚕstringᚄ(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_PolicyReplayExample_liveReasons(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("PolicyReplayExample", field, false, false, "String")
+}
+
+func (ec *executionContext) _PolicyReplayExample_candidateAllow(ctx context.Context, field graphql.CollectedField, obj *model.PolicyReplayExample) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_PolicyReplayExample_candidateAllow(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.CandidateAllow, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v bool) graphql.Marshaler {
+			return ec.marshalNBoolean2bool(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_PolicyReplayExample_candidateAllow(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("PolicyReplayExample", field, false, false, "Boolean")
+}
+
+func (ec *executionContext) _PolicyReplayExample_candidateReasons(ctx context.Context, field graphql.CollectedField, obj *model.PolicyReplayExample) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_PolicyReplayExample_candidateReasons(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.CandidateReasons, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v []string) graphql.Marshaler {
+			return ec.marshalNString2ᚕstringᚄ(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_PolicyReplayExample_candidateReasons(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("PolicyReplayExample", field, false, false, "String")
+}
+
+func (ec *executionContext) _PolicyReplayResult_decisions(ctx context.Context, field graphql.CollectedField, obj *model.PolicyReplayResult) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_PolicyReplayResult_decisions(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Decisions, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int) graphql.Marshaler {
+			return ec.marshalNInt2int(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_PolicyReplayResult_decisions(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("PolicyReplayResult", field, false, false, "Int")
+}
+
+func (ec *executionContext) _PolicyReplayResult_unchanged(ctx context.Context, field graphql.CollectedField, obj *model.PolicyReplayResult) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_PolicyReplayResult_unchanged(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Unchanged, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int) graphql.Marshaler {
+			return ec.marshalNInt2int(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_PolicyReplayResult_unchanged(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("PolicyReplayResult", field, false, false, "Int")
+}
+
+func (ec *executionContext) _PolicyReplayResult_allowToDeny(ctx context.Context, field graphql.CollectedField, obj *model.PolicyReplayResult) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_PolicyReplayResult_allowToDeny(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.AllowToDeny, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int) graphql.Marshaler {
+			return ec.marshalNInt2int(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_PolicyReplayResult_allowToDeny(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("PolicyReplayResult", field, false, false, "Int")
+}
+
+func (ec *executionContext) _PolicyReplayResult_denyToAllow(ctx context.Context, field graphql.CollectedField, obj *model.PolicyReplayResult) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_PolicyReplayResult_denyToAllow(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.DenyToAllow, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int) graphql.Marshaler {
+			return ec.marshalNInt2int(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_PolicyReplayResult_denyToAllow(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("PolicyReplayResult", field, false, false, "Int")
+}
+
+func (ec *executionContext) _PolicyReplayResult_reasonChanged(ctx context.Context, field graphql.CollectedField, obj *model.PolicyReplayResult) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_PolicyReplayResult_reasonChanged(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.ReasonChanged, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int) graphql.Marshaler {
+			return ec.marshalNInt2int(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_PolicyReplayResult_reasonChanged(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("PolicyReplayResult", field, false, false, "Int")
+}
+
+func (ec *executionContext) _PolicyReplayResult_approximate(ctx context.Context, field graphql.CollectedField, obj *model.PolicyReplayResult) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_PolicyReplayResult_approximate(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.Approximate, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int) graphql.Marshaler {
+			return ec.marshalNInt2int(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_PolicyReplayResult_approximate(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("PolicyReplayResult", field, false, false, "Int")
+}
+
+func (ec *executionContext) _PolicyReplayResult_outOfScope(ctx context.Context, field graphql.CollectedField, obj *model.PolicyReplayResult) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_PolicyReplayResult_outOfScope(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.OutOfScope, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v int) graphql.Marshaler {
+			return ec.marshalNInt2int(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_PolicyReplayResult_outOfScope(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	return graphql.NewScalarFieldContext("PolicyReplayResult", field, false, false, "Int")
+}
+
+func (ec *executionContext) _PolicyReplayResult_byKind(ctx context.Context, field graphql.CollectedField, obj *model.PolicyReplayResult) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_PolicyReplayResult_byKind(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			return obj.ByKind, nil
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v []model.PolicyReplayCount) graphql.Marshaler {
+			return ec.marshalNPolicyReplayCount2ᚕgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐPolicyReplayCountᚄ(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_PolicyReplayResult_byKind(_ context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "PolicyReplayResult",
+		Field:      field,
+		IsMethod:   false,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_PolicyReplayCount(ctx, field)
+		},
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _PolicyReplayResult_examples(ctx context.Context, field graphql.CollectedField, obj *model.PolicyReplayResult) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_PolicyReplayResult_examples(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			fc := graphql.GetFieldContext(ctx)
+			return obj.Examples(fc.Args["class"].(model.PolicyReplayClass), fc.Args["offset"].(*int), fc.Args["limit"].(*int))
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v []model.PolicyReplayExample) graphql.Marshaler {
+			return ec.marshalNPolicyReplayExample2ᚕgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐPolicyReplayExampleᚄ(ctx, selections, v)
+		},
+		true,
+		true,
+	)
+}
+func (ec *executionContext) fieldContext_PolicyReplayResult_examples(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "PolicyReplayResult",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: false,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_PolicyReplayExample(ctx, field)
+		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = ec.Recover(ctx, r)
+			ec.Error(ctx, err)
+		}
+	}()
+	ctx = graphql.WithFieldContext(ctx, fc)
+	if fc.Args, err = ec.field_PolicyReplayResult_examples_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
+		ec.Error(ctx, err)
+		return fc, err
 	}
 	return fc, nil
 }
@@ -11673,6 +13382,50 @@ func (ec *executionContext) fieldContext_Query_jobs(ctx context.Context, field g
 	}()
 	ctx = graphql.WithFieldContext(ctx, fc)
 	if fc.Args, err = ec.field_Query_jobs_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
+		ec.Error(ctx, err)
+		return fc, err
+	}
+	return fc, nil
+}
+
+func (ec *executionContext) _Query_policyReplay(ctx context.Context, field graphql.CollectedField) (ret graphql.Marshaler) {
+	return graphql.ResolveField(
+		ctx,
+		ec.OperationContext,
+		field,
+		func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.fieldContext_Query_policyReplay(ctx, field)
+		},
+		func(ctx context.Context) (any, error) {
+			fc := graphql.GetFieldContext(ctx)
+			return ec.Resolvers.Query().PolicyReplay(ctx, fc.Args["orgId"].(*string), fc.Args["id"].(string))
+		},
+		nil,
+		func(ctx context.Context, selections ast.SelectionSet, v *model.PolicyReplay) graphql.Marshaler {
+			return ec.marshalOPolicyReplay2ᚖgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐPolicyReplay(ctx, selections, v)
+		},
+		true,
+		false,
+	)
+}
+func (ec *executionContext) fieldContext_Query_policyReplay(ctx context.Context, field graphql.CollectedField) (fc *graphql.FieldContext, err error) {
+	fc = &graphql.FieldContext{
+		Object:     "Query",
+		Field:      field,
+		IsMethod:   true,
+		IsResolver: true,
+		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
+			return ec.childFields_PolicyReplay(ctx, field)
+		},
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = ec.Recover(ctx, r)
+			ec.Error(ctx, err)
+		}
+	}()
+	ctx = graphql.WithFieldContext(ctx, fc)
+	if fc.Args, err = ec.field_Query_policyReplay_args(ctx, field.ArgumentMap(ec.Variables)); err != nil {
 		ec.Error(ctx, err)
 		return fc, err
 	}
@@ -16596,6 +18349,13 @@ func (ec *executionContext) _Mutation(ctx context.Context, sel ast.SelectionSet)
 			if out.Values[i] == graphql.Null {
 				out.Invalids++
 			}
+		case "startPolicyReplay":
+			out.Values[i] = ec.OperationContext.RootResolverMiddleware(innerCtx, func(ctx context.Context) (res graphql.Marshaler) {
+				return ec._Mutation_startPolicyReplay(ctx, field)
+			})
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
 		default:
 			panic("unknown field " + strconv.Quote(field.Name))
 		}
@@ -16762,6 +18522,333 @@ func (ec *executionContext) _PolicyDenial(ctx context.Context, sel ast.Selection
 			out.Values[i] = graphql.MarshalString("PolicyDenial")
 		case "decision":
 			out.Values[i] = ec._PolicyDenial_decision(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
+var policyReplayImplementors = []string{"PolicyReplay"}
+
+func (ec *executionContext) _PolicyReplay(ctx context.Context, sel ast.SelectionSet, obj *model.PolicyReplay) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, policyReplayImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("PolicyReplay")
+		case "id":
+			out.Values[i] = ec._PolicyReplay_id(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "state":
+			out.Values[i] = ec._PolicyReplay_state(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "orgId":
+			out.Values[i] = ec._PolicyReplay_orgId(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "scoped":
+			out.Values[i] = ec._PolicyReplay_scoped(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "from":
+			out.Values[i] = ec._PolicyReplay_from(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "to":
+			out.Values[i] = ec._PolicyReplay_to(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "decisions":
+			out.Values[i] = ec._PolicyReplay_decisions(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "progress":
+			out.Values[i] = ec._PolicyReplay_progress(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "perSecond":
+			out.Values[i] = ec._PolicyReplay_perSecond(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "requestedBy":
+			out.Values[i] = ec._PolicyReplay_requestedBy(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "createdAt":
+			out.Values[i] = ec._PolicyReplay_createdAt(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "finishedAt":
+			out.Values[i] = ec._PolicyReplay_finishedAt(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "error":
+			out.Values[i] = ec._PolicyReplay_error(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "revision":
+			out.Values[i] = ec._PolicyReplay_revision(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "digest":
+			out.Values[i] = ec._PolicyReplay_digest(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "result":
+			out.Values[i] = ec._PolicyReplay_result(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
+var policyReplayCountImplementors = []string{"PolicyReplayCount"}
+
+func (ec *executionContext) _PolicyReplayCount(ctx context.Context, sel ast.SelectionSet, obj *model.PolicyReplayCount) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, policyReplayCountImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("PolicyReplayCount")
+		case "kind":
+			out.Values[i] = ec._PolicyReplayCount_kind(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "decisions":
+			out.Values[i] = ec._PolicyReplayCount_decisions(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "unchanged":
+			out.Values[i] = ec._PolicyReplayCount_unchanged(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "allowToDeny":
+			out.Values[i] = ec._PolicyReplayCount_allowToDeny(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "denyToAllow":
+			out.Values[i] = ec._PolicyReplayCount_denyToAllow(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "reasonChanged":
+			out.Values[i] = ec._PolicyReplayCount_reasonChanged(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
+var policyReplayExampleImplementors = []string{"PolicyReplayExample"}
+
+func (ec *executionContext) _PolicyReplayExample(ctx context.Context, sel ast.SelectionSet, obj *model.PolicyReplayExample) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, policyReplayExampleImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("PolicyReplayExample")
+		case "decisionId":
+			out.Values[i] = ec._PolicyReplayExample_decisionId(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "time":
+			out.Values[i] = ec._PolicyReplayExample_time(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "kind":
+			out.Values[i] = ec._PolicyReplayExample_kind(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "actorId":
+			out.Values[i] = ec._PolicyReplayExample_actorId(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "actorHandle":
+			out.Values[i] = ec._PolicyReplayExample_actorHandle(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "otherId":
+			out.Values[i] = ec._PolicyReplayExample_otherId(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "otherHandle":
+			out.Values[i] = ec._PolicyReplayExample_otherHandle(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "roomId":
+			out.Values[i] = ec._PolicyReplayExample_roomId(ctx, field, obj)
+			if out.Values[i] == graphql.RequiredNull {
+				out.Invalids++
+			}
+		case "liveAllow":
+			out.Values[i] = ec._PolicyReplayExample_liveAllow(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "liveReasons":
+			out.Values[i] = ec._PolicyReplayExample_liveReasons(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "candidateAllow":
+			out.Values[i] = ec._PolicyReplayExample_candidateAllow(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "candidateReasons":
+			out.Values[i] = ec._PolicyReplayExample_candidateReasons(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		default:
+			panic("unknown field " + strconv.Quote(field.Name))
+		}
+	}
+	out.Dispatch(ctx)
+	if out.Invalids > 0 {
+		return graphql.Null
+	}
+
+	if n := len(deferred.Defers); n > 0 {
+		atomic.AddInt32(&ec.Deferred, int32(min(n, math.MaxInt32)))
+		ec.ProcessDeferredGroup(deferred)
+	}
+
+	return out
+}
+
+var policyReplayResultImplementors = []string{"PolicyReplayResult"}
+
+func (ec *executionContext) _PolicyReplayResult(ctx context.Context, sel ast.SelectionSet, obj *model.PolicyReplayResult) graphql.Marshaler {
+	fields := graphql.CollectFields(ec.OperationContext, sel, policyReplayResultImplementors)
+
+	out := graphql.NewFieldSet(fields)
+	deferred := graphql.NewDeferredGroup(ctx)
+	for i, field := range fields {
+		switch field.Name {
+		case "__typename":
+			out.Values[i] = graphql.MarshalString("PolicyReplayResult")
+		case "decisions":
+			out.Values[i] = ec._PolicyReplayResult_decisions(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "unchanged":
+			out.Values[i] = ec._PolicyReplayResult_unchanged(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "allowToDeny":
+			out.Values[i] = ec._PolicyReplayResult_allowToDeny(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "denyToAllow":
+			out.Values[i] = ec._PolicyReplayResult_denyToAllow(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "reasonChanged":
+			out.Values[i] = ec._PolicyReplayResult_reasonChanged(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "approximate":
+			out.Values[i] = ec._PolicyReplayResult_approximate(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "outOfScope":
+			out.Values[i] = ec._PolicyReplayResult_outOfScope(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "byKind":
+			out.Values[i] = ec._PolicyReplayResult_byKind(ctx, field, obj)
+			if out.Values[i] == graphql.Null {
+				out.Invalids++
+			}
+		case "examples":
+			out.Values[i] = ec._PolicyReplayResult_examples(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
 				out.Invalids++
 			}
@@ -16958,6 +19045,12 @@ func (ec *executionContext) _Query(ctx context.Context, sel ast.SelectionSet) gr
 				true, true,
 				func(ctx context.Context) graphql.Marshaler {
 					return ec._Query_jobs(ctx, field)
+				})
+		case "policyReplay":
+			out.ResolveRootConcurrently(innerCtx, ec.OperationContext, i,
+				true, false,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._Query_policyReplay(ctx, field)
 				})
 		case "__type":
 			out.Values[i] = ec.OperationContext.RootResolverMiddleware(innerCtx, func(ctx context.Context) (res graphql.Marshaler) {
@@ -18442,6 +20535,20 @@ func (ec *executionContext) marshalNDelegationHop2ᚕgithubᚗcomᚋbandplaneᚋ
 	return ret
 }
 
+func (ec *executionContext) unmarshalNFloat2float64(ctx context.Context, v any) (float64, error) {
+	res, err := graphql.UnmarshalFloatContext(ctx, v)
+	return res, graphql.ErrorOnPath(ctx, err)
+}
+
+func (ec *executionContext) marshalNFloat2float64(ctx context.Context, sel ast.SelectionSet, v float64) graphql.Marshaler {
+	_ = sel
+	res := graphql.MarshalFloatContext(v)
+	if res == graphql.Null {
+		graphql.AddInvalidNullFromMarshaler(ctx, "Float!")
+	}
+	return graphql.WrapContextMarshaler(ctx, res)
+}
+
 func (ec *executionContext) unmarshalNID2string(ctx context.Context, v any) (string, error) {
 	res, err := graphql.UnmarshalID(v)
 	return res, graphql.ErrorOnPath(ctx, err)
@@ -18595,6 +20702,64 @@ func (ec *executionContext) marshalNPolicyDenial2ᚖgithubᚗcomᚋbandplaneᚋb
 	return ec._PolicyDenial(ctx, sel, v)
 }
 
+func (ec *executionContext) marshalNPolicyReplay2ᚖgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐPolicyReplay(ctx context.Context, sel ast.SelectionSet, v *model.PolicyReplay) graphql.Marshaler {
+	if v == nil {
+		graphql.AddInvalidNullError(ctx, "PolicyReplay!")
+		return graphql.Null
+	}
+	return ec._PolicyReplay(ctx, sel, v)
+}
+
+func (ec *executionContext) unmarshalNPolicyReplayClass2githubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐPolicyReplayClass(ctx context.Context, v any) (model.PolicyReplayClass, error) {
+	var res model.PolicyReplayClass
+	err := res.UnmarshalGQL(v)
+	return res, graphql.ErrorOnPath(ctx, err)
+}
+
+func (ec *executionContext) marshalNPolicyReplayClass2githubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐPolicyReplayClass(ctx context.Context, sel ast.SelectionSet, v model.PolicyReplayClass) graphql.Marshaler {
+	return v
+}
+
+func (ec *executionContext) marshalNPolicyReplayCount2githubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐPolicyReplayCount(ctx context.Context, sel ast.SelectionSet, v model.PolicyReplayCount) graphql.Marshaler {
+	return ec._PolicyReplayCount(ctx, sel, &v)
+}
+
+func (ec *executionContext) marshalNPolicyReplayCount2ᚕgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐPolicyReplayCountᚄ(ctx context.Context, sel ast.SelectionSet, v []model.PolicyReplayCount) graphql.Marshaler {
+	ret := graphql.MarshalSliceConcurrently(ctx, len(v), 0, false, func(ctx context.Context, i int) graphql.Marshaler {
+		fc := graphql.GetFieldContext(ctx)
+		fc.Result = &v[i]
+		return ec.marshalNPolicyReplayCount2githubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐPolicyReplayCount(ctx, sel, v[i])
+	})
+
+	for _, e := range ret {
+		if e == graphql.Null {
+			return graphql.Null
+		}
+	}
+
+	return ret
+}
+
+func (ec *executionContext) marshalNPolicyReplayExample2githubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐPolicyReplayExample(ctx context.Context, sel ast.SelectionSet, v model.PolicyReplayExample) graphql.Marshaler {
+	return ec._PolicyReplayExample(ctx, sel, &v)
+}
+
+func (ec *executionContext) marshalNPolicyReplayExample2ᚕgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐPolicyReplayExampleᚄ(ctx context.Context, sel ast.SelectionSet, v []model.PolicyReplayExample) graphql.Marshaler {
+	ret := graphql.MarshalSliceConcurrently(ctx, len(v), 0, false, func(ctx context.Context, i int) graphql.Marshaler {
+		fc := graphql.GetFieldContext(ctx)
+		fc.Result = &v[i]
+		return ec.marshalNPolicyReplayExample2githubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐPolicyReplayExample(ctx, sel, v[i])
+	})
+
+	for _, e := range ret {
+		if e == graphql.Null {
+			return graphql.Null
+		}
+	}
+
+	return ret
+}
+
 func (ec *executionContext) marshalNPrice2githubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐPrice(ctx context.Context, sel ast.SelectionSet, v model.Price) graphql.Marshaler {
 	return ec._Price(ctx, sel, &v)
 }
@@ -18710,6 +20875,35 @@ func (ec *executionContext) marshalNString2string(ctx context.Context, sel ast.S
 		graphql.AddInvalidNullFromMarshaler(ctx, "String!")
 	}
 	return res
+}
+
+func (ec *executionContext) unmarshalNString2ᚕstringᚄ(ctx context.Context, v any) ([]string, error) {
+	vSlice := graphql.CoerceList(v)
+	var err error
+	res := make([]string, len(vSlice))
+	for i := range vSlice {
+		ctx := graphql.WithPathContext(ctx, graphql.NewPathWithIndex(i))
+		res[i], err = ec.unmarshalNString2string(ctx, vSlice[i])
+		if err != nil {
+			return nil, err
+		}
+	}
+	return res, nil
+}
+
+func (ec *executionContext) marshalNString2ᚕstringᚄ(ctx context.Context, sel ast.SelectionSet, v []string) graphql.Marshaler {
+	ret := make(graphql.Array, len(v))
+	for i := range v {
+		ret[i] = ec.marshalNString2string(ctx, sel, v[i])
+	}
+
+	for _, e := range ret {
+		if e == graphql.Null {
+			return graphql.Null
+		}
+	}
+
+	return ret
 }
 
 func (ec *executionContext) marshalNTask2githubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐTask(ctx context.Context, sel ast.SelectionSet, v model.Task) graphql.Marshaler {
@@ -19281,6 +21475,20 @@ func (ec *executionContext) marshalOInt642ᚖint64(ctx context.Context, sel ast.
 	_ = ctx
 	res := graphql.MarshalInt64(*v)
 	return res
+}
+
+func (ec *executionContext) marshalOPolicyReplay2ᚖgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐPolicyReplay(ctx context.Context, sel ast.SelectionSet, v *model.PolicyReplay) graphql.Marshaler {
+	if v == nil {
+		return graphql.Null
+	}
+	return ec._PolicyReplay(ctx, sel, v)
+}
+
+func (ec *executionContext) marshalOPolicyReplayResult2ᚖgithubᚗcomᚋbandplaneᚋbandplaneᚋgraphᚋmodelᚐPolicyReplayResult(ctx context.Context, sel ast.SelectionSet, v *model.PolicyReplayResult) graphql.Marshaler {
+	if v == nil {
+		return graphql.Null
+	}
+	return ec._PolicyReplayResult(ctx, sel, v)
 }
 
 func (ec *executionContext) unmarshalOString2ᚕstringᚄ(ctx context.Context, v any) ([]string, error) {

@@ -435,6 +435,58 @@ type PolicyDenial struct {
 	Decision *PolicyDecision `json:"decision"`
 }
 
+// A replay of an organization's recorded policy decisions with a candidate bundle (startPolicyReplay).
+type PolicyReplay struct {
+	ID    string   `json:"id"`
+	State JobState `json:"state"`
+	// The organization whose decisions are replayed (null: every organization's, a platform key's replay).
+	OrgID *string `json:"orgId,omitempty"`
+	// True for an organization's key: the candidate reads the organization's own trail
+	// only (the events its keys read), so nothing it answers can be another
+	// organization's. A platform key's replay reads the whole trail, as the CLI does.
+	Scoped bool      `json:"scoped"`
+	From   time.Time `json:"from"`
+	To     time.Time `json:"to"`
+	// Decisions replayed so far, how far through the range the last one was (0..1), and decisions a second.
+	Decisions   int        `json:"decisions"`
+	Progress    float64    `json:"progress"`
+	PerSecond   float64    `json:"perSecond"`
+	RequestedBy *string    `json:"requestedBy,omitempty"`
+	CreatedAt   time.Time  `json:"createdAt"`
+	FinishedAt  *time.Time `json:"finishedAt,omitempty"`
+	Error       *string    `json:"error,omitempty"`
+	// The candidate's policy revision (once its checks passed) and the digest of its files.
+	Revision *string `json:"revision,omitempty"`
+	Digest   string  `json:"digest"`
+	// The outcome, once the replay is done.
+	Result *PolicyReplayResult `json:"result,omitempty"`
+}
+
+type PolicyReplayCount struct {
+	Kind          string `json:"kind"`
+	Decisions     int    `json:"decisions"`
+	Unchanged     int    `json:"unchanged"`
+	AllowToDeny   int    `json:"allowToDeny"`
+	DenyToAllow   int    `json:"denyToAllow"`
+	ReasonChanged int    `json:"reasonChanged"`
+}
+
+// One decision the candidate decides otherwise, its parties named by the directory of the moment.
+type PolicyReplayExample struct {
+	DecisionID       string    `json:"decisionId"`
+	Time             time.Time `json:"time"`
+	Kind             string    `json:"kind"`
+	ActorID          string    `json:"actorId"`
+	ActorHandle      *string   `json:"actorHandle,omitempty"`
+	OtherID          *string   `json:"otherId,omitempty"`
+	OtherHandle      *string   `json:"otherHandle,omitempty"`
+	RoomID           *string   `json:"roomId,omitempty"`
+	LiveAllow        bool      `json:"liveAllow"`
+	LiveReasons      []string  `json:"liveReasons"`
+	CandidateAllow   bool      `json:"candidateAllow"`
+	CandidateReasons []string  `json:"candidateReasons"`
+}
+
 // A price of the catalog, per million tokens, in its currency.
 type Price struct {
 	Model      string `json:"model"`
@@ -1039,6 +1091,63 @@ func (e *JobState) UnmarshalJSON(b []byte) error {
 }
 
 func (e JobState) MarshalJSON() ([]byte, error) {
+	var buf bytes.Buffer
+	e.MarshalGQL(&buf)
+	return buf.Bytes(), nil
+}
+
+type PolicyReplayClass string
+
+const (
+	PolicyReplayClassAllowToDeny   PolicyReplayClass = "ALLOW_TO_DENY"
+	PolicyReplayClassDenyToAllow   PolicyReplayClass = "DENY_TO_ALLOW"
+	PolicyReplayClassReasonChanged PolicyReplayClass = "REASON_CHANGED"
+)
+
+var AllPolicyReplayClass = []PolicyReplayClass{
+	PolicyReplayClassAllowToDeny,
+	PolicyReplayClassDenyToAllow,
+	PolicyReplayClassReasonChanged,
+}
+
+func (e PolicyReplayClass) IsValid() bool {
+	switch e {
+	case PolicyReplayClassAllowToDeny, PolicyReplayClassDenyToAllow, PolicyReplayClassReasonChanged:
+		return true
+	}
+	return false
+}
+
+func (e PolicyReplayClass) String() string {
+	return string(e)
+}
+
+func (e *PolicyReplayClass) UnmarshalGQL(v any) error {
+	str, ok := v.(string)
+	if !ok {
+		return fmt.Errorf("enums must be strings")
+	}
+
+	*e = PolicyReplayClass(str)
+	if !e.IsValid() {
+		return fmt.Errorf("%s is not a valid PolicyReplayClass", str)
+	}
+	return nil
+}
+
+func (e PolicyReplayClass) MarshalGQL(w io.Writer) {
+	_, _ = fmt.Fprint(w, strconv.Quote(e.String()))
+}
+
+func (e *PolicyReplayClass) UnmarshalJSON(b []byte) error {
+	s, err := strconv.Unquote(string(b))
+	if err != nil {
+		return err
+	}
+	return e.UnmarshalGQL(s)
+}
+
+func (e PolicyReplayClass) MarshalJSON() ([]byte, error) {
 	var buf bytes.Buffer
 	e.MarshalGQL(&buf)
 	return buf.Bytes(), nil

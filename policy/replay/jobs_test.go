@@ -1,0 +1,174 @@
+package replay_test
+
+import (
+	"archive/tar"
+	"bytes"
+	"compress/gzip"
+	"context"
+	"errors"
+	"io/fs"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/bandplane/bandplane/policy"
+	"github.com/bandplane/bandplane/policy/replay"
+	"github.com/bandplane/bandplane/schema"
+	"github.com/bandplane/bandplane/schema/keys"
+)
+
+type tarFile struct {
+	name string
+	body []byte
+	typ  byte
+}
+
+func tarball(t *testing.T, gz bool, files ...tarFile) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	var w *tar.Writer
+	var zw *gzip.Writer
+	if gz {
+		zw = gzip.NewWriter(&buf)
+		w = tar.NewWriter(zw)
+	} else {
+		w = tar.NewWriter(&buf)
+	}
+	for _, f := range files {
+		typ := f.typ
+		if typ == 0 {
+			typ = tar.TypeReg
+		}
+		h := &tar.Header{Name: f.name, Mode: 0o644, Size: int64(len(f.body)), Typeflag: typ}
+		if typ == tar.TypeSymlink {
+			h.Linkname, h.Size = "/etc/passwd", 0
+		}
+		require.NoError(t, w.WriteHeader(h))
+		if typ == tar.TypeReg {
+			_, err := w.Write(f.body)
+			require.NoError(t, err)
+		}
+	}
+	require.NoError(t, w.Close())
+	if zw != nil {
+		require.NoError(t, zw.Close())
+	}
+	return buf.Bytes()
+}
+
+func defaultBundle(t *testing.T) []tarFile {
+	t.Helper()
+	var out []tarFile
+	require.NoError(t, fs.WalkDir(policy.DefaultBundle(), ".", func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		b, err := fs.ReadFile(policy.DefaultBundle(), p)
+		out = append(out, tarFile{name: p, body: b})
+		return err
+	}))
+	return out
+}
+
+func TestReadTarballRefusesHostileArchives(t *testing.T) {
+	ok := tarFile{name: "x.rego", body: []byte("package x\n")}
+	many := []tarFile{}
+	for i := range replay.MaxBundleFiles + 1 {
+		many = append(many, tarFile{name: strings.Repeat("a", 1+i%50) + string(rune('a'+i%26)) + strings.Repeat("b", i/26) + ".rego", body: []byte("package x\n")})
+	}
+	for name, tc := range map[string]struct {
+		b    []byte
+		want string
+	}{
+		"traversal":     {tarball(t, false, tarFile{name: "../../etc/x.rego", body: []byte("x")}), "a relative path inside the bundle"},
+		"absolute":      {tarball(t, false, tarFile{name: "/etc/x.rego", body: []byte("x")}), "a relative path inside the bundle"},
+		"a link":        {tarball(t, false, tarFile{name: "x.rego", typ: tar.TypeSymlink}), "only regular files and folders"},
+		"another file":  {tarball(t, false, tarFile{name: "run.sh", body: []byte("#!/bin/sh")}), ".rego files and data.json files only"},
+		"twice":         {tarball(t, false, ok, ok), "in the tarball twice"},
+		"too many":      {tarball(t, true, many...), "more than 256 files"},
+		"a gzip bomb":   {tarball(t, true, tarFile{name: "big.rego", body: make([]byte, replay.MaxBundleBytes+1)}), "bytes unpacked"},
+		"not a tar":     {[]byte("hello, this is not a tarball at all, just text"), "not a tar archive"},
+		"broken gzip":   {[]byte{0x1f, 0x8b, 0, 1, 2}, "not a gzip stream"},
+		"empty":         {tarball(t, false), "holds no policy file"},
+		"too large":     {make([]byte, replay.MaxTarballBytes+1), "more than 1048576"},
+		"truncated tar": {tarball(t, false, tarFile{name: "x.rego", body: make([]byte, 2000)})[:1000], `"x.rego": cannot unpack: unexpected EOF`},
+	} {
+		t.Run(name, func(t *testing.T) {
+			dir := t.TempDir()
+			err := replay.ReadTarball(tc.b, dir)
+			require.Error(t, err)
+			assert.ErrorIs(t, err, schema.ErrInvalid)
+			assert.Contains(t, err.Error(), tc.want)
+		})
+	}
+}
+
+// blocked is a Source whose decisions wait until released: a job that stays running.
+type blocked struct {
+	replay.Source
+	release chan struct{}
+}
+
+func (b blocked) Decisions(ctx context.Context, from, to time.Time) (replay.Cursor, error) {
+	select {
+	case <-b.release:
+	case <-ctx.Done():
+	}
+	return b.Source.Decisions(ctx, from, to)
+}
+
+func TestJobsRunPerOrganizationWithinTheirShare(t *testing.T) {
+	release := make(chan struct{})
+	jobs := replay.NewJobs(t.Context(), replay.JobsConfig{Source: blocked{Source: trail(t), release: release}})
+	admin := keys.Key{ID: "k-acme", Org: "acme", Role: keys.RoleAdmin}
+	b := tarball(t, true, defaultBundle(t)...)
+	job, err := jobs.Start(admin, "acme", b, day, day.Add(24*time.Hour))
+	require.NoError(t, err)
+	assert.Equal(t, replay.JobRunning, job.State)
+	assert.Contains(t, job.Digest, "sha256:")
+	assert.True(t, job.Scoped, "an organization's key replays over its own trail only")
+
+	_, err = jobs.Start(admin, "acme", b, day, day.Add(24*time.Hour))
+	assert.ErrorIs(t, err, schema.ErrTooMany, "one replay of a key at once")
+	assert.ErrorContains(t, err, "--max-policy-replays-per-key")
+	_, err = jobs.Start(keys.Key{ID: "k-acme-2", Org: "acme", Role: keys.RoleAdmin}, "acme", b, day, day.Add(24*time.Hour))
+	assert.ErrorContains(t, err, "--max-policy-replays-per-org", "one replay of an organization at once")
+	platform, err := jobs.Start(keys.Key{ID: "k-ops", Org: keys.PlatformOrg, Role: keys.RoleAdmin}, "acme", b, day, day.Add(24*time.Hour))
+	require.NoError(t, err, "the platform's place is its own")
+	assert.False(t, platform.Scoped, "a platform key's replay reads the whole trail")
+	_, err = jobs.Start(admin, "acme", b, day.Add(time.Hour), day)
+	assert.ErrorIs(t, err, schema.ErrInvalid)
+	_, ok := jobs.Get("globex", job.ID)
+	assert.False(t, ok, "another organization's job is not found")
+
+	close(release)
+	require.Eventually(t, func() bool {
+		j, _ := jobs.Get("acme", job.ID)
+		return j.State != replay.JobRunning
+	}, 30*time.Second, 20*time.Millisecond)
+	done, ok := jobs.Get("acme", job.ID)
+	require.True(t, ok)
+	require.Equal(t, replay.JobDone, done.State, done.Error)
+	assert.Equal(t, 1, done.Result.Decisions)
+	assert.Equal(t, 1, done.Result.Unchanged)
+	assert.Zero(t, done.Result.OutOfScope, "the decision reads acme's own state only")
+	require.Eventually(t, func() bool {
+		j, _ := jobs.Get("acme", platform.ID)
+		return j.State != replay.JobRunning
+	}, 30*time.Second, 20*time.Millisecond)
+
+	// A bundle that fails its checks fails its job, which says why.
+	bad := append(defaultBundle(t), tarFile{name: "leak.rego", body: []byte("package bandplane.leak\n\nx := http.send({})\n")})
+	job, err = jobs.Start(admin, "acme", tarball(t, false, bad...), day, day.Add(24*time.Hour))
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		j, _ := jobs.Get("acme", job.ID)
+		return j.State == replay.JobFailed
+	}, 30*time.Second, 20*time.Millisecond)
+	failed, _ := jobs.Get("acme", job.ID)
+	assert.Contains(t, failed.Error, "calls http.send")
+	assert.False(t, errors.Is(err, schema.ErrTooMany))
+}
