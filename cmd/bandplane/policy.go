@@ -45,6 +45,9 @@ type policyFlags struct {
 	// the decisions of the last gateWindow (negative: no gate).
 	maxFlipRatio float64
 	gateWindow   time.Duration
+	// replayMaxMemory bounds each replay's process (the gate's, the API's jobs'); 0
+	// runs replays in this process, without a bound.
+	replayMaxMemory int64
 }
 
 func (p *policyFlags) register(fs *flag.FlagSet) {
@@ -58,10 +61,11 @@ func (p *policyFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&p.self, "policy-self", envOr("BANDPLANE_POLICY_SELF", ""), "this replica's own base URL in --policy-peers (env BANDPLANE_POLICY_SELF)")
 	fs.Float64Var(&p.maxFlipRatio, "policy-max-flip-ratio", -1, "before a hot reload, replay the decisions of the last --policy-gate-window with the new bundle and refuse it (audited as policy.reload_refused) when more than this share of them flip, 0..1 (default: no gate)")
 	fs.DurationVar(&p.gateWindow, "policy-gate-window", 24*time.Hour, "how far back the replay gate of --policy-max-flip-ratio replays")
+	fs.Int64Var(&p.replayMaxMemory, "policy-replay-max-memory", defaultReplayMaxMemory, "bytes of memory each policy replay (the reload gate's, startPolicyReplay's) may take, in a process of its own that is stopped at the bound (at least 64 MiB; 0: replays run in this process, unbounded)")
 }
 
 // gate is the replay gate of hot reloads, nil without --policy-max-flip-ratio.
-func (p *policyFlags) gate(conn driver.Conn, db string, cat pricing.Source, log *slog.Logger) (func(context.Context, fs.FS) error, error) {
+func (p *policyFlags) gate(run replayRunFunc, conn driver.Conn, db string, cat pricing.Source, log *slog.Logger) (func(context.Context, fs.FS) error, error) {
 	if p.maxFlipRatio < 0 {
 		return nil, nil
 	}
@@ -74,7 +78,7 @@ func (p *policyFlags) gate(conn driver.Conn, db string, cat pricing.Source, log 
 	return func(ctx context.Context, bundle fs.FS) error {
 		to := time.Now().UTC()
 		from := to.Add(-p.gateWindow)
-		res, err := replay.Run(ctx, replay.Config{Source: replay.ClickHouse{Conn: conn, Database: db}, Bundle: bundle,
+		res, err := run(ctx, replay.Config{Source: replay.ClickHouse{Conn: conn, Database: db}, Bundle: bundle,
 			From: from, To: to, Catalog: cat, Logger: log})
 		if err != nil {
 			return fmt.Errorf("the replay gate cannot replay the last %s with the new bundle: %w", p.gateWindow, err)
@@ -191,7 +195,11 @@ func (p *policyFlags) build(ctx context.Context, log *slog.Logger, reg prometheu
 			failOpen[n] = true
 		}
 	}
-	gate, err := p.gate(conn, st.ch.Database, cat, log)
+	run, err := replayRunner(st, p.replayMaxMemory)
+	if err != nil {
+		return nil, fmt.Errorf("--policy-replay-max-memory: %w", err)
+	}
+	gate, err := p.gate(run, conn, st.ch.Database, cat, log)
 	if err != nil {
 		return nil, err
 	}

@@ -13,7 +13,7 @@ import (
 	"github.com/bandplane/bandplane/policy/replay"
 )
 
-const policyReplayUsage = "--bundle DIR [--from T] [--to T] [--org ORG] [--kinds a,b] [--examples N]  (needs ClickHouse)"
+const policyReplayUsage = "--bundle DIR [--from T] [--to T] [--org ORG] [--kinds a,b] [--examples N] [--max-memory BYTES]  (needs ClickHouse)"
 
 // runPolicyReplay is `bandplane policy replay`: the recorded decisions of a range,
 // decided again by a candidate bundle against the state each live decision saw. The
@@ -30,6 +30,7 @@ func runPolicyReplay(ctx context.Context, e *env, args []string) error {
 	examples := fs.Int("examples", replay.DefaultExamples, "decisions kept as examples of each flip class")
 	warmup := fs.Duration("warmup", replay.DefaultWarmup, "decisions this long before --from are replayed, not counted, to rebuild the rates and reservations open at --from")
 	timeout := fs.Duration("eval-timeout", replay.DefaultEvalTimeout, "longest one evaluation of the candidate may take")
+	maxMemory := fs.Int64("max-memory", defaultReplayMaxMemory, "bytes of memory the replay may take, in a process of its own that is stopped at the bound (at least 64 MiB; 0: in this process, unbounded)")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -72,6 +73,10 @@ func runPolicyReplay(ctx context.Context, e *env, args []string) error {
 	if *timeout <= 0 {
 		return flagErr("--eval-timeout must be > 0, got %s", *timeout)
 	}
+	run, err := replayRunner(st, *maxMemory)
+	if err != nil {
+		return flagErr("--max-memory: %v", err)
+	}
 	var kindList []string
 	for _, k := range strings.Split(*kinds, ",") {
 		if k = strings.TrimSpace(k); k == "" {
@@ -88,7 +93,7 @@ func runPolicyReplay(ctx context.Context, e *env, args []string) error {
 	}
 	defer func() { _ = conn.Close() }()
 	last := time.Time{}
-	res, err := replay.Run(ctx, replay.Config{Source: replay.ClickHouse{Conn: conn, Database: st.ch.Database}, Bundle: os.DirFS(*bundle),
+	res, err := run(ctx, replay.Config{Source: replay.ClickHouse{Conn: conn, Database: st.ch.Database}, Bundle: os.DirFS(*bundle),
 		From: start, To: end, Org: *org, Kinds: kindList, Examples: *examples, Warmup: *warmup, EvalTimeout: *timeout, Logger: e.log,
 		Progress: func(p replay.Progress) {
 			if time.Since(last) < time.Second && p.Fraction < 1 {

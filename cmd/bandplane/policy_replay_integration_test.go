@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -60,7 +61,8 @@ func TestIntegrationPolicyReplay(t *testing.T) {
 	operator := s.key(t, "platform-operator", keys.PlatformOrg, keys.RoleOperator)
 	// The gate refuses a reload whose bundle flips more than 5 % of the last hour's
 	// decisions.
-	srv := s.serve(t, "--policy-dir", live, "--policy-max-flip-ratio", "0.05", "--policy-gate-window", "1h")
+	srv := s.serve(t, "--policy-dir", live, "--policy-max-flip-ratio", "0.05", "--policy-gate-window", "1h",
+		"--policy-replay-max-memory", strconv.Itoa(256<<20))
 	began := time.Now().UTC()
 
 	at := began.Add(-time.Hour)
@@ -258,6 +260,38 @@ candidate_deny contains lib.reason("sibling_hidden", sprintf("%s is only a sibli
 	var foreign replayAnswer
 	recAsk(t, srv, other, replayDoc, map[string]any{"id": started.StartPolicyReplay.ID}, &foreign)
 	assert.Nil(t, foreign.PolicyReplay, "another organization's replay is not found")
+
+	// A candidate whose evaluation allocates without bound, one builtin call at a time
+	// (100 KB, then 100 MB, then 1 GB in one replace), is stopped at the replay's memory
+	// bound of 256 MiB: the CLI says so, serve's job fails saying so, and serve goes on.
+	bomb := copyDir(t, live)
+	dropTests(t, bomb)
+	f, err = os.OpenFile(filepath.Join(bomb, "peer_visible.rego"), os.O_APPEND|os.O_WRONLY, 0)
+	require.NoError(t, err)
+	x100, x1000 := strings.Repeat("x", 100), strings.Repeat("x", 1000)
+	_, err = f.WriteString(`
+candidate_deny contains lib.reason("bomb", "a string bomb") if {
+	count(replace(replace(replace("` + x100 + `", "x", "` + x1000 + `"), "x", "` + x1000 + `"), "x", "xxxxxxxxxx")) < 0
+}
+`)
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+	code, _, errOut = s.cli(t, "policy", "replay", "--bundle", bomb, "--from", from, "--to", to, "--kinds", "peer_visible",
+		"--eval-timeout", "1m", "--max-memory", strconv.Itoa(256<<20))
+	assert.Equal(t, 1, code)
+	assert.Contains(t, errOut, "the replay needed more than its memory bound (256 MiB) and was stopped")
+	recAsk(t, srv, admin, `mutation($b: String!, $from: Time, $to: Time) { startPolicyReplay(bundle: $b, from: $from, to: $to) { id state digest } }`,
+		map[string]any{"b": tarFS(t, os.DirFS(bomb)), "from": from, "to": to}, &started)
+	require.True(t, stacktest.Eventually(t, 60*time.Second, 200*time.Millisecond, func() bool {
+		recAsk(t, srv, admin, replayDoc, map[string]any{"id": started.StartPolicyReplay.ID}, &job)
+		return job.PolicyReplay != nil && job.PolicyReplay.State != "RUNNING"
+	}), "the bomb's replay job ends")
+	assert.Equal(t, "FAILED", job.PolicyReplay.State)
+	assert.Contains(t, job.PolicyReplay.Error, "memory bound (256 MiB)")
+	health, err := http.Get(srv.url + "/healthz")
+	require.NoError(t, err)
+	_ = health.Body.Close()
+	assert.Equal(t, http.StatusOK, health.StatusCode, "serve outlives the bomb")
 
 	// The gate: the sibling-hiding bundle, shipped into serve's policy folder, flips
 	// more than 5 % of the hour's decisions and is refused, audited; the running bundle

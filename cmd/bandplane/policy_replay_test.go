@@ -12,6 +12,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/bandplane/bandplane/policy/replay"
 )
 
 // `policy replay` refuses bad flags with exit 2, naming the flag, before it connects to
@@ -50,20 +52,20 @@ func TestPolicyReplayFlagErrors(t *testing.T) {
 func TestPolicyGateFlags(t *testing.T) {
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	p := policyFlags{maxFlipRatio: -1, gateWindow: 24 * time.Hour}
-	g, err := p.gate(nil, "db", nil, log)
+	g, err := p.gate(replay.Run, nil, "db", nil, log)
 	require.NoError(t, err)
 	assert.Nil(t, g, "no gate without --policy-max-flip-ratio")
 
 	p.maxFlipRatio = 0
-	g, err = p.gate(nil, "db", nil, log)
+	g, err = p.gate(replay.Run, nil, "db", nil, log)
 	require.NoError(t, err)
 	assert.NotNil(t, g, "0 is the strictest gate, not none")
 
 	p.maxFlipRatio = 1.5
-	_, err = p.gate(nil, "db", nil, log)
+	_, err = p.gate(replay.Run, nil, "db", nil, log)
 	assert.ErrorContains(t, err, "--policy-max-flip-ratio must be between 0 and 1")
 
 	p.maxFlipRatio, p.gateWindow = 0.1, 0
-	_, err = p.gate(nil, "db", nil, log)
+	_, err = p.gate(replay.Run, nil, "db", nil, log)
 	assert.ErrorContains(t, err, "--policy-gate-window must be > 0")
 }

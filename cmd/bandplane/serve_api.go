@@ -37,13 +37,18 @@ func newAPI(ctx context.Context, d *serveDeps, ing *ingestPart, pol *policyPart,
 	if pol != nil {
 		gopts = append(gopts, graph.WithOperator(pol.api, d.prices.Live.Current().Currency()))
 	}
-	// Replays run in this process until it stops, reading the trail through the
-	// queries' pool; a tenant's compares with the bundle serving here.
+	// Replays run until this process stops, each in a bounded process of its own
+	// (--policy-replay-max-memory); a tenant's compares with the bundle serving here.
 	replays := replay.JobsConfig{Source: replay.ClickHouse{Conn: d.qconn, Database: c.stack.ch.Database}, Catalog: d.prices.Live, Logger: log,
 		Limits: c.replays}
 	if pol != nil {
 		replays.Baseline = pol.engine.Bundle
 	}
+	run, err := replayRunner(c.stack, c.policy.replayMaxMemory)
+	if err != nil {
+		return nil, fmt.Errorf("--policy-replay-max-memory: %w", err)
+	}
+	replays.Run = run
 	gopts = append(gopts, graph.WithPolicyReplays(replay.NewJobs(ctx, replays)))
 	api := graph.NewHandler(d.querier, d.keys, gopts...)
 	mux.Handle("/graphql", api)

@@ -142,6 +142,9 @@ type JobsConfig struct {
 	Logger   *slog.Logger
 	// Limits bound the jobs running at once.
 	Limits JobLimits
+	// Run runs one replay (default Run, in this process): serve's runs each in a
+	// process of its own, with a memory bound.
+	Run func(context.Context, Config) (*Result, error)
 	// Keep is how long a finished job stays to be read (default 24 h); MaxJobs bounds
 	// those kept (default 1000; the oldest finished go first).
 	Keep    time.Duration
@@ -191,6 +194,9 @@ func NewJobs(ctx context.Context, cfg JobsConfig) *Jobs {
 	}
 	if cfg.Baseline == nil {
 		cfg.Baseline = policy.DefaultBundle
+	}
+	if cfg.Run == nil {
+		cfg.Run = Run
 	}
 	l := cfg.Limits
 	if l.Total <= 0 {
@@ -262,7 +268,7 @@ func (j *Jobs) Start(by keys.Key, org string, tarball []byte, from, to time.Time
 	j.mu.Unlock()
 	go func() {
 		defer done()
-		res, err := Run(j.ctx, Config{Source: j.cfg.Source, Bundle: bundle, From: from, To: to, Org: org, Scoped: scoped, Baseline: baseline, Catalog: j.cfg.Catalog, Examples: JobExamples,
+		res, err := j.cfg.Run(j.ctx, Config{Source: j.cfg.Source, Bundle: bundle, From: from, To: to, Org: org, Scoped: scoped, Baseline: baseline, Catalog: j.cfg.Catalog, Examples: JobExamples,
 			Logger: j.cfg.Logger, ProgressEvery: 1000, Progress: func(p Progress) {
 				j.mu.Lock()
 				job.Progress = p
