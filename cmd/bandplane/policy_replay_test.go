@@ -39,6 +39,8 @@ func TestPolicyReplayFlagErrors(t *testing.T) {
 		{[]string{"--bundle", dir, "--warmup", "-1h"}, "--warmup must be > 0"},
 		{[]string{"--bundle", dir, "--eval-timeout", "0s"}, "--eval-timeout must be > 0"},
 		{[]string{"--bundle", dir, "--eval-timeout", "-1s"}, "--eval-timeout must be > 0"},
+		{[]string{"--bundle", dir, "--max-memory", "1000"}, "--max-memory: the memory bound of a policy replay must be at least 64 MiB"},
+		{[]string{"--bundle", dir, "--max-memory", "-1"}, "--max-memory: the memory bound of a policy replay must be at least 64 MiB"},
 	} {
 		var stdout, stderr bytes.Buffer
 		code := run(append([]string{"policy", "replay"}, tc.args...), strings.NewReader(""), &stdout, &stderr)
@@ -68,4 +70,33 @@ func TestPolicyGateFlags(t *testing.T) {
 	p.maxFlipRatio, p.gateWindow = 0.1, 0
 	_, err = p.gate(replay.Run, nil, "db", nil, log)
 	assert.ErrorContains(t, err, "--policy-gate-window must be > 0")
+}
+
+// The bounded replay's child: a spec that is not JSON is refused by name; what its
+// stderr says is read back (progress, its error line, and an out-of-memory death
+// whose goroutine dump is longer than the tail kept); a result past its bound is noted.
+func TestPolicyReplayChild(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	code := run([]string{replayChildCommand}, strings.NewReader("{not json"), &stdout, &stderr)
+	assert.Equal(t, 1, code)
+	assert.Contains(t, stderr.String(), "bandplane "+replayChildCommand+": cannot read the replay's spec")
+	assert.Empty(t, stdout.String())
+
+	var got []replay.Progress
+	dump := strings.Repeat("goroutine 7 [running]:\n\t/work/policy/replay/replay.go:429 +0xba\n", 2000)
+	f := readChildStderr(strings.NewReader(replayProgressPrefix+`{"Decisions":5,"Fraction":0.5}`+"\n"+
+		"bandplane "+replayChildCommand+": the candidate bundle is refused: x\n"+
+		"fatal error: out of memory\n"+dump), func(p replay.Progress) { got = append(got, p) })
+	require.Len(t, got, 1)
+	assert.Equal(t, 5, got[0].Decisions)
+	assert.Equal(t, "the candidate bundle is refused: x", f.message)
+	assert.True(t, f.outOfMemory, "seen although the dump after it is longer than the tail")
+	assert.NotContains(t, f.tail, "fatal error", "the tail is bounded")
+
+	out := &limitedBuffer{max: 4}
+	n, err := out.Write([]byte("123456"))
+	require.NoError(t, err)
+	assert.Equal(t, 6, n)
+	assert.True(t, out.over)
+	assert.Equal(t, "1234", out.String())
 }
