@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"embed"
@@ -155,9 +156,16 @@ func (e *Engine) EvalInput(name string, input any) (ast.Value, error) {
 // Revision returns the hash of the bundle serving decisions.
 func (e *Engine) Revision() string { return e.rev.Load().hash }
 
-// Bundle returns the files of the revision serving now (its .rego and data.json files,
-// read-only): what a replay compares a candidate's answers with.
-func (e *Engine) Bundle() fs.FS { return e.rev.Load().files }
+// Bundle returns the files of the revision serving now (its .rego and data.json files):
+// what a replay compares a candidate's answers with. Each call gets its own copy, so no
+// caller can change another's, or the revision's.
+func (e *Engine) Bundle() fs.FS {
+	out := fstest.MapFS{}
+	for name, f := range e.rev.Load().files {
+		out[name] = &fstest.MapFile{Data: bytes.Clone(f.Data), Mode: f.Mode}
+	}
+	return out
+}
 
 // Reload compiles and tests the bundle and, if both succeed, makes it serve the next
 // decisions; decisions in flight finish on the old revision. On error the old revision

@@ -432,3 +432,23 @@ func firstCode(rs []Reason) string {
 	}
 	return rs[0].Code
 }
+
+// Bundle is the serving revision's files: loading them gives the same revision, and a
+// caller that changes its copy changes nobody else's.
+func TestBundleIsTheServingRevisionsOwnCopy(t *testing.T) {
+	e := exampleEngine(t)
+	first := e.Bundle().(fstest.MapFS)
+	again, err := New(t.Context(), Config{Directory: NewDirectory(), Bundle: first})
+	require.NoError(t, err)
+	assert.Equal(t, e.Revision(), again.Revision())
+
+	for name := range first {
+		first[name].Data[0] ^= 0xff
+	}
+	first["extra.rego"] = &fstest.MapFile{Data: []byte("package extra\n")}
+	second := e.Bundle().(fstest.MapFS)
+	assert.NotContains(t, second, "extra.rego")
+	other, err := New(t.Context(), Config{Directory: NewDirectory(), Bundle: second})
+	require.NoError(t, err)
+	assert.Equal(t, e.Revision(), other.Revision())
+}
