@@ -208,9 +208,7 @@ func NewJobs(ctx context.Context, cfg JobsConfig) *Jobs {
 	if l.PerKey <= 0 {
 		l.PerKey = DefaultMaxJobsPerKey
 	}
-	// One place is the platform's, unless there is only one.
-	pool := share.New(share.Limits{Total: l.Total, PerGroup: l.PerOrg, PerClient: l.PerKey, Reserved: min(1, l.Total-1)}, keys.PlatformOrg)
-	return &Jobs{cfg: cfg, ctx: ctx, pool: pool, jobs: map[string]*Job{}}
+	return &Jobs{cfg: cfg, ctx: ctx, pool: share.Few(l.Total, l.PerOrg, l.PerKey, keys.PlatformOrg), jobs: map[string]*Job{}}
 }
 
 // Start unpacks the bundle and starts replaying org's decisions of [from, to) with it

@@ -66,8 +66,7 @@ func newExportSlots(l ExportLimits) *share.Pool {
 	if l.PerKey <= 0 {
 		l.PerKey = MaxConcurrentExportsPerKey
 	}
-	// One place is the platform's, unless there is only one.
-	return share.New(share.Limits{Total: l.Total, PerGroup: l.PerOrg, PerClient: l.PerKey, Reserved: min(1, l.Total-1)}, keys.PlatformOrg)
+	return share.Few(l.Total, l.PerOrg, l.PerKey, keys.PlatformOrg)
 }
 
 type exportHandler struct {

@@ -42,6 +42,13 @@ type Pool struct {
 	clients map[string]int
 }
 
+// Few returns the pool of a resource of few places (exports, background jobs): total
+// places, perGroup of one group, perClient of one client, and one of them kept for
+// reserved unless there is only one.
+func Few(total, perGroup, perClient int, reserved string) *Pool {
+	return New(Limits{Total: total, PerGroup: perGroup, PerClient: perClient, Reserved: min(1, total-1)}, reserved)
+}
+
 // New returns a pool; reserved names the group Limits.Reserved is kept for.
 func New(lim Limits, reserved string) *Pool {
 	return &Pool{lim: lim, reserved: reserved, groups: map[string]int{}, clients: map[string]int{}}

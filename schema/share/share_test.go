@@ -83,3 +83,19 @@ func TestForgetsWhatIsGivenBack(t *testing.T) {
 	_, err := p.Take("org", "x")
 	assert.Nil(t, err)
 }
+
+// A pool of few places keeps one for the reserved group, unless it has only one.
+func TestFewKeepsOnePlaceForTheReservedGroup(t *testing.T) {
+	p := share.Few(2, 2, 2, "platform")
+	_, refused := p.Take("acme", "k1")
+	require.Nil(t, refused)
+	_, refused = p.Take("acme", "k1")
+	require.NotNil(t, refused, "the second place is the platform's")
+	assert.Equal(t, share.BoundTotal, refused.Bound)
+	_, refused = p.Take("platform", "ops")
+	assert.Nil(t, refused)
+
+	one := share.Few(1, 1, 1, "platform")
+	_, refused = one.Take("acme", "k1")
+	assert.Nil(t, refused, "a pool of one place keeps none back")
+}
