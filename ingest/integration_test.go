@@ -57,8 +57,8 @@ func (p *pipeline) simulateFrom(events int, seed int64, start time.Time) simulat
 	cfg.Events, cfg.Seed = events, seed
 	cfg.Start = start
 	sum, err := simulate.Run(context.Background(), cfg, ingest.ProducerSink{Producer: p.producer}, nil)
-	require.NoError(p.t, err)
-	require.Equal(p.t, events, sum.Events)
+	require.NoError(p.t, err, "producing %d simulated events to %s", events, p.topic)
+	require.Equal(p.t, events, sum.Events, "events the simulator produced")
 	return sum
 }
 

@@ -60,9 +60,9 @@ func (p *pipeline) sealAlong() (check func()) {
 func verifyTrail(t *testing.T, conn driver.Conn, db string, pub ed25519.PublicKey) {
 	t.Helper()
 	rep, err := trail.Verify(context.Background(), conn, db, trail.Keys{Anchors: []ed25519.PublicKey{pub}}, trail.Filter{})
-	require.NoError(t, err)
+	require.NoError(t, err, "verifying the sealed trail of %s", db)
 	require.Empty(t, rep.Problems, "the outage raised an alarm in the sealed trail")
-	require.Positive(t, rep.SealedEvents)
+	require.Positive(t, rep.SealedEvents, "events sealed in %s", db)
 	t.Logf("verify: %d checkpoints, %d leaves, %d events sealed, %d not sealed yet", rep.Checkpoints, rep.Leaves, rep.SealedEvents, rep.UnsealedEvents)
 }
 

@@ -12,6 +12,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"slices"
@@ -193,14 +194,66 @@ func (p *Producer) Produce(ctx context.Context, events []schema.Event) error {
 
 // ProduceMessages writes prepared messages (the dead-letter path uses it to keep the raw
 // record and its headers).
+//
+// kafka-go's Writer retries a reset or refused connection but not a plain io.EOF
+// (segmentio/kafka-go#1352), and io.EOF is what a pooled connection to a broker that
+// restarted returns on its first request. ProduceMessages writes the messages whose
+// batches failed with io.EOF again, up to producerEOFAttempts times; the writer has
+// dropped the dead connection by then. A message that failed otherwise fails the call.
 func (p *Producer) ProduceMessages(ctx context.Context, msgs []kafkago.Message) error {
 	if len(msgs) == 0 {
 		return nil
 	}
-	if err := p.w.WriteMessages(ctx, msgs...); err != nil {
-		return fmt.Errorf("cannot produce %d messages to topic %s: %w", len(msgs), p.topic, err)
+	total := len(msgs)
+	backoff := producerBackoffMin
+	for attempt := 1; ; attempt++ {
+		err := p.w.WriteMessages(ctx, msgs...)
+		if err == nil {
+			return nil
+		}
+		again := failedWithEOF(msgs, err)
+		if again == nil || attempt == producerEOFAttempts {
+			return fmt.Errorf("cannot produce %d messages to topic %s: %w", total, p.topic, err)
+		}
+		msgs = again
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("cannot produce %d messages to topic %s: %w (after %w)", total, p.topic, ctx.Err(), err)
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, producerBackoffMax)
 	}
-	return nil
+}
+
+// producerEOFAttempts bounds ProduceMessages' own writes of messages that ended with
+// io.EOF: one stale connection per broker is what a restart leaves behind.
+const producerEOFAttempts = 5
+
+// failedWithEOF returns the messages of msgs whose write failed, when every failure is
+// an io.EOF, and nil otherwise. err is what Writer.WriteMessages returned for msgs: a
+// WriteErrors (one entry per message) or one error for them all.
+func failedWithEOF(msgs []kafkago.Message, err error) []kafkago.Message {
+	var werrs kafkago.WriteErrors
+	if !errors.As(err, &werrs) {
+		if errors.Is(err, io.EOF) {
+			return msgs
+		}
+		return nil
+	}
+	if len(werrs) != len(msgs) {
+		return nil
+	}
+	var again []kafkago.Message
+	for i, e := range werrs {
+		switch {
+		case e == nil:
+		case errors.Is(e, io.EOF):
+			again = append(again, msgs[i])
+		default:
+			return nil
+		}
+	}
+	return again
 }
 
 func (p *Producer) Topic() string { return p.topic }
