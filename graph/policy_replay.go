@@ -78,9 +78,12 @@ func (r *Resolver) policyReplay(ctx context.Context, orgID *string, id string) (
 }
 
 func replayModel(j replay.Job) *model.PolicyReplay {
-	m := &model.PolicyReplay{ID: j.ID, State: model.JobState(strings.ToUpper(j.State)), OrgID: &j.Org, Scoped: j.Scoped, From: j.From, To: j.To,
+	m := &model.PolicyReplay{ID: j.ID, State: model.JobState(strings.ToUpper(j.State)), Scoped: j.Scoped, From: j.From, To: j.To,
 		Decisions: j.Progress.Decisions, Progress: j.Progress.Fraction, PerSecond: j.Progress.PerSecond, CreatedAt: j.CreatedAt,
 		Digest: j.Digest}
+	if j.Org != "" {
+		m.OrgID = &j.Org
+	}
 	if j.RequestedBy != "" {
 		m.RequestedBy = &j.RequestedBy
 	}

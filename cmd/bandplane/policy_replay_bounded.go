@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"runtime/debug"
 	"strconv"
 	"strings"
@@ -76,8 +77,12 @@ type replaySpec struct {
 	Examples    int           `json:"examples,omitempty"`
 	Warmup      time.Duration `json:"warmup,omitempty"`
 	EvalTimeout time.Duration `json:"eval_timeout,omitempty"`
-	MaxMemory   int64         `json:"max_memory"`
-	Catalog     *catalogSpec  `json:"catalog,omitempty"`
+	// Workers, when set, is also the child's GOMAXPROCS: a job's replay takes that many
+	// cores at most.
+	Workers   int          `json:"workers,omitempty"`
+	CodesOnly bool         `json:"codes_only,omitempty"`
+	MaxMemory int64        `json:"max_memory"`
+	Catalog   *catalogSpec `json:"catalog,omitempty"`
 }
 
 // catalogSpec is a price catalog as it crosses to the child: the replica prices usage
@@ -116,7 +121,7 @@ func (b *boundedReplays) Run(ctx context.Context, cfg replay.Config) (*replay.Re
 	}
 	defer func() { _ = os.RemoveAll(dir) }()
 	spec := replaySpec{Bundle: filepath.Join(dir, "bundle"), From: cfg.From, To: cfg.To, Org: cfg.Org, Scoped: cfg.Scoped, Kinds: cfg.Kinds,
-		Examples: cfg.Examples, Warmup: cfg.Warmup, EvalTimeout: cfg.EvalTimeout, MaxMemory: b.maxMemory}
+		Examples: cfg.Examples, Warmup: cfg.Warmup, EvalTimeout: cfg.EvalTimeout, Workers: cfg.Workers, CodesOnly: cfg.CodesOnly, MaxMemory: b.maxMemory}
 	if err := writeFolder(cfg.Bundle, spec.Bundle); err != nil {
 		return nil, err
 	}
@@ -270,8 +275,11 @@ func runPolicyReplayChild(ctx context.Context, e *env, args []string) error {
 			return fail(err)
 		}
 	}
+	if spec.Workers > 0 {
+		runtime.GOMAXPROCS(spec.Workers)
+	}
 	cfg := replay.Config{Bundle: os.DirFS(spec.Bundle), From: spec.From, To: spec.To, Org: spec.Org, Scoped: spec.Scoped, Kinds: spec.Kinds,
-		Examples: spec.Examples, Warmup: spec.Warmup, EvalTimeout: spec.EvalTimeout, Logger: e.log}
+		Examples: spec.Examples, Warmup: spec.Warmup, EvalTimeout: spec.EvalTimeout, Workers: spec.Workers, CodesOnly: spec.CodesOnly, Logger: e.log}
 	if spec.Baseline != "" {
 		cfg.Baseline = os.DirFS(spec.Baseline)
 	}

@@ -51,6 +51,7 @@ type serveConfig struct {
 	repriceJobs   [3]int // queued or running: in all, per organization, per requester
 	exports       trail.ExportLimits
 	replays       replay.JobLimits
+	replayTimeout time.Duration
 	maxEventAge   time.Duration
 	maxClockSkew  time.Duration
 	keyRefresh    time.Duration
@@ -101,6 +102,7 @@ func runServe(ctx context.Context, e *env, args []string) error {
 	fs.IntVar(&c.replays.Total, "max-policy-replays", replay.DefaultMaxJobs, "policy replays (startPolicyReplay) running at once; one of them is the platform's keys' only (more: TOO_MANY_REQUESTS)")
 	fs.IntVar(&c.replays.PerOrg, "max-policy-replays-per-org", replay.DefaultMaxJobsPerOrg, "policy replays one organization's keys run at once (more: TOO_MANY_REQUESTS)")
 	fs.IntVar(&c.replays.PerKey, "max-policy-replays-per-key", replay.DefaultMaxJobsPerKey, "policy replays one API key runs at once (more: TOO_MANY_REQUESTS)")
+	fs.DurationVar(&c.replayTimeout, "policy-replay-timeout", replay.DefaultMaxJobDuration, "how long one policy replay (startPolicyReplay) may run; a longer one is stopped and fails, saying so")
 	fs.IntVar(&c.repriceJobs[2], "max-reprice-jobs-per-key", prices.DefaultMaxJobsPerKey, "reprice jobs one API key has queued or running at once (more: TOO_MANY_REQUESTS)")
 	fs.DurationVar(&c.maxEventAge, "max-event-age", ingest.DefaultMaxEventAge, "the collector refuses events older than this (default: the events retention, 400 days)")
 	fs.DurationVar(&c.maxClockSkew, "max-clock-skew", ingest.DefaultMaxClockSkew, "the collector refuses events this far ahead of its clock")
@@ -199,6 +201,7 @@ func (c *serveConfig) validateGraphQL() error {
 		{"--max-policy-replays", c.replays.Total > 0},
 		{"--max-policy-replays-per-org", c.replays.PerOrg > 0},
 		{"--max-policy-replays-per-key", c.replays.PerKey > 0},
+		{"--policy-replay-timeout", c.replayTimeout > 0},
 		{"--stuck-after", c.hub.StuckAfter > 0},
 		{"--graphql-subscriber-buffer", c.hub.Buffer > 0},
 		{"--graphql-max-subscriptions-per-key", c.hub.MaxSubscriptionsPerKey > 0},

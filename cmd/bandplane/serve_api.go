@@ -40,7 +40,7 @@ func newAPI(ctx context.Context, d *serveDeps, ing *ingestPart, pol *policyPart,
 	// Replays run until this process stops, each in a bounded process of its own
 	// (--policy-replay-max-memory); a tenant's compares with the bundle serving here.
 	replays := replay.JobsConfig{Source: replay.ClickHouse{Conn: d.qconn, Database: c.stack.ch.Database}, Catalog: d.prices.Live, Logger: log,
-		Limits: c.replays}
+		Limits: c.replays, MaxDuration: c.replayTimeout}
 	if pol != nil {
 		replays.Baseline = pol.engine.Bundle
 	}

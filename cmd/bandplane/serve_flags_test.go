@@ -17,6 +17,9 @@ func TestServeRefusesGraphQLLimitsThatMeanNothing(t *testing.T) {
 		{"--graphql-max-concurrent-per-key", "0"},
 		{"--graphql-clickhouse-conns", "-3"},
 		{"--graphql-websocket-writes-per-second", "0"},
+		{"--max-policy-replays-per-org", "0"},
+		{"--policy-replay-timeout", "0s"},
+		{"--policy-replay-timeout", "-1m"},
 	} {
 		var stdout, stderr bytes.Buffer
 		code := run(append([]string{"serve"}, args...), strings.NewReader(""), &stdout, &stderr)

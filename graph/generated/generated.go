@@ -3755,7 +3755,7 @@ type Job {
 type PolicyReplay {
   id: ID!
   state: JobState!
-  "The organization whose decisions are replayed (null: every organization's, a platform key's replay)."
+  "The organization whose decisions are replayed (null: every organization's, a platform key's replay with orgId \"*\")."
   orgId: ID
   """
   True for an organization's key: the candidate reads the organization's own trail
@@ -3848,7 +3848,9 @@ type Mutation {
   Starts replaying the organization's recorded policy decisions of [from, to) (default:
   the last 24 hours; at most 31 days) with a candidate bundle, as a background job (see
   policyReplay). bundle is a tar (gzipped or not) of .rego and data.json files, base64,
-  at most 1 MiB; admin keys.
+  at most 1 MiB (and the request within serve's --graphql-max-body, 1 MiB by default,
+  which holds a tarball of about 760 KiB); admin keys. A platform key's orgId "*"
+  replays every organization's decisions.
   """
   startPolicyReplay(orgId: ID, bundle: String!, from: Time, to: Time): PolicyReplay!
 }

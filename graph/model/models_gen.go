@@ -439,7 +439,7 @@ type PolicyDenial struct {
 type PolicyReplay struct {
 	ID    string   `json:"id"`
 	State JobState `json:"state"`
-	// The organization whose decisions are replayed (null: every organization's, a platform key's replay).
+	// The organization whose decisions are replayed (null: every organization's, a platform key's replay with orgId "*").
 	OrgID *string `json:"orgId,omitempty"`
 	// True for an organization's key: the candidate reads the organization's own trail
 	// only (the events its keys read), so nothing it answers can be another

@@ -17,7 +17,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/bandplane/bandplane/policy"
 	"github.com/bandplane/bandplane/schema"
 	"github.com/bandplane/bandplane/schema/keys"
 	"github.com/bandplane/bandplane/schema/pricing"
@@ -130,13 +129,16 @@ type Job struct {
 	Digest     string
 	Progress   Progress
 	Result     *Result // once done
+	// owner is the organization of the key that started it: its jobs are kept
+	// within its KeepPerOrg.
+	owner string
 }
 
 // JobsConfig configures Jobs.
 type JobsConfig struct {
 	Source Source
-	// Baseline returns the bundle serving now, the baseline of a tenant's replay
-	// (default: the built-in bundle).
+	// Baseline returns the bundle serving now, the baseline of a tenant's replay; nil
+	// (no policy serves: serve --no-policy) refuses tenants' replays.
 	Baseline func() fs.FS
 	Catalog  pricing.Source
 	Logger   *slog.Logger
@@ -145,11 +147,16 @@ type JobsConfig struct {
 	// Run runs one replay (default Run, in this process): serve's runs each in a
 	// process of its own, with a memory bound.
 	Run func(context.Context, Config) (*Result, error)
-	// Keep is how long a finished job stays to be read (default 24 h); MaxJobs bounds
-	// those kept (default 1000; the oldest finished go first).
-	Keep    time.Duration
-	MaxJobs int
-	Now     func() time.Time
+	// MaxDuration bounds how long one job runs (default DefaultMaxJobDuration,
+	// --policy-replay-timeout): a candidate slow on every decision cannot hold its
+	// organization's place for good.
+	MaxDuration time.Duration
+	// Keep is how long a finished job stays to be read (default 24 h); KeepPerOrg
+	// bounds those kept of one organization (default DefaultKeepPerOrg; its oldest
+	// finished go first), so that one organization's jobs never push out another's.
+	Keep       time.Duration
+	KeepPerOrg int
+	Now        func() time.Time
 }
 
 // JobLimits bound the replays running at once: in all (--max-policy-replays; one place
@@ -160,11 +167,18 @@ type JobLimits struct {
 	Total, PerOrg, PerKey int
 }
 
-// Defaults of JobLimits: a replay takes a core while it runs.
+// Defaults of JobLimits: a replay takes a core while it runs (its evaluations run
+// one at a time).
 const (
 	DefaultMaxJobs       = 4
 	DefaultMaxJobsPerOrg = 1
 	DefaultMaxJobsPerKey = 1
+)
+
+// Defaults of JobsConfig.
+const (
+	DefaultMaxJobDuration = time.Hour
+	DefaultKeepPerOrg     = 100
 )
 
 // Jobs runs replays in the background for the API: one organization's decisions each
@@ -186,14 +200,14 @@ func NewJobs(ctx context.Context, cfg JobsConfig) *Jobs {
 	if cfg.Keep <= 0 {
 		cfg.Keep = 24 * time.Hour
 	}
-	if cfg.MaxJobs <= 0 {
-		cfg.MaxJobs = 1000
+	if cfg.KeepPerOrg <= 0 {
+		cfg.KeepPerOrg = DefaultKeepPerOrg
+	}
+	if cfg.MaxDuration <= 0 {
+		cfg.MaxDuration = DefaultMaxJobDuration
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
-	}
-	if cfg.Baseline == nil {
-		cfg.Baseline = policy.DefaultBundle
 	}
 	if cfg.Run == nil {
 		cfg.Run = Run
@@ -212,7 +226,7 @@ func NewJobs(ctx context.Context, cfg JobsConfig) *Jobs {
 }
 
 // Start unpacks the bundle and starts replaying org's decisions of [from, to) with it
-// (org "" is every organization's, for a platform key). A tarball that cannot be
+// (org keys.PlatformOrg, or "", is every organization's, for a platform key). A tarball that cannot be
 // unpacked is refused at once (schema.ErrInvalid), as are too many jobs of the key, the
 // organization or in all (schema.ErrTooMany); a bundle whose checks fail (its Rego
 // tests, the builtins) fails the job, which says why.
@@ -223,9 +237,27 @@ func (j *Jobs) Start(by keys.Key, org string, tarball []byte, from, to time.Time
 	if to.Sub(from) > 31*24*time.Hour {
 		return Job{}, &schema.FieldError{Field: "to", Reason: "a replay covers at most 31 days"}
 	}
+	// A tenant's candidate is code of the tenant's: it reads the tenant's own trail
+	// only, so neither its reasons nor its answers can tell another organization's.
+	// What it is compared with is the bundle serving.
+	scoped := !by.Platform()
+	if org == keys.PlatformOrg {
+		org = ""
+	}
+	var baseline fs.FS
+	if scoped {
+		if j.cfg.Baseline != nil {
+			baseline = j.cfg.Baseline()
+		}
+		if baseline == nil {
+			return Job{}, fmt.Errorf("%w: this server serves no policy (--no-policy), and an organization's replay is compared with the bundle serving", schema.ErrUnavailable)
+		}
+	}
 	release, refused := j.pool.Take(by.Org, by.ID)
 	if refused != nil {
-		msg := fmt.Sprintf("%d policy replays of organizations are running, the most this server runs at once (--max-policy-replays); retry later", refused.Limit)
+		// Not how many: the places of the whole server are shared, but how many other
+		// organizations hold is theirs.
+		msg := "the server runs as many policy replays as it may at once (--max-policy-replays); retry later"
 		switch refused.Bound {
 		case share.BoundClient:
 			msg = fmt.Sprintf("%d policy replays of this key are running, the most one key runs at once (--max-policy-replays-per-key); retry when one ends", refused.Limit)
@@ -251,27 +283,26 @@ func (j *Jobs) Start(by keys.Key, org string, tarball []byte, from, to time.Time
 		return Job{}, err
 	}
 	now := j.cfg.Now().UTC()
-	// A tenant's candidate is code of the tenant's: it reads the tenant's own trail
-	// only, so neither its reasons nor its answers can tell another organization's.
-	scoped := !by.Platform()
-	var baseline fs.FS
-	if scoped {
-		baseline = j.cfg.Baseline()
-	}
 	job := &Job{ID: "replay-" + schema.NewID(), Org: org, RequestedBy: by.ID, From: from.UTC(), To: to.UTC(), Scoped: scoped, CreatedAt: now,
-		State: JobRunning, Digest: digest}
+		State: JobRunning, Digest: digest, owner: by.Org}
 	j.mu.Lock()
-	j.sweepLocked(now)
+	j.sweepLocked(now, by.Org)
 	j.jobs[job.ID] = job
 	j.mu.Unlock()
 	go func() {
 		defer done()
-		res, err := j.cfg.Run(j.ctx, Config{Source: j.cfg.Source, Bundle: bundle, From: from, To: to, Org: org, Scoped: scoped, Baseline: baseline, Catalog: j.cfg.Catalog, Examples: JobExamples,
+		ctx, cancel := context.WithTimeout(j.ctx, j.cfg.MaxDuration)
+		defer cancel()
+		res, err := j.cfg.Run(ctx, Config{Source: j.cfg.Source, Bundle: bundle, From: from, To: to, Org: org, Scoped: scoped, Baseline: baseline,
+			Catalog: j.cfg.Catalog, Examples: JobExamples, Workers: 1, CodesOnly: true,
 			Logger: j.cfg.Logger, ProgressEvery: 1000, Progress: func(p Progress) {
 				j.mu.Lock()
 				job.Progress = p
 				j.mu.Unlock()
 			}})
+		if err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			err = fmt.Errorf("the replay ran longer than %s (--policy-replay-timeout) and was stopped; replay a shorter range", j.cfg.MaxDuration)
+		}
 		j.mu.Lock()
 		defer j.mu.Unlock()
 		job.FinishedAt = j.cfg.Now().UTC()
@@ -285,12 +316,13 @@ func (j *Jobs) Start(by keys.Key, org string, tarball []byte, from, to time.Time
 	return j.view(job), nil
 }
 
-// Get returns org's job id (a job of another organization is not found).
+// Get returns org's job id. A job of another organization is not found, nor, for an
+// organization, a platform key's job on it: that one read the whole trail.
 func (j *Jobs) Get(org, id string) (Job, bool) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	job, ok := j.jobs[id]
-	if !ok || (org != keys.PlatformOrg && job.Org != org) {
+	if !ok || (org != keys.PlatformOrg && (job.Org != org || !job.Scoped)) {
 		return Job{}, false
 	}
 	return *job, true
@@ -302,23 +334,26 @@ func (j *Jobs) view(job *Job) Job {
 	return *job
 }
 
-// sweepLocked forgets finished jobs older than Keep, and the oldest finished beyond
-// MaxJobs.
-func (j *Jobs) sweepLocked(now time.Time) {
+// sweepLocked forgets finished jobs older than Keep, and, to make room for a job that
+// owner's key starts, owner's oldest finished beyond KeepPerOrg: another
+// organization's stay.
+func (j *Jobs) sweepLocked(now time.Time, owner string) {
 	var oldest *Job
+	kept := 0
 	for id, job := range j.jobs {
-		if job.State == JobRunning {
-			continue
-		}
-		if now.Sub(job.FinishedAt) > j.cfg.Keep {
+		if job.State != JobRunning && now.Sub(job.FinishedAt) > j.cfg.Keep {
 			delete(j.jobs, id)
 			continue
 		}
-		if oldest == nil || job.FinishedAt.Before(oldest.FinishedAt) {
+		if job.owner != owner {
+			continue
+		}
+		kept++
+		if job.State != JobRunning && (oldest == nil || job.FinishedAt.Before(oldest.FinishedAt)) {
 			oldest = job
 		}
 	}
-	if len(j.jobs) >= j.cfg.MaxJobs && oldest != nil {
+	if kept >= j.cfg.KeepPerOrg && oldest != nil {
 		delete(j.jobs, oldest.ID)
 	}
 }

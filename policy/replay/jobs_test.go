@@ -112,17 +112,17 @@ type blocked struct {
 	release chan struct{}
 }
 
-func (b blocked) Decisions(ctx context.Context, from, to time.Time) (replay.Cursor, error) {
+func (b blocked) Decisions(ctx context.Context, from, to time.Time, org string) (replay.Cursor, error) {
 	select {
 	case <-b.release:
 	case <-ctx.Done():
 	}
-	return b.Source.Decisions(ctx, from, to)
+	return b.Source.Decisions(ctx, from, to, org)
 }
 
 func TestJobsRunPerOrganizationWithinTheirShare(t *testing.T) {
 	release := make(chan struct{})
-	jobs := replay.NewJobs(t.Context(), replay.JobsConfig{Source: blocked{Source: trail(t), release: release}})
+	jobs := replay.NewJobs(t.Context(), replay.JobsConfig{Source: blocked{Source: trail(t), release: release}, Baseline: policy.DefaultBundle})
 	admin := keys.Key{ID: "k-acme", Org: "acme", Role: keys.RoleAdmin}
 	b := tarball(t, true, defaultBundle(t)...)
 	job, err := jobs.Start(admin, "acme", b, day, day.Add(24*time.Hour))
@@ -156,9 +156,17 @@ func TestJobsRunPerOrganizationWithinTheirShare(t *testing.T) {
 	assert.Equal(t, 1, done.Result.Unchanged)
 	assert.Zero(t, done.Result.OutOfScope, "the decision reads acme's own state only")
 	require.Eventually(t, func() bool {
-		j, _ := jobs.Get("acme", platform.ID)
+		j, _ := jobs.Get(keys.PlatformOrg, platform.ID)
 		return j.State != replay.JobRunning
 	}, 30*time.Second, 20*time.Millisecond)
+	_, ok = jobs.Get("acme", platform.ID)
+	assert.False(t, ok, "a platform key's job read the whole trail: the organization does not see it")
+	every, err := jobs.Start(keys.Key{ID: "k-ops", Org: keys.PlatformOrg, Role: keys.RoleAdmin}, keys.PlatformOrg, b, day, day.Add(24*time.Hour))
+	require.NoError(t, err)
+	assert.Empty(t, every.Org, "orgId '*' replays every organization's decisions")
+	all := waitFinished(t, jobs, keys.PlatformOrg, every.ID)
+	require.Equal(t, replay.JobDone, all.State, all.Error)
+	assert.Equal(t, 1, all.Result.Decisions)
 
 	// A bundle that fails its checks fails its job, which says why.
 	bad := append(defaultBundle(t), tarFile{name: "leak.rego", body: []byte("package bandplane.leak\n\nx := http.send({})\n")})
@@ -171,4 +179,90 @@ func TestJobsRunPerOrganizationWithinTheirShare(t *testing.T) {
 	failed, _ := jobs.Get("acme", job.ID)
 	assert.Contains(t, failed.Error, "calls http.send")
 	assert.False(t, errors.Is(err, schema.ErrTooMany))
+}
+
+// waitFinished waits for job id of org to end and returns it.
+func waitFinished(t *testing.T, jobs *replay.Jobs, org, id string) replay.Job {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		j, _ := jobs.Get(org, id)
+		return j.State != replay.JobRunning
+	}, 30*time.Second, 5*time.Millisecond)
+	j, _ := jobs.Get(org, id)
+	return j
+}
+
+func TestJobsRunOneCoreAndCodesOnlyWithinTheirTime(t *testing.T) {
+	var got replay.Config
+	ran := make(chan struct{}, 1)
+	jobs := replay.NewJobs(t.Context(), replay.JobsConfig{Source: trail(t), Baseline: policy.DefaultBundle, MaxDuration: 50 * time.Millisecond,
+		Run: func(ctx context.Context, cfg replay.Config) (*replay.Result, error) {
+			got = cfg
+			ran <- struct{}{}
+			// A candidate slow on every decision: the job's deadline ends it.
+			<-ctx.Done()
+			return nil, ctx.Err()
+		}})
+	admin := keys.Key{ID: "k-acme", Org: "acme", Role: keys.RoleAdmin}
+	job, err := jobs.Start(admin, "acme", tarball(t, true, defaultBundle(t)...), day, day.Add(24*time.Hour))
+	require.NoError(t, err)
+	failed := waitFinished(t, jobs, "acme", job.ID)
+	<-ran
+	assert.Equal(t, 1, got.Workers, "a job's evaluations run one at a time")
+	assert.True(t, got.CodesOnly, "a job keeps reason codes only")
+	assert.Equal(t, replay.JobFailed, failed.State)
+	assert.Contains(t, failed.Error, "ran longer than 50ms (--policy-replay-timeout)")
+	_, err = jobs.Start(admin, "acme", tarball(t, true, defaultBundle(t)...), day, day.Add(24*time.Hour))
+	assert.NoError(t, err, "the stopped job gave its place back")
+}
+
+func TestJobsOfATenantNeedAServingBundle(t *testing.T) {
+	jobs := replay.NewJobs(t.Context(), replay.JobsConfig{Source: trail(t)}) // serve --no-policy
+	b := tarball(t, true, defaultBundle(t)...)
+	_, err := jobs.Start(keys.Key{ID: "k-acme", Org: "acme", Role: keys.RoleAdmin}, "acme", b, day, day.Add(24*time.Hour))
+	assert.ErrorIs(t, err, schema.ErrUnavailable)
+	assert.ErrorContains(t, err, "--no-policy")
+	job, err := jobs.Start(keys.Key{ID: "k-ops", Org: keys.PlatformOrg, Role: keys.RoleAdmin}, "acme", b, day, day.Add(24*time.Hour))
+	require.NoError(t, err, "a platform key's replay compares with the recorded answers only")
+	assert.Equal(t, replay.JobDone, waitFinished(t, jobs, keys.PlatformOrg, job.ID).State)
+}
+
+func TestJobsKeptPerOrganization(t *testing.T) {
+	now := day
+	jobs := replay.NewJobs(t.Context(), replay.JobsConfig{Source: trail(t), Baseline: policy.DefaultBundle, KeepPerOrg: 2,
+		Now: func() time.Time { now = now.Add(time.Second); return now },
+		Run: func(context.Context, replay.Config) (*replay.Result, error) { return &replay.Result{}, nil }})
+	b := tarball(t, true, defaultBundle(t)...)
+	start := func(org string) string {
+		t.Helper()
+		job, err := jobs.Start(keys.Key{ID: "k-" + org, Org: org, Role: keys.RoleAdmin}, org, b, day, day.Add(24*time.Hour))
+		require.NoError(t, err)
+		waitFinished(t, jobs, org, job.ID)
+		return job.ID
+	}
+	globex := start("globex")
+	var acme []string
+	for range 5 {
+		acme = append(acme, start("acme"))
+	}
+	_, ok := jobs.Get("globex", globex)
+	assert.True(t, ok, "acme's jobs do not push out globex's")
+	for i, id := range acme {
+		_, ok := jobs.Get("acme", id)
+		assert.Equal(t, i >= 3, ok, "acme keeps its two newest finished jobs and the one it starts: job %d", i)
+	}
+}
+
+func TestJobsRefusedForTheServerSayNotHowManyOthersRun(t *testing.T) {
+	release := make(chan struct{})
+	defer close(release)
+	jobs := replay.NewJobs(t.Context(), replay.JobsConfig{Source: blocked{Source: trail(t), release: release}, Baseline: policy.DefaultBundle,
+		Limits: replay.JobLimits{Total: 2}})
+	b := tarball(t, true, defaultBundle(t)...)
+	_, err := jobs.Start(keys.Key{ID: "k-globex", Org: "globex", Role: keys.RoleAdmin}, "globex", b, day, day.Add(24*time.Hour))
+	require.NoError(t, err)
+	_, err = jobs.Start(keys.Key{ID: "k-acme", Org: "acme", Role: keys.RoleAdmin}, "acme", b, day, day.Add(24*time.Hour))
+	require.ErrorIs(t, err, schema.ErrTooMany)
+	assert.ErrorContains(t, err, "(--max-policy-replays)")
+	assert.NotRegexp(t, `[0-9]`, err.Error(), "how many replays other organizations run is theirs")
 }

@@ -24,10 +24,10 @@ func (m *Memory) Partitions(context.Context) ([]int, error) {
 	return slices.Compact(out), nil
 }
 
-func (m *Memory) recordsOf(partition int) []Record {
+func (m *Memory) recordsOf(partition int, org string) []Record {
 	var out []Record
 	for _, r := range m.Trail {
-		if r.Partition == partition && slices.Contains(recordTypes, r.Event.Type) {
+		if r.Partition == partition && slices.Contains(recordTypes, r.Event.Type) && (org == "" || r.Event.OrgID == org) {
 			out = append(out, r)
 		}
 	}
@@ -35,14 +35,14 @@ func (m *Memory) recordsOf(partition int) []Record {
 	return out
 }
 
-func (m *Memory) Records(_ context.Context, partition int) (Cursor, error) {
-	return &sliceCursor{list: m.recordsOf(partition)}, nil
+func (m *Memory) Records(_ context.Context, partition int, org string) (Cursor, error) {
+	return &sliceCursor{list: m.recordsOf(partition, org)}, nil
 }
 
-func (m *Memory) Decisions(_ context.Context, from, to time.Time) (Cursor, error) {
+func (m *Memory) Decisions(_ context.Context, from, to time.Time, org string) (Cursor, error) {
 	var list []timedRecord
 	for _, r := range m.Trail {
-		if r.Event.Type != schema.TypePolicyDecided || r.Event.Time.Before(from) || !r.Event.Time.Before(to) {
+		if r.Event.Type != schema.TypePolicyDecided || r.Event.Time.Before(from) || !r.Event.Time.Before(to) || (org != "" && r.Event.OrgID != org) {
 			continue
 		}
 		list = append(list, timedRecord{r, decidedAt(&r)})

@@ -81,12 +81,37 @@ type Config struct {
 	// EvalTimeout bounds one evaluation (default 1 s): a candidate that takes longer is
 	// an error of the replay, not a deny.
 	EvalTimeout time.Duration
-	Catalog     pricing.Source
-	Logger      *slog.Logger
+	// Workers is how many evaluations run at once (default GOMAXPROCS); serve's jobs
+	// take one core each.
+	Workers int
+	// CodesOnly keeps, in the examples, each answer's reason codes without their
+	// messages: at most MaxExampleReasons of them, each cut to MaxReasonCodeBytes.
+	// That bounds what serve keeps of a job for a day, whatever a candidate's reasons
+	// hold.
+	CodesOnly bool
+	Catalog   pricing.Source
+	Logger    *slog.Logger
 	// Progress is called every ProgressEvery decisions and at the end (nil: never).
 	Progress      func(p Progress)
 	ProgressEvery int
 }
+
+// scope is the organization whose records alone the source reads: a scoped replay's
+// (the source leaves the others' rows unread, so that how long a tenant's replay takes
+// does not tell how much another organization did), "" otherwise.
+func (c Config) scope() string {
+	if c.Scoped {
+		return c.Org
+	}
+	return ""
+}
+
+// Bounds of an example's answer under Config.CodesOnly: the reasons beyond
+// MaxExampleReasons are one last code, "… N more"; a longer code ends in "…".
+const (
+	MaxExampleReasons  = 16
+	MaxReasonCodeBytes = 128
+)
 
 // Defaults of Config.
 const (
@@ -203,10 +228,11 @@ type Source interface {
 	// Partitions are the partitions of the events topic the trail holds.
 	Partitions(ctx context.Context) ([]int, error)
 	// Records streams the records of one partition that the policy side reads, in
-	// offset order.
-	Records(ctx context.Context, partition int) (Cursor, error)
-	// Decisions streams the policy.decided events with from ≤ time < to, by time.
-	Decisions(ctx context.Context, from, to time.Time) (Cursor, error)
+	// offset order; of organization org only, when org is not "".
+	Records(ctx context.Context, partition int, org string) (Cursor, error)
+	// Decisions streams the policy.decided events with from ≤ time < to, by time; of
+	// organization org only, when org is not "".
+	Decisions(ctx context.Context, from, to time.Time, org string) (Cursor, error)
 }
 
 // Cursor is a stream of records.
@@ -274,12 +300,16 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 			res.State[kind] = "the organization's own trail only (scoped): " + from
 		}
 	}
-	decisions, err := cfg.Source.Decisions(ctx, cfg.From.Add(-cfg.Warmup), cfg.To)
+	decisions, err := cfg.Source.Decisions(ctx, cfg.From.Add(-cfg.Warmup), cfg.To, cfg.scope())
 	if err != nil {
 		return nil, err
 	}
 	defer func() { _ = decisions.Close() }()
-	s.startWorkers(ctx, runtime.GOMAXPROCS(0))
+	workers := cfg.Workers
+	if workers <= 0 {
+		workers = runtime.GOMAXPROCS(0)
+	}
+	s.startWorkers(ctx, workers)
 	began := time.Time{}
 	for {
 		rec, ok, err := decisions.Next()
@@ -386,7 +416,7 @@ func newState(ctx context.Context, cfg Config) (*state, error) {
 		return nil, err
 	}
 	for _, p := range s.partitions {
-		c, err := cfg.Source.Records(ctx, p)
+		c, err := cfg.Source.Records(ctx, p, cfg.scope())
 		if err != nil {
 			s.close()
 			return nil, err
@@ -590,6 +620,14 @@ func (s *state) advance(ctx context.Context, pos policy.Position, res *Result) e
 // replay evaluates one recorded decision against the state at its position and, when
 // counted, compares the answers (the workers' later, see collect).
 func (s *state) replay(ctx context.Context, rec *Record, counted bool, res *Result) error {
+	// Another organization's decision is not counted, nor is a failure to read it;
+	// only its send_message changes the state (the limiter, the ledger) that later
+	// decisions read, and a scoped replay holds none of that organization's state.
+	foreign := s.cfg.Org != "" && rec.Event.OrgID != s.cfg.Org
+	if foreign && s.cfg.Scoped {
+		return nil
+	}
+	counted = counted && !foreign
 	var live api.DecidedData
 	if err := schema.DecodeData(rec.Event.Data, &live); err != nil {
 		return s.skip(res, counted, fmt.Sprintf("decision %s: cannot read its data: %v", rec.Event.ID, err))
@@ -597,10 +635,7 @@ func (s *state) replay(ctx context.Context, rec *Record, counted bool, res *Resu
 	if len(s.cfg.Kinds) > 0 && !slices.Contains(s.cfg.Kinds, live.Decision) {
 		return nil
 	}
-	// Another organization's decision is not counted; only its send_message changes
-	// the state (the limiter, the ledger) that later decisions read, and a scoped
-	// replay holds none of that organization's state.
-	if s.cfg.Org != "" && rec.Event.OrgID != s.cfg.Org && (s.cfg.Scoped || live.Decision != policy.SendMessage) {
+	if foreign && live.Decision != policy.SendMessage {
 		return nil
 	}
 	in, err := api.Input(live.Decision, live.Input)
@@ -723,6 +758,9 @@ func (s *state) examples(res *Result, c class) *[]Example {
 func (s *state) example(rec *Record, live *api.DecidedData, in any, d policy.Decision) Example {
 	ex := Example{DecisionID: rec.Event.ID, Time: rec.Event.Time.UTC(), Kind: live.Decision, Org: rec.Event.OrgID,
 		Live: Answer{Allow: live.Allow, Reasons: live.Reasons}, Candidate: Answer{Allow: d.Allow, Reasons: d.Reasons}}
+	if s.cfg.CodesOnly {
+		ex.Live.Reasons, ex.Candidate.Reasons = codesOnly(live.Reasons), codesOnly(d.Reasons)
+	}
 	switch v := in.(type) {
 	case *policy.PeerInput:
 		ex.Actor, ex.Room = s.party(v.Agent), v.Room
@@ -745,6 +783,24 @@ func (s *state) example(rec *Record, live *api.DecidedData, in any, d policy.Dec
 		ex.Actor, ex.Room = s.party(v.Agent), v.Room
 	}
 	return ex
+}
+
+// codesOnly is rs without messages, within MaxExampleReasons and MaxReasonCodeBytes
+// (Config.CodesOnly).
+func codesOnly(rs []policy.Reason) []policy.Reason {
+	out := make([]policy.Reason, 0, min(len(rs), MaxExampleReasons+1))
+	for i, r := range rs {
+		if i == MaxExampleReasons {
+			out = append(out, policy.Reason{Code: fmt.Sprintf("… %d more", len(rs)-i)})
+			break
+		}
+		code := r.Code
+		if len(code) > MaxReasonCodeBytes {
+			code = strings.ToValidUTF8(code[:MaxReasonCodeBytes-len("…")], "") + "…"
+		}
+		out = append(out, policy.Reason{Code: code})
+	}
+	return out
 }
 
 // party names an agent by the handle the directory of the moment gives it.

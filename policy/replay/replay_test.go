@@ -3,11 +3,13 @@ package replay_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io/fs"
 	"strings"
 	"testing"
 	"testing/fstest"
 	"time"
+	"unicode/utf8"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -262,4 +264,104 @@ candidate_deny contains lib.reason("seen", concat(",", sort([a.handle | some a i
 	cfg.Baseline = nil
 	_, err = replay.Run(t.Context(), cfg)
 	assert.ErrorContains(t, err, "a scoped replay needs an organization and a baseline bundle")
+}
+
+// readsOf is a Source that counts the records it hands out of organizations other than
+// org.
+type readsOf struct {
+	replay.Source
+	org     string
+	foreign *int
+}
+
+type countingCursor struct {
+	replay.Cursor
+	r readsOf
+}
+
+func (c countingCursor) Next() (replay.Record, bool, error) {
+	rec, ok, err := c.Cursor.Next()
+	if ok && rec.Event.OrgID != c.r.org {
+		*c.r.foreign++
+	}
+	return rec, ok, err
+}
+
+func (r readsOf) Records(ctx context.Context, partition int, org string) (replay.Cursor, error) {
+	c, err := r.Source.Records(ctx, partition, org)
+	return countingCursor{c, r}, err
+}
+
+func (r readsOf) Decisions(ctx context.Context, from, to time.Time, org string) (replay.Cursor, error) {
+	c, err := r.Source.Decisions(ctx, from, to, org)
+	return countingCursor{c, r}, err
+}
+
+func TestScopedReplayLeavesOtherOrganizationsRowsUnread(t *testing.T) {
+	m := trail(t)
+	raw := func(v any) json.RawMessage { b, _ := json.Marshal(v); return b }
+	at := day.Add(2 * time.Hour)
+	gus := schema.Party{ID: "u-gus", Type: schema.ActorUser}
+	m.Trail = append(m.Trail,
+		replay.Record{Partition: 0, Offset: int64(len(m.Trail)), Event: schema.Event{ID: "reg-gus", Type: schema.TypeUserRegistered, Time: at, OrgID: "globex",
+			Actor: schema.Party{ID: "sys", Type: schema.ActorSystem}, Subject: &gus, Source: "t", SchemaVersion: schema.Version, Data: raw(schema.UserData{Handle: "gus"})}},
+		// globex's decision that cannot be read: no concern of acme's replay, scoped or not.
+		replay.Record{Partition: 0, Offset: int64(len(m.Trail) + 1), Event: schema.Event{ID: "d-globex-broken", Type: schema.TypePolicyDecided, Time: at, OrgID: "globex",
+			Actor: gus, Source: api.SourcePolicy, Data: json.RawMessage(`{"decision": 7}`)}})
+
+	foreign := 0
+	cfg := replay.Config{Source: readsOf{Source: m, org: "acme", foreign: &foreign}, Bundle: policy.DefaultBundle(),
+		From: day, To: day.Add(24 * time.Hour), Org: "acme"}
+	whole, err := replay.Run(t.Context(), cfg)
+	require.NoError(t, err)
+	assert.Positive(t, foreign, "the operator's replay of one organization reads the whole state")
+	assert.Zero(t, whole.Skipped, "another organization's unreadable decision is not counted: %s", whole.SkipReason)
+	assert.Empty(t, whole.SkipReason)
+
+	foreign = 0
+	cfg.Scoped, cfg.Baseline = true, policy.DefaultBundle()
+	scoped, err := replay.Run(t.Context(), cfg)
+	require.NoError(t, err)
+	assert.Zero(t, foreign, "a scoped replay asks the source for its organization's rows only")
+	assert.Equal(t, 1, scoped.Decisions)
+	assert.Zero(t, scoped.Skipped)
+}
+
+func TestExamplesOfCodesOnlyAreBounded(t *testing.T) {
+	// A candidate whose deny holds 40 reasons, each with a code of 300 bytes that ends
+	// in a rune of three bytes, and a long message.
+	noisy := fstest.MapFS{}
+	require.NoError(t, copyFS(policy.DefaultBundle(), noisy))
+	for name := range noisy {
+		if strings.HasSuffix(name, "_test.rego") {
+			delete(noisy, name)
+		}
+	}
+	src, err := fs.ReadFile(noisy, "peer_visible.rego")
+	require.NoError(t, err)
+	var rules strings.Builder
+	for i := range 40 {
+		fmt.Fprintf(&rules, "\ncandidate_deny contains lib.reason(%q, %q)\n", fmt.Sprintf("%02d", i)+strings.Repeat("x", 125)+"€€€", strings.Repeat("m", 5000))
+	}
+	noisy["peer_visible.rego"] = &fstest.MapFile{Data: append(src, rules.String()...)}
+	cfg := replay.Config{Source: trail(t), Bundle: noisy, From: day, To: day.Add(24 * time.Hour)}
+	whole, err := replay.Run(t.Context(), cfg)
+	require.NoError(t, err)
+	require.Len(t, whole.Examples.AllowToDeny, 1)
+	assert.Len(t, whole.Examples.AllowToDeny[0].Candidate.Reasons, 40, "the CLI keeps every reason")
+
+	cfg.CodesOnly = true
+	r, err := replay.Run(t.Context(), cfg)
+	require.NoError(t, err)
+	require.Len(t, r.Examples.AllowToDeny, 1)
+	reasons := r.Examples.AllowToDeny[0].Candidate.Reasons
+	require.Len(t, reasons, replay.MaxExampleReasons+1)
+	assert.Equal(t, "… 24 more", reasons[replay.MaxExampleReasons].Code)
+	for _, rs := range reasons {
+		assert.Empty(t, rs.Message)
+		assert.LessOrEqual(t, len(rs.Code), replay.MaxReasonCodeBytes)
+		assert.True(t, utf8.ValidString(rs.Code), "%q", rs.Code)
+	}
+	assert.True(t, strings.HasSuffix(reasons[0].Code, "…"), reasons[0].Code)
+	assert.Equal(t, []policy.Reason{{Code: "sibling"}}, r.Examples.AllowToDeny[0].Live.Reasons)
 }

@@ -52,9 +52,10 @@ func (c ClickHouse) Partitions(ctx context.Context) ([]int, error) {
 // carry any time its sender gave it. The replay reads only as far as the positions
 // ask. Copies of one record (the table is deduplicated only on merge) share its offset
 // and come once.
-func (c ClickHouse) Records(ctx context.Context, partition int) (Cursor, error) {
+func (c ClickHouse) Records(ctx context.Context, partition int, org string) (Cursor, error) {
 	rows, err := c.Conn.Query(ctx, `SELECT `+eventCols+` FROM `+c.Database+`.events
-		WHERE kafka_partition = ? AND has(?, type) ORDER BY kafka_offset`, int32(partition), recordTypes)
+		WHERE kafka_partition = ? AND has(?, type) AND (? = '' OR org_id = ?) ORDER BY kafka_offset`,
+		int32(partition), recordTypes, org, org)
 	if err != nil {
 		return nil, fmt.Errorf("cannot read partition %d of %s.events: %w", partition, c.Database, err)
 	}
@@ -63,10 +64,10 @@ func (c ClickHouse) Records(ctx context.Context, partition int) (Cursor, error) 
 
 // Decisions streams the decisions with from ≤ time < to in the order they were made:
 // by time, and within a millisecond by the recorded nanosecond.
-func (c ClickHouse) Decisions(ctx context.Context, from, to time.Time) (Cursor, error) {
+func (c ClickHouse) Decisions(ctx context.Context, from, to time.Time, org string) (Cursor, error) {
 	rows, err := c.Conn.Query(ctx, `SELECT `+eventCols+` FROM `+c.Database+`.events
-		WHERE type = ? AND time >= ? AND time < ? ORDER BY time, time_ms, kafka_partition, kafka_offset`,
-		schema.TypePolicyDecided, from.UTC().Truncate(time.Second), to.UTC().Truncate(time.Second).Add(time.Second))
+		WHERE type = ? AND time >= ? AND time < ? AND (? = '' OR org_id = ?) ORDER BY time, time_ms, kafka_partition, kafka_offset`,
+		schema.TypePolicyDecided, from.UTC().Truncate(time.Second), to.UTC().Truncate(time.Second).Add(time.Second), org, org)
 	if err != nil {
 		return nil, fmt.Errorf("cannot read the decisions of %s.events: %w", c.Database, err)
 	}
