@@ -19,7 +19,7 @@ import (
 // the test helpers (deploy/stacktest) send SQL.
 var CorpusDirs = []string{
 	"schema/chdb", "schema/store", "query/trail", "ingest/prices",
-	"query", "policy/replica", "schema/keys",
+	"query", "policy/replica", "policy/replay", "schema/keys",
 }
 
 // compared holds the calls in bandplane's code (file:line) whose statements a Replay
