@@ -21,6 +21,7 @@ import (
 	"time"
 
 	kafkago "github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go/protocol"
 
 	"github.com/bandplane/bandplane/schema"
 )
@@ -195,11 +196,18 @@ func (p *Producer) Produce(ctx context.Context, events []schema.Event) error {
 // ProduceMessages writes prepared messages (the dead-letter path uses it to keep the raw
 // record and its headers).
 //
-// kafka-go's Writer retries a reset or refused connection but not a plain io.EOF
-// (segmentio/kafka-go#1352), and io.EOF is what a pooled connection to a broker that
-// restarted returns on its first request. ProduceMessages writes the messages whose
-// batches failed with io.EOF again, up to producerEOFAttempts times; the writer has
-// dropped the dead connection by then. A message that failed otherwise fails the call.
+// kafka-go's Writer gives up at once on two failures that a broker restart leaves
+// behind, and ProduceMessages writes the messages they failed again, up to
+// producerRewrites times with the producer's back-off (about 4.5 s in all, more than
+// twice producerMetadataTTL):
+//   - io.EOF, which a pooled connection to the restarted broker returns on its first
+//     request (segmentio/kafka-go#1352: the Writer retries a reset or refused
+//     connection, not EOF); the writer has dropped that connection by then;
+//   - "topic partition has no leader" (protocol.ErrNoLeader), from the metadata the
+//     transport read while the broker was going down; it reads it again within
+//     producerMetadataTTL.
+//
+// A message that failed otherwise fails the call.
 func (p *Producer) ProduceMessages(ctx context.Context, msgs []kafkago.Message) error {
 	if len(msgs) == 0 {
 		return nil
@@ -211,8 +219,8 @@ func (p *Producer) ProduceMessages(ctx context.Context, msgs []kafkago.Message) 
 		if err == nil {
 			return nil
 		}
-		again := failedWithEOF(msgs, err)
-		if again == nil || attempt == producerEOFAttempts {
+		again := failedToWriteAgain(msgs, err)
+		if again == nil || attempt > producerRewrites {
 			return fmt.Errorf("cannot produce %d messages to topic %s: %w", total, p.topic, err)
 		}
 		msgs = again
@@ -225,17 +233,17 @@ func (p *Producer) ProduceMessages(ctx context.Context, msgs []kafkago.Message) 
 	}
 }
 
-// producerEOFAttempts bounds ProduceMessages' own writes of messages that ended with
-// io.EOF: one stale connection per broker is what a restart leaves behind.
-const producerEOFAttempts = 5
+// producerRewrites bounds ProduceMessages' own writes of messages again.
+const producerRewrites = 7
 
-// failedWithEOF returns the messages of msgs whose write failed, when every failure is
-// an io.EOF, and nil otherwise. err is what Writer.WriteMessages returned for msgs: a
-// WriteErrors (one entry per message) or one error for them all.
-func failedWithEOF(msgs []kafkago.Message, err error) []kafkago.Message {
+// failedToWriteAgain returns the messages of msgs whose write failed, when every
+// failure is one ProduceMessages writes again (writeAgain), and nil otherwise. err is
+// what Writer.WriteMessages returned for msgs: a WriteErrors (one entry per message)
+// or one error for them all.
+func failedToWriteAgain(msgs []kafkago.Message, err error) []kafkago.Message {
 	var werrs kafkago.WriteErrors
 	if !errors.As(err, &werrs) {
-		if errors.Is(err, io.EOF) {
+		if writeAgain(err) {
 			return msgs
 		}
 		return nil
@@ -247,13 +255,17 @@ func failedWithEOF(msgs []kafkago.Message, err error) []kafkago.Message {
 	for i, e := range werrs {
 		switch {
 		case e == nil:
-		case errors.Is(e, io.EOF):
+		case writeAgain(e):
 			again = append(again, msgs[i])
 		default:
 			return nil
 		}
 	}
 	return again
+}
+
+func writeAgain(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, protocol.ErrNoLeader)
 }
 
 func (p *Producer) Topic() string { return p.topic }

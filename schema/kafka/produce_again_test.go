@@ -3,6 +3,7 @@ package kafka
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"strconv"
@@ -10,6 +11,7 @@ import (
 	"testing"
 
 	kafkago "github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go/protocol"
 	metadataAPI "github.com/segmentio/kafka-go/protocol/metadata"
 	produceAPI "github.com/segmentio/kafka-go/protocol/produce"
 	"github.com/stretchr/testify/assert"
@@ -90,20 +92,28 @@ func messagesOnBothPartitions() []kafkago.Message {
 	return msgs
 }
 
-func TestProduceWritesAgainOnlyWhatEndedWithEOF(t *testing.T) {
-	b := &brokerOfTwoPartitions{fail: func(partition int32, n int) error {
-		if partition == 0 && n == 1 {
-			// A connection to a broker that restarted: kafka-go's Writer gives up at once.
-			return io.EOF
-		}
-		return nil
-	}}
-	p := producerOn(t, b)
-	require.NoError(t, p.ProduceMessages(context.Background(), messagesOnBothPartitions()))
-	assert.Equal(t, map[int32]int{0: 2, 1: 1}, b.requests, "partition 0 is written again, partition 1 once")
-	assert.Equal(t, 40, b.stored[0]+b.stored[1], "every message is stored once")
-	assert.Positive(t, b.stored[0])
-	assert.Positive(t, b.stored[1])
+func TestProduceWritesAgainOnlyWhatARestartFailed(t *testing.T) {
+	for name, failure := range map[string]error{
+		// A connection to a broker that restarted: kafka-go's Writer gives up at once.
+		"EOF": io.EOF,
+		// Metadata read while the broker went down, as the writer's transport reports it.
+		"no leader": fmt.Errorf("kafka.(*Client).Produce: %w", produceAPI.NewError(protocol.NewErrNoLeader("t", 0))),
+	} {
+		t.Run(name, func(t *testing.T) {
+			b := &brokerOfTwoPartitions{fail: func(partition int32, n int) error {
+				if partition == 0 && n <= 2 {
+					return failure
+				}
+				return nil
+			}}
+			p := producerOn(t, b)
+			require.NoError(t, p.ProduceMessages(context.Background(), messagesOnBothPartitions()))
+			assert.Equal(t, map[int32]int{0: 3, 1: 1}, b.requests, "partition 0 is written again, partition 1 once")
+			assert.Equal(t, 40, b.stored[0]+b.stored[1], "every message is stored once")
+			assert.Positive(t, b.stored[0])
+			assert.Positive(t, b.stored[1])
+		})
+	}
 }
 
 func TestProduceGivesUpOnOtherErrorsAndOnEndlessEOF(t *testing.T) {
@@ -137,7 +147,7 @@ func TestProduceGivesUpOnOtherErrorsAndOnEndlessEOF(t *testing.T) {
 		err := p.ProduceMessages(context.Background(), messagesOnBothPartitions())
 		// kafka-go's WriteErrors does not unwrap: the EOF is in its text.
 		require.ErrorContains(t, err, "EOF")
-		assert.Equal(t, map[int32]int{0: producerEOFAttempts, 1: producerEOFAttempts}, b.requests)
+		assert.Equal(t, map[int32]int{0: producerRewrites + 1, 1: producerRewrites + 1}, b.requests)
 	})
 	t.Run("a cancelled context stops the writing again", func(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
