@@ -129,9 +129,9 @@ type Producer struct {
 // replicas shrink). 20 attempts with a back-off of 0.1 s doubling to 1 s retry for
 // about 16 s; the metadata is re-read at least every producerMetadataTTL (kafka-go's
 // 6 s default would add up to 6 s to every leader change). The price: when the whole
-// cluster is down, a write fails only after those ~16 s (with the 5 attempts before, it
-// was ~1.5 s), unless the producer never reached a broker (no metadata: it fails at
-// once) or the caller's ctx ends first.
+// cluster is down, a write fails only after those ~16 s (refused connections, which
+// ProduceMessages does not write again), unless the producer never reached a broker
+// (no metadata: it fails at once) or the caller's ctx ends first.
 const (
 	producerMaxAttempts = 20
 	producerBackoffMin  = 100 * time.Millisecond
@@ -197,9 +197,9 @@ func (p *Producer) Produce(ctx context.Context, events []schema.Event) error {
 // record and its headers).
 //
 // kafka-go's Writer gives up at once on two failures that a broker restart leaves
-// behind, and ProduceMessages writes the messages they failed again, up to
-// producerRewrites times with the producer's back-off (about 4.5 s in all, more than
-// twice producerMetadataTTL):
+// behind, and ProduceMessages writes the messages again when every one of them failed
+// so, up to producerRewrites times with the producer's back-off (about 4.5 s in all,
+// more than twice producerMetadataTTL):
 //   - io.EOF, which a pooled connection to the restarted broker returns on its first
 //     request (segmentio/kafka-go#1352: the Writer retries a reset or refused
 //     connection, not EOF); the writer has dropped that connection by then;
@@ -207,26 +207,25 @@ func (p *Producer) Produce(ctx context.Context, events []schema.Event) error {
 //     transport read while the broker was going down; it reads it again within
 //     producerMetadataTTL.
 //
-// A message that failed otherwise fails the call.
+// When only some failed, the call fails: writing those again would put them after
+// later messages of their partition that were written, and the consumers apply a
+// partition in order (a copy the broker already had is harmless: events have ids).
 func (p *Producer) ProduceMessages(ctx context.Context, msgs []kafkago.Message) error {
 	if len(msgs) == 0 {
 		return nil
 	}
-	total := len(msgs)
 	backoff := producerBackoffMin
 	for attempt := 1; ; attempt++ {
 		err := p.w.WriteMessages(ctx, msgs...)
 		if err == nil {
 			return nil
 		}
-		again := failedToWriteAgain(msgs, err)
-		if again == nil || attempt > producerRewrites {
-			return fmt.Errorf("cannot produce %d messages to topic %s: %w", total, p.topic, err)
+		if !allFailedToWriteAgain(len(msgs), err) || attempt > producerRewrites {
+			return fmt.Errorf("cannot produce %d messages to topic %s: %w", len(msgs), p.topic, err)
 		}
-		msgs = again
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("cannot produce %d messages to topic %s: %w (after %w)", total, p.topic, ctx.Err(), err)
+			return fmt.Errorf("cannot produce %d messages to topic %s: %w (after %w)", len(msgs), p.topic, ctx.Err(), err)
 		case <-time.After(backoff):
 		}
 		backoff = min(2*backoff, producerBackoffMax)
@@ -236,32 +235,23 @@ func (p *Producer) ProduceMessages(ctx context.Context, msgs []kafkago.Message) 
 // producerRewrites bounds ProduceMessages' own writes of messages again.
 const producerRewrites = 7
 
-// failedToWriteAgain returns the messages of msgs whose write failed, when every
-// failure is one ProduceMessages writes again (writeAgain), and nil otherwise. err is
-// what Writer.WriteMessages returned for msgs: a WriteErrors (one entry per message)
-// or one error for them all.
-func failedToWriteAgain(msgs []kafkago.Message, err error) []kafkago.Message {
+// allFailedToWriteAgain says whether every one of n messages failed with an error
+// ProduceMessages writes again (writeAgain). err is what Writer.WriteMessages returned
+// for them: a WriteErrors (one entry per message) or one error for them all.
+func allFailedToWriteAgain(n int, err error) bool {
 	var werrs kafkago.WriteErrors
 	if !errors.As(err, &werrs) {
-		if writeAgain(err) {
-			return msgs
-		}
-		return nil
+		return writeAgain(err)
 	}
-	if len(werrs) != len(msgs) {
-		return nil
+	if len(werrs) != n {
+		return false
 	}
-	var again []kafkago.Message
-	for i, e := range werrs {
-		switch {
-		case e == nil:
-		case writeAgain(e):
-			again = append(again, msgs[i])
-		default:
-			return nil
+	for _, e := range werrs {
+		if e == nil || !writeAgain(e) {
+			return false
 		}
 	}
-	return again
+	return true
 }
 
 func writeAgain(err error) bool {
