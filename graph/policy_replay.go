@@ -20,7 +20,7 @@ import (
 // share that is full.
 type PolicyReplays interface {
 	Start(by keys.Key, org string, tarball []byte, from, to time.Time) (replay.Job, error)
-	Get(org, id string) (replay.Job, bool)
+	Get(by keys.Key, org, id string) (replay.Job, bool)
 }
 
 // WithPolicyReplays serves startPolicyReplay and policyReplay through p.
@@ -63,14 +63,14 @@ func (r *Resolver) startPolicyReplay(ctx context.Context, orgID *string, bundle 
 }
 
 func (r *Resolver) policyReplay(ctx context.Context, orgID *string, id string) (*model.PolicyReplay, error) {
-	_, org, err := r.authorize(ctx, orgID, replayers)
+	k, org, err := r.authorize(ctx, orgID, replayers)
 	if err != nil {
 		return nil, r.fail(ctx, err)
 	}
 	if r.replays == nil {
 		return nil, unavailable(ctx, replaysOff)
 	}
-	job, ok := r.replays.Get(org, id)
+	job, ok := r.replays.Get(k, org, id)
 	if !ok {
 		return nil, nil
 	}

@@ -37,8 +37,9 @@ func newAPI(ctx context.Context, d *serveDeps, ing *ingestPart, pol *policyPart,
 	if pol != nil {
 		gopts = append(gopts, graph.WithOperator(pol.api, d.prices.Live.Current().Currency()))
 	}
-	// Replays run until this process stops, each in a bounded process of its own
-	// (--policy-replay-max-memory); a tenant's compares with the bundle serving here.
+	// Replays run each in a bounded process of its own (--policy-replay-max-memory),
+	// for --policy-replay-timeout at most; a tenant's compares with the bundle serving
+	// here.
 	replays := replay.JobsConfig{Source: replay.ClickHouse{Conn: d.qconn, Database: c.stack.ch.Database}, Catalog: d.prices.Live, Logger: log,
 		Limits: c.replays, MaxDuration: c.replayTimeout}
 	if pol != nil {

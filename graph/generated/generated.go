@@ -3826,8 +3826,10 @@ type PolicyReplayExample {
   otherHandle: String
   roomId: ID
   liveAllow: Boolean!
+  "The reason codes: at most 16, then one entry \"… N more\"; each at most 128 bytes (a longer one is cut and ends in \"…\")."
   liveReasons: [String!]!
   candidateAllow: Boolean!
+  "As liveReasons."
   candidateReasons: [String!]!
 }
 
@@ -3948,7 +3950,11 @@ type Query {
 
   "The organization's background jobs, newest first. limit defaults to 50, at most 500."
   jobs(orgId: ID, limit: Int): [Job!]!
-  "A policy replay of the organization (startPolicyReplay); null when there is none of that id."
+  """
+  A policy replay of the organization (startPolicyReplay); null when there is none of
+  that id. A platform key reads its replay of every organization with orgId "*"; an
+  organization's key does not see a platform key's replay of it.
+  """
   policyReplay(orgId: ID, id: ID!): PolicyReplay
 }
 

@@ -473,18 +473,20 @@ type PolicyReplayCount struct {
 
 // One decision the candidate decides otherwise, its parties named by the directory of the moment.
 type PolicyReplayExample struct {
-	DecisionID       string    `json:"decisionId"`
-	Time             time.Time `json:"time"`
-	Kind             string    `json:"kind"`
-	ActorID          string    `json:"actorId"`
-	ActorHandle      *string   `json:"actorHandle,omitempty"`
-	OtherID          *string   `json:"otherId,omitempty"`
-	OtherHandle      *string   `json:"otherHandle,omitempty"`
-	RoomID           *string   `json:"roomId,omitempty"`
-	LiveAllow        bool      `json:"liveAllow"`
-	LiveReasons      []string  `json:"liveReasons"`
-	CandidateAllow   bool      `json:"candidateAllow"`
-	CandidateReasons []string  `json:"candidateReasons"`
+	DecisionID  string    `json:"decisionId"`
+	Time        time.Time `json:"time"`
+	Kind        string    `json:"kind"`
+	ActorID     string    `json:"actorId"`
+	ActorHandle *string   `json:"actorHandle,omitempty"`
+	OtherID     *string   `json:"otherId,omitempty"`
+	OtherHandle *string   `json:"otherHandle,omitempty"`
+	RoomID      *string   `json:"roomId,omitempty"`
+	LiveAllow   bool      `json:"liveAllow"`
+	// The reason codes: at most 16, then one entry "… N more"; each at most 128 bytes (a longer one is cut and ends in "…").
+	LiveReasons    []string `json:"liveReasons"`
+	CandidateAllow bool     `json:"candidateAllow"`
+	// As liveReasons.
+	CandidateReasons []string `json:"candidateReasons"`
 }
 
 // A price of the catalog, per million tokens, in its currency.

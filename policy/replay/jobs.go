@@ -28,8 +28,10 @@ const (
 	MaxTarballBytes = 1 << 20 // the tarball as sent, gzipped or not
 	MaxBundleBytes  = 4 << 20 // its files, unpacked
 	MaxBundleFiles  = 256
-	// JobExamples is how many examples of each flip class a job keeps, for paging.
-	JobExamples = 500
+	// JobExamples is how many examples of each flip class a job keeps, for paging:
+	// with Config.CodesOnly, a job's result stays within about 1.5 MB, and an
+	// organization's kept jobs (DefaultKeepPerOrg) within about 30 MB.
+	JobExamples = 100
 )
 
 // ReadTarball unpacks a bundle (a tar, gzipped or not, of .rego files and data.json
@@ -178,7 +180,7 @@ const (
 // Defaults of JobsConfig.
 const (
 	DefaultMaxJobDuration = time.Hour
-	DefaultKeepPerOrg     = 100
+	DefaultKeepPerOrg     = 20
 )
 
 // Jobs runs replays in the background for the API: one organization's decisions each
@@ -290,9 +292,7 @@ func (j *Jobs) Start(by keys.Key, org string, tarball []byte, from, to time.Time
 	j.jobs[job.ID] = job
 	j.mu.Unlock()
 	go func() {
-		defer done()
 		ctx, cancel := context.WithTimeout(j.ctx, j.cfg.MaxDuration)
-		defer cancel()
 		res, err := j.cfg.Run(ctx, Config{Source: j.cfg.Source, Bundle: bundle, From: from, To: to, Org: org, Scoped: scoped, Baseline: baseline,
 			Catalog: j.cfg.Catalog, Examples: JobExamples, Workers: 1, CodesOnly: true,
 			Logger: j.cfg.Logger, ProgressEvery: 1000, Progress: func(p Progress) {
@@ -303,6 +303,10 @@ func (j *Jobs) Start(by keys.Key, org string, tarball []byte, from, to time.Time
 		if err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded) {
 			err = fmt.Errorf("the replay ran longer than %s (--policy-replay-timeout) and was stopped; replay a shorter range", j.cfg.MaxDuration)
 		}
+		cancel()
+		// The place is free before the job shows as ended: a client that starts the
+		// next one when it sees this one end is not refused.
+		done()
 		j.mu.Lock()
 		defer j.mu.Unlock()
 		job.FinishedAt = j.cfg.Now().UTC()
@@ -316,13 +320,22 @@ func (j *Jobs) Start(by keys.Key, org string, tarball []byte, from, to time.Time
 	return j.view(job), nil
 }
 
-// Get returns org's job id. A job of another organization is not found, nor, for an
-// organization, a platform key's job on it: that one read the whole trail.
-func (j *Jobs) Get(org, id string) (Job, bool) {
+// Get returns job id of organization org to key by (org keys.PlatformOrg: any, for a
+// platform key). A job of another organization is not found, nor, for an
+// organization's key, a platform key's job on it: that one read the whole trail.
+func (j *Jobs) Get(by keys.Key, org, id string) (Job, bool) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	job, ok := j.jobs[id]
-	if !ok || (org != keys.PlatformOrg && (job.Org != org || !job.Scoped)) {
+	switch {
+	case !ok:
+		return Job{}, false
+	case by.Platform():
+		ok = org == keys.PlatformOrg || job.Org == org
+	default:
+		ok = by.MayActOn(org) && job.Org == org && job.Scoped
+	}
+	if !ok {
 		return Job{}, false
 	}
 	return *job, true

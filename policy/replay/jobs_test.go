@@ -136,35 +136,41 @@ func TestJobsRunPerOrganizationWithinTheirShare(t *testing.T) {
 	assert.ErrorContains(t, err, "--max-policy-replays-per-key")
 	_, err = jobs.Start(keys.Key{ID: "k-acme-2", Org: "acme", Role: keys.RoleAdmin}, "acme", b, day, day.Add(24*time.Hour))
 	assert.ErrorContains(t, err, "--max-policy-replays-per-org", "one replay of an organization at once")
-	platform, err := jobs.Start(keys.Key{ID: "k-ops", Org: keys.PlatformOrg, Role: keys.RoleAdmin}, "acme", b, day, day.Add(24*time.Hour))
+	ops := keys.Key{ID: "k-ops", Org: keys.PlatformOrg, Role: keys.RoleAdmin}
+	platform, err := jobs.Start(ops, "acme", b, day, day.Add(24*time.Hour))
 	require.NoError(t, err, "the platform's place is its own")
 	assert.False(t, platform.Scoped, "a platform key's replay reads the whole trail")
 	_, err = jobs.Start(admin, "acme", b, day.Add(time.Hour), day)
 	assert.ErrorIs(t, err, schema.ErrInvalid)
-	_, ok := jobs.Get("globex", job.ID)
+	_, ok := jobs.Get(keys.Key{ID: "k-globex", Org: "globex", Role: keys.RoleAdmin}, "globex", job.ID)
 	assert.False(t, ok, "another organization's job is not found")
 
 	close(release)
 	require.Eventually(t, func() bool {
-		j, _ := jobs.Get("acme", job.ID)
+		j, _ := jobs.Get(admin, "acme", job.ID)
 		return j.State != replay.JobRunning
 	}, 30*time.Second, 20*time.Millisecond)
-	done, ok := jobs.Get("acme", job.ID)
+	done, ok := jobs.Get(admin, "acme", job.ID)
 	require.True(t, ok)
 	require.Equal(t, replay.JobDone, done.State, done.Error)
 	assert.Equal(t, 1, done.Result.Decisions)
 	assert.Equal(t, 1, done.Result.Unchanged)
 	assert.Zero(t, done.Result.OutOfScope, "the decision reads acme's own state only")
 	require.Eventually(t, func() bool {
-		j, _ := jobs.Get(keys.PlatformOrg, platform.ID)
+		j, _ := jobs.Get(ops, "acme", platform.ID)
 		return j.State != replay.JobRunning
 	}, 30*time.Second, 20*time.Millisecond)
-	_, ok = jobs.Get("acme", platform.ID)
+	mine, ok := jobs.Get(ops, "acme", platform.ID)
+	require.True(t, ok, "a platform key reads its job on an organization by naming it")
+	assert.Equal(t, replay.JobDone, mine.State, mine.Error)
+	_, ok = jobs.Get(admin, "acme", platform.ID)
 	assert.False(t, ok, "a platform key's job read the whole trail: the organization does not see it")
-	every, err := jobs.Start(keys.Key{ID: "k-ops", Org: keys.PlatformOrg, Role: keys.RoleAdmin}, keys.PlatformOrg, b, day, day.Add(24*time.Hour))
+	_, ok = jobs.Get(keys.Key{ID: "k-globex", Org: "globex", Role: keys.RoleAdmin}, "acme", job.ID)
+	assert.False(t, ok, "a key of another organization naming this one finds nothing")
+	every, err := jobs.Start(ops, keys.PlatformOrg, b, day, day.Add(24*time.Hour))
 	require.NoError(t, err)
 	assert.Empty(t, every.Org, "orgId '*' replays every organization's decisions")
-	all := waitFinished(t, jobs, keys.PlatformOrg, every.ID)
+	all := waitFinished(t, jobs, ops, keys.PlatformOrg, every.ID)
 	require.Equal(t, replay.JobDone, all.State, all.Error)
 	assert.Equal(t, 1, all.Result.Decisions)
 
@@ -173,22 +179,22 @@ func TestJobsRunPerOrganizationWithinTheirShare(t *testing.T) {
 	job, err = jobs.Start(admin, "acme", tarball(t, false, bad...), day, day.Add(24*time.Hour))
 	require.NoError(t, err)
 	require.Eventually(t, func() bool {
-		j, _ := jobs.Get("acme", job.ID)
+		j, _ := jobs.Get(admin, "acme", job.ID)
 		return j.State == replay.JobFailed
 	}, 30*time.Second, 20*time.Millisecond)
-	failed, _ := jobs.Get("acme", job.ID)
+	failed, _ := jobs.Get(admin, "acme", job.ID)
 	assert.Contains(t, failed.Error, "calls http.send")
 	assert.False(t, errors.Is(err, schema.ErrTooMany))
 }
 
 // waitFinished waits for job id of org to end and returns it.
-func waitFinished(t *testing.T, jobs *replay.Jobs, org, id string) replay.Job {
+func waitFinished(t *testing.T, jobs *replay.Jobs, by keys.Key, org, id string) replay.Job {
 	t.Helper()
 	require.Eventually(t, func() bool {
-		j, _ := jobs.Get(org, id)
+		j, _ := jobs.Get(by, org, id)
 		return j.State != replay.JobRunning
 	}, 30*time.Second, 5*time.Millisecond)
-	j, _ := jobs.Get(org, id)
+	j, _ := jobs.Get(by, org, id)
 	return j
 }
 
@@ -206,7 +212,7 @@ func TestJobsRunOneCoreAndCodesOnlyWithinTheirTime(t *testing.T) {
 	admin := keys.Key{ID: "k-acme", Org: "acme", Role: keys.RoleAdmin}
 	job, err := jobs.Start(admin, "acme", tarball(t, true, defaultBundle(t)...), day, day.Add(24*time.Hour))
 	require.NoError(t, err)
-	failed := waitFinished(t, jobs, "acme", job.ID)
+	failed := waitFinished(t, jobs, admin, "acme", job.ID)
 	<-ran
 	assert.Equal(t, 1, got.Workers, "a job's evaluations run one at a time")
 	assert.True(t, got.CodesOnly, "a job keeps reason codes only")
@@ -222,9 +228,10 @@ func TestJobsOfATenantNeedAServingBundle(t *testing.T) {
 	_, err := jobs.Start(keys.Key{ID: "k-acme", Org: "acme", Role: keys.RoleAdmin}, "acme", b, day, day.Add(24*time.Hour))
 	assert.ErrorIs(t, err, schema.ErrUnavailable)
 	assert.ErrorContains(t, err, "--no-policy")
-	job, err := jobs.Start(keys.Key{ID: "k-ops", Org: keys.PlatformOrg, Role: keys.RoleAdmin}, "acme", b, day, day.Add(24*time.Hour))
+	ops := keys.Key{ID: "k-ops", Org: keys.PlatformOrg, Role: keys.RoleAdmin}
+	job, err := jobs.Start(ops, "acme", b, day, day.Add(24*time.Hour))
 	require.NoError(t, err, "a platform key's replay compares with the recorded answers only")
-	assert.Equal(t, replay.JobDone, waitFinished(t, jobs, keys.PlatformOrg, job.ID).State)
+	assert.Equal(t, replay.JobDone, waitFinished(t, jobs, ops, "acme", job.ID).State)
 }
 
 func TestJobsKeptPerOrganization(t *testing.T) {
@@ -233,11 +240,12 @@ func TestJobsKeptPerOrganization(t *testing.T) {
 		Now: func() time.Time { now = now.Add(time.Second); return now },
 		Run: func(context.Context, replay.Config) (*replay.Result, error) { return &replay.Result{}, nil }})
 	b := tarball(t, true, defaultBundle(t)...)
+	key := func(org string) keys.Key { return keys.Key{ID: "k-" + org, Org: org, Role: keys.RoleAdmin} }
 	start := func(org string) string {
 		t.Helper()
-		job, err := jobs.Start(keys.Key{ID: "k-" + org, Org: org, Role: keys.RoleAdmin}, org, b, day, day.Add(24*time.Hour))
+		job, err := jobs.Start(key(org), org, b, day, day.Add(24*time.Hour))
 		require.NoError(t, err)
-		waitFinished(t, jobs, org, job.ID)
+		waitFinished(t, jobs, key(org), org, job.ID)
 		return job.ID
 	}
 	globex := start("globex")
@@ -245,11 +253,11 @@ func TestJobsKeptPerOrganization(t *testing.T) {
 	for range 5 {
 		acme = append(acme, start("acme"))
 	}
-	_, ok := jobs.Get("globex", globex)
+	_, ok := jobs.Get(key("globex"), "globex", globex)
 	assert.True(t, ok, "acme's jobs do not push out globex's")
 	for i, id := range acme {
-		_, ok := jobs.Get("acme", id)
-		assert.Equal(t, i >= 3, ok, "acme keeps its two newest finished jobs and the one it starts: job %d", i)
+		_, ok := jobs.Get(key("acme"), "acme", id)
+		assert.Equal(t, i >= 3, ok, "acme keeps its two newest jobs: job %d", i)
 	}
 }
 

@@ -15,10 +15,12 @@ type Memory struct {
 	Trail []Record
 }
 
-func (m *Memory) Partitions(context.Context) ([]int, error) {
+func (m *Memory) Partitions(_ context.Context, org string) ([]int, error) {
 	var out []int
 	for _, r := range m.Trail {
-		out = append(out, r.Partition)
+		if org == "" || r.Event.OrgID == org {
+			out = append(out, r.Partition)
+		}
 	}
 	slices.Sort(out)
 	return slices.Compact(out), nil

@@ -97,8 +97,9 @@ type Config struct {
 }
 
 // scope is the organization whose records alone the source reads: a scoped replay's
-// (the source leaves the others' rows unread, so that how long a tenant's replay takes
-// does not tell how much another organization did), "" otherwise.
+// (the source leaves the others' rows unread, and the ClickHouse source reads them by
+// the table's key, whose first column is the organization: how long a tenant's replay
+// takes does not follow how much another organization did), "" otherwise.
 func (c Config) scope() string {
 	if c.Scoped {
 		return c.Org
@@ -225,8 +226,9 @@ var StateSources = map[string]string{
 
 // Source reads the trail in the order the replay needs.
 type Source interface {
-	// Partitions are the partitions of the events topic the trail holds.
-	Partitions(ctx context.Context) ([]int, error)
+	// Partitions are the partitions of the events topic the trail holds (records of
+	// organization org, when org is not "").
+	Partitions(ctx context.Context, org string) ([]int, error)
 	// Records streams the records of one partition that the policy side reads, in
 	// offset order; of organization org only, when org is not "".
 	Records(ctx context.Context, partition int, org string) (Cursor, error)
@@ -412,7 +414,7 @@ func newState(ctx context.Context, cfg Config) (*state, error) {
 	if err != nil {
 		return nil, err
 	}
-	if s.partitions, err = cfg.Source.Partitions(ctx); err != nil {
+	if s.partitions, err = cfg.Source.Partitions(ctx, cfg.scope()); err != nil {
 		return nil, err
 	}
 	for _, p := range s.partitions {

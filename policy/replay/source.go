@@ -30,8 +30,19 @@ var recordTypes = append(slices.Clone(schema.GovernanceTypes),
 const eventCols = `id, type, time, time_ms, org_id, room_id, actor_id, toString(actor_type), actor_handle,
 	subject_id, subject_type, subject_handle, execution_id, source, schema_version, data, kafka_partition, kafka_offset`
 
-func (c ClickHouse) Partitions(ctx context.Context) ([]int, error) {
-	rows, err := c.Conn.Query(ctx, "SELECT DISTINCT kafka_partition FROM "+c.Database+".events ORDER BY kafka_partition")
+// ofOrg is the condition that keeps the rows of org, with its arguments: none for ""
+// (every organization's). It is left out rather than made true so that ClickHouse
+// reads one organization's rows by the table's key.
+func ofOrg(org string) (string, []any) {
+	if org == "" {
+		return "", nil
+	}
+	return " AND org_id = ?", []any{org}
+}
+
+func (c ClickHouse) Partitions(ctx context.Context, org string) ([]int, error) {
+	cond, args := ofOrg(org)
+	rows, err := c.Conn.Query(ctx, "SELECT DISTINCT kafka_partition FROM "+c.Database+".events WHERE 1"+cond+" ORDER BY kafka_partition", args...)
 	if err != nil {
 		return nil, fmt.Errorf("cannot list the partitions of %s.events: %w", c.Database, err)
 	}
@@ -53,9 +64,10 @@ func (c ClickHouse) Partitions(ctx context.Context) ([]int, error) {
 // ask. Copies of one record (the table is deduplicated only on merge) share its offset
 // and come once.
 func (c ClickHouse) Records(ctx context.Context, partition int, org string) (Cursor, error) {
+	cond, args := ofOrg(org)
 	rows, err := c.Conn.Query(ctx, `SELECT `+eventCols+` FROM `+c.Database+`.events
-		WHERE kafka_partition = ? AND has(?, type) AND (? = '' OR org_id = ?) ORDER BY kafka_offset`,
-		int32(partition), recordTypes, org, org)
+		WHERE kafka_partition = ? AND has(?, type)`+cond+` ORDER BY kafka_offset`,
+		append([]any{int32(partition), recordTypes}, args...)...)
 	if err != nil {
 		return nil, fmt.Errorf("cannot read partition %d of %s.events: %w", partition, c.Database, err)
 	}
@@ -65,9 +77,10 @@ func (c ClickHouse) Records(ctx context.Context, partition int, org string) (Cur
 // Decisions streams the decisions with from ≤ time < to in the order they were made:
 // by time, and within a millisecond by the recorded nanosecond.
 func (c ClickHouse) Decisions(ctx context.Context, from, to time.Time, org string) (Cursor, error) {
+	cond, args := ofOrg(org)
 	rows, err := c.Conn.Query(ctx, `SELECT `+eventCols+` FROM `+c.Database+`.events
-		WHERE type = ? AND time >= ? AND time < ? AND (? = '' OR org_id = ?) ORDER BY time, time_ms, kafka_partition, kafka_offset`,
-		schema.TypePolicyDecided, from.UTC().Truncate(time.Second), to.UTC().Truncate(time.Second).Add(time.Second), org, org)
+		WHERE type = ? AND time >= ? AND time < ?`+cond+` ORDER BY time, time_ms, kafka_partition, kafka_offset`,
+		append([]any{schema.TypePolicyDecided, from.UTC().Truncate(time.Second), to.UTC().Truncate(time.Second).Add(time.Second)}, args...)...)
 	if err != nil {
 		return nil, fmt.Errorf("cannot read the decisions of %s.events: %w", c.Database, err)
 	}

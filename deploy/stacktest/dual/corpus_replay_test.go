@@ -23,7 +23,15 @@ func TestIntegrationCorpusPolicyReplaySource(t *testing.T) {
 	rec, db := dual.Database(t)
 	loadSimulated(t, rec, 2000)
 	var orgs []string
-	require.NoError(t, rec.Conn.Select(ctx, &orgs, "SELECT DISTINCT org_id FROM "+db+".events WHERE org_id != '' ORDER BY org_id LIMIT 2"))
+	rows, err := rec.Conn.Query(ctx, "SELECT DISTINCT org_id FROM "+db+".events WHERE org_id != '' ORDER BY org_id LIMIT 2")
+	require.NoError(t, err)
+	for rows.Next() {
+		var org string
+		require.NoError(t, rows.Scan(&org))
+		orgs = append(orgs, org)
+	}
+	require.NoError(t, rows.Err())
+	rows.Close()
 	require.Len(t, orgs, 2, "the simulated traffic has two organizations or more")
 	now := time.Now().UTC().Truncate(time.Second)
 	var decisions []store.EventRow
@@ -49,9 +57,13 @@ func TestIntegrationCorpusPolicyReplaySource(t *testing.T) {
 			out = append(out, r)
 		}
 	}
-	parts, err := src.Partitions(ctx)
+	parts, err := src.Partitions(ctx, "")
 	require.NoError(t, err)
 	require.NotEmpty(t, parts)
+	own0, err := src.Partitions(ctx, orgs[0])
+	require.NoError(t, err)
+	require.NotEmpty(t, own0)
+	assert.Subset(t, parts, own0)
 	all, own := 0, 0
 	for _, p := range parts {
 		all += len(drain(src.Records(ctx, p, "")))
