@@ -95,27 +95,36 @@ func copyFS(src fs.FS, dst fstest.MapFS) error {
 	})
 }
 
+// peerRulesAdded is the built-in bundle without its Rego tests (a candidate's tests
+// would judge the rules added), with rules appended to peer_visible.rego.
+func peerRulesAdded(t *testing.T, rules string) fstest.MapFS {
+	t.Helper()
+	b := fstest.MapFS{}
+	require.NoError(t, copyFS(policy.DefaultBundle(), b))
+	for name := range b {
+		if strings.HasSuffix(name, "_test.rego") {
+			delete(b, name)
+		}
+	}
+	src, err := fs.ReadFile(b, "peer_visible.rego")
+	require.NoError(t, err)
+	b["peer_visible.rego"] = &fstest.MapFile{Data: append(src, rules...)}
+	return b
+}
+
 // A candidate that takes longer than the evaluation bound is refused, not counted as
 // flips of decisions it never decided.
 func TestReplayBoundsEvaluationTime(t *testing.T) {
-	slow := fstest.MapFS{}
-	require.NoError(t, copyFS(policy.DefaultBundle(), slow))
-	big := make([]int, 3000)
-	raw, _ := json.Marshal(map[string]map[string]any{"bulk": {"items": big}})
-	slow["bulk/data.json"] = &fstest.MapFile{Data: raw}
-	for name := range slow {
-		if strings.HasSuffix(name, "_test.rego") {
-			delete(slow, name) // its tests would be refused for their time already (10 s each)
-		}
-	}
-	src, err := fs.ReadFile(slow, "peer_visible.rego")
-	require.NoError(t, err)
-	slow["peer_visible.rego"] = &fstest.MapFile{Data: append(src, []byte(`
+	// Without the bundle's tests: they would be refused for their time already (10 s each).
+	slow := peerRulesAdded(t, `
 candidate_deny contains lib.reason("slow", "slow") if {
 	count([1 | walk(data.bulk.bulk.items, _); walk(data.bulk.bulk.items, _)]) < 0
 }
-`)...)}
-	_, err = replay.Run(context.Background(), replay.Config{Source: trail(t), Bundle: slow, From: day, To: day.Add(24 * time.Hour),
+`)
+	big := make([]int, 3000)
+	raw, _ := json.Marshal(map[string]map[string]any{"bulk": {"items": big}})
+	slow["bulk/data.json"] = &fstest.MapFile{Data: raw}
+	_, err := replay.Run(context.Background(), replay.Config{Source: trail(t), Bundle: slow, From: day, To: day.Add(24 * time.Hour),
 		EvalTimeout: 20 * time.Millisecond})
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "took longer than 20ms (--eval-timeout)")
@@ -205,18 +214,9 @@ func TestScopedReplayReadsTheOrganizationsOwnTrailOnly(t *testing.T) {
 
 	// The candidate denies every decision, naming in its reason each agent handle the
 	// state holds, and allows only if globex's agent is there.
-	leak := fstest.MapFS{}
-	require.NoError(t, copyFS(policy.DefaultBundle(), leak))
-	for name := range leak {
-		if strings.HasSuffix(name, "_test.rego") {
-			delete(leak, name)
-		}
-	}
-	src, err := fs.ReadFile(leak, "peer_visible.rego")
-	require.NoError(t, err)
-	leak["peer_visible.rego"] = &fstest.MapFile{Data: append(src, []byte(`
+	leak := peerRulesAdded(t, `
 candidate_deny contains lib.reason("seen", concat(",", sort([a.handle | some a in data.directory.agents])))
-`)...)}
+`)
 	cfg := replay.Config{Source: m, Bundle: leak, From: day, To: day.Add(24 * time.Hour), Org: "acme", Examples: 10}
 
 	whole, err := replay.Run(t.Context(), cfg)
@@ -328,22 +328,13 @@ func TestScopedReplayLeavesOtherOrganizationsRowsUnread(t *testing.T) {
 }
 
 func TestExamplesOfCodesOnlyAreBounded(t *testing.T) {
-	// A candidate whose deny holds 40 reasons, each with a code of 300 bytes that ends
+	// A candidate whose deny holds 40 reasons, each with a code of 136 bytes that ends
 	// in a rune of three bytes, and a long message.
-	noisy := fstest.MapFS{}
-	require.NoError(t, copyFS(policy.DefaultBundle(), noisy))
-	for name := range noisy {
-		if strings.HasSuffix(name, "_test.rego") {
-			delete(noisy, name)
-		}
-	}
-	src, err := fs.ReadFile(noisy, "peer_visible.rego")
-	require.NoError(t, err)
 	var rules strings.Builder
 	for i := range 40 {
 		fmt.Fprintf(&rules, "\ncandidate_deny contains lib.reason(%q, %q)\n", fmt.Sprintf("%02d", i)+strings.Repeat("x", 125)+"€€€", strings.Repeat("m", 5000))
 	}
-	noisy["peer_visible.rego"] = &fstest.MapFile{Data: append(src, rules.String()...)}
+	noisy := peerRulesAdded(t, rules.String())
 	cfg := replay.Config{Source: trail(t), Bundle: noisy, From: day, To: day.Add(24 * time.Hour)}
 	whole, err := replay.Run(t.Context(), cfg)
 	require.NoError(t, err)
