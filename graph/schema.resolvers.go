@@ -85,6 +85,15 @@ func (r *mutationResolver) StartPolicyReplay(ctx context.Context, orgID *string,
 	return r.startPolicyReplay(ctx, orgID, bundle, from, to)
 }
 
+// Examples is the resolver for the examples field.
+func (r *policyReplayResultResolver) Examples(ctx context.Context, obj *model.PolicyReplayResult, class model.PolicyReplayClass, offset *int, limit *int) ([]model.PolicyReplayExample, error) {
+	examples, err := obj.Examples(class, offset, limit)
+	if err != nil {
+		return nil, r.fail(ctx, err)
+	}
+	return examples, nil
+}
+
 // Costs is the resolver for the costs field.
 func (r *queryResolver) Costs(ctx context.Context, orgID *string, from time.Time, to time.Time, groupBy []model.CostDimension, filter *model.CostFilter, limit *int) (*model.CostReport, error) {
 	org, done, err := r.begin(ctx, orgID, readers)
@@ -557,6 +566,11 @@ func (r *subscriptionResolver) BudgetExceeded(ctx context.Context, orgID *string
 // Mutation returns generated.MutationResolver implementation.
 func (r *Resolver) Mutation() generated.MutationResolver { return &mutationResolver{r} }
 
+// PolicyReplayResult returns generated.PolicyReplayResultResolver implementation.
+func (r *Resolver) PolicyReplayResult() generated.PolicyReplayResultResolver {
+	return &policyReplayResultResolver{r}
+}
+
 // Query returns generated.QueryResolver implementation.
 func (r *Resolver) Query() generated.QueryResolver { return &queryResolver{r} }
 
@@ -564,7 +578,8 @@ func (r *Resolver) Query() generated.QueryResolver { return &queryResolver{r} }
 func (r *Resolver) Subscription() generated.SubscriptionResolver { return &subscriptionResolver{r} }
 
 type (
-	mutationResolver     struct{ *Resolver }
-	queryResolver        struct{ *Resolver }
-	subscriptionResolver struct{ *Resolver }
+	mutationResolver           struct{ *Resolver }
+	policyReplayResultResolver struct{ *Resolver }
+	queryResolver              struct{ *Resolver }
+	subscriptionResolver       struct{ *Resolver }
 )

@@ -29,6 +29,7 @@ type Config = graphql.Config[ResolverRoot, DirectiveRoot, ComplexityRoot]
 
 type ResolverRoot interface {
 	Mutation() MutationResolver
+	PolicyReplayResult() PolicyReplayResultResolver
 	Query() QueryResolver
 	Subscription() SubscriptionResolver
 }
@@ -544,6 +545,9 @@ type MutationResolver interface {
 	UpsertPrice(ctx context.Context, orgID *string, price model.PriceInput) (*model.Price, error)
 	Reprice(ctx context.Context, orgID *string, from time.Time, to time.Time) (*model.Job, error)
 	StartPolicyReplay(ctx context.Context, orgID *string, bundle string, from *time.Time, to *time.Time) (*model.PolicyReplay, error)
+}
+type PolicyReplayResultResolver interface {
+	Examples(ctx context.Context, obj *model.PolicyReplayResult, class model.PolicyReplayClass, offset *int, limit *int) ([]model.PolicyReplayExample, error)
 }
 type QueryResolver interface {
 	Costs(ctx context.Context, orgID *string, from time.Time, to time.Time, groupBy []model.CostDimension, filter *model.CostFilter, limit *int) (*model.CostReport, error)
@@ -12518,7 +12522,7 @@ func (ec *executionContext) _PolicyReplayResult_examples(ctx context.Context, fi
 		},
 		func(ctx context.Context) (any, error) {
 			fc := graphql.GetFieldContext(ctx)
-			return obj.Examples(fc.Args["class"].(model.PolicyReplayClass), fc.Args["offset"].(*int), fc.Args["limit"].(*int))
+			return ec.Resolvers.PolicyReplayResult().Examples(ctx, obj, fc.Args["class"].(model.PolicyReplayClass), fc.Args["offset"].(*int), fc.Args["limit"].(*int))
 		},
 		nil,
 		func(ctx context.Context, selections ast.SelectionSet, v []model.PolicyReplayExample) graphql.Marshaler {
@@ -12533,7 +12537,7 @@ func (ec *executionContext) fieldContext_PolicyReplayResult_examples(ctx context
 		Object:     "PolicyReplayResult",
 		Field:      field,
 		IsMethod:   true,
-		IsResolver: false,
+		IsResolver: true,
 		Child: func(ctx context.Context, field graphql.CollectedField) (*graphql.FieldContext, error) {
 			return ec.childFields_PolicyReplayExample(ctx, field)
 		},
@@ -18818,48 +18822,49 @@ func (ec *executionContext) _PolicyReplayResult(ctx context.Context, sel ast.Sel
 		case "decisions":
 			out.Values[i] = ec._PolicyReplayResult_decisions(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
-				out.Invalids++
+				atomic.AddUint32(&out.Invalids, 1)
 			}
 		case "unchanged":
 			out.Values[i] = ec._PolicyReplayResult_unchanged(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
-				out.Invalids++
+				atomic.AddUint32(&out.Invalids, 1)
 			}
 		case "allowToDeny":
 			out.Values[i] = ec._PolicyReplayResult_allowToDeny(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
-				out.Invalids++
+				atomic.AddUint32(&out.Invalids, 1)
 			}
 		case "denyToAllow":
 			out.Values[i] = ec._PolicyReplayResult_denyToAllow(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
-				out.Invalids++
+				atomic.AddUint32(&out.Invalids, 1)
 			}
 		case "reasonChanged":
 			out.Values[i] = ec._PolicyReplayResult_reasonChanged(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
-				out.Invalids++
+				atomic.AddUint32(&out.Invalids, 1)
 			}
 		case "approximate":
 			out.Values[i] = ec._PolicyReplayResult_approximate(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
-				out.Invalids++
+				atomic.AddUint32(&out.Invalids, 1)
 			}
 		case "outOfScope":
 			out.Values[i] = ec._PolicyReplayResult_outOfScope(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
-				out.Invalids++
+				atomic.AddUint32(&out.Invalids, 1)
 			}
 		case "byKind":
 			out.Values[i] = ec._PolicyReplayResult_byKind(ctx, field, obj)
 			if out.Values[i] == graphql.Null {
-				out.Invalids++
+				atomic.AddUint32(&out.Invalids, 1)
 			}
 		case "examples":
-			out.Values[i] = ec._PolicyReplayResult_examples(ctx, field, obj)
-			if out.Values[i] == graphql.Null {
-				out.Invalids++
-			}
+			out.ResolveConcurrently(ec.OperationContext, &deferred, i,
+				true, true,
+				func(ctx context.Context) graphql.Marshaler {
+					return ec._PolicyReplayResult_examples(ctx, field, obj)
+				})
 		default:
 			panic("unknown field " + strconv.Quote(field.Name))
 		}
